@@ -1,0 +1,45 @@
+//! Parse + aggregate: lines/s folded into a series table of 10 000 and
+//! 1 000 000 known series.
+use criterion::{Criterion, Throughput, black_box, criterion_group, criterion_main};
+use tessera_benches::{counter_datagrams, mixed_datagrams};
+use tessera_core::parse::{Parsed, parse_datagram};
+use tessera_core::table::{Table, TableOptions};
+
+fn fold_all(table: &mut Table, datagrams: &[Vec<u8>]) {
+    for datagram in datagrams {
+        parse_datagram(datagram, |parsed| {
+            if let Parsed::Metric(line) = parsed {
+                let _ = table.observe(&line, 0);
+            }
+        });
+    }
+}
+
+fn bench_aggregate(c: &mut Criterion) {
+    for (name, series, tagged) in [
+        ("counters_10k", 10_000, false),
+        ("tagged_counters_10k", 10_000, true),
+        ("counters_1m", 1_000_000, false),
+    ] {
+        let (datagrams, lines) = counter_datagrams(series, 1400, tagged);
+        let mut table = Table::new(TableOptions::default());
+        fold_all(&mut table, &datagrams);
+        let mut group = c.benchmark_group(format!("parse_aggregate/{name}"));
+        if series >= 1_000_000 {
+            group.sample_size(10);
+        }
+        group.throughput(Throughput::Elements(lines as u64));
+        group.bench_function("lines", |b| b.iter(|| fold_all(&mut table, black_box(&datagrams))));
+        group.finish();
+    }
+    let (datagrams, lines) = mixed_datagrams(60_000);
+    let mut table = Table::new(TableOptions::default());
+    fold_all(&mut table, &datagrams);
+    let mut group = c.benchmark_group("parse_aggregate/dogstatsd_mix");
+    group.throughput(Throughput::Elements(lines as u64));
+    group.bench_function("lines", |b| b.iter(|| fold_all(&mut table, black_box(&datagrams))));
+    group.finish();
+}
+
+criterion_group!(benches, bench_aggregate);
+criterion_main!(benches);

@@ -1,0 +1,53 @@
+//! Criterion benchmarks of tessera's hot paths, and the inputs they share.
+//!
+//! One file per hot path in `benches/`: `parse`, `aggregate`, `sketch`,
+//! `shard`. Run them with `cargo bench -p tessera-benches`.
+
+/// Builds datagrams of about `datagram_bytes` holding counter lines of
+/// `series` distinct series (`bench.counter.<i>`), in a fixed order.
+pub fn counter_datagrams(series: usize, datagram_bytes: usize, tagged: bool) -> (Vec<Vec<u8>>, usize) {
+    let mut datagrams = Vec::new();
+    let mut current = Vec::with_capacity(datagram_bytes);
+    let mut lines = 0;
+    for i in 0..series {
+        let line = if tagged {
+            format!("bench.counter.{}:1|c|#env:prod,host:h{},route:/api/v{}\n", i / 16, i % 16, i % 3)
+        } else {
+            format!("bench.counter.{i}:1|c\n")
+        };
+        if current.len() + line.len() > datagram_bytes && !current.is_empty() {
+            datagrams.push(std::mem::take(&mut current));
+        }
+        current.extend_from_slice(line.as_bytes());
+        lines += 1;
+    }
+    if !current.is_empty() {
+        datagrams.push(current);
+    }
+    (datagrams, lines)
+}
+
+/// A realistic DogStatsD mix: counters, gauges, timers with sample rates,
+/// distributions, sets, tags, in ~1400-byte datagrams.
+pub fn mixed_datagrams(lines_wanted: usize) -> (Vec<Vec<u8>>, usize) {
+    let mut datagrams = Vec::new();
+    let mut current = Vec::with_capacity(1400);
+    for i in 0..lines_wanted {
+        let line = match i % 6 {
+            0 => format!("http.requests:1|c|#env:prod,route:/r{},status:200\n", i % 50),
+            1 => format!("queue.depth:{}|g|#queue:q{}\n", i % 1000, i % 10),
+            2 => format!("http.latency:{}.{}|ms|@0.5|#route:/r{}\n", i % 500, i % 10, i % 50),
+            3 => format!("payload.bytes:{}|d|#service:api\n", i % 9000),
+            4 => format!("users.active:user{}|s|#app:web\n", i % 2000),
+            _ => format!("jobs.done:{}|c\n", i % 7),
+        };
+        if current.len() + line.len() > 1400 {
+            datagrams.push(std::mem::take(&mut current));
+        }
+        current.extend_from_slice(line.as_bytes());
+    }
+    if !current.is_empty() {
+        datagrams.push(current);
+    }
+    (datagrams, lines_wanted)
+}

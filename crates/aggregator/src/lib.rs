@@ -1,0 +1,1 @@
+//! tessera-aggregator: not yet built (see the project's issues).

@@ -1,0 +1,484 @@
+//! Mergeable aggregates, one per metric type, and their wire form.
+//!
+//! | kind | what it keeps | merge |
+//! |---|---|---|
+//! | counter | sum of `value / sample_rate` | add |
+//! | gauge | last value by timestamp, or a pending delta | later set wins; deltas add |
+//! | timer, histogram, distribution | count, sum, min, max, [`Sketch`] | add, min, max, sketch merge |
+//! | set | [`HyperLogLog`] of members | register max (union) |
+//!
+//! Every merge is associative, so a 1 s partial from a hundred hosts folds
+//! into one tile with the same meaning in any order (gauges: up to the
+//! order of deltas that carry no timestamp of their own).
+//!
+//! ```
+//! use tessera_core::aggregate::{Aggregate, GaugeDeltas};
+//! use tessera_core::parse::{parse_line, MetricKind, Parsed};
+//!
+//! let mut total = Aggregate::new(MetricKind::Counter);
+//! for text in [&b"hits:1|c|@0.5"[..], b"hits:3|c"] {
+//!     let Parsed::Metric(line) = parse_line(text) else { unreachable!() };
+//!     total.observe(&line, 0, GaugeDeltas::Statsd);
+//! }
+//! assert_eq!(total.counter(), Some(5.0));
+//! ```
+
+use tessera_proto as proto;
+
+use crate::hll::{HllError, HyperLogLog};
+use crate::parse::{Line, MetricKind};
+use crate::sketch::{Sketch, SketchError};
+
+/// How a gauge value written with an explicit sign (`+3`, `-3`) is read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum GaugeDeltas {
+    /// The statsd spec: a signed value changes the current value by that much.
+    #[default]
+    Statsd,
+    /// A signed value is simply the new value (`-3` sets the gauge to -3).
+    Absolute,
+}
+
+/// A gauge: the last value set, or deltas waiting for a value to apply to.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Gauge {
+    /// Whether a value was set in this window.
+    pub has_value: bool,
+    /// The value (with later deltas applied) when `has_value`.
+    pub value: f64,
+    /// When `value` was set, unix milliseconds.
+    pub timestamp_ms: i64,
+    /// Sum of deltas seen while no value was set.
+    pub delta: f64,
+}
+
+impl Gauge {
+    /// Sets the value if `timestamp_ms` is not older than the current one.
+    pub fn set(&mut self, value: f64, timestamp_ms: i64) {
+        if !self.has_value || timestamp_ms >= self.timestamp_ms {
+            *self = Gauge { has_value: true, value, timestamp_ms, delta: 0.0 };
+        }
+    }
+
+    /// Adds a delta to the value, or to the pending delta.
+    pub fn add_delta(&mut self, delta: f64) {
+        if self.has_value {
+            self.value += delta;
+        } else {
+            self.delta += delta;
+        }
+    }
+
+    /// Folds `other` (a later or concurrent window) into this gauge.
+    pub fn merge(&mut self, other: &Gauge) {
+        if other.has_value {
+            self.set(other.value, other.timestamp_ms);
+        } else {
+            self.add_delta(other.delta);
+        }
+    }
+
+    /// The gauge's value given the value it had before this window.
+    pub fn resolve(&self, previous: Option<f64>) -> Option<f64> {
+        if self.has_value {
+            return Some(self.value);
+        }
+        if self.delta != 0.0 {
+            return Some(previous.unwrap_or(0.0) + self.delta);
+        }
+        previous
+    }
+}
+
+/// Summary of a timer, histogram or distribution.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Distribution {
+    /// Sum of weights (each sample counts `1 / sample_rate`).
+    pub count: f64,
+    /// Weighted sum of values.
+    pub sum: f64,
+    /// Smallest value seen (`+inf` when empty).
+    pub min: f64,
+    /// Largest value seen (`-inf` when empty).
+    pub max: f64,
+    /// The quantile sketch.
+    pub sketch: Sketch,
+}
+
+impl Default for Distribution {
+    fn default() -> Self {
+        Distribution { count: 0.0, sum: 0.0, min: f64::INFINITY, max: f64::NEG_INFINITY, sketch: Sketch::new() }
+    }
+}
+
+impl Distribution {
+    /// Records `value` with `weight`.
+    #[inline]
+    pub fn insert(&mut self, value: f64, weight: f64) {
+        self.count += weight;
+        self.sum += value * weight;
+        self.min = self.min.min(value);
+        self.max = self.max.max(value);
+        self.sketch.insert(value, weight);
+    }
+
+    /// Folds `other` into this summary.
+    pub fn merge(&mut self, other: &Distribution) {
+        self.count += other.count;
+        self.sum += other.sum;
+        self.min = self.min.min(other.min);
+        self.max = self.max.max(other.max);
+        self.sketch.merge(&other.sketch);
+    }
+
+    fn clear(&mut self) {
+        self.count = 0.0;
+        self.sum = 0.0;
+        self.min = f64::INFINITY;
+        self.max = f64::NEG_INFINITY;
+        self.sketch.clear();
+    }
+}
+
+/// One series' aggregate over a window.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Aggregate {
+    /// Sum of `value / sample_rate`.
+    Counter(f64),
+    /// Last value.
+    Gauge(Gauge),
+    /// Timer, histogram or distribution summary (boxed: it is large).
+    Distribution(Box<Distribution>),
+    /// Distinct members.
+    Set(Box<HyperLogLog>),
+}
+
+/// Why an aggregate could not be merged or decoded.
+#[derive(Debug, thiserror::Error)]
+pub enum AggregateError {
+    /// Two aggregates of different kinds.
+    #[error("cannot merge a {incoming} into a {existing}")]
+    KindMismatch {
+        /// What the series holds.
+        existing: &'static str,
+        /// What came in.
+        incoming: &'static str,
+    },
+    /// The wire aggregate has no value.
+    #[error("aggregate without a value")]
+    Empty,
+    /// The wire metric type is unknown.
+    #[error("unknown metric type {0}")]
+    UnknownType(i32),
+    /// A value that must be finite is not.
+    #[error("non-finite {field} in a {kind} aggregate")]
+    NonFinite {
+        /// Which field.
+        field: &'static str,
+        /// Aggregate kind.
+        kind: &'static str,
+    },
+    /// The sketch is invalid.
+    #[error("invalid sketch")]
+    Sketch(#[from] SketchError),
+    /// The set is invalid.
+    #[error("invalid set")]
+    Set(#[from] HllError),
+}
+
+impl Aggregate {
+    /// An empty aggregate for `kind`.
+    pub fn new(kind: MetricKind) -> Aggregate {
+        match kind {
+            MetricKind::Counter => Aggregate::Counter(0.0),
+            MetricKind::Gauge => Aggregate::Gauge(Gauge::default()),
+            MetricKind::Timer | MetricKind::Histogram | MetricKind::Distribution => {
+                Aggregate::Distribution(Box::default())
+            }
+            MetricKind::Set => Aggregate::Set(Box::new(HyperLogLog::new())),
+        }
+    }
+
+    /// Folds one parsed line into the aggregate. `now_ms` stamps gauges
+    /// whose line carries no timestamp. The line's kind must match.
+    #[inline]
+    pub fn observe(&mut self, line: &Line<'_>, now_ms: i64, gauge_deltas: GaugeDeltas) {
+        match self {
+            Aggregate::Counter(sum) => {
+                let rate = line.sample_rate;
+                if !line.packed {
+                    *sum += line.first.value / rate;
+                } else {
+                    for value in line.values() {
+                        *sum += value.value / rate;
+                    }
+                }
+            }
+            Aggregate::Gauge(gauge) => {
+                let timestamp_ms = line.timestamp.map_or(now_ms, |seconds| (seconds as i64).saturating_mul(1000));
+                for value in line.values() {
+                    if value.signed && gauge_deltas == GaugeDeltas::Statsd {
+                        gauge.add_delta(value.value);
+                    } else {
+                        gauge.set(value.value, timestamp_ms);
+                    }
+                }
+            }
+            Aggregate::Distribution(summary) => {
+                let weight = 1.0 / line.sample_rate;
+                for value in line.values() {
+                    summary.insert(value.value, weight);
+                }
+            }
+            Aggregate::Set(set) => set.insert(line.set_member()),
+        }
+    }
+
+    /// Folds `other` into this aggregate.
+    pub fn merge(&mut self, other: &Aggregate) -> Result<(), AggregateError> {
+        match (self, other) {
+            (Aggregate::Counter(sum), Aggregate::Counter(more)) => *sum += more,
+            (Aggregate::Gauge(gauge), Aggregate::Gauge(later)) => gauge.merge(later),
+            (Aggregate::Distribution(summary), Aggregate::Distribution(more)) => summary.merge(more),
+            (Aggregate::Set(set), Aggregate::Set(more)) => set.merge(more),
+            (existing, incoming) => {
+                return Err(AggregateError::KindMismatch { existing: existing.kind_name(), incoming: incoming.kind_name() });
+            }
+        }
+        Ok(())
+    }
+
+    /// Empties the aggregate, keeping its allocations for reuse.
+    pub fn reset(&mut self) {
+        match self {
+            Aggregate::Counter(sum) => *sum = 0.0,
+            Aggregate::Gauge(gauge) => *gauge = Gauge::default(),
+            Aggregate::Distribution(summary) => summary.clear(),
+            Aggregate::Set(set) => set.clear(),
+        }
+    }
+
+    /// A label for the aggregate's family.
+    pub fn kind_name(&self) -> &'static str {
+        match self {
+            Aggregate::Counter(_) => "counter",
+            Aggregate::Gauge(_) => "gauge",
+            Aggregate::Distribution(_) => "distribution",
+            Aggregate::Set(_) => "set",
+        }
+    }
+
+    /// The counter's sum, if this is a counter.
+    pub fn counter(&self) -> Option<f64> {
+        match self {
+            Aggregate::Counter(sum) => Some(*sum),
+            _ => None,
+        }
+    }
+
+    /// Bytes held on the heap (for memory accounting).
+    pub fn heap_bytes(&self) -> usize {
+        match self {
+            Aggregate::Counter(_) | Aggregate::Gauge(_) => 0,
+            Aggregate::Distribution(summary) => std::mem::size_of::<Distribution>() + summary.sketch.heap_bytes(),
+            Aggregate::Set(set) => std::mem::size_of::<HyperLogLog>() + set.heap_bytes(),
+        }
+    }
+
+    /// The wire form.
+    pub fn to_proto(&self) -> proto::Aggregate {
+        use proto::aggregate::Value;
+        let value = match self {
+            Aggregate::Counter(sum) => Value::Counter(*sum),
+            Aggregate::Gauge(gauge) => Value::Gauge(proto::Gauge {
+                has_value: gauge.has_value,
+                value: gauge.value,
+                timestamp_ms: gauge.timestamp_ms,
+                delta: gauge.delta,
+            }),
+            Aggregate::Distribution(summary) => Value::Distribution(proto::Distribution {
+                count: summary.count,
+                sum: summary.sum,
+                min: summary.min,
+                max: summary.max,
+                sketch: Some(summary.sketch.to_proto()),
+            }),
+            Aggregate::Set(set) => Value::Set(set.to_proto()),
+        };
+        proto::Aggregate { value: Some(value) }
+    }
+
+    /// Decodes and validates a wire aggregate.
+    pub fn from_proto(aggregate: &proto::Aggregate) -> Result<Aggregate, AggregateError> {
+        use proto::aggregate::Value;
+        let value = aggregate.value.as_ref().ok_or(AggregateError::Empty)?;
+        Ok(match value {
+            Value::Counter(sum) => {
+                finite(*sum, "sum", "counter")?;
+                Aggregate::Counter(*sum)
+            }
+            Value::Gauge(gauge) => {
+                finite(gauge.value, "value", "gauge")?;
+                finite(gauge.delta, "delta", "gauge")?;
+                Aggregate::Gauge(Gauge {
+                    has_value: gauge.has_value,
+                    value: gauge.value,
+                    timestamp_ms: gauge.timestamp_ms,
+                    delta: gauge.delta,
+                })
+            }
+            Value::Distribution(summary) => {
+                finite(summary.count, "count", "distribution")?;
+                finite(summary.sum, "sum", "distribution")?;
+                let sketch = match &summary.sketch {
+                    Some(sketch) => Sketch::from_proto(sketch)?,
+                    None => Sketch::new(),
+                };
+                Aggregate::Distribution(Box::new(Distribution {
+                    count: summary.count,
+                    sum: summary.sum,
+                    min: summary.min,
+                    max: summary.max,
+                    sketch,
+                }))
+            }
+            Value::Set(set) => Aggregate::Set(Box::new(HyperLogLog::from_proto(set)?)),
+        })
+    }
+}
+
+/// The wire type of a kind.
+pub fn kind_to_proto(kind: MetricKind) -> proto::MetricType {
+    match kind {
+        MetricKind::Counter => proto::MetricType::Counter,
+        MetricKind::Gauge => proto::MetricType::Gauge,
+        MetricKind::Timer => proto::MetricType::Timer,
+        MetricKind::Histogram => proto::MetricType::Histogram,
+        MetricKind::Distribution => proto::MetricType::Distribution,
+        MetricKind::Set => proto::MetricType::Set,
+    }
+}
+
+/// The kind of a wire type.
+pub fn kind_from_proto(metric_type: i32) -> Result<MetricKind, AggregateError> {
+    match proto::MetricType::try_from(metric_type) {
+        Ok(proto::MetricType::Counter) => Ok(MetricKind::Counter),
+        Ok(proto::MetricType::Gauge) => Ok(MetricKind::Gauge),
+        Ok(proto::MetricType::Timer) => Ok(MetricKind::Timer),
+        Ok(proto::MetricType::Histogram) => Ok(MetricKind::Histogram),
+        Ok(proto::MetricType::Distribution) => Ok(MetricKind::Distribution),
+        Ok(proto::MetricType::Set) => Ok(MetricKind::Set),
+        _ => Err(AggregateError::UnknownType(metric_type)),
+    }
+}
+
+fn finite(value: f64, field: &'static str, kind: &'static str) -> Result<(), AggregateError> {
+    if value.is_finite() { Ok(()) } else { Err(AggregateError::NonFinite { field, kind }) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::parse::{Parsed, parse_line};
+
+    fn observe_all(kind: MetricKind, lines: &[&[u8]], deltas: GaugeDeltas) -> Aggregate {
+        let mut aggregate = Aggregate::new(kind);
+        for (i, text) in lines.iter().enumerate() {
+            let Parsed::Metric(line) = parse_line(text) else { panic!("{text:?}") };
+            aggregate.observe(&line, i as i64, deltas);
+        }
+        aggregate
+    }
+
+    #[test]
+    fn counters_sum_value_over_sample_rate() {
+        let sum = observe_all(MetricKind::Counter, &[b"a:1|c|@0.1", b"a:2:3|c", b"a:-1|c|@0.5"], GaugeDeltas::Statsd);
+        assert_eq!(sum, Aggregate::Counter(10.0 + 5.0 - 2.0));
+    }
+
+    #[test]
+    fn gauges_follow_statsd_delta_semantics_or_absolute_values() {
+        let statsd = observe_all(MetricKind::Gauge, &[b"g:10|g", b"g:+5|g", b"g:-3|g"], GaugeDeltas::Statsd);
+        let Aggregate::Gauge(gauge) = statsd else { panic!() };
+        assert_eq!(gauge.resolve(None), Some(12.0));
+
+        let absolute = observe_all(MetricKind::Gauge, &[b"g:10|g", b"g:+5|g", b"g:-3|g"], GaugeDeltas::Absolute);
+        let Aggregate::Gauge(gauge) = absolute else { panic!() };
+        assert_eq!(gauge.resolve(None), Some(-3.0));
+
+        let deltas_only = observe_all(MetricKind::Gauge, &[b"g:+5|g", b"g:-1|g"], GaugeDeltas::Statsd);
+        let Aggregate::Gauge(gauge) = deltas_only else { panic!() };
+        assert_eq!(gauge.resolve(Some(100.0)), Some(104.0));
+    }
+
+    #[test]
+    fn gauge_merge_keeps_the_later_timestamp() {
+        let mut early = Gauge::default();
+        early.set(1.0, 1000);
+        let mut late = Gauge::default();
+        late.set(2.0, 2000);
+        let mut a = early;
+        a.merge(&late);
+        let mut b = late;
+        b.merge(&early);
+        assert_eq!(a.resolve(None), Some(2.0));
+        assert_eq!(b.resolve(None), Some(2.0));
+        // `|T` timestamps order sets regardless of arrival.
+        let stamped = observe_all(MetricKind::Gauge, &[b"g:5|g|T2000", b"g:7|g|T1000"], GaugeDeltas::Statsd);
+        assert_eq!(stamped, Aggregate::Gauge(Gauge { has_value: true, value: 5.0, timestamp_ms: 2_000_000, delta: 0.0 }));
+    }
+
+    #[test]
+    fn distributions_keep_weighted_count_sum_min_max() {
+        let timer = observe_all(MetricKind::Timer, &[b"t:10|ms|@0.5", b"t:2:30|ms"], GaugeDeltas::Statsd);
+        let Aggregate::Distribution(summary) = &timer else { panic!() };
+        assert_eq!((summary.count, summary.sum, summary.min, summary.max), (4.0, 52.0, 2.0, 30.0));
+        assert_eq!(summary.sketch.count(), 4.0);
+    }
+
+    #[test]
+    fn merging_partials_equals_observing_everything() {
+        let lines: Vec<Vec<u8>> = (0..300).map(|i| format!("t:{}|d|@0.5", i % 37 + 1).into_bytes()).collect();
+        let refs: Vec<&[u8]> = lines.iter().map(Vec::as_slice).collect();
+        let whole = observe_all(MetricKind::Distribution, &refs, GaugeDeltas::Statsd);
+        let mut merged = Aggregate::new(MetricKind::Distribution);
+        for chunk in refs.chunks(7) {
+            merged.merge(&observe_all(MetricKind::Distribution, chunk, GaugeDeltas::Statsd)).unwrap();
+        }
+        assert_eq!(merged, whole);
+
+        let members: Vec<Vec<u8>> = (0..2000).map(|i| format!("u:user{}|s", i % 1500).into_bytes()).collect();
+        let refs: Vec<&[u8]> = members.iter().map(Vec::as_slice).collect();
+        let whole = observe_all(MetricKind::Set, &refs, GaugeDeltas::Statsd);
+        let mut merged = Aggregate::new(MetricKind::Set);
+        for chunk in refs.chunks(100) {
+            merged.merge(&observe_all(MetricKind::Set, chunk, GaugeDeltas::Statsd)).unwrap();
+        }
+        assert_eq!(merged, whole);
+    }
+
+    #[test]
+    fn merging_different_kinds_is_an_error_not_a_panic() {
+        let mut counter = Aggregate::new(MetricKind::Counter);
+        let err = counter.merge(&Aggregate::new(MetricKind::Gauge)).unwrap_err();
+        assert_eq!(err.to_string(), "cannot merge a gauge into a counter");
+    }
+
+    #[test]
+    fn wire_round_trip_and_validation() {
+        for (kind, lines) in [
+            (MetricKind::Counter, vec![&b"a:3|c"[..]]),
+            (MetricKind::Gauge, vec![b"a:3|g", b"a:+1|g"]),
+            (MetricKind::Histogram, vec![b"a:3:4:0.001|h"]),
+            (MetricKind::Set, vec![b"a:x|s", b"a:y|s"]),
+        ] {
+            let aggregate = observe_all(kind, &lines, GaugeDeltas::Statsd);
+            assert_eq!(Aggregate::from_proto(&aggregate.to_proto()).unwrap(), aggregate, "{kind:?}");
+            assert_eq!(kind_from_proto(kind_to_proto(kind) as i32).unwrap(), kind);
+        }
+        let bad = proto::Aggregate { value: Some(proto::aggregate::Value::Counter(f64::NAN)) };
+        assert!(matches!(Aggregate::from_proto(&bad), Err(AggregateError::NonFinite { field: "sum", .. })));
+        assert!(matches!(Aggregate::from_proto(&proto::Aggregate { value: None }), Err(AggregateError::Empty)));
+        assert!(matches!(kind_from_proto(42), Err(AggregateError::UnknownType(42))));
+    }
+}

@@ -1,0 +1,220 @@
+//! Series identity: the canonical series id.
+//!
+//! A series is a metric name, a type and a set of tags. Its **canonical id**
+//! is one byte string:
+//!
+//! ```text
+//! <name>                                   when the series has no tags
+//! <name>|#<tag>,<tag>,...                  otherwise
+//! ```
+//!
+//! where the tags are trimmed of surrounding spaces, empty tags dropped,
+//! exact duplicates collapsed, and the rest sorted by key, then by value
+//! (bytewise; a bare `key` sorts before `key:value`). The name cannot hold
+//! `|` and tags cannot hold `,` or `|`, so the id parses back unambiguously
+//! ([`split_id`]). The type is not part of the id; it travels beside it
+//! (`a:1|c` and `a:1|g` are two series with the same id and shard).
+//!
+//! [`SeriesKey`] builds ids into a reused buffer, so building the id of a
+//! line allocates nothing once the buffer has grown to fit.
+//!
+//! ```
+//! use tessera_core::{parse::{parse_line, Parsed}, series::SeriesKey};
+//!
+//! let mut key = SeriesKey::default();
+//! let Parsed::Metric(line) = parse_line(b"req:1|c|#zone:b, zone:a ,app") else { unreachable!() };
+//! key.build(&line).unwrap();
+//! assert_eq!(key.id(), b"req|#app,zone:a,zone:b");
+//! ```
+
+use std::cmp::Ordering;
+
+use crate::parse::{Line, MAX_TAGS, MetricKind, RejectReason, split_tag};
+
+/// Separates the name from the tags in a canonical id.
+pub const TAGS_SEPARATOR: &[u8] = b"|#";
+
+/// A reusable buffer holding one series' table key: a kind byte followed by
+/// the canonical id.
+#[derive(Debug, Clone, Default)]
+pub struct SeriesKey {
+    buf: Vec<u8>,
+}
+
+impl SeriesKey {
+    /// Builds the key of `line` into this buffer.
+    ///
+    /// Fails only with [`RejectReason::TooManyTags`], which the parser has
+    /// already ruled out for lines it accepted.
+    pub fn build(&mut self, line: &Line<'_>) -> Result<(), RejectReason> {
+        self.build_from_parts(line.kind, line.name, line.tags().map(|tag| tag))
+    }
+
+    /// Builds a key from a name and an iterator of tags (`key` or `key:value`).
+    pub fn build_from_parts<'t>(
+        &mut self,
+        kind: MetricKind,
+        name: &[u8],
+        tags: impl Iterator<Item = &'t [u8]>,
+    ) -> Result<(), RejectReason> {
+        let mut sorted: [&[u8]; MAX_TAGS] = [b""; MAX_TAGS];
+        let mut len = 0;
+        for tag in tags {
+            let tag = tag.trim_ascii();
+            if tag.is_empty() {
+                continue;
+            }
+            if len == MAX_TAGS {
+                return Err(RejectReason::TooManyTags);
+            }
+            sorted[len] = tag;
+            len += 1;
+        }
+        let sorted = &mut sorted[..len];
+        // Insertion sort: lines carry few tags, and it needs no allocation.
+        for i in 1..sorted.len() {
+            let mut j = i;
+            while j > 0 && compare_tags(sorted[j - 1], sorted[j]) == Ordering::Greater {
+                sorted.swap(j - 1, j);
+                j -= 1;
+            }
+        }
+        self.buf.clear();
+        self.buf.push(kind_byte(kind));
+        self.buf.extend_from_slice(name);
+        let mut previous: Option<&[u8]> = None;
+        for tag in sorted.iter() {
+            if previous == Some(*tag) {
+                continue;
+            }
+            let separator: &[u8] = if previous.is_none() { TAGS_SEPARATOR } else { b"," };
+            self.buf.extend_from_slice(separator);
+            self.buf.extend_from_slice(tag);
+            previous = Some(tag);
+        }
+        Ok(())
+    }
+
+    /// Sets the key from an id that is already canonical (from the wire).
+    pub fn set_raw(&mut self, kind: MetricKind, canonical_id: &[u8]) {
+        self.buf.clear();
+        self.buf.push(kind_byte(kind));
+        self.buf.extend_from_slice(canonical_id);
+    }
+
+    /// The canonical id.
+    pub fn id(&self) -> &[u8] {
+        self.buf.get(1..).unwrap_or_default()
+    }
+
+    /// The table key: kind byte, then the canonical id.
+    pub fn table_key(&self) -> &[u8] {
+        &self.buf
+    }
+
+    /// The kind this key was built for.
+    pub fn kind(&self) -> Option<MetricKind> {
+        self.buf.first().and_then(|byte| kind_from_byte(*byte))
+    }
+}
+
+fn compare_tags(a: &[u8], b: &[u8]) -> Ordering {
+    let (a_key, a_value) = split_tag(a);
+    let (b_key, b_value) = split_tag(b);
+    a_key.cmp(b_key).then_with(|| (a.len() > a_key.len()).cmp(&(b.len() > b_key.len()))).then(a_value.cmp(b_value))
+}
+
+/// The byte that stands for `kind` at the front of a table key.
+pub fn kind_byte(kind: MetricKind) -> u8 {
+    match kind {
+        MetricKind::Counter => b'c',
+        MetricKind::Gauge => b'g',
+        MetricKind::Timer => b'm',
+        MetricKind::Histogram => b'h',
+        MetricKind::Distribution => b'd',
+        MetricKind::Set => b's',
+    }
+}
+
+/// The kind a table key's first byte stands for.
+pub fn kind_from_byte(byte: u8) -> Option<MetricKind> {
+    match byte {
+        b'c' => Some(MetricKind::Counter),
+        b'g' => Some(MetricKind::Gauge),
+        b'm' => Some(MetricKind::Timer),
+        b'h' => Some(MetricKind::Histogram),
+        b'd' => Some(MetricKind::Distribution),
+        b's' => Some(MetricKind::Set),
+        _ => None,
+    }
+}
+
+/// Splits a canonical id into its name and its raw tag list (empty when untagged).
+pub fn split_id(id: &[u8]) -> (&[u8], &[u8]) {
+    match id.windows(2).position(|pair| pair == TAGS_SEPARATOR) {
+        Some(at) => (&id[..at], &id[at + 2..]),
+        None => (id, b""),
+    }
+}
+
+/// Iterates the `(key, value)` pairs of a canonical id's tags.
+pub fn id_tags(id: &[u8]) -> impl Iterator<Item = (&[u8], &[u8])> {
+    let (_, tags) = split_id(id);
+    tags.split(|byte| *byte == b',').filter(|tag| !tag.is_empty()).map(split_tag)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::parse::{Parsed, parse_line};
+
+    fn id_of(line: &[u8]) -> Vec<u8> {
+        let Parsed::Metric(line) = parse_line(line) else { panic!("{line:?} did not parse") };
+        let mut key = SeriesKey::default();
+        key.build(&line).unwrap();
+        key.id().to_vec()
+    }
+
+    #[test]
+    fn tag_order_spaces_and_duplicates_do_not_make_new_series() {
+        let same = [
+            &b"a:1|c|#x:1,y:2"[..],
+            b"a:1|c|#y:2,x:1",
+            b"a:1|c|# y:2 ,  x:1",
+            b"a:1|c|#x:1,,y:2,",
+            b"a:1|c|#x:1,y:2,x:1",
+            b"a:5|c|@0.5|#y:2,x:1|T1700000000",
+        ];
+        for line in same {
+            assert_eq!(id_of(line), b"a|#x:1,y:2", "{}", String::from_utf8_lossy(line));
+        }
+        assert_eq!(id_of(b"a:1|c"), b"a");
+        assert_eq!(id_of(b"a:1|c|#"), b"a");
+    }
+
+    #[test]
+    fn sorts_by_key_then_value_with_bare_keys_first() {
+        assert_eq!(id_of(b"m:1|g|#a.b:1,a:2,a,a:1"), b"m|#a,a:1,a:2,a.b:1");
+    }
+
+    #[test]
+    fn kind_travels_in_the_table_key_not_the_id() {
+        let Parsed::Metric(counter) = parse_line(b"a:1|c") else { panic!() };
+        let Parsed::Metric(gauge) = parse_line(b"a:1|g") else { panic!() };
+        let (mut k1, mut k2) = (SeriesKey::default(), SeriesKey::default());
+        k1.build(&counter).unwrap();
+        k2.build(&gauge).unwrap();
+        assert_eq!(k1.id(), k2.id());
+        assert_ne!(k1.table_key(), k2.table_key());
+        assert_eq!(k1.kind(), Some(MetricKind::Counter));
+        assert_eq!(k2.kind(), Some(MetricKind::Gauge));
+    }
+
+    #[test]
+    fn ids_split_back_into_name_and_tags() {
+        assert_eq!(split_id(b"a.b|#env:prod,x"), (&b"a.b"[..], &b"env:prod,x"[..]));
+        assert_eq!(split_id(b"plain"), (&b"plain"[..], &b""[..]));
+        let tags: Vec<_> = id_tags(b"a|#env:prod,x,url:http://h").collect();
+        assert_eq!(tags, vec![(&b"env"[..], &b"prod"[..]), (b"x", b""), (b"url", b"http://h")]);
+    }
+}

@@ -1,0 +1,1173 @@
+//! A DDSketch-style quantile sketch whose buckets are Prometheus native-histogram buckets.
+//!
+//! [`Sketch`] holds weighted counts in exponential buckets. At schema `s` (from [`MIN_SCHEMA`]
+//! to [`MAX_SCHEMA`]), bucket `i` holds the magnitudes in `(base^(i-1), base^i]` with
+//! `base = 2^(2^-s)`, that is `i = ceil(log2(|v|) * 2^s)`: the buckets of a Prometheus native
+//! histogram of the same schema, so a sketch can be written to Prometheus as it is. Positive and
+//! negative values have a store each; magnitudes up to [`ZERO_THRESHOLD`] count in the zero bucket.
+//! Counts are `f64` weights: a statsd sample taken at rate 0.1 is inserted with weight 10.
+//!
+//! # Error bound
+//!
+//! [`Sketch::quantile`] reports a value of bucket `i` as `2 * base^i / (base + 1)`, the point with
+//! the same relative distance to both bucket bounds. The answer is therefore within a relative
+//! error of `alpha = (base - 1) / (base + 1)` ([`relative_error`]) of the true value at the same
+//! rank: about 1.083 % at [`DEFAULT_SCHEMA`] 5, 0.135 % at schema 8, 33.3 % at schema 0. Values in
+//! the zero bucket are reported as 0.
+//!
+//! # Memory and collapsing
+//!
+//! Each store is a dense `Vec<f64>` that covers a window of consecutive bucket indices and grows at
+//! either end on demand, so that once the window covers the data an insert allocates nothing. A
+//! store spans at most [`MAX_BUCKETS`] buckets: beyond that, like DDSketch's collapsing-lowest
+//! store, the buckets of the smallest magnitudes are folded into the lowest kept one. Only those
+//! smallest-magnitude values (for positive data, the lowest quantiles) then lose the error bound.
+//! At schema 5, 4096 buckets span magnitudes over a ratio of 2^128, so this is rare; at schema 8
+//! they span 2^16.
+//!
+//! # Merging
+//!
+//! [`Sketch::merge`] adds bucket counts; sketches of different schemas merge at the coarser one
+//! (each step down in schema maps bucket `i` to `ceil(i / 2)`). Merging partial sketches gives the
+//! sketch of all their data, bucket for bucket (exactly so while the weights are integers below
+//! 2^53 and no partial collapsed at a finer schema than the result).
+//!
+//! # Example
+//!
+//! ```
+//! use tessera_core::sketch::{Sketch, relative_error};
+//!
+//! let mut sketch = Sketch::new();
+//! for millis in 1..=1000 {
+//!     sketch.insert(millis as f64, 1.0);
+//! }
+//! sketch.insert(5000.0, 10.0); // a sample taken at rate 0.1
+//! assert_eq!(sketch.count(), 1010.0);
+//!
+//! // The true median (rank 0.5 * (1010 - 1), counting from 0) is 505.
+//! let median = sketch.quantile(0.5).unwrap();
+//! assert!((median - 505.0).abs() <= 505.0 * relative_error(sketch.schema()));
+//!
+//! // Partial sketches merge, and travel as `tessera_proto::Sketch`.
+//! let mut total = Sketch::new();
+//! total.merge(&sketch);
+//! total.merge(&Sketch::from_proto(&sketch.to_proto()).unwrap());
+//! assert_eq!(total.count(), 2020.0);
+//! ```
+
+use std::mem::size_of;
+
+use thiserror::Error;
+
+/// The schema of [`Sketch::new`]: 32 buckets per power of two, a relative error of 1.083 %.
+pub const DEFAULT_SCHEMA: i32 = 5;
+
+/// The coarsest schema Prometheus native histograms allow: one bucket per 2^16.
+pub const MIN_SCHEMA: i32 = -4;
+
+/// The finest schema Prometheus native histograms allow: 256 buckets per power of two.
+pub const MAX_SCHEMA: i32 = 8;
+
+/// The most buckets one store (positive or negative) spans; see the module docs on collapsing.
+pub const MAX_BUCKETS: usize = 4096;
+
+/// Values with a magnitude up to this, 2^-32 (about 2.3e-10), count in the zero bucket.
+///
+/// It is a bucket bound at every schema, so it can be written to Prometheus as the native
+/// histogram's `zero_threshold`.
+pub const ZERO_THRESHOLD: f64 = 1.0 / 4_294_967_296.0;
+
+/// The relative error bound `(base - 1) / (base + 1)`, `base = 2^(2^-schema)`, of the quantiles
+/// of a sketch at `schema`.
+///
+/// ```
+/// let alpha = tessera_core::sketch::relative_error(5);
+/// assert!((alpha - 0.010_830).abs() < 1e-6);
+/// ```
+pub fn relative_error(schema: i32) -> f64 {
+    let base = f64::from(-schema).exp2().exp2();
+    (base - 1.0) / (base + 1.0)
+}
+
+/// Why a [`tessera_proto::Sketch`] was rejected by [`Sketch::from_proto`].
+#[derive(Debug, Clone, PartialEq, Error)]
+pub enum SketchError {
+    /// The schema is outside `MIN_SCHEMA..=MAX_SCHEMA`.
+    #[error("invalid sketch schema {schema}, expected {MIN_SCHEMA}..={MAX_SCHEMA}")]
+    InvalidSchema {
+        /// The schema received.
+        schema: i32,
+    },
+    /// A store holds more than [`MAX_BUCKETS`] buckets.
+    #[error("too many {store} buckets in sketch: {len}, at most {MAX_BUCKETS}")]
+    TooManyBuckets {
+        /// `"positive"` or `"negative"`.
+        store: &'static str,
+        /// The number of buckets received.
+        len: usize,
+    },
+    /// A count is negative, NaN or infinite.
+    #[error("invalid {store} bucket count `{count}` in sketch")]
+    InvalidCount {
+        /// `"zero"`, `"positive"` or `"negative"`.
+        store: &'static str,
+        /// The count received.
+        count: f64,
+    },
+    /// The buckets' indices overflow, or reach past the magnitudes a store can hold at the schema
+    /// (above [`ZERO_THRESHOLD`] and up to `f64::MAX`).
+    #[error("{store} bucket indices {first}..={last} out of range {min}..={max} for sketch schema {schema}")]
+    IndexOutOfRange {
+        /// `"positive"` or `"negative"`.
+        store: &'static str,
+        /// The index of the first bucket received (the offset).
+        first: i64,
+        /// The index of the last bucket received.
+        last: i64,
+        /// The lowest index allowed at the schema.
+        min: i32,
+        /// The highest index allowed at the schema.
+        max: i32,
+        /// The sketch's schema.
+        schema: i32,
+    },
+}
+
+/// A mergeable quantile sketch with Prometheus native-histogram buckets; see the
+/// [module docs](self).
+#[derive(Clone, Debug)]
+pub struct Sketch {
+    schema: i32,
+    zero_count: f64,
+    positive: Store,
+    negative: Store,
+}
+
+impl Default for Sketch {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Two sketches are equal when they have the same schema and the same non-zero buckets, whatever
+/// memory they hold.
+impl PartialEq for Sketch {
+    fn eq(&self, other: &Self) -> bool {
+        self.schema == other.schema
+            && self.zero_count == other.zero_count
+            && self.positive_buckets().eq(other.positive_buckets())
+            && self.negative_buckets().eq(other.negative_buckets())
+    }
+}
+
+impl Sketch {
+    /// An empty sketch at [`DEFAULT_SCHEMA`]; it allocates nothing until the first insert.
+    pub fn new() -> Self {
+        Self::with_schema(DEFAULT_SCHEMA)
+    }
+
+    /// An empty sketch at `schema`, clamped into `MIN_SCHEMA..=MAX_SCHEMA`; see
+    /// [`Sketch::try_with_schema`] to reject a bad schema instead.
+    pub fn with_schema(schema: i32) -> Self {
+        Sketch {
+            schema: schema.clamp(MIN_SCHEMA, MAX_SCHEMA),
+            zero_count: 0.0,
+            positive: Store::default(),
+            negative: Store::default(),
+        }
+    }
+
+    /// An empty sketch at `schema`, or an error when `schema` is outside `MIN_SCHEMA..=MAX_SCHEMA`.
+    pub fn try_with_schema(schema: i32) -> Result<Self, SketchError> {
+        if !(MIN_SCHEMA..=MAX_SCHEMA).contains(&schema) {
+            return Err(SketchError::InvalidSchema { schema });
+        }
+        Ok(Self::with_schema(schema))
+    }
+
+    /// The schema: `2^schema` buckets per power of two.
+    pub fn schema(&self) -> i32 {
+        self.schema
+    }
+
+    /// Adds `value` with `weight` (1 / sample rate).
+    ///
+    /// NaN and infinite values, and weights that are not positive and finite, are ignored: the
+    /// parser rejects them before they get here.
+    #[inline]
+    pub fn insert(&mut self, value: f64, weight: f64) {
+        if !(value.is_finite() && weight > 0.0 && weight < f64::INFINITY) {
+            return;
+        }
+        let magnitude = value.abs();
+        if magnitude <= ZERO_THRESHOLD {
+            self.zero_count += weight;
+            return;
+        }
+        let index = bucket_index(magnitude, self.schema);
+        if value > 0.0 {
+            self.positive.add(index, weight);
+        } else {
+            self.negative.add(index, weight);
+        }
+    }
+
+    /// Adds the counts of `other` to this sketch.
+    ///
+    /// When the schemas differ the result has the coarser one: this sketch is downscaled first if
+    /// `other` is coarser, `other`'s buckets are mapped on the fly if it is finer.
+    pub fn merge(&mut self, other: &Sketch) {
+        if other.schema < self.schema {
+            self.downscale(other.schema);
+        }
+        let steps = (other.schema - self.schema) as u32;
+        self.zero_count += other.zero_count;
+        self.positive.merge_from(&other.positive, steps);
+        self.negative.merge_from(&other.negative, steps);
+    }
+
+    /// Lowers the schema to `schema` (clamped to [`MIN_SCHEMA`]), merging neighbouring buckets:
+    /// each step down maps bucket `i` to `ceil(i / 2)`. Does nothing if `schema` is not coarser.
+    pub fn downscale(&mut self, schema: i32) {
+        let schema = schema.max(MIN_SCHEMA);
+        if schema >= self.schema {
+            return;
+        }
+        let steps = (self.schema - schema) as u32;
+        self.positive.downscale(steps);
+        self.negative.downscale(steps);
+        self.schema = schema;
+    }
+
+    /// The total weight inserted. Sums the buckets, so it costs one pass over them.
+    pub fn count(&self) -> f64 {
+        // Same order as `quantile` walks, so that the walk ends exactly at this total.
+        let negative: f64 = self.negative.counts.iter().rev().sum();
+        let zero = negative + self.zero_count;
+        self.positive.counts.iter().fold(zero, |total, count| total + count)
+    }
+
+    /// Whether nothing has been inserted since creation or the last [`Sketch::clear`].
+    pub fn is_empty(&self) -> bool {
+        self.zero_count == 0.0 && self.positive.is_empty() && self.negative.is_empty()
+    }
+
+    /// The weight of the zero bucket: values with a magnitude up to [`ZERO_THRESHOLD`].
+    pub fn zero_count(&self) -> f64 {
+        self.zero_count
+    }
+
+    /// The value at quantile `q` (from 0 to 1), within [`relative_error`] of the true one.
+    ///
+    /// As in DDSketch, the rank is `q * (count - 1)`, counting from 0, and the answer comes from
+    /// the first bucket whose cumulative weight exceeds it, walking from the most negative values
+    /// through zero to the largest. `None` when the sketch is empty or `q` is not in `[0, 1]`.
+    pub fn quantile(&self, q: f64) -> Option<f64> {
+        if !(0.0..=1.0).contains(&q) || self.is_empty() {
+            return None;
+        }
+        let rank = q * (self.count() - 1.0);
+        let mut cumulative = 0.0;
+        let mut last_value = None;
+        for (position, &weight) in self.negative.counts.iter().enumerate().rev() {
+            if weight == 0.0 {
+                continue;
+            }
+            cumulative += weight;
+            let value = -self.bucket_value(self.negative.offset + position as i32);
+            if cumulative > rank {
+                return Some(value);
+            }
+            last_value = Some(value);
+        }
+        if self.zero_count > 0.0 {
+            cumulative += self.zero_count;
+            if cumulative > rank {
+                return Some(0.0);
+            }
+            last_value = Some(0.0);
+        }
+        for (position, &weight) in self.positive.counts.iter().enumerate() {
+            if weight == 0.0 {
+                continue;
+            }
+            cumulative += weight;
+            let value = self.bucket_value(self.positive.offset + position as i32);
+            if cumulative > rank {
+                return Some(value);
+            }
+            last_value = Some(value);
+        }
+        // Only reached if rounding left the rank at or past the total: answer with the largest.
+        last_value
+    }
+
+    /// Empties the sketch, keeping its memory (and its stores' windows) for reuse.
+    pub fn clear(&mut self) {
+        self.zero_count = 0.0;
+        self.positive.counts.fill(0.0);
+        self.negative.counts.fill(0.0);
+    }
+
+    /// The non-zero buckets of positive values as `(index, weight)`, by increasing index.
+    pub fn positive_buckets(&self) -> impl Iterator<Item = (i32, f64)> + '_ {
+        self.positive.buckets()
+    }
+
+    /// The non-zero buckets of negative values as `(index, weight)`, by increasing index of the
+    /// magnitude (so from the values closest to zero to the most negative).
+    pub fn negative_buckets(&self) -> impl Iterator<Item = (i32, f64)> + '_ {
+        self.negative.buckets()
+    }
+
+    /// The heap memory the sketch holds, in bytes.
+    pub fn heap_bytes(&self) -> usize {
+        (self.positive.counts.capacity() + self.negative.counts.capacity()) * size_of::<f64>()
+    }
+
+    /// The wire form, with each store trimmed to its non-zero buckets.
+    pub fn to_proto(&self) -> tessera_proto::Sketch {
+        let (positive_offset, positive_counts) = self.positive.trimmed();
+        let (negative_offset, negative_counts) = self.negative.trimmed();
+        tessera_proto::Sketch {
+            schema: self.schema,
+            zero_count: self.zero_count,
+            positive_offset,
+            positive_counts,
+            negative_offset,
+            negative_counts,
+        }
+    }
+
+    /// Reads the wire form, rejecting a bad schema, a store of more than [`MAX_BUCKETS`] buckets,
+    /// negative or non-finite counts, and bucket indices that overflow or are out of range.
+    pub fn from_proto(proto: &tessera_proto::Sketch) -> Result<Sketch, SketchError> {
+        let schema = proto.schema;
+        if !(MIN_SCHEMA..=MAX_SCHEMA).contains(&schema) {
+            return Err(SketchError::InvalidSchema { schema });
+        }
+        if !is_valid_count(proto.zero_count) {
+            return Err(SketchError::InvalidCount { store: "zero", count: proto.zero_count });
+        }
+        Ok(Sketch {
+            schema,
+            zero_count: proto.zero_count,
+            positive: Store::from_proto("positive", schema, proto.positive_offset, &proto.positive_counts)?,
+            negative: Store::from_proto("negative", schema, proto.negative_offset, &proto.negative_counts)?,
+        })
+    }
+
+    /// The value reported for bucket `index`: `2 * base^index / (base + 1)`.
+    fn bucket_value(&self, index: i32) -> f64 {
+        let base = f64::from(-self.schema).exp2().exp2();
+        // Written with base^(index - 2^schema) = base^index / 2 so that the top bucket stays finite.
+        let exponent = f64::from(index) * f64::from(-self.schema).exp2() - 1.0;
+        exponent.exp2() * (4.0 / (base + 1.0))
+    }
+}
+
+fn is_valid_count(count: f64) -> bool {
+    (0.0..f64::INFINITY).contains(&count)
+}
+
+/// The lowest and highest bucket index a store can hold at `schema`: from just above
+/// [`ZERO_THRESHOLD`] (2^-32) to `f64::MAX` (just below 2^1024).
+fn index_range(schema: i32) -> (i32, i32) {
+    let (zero_index, max_index) =
+        if schema >= 0 { (-32 << schema, 1024 << schema) } else { (-(32 >> -schema), 1024 >> -schema) };
+    (zero_index + 1, max_index)
+}
+
+/// Maps a bucket index `steps` schemas down: `ceil(index / 2^steps)`, also for negative indices
+/// (an arithmetic shift rounds toward minus infinity).
+#[inline]
+fn downscale_index(index: i32, steps: u32) -> i32 {
+    (index + (1 << steps) - 1) >> steps
+}
+
+/// The bucket index of `magnitude` (finite, above [`ZERO_THRESHOLD`]) at `schema`.
+///
+/// Computed at [`MAX_SCHEMA`] and downscaled: since the bounds of every schema are a subset of
+/// those of schema 8, this is exact, and a sketch built at schema `s` equals one built at schema 8
+/// and downscaled to `s`.
+#[inline]
+fn bucket_index(magnitude: f64, schema: i32) -> i32 {
+    downscale_index(index_at_max_schema(magnitude), (MAX_SCHEMA - schema) as u32)
+}
+
+const MANTISSA_BITS: u32 = 52;
+const MANTISSA_MASK: u64 = (1 << MANTISSA_BITS) - 1;
+const EXPONENT_BIAS: i32 = 1023;
+/// The bits of 1.0: OR-ed with a mantissa they give the significand in `[1, 2)`.
+const ONE_BITS: u64 = 0x3ff << MANTISSA_BITS;
+/// The significand range `[1, 2)` is cut into 2^SEGMENT_BITS equal segments for the lookup.
+const SEGMENT_BITS: u32 = MAX_SCHEMA as u32 + 1;
+const SUB_BUCKETS: usize = 1 << MAX_SCHEMA;
+
+/// `ceil(log2(magnitude) * 256)` for a normal, positive `magnitude`, exact at the bucket bounds.
+///
+/// With `magnitude = m * 2^e`, `m` in `[1, 2)`, the index is `256 e + k` where `k` is the first
+/// sub-bucket with `m <= BOUNDS[k]`. The segment of `m` (its top 9 mantissa bits) gives the first
+/// sub-bucket whose bound is at least the segment's start; since a segment (1/512 wide) is
+/// narrower than any sub-bucket (at least 2^(1/256) - 1 > 1/370 wide), `k` is that one or the
+/// next, and one comparison decides.
+#[inline]
+fn index_at_max_schema(magnitude: f64) -> i32 {
+    let bits = magnitude.to_bits();
+    let exponent = (bits >> MANTISSA_BITS) as i32 - EXPONENT_BIAS;
+    let mantissa = bits & MANTISSA_MASK;
+    let segment = (mantissa >> (MANTISSA_BITS - SEGMENT_BITS)) as usize;
+    let mut sub_bucket = usize::from(SEGMENT_FIRST_SUB_BUCKET[segment]);
+    if f64::from_bits(mantissa | ONE_BITS) > BOUNDS[sub_bucket] {
+        sub_bucket += 1;
+    }
+    (exponent << MAX_SCHEMA) + sub_bucket as i32
+}
+
+/// Bit patterns of `2^(2^-s)` for `s` in `1..=8`, as Go's `math.Exp2` computes them (the first
+/// is one ulp below the correctly rounded square root of 2).
+const BOUND_FACTOR_BITS: [u64; 8] = [
+    0x3ff6_a09e_667f_3bcc,
+    0x3ff3_06fe_0a31_b715,
+    0x3ff1_72b8_3c7d_517b,
+    0x3ff0_b558_6cf9_890f,
+    0x3ff0_59b0_d315_8574,
+    0x3ff0_2c9a_3e77_8061,
+    0x3ff0_163d_a9fb_3335,
+    0x3ff0_0b1a_fa5a_bcbf,
+];
+
+/// `BOUNDS[k]`, `k` in `0..=256`, is the upper bound `2^(k / 256)` of sub-bucket `k` of the
+/// significand at schema 8; schema `s` uses every `2^(8 - s)`th one.
+///
+/// Computed as client_golang computes its `nativeHistogramBounds` (each schema keeps the bounds of
+/// the one below and fills the gaps by multiplying with its factor), so values exactly on a bound
+/// fall in the same bucket as in a Go-instrumented program. These differ from the correctly
+/// rounded `2^(k/256)` by up to a few ulps, and are exact at powers of two.
+static BOUNDS: [f64; SUB_BUCKETS + 1] = BOUNDS_TABLE;
+static SEGMENT_FIRST_SUB_BUCKET: [u16; 1 << SEGMENT_BITS] = segment_first_sub_buckets(&BOUNDS_TABLE);
+
+const BOUNDS_TABLE: [f64; SUB_BUCKETS + 1] = significand_bounds();
+
+const fn significand_bounds() -> [f64; SUB_BUCKETS + 1] {
+    // client_golang's bounds are for the fraction in [0.5, 1); doubling them is exact.
+    let mut fraction = [0.0; SUB_BUCKETS];
+    fraction[0] = 0.5;
+    let mut schema = 1;
+    while schema <= MAX_SCHEMA as usize {
+        let factor = f64::from_bits(BOUND_FACTOR_BITS[schema - 1]);
+        let stride = SUB_BUCKETS >> schema;
+        let mut k = 1;
+        while k < (1 << schema) {
+            fraction[k * stride] = fraction[(k - 1) * stride] * factor;
+            k += 2;
+        }
+        schema += 1;
+    }
+    let mut bounds = [2.0; SUB_BUCKETS + 1];
+    let mut k = 0;
+    while k < SUB_BUCKETS {
+        bounds[k] = fraction[k] * 2.0;
+        k += 1;
+    }
+    bounds
+}
+
+const fn segment_first_sub_buckets(bounds: &[f64; SUB_BUCKETS + 1]) -> [u16; 1 << SEGMENT_BITS] {
+    let segments = 1 << SEGMENT_BITS;
+    let mut table = [0; 1 << SEGMENT_BITS];
+    let mut segment = 0;
+    let mut sub_bucket = 0;
+    while segment < segments {
+        let start = 1.0 + segment as f64 / segments as f64;
+        while bounds[sub_bucket] < start {
+            sub_bucket += 1;
+        }
+        table[segment] = sub_bucket as u16;
+        segment += 1;
+    }
+    table
+}
+
+/// The smallest number of buckets a store grows by, when there is room.
+const MIN_GROWTH: i32 = 16;
+
+/// The buckets of one sign: `counts[k]` is the weight of bucket `offset + k`.
+///
+/// The window `offset..offset + counts.len()` may hold zero-weight slack at either end, but never
+/// spans more than [`MAX_BUCKETS`], so an insert inside it never needs to collapse. Collapsing is
+/// decided from the non-zero buckets only, so the result does not depend on the insertion order.
+#[derive(Clone, Debug, Default)]
+struct Store {
+    counts: Vec<f64>,
+    offset: i32,
+}
+
+impl Store {
+    #[inline]
+    fn add(&mut self, index: i32, weight: f64) {
+        // A negative difference becomes a huge position, outside the window.
+        let position = index.wrapping_sub(self.offset) as u32 as usize;
+        match self.counts.get_mut(position) {
+            Some(count) => *count += weight,
+            None => self.add_outside_window(index, weight),
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn add_outside_window(&mut self, index: i32, weight: f64) {
+        self.cover(index, index);
+        // After `cover`, an index below the window is one that collapses into its lowest bucket.
+        let position = index.max(self.offset) - self.offset;
+        self.counts[position as usize] += weight;
+    }
+
+    fn is_empty(&self) -> bool {
+        self.counts.iter().all(|&count| count == 0.0)
+    }
+
+    fn buckets(&self) -> impl Iterator<Item = (i32, f64)> + '_ {
+        let offset = self.offset;
+        self.counts
+            .iter()
+            .enumerate()
+            .filter(|(_, count)| **count != 0.0)
+            .map(move |(position, &count)| (offset + position as i32, count))
+    }
+
+    /// The lowest and highest index of the non-zero buckets.
+    fn nonzero_range(&self) -> Option<(i32, i32)> {
+        let first = self.counts.iter().position(|&count| count != 0.0)?;
+        let last = self.counts.iter().rposition(|&count| count != 0.0)?;
+        Some((self.offset + first as i32, self.offset + last as i32))
+    }
+
+    /// The offset and counts from the first to the last non-zero bucket.
+    fn trimmed(&self) -> (i32, Vec<f64>) {
+        match self.nonzero_range() {
+            None => (0, Vec::new()),
+            Some((first, last)) => {
+                let positions = (first - self.offset) as usize..=(last - self.offset) as usize;
+                (first, self.counts[positions].to_vec())
+            }
+        }
+    }
+
+    /// Moves the window so that it covers the non-zero buckets and `low..=high`, with some slack on
+    /// the side(s) it grows. When all of that would span more than [`MAX_BUCKETS`], the window
+    /// becomes the top `MAX_BUCKETS` of it and the held buckets below are folded into its lowest;
+    /// the caller folds what it adds below the window likewise.
+    fn cover(&mut self, low: i32, high: i32) {
+        let (held_low, held_high) = self.nonzero_range().unwrap_or((low, high));
+        let (low, high) = (low.min(held_low), high.max(held_high));
+        let max_span = MAX_BUCKETS as i32;
+        let floor = low.max(high - (max_span - 1));
+
+        let mut collapsed = 0.0;
+        if floor > held_low {
+            let below_floor = ((floor - self.offset) as usize).min(self.counts.len());
+            for count in &mut self.counts[..below_floor] {
+                collapsed += *count;
+                *count = 0.0;
+            }
+        }
+
+        let span = high - floor + 1;
+        let slack = (span / 2).max(MIN_GROWTH).min(max_span - span);
+        let window_end = self.offset + self.counts.len() as i32;
+        let grows_down = self.counts.is_empty() || floor < self.offset;
+        let grows_up = self.counts.is_empty() || high >= window_end;
+        let (slack_below, slack_above) = match (grows_down, grows_up) {
+            (true, true) => (slack / 2, slack - slack / 2),
+            (true, false) => (slack, 0),
+            _ => (0, slack),
+        };
+        self.move_window(floor - slack_below, high + slack_above);
+        if collapsed > 0.0 {
+            self.counts[(floor - self.offset) as usize] += collapsed;
+        }
+    }
+
+    /// Re-lays the counts out over the window `low..=high`, which must hold every non-zero bucket.
+    /// Reuses the allocation when it is large enough.
+    fn move_window(&mut self, low: i32, high: i32) {
+        let new_len = (high - low + 1) as usize;
+        match self.nonzero_range() {
+            None => {
+                self.counts.clear();
+                self.counts.resize(new_len, 0.0);
+            }
+            Some((first, last)) => {
+                let source = (first - self.offset) as usize..(last - self.offset) as usize + 1;
+                let destination = (first - low) as usize;
+                let moved = source.len();
+                if new_len > self.counts.len() {
+                    self.counts.resize(new_len, 0.0);
+                }
+                self.counts.copy_within(source, destination);
+                self.counts[..destination].fill(0.0);
+                self.counts[destination + moved..].fill(0.0);
+                self.counts.truncate(new_len);
+            }
+        }
+        self.offset = low;
+    }
+
+    /// Adds the buckets of `other`, which is `steps` schemas finer than this store.
+    fn merge_from(&mut self, other: &Store, steps: u32) {
+        let Some((first, last)) = other.nonzero_range() else {
+            return;
+        };
+        let (low, high) = (downscale_index(first, steps), downscale_index(last, steps));
+        if low < self.offset || high >= self.offset + self.counts.len() as i32 {
+            self.cover(low, high);
+        }
+        for (position, &count) in other.counts.iter().enumerate() {
+            if count == 0.0 {
+                continue;
+            }
+            let index = downscale_index(other.offset + position as i32, steps).max(self.offset);
+            self.counts[(index - self.offset) as usize] += count;
+        }
+    }
+
+    /// Lowers the schema by `steps`, in place: bucket `i` goes to `ceil(i / 2^steps)`.
+    fn downscale(&mut self, steps: u32) {
+        if steps == 0 {
+            return;
+        }
+        let new_offset = downscale_index(self.offset, steps);
+        if self.counts.is_empty() {
+            self.offset = new_offset;
+            return;
+        }
+        // A bucket never moves to a higher position, so one ascending pass is enough.
+        for position in 0..self.counts.len() {
+            let count = std::mem::take(&mut self.counts[position]);
+            let target = downscale_index(self.offset + position as i32, steps) - new_offset;
+            self.counts[target as usize] += count;
+        }
+        let last = self.offset + self.counts.len() as i32 - 1;
+        self.counts.truncate((downscale_index(last, steps) - new_offset + 1) as usize);
+        self.offset = new_offset;
+    }
+
+    fn from_proto(store: &'static str, schema: i32, offset: i32, counts: &[f64]) -> Result<Store, SketchError> {
+        if counts.len() > MAX_BUCKETS {
+            return Err(SketchError::TooManyBuckets { store, len: counts.len() });
+        }
+        if let Some(&count) = counts.iter().find(|&&count| !is_valid_count(count)) {
+            return Err(SketchError::InvalidCount { store, count });
+        }
+        if counts.is_empty() {
+            return Ok(Store::default());
+        }
+        let (min, max) = index_range(schema);
+        let first = i64::from(offset);
+        let last = first + counts.len() as i64 - 1;
+        if first < i64::from(min) || last > i64::from(max) {
+            return Err(SketchError::IndexOutOfRange { store, first, last, min, max, schema });
+        }
+        Ok(Store { counts: counts.to_vec(), offset })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// splitmix64: a small, seeded, good-enough generator for test data.
+    struct Rng(u64);
+
+    impl Rng {
+        fn next_u64(&mut self) -> u64 {
+            self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = self.0;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            z ^ (z >> 31)
+        }
+
+        /// Uniform in (0, 1).
+        fn uniform(&mut self) -> f64 {
+            ((self.next_u64() >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+        }
+
+        fn normal(&mut self) -> f64 {
+            (-2.0 * self.uniform().ln()).sqrt() * (std::f64::consts::TAU * self.uniform()).cos()
+        }
+
+        fn lognormal(&mut self, mu: f64, sigma: f64) -> f64 {
+            (mu + sigma * self.normal()).exp()
+        }
+
+        fn pareto(&mut self, scale: f64, shape: f64) -> f64 {
+            scale / self.uniform().powf(1.0 / shape)
+        }
+    }
+
+    const QUANTILES: [f64; 9] = [0.01, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 0.999];
+
+    fn sketch_of(schema: i32, values: &[f64]) -> Sketch {
+        let mut sketch = Sketch::with_schema(schema);
+        for &value in values {
+            sketch.insert(value, 1.0);
+        }
+        sketch
+    }
+
+    /// The largest relative error of the sketch's quantiles against the exact ones at rank
+    /// `floor(q * (n - 1))`; asserts it is within the bound.
+    fn check_quantiles(sketch: &Sketch, values: &[f64]) -> f64 {
+        let mut sorted = values.to_vec();
+        sorted.sort_by(f64::total_cmp);
+        let bound = relative_error(sketch.schema()) + 1e-12;
+        let mut worst: f64 = 0.0;
+        for q in QUANTILES {
+            let exact = sorted[(q * (sorted.len() - 1) as f64).floor() as usize];
+            let estimate = sketch.quantile(q).expect("sketch is not empty");
+            if exact.abs() <= ZERO_THRESHOLD {
+                assert_eq!(estimate, 0.0, "q {q}: exact {exact} is in the zero bucket");
+                continue;
+            }
+            let error = ((estimate - exact) / exact).abs();
+            assert!(error <= bound, "q {q}: estimate {estimate}, exact {exact}, error {error} > {bound}");
+            worst = worst.max(error);
+        }
+        worst
+    }
+
+    fn lognormal_values(n: usize, seed: u64) -> Vec<f64> {
+        let mut rng = Rng(seed);
+        (0..n).map(|_| rng.lognormal(-3.0, 1.5)).collect()
+    }
+
+    fn pareto_values(n: usize, seed: u64) -> Vec<f64> {
+        let mut rng = Rng(seed);
+        (0..n).map(|_| rng.pareto(0.001, 1.1)).collect()
+    }
+
+    type Buckets = Vec<(i32, f64)>;
+
+    fn buckets(sketch: &Sketch) -> (Buckets, Buckets) {
+        (sketch.positive_buckets().collect(), sketch.negative_buckets().collect())
+    }
+
+    #[test]
+    fn relative_error_matches_the_stated_bounds() {
+        assert!((relative_error(5) - 0.010_830_0).abs() < 1e-7);
+        assert!((relative_error(0) - 1.0 / 3.0).abs() < 1e-15);
+        assert!((relative_error(8) - 0.001_353_8).abs() < 1e-7);
+        for schema in MIN_SCHEMA..MAX_SCHEMA {
+            assert!(relative_error(schema) > relative_error(schema + 1));
+        }
+    }
+
+    #[test]
+    fn powers_of_two_are_upper_bucket_bounds_at_every_schema() {
+        for schema in MIN_SCHEMA..=MAX_SCHEMA {
+            for exponent in -31..=1023 {
+                let value = f64::from(exponent).exp2();
+                let expected =
+                    if schema >= 0 { exponent << schema } else { (exponent + (1 << -schema) - 1) >> -schema };
+                assert_eq!(bucket_index(value, schema), expected, "2^{exponent} at schema {schema}");
+                let above = f64::from_bits(value.to_bits() + 1);
+                let expected_above =
+                    if schema >= 0 || exponent % (1 << -schema) == 0 { expected + 1 } else { expected };
+                assert_eq!(bucket_index(above, schema), expected_above, "just above 2^{exponent}");
+            }
+        }
+        assert_eq!(bucket_index(1.0, DEFAULT_SCHEMA), 0);
+        assert_eq!(bucket_index(2.0, DEFAULT_SCHEMA), 32);
+        assert_eq!(bucket_index(0.5, DEFAULT_SCHEMA), -32);
+        assert_eq!(bucket_index(f64::MAX, MAX_SCHEMA), 1024 << MAX_SCHEMA);
+        assert_eq!(bucket_index(f64::MAX, MIN_SCHEMA), 64);
+        assert_eq!(bucket_index(f64::from_bits(ZERO_THRESHOLD.to_bits() + 1), MIN_SCHEMA), index_range(MIN_SCHEMA).0);
+        assert_eq!(bucket_index(f64::from_bits(ZERO_THRESHOLD.to_bits() + 1), 5), index_range(5).0);
+    }
+
+    #[test]
+    fn bounds_are_client_golangs() {
+        // Spot values of client_golang's `nativeHistogramBounds` (fractions in [0.5, 1)).
+        let published = [
+            (128, 0.707_106_781_186_547_5), // schema 1, one ulp below sqrt(0.5)
+            (64, 0.594_603_557_501_360_5),  // schema 2
+            (8, 0.510_948_574_327_058_3),   // schema 5
+            (1, 0.501_355_637_525_101_3),   // schema 8
+            (218, 0.902_227_083_903_311_5), // schema 8, 4 ulps below 2^(218/256 - 1)
+            (255, 0.997_296_056_085_469_8), // schema 8
+        ];
+        for (k, fraction) in published {
+            assert_eq!(BOUNDS[k], fraction * 2.0, "bound {k}");
+        }
+        for (k, bound) in BOUNDS.iter().enumerate() {
+            let exact = (k as f64 / SUB_BUCKETS as f64).exp2();
+            let ulps = (bound.to_bits() as i64 - exact.to_bits() as i64).abs();
+            assert!(ulps <= 8, "bound {k} is {ulps} ulps from 2^({k}/256)");
+        }
+    }
+
+    #[test]
+    fn index_agrees_with_bounds_and_log2() {
+        let mut rng = Rng(7);
+        for _ in 0..200_000 {
+            let value = (rng.uniform() * 120.0 - 60.0).exp2();
+            let index = index_at_max_schema(value);
+            let (exponent, sub_bucket) = (index.div_euclid(256), index.rem_euclid(256) as usize);
+            // Bucket `index` is (BOUNDS[k-1], BOUNDS[k]] * 2^exponent, k = sub_bucket (or 256 below).
+            let upper = BOUNDS[sub_bucket] * f64::from(exponent).exp2();
+            let lower = if sub_bucket == 0 {
+                BOUNDS[SUB_BUCKETS - 1] * f64::from(exponent - 1).exp2()
+            } else {
+                BOUNDS[sub_bucket - 1] * f64::from(exponent).exp2()
+            };
+            assert!(lower < value && value <= upper, "{value} not in bucket {index} ({lower}, {upper}]");
+            for schema in MIN_SCHEMA..=MAX_SCHEMA {
+                let reference = (value.log2() * f64::from(schema).exp2()).ceil() as i32;
+                let index = bucket_index(value, schema);
+                if index != reference {
+                    // Only possible within a few ulps of a bound.
+                    let bound = (f64::from(index.min(reference)) / f64::from(schema).exp2()).exp2();
+                    assert!(((value - bound) / bound).abs() < 1e-14, "{value} at schema {schema}: {index}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn downscale_index_is_ceiling_division() {
+        for index in -1000..=1000 {
+            for steps in 0..=12u32 {
+                let expected = (f64::from(index) / f64::from(1 << steps)).ceil() as i32;
+                assert_eq!(downscale_index(index, steps), expected, "{index} by {steps}");
+            }
+        }
+        assert_eq!(downscale_index(-1, 1), 0);
+        assert_eq!(downscale_index(-2, 1), -1);
+        assert_eq!(downscale_index(-3, 1), -1);
+        assert_eq!(downscale_index(3, 1), 2);
+    }
+
+    #[test]
+    fn lognormal_quantiles_are_within_the_bound() {
+        let values = lognormal_values(100_000, 1);
+        for schema in [0, 3, DEFAULT_SCHEMA, MAX_SCHEMA] {
+            let worst = check_quantiles(&sketch_of(schema, &values), &values);
+            println!(
+                "lognormal, schema {schema}: worst relative error {worst:.5} (bound {:.5})",
+                relative_error(schema)
+            );
+        }
+    }
+
+    #[test]
+    fn pareto_quantiles_are_within_the_bound() {
+        let values = pareto_values(100_000, 2);
+        // Not schema 8: these values span more than 2^16, and the lowest quantiles collapse there.
+        for schema in [0, 3, DEFAULT_SCHEMA, 7] {
+            let worst = check_quantiles(&sketch_of(schema, &values), &values);
+            println!("pareto, schema {schema}: worst relative error {worst:.5} (bound {:.5})", relative_error(schema));
+        }
+    }
+
+    #[test]
+    fn negative_values_and_zeros_are_within_the_bound() {
+        let mut rng = Rng(3);
+        let values: Vec<f64> = (0..50_000)
+            .map(|i| match i % 10 {
+                0 => 0.0,
+                1 => ZERO_THRESHOLD / 2.0,
+                2..=5 => -rng.lognormal(2.0, 2.0),
+                _ => rng.lognormal(1.0, 1.0),
+            })
+            .collect();
+        let sketch = sketch_of(DEFAULT_SCHEMA, &values);
+        assert_eq!(sketch.zero_count(), 10_000.0);
+        assert_eq!(sketch.count(), 50_000.0);
+        let worst = check_quantiles(&sketch, &values);
+        println!("mixed signs: worst relative error {worst:.5}");
+        assert_eq!(sketch.quantile(0.5), Some(0.0));
+        assert!(sketch.quantile(0.0).expect("not empty") < -1000.0);
+    }
+
+    #[test]
+    fn merging_partial_sketches_equals_the_sketch_of_all_data() {
+        let values = lognormal_values(100_000, 4);
+        let whole = sketch_of(DEFAULT_SCHEMA, &values);
+        let mut merged = Sketch::new();
+        for chunk in values.chunks(1000) {
+            merged.merge(&sketch_of(DEFAULT_SCHEMA, chunk));
+        }
+        assert_eq!(buckets(&merged), buckets(&whole));
+        assert_eq!(merged, whole);
+        assert_eq!(merged.to_proto(), whole.to_proto());
+        check_quantiles(&merged, &values);
+        // And in the other order, into a sketch that already has a window.
+        let mut merged_backwards = sketch_of(DEFAULT_SCHEMA, &values[..10]);
+        for chunk in values[10..].chunks(1000).rev() {
+            merged_backwards.merge(&sketch_of(DEFAULT_SCHEMA, chunk));
+        }
+        assert_eq!(merged_backwards, whole);
+    }
+
+    #[test]
+    fn weights_count_as_sample_rates() {
+        let values = lognormal_values(10_000, 5);
+        let mut weighted = Sketch::new();
+        let mut repeated = Sketch::new();
+        for &value in &values {
+            weighted.insert(value, 10.0);
+            for _ in 0..10 {
+                repeated.insert(value, 1.0);
+            }
+        }
+        assert_eq!(weighted.count(), 100_000.0);
+        assert_eq!(weighted, repeated);
+        for q in QUANTILES {
+            assert_eq!(weighted.quantile(q), repeated.quantile(q));
+        }
+        // Sampled and unsampled values mix by weight: 1 at 1.0 against 99 at 100.0.
+        let mut mixed = Sketch::new();
+        mixed.insert(1.0, 1.0);
+        mixed.insert(100.0, 99.0);
+        assert_eq!(mixed.count(), 100.0);
+        assert!(mixed.quantile(0.0).expect("not empty") < 1.1);
+        assert!(mixed.quantile(0.02).expect("not empty") > 99.0);
+    }
+
+    #[test]
+    fn bad_values_and_weights_are_ignored() {
+        let mut sketch = Sketch::new();
+        for value in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+            sketch.insert(value, 1.0);
+        }
+        for weight in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+            sketch.insert(1.0, weight);
+        }
+        assert!(sketch.is_empty());
+        assert_eq!(sketch.count(), 0.0);
+        assert_eq!(sketch.quantile(0.5), None);
+        assert_eq!(sketch.heap_bytes(), 0);
+    }
+
+    #[test]
+    fn quantile_edges() {
+        let mut sketch = Sketch::new();
+        sketch.insert(1.0, 1.0);
+        let reported = sketch.quantile(0.5).expect("not empty");
+        assert_eq!(reported, 2.0 / (1.0 + (1.0f64 / 32.0).exp2()));
+        for q in [-0.1, 1.1, f64::NAN] {
+            assert_eq!(sketch.quantile(q), None);
+        }
+        for i in 1..=100 {
+            sketch.insert(f64::from(i) * 10.0, 1.0);
+        }
+        let bound = relative_error(DEFAULT_SCHEMA) + 1e-12;
+        assert!((sketch.quantile(0.0).expect("not empty") - 1.0).abs() <= bound);
+        assert!((sketch.quantile(1.0).expect("not empty") / 1000.0 - 1.0).abs() <= bound);
+        // The top bucket's value stays finite.
+        let mut huge = Sketch::with_schema(MIN_SCHEMA);
+        huge.insert(f64::MAX, 1.0);
+        assert!(huge.quantile(1.0).expect("not empty").is_finite());
+    }
+
+    #[test]
+    fn schemas_are_clamped_or_rejected() {
+        assert_eq!(Sketch::with_schema(20).schema(), MAX_SCHEMA);
+        assert_eq!(Sketch::with_schema(-20).schema(), MIN_SCHEMA);
+        assert_eq!(Sketch::try_with_schema(9), Err(SketchError::InvalidSchema { schema: 9 }));
+        assert_eq!(Sketch::try_with_schema(3).map(|sketch| sketch.schema()), Ok(3));
+        assert_eq!(Sketch::default().schema(), DEFAULT_SCHEMA);
+    }
+
+    #[test]
+    fn merging_across_schemas_downscales_the_finer_sketch() {
+        // Narrow enough that no store collapses at schema 8.
+        let mut rng = Rng(6);
+        let values: Vec<f64> = (0..20_000).map(|_| rng.lognormal(0.0, 0.7)).collect();
+        let (first, second) = values.split_at(7_000);
+        for (fine, coarse) in [(MAX_SCHEMA, DEFAULT_SCHEMA), (DEFAULT_SCHEMA, 0), (3, MIN_SCHEMA)] {
+            // Built fine and downscaled equals built coarse, bucket for bucket.
+            let mut downscaled = sketch_of(fine, &values);
+            downscaled.downscale(coarse);
+            assert_eq!(downscaled, sketch_of(coarse, &values));
+            // Fine into coarse, and coarse into fine.
+            let expected = sketch_of(coarse, &values);
+            let mut coarse_first = sketch_of(coarse, first);
+            coarse_first.merge(&sketch_of(fine, second));
+            assert_eq!(coarse_first, expected);
+            let mut fine_first = sketch_of(fine, first);
+            fine_first.merge(&sketch_of(coarse, second));
+            assert_eq!(fine_first, expected);
+            check_quantiles(&fine_first, &values);
+        }
+        // Downscaling to a finer schema does nothing.
+        let mut sketch = sketch_of(3, &values);
+        sketch.downscale(5);
+        assert_eq!(sketch, sketch_of(3, &values));
+    }
+
+    #[test]
+    fn wide_data_collapses_the_lowest_buckets_whatever_the_order() {
+        // 24 powers of two at schema 8: 6144 buckets, more than MAX_BUCKETS.
+        let mut rng = Rng(8);
+        let values: Vec<f64> = (0..30_000).map(|_| (rng.uniform() * 24.0 - 12.0).exp2()).collect();
+        let mut ascending = values.clone();
+        ascending.sort_by(f64::total_cmp);
+        let descending: Vec<f64> = ascending.iter().rev().copied().collect();
+        let shuffled = sketch_of(MAX_SCHEMA, &values);
+        assert_eq!(sketch_of(MAX_SCHEMA, &ascending), shuffled);
+        assert_eq!(sketch_of(MAX_SCHEMA, &descending), shuffled);
+        let (first, last) = (shuffled.positive_buckets().next(), shuffled.positive_buckets().last());
+        let (first, last) = (first.expect("buckets").0, last.expect("buckets").0);
+        assert_eq!(last - first + 1, MAX_BUCKETS as i32);
+        assert_eq!(shuffled.count(), 30_000.0);
+        assert!(shuffled.positive.counts.len() <= MAX_BUCKETS);
+        // The top 16 powers of two (about 2/3 of the data) keep the bound.
+        let mut sorted = ascending;
+        let bound = relative_error(MAX_SCHEMA) + 1e-12;
+        for q in [0.5, 0.75, 0.9, 0.99, 0.999] {
+            let exact = sorted[(q * (sorted.len() - 1) as f64) as usize];
+            let estimate = shuffled.quantile(q).expect("not empty");
+            assert!(((estimate - exact) / exact).abs() <= bound, "q {q}: {estimate} vs {exact}");
+        }
+        // Merging collapsed partials gives the same sketch.
+        let mut merged = Sketch::with_schema(MAX_SCHEMA);
+        for chunk in values.chunks(3_000) {
+            merged.merge(&sketch_of(MAX_SCHEMA, chunk));
+        }
+        assert_eq!(merged, shuffled);
+        // Negative values collapse the same way.
+        sorted.iter_mut().for_each(|value| *value = -*value);
+        let negative = sketch_of(MAX_SCHEMA, &sorted);
+        assert!(negative.negative_buckets().map(|(index, _)| index).eq(shuffled.positive_buckets().map(|b| b.0)));
+    }
+
+    #[test]
+    fn clear_keeps_memory_and_windows() {
+        let values = lognormal_values(10_000, 9);
+        let mut sketch = sketch_of(DEFAULT_SCHEMA, &values);
+        let bytes = sketch.heap_bytes();
+        assert!(bytes > 0);
+        sketch.clear();
+        assert!(sketch.is_empty());
+        assert_eq!(sketch.quantile(0.5), None);
+        assert_eq!(sketch.heap_bytes(), bytes);
+        assert_eq!(sketch.to_proto(), Sketch::new().to_proto());
+        for &value in &values {
+            sketch.insert(value, 1.0);
+        }
+        assert_eq!(sketch.heap_bytes(), bytes);
+        assert_eq!(sketch, sketch_of(DEFAULT_SCHEMA, &values));
+    }
+
+    #[test]
+    fn proto_round_trip() {
+        let mut rng = Rng(10);
+        let mut sketch = Sketch::with_schema(3);
+        for _ in 0..10_000 {
+            sketch.insert(rng.lognormal(0.0, 3.0) * if rng.uniform() < 0.3 { -1.0 } else { 1.0 }, 1.0 + rng.uniform());
+        }
+        sketch.insert(0.0, 4.0);
+        let proto = sketch.to_proto();
+        assert_eq!(proto.schema, 3);
+        assert_eq!(proto.zero_count, 4.0);
+        assert!(proto.positive_counts.first().is_some_and(|&count| count > 0.0));
+        assert!(proto.negative_counts.last().is_some_and(|&count| count > 0.0));
+        let decoded = Sketch::from_proto(&proto).expect("valid sketch");
+        assert_eq!(decoded, sketch);
+        assert_eq!(decoded.to_proto(), proto);
+        assert_eq!(decoded.quantile(0.3), sketch.quantile(0.3));
+        let empty = Sketch::from_proto(&tessera_proto::Sketch { schema: 5, ..Default::default() });
+        assert_eq!(empty, Ok(Sketch::new()));
+    }
+
+    #[test]
+    fn from_proto_rejects_garbage() {
+        let valid = tessera_proto::Sketch {
+            schema: 5,
+            zero_count: 1.0,
+            positive_offset: -3,
+            positive_counts: vec![1.0, 0.0, 2.0],
+            negative_offset: 10,
+            negative_counts: vec![5.0],
+        };
+        assert!(Sketch::from_proto(&valid).is_ok());
+        let reject = |change: fn(&mut tessera_proto::Sketch)| {
+            let mut proto = valid.clone();
+            change(&mut proto);
+            Sketch::from_proto(&proto).expect_err("garbage accepted")
+        };
+        assert_eq!(reject(|p| p.schema = 9), SketchError::InvalidSchema { schema: 9 });
+        assert_eq!(reject(|p| p.schema = -5), SketchError::InvalidSchema { schema: -5 });
+        assert!(matches!(reject(|p| p.zero_count = -1.0), SketchError::InvalidCount { store: "zero", .. }));
+        assert!(matches!(reject(|p| p.zero_count = f64::NAN), SketchError::InvalidCount { store: "zero", .. }));
+        assert!(matches!(reject(|p| p.positive_counts[1] = f64::NAN), SketchError::InvalidCount { .. }));
+        assert!(matches!(reject(|p| p.negative_counts[0] = -2.0), SketchError::InvalidCount { store: "negative", .. }));
+        assert!(matches!(reject(|p| p.positive_counts[2] = f64::INFINITY), SketchError::InvalidCount { .. }));
+        assert_eq!(
+            reject(|p| p.positive_counts = vec![1.0; MAX_BUCKETS + 1]),
+            SketchError::TooManyBuckets { store: "positive", len: MAX_BUCKETS + 1 }
+        );
+        assert!(matches!(
+            reject(|p| p.negative_offset = i32::MAX),
+            SketchError::IndexOutOfRange { store: "negative", first: 2_147_483_647, last: 2_147_483_647, .. }
+        ));
+        let overflow = reject(|p| p.positive_offset = i32::MAX - 1);
+        assert!(matches!(overflow, SketchError::IndexOutOfRange { last: 2_147_483_648, .. }));
+        assert!(matches!(reject(|p| p.positive_offset = i32::MIN), SketchError::IndexOutOfRange { .. }));
+        // Just inside and just outside the range at schema 5.
+        let (min, max) = index_range(5);
+        assert!(Sketch::from_proto(&tessera_proto::Sketch { positive_offset: min, ..valid.clone() }).is_ok());
+        assert!(reject(|p| p.positive_offset = -(32 << 5)).to_string().contains("out of range"));
+        let at_top = tessera_proto::Sketch { positive_offset: max - 2, ..valid.clone() };
+        assert!(Sketch::from_proto(&at_top).is_ok());
+        assert_eq!(reject(|p| p.schema = 12).to_string(), "invalid sketch schema 12, expected -4..=8",);
+    }
+
+    mod properties {
+        use proptest::prelude::*;
+
+        use super::super::*;
+
+        fn value() -> impl Strategy<Value = f64> {
+            prop_oneof![
+                Just(0.0),
+                (-40.0..60.0f64, any::<bool>()).prop_map(|(exponent, negative)| {
+                    let magnitude = exponent.exp2();
+                    if negative { -magnitude } else { magnitude }
+                }),
+            ]
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(64))]
+
+            #[test]
+            fn order_and_partition_do_not_matter(
+                values in proptest::collection::vec(value(), 1..400),
+                split in any::<prop::sample::Index>(),
+                schema in MIN_SCHEMA..=MAX_SCHEMA,
+            ) {
+                let mut whole = Sketch::with_schema(schema);
+                values.iter().for_each(|&value| whole.insert(value, 1.0));
+                let mut reversed = Sketch::with_schema(schema);
+                values.iter().rev().for_each(|&value| reversed.insert(value, 1.0));
+                prop_assert_eq!(&reversed, &whole);
+
+                let (first, second) = values.split_at(split.index(values.len()));
+                let mut merged = Sketch::with_schema(schema);
+                first.iter().for_each(|&value| merged.insert(value, 1.0));
+                let mut other = Sketch::with_schema(schema);
+                second.iter().for_each(|&value| other.insert(value, 1.0));
+                merged.merge(&other);
+                prop_assert_eq!(&merged, &whole);
+                prop_assert_eq!(merged.count(), values.len() as f64);
+                prop_assert!(whole.positive.counts.len() <= MAX_BUCKETS);
+                prop_assert!(whole.negative.counts.len() <= MAX_BUCKETS);
+                prop_assert_eq!(Sketch::from_proto(&whole.to_proto()), Ok(whole));
+            }
+        }
+    }
+}

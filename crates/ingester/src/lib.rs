@@ -1,0 +1,1 @@
+//! tessera-ingester: not yet built (see the project's issues).

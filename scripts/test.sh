@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Runs every tessera test: unit, property, integration (against real etcd
+# and Prometheus, installed here when absent), doc tests, and checks that
+# the fuzz targets and benchmarks build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+scripts/setup.sh
+
+cargo build --workspace --all-targets
+cargo build --manifest-path fuzz/Cargo.toml --bins
+if cargo nextest --version >/dev/null 2>&1; then
+    cargo nextest run --workspace --no-fail-fast
+else
+    cargo test --workspace --all-targets --no-fail-fast
+fi
+cargo test --workspace --doc
