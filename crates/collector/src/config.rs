@@ -1,0 +1,355 @@
+//! The collector's configuration file (TOML).
+//!
+//! Every key is optional; the defaults run a collector on
+//! `127.0.0.1:8125`. Unknown keys are rejected. See `deploy/collector.toml`
+//! for a commented example of every key.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use serde::Deserialize;
+use tessera_core::aggregate::GaugeDeltas;
+
+/// The whole configuration.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Name of this collector in batches and logs; defaults to the host name.
+    pub instance_id: Option<String>,
+    /// UDP listener.
+    pub udp: UdpConfig,
+    /// TCP listener.
+    pub tcp: TcpConfig,
+    /// Unix datagram socket listener.
+    pub unix: UnixConfig,
+    /// Parser limits.
+    pub parse: ParseConfig,
+    /// Pre-aggregation.
+    pub aggregation: AggregationConfig,
+    /// Where the placement comes from.
+    pub placement: PlacementConfig,
+    /// Forwarding to aggregators.
+    pub forward: ForwardConfig,
+    /// The `/metrics`, `/healthz`, `/readyz` endpoint.
+    pub telemetry: TelemetryConfig,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            instance_id: None,
+            udp: UdpConfig::default(),
+            tcp: TcpConfig::default(),
+            unix: UnixConfig::default(),
+            parse: ParseConfig::default(),
+            aggregation: AggregationConfig::default(),
+            placement: PlacementConfig::default(),
+            forward: ForwardConfig::default(),
+            telemetry: TelemetryConfig::default(),
+        }
+    }
+}
+
+/// How datagrams are spread over the UDP reader sockets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Distribution {
+    /// Each datagram goes to a random reader (a reuseport BPF program), so
+    /// one busy sender uses every reader thread.
+    #[default]
+    Random,
+    /// The kernel's default: each sender's flow hashes to one reader.
+    Flow,
+}
+
+/// How signed gauge values are read on a listener.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum GaugeDeltasConfig {
+    /// `+N`/`-N` change the gauge (the statsd spec).
+    #[default]
+    Statsd,
+    /// `-N` sets the gauge to -N.
+    Absolute,
+}
+
+impl From<GaugeDeltasConfig> for GaugeDeltas {
+    fn from(config: GaugeDeltasConfig) -> Self {
+        match config {
+            GaugeDeltasConfig::Statsd => GaugeDeltas::Statsd,
+            GaugeDeltasConfig::Absolute => GaugeDeltas::Absolute,
+        }
+    }
+}
+
+/// `[udp]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct UdpConfig {
+    /// Whether to listen on UDP at all.
+    pub enabled: bool,
+    /// Address to bind; use `0.0.0.0:8125` in a container.
+    pub listen: SocketAddr,
+    /// Reader threads, each with its own socket; default one per core.
+    pub reader_threads: Option<usize>,
+    /// Receive buffer to ask the kernel for, per socket. The kernel caps it
+    /// at `net.core.rmem_max`; the granted size is logged and exported.
+    pub recv_buffer_bytes: usize,
+    /// Largest datagram read whole; longer ones keep their complete lines
+    /// and count as truncated.
+    pub max_datagram_bytes: usize,
+    /// Datagrams taken per `recvmmsg` call.
+    pub batch_datagrams: usize,
+    /// How datagrams are spread over reader sockets.
+    pub distribute: Distribution,
+    /// Reading of signed gauge values.
+    pub gauge_deltas: GaugeDeltasConfig,
+}
+
+impl Default for UdpConfig {
+    fn default() -> Self {
+        UdpConfig {
+            enabled: true,
+            listen: "127.0.0.1:8125".parse().expect("valid address"),
+            reader_threads: None,
+            recv_buffer_bytes: 32 << 20,
+            max_datagram_bytes: 65_535,
+            batch_datagrams: 64,
+            distribute: Distribution::Random,
+            gauge_deltas: GaugeDeltasConfig::Statsd,
+        }
+    }
+}
+
+/// `[tcp]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TcpConfig {
+    /// Address to bind; off when absent.
+    pub listen: Option<SocketAddr>,
+    /// Most concurrent connections.
+    pub max_connections: usize,
+    /// Reading of signed gauge values.
+    pub gauge_deltas: GaugeDeltasConfig,
+}
+
+impl Default for TcpConfig {
+    fn default() -> Self {
+        TcpConfig { listen: None, max_connections: 1024, gauge_deltas: GaugeDeltasConfig::Statsd }
+    }
+}
+
+/// `[unix]`
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct UnixConfig {
+    /// Path of the Unix datagram socket; off when absent.
+    pub path: Option<PathBuf>,
+    /// Reading of signed gauge values.
+    pub gauge_deltas: GaugeDeltasConfig,
+}
+
+/// `[parse]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ParseConfig {
+    /// Longest line accepted, in bytes.
+    pub max_line_bytes: usize,
+}
+
+impl Default for ParseConfig {
+    fn default() -> Self {
+        ParseConfig { max_line_bytes: tessera_core::parse::DEFAULT_MAX_LINE_BYTES }
+    }
+}
+
+/// `[aggregation]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AggregationConfig {
+    /// Length of a pre-aggregation window.
+    pub interval_ms: u64,
+    /// How long after a window ends its partials are cut and sent, so that
+    /// every reader has handed in its share.
+    pub flush_delay_ms: u64,
+    /// Most series per reader table; lines of new series beyond it are
+    /// dropped and counted (`reason="series_limit"`). No cap when absent.
+    pub max_series: Option<usize>,
+    /// Series idle this long are forgotten.
+    pub expire_after_idle_secs: u64,
+}
+
+impl Default for AggregationConfig {
+    fn default() -> Self {
+        AggregationConfig {
+            interval_ms: 1000,
+            flush_delay_ms: 150,
+            max_series: Some(4_000_000),
+            expire_after_idle_secs: 300,
+        }
+    }
+}
+
+/// `[placement]`: exactly one of `static_file` or `etcd_endpoints`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PlacementConfig {
+    /// A static placement file (TOML).
+    pub static_file: Option<PathBuf>,
+    /// etcd endpoints (`http://127.0.0.1:2379`).
+    pub etcd_endpoints: Vec<String>,
+    /// Environment name: the placement lives at `/tessera/<environment>/placement`.
+    pub environment: String,
+    /// Where the last placement seen in etcd is cached for cold starts.
+    pub cache_file: Option<PathBuf>,
+}
+
+impl Default for PlacementConfig {
+    fn default() -> Self {
+        PlacementConfig {
+            static_file: None,
+            etcd_endpoints: Vec::new(),
+            environment: "default".to_owned(),
+            cache_file: None,
+        }
+    }
+}
+
+/// `[forward]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ForwardConfig {
+    /// Bound of each destination's queue; when full, the oldest batches are
+    /// dropped and counted.
+    pub max_queue_bytes: usize,
+    /// Largest frame sent; bigger windows are split into several batches.
+    pub max_frame_bytes: usize,
+    /// Connect timeout.
+    pub connect_timeout_ms: u64,
+    /// How long to wait for an acknowledgement before reconnecting.
+    pub ack_timeout_ms: u64,
+    /// First reconnect delay; doubles up to `reconnect_max_ms`, with jitter.
+    pub reconnect_min_ms: u64,
+    /// Longest reconnect delay.
+    pub reconnect_max_ms: u64,
+    /// On SIGTERM, how long to keep delivering what is queued.
+    pub shutdown_grace_secs: u64,
+}
+
+impl Default for ForwardConfig {
+    fn default() -> Self {
+        ForwardConfig {
+            max_queue_bytes: 256 << 20,
+            max_frame_bytes: 16 << 20,
+            connect_timeout_ms: 2000,
+            ack_timeout_ms: 10_000,
+            reconnect_min_ms: 100,
+            reconnect_max_ms: 5000,
+            shutdown_grace_secs: 5,
+        }
+    }
+}
+
+/// `[telemetry]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TelemetryConfig {
+    /// Address of `/metrics`, `/healthz`, `/readyz`; off when absent.
+    pub listen: Option<SocketAddr>,
+}
+
+impl Default for TelemetryConfig {
+    fn default() -> Self {
+        TelemetryConfig { listen: Some("127.0.0.1:9102".parse().expect("valid address")) }
+    }
+}
+
+/// A configuration that cannot work.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// A key has a value out of range.
+    #[error("invalid `{key}`: {reason}")]
+    Invalid {
+        /// The key, e.g. `aggregation.interval_ms`.
+        key: &'static str,
+        /// Why.
+        reason: String,
+    },
+}
+
+impl Config {
+    /// Checks values that parse but cannot work.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |key, reason: &str| Err(ConfigError::Invalid { key, reason: reason.to_owned() });
+        if self.aggregation.interval_ms == 0 {
+            return invalid("aggregation.interval_ms", "must be at least 1");
+        }
+        if self.aggregation.flush_delay_ms >= self.aggregation.interval_ms * 10 {
+            return invalid("aggregation.flush_delay_ms", "must be shorter than ten intervals");
+        }
+        if !(512..=(1 << 20)).contains(&self.udp.max_datagram_bytes) {
+            return invalid("udp.max_datagram_bytes", "must be between 512 and 1048576");
+        }
+        if self.udp.batch_datagrams == 0 || self.udp.batch_datagrams > 1024 {
+            return invalid("udp.batch_datagrams", "must be between 1 and 1024");
+        }
+        if self.udp.reader_threads == Some(0) {
+            return invalid("udp.reader_threads", "must be at least 1 (leave it out for one per core)");
+        }
+        if self.parse.max_line_bytes == 0 {
+            return invalid("parse.max_line_bytes", "must be at least 1");
+        }
+        if self.forward.max_frame_bytes < 1024 {
+            return invalid("forward.max_frame_bytes", "must be at least 1024");
+        }
+        if self.forward.max_queue_bytes < self.forward.max_frame_bytes {
+            return invalid("forward.max_queue_bytes", "must hold at least one frame (max_frame_bytes)");
+        }
+        if self.forward.reconnect_min_ms == 0 || self.forward.reconnect_min_ms > self.forward.reconnect_max_ms {
+            return invalid("forward.reconnect_min_ms", "must be at least 1 and at most reconnect_max_ms");
+        }
+        match (&self.placement.static_file, self.placement.etcd_endpoints.is_empty()) {
+            (Some(_), false) => return invalid("placement", "set either static_file or etcd_endpoints, not both"),
+            (None, true) => return invalid("placement", "set static_file or etcd_endpoints"),
+            _ => {}
+        }
+        if !self.udp.enabled && self.tcp.listen.is_none() && self.unix.path.is_none() {
+            return invalid("udp.enabled", "no listener is enabled (udp, tcp.listen or unix.path)");
+        }
+        Ok(())
+    }
+
+    /// Reader threads for UDP.
+    pub fn udp_reader_threads(&self) -> usize {
+        self.udp.reader_threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, usize::from))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_need_only_a_placement() {
+        let config: Config = toml::from_str("[placement]\nstatic_file = \"p.toml\"\n").unwrap();
+        config.validate().unwrap();
+        assert_eq!(config.udp.listen.to_string(), "127.0.0.1:8125");
+        let err = Config::default().validate().unwrap_err();
+        assert_eq!(err.to_string(), "invalid `placement`: set static_file or etcd_endpoints");
+    }
+
+    #[test]
+    fn unknown_keys_are_rejected_with_their_name() {
+        let err = toml::from_str::<Config>("[udp]\nlisten_address = \"0.0.0.0:8125\"\n").unwrap_err();
+        assert!(err.to_string().contains("listen_address"), "{err}");
+    }
+
+    #[test]
+    fn bad_values_are_rejected() {
+        let text = "[placement]\nstatic_file = \"p\"\n[aggregation]\ninterval_ms = 0\n";
+        let err = toml::from_str::<Config>(text).unwrap().validate().unwrap_err();
+        assert!(err.to_string().contains("aggregation.interval_ms"), "{err}");
+        let text = "[placement]\nstatic_file = \"p\"\n[udp]\ndistribute = \"roundrobin\"\n";
+        assert!(toml::from_str::<Config>(text).is_err());
+    }
+}

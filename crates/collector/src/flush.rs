@@ -1,0 +1,291 @@
+//! The flusher: merges every reader's cut of a window, routes each series
+//! to the aggregators that own its shard, and queues one batch per
+//! destination.
+//!
+//! Runs on its own thread. Cuts arrive as readers notice that their window
+//! has turned; a window is flushed `flush_delay` after it ends, by which
+//! time every reader has handed in its share. A cut that arrives later
+//! still goes out, as its own batch stamped with its window. On shutdown
+//! (every reader gone) the flusher sends everything it holds and returns.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, RecvTimeoutError};
+use prost::Message;
+use tessera_core::aggregate::kind_to_proto;
+use tessera_core::shard::shard_of;
+use tessera_core::table::{Table, TableOptions};
+use tessera_proto::{Frame, PartialBatch, SeriesValue, ShardPartials, frame::Body};
+use tessera_runtime::shutdown::Shutdown;
+use tessera_topology::{Placement, Routing};
+
+use crate::forward::{DestinationQueue, QueuedBatch, SenderSettings, run_sender};
+use crate::intake::now_ms;
+use crate::metrics::Metrics;
+use crate::worker::Cut;
+
+/// Reads the placement in force now.
+pub type PlacementView = Arc<dyn Fn() -> Arc<Placement> + Send + Sync>;
+
+/// Settings of the flusher.
+#[derive(Clone)]
+pub struct FlushSettings {
+    /// Window length.
+    pub window_ms: i64,
+    /// Delay after a window's end before it is flushed.
+    pub flush_delay_ms: i64,
+    /// Largest frame to build.
+    pub max_frame_bytes: usize,
+    /// Bound of each destination queue.
+    pub max_queue_bytes: usize,
+    /// Sender settings.
+    pub sender: SenderSettings,
+}
+
+/// Every destination the flusher has routed to, shared with the daemon so
+/// that shutdown can wait for their queues to drain.
+#[derive(Clone, Default)]
+pub struct Destinations {
+    inner: Arc<Mutex<HashMap<(String, String), Arc<DestinationQueue>>>>,
+}
+
+impl Destinations {
+    /// Whether every queue is empty with nothing in flight.
+    pub fn all_idle(&self) -> bool {
+        self.inner.lock().expect("destinations lock poisoned").values().all(|queue| queue.is_idle())
+    }
+
+    /// Drops what is still queued, returning the partials dropped.
+    pub fn abandon_all(&self) -> u64 {
+        self.inner.lock().expect("destinations lock poisoned").values().map(|queue| queue.abandon()).sum()
+    }
+}
+
+/// The routing table of one placement version and the queue of each of its destinations.
+struct Routes {
+    routing: Routing,
+    /// Destination queues, indexed like `routing.destinations()`.
+    queues: Vec<Arc<DestinationQueue>>,
+}
+
+/// The flusher thread's state.
+pub struct Flusher {
+    cuts: Receiver<Cut>,
+    windows: BTreeMap<i64, Table>,
+    spare_tables: Vec<Table>,
+    settings: FlushSettings,
+    placement: PlacementView,
+    routes: Option<Routes>,
+    destinations: Destinations,
+    runtime: tokio::runtime::Handle,
+    stop_senders: Shutdown,
+    metrics: Metrics,
+}
+
+impl Flusher {
+    /// A flusher reading `cuts`; sender tasks are spawned on `runtime` and
+    /// stop when `stop_senders` fires.
+    pub fn new(
+        cuts: Receiver<Cut>,
+        settings: FlushSettings,
+        placement: PlacementView,
+        destinations: Destinations,
+        runtime: tokio::runtime::Handle,
+        stop_senders: Shutdown,
+        metrics: Metrics,
+    ) -> Flusher {
+        Flusher {
+            cuts,
+            windows: BTreeMap::new(),
+            spare_tables: Vec::new(),
+            settings,
+            placement,
+            routes: None,
+            destinations,
+            runtime,
+            stop_senders,
+            metrics,
+        }
+    }
+
+    /// Runs until every reader has gone, then flushes what is left.
+    pub fn run(mut self) {
+        loop {
+            let timeout = self.time_to_next_flush();
+            match self.cuts.recv_timeout(timeout) {
+                Ok(cut) => self.merge(cut),
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => {
+                    self.flush_due(i64::MAX);
+                    return;
+                }
+            }
+            self.flush_due(now_ms());
+        }
+    }
+
+    fn time_to_next_flush(&self) -> Duration {
+        let Some(oldest) = self.windows.keys().next() else { return Duration::from_millis(100) };
+        let due = oldest + self.settings.window_ms + self.settings.flush_delay_ms;
+        Duration::from_millis((due - now_ms()).clamp(1, 100) as u64)
+    }
+
+    fn merge(&mut self, cut: Cut) {
+        let spare = &mut self.spare_tables;
+        let table = self.windows.entry(cut.window_start_ms).or_insert_with(|| {
+            spare.pop().unwrap_or_else(|| {
+                Table::new(TableOptions { max_series: None, expire_after_idle_cuts: Some(2), ..TableOptions::default() })
+            })
+        });
+        for entry in &cut.entries {
+            // Both sides come from our own readers, so kinds always agree.
+            if let Err(error) = table.merge(entry.kind, cut.id(entry), &entry.aggregate) {
+                tracing::error!(%error, "merging a reader's partial failed");
+            }
+        }
+    }
+
+    fn flush_due(&mut self, now: i64) {
+        let window_ms = self.settings.window_ms;
+        let delay = self.settings.flush_delay_ms;
+        while let Some((&start, _)) = self.windows.first_key_value() {
+            if now != i64::MAX && start + window_ms + delay > now {
+                return;
+            }
+            let mut table = self.windows.remove(&start).expect("key just seen");
+            self.flush_window(start, &mut table);
+            self.spare_tables.push(table);
+        }
+    }
+
+    fn flush_window(&mut self, window_start_ms: i64, table: &mut Table) {
+        let started = Instant::now();
+        self.refresh_routes();
+        let routes = self.routes.as_ref().expect("routes refreshed");
+        let mut buckets: Vec<BTreeMap<u32, Vec<SeriesValue>>> = vec![BTreeMap::new(); routes.queues.len()];
+        let mut unrouted = 0u64;
+        let stats = table.cut(|kind, id, aggregate| {
+            let shard = shard_of(id, routes.routing.num_shards());
+            let mut owners = routes.routing.owners(shard, window_start_ms).peekable();
+            if owners.peek().is_none() {
+                unrouted += 1;
+                return;
+            }
+            let value = SeriesValue {
+                series_id: id.to_vec(),
+                r#type: kind_to_proto(kind) as i32,
+                aggregate: Some(aggregate.to_proto()),
+            };
+            for destination in owners {
+                buckets[destination].entry(shard).or_default().push(value.clone());
+            }
+        });
+        self.metrics.active_series.set(stats.emitted as i64);
+        if unrouted > 0 {
+            self.metrics.drop_partials("no_owner", unrouted);
+        }
+        let version = routes.routing.version();
+        for (destination, shards) in buckets.into_iter().enumerate() {
+            if shards.is_empty() {
+                continue;
+            }
+            let queue = &routes.queues[destination];
+            enqueue_batches(queue, shards, window_start_ms, version, &self.settings);
+        }
+        self.metrics.flush_duration.observe(started.elapsed().as_secs_f64());
+        let lag_ms = now_ms() - (window_start_ms + self.settings.window_ms);
+        self.metrics.flush_lag.observe(lag_ms.max(0) as f64 / 1000.0);
+    }
+
+    /// Rebuilds the routing table when the placement version changed.
+    fn refresh_routes(&mut self) {
+        let placement = (self.placement)();
+        if self.routes.as_ref().is_some_and(|routes| routes.routing.version() == placement.version()) {
+            return;
+        }
+        let routing = Routing::new(&placement);
+        let queues = routing
+            .destinations()
+            .iter()
+            .map(|destination| self.destination_queue(&destination.instance_id, &destination.endpoint))
+            .collect::<Vec<_>>();
+        tracing::info!(version = placement.version(), destinations = queues.len(), "routing with a new placement");
+        self.metrics.placement_version.set(placement.version() as i64);
+        self.routes = Some(Routes { routing, queues });
+    }
+
+    fn destination_queue(&self, instance: &str, endpoint: &str) -> Arc<DestinationQueue> {
+        let mut known = self.destinations.inner.lock().expect("destinations lock poisoned");
+        let key = (instance.to_owned(), endpoint.to_owned());
+        if let Some(queue) = known.get(&key) {
+            return queue.clone();
+        }
+        let queue = Arc::new(DestinationQueue::new(self.settings.max_queue_bytes, self.metrics.destination(instance)));
+        let sender = run_sender(endpoint.to_owned(), queue.clone(), self.settings.sender.clone(), self.stop_senders.clone());
+        self.runtime.spawn(sender);
+        known.insert(key, queue.clone());
+        queue
+    }
+}
+
+/// Splits one destination's share of a window into frames under the size
+/// bound and queues them.
+fn enqueue_batches(
+    queue: &DestinationQueue,
+    shards: BTreeMap<u32, Vec<SeriesValue>>,
+    window_start_ms: i64,
+    placement_version: u64,
+    settings: &FlushSettings,
+) {
+    let budget = settings.max_frame_bytes / 2;
+    let mut pending: Vec<ShardPartials> = Vec::new();
+    let mut pending_bytes = 0usize;
+    let mut pending_partials = 0u64;
+    let flush = |pending: &mut Vec<ShardPartials>, partials: &mut u64, bytes: &mut usize| {
+        if pending.is_empty() {
+            return;
+        }
+        let sequence = queue.next_sequence();
+        let batch = PartialBatch {
+            source: settings.sender.source.clone(),
+            sequence,
+            window_start_ms,
+            window_ms: settings.window_ms as u32,
+            placement_version,
+            shards: std::mem::take(pending),
+        };
+        let frame = Frame { body: Some(Body::Partials(batch)) };
+        let mut bytes_out = Vec::with_capacity(frame.encoded_len() + 4);
+        bytes_out.extend_from_slice(&(frame.encoded_len() as u32).to_be_bytes());
+        frame.encode(&mut bytes_out).expect("a Vec grows to fit");
+        queue.push(QueuedBatch { sequence, frame: bytes_out, partials: *partials });
+        *partials = 0;
+        *bytes = 0;
+    };
+    for (shard, series) in shards {
+        // Split a shard that alone exceeds the budget.
+        let mut part = ShardPartials { shard, series: Vec::new() };
+        let mut part_bytes = 0usize;
+        for value in series {
+            let value_bytes = value.encoded_len() + 8;
+            if pending_bytes + part_bytes + value_bytes > budget && (part_bytes > 0 || pending_bytes > 0) {
+                if part_bytes > 0 {
+                    pending_partials += part.series.len() as u64;
+                    pending.push(std::mem::replace(&mut part, ShardPartials { shard, series: Vec::new() }));
+                }
+                flush(&mut pending, &mut pending_partials, &mut pending_bytes);
+                part_bytes = 0;
+            }
+            part_bytes += value_bytes;
+            part.series.push(value);
+        }
+        if !part.series.is_empty() {
+            pending_partials += part.series.len() as u64;
+            pending_bytes += part_bytes;
+            pending.push(part);
+        }
+    }
+    flush(&mut pending, &mut pending_partials, &mut pending_bytes);
+}

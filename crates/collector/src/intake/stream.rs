@@ -1,0 +1,173 @@
+//! TCP intake: newline-delimited statsd over many connections.
+//!
+//! Each connection is a tokio task that cuts its byte stream at newlines
+//! and hands chunks of whole lines to one line thread (a [`Worker`]) through
+//! a bounded channel; when the channel is full the task stops reading, so a
+//! fast client is slowed by TCP flow control instead of growing memory. A
+//! line longer than the limit is skipped up to its newline and counted; the
+//! last line of a connection is taken at close even without a newline.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TrySendError};
+use tessera_core::parse::RejectReason;
+use tessera_runtime::shutdown::Shutdown;
+use tokio::io::AsyncReadExt;
+use tokio::net::{TcpListener, TcpStream};
+
+use super::now_ms;
+use super::udp::RECV_TIMEOUT;
+use crate::metrics::ListenerMetrics;
+use crate::worker::{BatchCounts, Worker};
+
+/// Chunks of whole lines waiting for the line thread.
+pub const CHANNEL_CHUNKS: usize = 1024;
+
+/// Settings of the TCP listener.
+#[derive(Debug, Clone)]
+pub struct StreamSettings {
+    /// Longest line accepted.
+    pub max_line_bytes: usize,
+    /// Most concurrent connections; more are refused.
+    pub max_connections: usize,
+}
+
+/// Accepts connections until `shutdown`, feeding `lines`.
+pub async fn accept_loop(
+    listener: TcpListener,
+    lines: Sender<Vec<u8>>,
+    settings: StreamSettings,
+    metrics: ListenerMetrics,
+    shutdown: Shutdown,
+) {
+    let open = Arc::new(AtomicUsize::new(0));
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            () = shutdown.wait() => return,
+        };
+        let (stream, peer) = match accepted {
+            Ok(accepted) => accepted,
+            Err(error) => {
+                tracing::warn!(%error, "tcp accept failed");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        if open.load(Ordering::Relaxed) >= settings.max_connections {
+            tracing::warn!(%peer, max = settings.max_connections, "refusing tcp connection: too many open");
+            continue;
+        }
+        open.fetch_add(1, Ordering::Relaxed);
+        let (lines, settings, metrics, shutdown, open) =
+            (lines.clone(), settings.clone(), metrics.clone(), shutdown.clone(), open.clone());
+        tokio::spawn(async move {
+            if let Err(error) = read_connection(stream, &lines, &settings, &metrics, &shutdown).await {
+                tracing::debug!(%peer, %error, "tcp connection ended with an error");
+            }
+            open.fetch_sub(1, Ordering::Relaxed);
+        });
+    }
+}
+
+async fn read_connection(
+    mut stream: TcpStream,
+    lines: &Sender<Vec<u8>>,
+    settings: &StreamSettings,
+    metrics: &ListenerMetrics,
+    shutdown: &Shutdown,
+) -> std::io::Result<()> {
+    let mut buffer: Vec<u8> = Vec::with_capacity(64 * 1024);
+    let mut skipping_long_line = false;
+    loop {
+        if buffer.capacity() - buffer.len() < 16 * 1024 {
+            buffer.reserve(64 * 1024);
+        }
+        let read = tokio::select! {
+            read = stream.read_buf(&mut buffer) => read?,
+            () = shutdown.wait() => 0,
+        };
+        if read == 0 {
+            // Connection closed: the last line counts even without a newline.
+            if !buffer.is_empty() && !skipping_long_line {
+                send_chunk(lines, std::mem::take(&mut buffer)).await;
+            }
+            return Ok(());
+        }
+        if skipping_long_line {
+            match memchr::memchr(b'\n', &buffer) {
+                Some(newline) => {
+                    buffer.drain(..=newline);
+                    skipping_long_line = false;
+                }
+                None => {
+                    buffer.clear();
+                    continue;
+                }
+            }
+        }
+        match memchr::memrchr(b'\n', &buffer) {
+            Some(last_newline) => {
+                let rest = buffer.split_off(last_newline + 1);
+                let chunk = std::mem::replace(&mut buffer, rest);
+                send_chunk(lines, chunk).await;
+            }
+            None if buffer.len() > settings.max_line_bytes => {
+                let mut counts = BatchCounts { datagrams: 1, bytes: buffer.len() as u64, ..BatchCounts::default() };
+                counts.rejected[RejectReason::LineTooLong.index()] = 1;
+                metrics.add(&counts);
+                buffer.clear();
+                skipping_long_line = true;
+            }
+            None => {}
+        }
+    }
+}
+
+/// Hands a chunk to the line thread, waiting (and so not reading the
+/// socket) while the channel is full.
+async fn send_chunk(lines: &Sender<Vec<u8>>, mut chunk: Vec<u8>) {
+    loop {
+        match lines.try_send(chunk) {
+            Ok(()) => return,
+            Err(TrySendError::Full(back)) => {
+                chunk = back;
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            Err(TrySendError::Disconnected(_)) => return,
+        }
+    }
+}
+
+/// The line thread: parses chunks from every TCP connection into its worker.
+pub fn line_loop(lines: Receiver<Vec<u8>>, mut worker: Worker, shutdown: Shutdown) {
+    loop {
+        match lines.recv_timeout(RECV_TIMEOUT) {
+            Ok(chunk) => {
+                let now = now_ms();
+                worker.tick(now);
+                worker.ingest(&chunk, now);
+                worker.publish_counts();
+            }
+            Err(RecvTimeoutError::Timeout) => {
+                if shutdown.is_triggered() && lines.is_empty() {
+                    worker.cut();
+                    return;
+                }
+                worker.tick(now_ms());
+            }
+            Err(RecvTimeoutError::Disconnected) => {
+                worker.cut();
+                return;
+            }
+        }
+    }
+}
+
+/// Binds the TCP listener.
+pub async fn bind(address: SocketAddr) -> std::io::Result<TcpListener> {
+    TcpListener::bind(address).await
+}

@@ -1,0 +1,346 @@
+//! tessera-collector: the per-host statsd daemon.
+//!
+//! Applications send statsd / DogStatsD to `localhost:8125`. The collector
+//! reads it with several threads ([`intake`]), each folding lines into its
+//! own table ([`worker`]); every second the tables are cut, merged and
+//! routed by shard to the aggregators that own each shard ([`flush`]),
+//! through one bounded queue and one sender per aggregator ([`forward`]).
+//!
+//! [`Collector::start`] is the one entry point: the binary, `tessera local`
+//! and the tests all run it.
+//!
+//! ```no_run
+//! # async fn example(placement: tessera_collector::PlacementView) -> Result<(), tessera_collector::StartError> {
+//! use tessera_collector::{Collector, Config};
+//! use tessera_runtime::{Shutdown, Telemetry};
+//!
+//! let shutdown = Shutdown::new();
+//! let collector = Collector::start(Config::default(), placement, Telemetry::new("collector", "dev"), shutdown.clone()).await?;
+//! println!("statsd on {:?}", collector.udp_addr());
+//! shutdown.trigger();
+//! collector.wait().await;
+//! # Ok(()) }
+//! ```
+
+pub mod config;
+pub mod flush;
+pub mod forward;
+pub mod intake;
+pub mod metrics;
+pub mod worker;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::bounded;
+use tessera_core::parse::ParseOptions;
+use tessera_runtime::{Readiness, ServerHandle, Shutdown, Telemetry};
+
+pub use config::Config;
+pub use flush::PlacementView;
+use flush::{Destinations, FlushSettings, Flusher};
+use forward::SenderSettings;
+use metrics::Metrics;
+use worker::Worker;
+
+/// Why the collector could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The configuration is invalid.
+    #[error(transparent)]
+    Config(#[from] config::ConfigError),
+    /// A listener could not bind.
+    #[error("cannot listen on {what}")]
+    Bind {
+        /// Which listener and address.
+        what: String,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A thread could not start.
+    #[error("cannot start thread {name}")]
+    Thread {
+        /// Thread name.
+        name: String,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The telemetry endpoint could not start.
+    #[error("cannot serve telemetry")]
+    Telemetry(#[from] tessera_runtime::telemetry::ServeError),
+}
+
+/// A running collector.
+pub struct Collector {
+    udp_addr: Option<SocketAddr>,
+    tcp_addr: Option<SocketAddr>,
+    unix_path: Option<PathBuf>,
+    telemetry_addr: Option<SocketAddr>,
+    metrics: Metrics,
+    supervisor: tokio::task::JoinHandle<()>,
+}
+
+impl Collector {
+    /// Validates `config`, binds every listener, starts the reader threads,
+    /// the flusher and the telemetry endpoint, and returns once the
+    /// collector is receiving. It runs until `shutdown` fires, then cuts
+    /// the current window and delivers what is queued within the grace
+    /// period; [`Collector::wait`] returns when that is done.
+    pub async fn start(
+        config: Config,
+        placement: PlacementView,
+        telemetry: Telemetry,
+        shutdown: Shutdown,
+    ) -> Result<Collector, StartError> {
+        config.validate()?;
+        let metrics = Metrics::default();
+        telemetry.with_registry(|registry| metrics.register(registry));
+        let readiness = Readiness::new();
+        let listening = readiness.condition("listening");
+
+        let instance_id = config.instance_id.clone().unwrap_or_else(hostname);
+        let window_ms = config.aggregation.interval_ms as i64;
+        let expire_windows = (config.aggregation.expire_after_idle_secs * 1000 / config.aggregation.interval_ms).max(1) as u32;
+        let parse_options = ParseOptions { max_line_bytes: config.parse.max_line_bytes };
+        let (cut_sender, cut_receiver) = bounded(1024);
+        let new_worker = |listener: &str, gauge_deltas: config::GaugeDeltasConfig| {
+            Worker::new(
+                window_ms,
+                config.aggregation.max_series,
+                expire_windows,
+                gauge_deltas.into(),
+                parse_options,
+                cut_sender.clone(),
+                metrics.listener(listener),
+                metrics.clone(),
+            )
+        };
+
+        let mut readers = Vec::new();
+        let mut udp_addr = None;
+        let mut kernel_drops = None;
+        if config.udp.enabled {
+            let threads = config.udp_reader_threads();
+            let what = format!("udp {}", config.udp.listen);
+            let sockets = intake::udp::bind(&config.udp, threads).map_err(|source| StartError::Bind { what, source })?;
+            udp_addr = sockets.first().and_then(|socket| socket.local_addr().ok());
+            let granted = intake::udp::granted_recv_buffer(&sockets[0]);
+            metrics.udp_recv_buffer_bytes.set(granted as i64);
+            if granted < config.udp.recv_buffer_bytes {
+                tracing::warn!(
+                    granted,
+                    wanted = config.udp.recv_buffer_bytes,
+                    "the kernel granted a smaller UDP receive buffer than configured; raise net.core.rmem_max"
+                );
+            }
+            kernel_drops = Some(intake::udp::KernelDrops::new(&sockets));
+            for (index, socket) in sockets.into_iter().enumerate() {
+                let worker = new_worker("udp", config.udp.gauge_deltas);
+                let (batch, max_bytes, stop) = (config.udp.batch_datagrams, config.udp.max_datagram_bytes, shutdown.clone());
+                readers.push(spawn_thread(format!("udp-reader-{index}"), move || {
+                    intake::udp::read_loop(socket, worker, batch, max_bytes, stop)
+                })?);
+            }
+            tracing::info!(address = ?udp_addr, threads, recv_buffer_bytes = granted, "listening on udp");
+        }
+        let mut unix_path = None;
+        if let Some(path) = &config.unix.path {
+            let what = format!("unix {}", path.display());
+            let socket = intake::unix::bind(path).map_err(|source| StartError::Bind { what, source })?;
+            let worker = new_worker("unix", config.unix.gauge_deltas);
+            let (max_bytes, stop) = (config.udp.max_datagram_bytes, shutdown.clone());
+            readers.push(spawn_thread("unix-reader".to_owned(), move || {
+                intake::unix::read_loop(socket, worker, max_bytes, stop)
+            })?);
+            unix_path = Some(path.clone());
+            tracing::info!(path = %path.display(), "listening on unix datagram socket");
+        }
+        let mut tcp_addr = None;
+        if let Some(address) = config.tcp.listen {
+            let what = format!("tcp {address}");
+            let listener = intake::stream::bind(address).await.map_err(|source| StartError::Bind { what, source })?;
+            tcp_addr = listener.local_addr().ok();
+            let (line_sender, line_receiver) = bounded(intake::stream::CHANNEL_CHUNKS);
+            let worker = new_worker("tcp", config.tcp.gauge_deltas);
+            let stop = shutdown.clone();
+            readers.push(spawn_thread("tcp-lines".to_owned(), move || {
+                intake::stream::line_loop(line_receiver, worker, stop)
+            })?);
+            let settings = intake::stream::StreamSettings {
+                max_line_bytes: config.parse.max_line_bytes,
+                max_connections: config.tcp.max_connections,
+            };
+            tokio::spawn(intake::stream::accept_loop(listener, line_sender, settings, metrics.listener("tcp"), shutdown.clone()));
+            tracing::info!(address = ?tcp_addr, "listening on tcp");
+        }
+        drop(cut_sender);
+
+        let stop_senders = Shutdown::new();
+        let destinations = Destinations::default();
+        let settings = FlushSettings {
+            window_ms,
+            flush_delay_ms: config.aggregation.flush_delay_ms as i64,
+            max_frame_bytes: config.forward.max_frame_bytes,
+            max_queue_bytes: config.forward.max_queue_bytes,
+            sender: SenderSettings {
+                source: instance_id.clone(),
+                connect_timeout: Duration::from_millis(config.forward.connect_timeout_ms),
+                ack_timeout: Duration::from_millis(config.forward.ack_timeout_ms),
+                reconnect_min: Duration::from_millis(config.forward.reconnect_min_ms),
+                reconnect_max: Duration::from_millis(config.forward.reconnect_max_ms),
+            },
+        };
+        let flusher = Flusher::new(
+            cut_receiver,
+            settings,
+            placement,
+            destinations.clone(),
+            tokio::runtime::Handle::current(),
+            stop_senders.clone(),
+            metrics.clone(),
+        );
+        let flusher = spawn_thread("flusher".to_owned(), move || flusher.run())?;
+
+        if let Some(mut drops) = kernel_drops {
+            let (metrics, shutdown) = (metrics.clone(), shutdown.clone());
+            tokio::spawn(async move {
+                while !shutdown.is_triggered() {
+                    drops.poll(|socket, previous, total| metrics.record_kernel_drops(socket, previous, total));
+                    tokio::select! {
+                        () = tokio::time::sleep(Duration::from_secs(1)) => {}
+                        () = shutdown.wait() => {}
+                    }
+                }
+            });
+        }
+
+        let server = match config.telemetry.listen {
+            Some(address) => Some(tessera_runtime::serve(address, telemetry, readiness, shutdown.clone()).await?),
+            None => None,
+        };
+        let telemetry_addr = server.as_ref().map(ServerHandle::local_addr);
+        listening.mark_ready();
+        tracing::info!(instance_id, telemetry = ?telemetry_addr, "collector started");
+
+        let grace = Duration::from_secs(config.forward.shutdown_grace_secs);
+        let supervisor = tokio::spawn(supervise(
+            shutdown,
+            readers,
+            flusher,
+            destinations,
+            stop_senders,
+            grace,
+            metrics.clone(),
+            server,
+        ));
+        Ok(Collector { udp_addr, tcp_addr, unix_path, telemetry_addr, metrics, supervisor })
+    }
+
+    /// The bound UDP address (useful with port 0).
+    pub fn udp_addr(&self) -> Option<SocketAddr> {
+        self.udp_addr
+    }
+
+    /// The bound TCP address.
+    pub fn tcp_addr(&self) -> Option<SocketAddr> {
+        self.tcp_addr
+    }
+
+    /// The Unix socket path.
+    pub fn unix_path(&self) -> Option<&PathBuf> {
+        self.unix_path.as_ref()
+    }
+
+    /// The bound telemetry address.
+    pub fn telemetry_addr(&self) -> Option<SocketAddr> {
+        self.telemetry_addr
+    }
+
+    /// The collector's metric handles.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// Waits until the collector has shut down and drained.
+    pub async fn wait(self) {
+        if let Err(error) = self.supervisor.await {
+            tracing::error!(%error, "collector supervisor failed");
+        }
+    }
+}
+
+/// Waits for shutdown, then drains in order: readers cut their windows,
+/// the flusher routes everything, senders deliver within the grace period.
+#[allow(clippy::too_many_arguments)]
+async fn supervise(
+    shutdown: Shutdown,
+    readers: Vec<std::thread::JoinHandle<()>>,
+    flusher: std::thread::JoinHandle<()>,
+    destinations: Destinations,
+    stop_senders: Shutdown,
+    grace: Duration,
+    metrics: Metrics,
+    server: Option<ServerHandle>,
+) {
+    shutdown.wait().await;
+    tracing::info!("shutting down: cutting the current window and delivering what is queued");
+    let deadline = Instant::now() + grace;
+    let joined = tokio::task::spawn_blocking(move || {
+        for reader in readers {
+            let _ = reader.join();
+        }
+        let _ = flusher.join();
+    })
+    .await;
+    if joined.is_err() {
+        tracing::error!("a reader or the flusher panicked");
+    }
+    while !destinations.all_idle() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop_senders.trigger();
+    let abandoned = destinations.abandon_all();
+    if abandoned > 0 {
+        metrics.drop_partials("shutdown", abandoned);
+        tracing::warn!(partials = abandoned, "shutdown grace elapsed with partials undelivered");
+    }
+    if let Some(server) = server {
+        let _ = server.stopped().await;
+    }
+    tracing::info!("collector stopped");
+}
+
+fn spawn_thread(name: String, body: impl FnOnce() + Send + 'static) -> Result<std::thread::JoinHandle<()>, StartError> {
+    std::thread::Builder::new().name(name.clone()).spawn(body).map_err(|source| StartError::Thread { name, source })
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|name| name.trim().to_owned())
+        .ok()
+        .filter(|name| !name.is_empty())
+        .unwrap_or_else(|| "collector".to_owned())
+}
+
+/// A placement view that always returns `placement` (tests, static files).
+pub fn fixed_placement(placement: tessera_topology::Placement) -> PlacementView {
+    let placement = Arc::new(placement);
+    Arc::new(move || placement.clone())
+}
+
+/// Builds the placement view the configuration asks for: a static file,
+/// or etcd watched live (with a cache file for cold starts).
+pub async fn placement_view(config: &config::PlacementConfig, shutdown: Shutdown) -> anyhow::Result<PlacementView> {
+    use anyhow::Context;
+    if let Some(path) = &config.static_file {
+        let placement = tessera_topology::load_static(path)
+            .with_context(|| format!("loading static placement {}", path.display()))?;
+        return Ok(fixed_placement(placement));
+    }
+    let _ = shutdown;
+    anyhow::bail!("etcd placement is not wired into the collector yet")
+}

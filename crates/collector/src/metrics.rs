@@ -1,0 +1,238 @@
+//! Every metric the collector exports, declared once.
+//!
+//! Hot paths hold cloned handles ([`ListenerMetrics`], [`DestinationMetrics`])
+//! and add to them once per batch, never once per line.
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use tessera_core::parse::RejectReason;
+
+use crate::worker::BatchCounts;
+
+type Labels = Vec<(&'static str, String)>;
+
+fn labels(pairs: &[(&'static str, &str)]) -> Labels {
+    pairs.iter().map(|(key, value)| (*key, (*value).to_owned())).collect()
+}
+
+fn latency_histogram() -> Histogram {
+    // 100 µs .. ~26 s
+    Histogram::new(exponential_buckets(0.0001, 2.0, 19))
+}
+
+/// The collector's metrics.
+#[derive(Clone)]
+pub struct Metrics {
+    datagrams_received: Family<Labels, Counter>,
+    bytes_received: Family<Labels, Counter>,
+    lines_received: Family<Labels, Counter>,
+    events_received: Family<Labels, Counter>,
+    parse_errors: Family<Labels, Counter>,
+    /// Kernel receive-queue drops per UDP socket, read from `/proc/net/udp`.
+    pub kernel_drops: Family<Labels, Counter>,
+    drops: Family<Labels, Counter>,
+    /// Series in the last window cut (merged over every reader).
+    pub active_series: Gauge,
+    /// Series dropped from reader tables after being idle.
+    pub series_expired: Counter,
+    /// How long merging and routing one window took.
+    pub flush_duration: Histogram,
+    /// How late a window was handed to forwarding after its end.
+    pub flush_lag: Histogram,
+    batches_sent: Family<Labels, Counter>,
+    bytes_sent: Family<Labels, Counter>,
+    partials_sent: Family<Labels, Counter>,
+    queue_batches: Family<Labels, Gauge>,
+    queue_bytes: Family<Labels, Gauge>,
+    ack_latency: Family<Labels, Histogram>,
+    connect_errors: Family<Labels, Counter>,
+    rejected_batches: Family<Labels, Counter>,
+    /// Placement version routing uses now.
+    pub placement_version: Gauge,
+    /// Receive buffer the kernel granted each UDP socket.
+    pub udp_recv_buffer_bytes: Gauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics {
+            datagrams_received: Family::default(),
+            bytes_received: Family::default(),
+            lines_received: Family::default(),
+            events_received: Family::default(),
+            parse_errors: Family::default(),
+            kernel_drops: Family::default(),
+            drops: Family::default(),
+            active_series: Gauge::default(),
+            series_expired: Counter::default(),
+            flush_duration: latency_histogram(),
+            flush_lag: latency_histogram(),
+            batches_sent: Family::default(),
+            bytes_sent: Family::default(),
+            partials_sent: Family::default(),
+            queue_batches: Family::default(),
+            queue_bytes: Family::default(),
+            ack_latency: Family::new_with_constructor(latency_histogram),
+            connect_errors: Family::default(),
+            rejected_batches: Family::default(),
+            placement_version: Gauge::default(),
+            udp_recv_buffer_bytes: Gauge::default(),
+        }
+    }
+}
+
+impl Metrics {
+    /// Registers every metric in `registry`.
+    pub fn register(&self, registry: &mut Registry) {
+        let r = registry;
+        r.register("tessera_collector_datagrams_received", "Datagrams (or stream reads) received, per listener", self.datagrams_received.clone());
+        r.register("tessera_collector_bytes_received", "Bytes received, per listener", self.bytes_received.clone());
+        r.register("tessera_collector_lines_received", "Metric lines accepted, per listener", self.lines_received.clone());
+        r.register("tessera_collector_events_received", "DogStatsD events and service checks recognised (not forwarded)", self.events_received.clone());
+        r.register("tessera_collector_parse_errors", "Lines rejected by the parser, per listener and reason", self.parse_errors.clone());
+        r.register("tessera_collector_kernel_drops", "Datagrams the kernel dropped because a socket's receive queue was full", self.kernel_drops.clone());
+        r.register("tessera_collector_drops", "Data dropped by the collector, per reason and unit", self.drops.clone());
+        r.register("tessera_collector_active_series", "Series in the last window, merged over every reader", self.active_series.clone());
+        r.register("tessera_collector_series_expired", "Idle series forgotten by reader tables", self.series_expired.clone());
+        r.register("tessera_collector_flush_duration_seconds", "Time to merge and route one window", self.flush_duration.clone());
+        r.register("tessera_collector_flush_lag_seconds", "Time from a window's end to its batches being queued", self.flush_lag.clone());
+        r.register("tessera_collector_batches_sent", "Partial batches acknowledged, per destination", self.batches_sent.clone());
+        r.register("tessera_collector_bytes_sent", "Bytes of acknowledged batches, per destination", self.bytes_sent.clone());
+        r.register("tessera_collector_partials_sent", "Series partials acknowledged, per destination", self.partials_sent.clone());
+        r.register("tessera_collector_queue_batches", "Batches waiting per destination", self.queue_batches.clone());
+        r.register("tessera_collector_queue_bytes", "Bytes waiting per destination", self.queue_bytes.clone());
+        r.register("tessera_collector_ack_latency_seconds", "Time from sending a batch to its acknowledgement", self.ack_latency.clone());
+        r.register("tessera_collector_connect_errors", "Failed connection attempts, per destination", self.connect_errors.clone());
+        r.register("tessera_collector_rejected_batches", "Batches a destination refused, per destination and reason", self.rejected_batches.clone());
+        r.register("tessera_collector_placement_version", "Version of the placement in use", self.placement_version.clone());
+        r.register("tessera_collector_udp_recv_buffer_bytes", "Receive buffer the kernel granted each UDP socket", self.udp_recv_buffer_bytes.clone());
+    }
+
+    /// Handles for one listener (`udp`, `tcp`, `unix`).
+    pub fn listener(&self, listener: &str) -> ListenerMetrics {
+        let by_listener = labels(&[("listener", listener)]);
+        let mut parse_errors = Vec::with_capacity(RejectReason::ALL.len());
+        for reason in RejectReason::ALL {
+            parse_errors.push(self.parse_errors.get_or_create(&labels(&[("listener", listener), ("reason", reason.as_str())])).clone());
+        }
+        ListenerMetrics {
+            datagrams: self.datagrams_received.get_or_create(&by_listener).clone(),
+            bytes: self.bytes_received.get_or_create(&by_listener).clone(),
+            lines: self.lines_received.get_or_create(&by_listener).clone(),
+            events: self.events_received.get_or_create(&by_listener).clone(),
+            parse_errors,
+        }
+    }
+
+    /// Handles for one destination instance.
+    pub fn destination(&self, instance: &str) -> DestinationMetrics {
+        let by_destination = labels(&[("destination", instance)]);
+        DestinationMetrics {
+            batches_sent: self.batches_sent.get_or_create(&by_destination).clone(),
+            bytes_sent: self.bytes_sent.get_or_create(&by_destination).clone(),
+            partials_sent: self.partials_sent.get_or_create(&by_destination).clone(),
+            queue_batches: self.queue_batches.get_or_create(&by_destination).clone(),
+            queue_bytes: self.queue_bytes.get_or_create(&by_destination).clone(),
+            ack_latency: self.ack_latency.get_or_create(&by_destination).clone(),
+            connect_errors: self.connect_errors.get_or_create(&by_destination).clone(),
+            rejected: self.rejected_batches.clone(),
+            instance: instance.to_owned(),
+            drops: self.drops.clone(),
+        }
+    }
+
+    /// Counts lines dropped for `reason`.
+    pub fn drop_lines(&self, reason: &str, lines: u64) {
+        self.drops.get_or_create(&labels(&[("reason", reason), ("unit", "lines")])).inc_by(lines);
+    }
+
+    /// Counts datagrams dropped (or cut) for `reason`.
+    pub fn drop_datagrams(&self, reason: &str, datagrams: u64) {
+        self.drops.get_or_create(&labels(&[("reason", reason), ("unit", "datagrams")])).inc_by(datagrams);
+    }
+
+    /// Counts series partials dropped for `reason`.
+    pub fn drop_partials(&self, reason: &str, partials: u64) {
+        self.drops.get_or_create(&labels(&[("reason", reason), ("unit", "partials")])).inc_by(partials);
+    }
+
+    /// Sets the kernel drop counter of UDP socket `socket` to `total`.
+    pub fn record_kernel_drops(&self, socket: usize, previous: u64, total: u64) {
+        if total > previous {
+            let socket = socket.to_string();
+            self.kernel_drops.get_or_create(&labels(&[("listener", "udp"), ("socket", &socket)])).inc_by(total - previous);
+        }
+    }
+}
+
+/// Handles a reader thread adds its batch counts to.
+#[derive(Clone)]
+pub struct ListenerMetrics {
+    datagrams: Counter,
+    bytes: Counter,
+    lines: Counter,
+    events: Counter,
+    parse_errors: Vec<Counter>,
+}
+
+impl ListenerMetrics {
+    /// Adds one batch's counts.
+    pub fn add(&self, counts: &BatchCounts) {
+        if counts.datagrams == 0 {
+            return;
+        }
+        self.datagrams.inc_by(counts.datagrams);
+        self.bytes.inc_by(counts.bytes);
+        self.lines.inc_by(counts.lines);
+        if counts.events > 0 {
+            self.events.inc_by(counts.events);
+        }
+        for (counter, count) in self.parse_errors.iter().zip(counts.rejected) {
+            if count > 0 {
+                counter.inc_by(count);
+            }
+        }
+    }
+
+    /// Metric lines accepted so far (for tests and the status line).
+    pub fn lines(&self) -> u64 {
+        self.lines.get()
+    }
+}
+
+/// Handles of one destination's sender.
+#[derive(Clone)]
+pub struct DestinationMetrics {
+    /// Batches acknowledged.
+    pub batches_sent: Counter,
+    /// Bytes acknowledged.
+    pub bytes_sent: Counter,
+    /// Partials acknowledged.
+    pub partials_sent: Counter,
+    /// Batches queued.
+    pub queue_batches: Gauge,
+    /// Bytes queued.
+    pub queue_bytes: Gauge,
+    /// Send-to-ack time.
+    pub ack_latency: Histogram,
+    /// Failed connects.
+    pub connect_errors: Counter,
+    rejected: Family<Labels, Counter>,
+    drops: Family<Labels, Counter>,
+    instance: String,
+}
+
+impl DestinationMetrics {
+    /// Counts a batch the destination refused for good.
+    pub fn rejected(&self, reason: &str) {
+        self.rejected.get_or_create(&labels(&[("destination", &self.instance), ("reason", reason)])).inc();
+    }
+
+    /// Counts partials dropped on the way to this destination.
+    pub fn dropped_partials(&self, reason: &str, partials: u64) {
+        self.drops.get_or_create(&labels(&[("reason", reason), ("unit", "partials")])).inc_by(partials);
+    }
+}

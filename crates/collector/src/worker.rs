@@ -1,0 +1,183 @@
+//! A reader thread's private series table and its window cuts.
+//!
+//! Every reader (UDP socket thread, Unix socket thread, the TCP line
+//! thread) owns one [`Worker`]: it parses what it receives and folds it into
+//! its own [`Table`], so reader threads never contend on the hot path. When
+//! the wall clock enters a new window, the worker cuts its table into a
+//! [`Cut`] and sends it to the flusher, which merges the cuts of every
+//! worker for that window.
+
+use crossbeam_channel::Sender;
+use tessera_core::aggregate::{Aggregate, GaugeDeltas};
+use tessera_core::parse::{MetricKind, ParseOptions, Parsed, RejectReason, parse_datagram_with};
+use tessera_core::table::{Table, TableOptions};
+
+use crate::metrics::{ListenerMetrics, Metrics};
+
+/// The partials one worker held for one window.
+#[derive(Debug)]
+pub struct Cut {
+    /// Start of the window, unix milliseconds.
+    pub window_start_ms: i64,
+    /// Canonical ids, back to back; entries index into it.
+    pub ids: Vec<u8>,
+    /// One entry per series touched in the window.
+    pub entries: Vec<CutEntry>,
+}
+
+/// One series of a [`Cut`].
+#[derive(Debug)]
+pub struct CutEntry {
+    /// The series' kind.
+    pub kind: MetricKind,
+    /// Range of the id in [`Cut::ids`].
+    pub id_start: u32,
+    /// End of the id in [`Cut::ids`].
+    pub id_end: u32,
+    /// The partial.
+    pub aggregate: Aggregate,
+}
+
+impl Cut {
+    /// The id of `entry`.
+    pub fn id(&self, entry: &CutEntry) -> &[u8] {
+        &self.ids[entry.id_start as usize..entry.id_end as usize]
+    }
+}
+
+/// Counts kept in locals while a batch is processed, added to the shared
+/// metrics once per batch.
+#[derive(Debug, Default)]
+pub struct BatchCounts {
+    /// Datagrams (or stream chunks) received.
+    pub datagrams: u64,
+    /// Bytes received.
+    pub bytes: u64,
+    /// Metric lines accepted.
+    pub lines: u64,
+    /// Events and service checks.
+    pub events: u64,
+    /// Lines rejected, per reason.
+    pub rejected: [u64; RejectReason::ALL.len()],
+    /// Lines of new series refused because the table is full.
+    pub series_limit: u64,
+    /// Datagrams the kernel truncated.
+    pub truncated: u64,
+}
+
+/// A reader's table and window state.
+pub struct Worker {
+    table: Table,
+    window_ms: i64,
+    window_start_ms: i64,
+    parse_options: ParseOptions,
+    cuts: Sender<Cut>,
+    listener: ListenerMetrics,
+    metrics: Metrics,
+    counts: BatchCounts,
+}
+
+impl Worker {
+    /// A worker feeding `cuts`.
+    pub fn new(
+        window_ms: i64,
+        max_series: Option<usize>,
+        expire_after_idle_windows: u32,
+        gauge_deltas: GaugeDeltas,
+        parse_options: ParseOptions,
+        cuts: Sender<Cut>,
+        listener: ListenerMetrics,
+        metrics: Metrics,
+    ) -> Worker {
+        let options = TableOptions {
+            max_series,
+            expire_after_idle_cuts: Some(expire_after_idle_windows),
+            gauge_deltas,
+        };
+        Worker {
+            table: Table::new(options),
+            window_ms,
+            window_start_ms: 0,
+            parse_options,
+            cuts,
+            listener,
+            metrics,
+            counts: BatchCounts::default(),
+        }
+    }
+
+    /// Cuts the table if `now_ms` is past the current window. Call it before
+    /// every batch and on receive timeouts.
+    #[inline]
+    pub fn tick(&mut self, now_ms: i64) {
+        let window_start_ms = now_ms - now_ms.rem_euclid(self.window_ms);
+        if window_start_ms != self.window_start_ms {
+            self.cut();
+            self.window_start_ms = window_start_ms;
+        }
+    }
+
+    /// Parses one datagram (or one chunk of whole lines) into the table.
+    #[inline]
+    pub fn ingest(&mut self, data: &[u8], now_ms: i64) {
+        let counts = &mut self.counts;
+        let table = &mut self.table;
+        counts.datagrams += 1;
+        counts.bytes += data.len() as u64;
+        parse_datagram_with(data, self.parse_options, |parsed| match parsed {
+            Parsed::Metric(line) => match table.observe(&line, now_ms) {
+                Ok(_) => counts.lines += 1,
+                Err(_) => counts.series_limit += 1,
+            },
+            Parsed::Event(_) | Parsed::ServiceCheck(_) => counts.events += 1,
+            Parsed::Rejected { reason, .. } => counts.rejected[reason.index()] += 1,
+        });
+    }
+
+    /// Records a datagram the kernel truncated: its complete lines are kept
+    /// (everything up to the last newline), the cut-off last line is counted.
+    pub fn ingest_truncated(&mut self, data: &[u8], now_ms: i64) {
+        self.counts.truncated += 1;
+        let complete = match memchr::memrchr(b'\n', data) {
+            Some(last_newline) => &data[..last_newline],
+            None => b"",
+        };
+        self.ingest(complete, now_ms);
+        // `ingest` counted the datagram; count its real size.
+        self.counts.bytes += (data.len() - complete.len()) as u64;
+    }
+
+    /// Adds the batch's local counts to the shared metrics.
+    pub fn publish_counts(&mut self) {
+        let counts = std::mem::take(&mut self.counts);
+        self.listener.add(&counts);
+        if counts.series_limit > 0 {
+            self.metrics.drop_lines("series_limit", counts.series_limit);
+        }
+        if counts.truncated > 0 {
+            self.metrics.drop_datagrams("truncated", counts.truncated);
+        }
+    }
+
+    /// Cuts the current window now (on shutdown, or when the window turns).
+    pub fn cut(&mut self) {
+        self.publish_counts();
+        if self.table.is_empty() {
+            return;
+        }
+        let mut cut = Cut { window_start_ms: self.window_start_ms, ids: Vec::new(), entries: Vec::new() };
+        let stats = self.table.cut(|kind, id, aggregate| {
+            let id_start = cut.ids.len() as u32;
+            cut.ids.extend_from_slice(id);
+            cut.entries.push(CutEntry { kind, id_start, id_end: cut.ids.len() as u32, aggregate: aggregate.clone() });
+        });
+        self.metrics.series_expired.inc_by(stats.expired as u64);
+        if cut.entries.is_empty() {
+            return;
+        }
+        if self.cuts.send(cut).is_err() {
+            // The flusher is gone: the daemon is shutting down past its grace.
+            self.metrics.drop_partials("shutdown", stats.emitted as u64);
+        }
+    }
+}

@@ -1,0 +1,305 @@
+//! The real collector, fed real UDP, TCP and Unix-socket traffic, checked
+//! series by series at a wire-protocol receiver.
+
+#[path = "support/receiver.rs"]
+mod receiver;
+
+use std::io::Write;
+use std::net::{TcpStream, UdpSocket};
+use std::os::unix::net::UnixDatagram;
+use std::time::{Duration, Instant};
+
+use receiver::Receiver;
+use tessera_collector::{Collector, Config, fixed_placement};
+use tessera_core::aggregate::Aggregate;
+use tessera_core::parse::MetricKind;
+use tessera_proto::AckStatus;
+use tessera_runtime::{Shutdown, Telemetry};
+use tessera_topology::Placement;
+
+fn config(unix: Option<std::path::PathBuf>) -> Config {
+    let mut config: Config = toml::from_str(
+        r#"
+        [udp]
+        listen = "127.0.0.1:0"
+        reader_threads = 2
+        recv_buffer_bytes = 8388608
+        max_datagram_bytes = 1024
+        [tcp]
+        listen = "127.0.0.1:0"
+        [aggregation]
+        interval_ms = 200
+        flush_delay_ms = 50
+        [placement]
+        static_file = "unused-in-tests"
+        [forward]
+        reconnect_min_ms = 20
+        reconnect_max_ms = 200
+        shutdown_grace_secs = 10
+        [telemetry]
+        "#,
+    )
+    .unwrap();
+    config.telemetry.listen = None;
+    config.unix.path = unix;
+    config
+}
+
+fn placement(endpoint: &str, num_shards: u32) -> Placement {
+    Placement::init(&[("agg-1", endpoint)], num_shards, 1, 0).unwrap()
+}
+
+async fn wait_until(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn metric_value(telemetry: &Telemetry, name: &str, labels: &str) -> f64 {
+    let text = telemetry.encode().unwrap();
+    let prefix = if labels.is_empty() { format!("{name} ") } else { format!("{name}{{{labels}}} ") };
+    text.lines()
+        .find_map(|line| line.strip_prefix(&prefix))
+        .map(|value| value.trim().parse().unwrap())
+        .unwrap_or_else(|| panic!("{prefix} not found in\n{text}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_listener_delivers_exact_values_series_by_series() {
+    let receiver = Receiver::start("127.0.0.1:0").await;
+    let dir = tempfile::tempdir().unwrap();
+    let unix_path = dir.path().join("statsd.sock");
+    let shutdown = Shutdown::new();
+    let telemetry = Telemetry::new("collector", "test");
+    let collector = Collector::start(
+        config(Some(unix_path.clone())),
+        fixed_placement(placement(&receiver.address.to_string(), 8)),
+        telemetry.clone(),
+        shutdown.clone(),
+    )
+    .await
+    .unwrap();
+
+    // UDP: 40 counter series with sample rates, gauges, timers, sets; spread
+    // over several windows and from several sender sockets.
+    let udp_target = collector.udp_addr().unwrap();
+    let senders: Vec<UdpSocket> = (0..4).map(|_| UdpSocket::bind("127.0.0.1:0").unwrap()).collect();
+    let mut udp_lines = 0u64;
+    for round in 0..20u64 {
+        let mut datagram = String::new();
+        for series in 0..40u64 {
+            datagram.push_str(&format!("hits.{series}:{}|c|@0.5|#env:test,round:{}\n", series + 1, round % 2));
+            udp_lines += 1;
+        }
+        datagram.push_str(&format!("temp:{round}|g|#room:a\n"));
+        datagram.push_str(&format!("latency:{}:{}|ms|#route:/x\n", round + 1, 100 + round));
+        datagram.push_str(&format!("users:user{}|s\n", round % 7));
+        udp_lines += 3; // the timer line packs two values but is one line
+        for part in split_at_newlines(&datagram, 900) {
+            senders[(round % 4) as usize].send_to(part.as_bytes(), udp_target).unwrap();
+        }
+        if round % 5 == 4 {
+            tokio::time::sleep(Duration::from_millis(120)).await;
+        }
+    }
+
+    // Readers may take datagrams sent within the same millisecond in either
+    // order; a gauge set after a pause is the last value by any clock.
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    senders[0].send_to(b"temp:99|g|#room:a", udp_target).unwrap();
+    udp_lines += 1;
+
+    // TCP: many lines, the last one without a newline, over two connections.
+    let tcp_target = collector.tcp_addr().unwrap();
+    for connection in 0..2 {
+        let mut stream = TcpStream::connect(tcp_target).unwrap();
+        let mut text = String::new();
+        for i in 0..500 {
+            text.push_str(&format!("tcp.count:1|c|#conn:{connection}\r\ntcp.dist:{}|d\n", i % 10));
+        }
+        text.push_str("tcp.last:7|c");
+        stream.write_all(text.as_bytes()).unwrap();
+    }
+
+    // Unix datagram socket.
+    let unix = UnixDatagram::unbound().unwrap();
+    for _ in 0..25 {
+        unix.send_to(b"uds.count:2|c\nuds.gauge:+1|g", &unix_path).unwrap();
+    }
+
+    wait_until("tcp and unix lines to be counted", Duration::from_secs(10), || {
+        metric_value(&telemetry, "tessera_collector_lines_received_total", "listener=\"tcp\"") >= 2002.0
+            && metric_value(&telemetry, "tessera_collector_lines_received_total", "listener=\"unix\"") >= 50.0
+            && metric_value(&telemetry, "tessera_collector_lines_received_total", "listener=\"udp\"") >= udp_lines as f64
+    })
+    .await;
+    shutdown.trigger();
+    collector.wait().await;
+
+    for series in 0..40u64 {
+        for round in 0..2 {
+            let id = format!("hits.{series}|#env:test,round:{round}");
+            assert_eq!(receiver.counter(&id), Some(10.0 * 2.0 * (series + 1) as f64), "{id}");
+        }
+    }
+    let Some(Aggregate::Gauge(gauge)) = receiver.get(MetricKind::Gauge, "temp|#room:a") else { panic!("no gauge") };
+    assert_eq!(gauge.value, 99.0);
+    let Some(Aggregate::Distribution(latency)) = receiver.get(MetricKind::Timer, "latency|#route:/x") else {
+        panic!("no timer")
+    };
+    assert_eq!((latency.count, latency.min, latency.max), (40.0, 1.0, 119.0));
+    assert_eq!(latency.sum, (1..=20).sum::<u64>() as f64 + (100..120).sum::<u64>() as f64);
+    let Some(Aggregate::Set(users)) = receiver.get(MetricKind::Set, "users") else { panic!("no set") };
+    assert_eq!(users.estimate(), 7.0);
+
+    assert_eq!(receiver.counter("tcp.count|#conn:0"), Some(500.0));
+    assert_eq!(receiver.counter("tcp.count|#conn:1"), Some(500.0));
+    assert_eq!(receiver.counter("tcp.last"), Some(14.0), "the last line without newline counts, once per connection");
+    let Some(Aggregate::Distribution(dist)) = receiver.get(MetricKind::Distribution, "tcp.dist") else { panic!() };
+    assert_eq!(dist.count, 1000.0);
+    assert_eq!(receiver.counter("uds.count"), Some(50.0));
+    let Some(Aggregate::Gauge(uds_gauge)) = receiver.get(MetricKind::Gauge, "uds.gauge") else { panic!() };
+    assert_eq!(uds_gauge.resolve(Some(0.0)), Some(25.0), "statsd deltas sum across windows");
+    assert!(receiver.received.lock().unwrap().sources.iter().all(|source| !source.is_empty()));
+}
+
+fn split_at_newlines(text: &str, max: usize) -> Vec<&str> {
+    let mut parts = Vec::new();
+    let mut rest = text;
+    while rest.len() > max {
+        let cut = rest[..max].rfind('\n').unwrap() + 1;
+        parts.push(&rest[..cut]);
+        rest = &rest[cut..];
+    }
+    if !rest.is_empty() {
+        parts.push(rest);
+    }
+    parts
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_is_counted_and_never_hides_good_lines() {
+    let receiver = Receiver::start("127.0.0.1:0").await;
+    let shutdown = Shutdown::new();
+    let telemetry = Telemetry::new("collector", "test");
+    let collector = Collector::start(
+        config(None),
+        fixed_placement(placement(&receiver.address.to_string(), 4)),
+        telemetry.clone(),
+        shutdown.clone(),
+    )
+    .await
+    .unwrap();
+    let target = collector.udp_addr().unwrap();
+    let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+    // Garbage bytes around a good line.
+    socket.send_to(b"\x00\x01\x02garbage\ngood.a:1|c\n\xff\xfe|#:", target).unwrap();
+    // A half line, a bad type, invalid UTF-8 in tags, then a good line.
+    socket.send_to(b"half.line:1\nx:1|zz\ntagged:1|c|#k:\xc3\x28\ngood.b:2|c", target).unwrap();
+    // Oversized: 2000 bytes into a 1024-byte buffer; complete lines are kept.
+    let mut oversized = String::new();
+    while oversized.len() < 2000 {
+        oversized.push_str("good.c:1|c\n");
+    }
+    socket.send_to(oversized.as_bytes(), target).unwrap();
+    let complete_lines_in_buffer = (1024 / "good.c:1|c\n".len()) as f64;
+    // Events and service checks are recognised, not forwarded.
+    socket.send_to(b"_e{5,4}:title|text\n_sc|db|0\ngood.d:1|c", target).unwrap();
+
+    wait_until("every datagram to be read", Duration::from_secs(10), || {
+        metric_value(&telemetry, "tessera_collector_datagrams_received_total", "listener=\"udp\"") >= 4.0
+    })
+    .await;
+    shutdown.trigger();
+    collector.wait().await;
+
+    assert_eq!(receiver.counter("good.a"), Some(1.0));
+    assert_eq!(receiver.counter("good.b"), Some(2.0));
+    assert_eq!(receiver.counter("good.c"), Some(complete_lines_in_buffer));
+    assert_eq!(receiver.counter("good.d"), Some(1.0));
+    assert_eq!(receiver.series_count(), 4, "nothing but the good lines was forwarded");
+    let errors = |reason: &str| {
+        metric_value(&telemetry, "tessera_collector_parse_errors_total", &format!("listener=\"udp\",reason=\"{reason}\""))
+    };
+    assert_eq!(errors("missing_value"), 1.0 + 1.0);
+    assert_eq!(errors("missing_type"), 1.0);
+    assert_eq!(errors("unknown_type"), 1.0);
+    assert_eq!(errors("invalid_utf8"), 1.0);
+    assert_eq!(metric_value(&telemetry, "tessera_collector_drops_total", "reason=\"truncated\",unit=\"datagrams\""), 1.0);
+    assert_eq!(metric_value(&telemetry, "tessera_collector_events_received_total", "listener=\"udp\""), 2.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_down_destination_costs_bounded_memory_and_recovers() {
+    // Reserve a port, then free it so that nothing listens there yet.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let endpoint = format!("127.0.0.1:{port}");
+    let mut config = config(None);
+    config.forward.max_frame_bytes = 4096;
+    config.forward.max_queue_bytes = 16 * 1024;
+    let shutdown = Shutdown::new();
+    let telemetry = Telemetry::new("collector", "test");
+    let collector =
+        Collector::start(config, fixed_placement(placement(&endpoint, 4)), telemetry.clone(), shutdown.clone())
+            .await
+            .unwrap();
+    let target = collector.udp_addr().unwrap();
+    let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+    // Several windows of 200 distinct series each while the destination is down.
+    for window in 0..8 {
+        for chunk in 0..10 {
+            let datagram: String = (0..20).map(|i| format!("down.{window}.{chunk}.{i}:1|c\n")).collect();
+            socket.send_to(datagram.as_bytes(), target).unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(210)).await;
+    }
+    wait_until("oldest batches to be dropped", Duration::from_secs(10), || {
+        metric_value(&telemetry, "tessera_collector_drops_total", "reason=\"queue_full\",unit=\"partials\"") > 0.0
+    })
+    .await;
+    let queued = metric_value(&telemetry, "tessera_collector_queue_bytes", "destination=\"agg-1\"");
+    assert!(queued <= 16.0 * 1024.0, "queue holds {queued} bytes, over its bound");
+    assert!(metric_value(&telemetry, "tessera_collector_connect_errors_total", "destination=\"agg-1\"") > 0.0);
+
+    // The destination comes up: what is queued and what comes next arrive.
+    let receiver = Receiver::start(&endpoint).await;
+    socket.send_to(b"after.recovery:5|c", target).unwrap();
+    wait_until("the queue to drain into the receiver", Duration::from_secs(15), || {
+        receiver.counter("after.recovery") == Some(5.0)
+    })
+    .await;
+    let dropped = metric_value(&telemetry, "tessera_collector_drops_total", "reason=\"queue_full\",unit=\"partials\"");
+    let delivered = receiver.series_count() as f64;
+    assert_eq!(delivered + dropped, 8.0 * 200.0 + 1.0, "every partial is either delivered or counted as dropped");
+    // The newest windows survived (oldest-first dropping).
+    assert_eq!(receiver.counter("down.7.9.19"), Some(1.0));
+    shutdown.trigger();
+    collector.wait().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn permanent_rejections_are_dropped_and_counted() {
+    let receiver = Receiver::start("127.0.0.1:0").await;
+    *receiver.answer.lock().unwrap() = AckStatus::Permanent;
+    let shutdown = Shutdown::new();
+    let telemetry = Telemetry::new("collector", "test");
+    let collector = Collector::start(
+        config(None),
+        fixed_placement(placement(&receiver.address.to_string(), 4)),
+        telemetry.clone(),
+        shutdown.clone(),
+    )
+    .await
+    .unwrap();
+    let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+    socket.send_to(b"refused:1|c\nrefused.too:1|c", collector.udp_addr().unwrap()).unwrap();
+    wait_until("the rejection to be counted", Duration::from_secs(10), || {
+        telemetry.encode().unwrap().contains("tessera_collector_rejected_batches_total{destination=\"agg-1\",reason=\"not_owner\"} 1")
+    })
+    .await;
+    assert_eq!(metric_value(&telemetry, "tessera_collector_drops_total", "reason=\"rejected\",unit=\"partials\""), 2.0);
+    shutdown.trigger();
+    collector.wait().await;
+}

@@ -1,0 +1,137 @@
+//! The metrics registry, the readiness flag and the HTTP endpoint that serves them.
+//!
+//! [`Telemetry`] owns one `prometheus_client` [`Registry`]. It already holds:
+//!
+//! - `tessera_build_info{daemon,version} 1`;
+//! - `tessera_<daemon>_up 1`;
+//! - `process_start_time_seconds`, and on Linux `process_cpu_seconds_total` and
+//!   `process_resident_memory_bytes`, read from `/proc/self` at each scrape.
+//!
+//! The registry takes no prefix: callers register full names per STYLE.md,
+//! `tessera_<daemon>_<noun>_<unit>`, declared once per crate in its `metrics.rs`.
+//! `prometheus_client` appends `_total` to counters and `_info` to info metrics itself, so
+//! a counter exported as `tessera_collector_lines_received_total` is registered as
+//! `tessera_collector_lines_received`; help texts take no trailing period (one is added).
+//! The registry is locked only to register and to encode a scrape; metric handles are
+//! `Arc`s: clone them into hot paths and update them lock-free.
+//!
+//! [`serve`] answers on one address:
+//!
+//! | path | answer |
+//! |---|---|
+//! | `GET /metrics` | the registry in OpenMetrics text |
+//! | `GET /healthz` | 200 `ok` while the process runs |
+//! | `GET /readyz` | 200 once every [`Readiness`] condition is met, else 503 naming those that are not |
+//! | `GET /debug/pprof/profile` | 501: no in-process profiler is built in (see below) |
+//!
+//! CPU profiles are taken from outside the process, with Linux `perf`:
+//! `perf record -F 99 -g -p <pid> -- sleep 30` then `perf report`, or live with
+//! `perf top -p <pid>`. Release builds keep line tables (`debug = "line-tables-only"`), so
+//! stacks resolve. An in-process sampler would need a heavy dependency (`pprof`) or unsafe
+//! signal handling, and a fake profile would be worse than none, so the endpoint answers
+//! 501 with those commands and the daemon's pid.
+//!
+//! ```
+//! use prometheus_client::metrics::counter::Counter;
+//! use tessera_runtime::Telemetry;
+//!
+//! let telemetry = Telemetry::new("collector", "0.1.0");
+//! let lines_received = Counter::<u64>::default();
+//! telemetry.register("tessera_collector_lines_received", "Statsd lines received", lines_received.clone());
+//! lines_received.inc_by(3);
+//! let text = telemetry.encode().unwrap();
+//! assert!(text.contains("tessera_collector_lines_received_total 3"));
+//! assert!(text.contains(r#"tessera_build_info{daemon="collector",version="0.1.0"} 1"#));
+//! ```
+
+mod process;
+mod readiness;
+mod server;
+
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use prometheus_client::collector::Collector;
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::info::Info;
+use prometheus_client::registry::{Metric, Registry};
+
+pub use readiness::{Readiness, ReadinessCondition};
+pub use server::{ServeError, ServerHandle, serve};
+
+/// The daemon's metrics registry; cheap to clone (one `Arc`). See the [module docs](self).
+#[derive(Clone, Debug)]
+pub struct Telemetry {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    daemon: String,
+    registry: Mutex<Registry>,
+}
+
+impl Telemetry {
+    /// A registry for the daemon named `daemon` (`collector`, `aggregator`, `ingester`,
+    /// `local`) at `version`, holding the build, up and process metrics. Characters of
+    /// `daemon` other than ASCII letters and digits become `_` in the `up` metric's name.
+    pub fn new(daemon: &str, version: &str) -> Self {
+        let mut registry = Registry::default();
+        let build_info = Info::new([("daemon", daemon.to_owned()), ("version", version.to_owned())]);
+        // Exported as `tessera_build_info`: the encoder appends `_info`.
+        registry.register("tessera_build", "The daemon and version of this tessera binary", build_info);
+
+        let metric_name_part: String =
+            daemon.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '_' }).collect();
+        let up = Gauge::<i64>::default();
+        up.set(1);
+        registry.register(format!("tessera_{metric_name_part}_up"), "1 while the daemon runs", up);
+        registry.register_collector(Box::new(process::ProcessCollector::new()));
+
+        Self { inner: Arc::new(Inner { daemon: daemon.to_owned(), registry: Mutex::new(registry) }) }
+    }
+
+    /// The daemon name given to [`new`](Self::new).
+    pub fn daemon(&self) -> &str {
+        &self.inner.daemon
+    }
+
+    /// Registers `metric` under its full `name` (without `_total` for counters: the encoder
+    /// adds it). Keep a clone of the handle to update it.
+    pub fn register(&self, name: impl Into<String>, help: impl Into<String>, metric: impl Metric) {
+        let name = name.into();
+        debug_assert!(
+            !(matches!(metric.metric_type(), MetricType::Counter) && name.ends_with("_total")),
+            "register counter `{name}` without `_total`: prometheus_client appends it"
+        );
+        self.lock_registry().register(name, help, metric);
+    }
+
+    /// Registers a collector, asked for its metrics at each scrape.
+    pub fn register_collector(&self, collector: Box<dyn Collector>) {
+        self.lock_registry().register_collector(collector);
+    }
+
+    /// Runs `register` with the registry locked, for what [`register`](Self::register)
+    /// does not cover (units, sub-registries). Do not scrape from inside it.
+    pub fn with_registry<R>(&self, register: impl FnOnce(&mut Registry) -> R) -> R {
+        register(&mut self.lock_registry())
+    }
+
+    /// Every registered metric in OpenMetrics text, ending in `# EOF`.
+    ///
+    /// # Errors
+    ///
+    /// When a metric or collector fails to encode itself.
+    pub fn encode(&self) -> Result<String, fmt::Error> {
+        let mut text = String::with_capacity(4096);
+        prometheus_client::encoding::text::encode(&mut text, &self.lock_registry())?;
+        Ok(text)
+    }
+
+    fn lock_registry(&self) -> MutexGuard<'_, Registry> {
+        // A panic while registering leaves the registry usable: each register is one push.
+        self.inner.registry.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}

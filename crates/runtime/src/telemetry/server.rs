@@ -1,0 +1,133 @@
+//! The HTTP endpoint: `/metrics`, `/healthz`, `/readyz`, `/debug/pprof/profile`.
+
+use std::io;
+use std::net::SocketAddr;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+
+use super::{Readiness, Telemetry};
+use crate::Shutdown;
+
+/// Content type of `/metrics`.
+const OPENMETRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Why the telemetry endpoint could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The address could not be bound (in use, not local, no permission).
+    #[error("cannot listen for telemetry on {address}: {error}")]
+    Bind {
+        /// The address asked for.
+        address: SocketAddr,
+        /// What binding returned.
+        error: io::Error,
+    },
+    /// The server stopped on an I/O error.
+    #[error("telemetry endpoint on {address} failed: {error}")]
+    Serve {
+        /// The bound address.
+        address: SocketAddr,
+        /// What serving returned.
+        error: io::Error,
+    },
+}
+
+/// The running telemetry endpoint, returned by [`serve`].
+#[derive(Debug)]
+pub struct ServerHandle {
+    local_addr: SocketAddr,
+    task: JoinHandle<io::Result<()>>,
+}
+
+impl ServerHandle {
+    /// The bound address: the real port when port 0 was asked for.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Resolves once the server has stopped: after the shutdown signal, when requests in
+    /// flight are answered and connections closed.
+    ///
+    /// # Errors
+    ///
+    /// When the server stopped on an I/O error.
+    pub async fn stopped(self) -> Result<(), ServeError> {
+        match self.task.await {
+            Ok(result) => result.map_err(|error| ServeError::Serve { address: self.local_addr, error }),
+            Err(join_error) if join_error.is_panic() => std::panic::resume_unwind(join_error.into_panic()),
+            // Cancelled: the runtime is shutting down, which stops the server too.
+            Err(_) => Ok(()),
+        }
+    }
+}
+
+#[derive(Clone)]
+struct Endpoint {
+    telemetry: Telemetry,
+    readiness: Readiness,
+}
+
+/// Binds `address` (port 0 picks a free port) and serves the telemetry endpoint on it in a
+/// spawned task until `shutdown` is triggered; see the [module docs](super) for the paths.
+/// Returns once bound, so [`ServerHandle::local_addr`] is already reachable.
+///
+/// # Errors
+///
+/// [`ServeError::Bind`] when the address cannot be bound.
+pub async fn serve(
+    address: SocketAddr,
+    telemetry: Telemetry,
+    readiness: Readiness,
+    shutdown: Shutdown,
+) -> Result<ServerHandle, ServeError> {
+    let listener = TcpListener::bind(address).await.map_err(|error| ServeError::Bind { address, error })?;
+    let local_addr = listener.local_addr().map_err(|error| ServeError::Bind { address, error })?;
+    let router = Router::new()
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/debug/pprof/profile", get(profile))
+        .with_state(Endpoint { telemetry, readiness });
+    let task = tokio::spawn(async move {
+        axum::serve(listener, router).with_graceful_shutdown(async move { shutdown.wait().await }).await
+    });
+    Ok(ServerHandle { local_addr, task })
+}
+
+async fn metrics(State(endpoint): State<Endpoint>) -> Response {
+    match endpoint.telemetry.encode() {
+        Ok(text) => ([(header::CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE)], text).into_response(),
+        Err(_) => {
+            tracing::error!("a metric failed to encode");
+            (StatusCode::INTERNAL_SERVER_ERROR, "a metric failed to encode\n").into_response()
+        }
+    }
+}
+
+async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+async fn readyz(State(endpoint): State<Endpoint>) -> Response {
+    let unmet = endpoint.readiness.unmet();
+    if unmet.is_empty() {
+        return (StatusCode::OK, "ready\n").into_response();
+    }
+    (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {}\n", unmet.join(", "))).into_response()
+}
+
+async fn profile() -> Response {
+    let pid = std::process::id();
+    let message = format!(
+        "no in-process CPU profiler is built into tessera; profile from outside with Linux perf:\n\
+         \x20 perf record -F 99 -g -p {pid} -- sleep 30 && perf report\n\
+         \x20 perf top -p {pid}\n"
+    );
+    (StatusCode::NOT_IMPLEMENTED, message).into_response()
+}
