@@ -9,9 +9,10 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 use tessera_core::aggregate::GaugeDeltas;
+use tessera_topology::PlacementSource;
 
 /// The whole configuration.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     /// Name of this collector in batches and logs; defaults to the host name.
@@ -26,28 +27,13 @@ pub struct Config {
     pub parse: ParseConfig,
     /// Pre-aggregation.
     pub aggregation: AggregationConfig,
-    /// Where the placement comes from.
-    pub placement: PlacementConfig,
+    /// Where the placement comes from: `kind = "static"` with `path`, or
+    /// `kind = "etcd"` with `endpoints`, `env` and `cache_path`.
+    pub placement: Option<PlacementSource>,
     /// Forwarding to aggregators.
     pub forward: ForwardConfig,
     /// The `/metrics`, `/healthz`, `/readyz` endpoint.
     pub telemetry: TelemetryConfig,
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Config {
-            instance_id: None,
-            udp: UdpConfig::default(),
-            tcp: TcpConfig::default(),
-            unix: UnixConfig::default(),
-            parse: ParseConfig::default(),
-            aggregation: AggregationConfig::default(),
-            placement: PlacementConfig::default(),
-            forward: ForwardConfig::default(),
-            telemetry: TelemetryConfig::default(),
-        }
-    }
 }
 
 /// How datagrams are spread over the UDP reader sockets.
@@ -190,31 +176,6 @@ impl Default for AggregationConfig {
     }
 }
 
-/// `[placement]`: exactly one of `static_file` or `etcd_endpoints`.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct PlacementConfig {
-    /// A static placement file (TOML).
-    pub static_file: Option<PathBuf>,
-    /// etcd endpoints (`http://127.0.0.1:2379`).
-    pub etcd_endpoints: Vec<String>,
-    /// Environment name: the placement lives at `/tessera/<environment>/placement`.
-    pub environment: String,
-    /// Where the last placement seen in etcd is cached for cold starts.
-    pub cache_file: Option<PathBuf>,
-}
-
-impl Default for PlacementConfig {
-    fn default() -> Self {
-        PlacementConfig {
-            static_file: None,
-            etcd_endpoints: Vec::new(),
-            environment: "default".to_owned(),
-            cache_file: None,
-        }
-    }
-}
-
 /// `[forward]`
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -308,10 +269,14 @@ impl Config {
         if self.forward.reconnect_min_ms == 0 || self.forward.reconnect_min_ms > self.forward.reconnect_max_ms {
             return invalid("forward.reconnect_min_ms", "must be at least 1 and at most reconnect_max_ms");
         }
-        match (&self.placement.static_file, self.placement.etcd_endpoints.is_empty()) {
-            (Some(_), false) => return invalid("placement", "set either static_file or etcd_endpoints, not both"),
-            (None, true) => return invalid("placement", "set static_file or etcd_endpoints"),
-            _ => {}
+        match &self.placement {
+            None => return invalid("placement", "missing: set kind = \"static\" with path, or kind = \"etcd\""),
+            Some(PlacementSource::Etcd(etcd)) => {
+                if let Err(error) = etcd.validate() {
+                    return invalid("placement", &error.to_string());
+                }
+            }
+            Some(PlacementSource::Static { .. }) => {}
         }
         if !self.udp.enabled && self.tcp.listen.is_none() && self.unix.path.is_none() {
             return invalid("udp.enabled", "no listener is enabled (udp, tcp.listen or unix.path)");
@@ -331,11 +296,11 @@ mod tests {
 
     #[test]
     fn defaults_need_only_a_placement() {
-        let config: Config = toml::from_str("[placement]\nstatic_file = \"p.toml\"\n").unwrap();
+        let config: Config = toml::from_str("[placement]\nkind = \"static\"\npath = \"p.toml\"\n").unwrap();
         config.validate().unwrap();
         assert_eq!(config.udp.listen.to_string(), "127.0.0.1:8125");
         let err = Config::default().validate().unwrap_err();
-        assert_eq!(err.to_string(), "invalid `placement`: set static_file or etcd_endpoints");
+        assert!(err.to_string().starts_with("invalid `placement`: missing"), "{err}");
     }
 
     #[test]
@@ -346,10 +311,10 @@ mod tests {
 
     #[test]
     fn bad_values_are_rejected() {
-        let text = "[placement]\nstatic_file = \"p\"\n[aggregation]\ninterval_ms = 0\n";
+        let text = "[placement]\nkind = \"static\"\npath = \"p\"\n[aggregation]\ninterval_ms = 0\n";
         let err = toml::from_str::<Config>(text).unwrap().validate().unwrap_err();
         assert!(err.to_string().contains("aggregation.interval_ms"), "{err}");
-        let text = "[placement]\nstatic_file = \"p\"\n[udp]\ndistribute = \"roundrobin\"\n";
+        let text = "[placement]\nkind = \"static\"\npath = \"p\"\n[udp]\ndistribute = \"roundrobin\"\n";
         assert!(toml::from_str::<Config>(text).is_err());
     }
 }

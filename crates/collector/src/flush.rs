@@ -19,15 +19,12 @@ use tessera_core::shard::shard_of;
 use tessera_core::table::{Table, TableOptions};
 use tessera_proto::{Frame, PartialBatch, SeriesValue, ShardPartials, frame::Body};
 use tessera_runtime::shutdown::Shutdown;
-use tessera_topology::{Placement, Routing};
+use tessera_topology::{PlacementHandle, Routing};
 
 use crate::forward::{DestinationQueue, QueuedBatch, SenderSettings, run_sender};
 use crate::intake::now_ms;
 use crate::metrics::Metrics;
 use crate::worker::Cut;
-
-/// Reads the placement in force now.
-pub type PlacementView = Arc<dyn Fn() -> Arc<Placement> + Send + Sync>;
 
 /// Settings of the flusher.
 #[derive(Clone)]
@@ -44,11 +41,14 @@ pub struct FlushSettings {
     pub sender: SenderSettings,
 }
 
+/// `(instance id, endpoint)`.
+type DestinationKey = (String, String);
+
 /// Every destination the flusher has routed to, shared with the daemon so
 /// that shutdown can wait for their queues to drain.
 #[derive(Clone, Default)]
 pub struct Destinations {
-    inner: Arc<Mutex<HashMap<(String, String), Arc<DestinationQueue>>>>,
+    inner: Arc<Mutex<HashMap<DestinationKey, Arc<DestinationQueue>>>>,
 }
 
 impl Destinations {
@@ -65,7 +65,7 @@ impl Destinations {
 
 /// The routing table of one placement version and the queue of each of its destinations.
 struct Routes {
-    routing: Routing,
+    routing: Arc<Routing>,
     /// Destination queues, indexed like `routing.destinations()`.
     queues: Vec<Arc<DestinationQueue>>,
 }
@@ -76,7 +76,7 @@ pub struct Flusher {
     windows: BTreeMap<i64, Table>,
     spare_tables: Vec<Table>,
     settings: FlushSettings,
-    placement: PlacementView,
+    placement: PlacementHandle,
     routes: Option<Routes>,
     destinations: Destinations,
     runtime: tokio::runtime::Handle,
@@ -90,7 +90,7 @@ impl Flusher {
     pub fn new(
         cuts: Receiver<Cut>,
         settings: FlushSettings,
-        placement: PlacementView,
+        placement: PlacementHandle,
         destinations: Destinations,
         runtime: tokio::runtime::Handle,
         stop_senders: Shutdown,
@@ -136,7 +136,11 @@ impl Flusher {
         let spare = &mut self.spare_tables;
         let table = self.windows.entry(cut.window_start_ms).or_insert_with(|| {
             spare.pop().unwrap_or_else(|| {
-                Table::new(TableOptions { max_series: None, expire_after_idle_cuts: Some(2), ..TableOptions::default() })
+                Table::new(TableOptions {
+                    max_series: None,
+                    expire_after_idle_cuts: Some(2),
+                    ..TableOptions::default()
+                })
             })
         });
         for entry in &cut.entries {
@@ -201,18 +205,16 @@ impl Flusher {
 
     /// Rebuilds the routing table when the placement version changed.
     fn refresh_routes(&mut self) {
-        let placement = (self.placement)();
-        if self.routes.as_ref().is_some_and(|routes| routes.routing.version() == placement.version()) {
+        let routing = self.placement.routing();
+        if self.routes.as_ref().is_some_and(|routes| Arc::ptr_eq(&routes.routing, &routing)) {
             return;
         }
-        let routing = Routing::new(&placement);
         let queues = routing
             .destinations()
             .iter()
             .map(|destination| self.destination_queue(&destination.instance_id, &destination.endpoint))
             .collect::<Vec<_>>();
-        tracing::info!(version = placement.version(), destinations = queues.len(), "routing with a new placement");
-        self.metrics.placement_version.set(placement.version() as i64);
+        tracing::info!(version = routing.version(), destinations = queues.len(), "routing with a new placement");
         self.routes = Some(Routes { routing, queues });
     }
 
@@ -223,7 +225,8 @@ impl Flusher {
             return queue.clone();
         }
         let queue = Arc::new(DestinationQueue::new(self.settings.max_queue_bytes, self.metrics.destination(instance)));
-        let sender = run_sender(endpoint.to_owned(), queue.clone(), self.settings.sender.clone(), self.stop_senders.clone());
+        let sender =
+            run_sender(endpoint.to_owned(), queue.clone(), self.settings.sender.clone(), self.stop_senders.clone());
         self.runtime.spawn(sender);
         known.insert(key, queue.clone());
         queue

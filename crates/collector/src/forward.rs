@@ -300,7 +300,9 @@ async fn connect(endpoint: &str, settings: &SenderSettings) -> Result<TcpStream,
         .map_err(|source| SendError::Connect { endpoint: endpoint.to_owned(), source })?;
     stream.set_nodelay(true)?;
     let handshake = framing::client_handshake(&mut stream, Role::Collector, &settings.source);
-    tokio::time::timeout(settings.connect_timeout, handshake).await.map_err(|_| SendError::Timeout(settings.connect_timeout))??;
+    tokio::time::timeout(settings.connect_timeout, handshake)
+        .await
+        .map_err(|_| SendError::Timeout(settings.connect_timeout))??;
     Ok(stream)
 }
 

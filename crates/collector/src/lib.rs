@@ -10,7 +10,7 @@
 //! and the tests all run it.
 //!
 //! ```no_run
-//! # async fn example(placement: tessera_collector::PlacementView) -> Result<(), tessera_collector::StartError> {
+//! # async fn example(placement: tessera_collector::PlacementHandle) -> Result<(), tessera_collector::StartError> {
 //! use tessera_collector::{Collector, Config};
 //! use tessera_runtime::{Shutdown, Telemetry};
 //!
@@ -31,7 +31,6 @@ pub mod worker;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::bounded;
@@ -39,11 +38,11 @@ use tessera_core::parse::ParseOptions;
 use tessera_runtime::{Readiness, ServerHandle, Shutdown, Telemetry};
 
 pub use config::Config;
-pub use flush::PlacementView;
 use flush::{Destinations, FlushSettings, Flusher};
 use forward::SenderSettings;
 use metrics::Metrics;
-use worker::Worker;
+pub use tessera_topology::{PlacementHandle, PlacementSource};
+use worker::{Worker, WorkerSettings};
 
 /// Why the collector could not start.
 #[derive(Debug, thiserror::Error)]
@@ -92,28 +91,36 @@ impl Collector {
     /// period; [`Collector::wait`] returns when that is done.
     pub async fn start(
         config: Config,
-        placement: PlacementView,
+        placement: PlacementHandle,
         telemetry: Telemetry,
         shutdown: Shutdown,
     ) -> Result<Collector, StartError> {
         config.validate()?;
         let metrics = Metrics::default();
         telemetry.with_registry(|registry| metrics.register(registry));
+        telemetry.register_collector(Box::new(tessera_topology::WatchStatsCollector::new(
+            "tessera_collector",
+            placement.clone(),
+        )));
         let readiness = Readiness::new();
         let listening = readiness.condition("listening");
 
         let instance_id = config.instance_id.clone().unwrap_or_else(hostname);
         let window_ms = config.aggregation.interval_ms as i64;
-        let expire_windows = (config.aggregation.expire_after_idle_secs * 1000 / config.aggregation.interval_ms).max(1) as u32;
+        let expire_windows =
+            (config.aggregation.expire_after_idle_secs * 1000 / config.aggregation.interval_ms).max(1) as u32;
         let parse_options = ParseOptions { max_line_bytes: config.parse.max_line_bytes };
         let (cut_sender, cut_receiver) = bounded(1024);
+        let worker_settings = WorkerSettings {
+            window_ms,
+            max_series: config.aggregation.max_series,
+            expire_after_idle_windows: expire_windows,
+            parse_options,
+        };
         let new_worker = |listener: &str, gauge_deltas: config::GaugeDeltasConfig| {
             Worker::new(
-                window_ms,
-                config.aggregation.max_series,
-                expire_windows,
+                &worker_settings,
                 gauge_deltas.into(),
-                parse_options,
                 cut_sender.clone(),
                 metrics.listener(listener),
                 metrics.clone(),
@@ -126,7 +133,8 @@ impl Collector {
         if config.udp.enabled {
             let threads = config.udp_reader_threads();
             let what = format!("udp {}", config.udp.listen);
-            let sockets = intake::udp::bind(&config.udp, threads).map_err(|source| StartError::Bind { what, source })?;
+            let sockets =
+                intake::udp::bind(&config.udp, threads).map_err(|source| StartError::Bind { what, source })?;
             udp_addr = sockets.first().and_then(|socket| socket.local_addr().ok());
             let granted = intake::udp::granted_recv_buffer(&sockets[0]);
             metrics.udp_recv_buffer_bytes.set(granted as i64);
@@ -140,7 +148,8 @@ impl Collector {
             kernel_drops = Some(intake::udp::KernelDrops::new(&sockets));
             for (index, socket) in sockets.into_iter().enumerate() {
                 let worker = new_worker("udp", config.udp.gauge_deltas);
-                let (batch, max_bytes, stop) = (config.udp.batch_datagrams, config.udp.max_datagram_bytes, shutdown.clone());
+                let (batch, max_bytes, stop) =
+                    (config.udp.batch_datagrams, config.udp.max_datagram_bytes, shutdown.clone());
                 readers.push(spawn_thread(format!("udp-reader-{index}"), move || {
                     intake::udp::read_loop(socket, worker, batch, max_bytes, stop)
                 })?);
@@ -174,7 +183,13 @@ impl Collector {
                 max_line_bytes: config.parse.max_line_bytes,
                 max_connections: config.tcp.max_connections,
             };
-            tokio::spawn(intake::stream::accept_loop(listener, line_sender, settings, metrics.listener("tcp"), shutdown.clone()));
+            tokio::spawn(intake::stream::accept_loop(
+                listener,
+                line_sender,
+                settings,
+                metrics.listener("tcp"),
+                shutdown.clone(),
+            ));
             tracing::info!(address = ?tcp_addr, "listening on tcp");
         }
         drop(cut_sender);
@@ -326,21 +341,9 @@ fn hostname() -> String {
         .unwrap_or_else(|| "collector".to_owned())
 }
 
-/// A placement view that always returns `placement` (tests, static files).
-pub fn fixed_placement(placement: tessera_topology::Placement) -> PlacementView {
-    let placement = Arc::new(placement);
-    Arc::new(move || placement.clone())
-}
-
-/// Builds the placement view the configuration asks for: a static file,
-/// or etcd watched live (with a cache file for cold starts).
-pub async fn placement_view(config: &config::PlacementConfig, shutdown: Shutdown) -> anyhow::Result<PlacementView> {
-    use anyhow::Context;
-    if let Some(path) = &config.static_file {
-        let placement = tessera_topology::load_static(path)
-            .with_context(|| format!("loading static placement {}", path.display()))?;
-        return Ok(fixed_placement(placement));
-    }
-    let _ = shutdown;
-    anyhow::bail!("etcd placement is not wired into the collector yet")
+/// Starts the placement source the configuration names (a static file, or
+/// etcd watched live with a cache file for cold starts).
+pub async fn start_placement(config: &Config) -> Result<PlacementHandle, tessera_topology::SourceError> {
+    let source = config.placement.as_ref().expect("validate() requires a placement");
+    source.start().await
 }

@@ -75,7 +75,7 @@ async fn run(config: Config) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let placement = match tessera_collector::placement_view(&config.placement, shutdown.clone()).await {
+    let placement = match tessera_collector::start_placement(&config).await {
         Ok(placement) => placement,
         Err(error) => {
             tracing::error!(error = %format!("{error:#}"), "cannot load the placement");

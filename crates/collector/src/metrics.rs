@@ -50,8 +50,6 @@ pub struct Metrics {
     ack_latency: Family<Labels, Histogram>,
     connect_errors: Family<Labels, Counter>,
     rejected_batches: Family<Labels, Counter>,
-    /// Placement version routing uses now.
-    pub placement_version: Gauge,
     /// Receive buffer the kernel granted each UDP socket.
     pub udp_recv_buffer_bytes: Gauge,
 }
@@ -78,7 +76,6 @@ impl Default for Metrics {
             ack_latency: Family::new_with_constructor(latency_histogram),
             connect_errors: Family::default(),
             rejected_batches: Family::default(),
-            placement_version: Gauge::default(),
             udp_recv_buffer_bytes: Gauge::default(),
         }
     }
@@ -88,27 +85,90 @@ impl Metrics {
     /// Registers every metric in `registry`.
     pub fn register(&self, registry: &mut Registry) {
         let r = registry;
-        r.register("tessera_collector_datagrams_received", "Datagrams (or stream reads) received, per listener", self.datagrams_received.clone());
+        r.register(
+            "tessera_collector_datagrams_received",
+            "Datagrams (or stream reads) received, per listener",
+            self.datagrams_received.clone(),
+        );
         r.register("tessera_collector_bytes_received", "Bytes received, per listener", self.bytes_received.clone());
-        r.register("tessera_collector_lines_received", "Metric lines accepted, per listener", self.lines_received.clone());
-        r.register("tessera_collector_events_received", "DogStatsD events and service checks recognised (not forwarded)", self.events_received.clone());
-        r.register("tessera_collector_parse_errors", "Lines rejected by the parser, per listener and reason", self.parse_errors.clone());
-        r.register("tessera_collector_kernel_drops", "Datagrams the kernel dropped because a socket's receive queue was full", self.kernel_drops.clone());
+        r.register(
+            "tessera_collector_lines_received",
+            "Metric lines accepted, per listener",
+            self.lines_received.clone(),
+        );
+        r.register(
+            "tessera_collector_events_received",
+            "DogStatsD events and service checks recognised (not forwarded)",
+            self.events_received.clone(),
+        );
+        r.register(
+            "tessera_collector_parse_errors",
+            "Lines rejected by the parser, per listener and reason",
+            self.parse_errors.clone(),
+        );
+        r.register(
+            "tessera_collector_kernel_drops",
+            "Datagrams the kernel dropped because a socket's receive queue was full",
+            self.kernel_drops.clone(),
+        );
         r.register("tessera_collector_drops", "Data dropped by the collector, per reason and unit", self.drops.clone());
-        r.register("tessera_collector_active_series", "Series in the last window, merged over every reader", self.active_series.clone());
-        r.register("tessera_collector_series_expired", "Idle series forgotten by reader tables", self.series_expired.clone());
-        r.register("tessera_collector_flush_duration_seconds", "Time to merge and route one window", self.flush_duration.clone());
-        r.register("tessera_collector_flush_lag_seconds", "Time from a window's end to its batches being queued", self.flush_lag.clone());
-        r.register("tessera_collector_batches_sent", "Partial batches acknowledged, per destination", self.batches_sent.clone());
-        r.register("tessera_collector_bytes_sent", "Bytes of acknowledged batches, per destination", self.bytes_sent.clone());
-        r.register("tessera_collector_partials_sent", "Series partials acknowledged, per destination", self.partials_sent.clone());
+        r.register(
+            "tessera_collector_active_series",
+            "Series in the last window, merged over every reader",
+            self.active_series.clone(),
+        );
+        r.register(
+            "tessera_collector_series_expired",
+            "Idle series forgotten by reader tables",
+            self.series_expired.clone(),
+        );
+        r.register(
+            "tessera_collector_flush_duration_seconds",
+            "Time to merge and route one window",
+            self.flush_duration.clone(),
+        );
+        r.register(
+            "tessera_collector_flush_lag_seconds",
+            "Time from a window's end to its batches being queued",
+            self.flush_lag.clone(),
+        );
+        r.register(
+            "tessera_collector_batches_sent",
+            "Partial batches acknowledged, per destination",
+            self.batches_sent.clone(),
+        );
+        r.register(
+            "tessera_collector_bytes_sent",
+            "Bytes of acknowledged batches, per destination",
+            self.bytes_sent.clone(),
+        );
+        r.register(
+            "tessera_collector_partials_sent",
+            "Series partials acknowledged, per destination",
+            self.partials_sent.clone(),
+        );
         r.register("tessera_collector_queue_batches", "Batches waiting per destination", self.queue_batches.clone());
         r.register("tessera_collector_queue_bytes", "Bytes waiting per destination", self.queue_bytes.clone());
-        r.register("tessera_collector_ack_latency_seconds", "Time from sending a batch to its acknowledgement", self.ack_latency.clone());
-        r.register("tessera_collector_connect_errors", "Failed connection attempts, per destination", self.connect_errors.clone());
-        r.register("tessera_collector_rejected_batches", "Batches a destination refused, per destination and reason", self.rejected_batches.clone());
-        r.register("tessera_collector_placement_version", "Version of the placement in use", self.placement_version.clone());
-        r.register("tessera_collector_udp_recv_buffer_bytes", "Receive buffer the kernel granted each UDP socket", self.udp_recv_buffer_bytes.clone());
+        r.register(
+            "tessera_collector_ack_latency_seconds",
+            "Time from sending a batch to its acknowledgement",
+            self.ack_latency.clone(),
+        );
+        r.register(
+            "tessera_collector_connect_errors",
+            "Failed connection attempts, per destination",
+            self.connect_errors.clone(),
+        );
+        r.register(
+            "tessera_collector_rejected_batches",
+            "Batches a destination refused, per destination and reason",
+            self.rejected_batches.clone(),
+        );
+        r.register(
+            "tessera_collector_udp_recv_buffer_bytes",
+            "Receive buffer the kernel granted each UDP socket",
+            self.udp_recv_buffer_bytes.clone(),
+        );
     }
 
     /// Handles for one listener (`udp`, `tcp`, `unix`).
@@ -116,7 +176,11 @@ impl Metrics {
         let by_listener = labels(&[("listener", listener)]);
         let mut parse_errors = Vec::with_capacity(RejectReason::ALL.len());
         for reason in RejectReason::ALL {
-            parse_errors.push(self.parse_errors.get_or_create(&labels(&[("listener", listener), ("reason", reason.as_str())])).clone());
+            parse_errors.push(
+                self.parse_errors
+                    .get_or_create(&labels(&[("listener", listener), ("reason", reason.as_str())]))
+                    .clone(),
+            );
         }
         ListenerMetrics {
             datagrams: self.datagrams_received.get_or_create(&by_listener).clone(),
@@ -163,7 +227,9 @@ impl Metrics {
     pub fn record_kernel_drops(&self, socket: usize, previous: u64, total: u64) {
         if total > previous {
             let socket = socket.to_string();
-            self.kernel_drops.get_or_create(&labels(&[("listener", "udp"), ("socket", &socket)])).inc_by(total - previous);
+            self.kernel_drops
+                .get_or_create(&labels(&[("listener", "udp"), ("socket", &socket)]))
+                .inc_by(total - previous);
         }
     }
 }

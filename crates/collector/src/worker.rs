@@ -65,6 +65,19 @@ pub struct BatchCounts {
     pub truncated: u64,
 }
 
+/// What every worker of a collector shares.
+#[derive(Debug, Clone, Copy)]
+pub struct WorkerSettings {
+    /// Window length.
+    pub window_ms: i64,
+    /// Most series per worker table.
+    pub max_series: Option<usize>,
+    /// Windows a series may stay idle before it is forgotten.
+    pub expire_after_idle_windows: u32,
+    /// Parser limits.
+    pub parse_options: ParseOptions,
+}
+
 /// A reader's table and window state.
 pub struct Worker {
     table: Table,
@@ -80,25 +93,22 @@ pub struct Worker {
 impl Worker {
     /// A worker feeding `cuts`.
     pub fn new(
-        window_ms: i64,
-        max_series: Option<usize>,
-        expire_after_idle_windows: u32,
+        settings: &WorkerSettings,
         gauge_deltas: GaugeDeltas,
-        parse_options: ParseOptions,
         cuts: Sender<Cut>,
         listener: ListenerMetrics,
         metrics: Metrics,
     ) -> Worker {
         let options = TableOptions {
-            max_series,
-            expire_after_idle_cuts: Some(expire_after_idle_windows),
+            max_series: settings.max_series,
+            expire_after_idle_cuts: Some(settings.expire_after_idle_windows),
             gauge_deltas,
         };
         Worker {
             table: Table::new(options),
-            window_ms,
+            window_ms: settings.window_ms,
             window_start_ms: 0,
-            parse_options,
+            parse_options: settings.parse_options,
             cuts,
             listener,
             metrics,

@@ -10,7 +10,7 @@ use std::os::unix::net::UnixDatagram;
 use std::time::{Duration, Instant};
 
 use receiver::Receiver;
-use tessera_collector::{Collector, Config, fixed_placement};
+use tessera_collector::{Collector, Config, PlacementHandle};
 use tessera_core::aggregate::Aggregate;
 use tessera_core::parse::MetricKind;
 use tessera_proto::AckStatus;
@@ -30,8 +30,6 @@ fn config(unix: Option<std::path::PathBuf>) -> Config {
         [aggregation]
         interval_ms = 200
         flush_delay_ms = 50
-        [placement]
-        static_file = "unused-in-tests"
         [forward]
         reconnect_min_ms = 20
         reconnect_max_ms = 200
@@ -41,6 +39,7 @@ fn config(unix: Option<std::path::PathBuf>) -> Config {
     )
     .unwrap();
     config.telemetry.listen = None;
+    config.placement = Some(tessera_collector::PlacementSource::Static { path: "set-by-each-test".into() });
     config.unix.path = unix;
     config
 }
@@ -75,7 +74,7 @@ async fn every_listener_delivers_exact_values_series_by_series() {
     let telemetry = Telemetry::new("collector", "test");
     let collector = Collector::start(
         config(Some(unix_path.clone())),
-        fixed_placement(placement(&receiver.address.to_string(), 8)),
+        PlacementHandle::fixed(placement(&receiver.address.to_string(), 8)),
         telemetry.clone(),
         shutdown.clone(),
     )
@@ -132,7 +131,8 @@ async fn every_listener_delivers_exact_values_series_by_series() {
     wait_until("tcp and unix lines to be counted", Duration::from_secs(10), || {
         metric_value(&telemetry, "tessera_collector_lines_received_total", "listener=\"tcp\"") >= 2002.0
             && metric_value(&telemetry, "tessera_collector_lines_received_total", "listener=\"unix\"") >= 50.0
-            && metric_value(&telemetry, "tessera_collector_lines_received_total", "listener=\"udp\"") >= udp_lines as f64
+            && metric_value(&telemetry, "tessera_collector_lines_received_total", "listener=\"udp\"")
+                >= udp_lines as f64
     })
     .await;
     shutdown.trigger();
@@ -186,7 +186,7 @@ async fn bad_input_is_counted_and_never_hides_good_lines() {
     let telemetry = Telemetry::new("collector", "test");
     let collector = Collector::start(
         config(None),
-        fixed_placement(placement(&receiver.address.to_string(), 4)),
+        PlacementHandle::fixed(placement(&receiver.address.to_string(), 4)),
         telemetry.clone(),
         shutdown.clone(),
     )
@@ -221,13 +221,20 @@ async fn bad_input_is_counted_and_never_hides_good_lines() {
     assert_eq!(receiver.counter("good.d"), Some(1.0));
     assert_eq!(receiver.series_count(), 4, "nothing but the good lines was forwarded");
     let errors = |reason: &str| {
-        metric_value(&telemetry, "tessera_collector_parse_errors_total", &format!("listener=\"udp\",reason=\"{reason}\""))
+        metric_value(
+            &telemetry,
+            "tessera_collector_parse_errors_total",
+            &format!("listener=\"udp\",reason=\"{reason}\""),
+        )
     };
     assert_eq!(errors("missing_value"), 1.0 + 1.0);
     assert_eq!(errors("missing_type"), 1.0);
     assert_eq!(errors("unknown_type"), 1.0);
     assert_eq!(errors("invalid_utf8"), 1.0);
-    assert_eq!(metric_value(&telemetry, "tessera_collector_drops_total", "reason=\"truncated\",unit=\"datagrams\""), 1.0);
+    assert_eq!(
+        metric_value(&telemetry, "tessera_collector_drops_total", "reason=\"truncated\",unit=\"datagrams\""),
+        1.0
+    );
     assert_eq!(metric_value(&telemetry, "tessera_collector_events_received_total", "listener=\"udp\""), 2.0);
 }
 
@@ -242,7 +249,7 @@ async fn a_down_destination_costs_bounded_memory_and_recovers() {
     let shutdown = Shutdown::new();
     let telemetry = Telemetry::new("collector", "test");
     let collector =
-        Collector::start(config, fixed_placement(placement(&endpoint, 4)), telemetry.clone(), shutdown.clone())
+        Collector::start(config, PlacementHandle::fixed(placement(&endpoint, 4)), telemetry.clone(), shutdown.clone())
             .await
             .unwrap();
     let target = collector.udp_addr().unwrap();
@@ -287,7 +294,7 @@ async fn permanent_rejections_are_dropped_and_counted() {
     let telemetry = Telemetry::new("collector", "test");
     let collector = Collector::start(
         config(None),
-        fixed_placement(placement(&receiver.address.to_string(), 4)),
+        PlacementHandle::fixed(placement(&receiver.address.to_string(), 4)),
         telemetry.clone(),
         shutdown.clone(),
     )
@@ -296,7 +303,10 @@ async fn permanent_rejections_are_dropped_and_counted() {
     let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
     socket.send_to(b"refused:1|c\nrefused.too:1|c", collector.udp_addr().unwrap()).unwrap();
     wait_until("the rejection to be counted", Duration::from_secs(10), || {
-        telemetry.encode().unwrap().contains("tessera_collector_rejected_batches_total{destination=\"agg-1\",reason=\"not_owner\"} 1")
+        telemetry
+            .encode()
+            .unwrap()
+            .contains("tessera_collector_rejected_batches_total{destination=\"agg-1\",reason=\"not_owner\"} 1")
     })
     .await;
     assert_eq!(metric_value(&telemetry, "tessera_collector_drops_total", "reason=\"rejected\",unit=\"partials\""), 2.0);

@@ -242,7 +242,10 @@ impl Aggregate {
             (Aggregate::Distribution(summary), Aggregate::Distribution(more)) => summary.merge(more),
             (Aggregate::Set(set), Aggregate::Set(more)) => set.merge(more),
             (existing, incoming) => {
-                return Err(AggregateError::KindMismatch { existing: existing.kind_name(), incoming: incoming.kind_name() });
+                return Err(AggregateError::KindMismatch {
+                    existing: existing.kind_name(),
+                    incoming: incoming.kind_name(),
+                });
             }
         }
         Ok(())
@@ -425,7 +428,10 @@ mod tests {
         assert_eq!(b.resolve(None), Some(2.0));
         // `|T` timestamps order sets regardless of arrival.
         let stamped = observe_all(MetricKind::Gauge, &[b"g:5|g|T2000", b"g:7|g|T1000"], GaugeDeltas::Statsd);
-        assert_eq!(stamped, Aggregate::Gauge(Gauge { has_value: true, value: 5.0, timestamp_ms: 2_000_000, delta: 0.0 }));
+        assert_eq!(
+            stamped,
+            Aggregate::Gauge(Gauge { has_value: true, value: 5.0, timestamp_ms: 2_000_000, delta: 0.0 })
+        );
     }
 
     #[test]

@@ -47,7 +47,7 @@ impl SeriesKey {
     /// Fails only with [`RejectReason::TooManyTags`], which the parser has
     /// already ruled out for lines it accepted.
     pub fn build(&mut self, line: &Line<'_>) -> Result<(), RejectReason> {
-        self.build_from_parts(line.kind, line.name, line.tags().map(|tag| tag))
+        self.build_from_parts(line.kind, line.name, line.tags())
     }
 
     /// Builds a key from a name and an iterator of tags (`key` or `key:value`).

@@ -136,7 +136,8 @@ impl Table {
             return Err(TableFull { max_series });
         }
         let key: Box<[u8]> = self.key.table_key().into();
-        let slot = self.slots.entry(key).or_insert(Slot { aggregate: Aggregate::new(kind), touched: true, idle_cuts: 0 });
+        let slot =
+            self.slots.entry(key).or_insert(Slot { aggregate: Aggregate::new(kind), touched: true, idle_cuts: 0 });
         Ok(slot)
     }
 
@@ -170,10 +171,7 @@ impl Table {
     /// Bytes held by the table's slots and keys, estimated (for memory gauges).
     pub fn estimated_bytes(&self) -> usize {
         let per_slot = std::mem::size_of::<Box<[u8]>>() + std::mem::size_of::<Slot>() + 8;
-        self.slots
-            .iter()
-            .map(|(key, slot)| per_slot + key.len() + slot.aggregate.heap_bytes())
-            .sum::<usize>()
+        self.slots.iter().map(|(key, slot)| per_slot + key.len() + slot.aggregate.heap_bytes()).sum::<usize>()
     }
 }
 

@@ -107,7 +107,12 @@ pub fn attach_random_reuseport_program(socket: &impl AsRawFd, group_size: u32) -
         jf: 0,
         k: (libc::SKF_AD_OFF + libc::SKF_AD_RANDOM) as u32,
     };
-    let modulo = libc::sock_filter { code: (libc::BPF_ALU | libc::BPF_MOD | libc::BPF_K) as u16, jt: 0, jf: 0, k: group_size.max(1) };
+    let modulo = libc::sock_filter {
+        code: (libc::BPF_ALU | libc::BPF_MOD | libc::BPF_K) as u16,
+        jt: 0,
+        jf: 0,
+        k: group_size.max(1),
+    };
     let ret_a = libc::sock_filter { code: (libc::BPF_RET | libc::BPF_A) as u16, jt: 0, jf: 0, k: 0 };
     let mut program = [ld_random, modulo, ret_a];
     let fprog = libc::sock_fprog { len: program.len() as u16, filter: program.as_mut_ptr() };

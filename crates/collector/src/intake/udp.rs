@@ -33,10 +33,11 @@ pub fn bind(config: &UdpConfig, threads: usize) -> io::Result<Vec<UdpSocket>> {
         address = socket.local_addr()?;
         sockets.push(socket);
     }
-    if threads > 1 && config.distribute == Distribution::Random {
-        if let Err(error) = attach_random_reuseport_program(&sockets[0], threads as u32) {
-            tracing::warn!(%error, "could not attach the reuseport program; the kernel will hash each sender to one reader");
-        }
+    if threads > 1
+        && config.distribute == Distribution::Random
+        && let Err(error) = attach_random_reuseport_program(&sockets[0], threads as u32)
+    {
+        tracing::warn!(%error, "could not attach the reuseport program; the kernel will hash each sender to one reader");
     }
     Ok(sockets)
 }
@@ -49,7 +50,13 @@ pub fn granted_recv_buffer(socket: &UdpSocket) -> usize {
 
 /// The reader loop of one UDP socket; returns after `shutdown`, having cut
 /// its last window.
-pub fn read_loop(socket: UdpSocket, mut worker: Worker, batch_datagrams: usize, max_datagram_bytes: usize, shutdown: Shutdown) {
+pub fn read_loop(
+    socket: UdpSocket,
+    mut worker: Worker,
+    batch_datagrams: usize,
+    max_datagram_bytes: usize,
+    shutdown: Shutdown,
+) {
     let mut batch = RecvBatch::new(batch_datagrams, max_datagram_bytes);
     let mut errors_logged = 0u32;
     loop {

@@ -1,6 +1,7 @@
 //! A minimal receiver of the wire protocol standing in for an aggregator:
 //! accepts collectors, merges every partial it receives per series, and
 //! acknowledges (or refuses) each batch.
+#![allow(dead_code)] // each test binary uses a different part of it
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -46,7 +47,8 @@ impl Receiver {
                     let Ok(hello) = framing::server_handshake(&mut stream, "test-receiver").await else { return };
                     state.received.lock().unwrap().sources.push(hello.instance_id);
                     let mut scratch = Vec::new();
-                    while let Ok(frame) = framing::read_frame(&mut stream, &mut scratch, DEFAULT_MAX_FRAME_BYTES).await {
+                    while let Ok(frame) = framing::read_frame(&mut stream, &mut scratch, DEFAULT_MAX_FRAME_BYTES).await
+                    {
                         let Some(Body::Partials(batch)) = frame.body else { return };
                         let status = *state.answer.lock().unwrap();
                         if status == AckStatus::Ok {
@@ -86,7 +88,12 @@ impl Receiver {
     }
 
     pub fn counter(&self, id: &str) -> Option<f64> {
-        self.received.lock().unwrap().series.get(&(MetricKind::Counter, id.as_bytes().to_vec())).and_then(Aggregate::counter)
+        self.received
+            .lock()
+            .unwrap()
+            .series
+            .get(&(MetricKind::Counter, id.as_bytes().to_vec()))
+            .and_then(Aggregate::counter)
     }
 
     pub fn get(&self, kind: MetricKind, id: &str) -> Option<Aggregate> {

@@ -37,7 +37,15 @@ fn accepts_every_type_and_field() {
         (b"g:7|g|e:it-123|x:future|#a:1", b"g", MetricKind::Gauge, &[7.0], 1.0, &[b"a:1"], None),
         (b"c:1|c|#k: v ,, x:1:2", b"c", MetricKind::Counter, &[1.0], 1.0, &[b"k: v", b"x:1:2"], None),
         (b"c:1|c|#", b"c", MetricKind::Counter, &[1.0], 1.0, &[], None),
-        (b"\xc3\xa9t\xc3\xa9:1|c|#caf\xc3\xa9:\xc3\xa0", "été".as_bytes(), MetricKind::Counter, &[1.0], 1.0, &[b"caf\xc3\xa9:\xc3\xa0"], None),
+        (
+            b"\xc3\xa9t\xc3\xa9:1|c|#caf\xc3\xa9:\xc3\xa0",
+            "été".as_bytes(),
+            MetricKind::Counter,
+            &[1.0],
+            1.0,
+            &[b"caf\xc3\xa9:\xc3\xa0"],
+            None,
+        ),
     ];
     for (input, name, kind, values, rate, tags, timestamp) in cases {
         let line = metric(input);
@@ -120,7 +128,10 @@ fn too_many_tags_and_too_long_lines_are_rejected() {
     let long = format!("a:1|c|#k:{}", "v".repeat(DEFAULT_MAX_LINE_BYTES));
     assert_eq!(rejected(long.as_bytes()), RejectReason::LineTooLong);
     let options = ParseOptions { max_line_bytes: 8 };
-    assert!(matches!(parse_line_with(b"abcdefgh:1|c", options), Parsed::Rejected { reason: RejectReason::LineTooLong, .. }));
+    assert!(matches!(
+        parse_line_with(b"abcdefgh:1|c", options),
+        Parsed::Rejected { reason: RejectReason::LineTooLong, .. }
+    ));
     assert!(matches!(parse_line_with(b"ab:1|c", options), Parsed::Metric(_)));
 }
 
@@ -161,7 +172,8 @@ fn missing_final_newline_and_crlf_are_handled() {
 
 #[test]
 fn fast_float_path_agrees_with_the_standard_parser() {
-    for text in ["0", "1", "-1", "+1", "0.1", "123.456", "999999999999999", "0.000001", "1.", ".5", "12345678.87654321"] {
+    for text in ["0", "1", "-1", "+1", "0.1", "123.456", "999999999999999", "0.000001", "1.", ".5", "12345678.87654321"]
+    {
         let want: f64 = text.parse().unwrap();
         assert_eq!(parse_f64(text.as_bytes()), Some(want), "{text}");
     }

@@ -1,0 +1,210 @@
+//! Instance liveness: a key per instance attached to an etcd lease that a
+//! background task keeps alive.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::Duration;
+
+use etcd_client::{Client, PutOptions};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+use super::{Backoff, EtcdConfig, request, with_timeout};
+use crate::error::StoreError;
+
+/// What the background task is asked on stop: revoke, and maybe report how it went.
+type StopRequest = Option<oneshot::Sender<Result<(), StoreError>>>;
+
+/// A live registration made by
+/// [`PlacementStore::register_instance`](super::PlacementStore::register_instance).
+///
+/// Dropping it stops the keep-alive and revokes the lease in the
+/// background (the key disappears at once); [`revoke`](Self::revoke) does
+/// the same and waits for etcd's answer. If the process dies, the lease
+/// expires after its TTL.
+#[derive(Debug)]
+pub struct Registration {
+    key: String,
+    lease_id: Arc<AtomicI64>,
+    stop: Option<oneshot::Sender<StopRequest>>,
+    task: Option<JoinHandle<()>>,
+}
+
+impl Registration {
+    /// The registered key, `/tessera/<env>/alive/<id>`.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The current lease id (it changes when the lease had to be granted again).
+    pub fn lease_id(&self) -> i64 {
+        self.lease_id.load(Ordering::Relaxed)
+    }
+
+    /// Stops the keep-alive and revokes the lease, so the key goes away now.
+    pub async fn revoke(mut self) -> Result<(), StoreError> {
+        let (reply, answer) = oneshot::channel();
+        let stop = self.stop.take().expect("stop is only taken by revoke (which consumes self) or drop");
+        if stop.send(Some(reply)).is_err() {
+            return Ok(());
+        }
+        let result = answer.await.unwrap_or(Ok(()));
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+        result
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(None);
+        }
+    }
+}
+
+/// Grants a lease, puts the key, and starts the keep-alive task.
+pub(crate) async fn register(
+    mut client: Client,
+    config: Arc<EtcdConfig>,
+    instance_id: &str,
+    ttl: Duration,
+) -> Result<Registration, StoreError> {
+    if instance_id.is_empty() || instance_id.contains('/') {
+        return Err(StoreError::InvalidConfig {
+            message: format!("instance id must be non-empty and without `/`, got `{instance_id}`"),
+        });
+    }
+    let ttl_secs = ttl.as_secs_f64().ceil().max(1.0) as i64;
+    let key = config.alive_key(instance_id);
+    let lease_id = grant_and_put(&config, &mut client, &key, instance_id, ttl_secs).await?;
+    let lease = Arc::new(AtomicI64::new(lease_id));
+    let (stop, stop_requests) = oneshot::channel();
+    let keeper = KeepAlive {
+        config,
+        client,
+        key: key.clone(),
+        value: instance_id.to_owned(),
+        ttl_secs,
+        lease_id: lease.clone(),
+        needs_lease: false,
+    };
+    let task = tokio::spawn(keeper.run(stop_requests));
+    Ok(Registration { key, lease_id: lease, stop: Some(stop), task: Some(task) })
+}
+
+async fn grant_and_put(
+    config: &EtcdConfig,
+    client: &mut Client,
+    key: &str,
+    value: &str,
+    ttl_secs: i64,
+) -> Result<i64, StoreError> {
+    let lease = request(config, "lease grant", key, client.lease_grant(ttl_secs, None)).await?;
+    let options = PutOptions::new().with_lease(lease.id());
+    request(config, "put", key, client.put(key, value, Some(options))).await?;
+    Ok(lease.id())
+}
+
+/// The background task of one registration.
+struct KeepAlive {
+    config: Arc<EtcdConfig>,
+    client: Client,
+    key: String,
+    value: String,
+    ttl_secs: i64,
+    lease_id: Arc<AtomicI64>,
+    /// The lease expired (etcd was gone longer than the TTL): grant a new one.
+    needs_lease: bool,
+}
+
+impl KeepAlive {
+    async fn run(mut self, mut stop_requests: oneshot::Receiver<StopRequest>) {
+        let mut backoff = Backoff::new(&self.config);
+        loop {
+            let error = tokio::select! {
+                stop = &mut stop_requests => return self.stop(stop.ok().flatten()).await,
+                error = self.keep_alive(&mut backoff) => error,
+            };
+            tracing::warn!(key = %self.key, %error, "liveness lease keep-alive interrupted; retrying");
+            tokio::select! {
+                stop = &mut stop_requests => return self.stop(stop.ok().flatten()).await,
+                () = tokio::time::sleep(backoff.next_delay()) => {}
+            }
+            match super::connect(&self.config).await {
+                Ok(client) => self.client = client,
+                Err(error) => tracing::warn!(%error, "reconnecting to etcd for liveness"),
+            }
+        }
+    }
+
+    /// Keeps the lease alive until something fails.
+    async fn keep_alive(&mut self, backoff: &mut Backoff) -> StoreError {
+        let config = self.config.clone();
+        let key = self.key.clone();
+        if self.needs_lease {
+            match grant_and_put(&config, &mut self.client, &key, &self.value, self.ttl_secs).await {
+                Ok(lease_id) => {
+                    self.lease_id.store(lease_id, Ordering::Relaxed);
+                    self.needs_lease = false;
+                    tracing::info!(%key, lease_id, "liveness lease granted again");
+                }
+                Err(error) => return error,
+            }
+        }
+        let lease_id = self.lease_id.load(Ordering::Relaxed);
+        let (mut keeper, mut responses) =
+            match request(&config, "lease keep-alive", &key, self.client.lease_keep_alive(lease_id)).await {
+                Ok(streams) => streams,
+                Err(error) => return error,
+            };
+        let interval = Duration::from_millis((self.ttl_secs as u64 * 1_000 / 3).max(100));
+        loop {
+            if let Err(error) = request(&config, "lease keep-alive", &key, keeper.keep_alive()).await {
+                return error;
+            }
+            let response = match request(&config, "lease keep-alive", &key, responses.message()).await {
+                Ok(Some(response)) => response,
+                Ok(None) => {
+                    return StoreError::StreamEnded {
+                        operation: "lease keep-alive",
+                        key,
+                        reason: "closed by the server".into(),
+                    };
+                }
+                Err(error) => return error,
+            };
+            if response.ttl() <= 0 {
+                self.needs_lease = true;
+                return StoreError::StreamEnded { operation: "lease keep-alive", key, reason: "lease expired".into() };
+            }
+            backoff.reset();
+            tokio::time::sleep(interval).await;
+        }
+    }
+
+    /// Revokes the lease (best effort) and reports to whoever asked.
+    async fn stop(mut self, reply: StopRequest) {
+        let config = self.config.clone();
+        let lease_id = self.lease_id.load(Ordering::Relaxed);
+        let result = with_timeout(&config, "lease revoke", &self.key, self.client.lease_revoke(lease_id))
+            .await
+            .and_then(|revoked| match revoked {
+                Ok(_) => Ok(()),
+                // Already gone (expired while etcd was away): nothing to revoke.
+                Err(etcd_client::Error::GRpcStatus(status)) if status.message().contains("lease not found") => Ok(()),
+                Err(source) => Err(StoreError::Request {
+                    operation: "lease revoke",
+                    key: self.key.clone(),
+                    source: Box::new(source),
+                }),
+            });
+        if let Err(error) = &result {
+            tracing::warn!(key = %self.key, %error, "revoking liveness lease");
+        }
+        if let Some(reply) = reply {
+            let _ = reply.send(result);
+        }
+    }
+}

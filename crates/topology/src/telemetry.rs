@@ -1,0 +1,64 @@
+//! Exports a placement source's [`WatchStats`] as Prometheus counters.
+//!
+//! Every daemon that watches a placement registers one
+//! [`WatchStatsCollector`], so the collector and the aggregator report the
+//! same counters under their own prefix:
+//! `<prefix>_placement_events_total{event="updates_applied"|"etcd_errors"|...}`.
+
+use std::sync::Arc;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+
+use crate::source::PlacementHandle;
+use crate::stats::WatchStats;
+
+/// A scrape-time view of a placement source's counters and version.
+#[derive(Debug)]
+pub struct WatchStatsCollector {
+    prefix: String,
+    stats: Arc<WatchStats>,
+    handle: PlacementHandle,
+}
+
+impl WatchStatsCollector {
+    /// Reports `handle`'s counters as `<prefix>_placement_*`.
+    pub fn new(prefix: &str, handle: PlacementHandle) -> WatchStatsCollector {
+        WatchStatsCollector { prefix: prefix.to_owned(), stats: handle.stats(), handle }
+    }
+}
+
+impl Collector for WatchStatsCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let snapshot = self.stats.snapshot();
+        let events = [
+            ("updates_applied", snapshot.updates_applied),
+            ("etcd_errors", snapshot.etcd_errors),
+            ("reconnects", snapshot.reconnects),
+            ("loaded_from_cache", snapshot.loaded_from_cache),
+            ("invalid_placements", snapshot.invalid_placements),
+            ("cache_write_errors", snapshot.cache_write_errors),
+        ];
+        let name = format!("{}_placement_events", self.prefix);
+        let counter = ConstCounter::new(0u64);
+        let mut family = encoder.encode_descriptor(
+            &name,
+            "Placement source events: updates applied, etcd errors, reconnects, cold starts from the cache file",
+            None,
+            counter.metric_type(),
+        )?;
+        for (event, count) in events {
+            let labels = [("event", event)];
+            let metric = family.encode_family(&labels)?;
+            ConstCounter::new(count).encode(metric)?;
+        }
+        let version = ConstGauge::new(self.handle.version() as i64);
+        let version_name = format!("{}_placement_version", self.prefix);
+        let gauge =
+            encoder.encode_descriptor(&version_name, "Version of the placement in use", None, version.metric_type())?;
+        version.encode(gauge)?;
+        Ok(())
+    }
+}
