@@ -1,0 +1,93 @@
+//! `tessera check`: shows how tessera parses statsd lines.
+
+use std::io::{BufRead, Read, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use tessera_core::parse::{ParseOptions, Parsed, RejectReason, parse_datagram_with};
+use tessera_core::series::SeriesKey;
+use tessera_core::shard::shard_of;
+
+/// Flags of `tessera check`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Files of newline-separated statsd lines; stdin when none.
+    files: Vec<PathBuf>,
+    /// Number of shards to compute each series' shard for.
+    #[arg(long, default_value_t = 64)]
+    num_shards: u32,
+    /// Longest accepted line, in bytes.
+    #[arg(long, default_value_t = tessera_core::parse::DEFAULT_MAX_LINE_BYTES)]
+    max_line_bytes: usize,
+    /// Print only the summary.
+    #[arg(long, short)]
+    quiet: bool,
+}
+
+/// Runs `tessera check`; exits 1 when any line was rejected.
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let mut input = Vec::new();
+    if args.files.is_empty() {
+        std::io::stdin().lock().read_to_end(&mut input).context("reading stdin")?;
+    } else {
+        for path in &args.files {
+            let file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+            for line in std::io::BufReader::new(file).split(b'\n') {
+                input.extend(line.with_context(|| format!("reading {}", path.display()))?);
+                input.push(b'\n');
+            }
+        }
+    }
+    let options = ParseOptions { max_line_bytes: args.max_line_bytes };
+    let mut out = std::io::stdout().lock();
+    let mut key = SeriesKey::default();
+    let (mut metrics, mut events, mut rejected) = (0usize, 0usize, [0usize; RejectReason::ALL.len()]);
+    let mut write_error = None;
+    parse_datagram_with(&input, options, |parsed| {
+        let line = match parsed {
+            Parsed::Metric(line) => {
+                metrics += 1;
+                key.build(&line).expect("accepted lines fit the tag limit");
+                let values: Vec<String> = if line.kind == tessera_core::parse::MetricKind::Set {
+                    vec![String::from_utf8_lossy(line.set_member()).into_owned()]
+                } else {
+                    line.values().map(|v| v.value.to_string()).collect()
+                };
+                format!(
+                    "ok\t{}\t{}\tvalues={}\trate={}\tshard={}",
+                    line.kind.as_str(),
+                    String::from_utf8_lossy(key.id()),
+                    values.join(","),
+                    line.sample_rate,
+                    shard_of(key.id(), args.num_shards)
+                )
+            }
+            Parsed::Event(_) | Parsed::ServiceCheck(_) => {
+                events += 1;
+                "event\t(counted, not a metric)".to_owned()
+            }
+            Parsed::Rejected { reason, line } => {
+                rejected[reason.index()] += 1;
+                format!("rejected\t{reason}\t{}", String::from_utf8_lossy(line))
+            }
+        };
+        if !args.quiet
+            && write_error.is_none()
+            && let Err(error) = writeln!(out, "{line}")
+        {
+            write_error = Some(error);
+        }
+    });
+    if let Some(error) = write_error {
+        return Err(error).context("writing to stdout");
+    }
+    let total_rejected: usize = rejected.iter().sum();
+    writeln!(out, "{metrics} metric lines, {events} events or service checks, {total_rejected} rejected")?;
+    for reason in RejectReason::ALL {
+        if rejected[reason.index()] > 0 {
+            writeln!(out, "  {reason}: {}", rejected[reason.index()])?;
+        }
+    }
+    Ok(if total_rejected == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}

@@ -1,0 +1,45 @@
+//! The `tessera` command: tools around the tessera pipeline.
+//!
+//! Subcommands live in their own modules; `main` only parses flags and
+//! dispatches.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod check;
+mod loadgen;
+
+/// tessera: a statsd / DogStatsD metrics pipeline.
+#[derive(Debug, Parser)]
+#[command(name = "tessera", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Parse statsd lines (from files or stdin) and show how tessera reads
+    /// each one: series id, type, values, shard, or why it is rejected.
+    Check(check::Args),
+    /// Send statsd / DogStatsD lines at a set rate (or flat out) over UDP,
+    /// a Unix datagram socket or TCP, and report what was sent and what a
+    /// receiver should have aggregated.
+    Loadgen(loadgen::Args),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Check(args) => check::run(args),
+        Command::Loadgen(args) => loadgen::run(args),
+    };
+    match result {
+        Ok(code) => code,
+        Err(error) => {
+            eprintln!("tessera: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
