@@ -1,5 +1,7 @@
 //! Parse + aggregate: lines/s folded into a series table of 10 000 and
 //! 1 000 000 known series.
+#![allow(missing_docs)] // criterion_group! generates undocumented items
+
 use criterion::{Criterion, Throughput, black_box, criterion_group, criterion_main};
 use tessera_benches::{counter_datagrams, mixed_datagrams};
 use tessera_core::parse::{Parsed, parse_datagram};
@@ -16,11 +18,9 @@ fn fold_all(table: &mut Table, datagrams: &[Vec<u8>]) {
 }
 
 fn bench_aggregate(c: &mut Criterion) {
-    for (name, series, tagged) in [
-        ("counters_10k", 10_000, false),
-        ("tagged_counters_10k", 10_000, true),
-        ("counters_1m", 1_000_000, false),
-    ] {
+    for (name, series, tagged) in
+        [("counters_10k", 10_000, false), ("tagged_counters_10k", 10_000, true), ("counters_1m", 1_000_000, false)]
+    {
         let (datagrams, lines) = counter_datagrams(series, 1400, tagged);
         let mut table = Table::new(TableOptions::default());
         fold_all(&mut table, &datagrams);

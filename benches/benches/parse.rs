@@ -1,4 +1,6 @@
 //! Parser throughput: lines/s and bytes/s on realistic datagrams.
+#![allow(missing_docs)] // criterion_group! generates undocumented items
+
 use criterion::{Criterion, Throughput, black_box, criterion_group, criterion_main};
 use tessera_benches::{counter_datagrams, mixed_datagrams};
 use tessera_core::parse::{Parsed, parse_datagram};

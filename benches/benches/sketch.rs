@@ -1,4 +1,6 @@
 //! Quantile sketch and HyperLogLog: insert and merge rates.
+#![allow(missing_docs)] // criterion_group! generates undocumented items
+
 use criterion::{Criterion, Throughput, black_box, criterion_group, criterion_main};
 use tessera_core::hll::HyperLogLog;
 use tessera_core::sketch::Sketch;

@@ -29,7 +29,7 @@
 
 use std::cmp::Ordering;
 
-use crate::parse::{Line, MAX_TAGS, MetricKind, RejectReason, split_tag};
+use crate::parse::{Line, MAX_TAGS, MetricKind, RejectReason, Tags, split_tag};
 
 /// Separates the name from the tags in a canonical id.
 pub const TAGS_SEPARATOR: &[u8] = b"|#";
@@ -39,6 +39,7 @@ pub const TAGS_SEPARATOR: &[u8] = b"|#";
 #[derive(Debug, Clone, Default)]
 pub struct SeriesKey {
     buf: Vec<u8>,
+    ranges: Vec<(u32, u32)>,
 }
 
 impl SeriesKey {
@@ -46,45 +47,53 @@ impl SeriesKey {
     ///
     /// Fails only with [`RejectReason::TooManyTags`], which the parser has
     /// already ruled out for lines it accepted.
+    #[inline]
     pub fn build(&mut self, line: &Line<'_>) -> Result<(), RejectReason> {
-        self.build_from_parts(line.kind, line.name, line.tags())
+        self.buf.clear();
+        self.buf.push(kind_byte(line.kind));
+        self.buf.extend_from_slice(line.name);
+        if line.tags.is_empty() {
+            return Ok(());
+        }
+        self.append_sorted_tags(line.tags, line.tags())
     }
 
-    /// Builds a key from a name and an iterator of tags (`key` or `key:value`).
-    pub fn build_from_parts<'t>(
-        &mut self,
-        kind: MetricKind,
-        name: &[u8],
-        tags: impl Iterator<Item = &'t [u8]>,
-    ) -> Result<(), RejectReason> {
-        let mut sorted: [&[u8]; MAX_TAGS] = [b""; MAX_TAGS];
-        let mut len = 0;
-        for tag in tags {
-            let tag = tag.trim_ascii();
-            if tag.is_empty() {
-                continue;
-            }
-            if len == MAX_TAGS {
-                return Err(RejectReason::TooManyTags);
-            }
-            sorted[len] = tag;
-            len += 1;
-        }
-        let sorted = &mut sorted[..len];
-        // Insertion sort: lines carry few tags, and it needs no allocation.
-        for i in 1..sorted.len() {
-            let mut j = i;
-            while j > 0 && compare_tags(sorted[j - 1], sorted[j]) == Ordering::Greater {
-                sorted.swap(j - 1, j);
-                j -= 1;
-            }
-        }
+    /// Builds a key from a name and tags (`key` or `key:value`) joined by
+    /// commas in `raw_tags`.
+    pub fn build_from_parts(&mut self, kind: MetricKind, name: &[u8], raw_tags: &[u8]) -> Result<(), RejectReason> {
         self.buf.clear();
         self.buf.push(kind_byte(kind));
         self.buf.extend_from_slice(name);
+        let tags = Tags::new(raw_tags);
+        self.append_sorted_tags(raw_tags, tags)
+    }
+
+    /// Appends `|#` and the tags in canonical order. `tags` iterates
+    /// trimmed, non-empty sub-slices of `raw`.
+    fn append_sorted_tags<'t>(
+        &mut self,
+        raw: &'t [u8],
+        tags: impl Iterator<Item = &'t [u8]>,
+    ) -> Result<(), RejectReason> {
+        // Offsets into `raw` in a reused vector: no allocation once grown,
+        // and nothing to initialise per line.
+        self.ranges.clear();
+        let base = raw.as_ptr() as usize;
+        for tag in tags {
+            if self.ranges.len() == MAX_TAGS {
+                return Err(RejectReason::TooManyTags);
+            }
+            let start = tag.as_ptr() as usize - base;
+            self.ranges.push((start as u32, (start + tag.len()) as u32));
+        }
+        let slice = |(start, end): (u32, u32)| &raw[start as usize..end as usize];
+        // Few tags per line: the standard library sorts short slices by
+        // insertion, in place.
+        self.ranges.sort_unstable_by(|a, b| compare_tags(slice(*a), slice(*b)));
         let mut previous: Option<&[u8]> = None;
-        for tag in sorted.iter() {
-            if previous == Some(*tag) {
+        for range in &self.ranges {
+            let tag = slice(*range);
+            if previous == Some(tag) {
                 continue;
             }
             let separator: &[u8] = if previous.is_none() { TAGS_SEPARATOR } else { b"," };

@@ -123,8 +123,7 @@ pub fn write_tsv(out: &mut impl Write, workload: &Workload, lines_by_sender: &[u
         tags.clear();
         workload.write_name(&mut name, expected.series);
         workload.write_tags(&mut tags, expected.series);
-        key.build_from_parts(expected.kind, &name, tags.split(|byte| *byte == b','))
-            .expect("loadgen writes at most MAX_TAGS tags");
+        key.build_from_parts(expected.kind, &name, &tags).expect("loadgen writes at most MAX_TAGS tags");
         out.write_all(key.id())?;
         out.write_all(b"\t")?;
         out.write_all(&name)?;

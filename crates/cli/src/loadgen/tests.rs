@@ -108,7 +108,7 @@ fn id_of(workload: &Workload, series: u64) -> Vec<u8> {
     let (mut name, mut tags, mut key) = (Vec::new(), Vec::new(), SeriesKey::default());
     workload.write_name(&mut name, series);
     workload.write_tags(&mut tags, series);
-    key.build_from_parts(workload.kind(series), &name, tags.split(|byte| *byte == b',')).unwrap();
+    key.build_from_parts(workload.kind(series), &name, &tags).unwrap();
     key.id().to_vec()
 }
 

@@ -243,3 +243,42 @@ proptest! {
         prop_assert_eq!(names.last().map(Vec::as_slice), Some(&b"after"[..]));
     }
 }
+
+#[test]
+fn the_name_scanner_agrees_with_a_plain_search_at_every_offset() {
+    for len in 0..40 {
+        for at in 0..len {
+            for separator in [b':', b'|'] {
+                for high in [None, Some(0), Some(at / 2)] {
+                    let mut line = vec![b'a'; len];
+                    line[at] = separator;
+                    if let Some(position) = high.filter(|position| *position < at) {
+                        line[position] = 0xc3;
+                    }
+                    let got = scan_name(&line);
+                    match (separator, got) {
+                        (b':', NameEnd::Colon { at: found, non_ascii }) => {
+                            assert_eq!(found, at);
+                            assert_eq!(non_ascii, high.is_some_and(|position| position < at), "{line:?}");
+                        }
+                        (b'|', NameEnd::Pipe) => {}
+                        _ => panic!("wrong end for {line:?}"),
+                    }
+                }
+            }
+        }
+        assert!(matches!(scan_name(&vec![b'x'; len]), NameEnd::None));
+    }
+}
+
+#[test]
+fn the_newline_finder_agrees_with_a_plain_search() {
+    for len in 0..40 {
+        let mut bytes = vec![b'x'; len];
+        assert_eq!(find_newline(&bytes), None);
+        for at in (0..len).rev() {
+            bytes[at] = b'\n';
+            assert_eq!(find_newline(&bytes), Some(at), "len {len}");
+        }
+    }
+}

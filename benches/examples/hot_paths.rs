@@ -1,0 +1,42 @@
+//! Runs one hot path over fixed input, for instruction counting with
+//! `valgrind --tool=callgrind` (repeatable on a noisy machine, unlike
+//! wall-clock benchmarks):
+//!
+//! ```sh
+//! cargo build --release -p tessera-benches --example hot_paths
+//! valgrind --tool=callgrind --callgrind-out-file=/dev/null target/release/examples/hot_paths parse
+//! ```
+//!
+//! Divide the instruction total by the lines printed.
+use std::hint::black_box;
+
+use tessera_benches::{counter_datagrams, mixed_datagrams};
+use tessera_core::parse::{Parsed, parse_datagram};
+use tessera_core::table::{Table, TableOptions};
+
+fn main() {
+    let which = std::env::args().nth(1).unwrap_or_else(|| "parse".to_owned());
+    let (datagrams, lines) = match which.as_str() {
+        "parse" | "aggregate" => counter_datagrams(10_000, 1400, false),
+        "parse-tagged" | "aggregate-tagged" => counter_datagrams(10_000, 1400, true),
+        "parse-mix" | "aggregate-mix" => mixed_datagrams(10_000),
+        other => panic!("unknown hot path {other}: parse[-tagged|-mix], aggregate[-tagged|-mix]"),
+    };
+    let rounds: usize = std::env::var("ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(20);
+    let mut table = Table::new(TableOptions::default());
+    let aggregate = which.starts_with("aggregate");
+    let mut seen = 0usize;
+    for _ in 0..rounds {
+        for datagram in &datagrams {
+            parse_datagram(datagram, |parsed| {
+                if let Parsed::Metric(line) = parsed {
+                    seen += black_box(line.first.value) as usize & 1;
+                    if aggregate {
+                        let _ = table.observe(&line, 0);
+                    }
+                }
+            });
+        }
+    }
+    println!("{which}: {} lines ({seen})", lines * rounds);
+}
