@@ -20,6 +20,7 @@ fn main() {
         "parse" | "aggregate" => counter_datagrams(10_000, 1400, false),
         "parse-tagged" | "aggregate-tagged" => counter_datagrams(10_000, 1400, true),
         "parse-mix" | "aggregate-mix" => mixed_datagrams(10_000),
+        "aggregate-1m" => counter_datagrams(1_000_000, 1400, false),
         other => panic!("unknown hot path {other}: parse[-tagged|-mix], aggregate[-tagged|-mix]"),
     };
     let rounds: usize = std::env::var("ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(20);

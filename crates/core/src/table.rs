@@ -65,6 +65,73 @@ pub struct CutStats {
     pub remaining: usize,
 }
 
+/// Longest key stored inside the table's bucket rather than on the heap.
+const INLINE_KEY_BYTES: usize = 46;
+
+/// A table key: short keys (most statsd series) live inside the hash
+/// table's bucket, so a lookup compares them without another cache miss.
+#[derive(Clone)]
+enum KeyBytes {
+    Inline { len: u8, bytes: [u8; INLINE_KEY_BYTES] },
+    Heap(Box<[u8]>),
+}
+
+impl KeyBytes {
+    fn new(key: &[u8]) -> KeyBytes {
+        if key.len() <= INLINE_KEY_BYTES {
+            let mut bytes = [0u8; INLINE_KEY_BYTES];
+            bytes[..key.len()].copy_from_slice(key);
+            KeyBytes::Inline { len: key.len() as u8, bytes }
+        } else {
+            KeyBytes::Heap(key.into())
+        }
+    }
+
+    #[inline]
+    fn as_slice(&self) -> &[u8] {
+        match self {
+            KeyBytes::Inline { len, bytes } => &bytes[..*len as usize],
+            KeyBytes::Heap(bytes) => bytes,
+        }
+    }
+
+    fn heap_len(&self) -> usize {
+        match self {
+            KeyBytes::Inline { .. } => 0,
+            KeyBytes::Heap(bytes) => bytes.len(),
+        }
+    }
+}
+
+impl std::ops::Deref for KeyBytes {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        self.as_slice()
+    }
+}
+
+impl std::borrow::Borrow<[u8]> for KeyBytes {
+    fn borrow(&self) -> &[u8] {
+        self.as_slice()
+    }
+}
+
+// Hash and equality must agree with `[u8]`'s, since lookups borrow as `[u8]`.
+impl std::hash::Hash for KeyBytes {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.as_slice().hash(state);
+    }
+}
+
+impl PartialEq for KeyBytes {
+    fn eq(&self, other: &KeyBytes) -> bool {
+        self.as_slice() == other.as_slice()
+    }
+}
+
+impl Eq for KeyBytes {}
+
 struct Slot {
     aggregate: Aggregate,
     touched: bool,
@@ -73,7 +140,7 @@ struct Slot {
 
 /// A table of per-series aggregates for one window.
 pub struct Table {
-    slots: HashMap<Box<[u8]>, Slot, foldhash::fast::RandomState>,
+    slots: HashMap<KeyBytes, Slot, foldhash::fast::RandomState>,
     key: SeriesKey,
     options: TableOptions,
 }
@@ -135,7 +202,7 @@ impl Table {
         {
             return Err(TableFull { max_series });
         }
-        let key: Box<[u8]> = self.key.table_key().into();
+        let key = KeyBytes::new(self.key.table_key());
         let slot =
             self.slots.entry(key).or_insert(Slot { aggregate: Aggregate::new(kind), touched: true, idle_cuts: 0 });
         Ok(slot)
@@ -170,8 +237,8 @@ impl Table {
 
     /// Bytes held by the table's slots and keys, estimated (for memory gauges).
     pub fn estimated_bytes(&self) -> usize {
-        let per_slot = std::mem::size_of::<Box<[u8]>>() + std::mem::size_of::<Slot>() + 8;
-        self.slots.iter().map(|(key, slot)| per_slot + key.len() + slot.aggregate.heap_bytes()).sum::<usize>()
+        let per_slot = std::mem::size_of::<KeyBytes>() + std::mem::size_of::<Slot>() + 1;
+        self.slots.iter().map(|(key, slot)| per_slot + key.heap_len() + slot.aggregate.heap_bytes()).sum::<usize>()
     }
 }
 
@@ -240,6 +307,21 @@ mod tests {
         observe(&mut table, b"a:1|c").unwrap();
         let out = cut(&mut table);
         assert_eq!(out[0].2, Aggregate::Counter(2.0));
+    }
+
+    #[test]
+    fn long_and_short_keys_are_the_same_series_however_stored() {
+        let mut table = Table::new(TableOptions::default());
+        let long_name = "x".repeat(200);
+        for _ in 0..3 {
+            observe(&mut table, format!("{long_name}:1|c").as_bytes()).unwrap();
+            observe(&mut table, b"short:1|c").unwrap();
+        }
+        assert_eq!(table.len(), 2);
+        let out = cut(&mut table);
+        assert_eq!(out[0].1, b"short".to_vec());
+        assert_eq!(out[1].1, long_name.as_bytes().to_vec());
+        assert!(out.iter().all(|(_, _, aggregate)| *aggregate == Aggregate::Counter(3.0)));
     }
 
     #[test]

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Measures tessera-collector's lossless intake rate on this machine.
+#
+# The collector runs pinned to CPU 0 with one reader thread; `tessera
+# loadgen` runs pinned to CPU 1 and sends exactly LINES lines at RATE
+# lines/s. Lossless means: lines counted by the collector
+# (tessera_collector_lines_received_total) == lines loadgen handed to the
+# kernel, and no kernel drops. Forwarding is live: partials go to an
+# aggregator if AGGREGATOR is set (host:port), else to a closed port, where
+# they are queued and dropped (counted) — intake is what this measures.
+#
+#   benches/load/collector.sh RATE SERIES DATAGRAM_BYTES [LINES]
+#   e.g. benches/load/collector.sh 4000000 10000 1400
+#
+# Needs `sysctl -w net.core.rmem_max=33554432` for the 32 MiB receive buffer.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+rate=${1:?rate in lines/s}
+series=${2:?distinct series}
+datagram_bytes=${3:?datagram bytes}
+lines=${4:-$((rate * 5))}
+threads=${READER_THREADS:-1}
+mix=${MIX:-counter=100}
+tags=${TAGS:-0}
+
+bin=target/release
+[ -x $bin/tessera-collector ] && [ -x $bin/tessera ] || cargo build --release --bin tessera-collector --bin tessera >&2
+
+work=$(mktemp -d)
+trap 'kill $collector 2>/dev/null || true; rm -rf "$work"' EXIT
+udp_port=$(python3 -c 'import socket; s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+http_port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+cat > "$work/placement.toml" <<TOML
+num_shards = 64
+[[instances]]
+id = "aggregator"
+endpoint = "${AGGREGATOR:-127.0.0.1:9}"
+TOML
+cat > "$work/collector.toml" <<TOML
+[udp]
+listen = "127.0.0.1:$udp_port"
+reader_threads = $threads
+recv_buffer_bytes = 33554432
+[telemetry]
+listen = "127.0.0.1:$http_port"
+[placement]
+kind = "static"
+path = "$work/placement.toml"
+TOML
+taskset -c 0 $bin/tessera-collector --config "$work/collector.toml" --log-level warn 2>"$work/collector.log" &
+collector=$!
+for _ in $(seq 100); do curl -sf "http://127.0.0.1:$http_port/readyz" >/dev/null && break; sleep 0.1; done
+
+metric() {
+    curl -sf "http://127.0.0.1:$http_port/metrics" | awk -v name="$1" -v labels="$2" '
+        index($0, name labels " ") == 1 { value = $NF } END { print value + 0 }'
+}
+drops() {
+    curl -sf "http://127.0.0.1:$http_port/metrics" | awk '/^tessera_collector_kernel_drops_total/ { sum += $NF } END { print sum + 0 }'
+}
+
+cpu_before=$(awk '{print $14 + $15}' /proc/$collector/stat)
+start=$(date +%s.%N)
+report=$(taskset -c 1 $bin/tessera loadgen --target "127.0.0.1:$udp_port" --rate-lines-per-sec "$rate" \
+    --total-lines "$lines" --series "$series" --mix "$mix" --tags "$tags" --datagram-bytes "$datagram_bytes" --json)
+sent=$(echo "$report" | python3 -c 'import json,sys; print(json.load(sys.stdin)["lines"])')
+achieved=$(echo "$report" | python3 -c 'import json,sys; print(int(json.load(sys.stdin)["lines_per_sec"]))')
+# Wait until the collector has read everything the kernel queued.
+previous=-1
+while true; do
+    received=$(metric tessera_collector_lines_received_total '{listener="udp"}')
+    [ "$received" = "$previous" ] && break
+    previous=$received
+    sleep 0.5
+done
+elapsed=$(echo "$(date +%s.%N) - $start" | bc)
+cpu_after=$(awk '{print $14 + $15}' /proc/$collector/stat)
+ticks=$(getconf CLK_TCK)
+cpu=$(echo "scale=2; ($cpu_after - $cpu_before) / $ticks / $elapsed * 100" | bc)
+rss_kib=$(awk '/VmHWM/ {print $2}' /proc/$collector/status)
+kernel_drops=$(drops)
+lost=$((sent - received))
+echo "rate=$rate achieved=$achieved series=$series datagram_bytes=$datagram_bytes threads=$threads sent=$sent received=$received lost=$lost kernel_drops=$kernel_drops collector_cpu=${cpu}% peak_rss_kib=$rss_kib"
