@@ -585,20 +585,28 @@ fn parse_timestamp(field: &[u8]) -> Result<u64, RejectReason> {
     Ok(field.iter().fold(0u64, |acc, digit| acc * 10 + u64::from(digit - b'0')))
 }
 
+/// Checks a tag list in one pass: valid UTF-8, no tag whose key is empty
+/// (its first non-blank byte is `:`), at most [`MAX_TAGS`] non-blank tags.
 fn validate_tags(raw: &[u8]) -> Result<&[u8], RejectReason> {
     if !raw.is_ascii() && std::str::from_utf8(raw).is_err() {
         return Err(RejectReason::InvalidUtf8);
     }
     let mut count = 0;
-    for tag in (Tags { rest: raw }) {
-        let (key, _) = split_tag(tag);
-        if key.trim_ascii().is_empty() {
-            return Err(RejectReason::BadTags);
+    let mut in_tag = false;
+    for &byte in raw {
+        match byte {
+            b',' => {
+                count += usize::from(in_tag);
+                in_tag = false;
+            }
+            byte if byte.is_ascii_whitespace() => {}
+            b':' if !in_tag => return Err(RejectReason::BadTags),
+            _ => in_tag = true,
         }
-        count += 1;
-        if count > MAX_TAGS {
-            return Err(RejectReason::TooManyTags);
-        }
+    }
+    count += usize::from(in_tag);
+    if count > MAX_TAGS {
+        return Err(RejectReason::TooManyTags);
     }
     Ok(raw)
 }

@@ -27,8 +27,6 @@
 //! assert_eq!(key.id(), b"req|#app,zone:a,zone:b");
 //! ```
 
-use std::cmp::Ordering;
-
 use crate::parse::{Line, MAX_TAGS, MetricKind, RejectReason, Tags, split_tag};
 
 /// Separates the name from the tags in a canonical id.
@@ -39,7 +37,8 @@ pub const TAGS_SEPARATOR: &[u8] = b"|#";
 #[derive(Debug, Clone, Default)]
 pub struct SeriesKey {
     buf: Vec<u8>,
-    ranges: Vec<(u32, u32)>,
+    /// `(start, key end, end)` of each tag in the raw tag list.
+    ranges: Vec<(u32, u32, u32)>,
 }
 
 impl SeriesKey {
@@ -84,15 +83,22 @@ impl SeriesKey {
                 return Err(RejectReason::TooManyTags);
             }
             let start = tag.as_ptr() as usize - base;
-            self.ranges.push((start as u32, (start + tag.len()) as u32));
+            let key_len = split_tag(tag).0.len();
+            self.ranges.push((start as u32, (start + key_len) as u32, (start + tag.len()) as u32));
         }
-        let slice = |(start, end): (u32, u32)| &raw[start as usize..end as usize];
         // Few tags per line: the standard library sorts short slices by
-        // insertion, in place.
-        self.ranges.sort_unstable_by(|a, b| compare_tags(slice(*a), slice(*b)));
+        // insertion, in place. Keys compare first, a bare key before
+        // `key:value`, then values.
+        let part = |from: u32, to: u32| &raw[from as usize..to as usize];
+        self.ranges.sort_unstable_by(|a, b| {
+            part(a.0, a.1)
+                .cmp(part(b.0, b.1))
+                .then((a.2 > a.1).cmp(&(b.2 > b.1)))
+                .then_with(|| part(a.1, a.2).cmp(part(b.1, b.2)))
+        });
         let mut previous: Option<&[u8]> = None;
-        for range in &self.ranges {
-            let tag = slice(*range);
+        for &(start, _, end) in &self.ranges {
+            let tag = part(start, end);
             if previous == Some(tag) {
                 continue;
             }
@@ -125,12 +131,6 @@ impl SeriesKey {
     pub fn kind(&self) -> Option<MetricKind> {
         self.buf.first().and_then(|byte| kind_from_byte(*byte))
     }
-}
-
-fn compare_tags(a: &[u8], b: &[u8]) -> Ordering {
-    let (a_key, a_value) = split_tag(a);
-    let (b_key, b_value) = split_tag(b);
-    a_key.cmp(b_key).then_with(|| (a.len() > a_key.len()).cmp(&(b.len() > b_key.len()))).then(a_value.cmp(b_value))
 }
 
 /// The byte that stands for `kind` at the front of a table key.
