@@ -1,1 +1,304 @@
-//! tessera-aggregator: not yet built (see the project's issues).
+//! tessera-aggregator: merges collectors' 1 s partials into epoch-aligned
+//! tiles, one set per storage policy, and flushes each closed tile in one
+//! burst to an ingester.
+//!
+//! An aggregator owns the shards the placement gives its `instance_id`.
+//! Collectors connect to its wire listener ([`server`]) and send partial
+//! batches; each batch is decoded and checked on a dedicated thread
+//! ([`decode`]: frame, ownership, aggregates), then merged whole or
+//! refused whole by the tiler thread ([`tiler`]: tiles, late and early
+//! data, gauge resolution, expiry). Every tile closes `buffer_past` after
+//! its end; the flusher thread ([`flush`]) splits it into tile batches and
+//! queues them on one ingester endpoint, whose sender task delivers them
+//! with acknowledgements, retries and a bounded buffer ([`ingester`]).
+//! [`pipeline`] wires the threads; [`ownership`] tracks the placement and
+//! the etcd liveness lease; [`metrics`] declares every metric.
+//!
+//! [`Aggregator::start`] is the one entry point: the binary, `tessera
+//! local` and the tests all run it.
+//!
+//! ```no_run
+//! # async fn example() -> Result<(), tessera_aggregator::StartError> {
+//! use tessera_aggregator::{Aggregator, Config};
+//! use tessera_runtime::{Shutdown, Telemetry};
+//!
+//! let config: Config = tessera_runtime::config::load_toml(Some("aggregator.toml".as_ref())).expect("config");
+//! let shutdown = Shutdown::new();
+//! let aggregator = Aggregator::start(config, Telemetry::new("aggregator", "dev"), shutdown.clone()).await?;
+//! println!("partials on {}", aggregator.listen_addr());
+//! shutdown.trigger();
+//! aggregator.wait().await;
+//! # Ok(()) }
+//! ```
+
+pub mod config;
+pub mod decode;
+pub mod flush;
+pub mod ingester;
+pub mod metrics;
+pub mod ownership;
+pub mod pipeline;
+pub mod policy;
+pub mod server;
+pub mod tiler;
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use tessera_runtime::{Readiness, ServerHandle, Shutdown, Telemetry};
+use tessera_topology::{PlacementHandle, PlacementSource};
+
+pub use config::{Config, ConfigError};
+use decode::Decoder;
+use flush::FlushSettings;
+use ingester::{Ingesters, SenderSettings};
+pub use metrics::Metrics;
+use server::ServerSettings;
+use tiler::{Tiler, TilerSettings};
+
+/// Why the aggregator could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The configuration is invalid.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// No placement could be loaded.
+    #[error("cannot load the placement")]
+    Placement(#[from] tessera_topology::SourceError),
+    /// The wire listener could not bind.
+    #[error("cannot listen on {address}")]
+    Bind {
+        /// The configured address.
+        address: SocketAddr,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A thread could not start.
+    #[error("cannot start thread {name}")]
+    Thread {
+        /// Thread name.
+        name: String,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The telemetry endpoint could not start.
+    #[error("cannot serve telemetry")]
+    Telemetry(#[from] tessera_runtime::ServeError),
+}
+
+/// A running aggregator.
+pub struct Aggregator {
+    listen_addr: SocketAddr,
+    telemetry_addr: Option<SocketAddr>,
+    metrics: Metrics,
+    placement: PlacementHandle,
+    supervisor: tokio::task::JoinHandle<()>,
+}
+
+impl Aggregator {
+    /// Validates `config`, loads the placement it names (a static file, or
+    /// etcd watched live, registering this instance's liveness lease), and
+    /// starts; see [`start_with_placement`](Self::start_with_placement).
+    pub async fn start(config: Config, telemetry: Telemetry, shutdown: Shutdown) -> Result<Aggregator, StartError> {
+        config.validate()?;
+        let Some(source) = config.placement.clone() else {
+            return Err(ConfigError::Invalid { key: "placement", reason: "must be set".into() }.into());
+        };
+        let placement = source.start().await?;
+        let aggregator = Self::start_with_placement(config.clone(), placement, telemetry, shutdown.clone()).await?;
+        if let PlacementSource::Etcd(etcd) = source {
+            let ttl = Duration::from_secs(config.liveness_ttl_secs);
+            tokio::spawn(ownership::keep_registered(etcd, config.instance_id().to_owned(), ttl, shutdown));
+        }
+        Ok(aggregator)
+    }
+
+    /// Starts on a placement the caller provides (tests, `tessera local`);
+    /// `config.placement` is ignored. Binds the listener, starts the
+    /// decoder, tiler and flusher threads, the ingester senders and the
+    /// telemetry endpoint, and returns once partials are accepted.
+    ///
+    /// It runs until `shutdown` fires; then it stops reading, closes every
+    /// open tile (flushing what it holds) and delivers buffered tiles for
+    /// up to `ingester.shutdown_grace_secs`. [`wait`](Self::wait) returns
+    /// when that is done.
+    pub async fn start_with_placement(
+        config: Config,
+        placement: PlacementHandle,
+        telemetry: Telemetry,
+        shutdown: Shutdown,
+    ) -> Result<Aggregator, StartError> {
+        config.validate_settings()?;
+        let instance_id = config.instance_id().to_owned();
+        let metrics = Metrics::default();
+        telemetry.with_registry(|registry| metrics.register(registry));
+        let readiness = Readiness::new();
+        let listening = readiness.condition("listening");
+        let placement_ready = readiness.condition("placement");
+
+        let listener = tokio::net::TcpListener::bind(config.listen)
+            .await
+            .map_err(|source| StartError::Bind { address: config.listen, source })?;
+        let listen_addr =
+            listener.local_addr().map_err(|source| StartError::Bind { address: config.listen, source })?;
+
+        let ingesters = Ingesters::new(&config.ingester.endpoints, config.ingester.max_buffer_bytes, &metrics);
+        let stop_senders = Shutdown::new();
+        let sender_settings = SenderSettings {
+            source: instance_id.clone(),
+            connect_timeout: Duration::from_millis(config.ingester.connect_timeout_ms),
+            ack_timeout: Duration::from_millis(config.ingester.ack_timeout_ms),
+            reconnect_min: Duration::from_millis(config.ingester.reconnect_min_ms),
+            reconnect_max: Duration::from_millis(config.ingester.reconnect_max_ms),
+        };
+        ingesters.spawn_senders(&sender_settings, &stop_senders);
+
+        let tiler_settings = TilerSettings {
+            policies: config.policies.clone(),
+            buffer_past_ms: config.buffer_past_ms as i64,
+            buffer_future_ms: config.buffer_future_ms as i64,
+            expire_after_empty_tiles: config.expire_after_empty_tiles,
+            max_series_per_policy: config.max_series_per_policy,
+        };
+        let tiler = Tiler::new(tiler_settings, now_ms());
+        let policy_metrics = config.policies.iter().map(|policy| metrics.policy(&policy.to_string())).collect();
+        let (frame_sender, frame_receiver) = crossbeam_channel::unbounded();
+        let (batch_sender, batch_receiver) = crossbeam_channel::unbounded();
+        let (tile_sender, tile_receiver) = crossbeam_channel::unbounded();
+        let decoder = Decoder::new(instance_id.clone(), placement.clone(), config.max_frame_bytes);
+        let flush_settings =
+            FlushSettings { source: instance_id.clone(), max_frame_bytes: config.ingester.max_frame_bytes };
+        let threads = vec![
+            spawn_thread("decoder", {
+                let metrics = metrics.clone();
+                move || pipeline::run_decoder(frame_receiver, decoder, batch_sender, metrics)
+            })?,
+            spawn_thread("tiler", {
+                let (ingesters, metrics) = (ingesters.clone(), metrics.clone());
+                move || pipeline::run_tiler(tiler, batch_receiver, tile_sender, ingesters, metrics)
+            })?,
+            spawn_thread("flusher", {
+                let (ingesters, metrics) = (ingesters.clone(), metrics.clone());
+                move || flush::run_flusher(tile_receiver, ingesters, flush_settings, metrics, policy_metrics)
+            })?,
+        ];
+
+        tokio::spawn(ownership::watch_ownership(
+            placement.clone(),
+            instance_id.clone(),
+            config.policies.clone(),
+            metrics.clone(),
+            placement_ready,
+            shutdown.clone(),
+        ));
+        let server_settings = ServerSettings {
+            instance_id: instance_id.clone(),
+            max_frame_bytes: config.max_frame_bytes,
+            max_connections: config.max_connections,
+            handshake_timeout: Duration::from_millis(config.handshake_timeout_ms),
+        };
+        tokio::spawn(server::accept_loop(listener, frame_sender, server_settings, metrics.clone(), shutdown.clone()));
+
+        let server = match config.telemetry.listen {
+            Some(address) => Some(tessera_runtime::serve(address, telemetry, readiness, shutdown.clone()).await?),
+            None => None,
+        };
+        let telemetry_addr = server.as_ref().map(ServerHandle::local_addr);
+        listening.mark_ready();
+        let policies: Vec<String> = config.policies.iter().map(ToString::to_string).collect();
+        tracing::info!(instance_id, listen = %listen_addr, telemetry = ?telemetry_addr, ?policies, "aggregator started");
+
+        let drain = Drain {
+            threads,
+            ingesters,
+            stop_senders,
+            grace: Duration::from_secs(config.ingester.shutdown_grace_secs),
+            metrics: metrics.clone(),
+            server,
+        };
+        let supervisor = tokio::spawn(drain.after(shutdown));
+        Ok(Aggregator { listen_addr, telemetry_addr, metrics, placement, supervisor })
+    }
+
+    /// The bound wire listener address (useful with port 0).
+    pub fn listen_addr(&self) -> SocketAddr {
+        self.listen_addr
+    }
+
+    /// The bound telemetry address.
+    pub fn telemetry_addr(&self) -> Option<SocketAddr> {
+        self.telemetry_addr
+    }
+
+    /// The aggregator's metric handles.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// The placement in use.
+    pub fn placement(&self) -> &PlacementHandle {
+        &self.placement
+    }
+
+    /// Waits until the aggregator has shut down and drained.
+    pub async fn wait(self) {
+        if let Err(error) = self.supervisor.await {
+            tracing::error!(%error, "aggregator supervisor failed");
+        }
+    }
+}
+
+/// What shutdown waits for, in order.
+struct Drain {
+    threads: Vec<std::thread::JoinHandle<()>>,
+    ingesters: Ingesters,
+    stop_senders: Shutdown,
+    grace: Duration,
+    metrics: Metrics,
+    server: Option<ServerHandle>,
+}
+
+impl Drain {
+    /// Waits for `shutdown`, then: connections stop reading, the decoder,
+    /// tiler (closing every open tile) and flusher finish in turn, and the
+    /// senders deliver what is buffered within the grace period.
+    async fn after(self, shutdown: Shutdown) {
+        shutdown.wait().await;
+        tracing::info!("shutting down: closing every open tile and delivering buffered tiles");
+        let deadline = Instant::now() + self.grace;
+        let threads = self.threads;
+        let joined = tokio::task::spawn_blocking(move || threads.into_iter().all(|thread| thread.join().is_ok())).await;
+        if !matches!(joined, Ok(true)) {
+            tracing::error!("a pipeline thread panicked");
+        }
+        while !self.ingesters.all_idle() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        self.stop_senders.trigger();
+        let (batches, series) = self.ingesters.abandon_all();
+        if batches > 0 {
+            self.metrics.dropped("shutdown", "batches", batches);
+            self.metrics.dropped("shutdown", "series", series);
+            tracing::warn!(batches, series, "shutdown grace elapsed with tile batches undelivered");
+        }
+        if let Some(server) = self.server {
+            let _ = server.stopped().await;
+        }
+        tracing::info!("aggregator stopped");
+    }
+}
+
+fn spawn_thread(name: &str, body: impl FnOnce() + Send + 'static) -> Result<std::thread::JoinHandle<()>, StartError> {
+    std::thread::Builder::new()
+        .name(format!("aggregator-{name}"))
+        .spawn(body)
+        .map_err(|source| StartError::Thread { name: name.to_owned(), source })
+}
+
+/// Wall clock, unix milliseconds.
+#[inline]
+pub fn now_ms() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |elapsed| elapsed.as_millis() as i64)
+}

@@ -9,6 +9,7 @@ use clap::{Parser, Subcommand};
 
 mod check;
 mod loadgen;
+mod placement;
 
 /// tessera: a statsd / DogStatsD metrics pipeline.
 #[derive(Debug, Parser)]
@@ -27,6 +28,9 @@ enum Command {
     /// a Unix datagram socket or TCP, and report what was sent and what a
     /// receiver should have aggregated.
     Loadgen(loadgen::Args),
+    /// Read and change the aggregator placement in etcd: init, show, add,
+    /// remove, replace, finalize.
+    Placement(placement::Args),
 }
 
 fn main() -> ExitCode {
@@ -34,6 +38,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Check(args) => check::run(args),
         Command::Loadgen(args) => loadgen::run(args),
+        Command::Placement(args) => placement::run(args),
     };
     match result {
         Ok(code) => code,

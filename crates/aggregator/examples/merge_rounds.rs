@@ -1,0 +1,56 @@
+//! The tiler's steady-state merge, for instruction counts with callgrind
+//! (wall clock on a shared machine is noisy; instruction counts are not).
+//!
+//! Puts `SERIES` counters (default 10 000) in the default policies' tables,
+//! then merges every series `ROUNDS` times (default 20) in batches of
+//! 10 000. The difference between a run with `ROUNDS=20` and one with
+//! `ROUNDS=0`, divided by `20 * SERIES`, is the cost of one partial:
+//!
+//! ```text
+//! cargo build --release -p tessera-aggregator --example merge_rounds
+//! for rounds in 0 20; do
+//!   ROUNDS=$rounds valgrind --tool=callgrind --callgrind-out-file=/dev/null \
+//!     target/release/examples/merge_rounds 2>&1 | grep Collected
+//! done
+//! ```
+
+use tessera_aggregator::policy::DEFAULT_POLICIES;
+use tessera_aggregator::tiler::{Batch, Partial, Tiler, TilerSettings};
+use tessera_core::aggregate::Aggregate;
+use tessera_core::parse::MetricKind;
+
+const NOW: i64 = 1_700_000_045_000;
+const WINDOW: i64 = 1_700_000_044_000;
+const BATCH: usize = 10_000;
+
+fn main() {
+    let variable =
+        |name: &str, default: usize| std::env::var(name).ok().and_then(|text| text.parse().ok()).unwrap_or(default);
+    let (series, rounds) = (variable("SERIES", 10_000), variable("ROUNDS", 20));
+    let batches: Vec<Batch> = (0..series.div_ceil(BATCH))
+        .map(|index| Batch {
+            window_start_ms: WINDOW,
+            window_ms: 1000,
+            partials: (index * BATCH..((index + 1) * BATCH).min(series))
+                .map(|n| Partial {
+                    kind: MetricKind::Counter,
+                    id: format!(
+                        "http.server.requests|#endpoint:/api/v1/item{},host:host-{:04},series:{n}",
+                        n % 50,
+                        n % 1000
+                    )
+                    .into_bytes(),
+                    aggregate: Aggregate::Counter(1.0),
+                })
+                .collect(),
+        })
+        .collect();
+    let policies = DEFAULT_POLICIES.iter().map(|text| text.parse().expect("default policies parse")).collect();
+    let mut tiler = Tiler::new(TilerSettings::new(policies), NOW);
+    for _ in 0..=rounds {
+        for batch in &batches {
+            tiler.accept(batch, NOW, &mut |_| {}).expect("the window is open");
+        }
+    }
+    println!("{} series held, {} merges", tiler.series_held(0), (rounds + 1) * series);
+}

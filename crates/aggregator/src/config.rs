@@ -1,0 +1,329 @@
+//! The aggregator's configuration file (TOML).
+//!
+//! `instance_id`, `[placement]` and `ingester.endpoints` must be set; every
+//! other key has a default. Unknown keys are rejected.
+//!
+//! ```toml
+//! # This instance's id, exactly as the placement lists it.
+//! instance_id = "aggregator-1"
+//! # Wire listener for collectors' partial batches.
+//! listen = "0.0.0.0:7400"
+//! # Storage policies, `resolution:retention`; each tiles independently.
+//! policies = ["10s:2d", "1m:40d"]
+//! # A tile closes (and is flushed) this long after its end.
+//! buffer_past_ms = 2000
+//! # Partials whose window ends further than this in the future are refused.
+//! buffer_future_ms = 2000
+//!
+//! [placement]            # a static file, or etcd (see tessera-topology's PlacementSource)
+//! kind = "etcd"
+//! endpoints = ["http://127.0.0.1:2379"]
+//! env = "prod"
+//! cache_path = "/var/lib/tessera/placement.pb"
+//!
+//! [ingester]
+//! endpoints = ["10.0.0.9:7500"]
+//!
+//! [telemetry]
+//! listen = "0.0.0.0:9103"
+//! ```
+
+use std::net::SocketAddr;
+
+use serde::Deserialize;
+use tessera_topology::PlacementSource;
+
+use crate::policy::{DEFAULT_POLICIES, StoragePolicy};
+use crate::tiler::tables_per_policy;
+
+/// Most tables (open tiles) a policy may need; bounds memory per series.
+pub const MAX_TABLES_PER_POLICY: usize = 16;
+
+/// The whole configuration.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// This instance's id, exactly as the placement lists it (required).
+    /// Partials are accepted only for the shards the placement gives this id.
+    pub instance_id: Option<String>,
+    /// Address of the wire listener that collectors send partial batches to.
+    pub listen: SocketAddr,
+    /// Largest frame accepted from a collector, bytes; a bigger frame
+    /// closes the connection.
+    pub max_frame_bytes: usize,
+    /// Most concurrent collector connections; more are closed at once.
+    pub max_connections: usize,
+    /// Time allowed for a connecting collector's handshake.
+    pub handshake_timeout_ms: u64,
+    /// Storage policies, `resolution:retention` (units ms, s, m, h, d).
+    /// Each policy tiles independently from the partials.
+    pub policies: Vec<StoragePolicy>,
+    /// A tile closes this long after its end; partials for it that arrive
+    /// later are refused as `too_late`.
+    pub buffer_past_ms: u64,
+    /// Partials whose window ends more than this after now are refused as
+    /// `too_early` (a sender with a clock ahead of ours).
+    pub buffer_future_ms: u64,
+    /// A series is forgotten after this many tiles without data (rounded up
+    /// to a multiple of the policy's table count); never when absent.
+    pub expire_after_empty_tiles: Option<u32>,
+    /// Most series each policy table holds; partials of new series beyond
+    /// it are dropped and counted (`reason="series_limit"`). No cap when absent.
+    pub max_series_per_policy: Option<usize>,
+    /// Where the placement comes from (required): `kind = "static"` with a
+    /// `path`, or `kind = "etcd"` with `endpoints`, `env` and an optional
+    /// `cache_path`.
+    pub placement: Option<PlacementSource>,
+    /// With an etcd placement, the TTL of this instance's liveness lease,
+    /// seconds; `tessera placement show` lists the instances whose lease lives.
+    pub liveness_ttl_secs: u64,
+    /// Where closed tiles go.
+    pub ingester: IngesterConfig,
+    /// The `/metrics`, `/healthz`, `/readyz` endpoint.
+    pub telemetry: TelemetryConfig,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            instance_id: None,
+            listen: "127.0.0.1:7400".parse().expect("valid address"),
+            max_frame_bytes: tessera_proto::framing::DEFAULT_MAX_FRAME_BYTES,
+            max_connections: 4096,
+            handshake_timeout_ms: 5_000,
+            policies: DEFAULT_POLICIES.iter().map(|text| text.parse().expect("default policies parse")).collect(),
+            buffer_past_ms: 2_000,
+            buffer_future_ms: 2_000,
+            expire_after_empty_tiles: Some(30),
+            max_series_per_policy: Some(8_000_000),
+            placement: None,
+            liveness_ttl_secs: 10,
+            ingester: IngesterConfig::default(),
+            telemetry: TelemetryConfig::default(),
+        }
+    }
+}
+
+/// `[ingester]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct IngesterConfig {
+    /// Ingester wire endpoints, `host:port` (at least one). All the batches
+    /// of one tile go to one endpoint: the connected one with the least
+    /// queued.
+    pub endpoints: Vec<String>,
+    /// Bound of each endpoint's buffer, bytes. While every buffer is full,
+    /// collectors' batches are refused with `retryable` (`buffer_full`); a
+    /// tile that closes into a full buffer pushes out the oldest batches,
+    /// which are dropped and counted.
+    pub max_buffer_bytes: usize,
+    /// Largest frame sent; bigger tiles are split into several batches.
+    pub max_frame_bytes: usize,
+    /// Connect (and handshake) timeout.
+    pub connect_timeout_ms: u64,
+    /// How long to wait for an acknowledgement before reconnecting.
+    pub ack_timeout_ms: u64,
+    /// First retry delay; doubles up to `reconnect_max_ms`, with jitter.
+    pub reconnect_min_ms: u64,
+    /// Longest retry delay.
+    pub reconnect_max_ms: u64,
+    /// On SIGTERM, how long to keep delivering buffered tiles.
+    pub shutdown_grace_secs: u64,
+}
+
+impl Default for IngesterConfig {
+    fn default() -> Self {
+        IngesterConfig {
+            endpoints: Vec::new(),
+            max_buffer_bytes: 512 << 20,
+            max_frame_bytes: 16 << 20,
+            connect_timeout_ms: 2_000,
+            ack_timeout_ms: 30_000,
+            reconnect_min_ms: 100,
+            reconnect_max_ms: 5_000,
+            shutdown_grace_secs: 10,
+        }
+    }
+}
+
+/// `[telemetry]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TelemetryConfig {
+    /// Address of `/metrics`, `/healthz`, `/readyz`; off when absent.
+    pub listen: Option<SocketAddr>,
+}
+
+impl Default for TelemetryConfig {
+    fn default() -> Self {
+        TelemetryConfig { listen: Some("127.0.0.1:9103".parse().expect("valid address")) }
+    }
+}
+
+/// A configuration that cannot work.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// A key is missing or has a value out of range.
+    #[error("invalid `{key}`: {reason}")]
+    Invalid {
+        /// The key, e.g. `ingester.endpoints`.
+        key: &'static str,
+        /// Why.
+        reason: String,
+    },
+}
+
+impl Config {
+    /// Checks values that parse but cannot work, the placement source included.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.validate_settings()?;
+        if self.placement.is_none() {
+            let reason = "set `kind = \"static\"` with a `path`, or `kind = \"etcd\"` with `endpoints` and `env`";
+            return Err(ConfigError::Invalid { key: "placement", reason: reason.into() });
+        }
+        Ok(())
+    }
+
+    /// Checks every value but the placement source (for callers that
+    /// provide the placement themselves).
+    pub fn validate_settings(&self) -> Result<(), ConfigError> {
+        let invalid = |key, reason: String| Err(ConfigError::Invalid { key, reason });
+        match self.instance_id.as_deref() {
+            None | Some("") => {
+                return invalid("instance_id", "must be set to this instance's id in the placement".into());
+            }
+            Some(id) if id.contains('/') => return invalid("instance_id", format!("`{id}` must not contain `/`")),
+            Some(_) => {}
+        }
+        if !(1024..=u32::MAX as usize).contains(&self.max_frame_bytes) {
+            return invalid("max_frame_bytes", "must be between 1024 and 4294967295".into());
+        }
+        if self.max_connections == 0 {
+            return invalid("max_connections", "must be at least 1".into());
+        }
+        if self.handshake_timeout_ms == 0 {
+            return invalid("handshake_timeout_ms", "must be at least 1".into());
+        }
+        if self.policies.is_empty() {
+            return invalid("policies", "list at least one storage policy".into());
+        }
+        for (index, policy) in self.policies.iter().enumerate() {
+            if self.policies[..index].iter().any(|other| other.resolution_ms() == policy.resolution_ms()) {
+                return invalid("policies", format!("two policies have the resolution of `{policy}`"));
+            }
+            let tables = tables_per_policy(policy, self.buffer_past_ms as i64, self.buffer_future_ms as i64);
+            if tables > MAX_TABLES_PER_POLICY {
+                return invalid(
+                    "buffer_past_ms",
+                    format!(
+                        "buffer_past_ms + buffer_future_ms span {tables} tiles of `{policy}` (at most {MAX_TABLES_PER_POLICY}): \
+                         shorten the buffers or drop the policy"
+                    ),
+                );
+            }
+        }
+        if self.buffer_past_ms > i64::MAX as u64 / 4 || self.buffer_future_ms > i64::MAX as u64 / 4 {
+            return invalid("buffer_past_ms", "is out of range".into());
+        }
+        if self.expire_after_empty_tiles == Some(0) {
+            return invalid("expire_after_empty_tiles", "must be at least 1 (leave it out to never expire)".into());
+        }
+        if self.max_series_per_policy == Some(0) {
+            return invalid("max_series_per_policy", "must be at least 1 (leave it out for no cap)".into());
+        }
+        if self.liveness_ttl_secs == 0 {
+            return invalid("liveness_ttl_secs", "must be at least 1".into());
+        }
+        self.ingester.validate()
+    }
+
+    /// The instance id (empty before [`validate`](Self::validate) has passed).
+    pub fn instance_id(&self) -> &str {
+        self.instance_id.as_deref().unwrap_or_default()
+    }
+}
+
+impl IngesterConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |key, reason: &str| Err(ConfigError::Invalid { key, reason: reason.to_owned() });
+        if self.endpoints.is_empty() || self.endpoints.iter().any(|endpoint| endpoint.trim().is_empty()) {
+            return invalid("ingester.endpoints", "list at least one `host:port`, none empty");
+        }
+        if !(1024..=u32::MAX as usize).contains(&self.max_frame_bytes) {
+            return invalid("ingester.max_frame_bytes", "must be between 1024 and 4294967295");
+        }
+        if self.max_buffer_bytes < self.max_frame_bytes {
+            return invalid("ingester.max_buffer_bytes", "must hold at least one frame (ingester.max_frame_bytes)");
+        }
+        if self.connect_timeout_ms == 0 || self.ack_timeout_ms == 0 {
+            return invalid("ingester.connect_timeout_ms", "timeouts must be at least 1 ms");
+        }
+        if self.reconnect_min_ms == 0 || self.reconnect_min_ms > self.reconnect_max_ms {
+            return invalid("ingester.reconnect_min_ms", "must be at least 1 and at most reconnect_max_ms");
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINIMAL: &str = r#"
+        instance_id = "agg-1"
+        [placement]
+        kind = "static"
+        path = "placement.toml"
+        [ingester]
+        endpoints = ["127.0.0.1:7500"]
+    "#;
+
+    #[test]
+    fn a_minimal_config_gets_the_documented_defaults() {
+        let config: Config = toml::from_str(MINIMAL).unwrap();
+        config.validate().unwrap();
+        assert_eq!(config.instance_id(), "agg-1");
+        let policies: Vec<String> = config.policies.iter().map(ToString::to_string).collect();
+        assert_eq!(policies, ["10s:2d", "1m:40d"]);
+        assert_eq!(config.listen.to_string(), "127.0.0.1:7400");
+        assert_eq!(config.buffer_past_ms, 2_000);
+    }
+
+    #[test]
+    fn unknown_keys_are_rejected_with_their_name() {
+        let err = toml::from_str::<Config>(&format!("{MINIMAL}\nflush_every = 3\n")).unwrap_err();
+        assert!(err.to_string().contains("flush_every"), "{err}");
+        let text = MINIMAL.replace("endpoints = [", "endpoint = [");
+        let err = toml::from_str::<Config>(&text).unwrap_err();
+        assert!(err.to_string().contains("endpoint"), "{err}");
+    }
+
+    #[test]
+    fn missing_or_bad_values_name_the_key() {
+        let base: Config = toml::from_str(MINIMAL).unwrap();
+        let cases: Vec<(Config, &str)> = vec![
+            (Config { instance_id: None, ..base.clone() }, "instance_id"),
+            (Config { placement: None, ..base.clone() }, "placement"),
+            (Config { policies: vec![], ..base.clone() }, "policies"),
+            (
+                Config { policies: vec!["10s:1d".parse().unwrap(), "10s:2d".parse().unwrap()], ..base.clone() },
+                "policies",
+            ),
+            (Config { buffer_past_ms: 3_600_000, ..base.clone() }, "buffer_past_ms"),
+            (Config { expire_after_empty_tiles: Some(0), ..base.clone() }, "expire_after_empty_tiles"),
+            (Config { max_frame_bytes: 10, ..base.clone() }, "max_frame_bytes"),
+            (
+                Config { ingester: IngesterConfig { endpoints: vec![], ..base.ingester.clone() }, ..base.clone() },
+                "ingester.endpoints",
+            ),
+            (
+                Config { ingester: IngesterConfig { max_buffer_bytes: 1, ..base.ingester.clone() }, ..base.clone() },
+                "ingester.max_buffer_bytes",
+            ),
+        ];
+        for (config, key) in cases {
+            let err = config.validate().unwrap_err();
+            assert!(err.to_string().starts_with(&format!("invalid `{key}`")), "{key}: {err}");
+        }
+    }
+}

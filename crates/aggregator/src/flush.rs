@@ -1,0 +1,184 @@
+//! Flushing closed tiles: split each into [`TileBatch`]es under the frame
+//! bound, frame them, and hand them to one ingester queue in one burst.
+//!
+//! Runs on its own thread ([`run_flusher`]), fed by the tiler, so that
+//! encoding a large tile never holds up merging nor a tokio worker.
+
+use std::time::Instant;
+
+use crossbeam_channel::Receiver;
+use prost::Message;
+use tessera_proto::framing;
+use tessera_proto::{Frame, SeriesValue, TileBatch, frame::Body};
+
+use crate::ingester::{Ingesters, Outgoing};
+use crate::metrics::{Metrics, PolicyMetrics};
+use crate::now_ms;
+use crate::tiler::ClosedTile;
+
+/// Per-value overhead of the repeated field (tag and length prefix), bytes, at most.
+const VALUE_OVERHEAD_BYTES: usize = 6;
+
+/// Splits `tile` into framed batches of at most half of `max_frame_bytes`
+/// each (the other half is headroom), numbered by `next_sequence`.
+///
+/// Returns the batches and the series values that could not be sent
+/// because a single value exceeds the frame bound.
+pub fn encode_tile(
+    tile: ClosedTile,
+    source: &str,
+    max_frame_bytes: usize,
+    flushed_at_ms: i64,
+    next_sequence: &mut dyn FnMut() -> u64,
+) -> (Vec<Outgoing>, u64) {
+    let budget = (max_frame_bytes / 2).max(1);
+    let storage_policy = tile.policy.to_string();
+    let resolution_ms = u32::try_from(tile.policy.resolution_ms()).unwrap_or(u32::MAX);
+    let mut batches = Vec::new();
+    let mut too_large = 0u64;
+    let mut pending: Vec<SeriesValue> = Vec::new();
+    let mut pending_bytes = 0usize;
+    let mut seal = |values: Vec<SeriesValue>, batches: &mut Vec<Outgoing>, too_large: &mut u64| {
+        let series = values.len() as u64;
+        let sequence = next_sequence();
+        let batch = TileBatch {
+            source: source.to_owned(),
+            sequence,
+            storage_policy: storage_policy.clone(),
+            resolution_ms,
+            tile_end_ms: tile.tile_end_ms,
+            tiles: values,
+            flushed_at_ms,
+        };
+        match framing::encode_frame(&Frame { body: Some(Body::Tiles(batch)) }, max_frame_bytes) {
+            Ok(frame) => batches.push(Outgoing { sequence, frame, series }),
+            Err(error) => {
+                tracing::warn!(%error, series, "a tile batch exceeds the frame bound; dropped");
+                *too_large += series;
+            }
+        }
+    };
+    for value in tile.values {
+        let value_bytes = value.encoded_len() + VALUE_OVERHEAD_BYTES;
+        if pending_bytes + value_bytes > budget && !pending.is_empty() {
+            seal(std::mem::take(&mut pending), &mut batches, &mut too_large);
+            pending_bytes = 0;
+        }
+        pending_bytes += value_bytes;
+        pending.push(value);
+    }
+    if !pending.is_empty() {
+        seal(pending, &mut batches, &mut too_large);
+    }
+    (batches, too_large)
+}
+
+/// Settings of the flusher thread.
+#[derive(Debug, Clone)]
+pub struct FlushSettings {
+    /// This aggregator's id, written in every tile batch.
+    pub source: String,
+    /// Largest frame sent to an ingester.
+    pub max_frame_bytes: usize,
+}
+
+/// Receives closed tiles until the tiler hangs up; queues each one's
+/// batches on one ingester and records the flush metrics.
+pub fn run_flusher(
+    tiles: Receiver<ClosedTile>,
+    ingesters: Ingesters,
+    settings: FlushSettings,
+    metrics: Metrics,
+    policies: Vec<PolicyMetrics>,
+) {
+    while let Ok(tile) = tiles.recv() {
+        let Some(policy) = policies.get(tile.policy_index) else { continue };
+        policy.active_series.set(tile.series_held as i64);
+        if tile.expired > 0 {
+            policy.series_expired.inc_by(tile.expired as u64);
+        }
+        if tile.values.is_empty() {
+            continue;
+        }
+        let started = Instant::now();
+        let cut_duration = tile.cut_duration;
+        let tile_end_ms = tile.tile_end_ms;
+        let series = tile.values.len() as u64;
+        let queue = ingesters.pick();
+        let flushed_at_ms = now_ms();
+        let (batches, too_large) =
+            encode_tile(tile, &settings.source, settings.max_frame_bytes, flushed_at_ms, &mut || queue.next_sequence());
+        metrics.dropped("too_large", "series", too_large);
+        queue.push_all(batches);
+        policy.tiles_flushed.inc();
+        policy.series_flushed.inc_by(series);
+        policy.flush_duration.observe((cut_duration + started.elapsed()).as_secs_f64());
+        policy.flush_lag.observe((now_ms() - tile_end_ms).max(0) as f64 / 1000.0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tessera_core::aggregate::Aggregate;
+    use tessera_proto::MetricType;
+
+    use super::*;
+
+    fn tile(series: usize) -> ClosedTile {
+        let values = (0..series)
+            .map(|index| SeriesValue {
+                series_id: format!("series.{index:06}|#host:h1").into_bytes(),
+                r#type: MetricType::Counter as i32,
+                aggregate: Some(Aggregate::Counter(index as f64).to_proto()),
+            })
+            .collect();
+        ClosedTile {
+            policy_index: 0,
+            policy: "10s:2d".parse().unwrap(),
+            tile_start_ms: 10_000,
+            tile_end_ms: 20_000,
+            values,
+            expired: 0,
+            series_held: series,
+            cut_duration: Duration::ZERO,
+        }
+    }
+
+    #[test]
+    fn a_large_tile_splits_under_the_frame_bound_and_keeps_every_value() {
+        let mut sequence = 0;
+        let (batches, too_large) = encode_tile(tile(10_000), "agg-1", 64 << 10, 5, &mut || {
+            sequence += 1;
+            sequence
+        });
+        assert_eq!(too_large, 0);
+        assert!(batches.len() > 5, "{} batches", batches.len());
+        let mut seen = 0;
+        for (index, batch) in batches.iter().enumerate() {
+            assert!(batch.frame.len() <= 64 << 10);
+            assert_eq!(batch.sequence, index as u64 + 1);
+            let Ok(Some((Frame { body: Some(Body::Tiles(tiles)) }, _))) = framing::decode_frame(&batch.frame, 64 << 10)
+            else {
+                panic!("not a tile batch")
+            };
+            assert_eq!(
+                (tiles.storage_policy.as_str(), tiles.resolution_ms, tiles.tile_end_ms),
+                ("10s:2d", 10_000, 20_000)
+            );
+            assert_eq!((tiles.source.as_str(), tiles.flushed_at_ms), ("agg-1", 5));
+            assert_eq!(tiles.tiles.len() as u64, batch.series);
+            seen += tiles.tiles.len();
+        }
+        assert_eq!(seen, 10_000);
+    }
+
+    #[test]
+    fn a_value_over_the_bound_is_dropped_and_counted() {
+        let mut huge = tile(2);
+        huge.values[0].series_id = vec![b'x'; 4000];
+        let (batches, too_large) = encode_tile(huge, "agg-1", 2048, 5, &mut || 1);
+        assert_eq!((batches.len(), too_large), (1, 1));
+    }
+}

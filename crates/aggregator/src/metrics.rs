@@ -1,0 +1,365 @@
+//! Every metric the aggregator exports, declared once.
+//!
+//! Labels come from closed sets: `reason` (see [`Reason`]), `policy` and
+//! `destination` (both from the configuration), `unit`. Hot paths hold
+//! cloned handles ([`PolicyMetrics`], [`DestinationMetrics`]) and add once
+//! per batch or tile, never once per series.
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+type Labels = Vec<(&'static str, String)>;
+
+fn labels(pairs: &[(&'static str, &str)]) -> Labels {
+    pairs.iter().map(|(key, value)| (*key, (*value).to_owned())).collect()
+}
+
+fn latency_histogram() -> Histogram {
+    // 100 µs .. ~26 s
+    Histogram::new(exponential_buckets(0.0001, 2.0, 19))
+}
+
+fn lag_histogram() -> Histogram {
+    // 10 ms .. ~164 s
+    Histogram::new(exponential_buckets(0.01, 2.0, 15))
+}
+
+/// Why a partial batch was refused: the `reason` of an ack and of the
+/// rejection counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reason {
+    /// A shard in the batch is not owned by this instance for its window (permanent).
+    NotOwner,
+    /// The window's tile has already been flushed (permanent).
+    TooLate,
+    /// The window ends too far in the future (permanent).
+    TooEarly,
+    /// The batch or one of its aggregates is invalid (permanent).
+    Malformed,
+    /// Every ingester buffer is full (retryable).
+    BufferFull,
+    /// The aggregator is shutting down (retryable).
+    ShuttingDown,
+}
+
+impl Reason {
+    /// The label and ack reason.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::NotOwner => "not_owner",
+            Reason::TooLate => "too_late",
+            Reason::TooEarly => "too_early",
+            Reason::Malformed => "malformed",
+            Reason::BufferFull => "buffer_full",
+            Reason::ShuttingDown => "shutting_down",
+        }
+    }
+
+    /// Whether the sender may try the batch again later.
+    pub fn is_retryable(self) -> bool {
+        matches!(self, Reason::BufferFull | Reason::ShuttingDown)
+    }
+}
+
+/// The aggregator's metrics.
+#[derive(Clone)]
+pub struct Metrics {
+    /// Partial batches that arrived (decoded or not).
+    pub batches_received: Counter,
+    /// Bytes of partial batch frames that arrived.
+    pub bytes_received: Counter,
+    /// Series partials in the batches that decoded.
+    pub partials_received: Counter,
+    /// Series partials merged into tiles.
+    pub partials_merged: Counter,
+    batches_rejected: Family<Labels, Counter>,
+    partials_rejected: Family<Labels, Counter>,
+    frame_errors: Family<Labels, Counter>,
+    /// Open collector connections.
+    pub connections: Gauge,
+    /// Time for the tiler to check and merge one batch.
+    pub merge_duration: Histogram,
+    active_series: Family<Labels, Gauge>,
+    series_expired: Family<Labels, Counter>,
+    tiles_flushed: Family<Labels, Counter>,
+    series_flushed: Family<Labels, Counter>,
+    flush_duration: Family<Labels, Histogram>,
+    flush_lag: Family<Labels, Histogram>,
+    batches_sent: Family<Labels, Counter>,
+    bytes_sent: Family<Labels, Counter>,
+    series_sent: Family<Labels, Counter>,
+    ack_latency: Family<Labels, Histogram>,
+    buffer_bytes: Family<Labels, Gauge>,
+    buffer_batches: Family<Labels, Gauge>,
+    connect_errors: Family<Labels, Counter>,
+    ingester_rejected_batches: Family<Labels, Counter>,
+    drops: Family<Labels, Counter>,
+    /// Shards this instance owns now.
+    pub shards_owned: Gauge,
+    /// Version of the placement in use.
+    pub placement_version: Gauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics {
+            batches_received: Counter::default(),
+            bytes_received: Counter::default(),
+            partials_received: Counter::default(),
+            partials_merged: Counter::default(),
+            batches_rejected: Family::default(),
+            partials_rejected: Family::default(),
+            frame_errors: Family::default(),
+            connections: Gauge::default(),
+            merge_duration: latency_histogram(),
+            active_series: Family::default(),
+            series_expired: Family::default(),
+            tiles_flushed: Family::default(),
+            series_flushed: Family::default(),
+            flush_duration: Family::new_with_constructor(latency_histogram),
+            flush_lag: Family::new_with_constructor(lag_histogram),
+            batches_sent: Family::default(),
+            bytes_sent: Family::default(),
+            series_sent: Family::default(),
+            ack_latency: Family::new_with_constructor(latency_histogram),
+            buffer_bytes: Family::default(),
+            buffer_batches: Family::default(),
+            connect_errors: Family::default(),
+            ingester_rejected_batches: Family::default(),
+            drops: Family::default(),
+            shards_owned: Gauge::default(),
+            placement_version: Gauge::default(),
+        }
+    }
+}
+
+impl Metrics {
+    /// Registers every metric in `registry`.
+    pub fn register(&self, registry: &mut Registry) {
+        let r = registry;
+        let p = "tessera_aggregator_";
+        r.register(
+            format!("{p}batches_received"),
+            "Partial batch frames received from collectors",
+            self.batches_received.clone(),
+        );
+        r.register(format!("{p}bytes_received"), "Bytes of partial batch frames received", self.bytes_received.clone());
+        r.register(
+            format!("{p}partials_received"),
+            "Series partials in the partial batches that decoded",
+            self.partials_received.clone(),
+        );
+        r.register(format!("{p}partials_merged"), "Series partials merged into tiles", self.partials_merged.clone());
+        r.register(
+            format!("{p}batches_rejected"),
+            "Partial batches refused, per reason",
+            self.batches_rejected.clone(),
+        );
+        r.register(
+            format!("{p}partials_rejected"),
+            "Series partials in refused batches, per reason",
+            self.partials_rejected.clone(),
+        );
+        r.register(
+            format!("{p}frame_errors"),
+            "Connections closed on a framing or handshake error, per reason",
+            self.frame_errors.clone(),
+        );
+        r.register(format!("{p}connections"), "Open collector connections", self.connections.clone());
+        r.register(
+            format!("{p}merge_duration_seconds"),
+            "Time for the tiler to check and merge one partial batch",
+            self.merge_duration.clone(),
+        );
+        r.register(format!("{p}active_series"), "Series held per storage policy", self.active_series.clone());
+        r.register(
+            format!("{p}series_expired"),
+            "Series forgotten after their empty tiles, per policy",
+            self.series_expired.clone(),
+        );
+        r.register(
+            format!("{p}tiles_flushed"),
+            "Tiles closed and handed to the ingester client, per policy",
+            self.tiles_flushed.clone(),
+        );
+        r.register(
+            format!("{p}series_flushed"),
+            "Series values in flushed tiles, per policy",
+            self.series_flushed.clone(),
+        );
+        r.register(
+            format!("{p}flush_duration_seconds"),
+            "Time to cut, encode and queue one closed tile, per policy",
+            self.flush_duration.clone(),
+        );
+        r.register(
+            format!("{p}flush_lag_seconds"),
+            "Time from a tile's end to its batches being queued, per policy",
+            self.flush_lag.clone(),
+        );
+        r.register(
+            format!("{p}batches_sent"),
+            "Tile batches acknowledged by an ingester, per destination",
+            self.batches_sent.clone(),
+        );
+        r.register(
+            format!("{p}bytes_sent"),
+            "Bytes of acknowledged tile batches, per destination",
+            self.bytes_sent.clone(),
+        );
+        r.register(
+            format!("{p}series_sent"),
+            "Series values in acknowledged tile batches, per destination",
+            self.series_sent.clone(),
+        );
+        r.register(
+            format!("{p}ack_latency_seconds"),
+            "Time from sending a tile batch to its acknowledgement, per destination",
+            self.ack_latency.clone(),
+        );
+        r.register(
+            format!("{p}buffer_bytes"),
+            "Bytes of tile batches waiting per ingester destination",
+            self.buffer_bytes.clone(),
+        );
+        r.register(
+            format!("{p}buffer_batches"),
+            "Tile batches waiting per ingester destination",
+            self.buffer_batches.clone(),
+        );
+        r.register(
+            format!("{p}connect_errors"),
+            "Failed connection attempts to an ingester, per destination",
+            self.connect_errors.clone(),
+        );
+        r.register(
+            format!("{p}ingester_rejected_batches"),
+            "Tile batches an ingester refused for good, per destination and reason",
+            self.ingester_rejected_batches.clone(),
+        );
+        r.register(format!("{p}drops"), "Data dropped by the aggregator, per reason and unit", self.drops.clone());
+        r.register(format!("{p}shards_owned"), "Shards this instance owns now", self.shards_owned.clone());
+        r.register(format!("{p}placement_version"), "Version of the placement in use", self.placement_version.clone());
+    }
+
+    /// Counts a refused batch of `partials` series partials.
+    pub fn rejected(&self, reason: Reason, partials: u64) {
+        let by_reason = labels(&[("reason", reason.as_str())]);
+        self.batches_rejected.get_or_create(&by_reason).inc();
+        self.partials_rejected.get_or_create(&by_reason).inc_by(partials);
+    }
+
+    /// Batches refused so far for `reason` (for tests and status lines).
+    pub fn rejected_batches(&self, reason: Reason) -> u64 {
+        self.batches_rejected.get_or_create(&labels(&[("reason", reason.as_str())])).get()
+    }
+
+    /// Partials in batches refused so far for `reason`.
+    pub fn rejected_partials(&self, reason: Reason) -> u64 {
+        self.partials_rejected.get_or_create(&labels(&[("reason", reason.as_str())])).get()
+    }
+
+    /// Counts a connection closed for `reason` (`too_large`, `malformed`, `handshake`, ...).
+    pub fn frame_error(&self, reason: &'static str) {
+        self.frame_errors.get_or_create(&labels(&[("reason", reason)])).inc();
+    }
+
+    /// Counts `count` of `unit` (`series`, `batches`) dropped for `reason`.
+    pub fn dropped(&self, reason: &'static str, unit: &'static str, count: u64) {
+        if count > 0 {
+            self.drops.get_or_create(&labels(&[("reason", reason), ("unit", unit)])).inc_by(count);
+        }
+    }
+
+    /// Dropped so far for `reason` in `unit`.
+    pub fn drops(&self, reason: &'static str, unit: &'static str) -> u64 {
+        self.drops.get_or_create(&labels(&[("reason", reason), ("unit", unit)])).get()
+    }
+
+    /// Handles for one storage policy (labelled by its name, e.g. `10s:2d`).
+    pub fn policy(&self, policy: &str) -> PolicyMetrics {
+        let by_policy = labels(&[("policy", policy)]);
+        PolicyMetrics {
+            active_series: self.active_series.get_or_create(&by_policy).clone(),
+            series_expired: self.series_expired.get_or_create(&by_policy).clone(),
+            tiles_flushed: self.tiles_flushed.get_or_create(&by_policy).clone(),
+            series_flushed: self.series_flushed.get_or_create(&by_policy).clone(),
+            flush_duration: self.flush_duration.get_or_create(&by_policy).clone(),
+            flush_lag: self.flush_lag.get_or_create(&by_policy).clone(),
+        }
+    }
+
+    /// Handles for one ingester destination (labelled by its endpoint).
+    pub fn destination(&self, endpoint: &str) -> DestinationMetrics {
+        let by_destination = labels(&[("destination", endpoint)]);
+        DestinationMetrics {
+            batches_sent: self.batches_sent.get_or_create(&by_destination).clone(),
+            bytes_sent: self.bytes_sent.get_or_create(&by_destination).clone(),
+            series_sent: self.series_sent.get_or_create(&by_destination).clone(),
+            ack_latency: self.ack_latency.get_or_create(&by_destination).clone(),
+            buffer_bytes: self.buffer_bytes.get_or_create(&by_destination).clone(),
+            buffer_batches: self.buffer_batches.get_or_create(&by_destination).clone(),
+            connect_errors: self.connect_errors.get_or_create(&by_destination).clone(),
+            rejected: self.ingester_rejected_batches.clone(),
+            drops: self.drops.clone(),
+            endpoint: endpoint.to_owned(),
+        }
+    }
+}
+
+/// Handles of one storage policy.
+#[derive(Clone)]
+pub struct PolicyMetrics {
+    /// Series held.
+    pub active_series: Gauge,
+    /// Series forgotten.
+    pub series_expired: Counter,
+    /// Tiles flushed.
+    pub tiles_flushed: Counter,
+    /// Series values flushed.
+    pub series_flushed: Counter,
+    /// Cut + encode + queue time of one tile.
+    pub flush_duration: Histogram,
+    /// Tile end to queued.
+    pub flush_lag: Histogram,
+}
+
+/// Handles of one ingester destination.
+#[derive(Clone)]
+pub struct DestinationMetrics {
+    /// Batches acknowledged.
+    pub batches_sent: Counter,
+    /// Bytes acknowledged.
+    pub bytes_sent: Counter,
+    /// Series values acknowledged.
+    pub series_sent: Counter,
+    /// Send-to-ack time.
+    pub ack_latency: Histogram,
+    /// Bytes buffered.
+    pub buffer_bytes: Gauge,
+    /// Batches buffered.
+    pub buffer_batches: Gauge,
+    /// Failed connects.
+    pub connect_errors: Counter,
+    rejected: Family<Labels, Counter>,
+    drops: Family<Labels, Counter>,
+    endpoint: String,
+}
+
+impl DestinationMetrics {
+    /// Counts a batch the ingester refused for good.
+    pub fn rejected(&self, reason: &'static str) {
+        self.rejected.get_or_create(&labels(&[("destination", &self.endpoint), ("reason", reason)])).inc();
+    }
+
+    /// Counts tile batches and their series dropped on the way to this destination.
+    pub fn dropped(&self, reason: &'static str, batches: u64, series: u64) {
+        if batches > 0 {
+            self.drops.get_or_create(&labels(&[("reason", reason), ("unit", "batches")])).inc_by(batches);
+            self.drops.get_or_create(&labels(&[("reason", reason), ("unit", "series")])).inc_by(series);
+        }
+    }
+}

@@ -1,0 +1,331 @@
+//! Tiling: 1 s partials merged into epoch-aligned tiles, one set of tiles
+//! per storage policy, closed `buffer_past` after their end.
+//!
+//! # Model
+//!
+//! Each policy tiles **independently from the partials**: a partial of the
+//! window starting at `w` is merged into the tile starting at
+//! `floor(w / resolution) * resolution` of every policy. This is the
+//! simplest exact choice: no tile is derived from another, so a 1 min tile
+//! never depends on whether its 10 s tiles were complete, and the sum of a
+//! policy's tiles always equals the sum of the accepted partials.
+//!
+//! A policy keeps `R` [`Table`](tessera_core::table::Table)s (see [`tables_per_policy`]); the tile with
+//! index `i = start / resolution` lives in table `i mod R`. `R` is the most
+//! tiles that can be open at once: from the oldest tile not yet closed
+//! (`now - buffer_past`) to the newest a partial may reach
+//! (`now + buffer_future`). Tables are reused from tile to tile, so merging
+//! into a series the table already holds allocates nothing, and idle slots
+//! expire through the table's own idle-cut count (every table is cut once
+//! every `R` tiles, with or without data).
+//!
+//! # Admission
+//!
+//! [`Tiler::accept`] first closes every tile that is due at `now`, then
+//! checks the batch as a whole and either merges all of it or none of it:
+//!
+//! - a window that crosses a tile boundary is refused ([`Refusal::Misaligned`]);
+//! - a window ending after `now + buffer_future` is refused ([`Refusal::TooEarly`]);
+//! - a window whose tile of **any** policy is already closed is refused
+//!   ([`Refusal::TooLate`]): the finest policy closes first, so every
+//!   policy sees the same partials and a 1 min tile always equals the sum
+//!   of its 10 s tiles.
+//!
+//! Gauges are resolved when a tile is cut: a gauge that only received
+//! `+N`/`-N` deltas is added to the value the series had at the end of its
+//! previous tile ([`Gauge::resolve`](tessera_core::aggregate::Gauge::resolve)).
+//!
+//! ```
+//! use tessera_aggregator::tiler::{Batch, Partial, Tiler, TilerSettings};
+//! use tessera_core::{aggregate::Aggregate, parse::MetricKind};
+//!
+//! let settings = TilerSettings::new(vec!["10s:2d".parse().unwrap()]);
+//! let mut tiler = Tiler::new(settings, 1_000_000);
+//! let batch = Batch {
+//!     window_start_ms: 1_000_000,
+//!     window_ms: 1_000,
+//!     partials: vec![Partial { kind: MetricKind::Counter, id: b"hits".to_vec(), aggregate: Aggregate::Counter(3.0) }],
+//! };
+//! let mut closed = Vec::new();
+//! tiler.accept(&batch, 1_001_200, &mut |tile| closed.push(tile)).unwrap();
+//! tiler.close_due(1_012_000, &mut |tile| closed.push(tile));
+//! let tile = closed.iter().find(|tile| !tile.values.is_empty()).unwrap();
+//! assert_eq!(tile.tile_end_ms, 1_010_000);
+//! assert_eq!(tile.values.len(), 1);
+//! ```
+
+use std::time::Duration;
+
+use tessera_core::aggregate::Aggregate;
+use tessera_core::parse::MetricKind;
+use tessera_core::table::MergeError;
+use tessera_proto as proto;
+
+use crate::metrics::Reason;
+use crate::policy::StoragePolicy;
+use policy_tiles::PolicyTiles;
+
+/// One series' partial for one window, decoded and validated.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Partial {
+    /// The series' type.
+    pub kind: MetricKind,
+    /// The canonical series id.
+    pub id: Vec<u8>,
+    /// The aggregate; its variant matches `kind`.
+    pub aggregate: Aggregate,
+}
+
+/// The partials of one window from one sender.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Batch {
+    /// Window start, unix milliseconds.
+    pub window_start_ms: i64,
+    /// Window length, milliseconds.
+    pub window_ms: i64,
+    /// Every series' partial.
+    pub partials: Vec<Partial>,
+}
+
+/// Settings of a [`Tiler`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct TilerSettings {
+    /// The storage policies, each tiled independently.
+    pub policies: Vec<StoragePolicy>,
+    /// A tile closes this long after its end.
+    pub buffer_past_ms: i64,
+    /// Windows ending more than this after now are refused.
+    pub buffer_future_ms: i64,
+    /// Series are forgotten after about this many tiles without data.
+    pub expire_after_empty_tiles: Option<u32>,
+    /// Most series per table.
+    pub max_series_per_policy: Option<usize>,
+}
+
+impl TilerSettings {
+    /// `policies` with 2 s buffers, expiry after 30 empty tiles, no series cap.
+    pub fn new(policies: Vec<StoragePolicy>) -> TilerSettings {
+        TilerSettings {
+            policies,
+            buffer_past_ms: 2_000,
+            buffer_future_ms: 2_000,
+            expire_after_empty_tiles: Some(30),
+            max_series_per_policy: None,
+        }
+    }
+}
+
+/// Why a batch was refused as a whole.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    /// The window is empty or crosses a tile boundary.
+    #[error("window of {window_ms} ms at {window_start_ms} does not fit in one tile of policy `{policy}`")]
+    Misaligned {
+        /// Window start.
+        window_start_ms: i64,
+        /// Window length.
+        window_ms: i64,
+        /// The policy whose tile boundary it crosses.
+        policy: String,
+    },
+    /// The window ends too far in the future.
+    #[error("window ending at {window_end_ms} is more than {buffer_future_ms} ms ahead of now ({now_ms})")]
+    TooEarly {
+        /// Window end.
+        window_end_ms: i64,
+        /// The allowance.
+        buffer_future_ms: i64,
+        /// The tiler's clock.
+        now_ms: i64,
+    },
+    /// The window's tile of some policy is already closed.
+    #[error("window at {window_start_ms} is too late: its `{policy}` tile ending at {tile_end_ms} is closed")]
+    TooLate {
+        /// Window start.
+        window_start_ms: i64,
+        /// The policy whose tile is closed.
+        policy: String,
+        /// End of that tile.
+        tile_end_ms: i64,
+    },
+}
+
+impl Refusal {
+    /// The ack reason and metrics label.
+    pub fn reason(&self) -> Reason {
+        match self {
+            Refusal::Misaligned { .. } => Reason::Malformed,
+            Refusal::TooEarly { .. } => Reason::TooEarly,
+            Refusal::TooLate { .. } => Reason::TooLate,
+        }
+    }
+}
+
+/// What merging one batch did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Applied {
+    /// Partials in the batch.
+    pub partials: u64,
+    /// Table slots created (a new series counts once per policy).
+    pub new_series: u64,
+    /// Partial merges refused because a policy table was full.
+    pub series_limit: u64,
+}
+
+/// A tile that closed, cut into wire values.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClosedTile {
+    /// Index of the policy in [`TilerSettings::policies`].
+    pub policy_index: usize,
+    /// The policy.
+    pub policy: StoragePolicy,
+    /// Tile start, unix milliseconds.
+    pub tile_start_ms: i64,
+    /// Tile end, unix milliseconds (what tile batches are stamped with).
+    pub tile_end_ms: i64,
+    /// One value per series that received data in the tile; empty when the
+    /// tile got none (it is reported for its expiry count only).
+    pub values: Vec<proto::SeriesValue>,
+    /// Series forgotten at this cut.
+    pub expired: usize,
+    /// Series the policy holds after the cut (the largest of its tables).
+    pub series_held: usize,
+    /// Time the cut took.
+    pub cut_duration: Duration,
+}
+
+/// How many tables (open tiles) `policy` needs with these buffers:
+/// `ceil((buffer_past + buffer_future) / resolution) + 1`, at least 2.
+pub fn tables_per_policy(policy: &StoragePolicy, buffer_past_ms: i64, buffer_future_ms: i64) -> usize {
+    let span = buffer_past_ms.max(0).saturating_add(buffer_future_ms.max(0));
+    let tiles = span.div_euclid(policy.resolution_ms()) + i64::from(span % policy.resolution_ms() != 0);
+    usize::try_from(tiles.saturating_add(1).max(2)).unwrap_or(usize::MAX)
+}
+
+/// The tiles of every storage policy; see the [module docs](self).
+pub struct Tiler {
+    policies: Vec<PolicyTiles>,
+    buffer_past_ms: i64,
+    buffer_future_ms: i64,
+    /// Table index per policy for the batch being merged.
+    slots: Vec<usize>,
+}
+
+impl Tiler {
+    /// A tiler whose first open tile is the one still open at `now_ms`.
+    pub fn new(settings: TilerSettings, now_ms: i64) -> Tiler {
+        let policies = settings.policies.iter().map(|policy| PolicyTiles::new(*policy, &settings, now_ms)).collect();
+        Tiler {
+            policies,
+            buffer_past_ms: settings.buffer_past_ms.max(0),
+            buffer_future_ms: settings.buffer_future_ms.max(0),
+            slots: Vec::with_capacity(settings.policies.len()),
+        }
+    }
+
+    /// Number of policies.
+    pub fn policy_count(&self) -> usize {
+        self.policies.len()
+    }
+
+    /// Series held by policy `index` (its largest table).
+    pub fn series_held(&self, index: usize) -> usize {
+        self.policies.get(index).map_or(0, PolicyTiles::series_held)
+    }
+
+    /// Tables kept by policy `index`.
+    pub fn tables_of(&self, index: usize) -> usize {
+        self.policies.get(index).map_or(0, |policy| policy.tables.len())
+    }
+
+    /// When the next tile (of any policy) is due to close, unix milliseconds.
+    pub fn next_close_ms(&self) -> i64 {
+        self.policies
+            .iter()
+            .map(|policy| {
+                policy.closed_through_ms.saturating_add(policy.resolution_ms).saturating_add(self.buffer_past_ms)
+            })
+            .min()
+            .unwrap_or(i64::MAX)
+    }
+
+    /// Closes every tile due at `now_ms` (end + `buffer_past` reached), in
+    /// order per policy, handing each to `emit`.
+    pub fn close_due(&mut self, now_ms: i64, emit: &mut dyn FnMut(ClosedTile)) {
+        let target_base = now_ms.saturating_sub(self.buffer_past_ms);
+        for (index, policy) in self.policies.iter_mut().enumerate() {
+            let target = policy.policy.tile_start_ms(target_base);
+            policy.close_until(target, index, emit);
+        }
+    }
+
+    /// Closes every open tile now, due or not (shutdown: flush what is held).
+    pub fn close_all(&mut self, emit: &mut dyn FnMut(ClosedTile)) {
+        for (index, policy) in self.policies.iter_mut().enumerate() {
+            let mut open: Vec<(i64, usize)> =
+                policy.open.iter().enumerate().filter_map(|(slot, start)| start.map(|start| (start, slot))).collect();
+            open.sort_unstable();
+            for (start, slot) in open {
+                policy.close_tile(slot, start, index, emit);
+                policy.closed_through_ms = policy.closed_through_ms.max(start.saturating_add(policy.resolution_ms));
+            }
+        }
+    }
+
+    /// Closes what is due at `now_ms`, then merges the whole batch or
+    /// refuses it as a whole.
+    pub fn accept(&mut self, batch: &Batch, now_ms: i64, emit: &mut dyn FnMut(ClosedTile)) -> Result<Applied, Refusal> {
+        self.close_due(now_ms, emit);
+        self.check(batch.window_start_ms, batch.window_ms, now_ms)?;
+        self.slots.clear();
+        for (index, policy) in self.policies.iter_mut().enumerate() {
+            let start = policy.policy.tile_start_ms(batch.window_start_ms);
+            self.slots.push(policy.open_tile(start, index, emit));
+        }
+        let mut applied = Applied { partials: batch.partials.len() as u64, ..Applied::default() };
+        for partial in &batch.partials {
+            for (policy, &slot) in self.policies.iter_mut().zip(&self.slots) {
+                match policy.tables[slot].merge(partial.kind, &partial.id, &partial.aggregate) {
+                    Ok(true) => applied.new_series += 1,
+                    Ok(false) => {}
+                    // Kinds were checked when the batch was decoded, so only a full table remains.
+                    Err(MergeError::Full(_) | MergeError::Aggregate(_)) => applied.series_limit += 1,
+                }
+            }
+        }
+        Ok(applied)
+    }
+
+    /// Whether a window may be merged at `now_ms`; nothing is changed.
+    pub fn check(&self, window_start_ms: i64, window_ms: i64, now_ms: i64) -> Result<(), Refusal> {
+        let misaligned = |policy: String| Refusal::Misaligned { window_start_ms, window_ms, policy };
+        let window_end_ms = match window_start_ms.checked_add(window_ms) {
+            Some(end) if window_ms > 0 => end,
+            _ => return Err(misaligned(self.policies.first().map(|p| p.policy.to_string()).unwrap_or_default())),
+        };
+        for policy in &self.policies {
+            if policy.policy.tile_start_ms(window_start_ms) != policy.policy.tile_start_ms(window_end_ms - 1) {
+                return Err(misaligned(policy.policy.to_string()));
+            }
+        }
+        if window_end_ms > now_ms.saturating_add(self.buffer_future_ms) {
+            return Err(Refusal::TooEarly { window_end_ms, buffer_future_ms: self.buffer_future_ms, now_ms });
+        }
+        for policy in &self.policies {
+            let start = policy.policy.tile_start_ms(window_start_ms);
+            let held_by_newer = policy.open[policy.slot(start)].is_some_and(|held| held > start);
+            if start < policy.closed_through_ms || held_by_newer {
+                return Err(Refusal::TooLate {
+                    window_start_ms,
+                    policy: policy.policy.to_string(),
+                    tile_end_ms: start.saturating_add(policy.resolution_ms),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+mod policy_tiles;
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,286 @@
+use tessera_core::aggregate::{Distribution, Gauge};
+use tessera_core::hll::HyperLogLog;
+use tessera_proto::aggregate::Value;
+
+use super::*;
+
+/// A time on a minute boundary.
+const T0: i64 = 1_700_000_040_000;
+
+fn settings(policies: &[&str]) -> TilerSettings {
+    TilerSettings {
+        policies: policies.iter().map(|text| text.parse().unwrap()).collect(),
+        buffer_past_ms: 500,
+        buffer_future_ms: 500,
+        expire_after_empty_tiles: Some(30),
+        max_series_per_policy: None,
+    }
+}
+
+fn counter(id: &str, value: f64) -> Partial {
+    Partial { kind: MetricKind::Counter, id: id.as_bytes().to_vec(), aggregate: Aggregate::Counter(value) }
+}
+
+fn gauge(id: &str, gauge: Gauge) -> Partial {
+    Partial { kind: MetricKind::Gauge, id: id.as_bytes().to_vec(), aggregate: Aggregate::Gauge(gauge) }
+}
+
+fn batch(window_start_ms: i64, window_ms: i64, partials: Vec<Partial>) -> Batch {
+    Batch { window_start_ms, window_ms, partials }
+}
+
+/// Non-empty closed tiles, in the order they closed.
+#[derive(Default)]
+struct Sink {
+    tiles: Vec<ClosedTile>,
+    expired: usize,
+}
+
+impl Sink {
+    fn emit(&mut self) -> impl FnMut(ClosedTile) + '_ {
+        |tile| {
+            self.expired += tile.expired;
+            if !tile.values.is_empty() {
+                self.tiles.push(tile);
+            }
+        }
+    }
+
+    fn value(&self, policy_index: usize, tile_end_ms: i64, id: &str) -> Option<Value> {
+        let tile =
+            self.tiles.iter().find(|tile| tile.policy_index == policy_index && tile.tile_end_ms == tile_end_ms)?;
+        let value = tile.values.iter().find(|value| value.series_id == id.as_bytes())?;
+        value.aggregate.clone()?.value
+    }
+
+    fn counter(&self, policy_index: usize, tile_end_ms: i64, id: &str) -> Option<f64> {
+        match self.value(policy_index, tile_end_ms, id)? {
+            Value::Counter(sum) => Some(sum),
+            other => panic!("{id} is not a counter: {other:?}"),
+        }
+    }
+
+    fn gauge(&self, policy_index: usize, tile_end_ms: i64, id: &str) -> Option<f64> {
+        match self.value(policy_index, tile_end_ms, id)? {
+            Value::Gauge(gauge) => {
+                assert!(gauge.has_value && gauge.delta == 0.0, "{gauge:?}");
+                Some(gauge.value)
+            }
+            other => panic!("{id} is not a gauge: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn policies_tile_independently_and_exactly_on_epoch_boundaries() {
+    let mut tiler = Tiler::new(settings(&["1s:1h", "5s:1h"]), T0);
+    let mut sink = Sink::default();
+    // 40 windows of 250 ms, each sent 100 ms after it ends.
+    for index in 0..40 {
+        let start = T0 + index * 250;
+        let partials = vec![counter("a", index as f64), counter("b", 1.0)];
+        let applied = tiler.accept(&batch(start, 250, partials), start + 350, &mut sink.emit()).unwrap();
+        assert_eq!(applied.partials, 2);
+    }
+    tiler.close_due(T0 + 60_000, &mut sink.emit());
+
+    for second in 0..10 {
+        let end = T0 + (second + 1) * 1000;
+        let expected: f64 = (second * 4..second * 4 + 4).map(|index| index as f64).sum();
+        assert_eq!(sink.counter(0, end, "a"), Some(expected), "1 s tile ending at {end}");
+        assert_eq!(sink.counter(0, end, "b"), Some(4.0));
+    }
+    for five in 0..2 {
+        let end = T0 + (five + 1) * 5000;
+        let expected: f64 = (five * 20..five * 20 + 20).map(|index| index as f64).sum();
+        assert_eq!(sink.counter(1, end, "a"), Some(expected), "5 s tile ending at {end}");
+    }
+    for tile in &sink.tiles {
+        assert_eq!(tile.tile_end_ms % tile.policy.resolution_ms(), 0, "epoch aligned");
+        assert_eq!(tile.tile_end_ms - tile.tile_start_ms, tile.policy.resolution_ms());
+    }
+    // Tiles of a policy close in order.
+    let ends: Vec<i64> = sink.tiles.iter().filter(|tile| tile.policy_index == 0).map(|tile| tile.tile_end_ms).collect();
+    assert!(ends.windows(2).all(|pair| pair[0] < pair[1]), "{ends:?}");
+}
+
+#[test]
+fn a_tile_closes_at_end_plus_buffer_past_and_late_windows_are_refused_whole() {
+    let mut tiler = Tiler::new(settings(&["1s:1h", "5s:1h"]), T0);
+    let mut sink = Sink::default();
+    tiler.accept(&batch(T0, 250, vec![counter("a", 1.0)]), T0 + 300, &mut sink.emit()).unwrap();
+    // The (empty) tile before T0 closes first, then ours.
+    assert_eq!(tiler.next_close_ms(), T0 + 500);
+    tiler.close_due(T0 + 500, &mut sink.emit());
+    assert_eq!(tiler.next_close_ms(), T0 + 1500);
+    // Just before the close: still accepted.
+    tiler.accept(&batch(T0 + 750, 250, vec![counter("a", 2.0)]), T0 + 1499, &mut sink.emit()).unwrap();
+    tiler.close_due(T0 + 1499, &mut sink.emit());
+    assert!(sink.tiles.is_empty());
+    tiler.close_due(T0 + 1500, &mut sink.emit());
+    assert_eq!(sink.counter(0, T0 + 1000, "a"), Some(3.0));
+
+    // Too late for the 1 s tile, though its 5 s tile is open: refused as a whole.
+    let late = batch(T0 + 750, 250, vec![counter("a", 100.0), counter("new", 1.0)]);
+    let refusal = tiler.accept(&late, T0 + 1600, &mut sink.emit()).unwrap_err();
+    assert_eq!(refusal.reason(), Reason::TooLate);
+    assert!(refusal.to_string().contains("`1s:1h` tile ending at"), "{refusal}");
+    tiler.close_all(&mut sink.emit());
+    assert_eq!(sink.counter(1, T0 + 5000, "a"), Some(3.0), "nothing of the refused batch was merged");
+    assert_eq!(sink.counter(1, T0 + 5000, "new"), None);
+}
+
+#[test]
+fn windows_too_far_ahead_or_across_a_boundary_are_refused() {
+    let mut tiler = Tiler::new(settings(&["1s:1h"]), T0);
+    let mut sink = Sink::default();
+    let now = T0 + 100;
+    // Ends exactly at now + buffer_future: accepted; 1 ms more: too early.
+    tiler.accept(&batch(T0 + 350, 250, vec![counter("a", 1.0)]), now, &mut sink.emit()).unwrap();
+    let refusal = tiler.accept(&batch(T0 + 351, 250, vec![counter("a", 1.0)]), now, &mut sink.emit()).unwrap_err();
+    assert_eq!(refusal.reason(), Reason::TooEarly);
+    for (start, length) in [(T0 + 900, 200), (T0, 0), (T0, -5), (i64::MAX - 10, 100)] {
+        let refusal = tiler.check(start, length, now).unwrap_err();
+        assert_eq!(refusal.reason(), Reason::Malformed, "{start} +{length}");
+    }
+}
+
+#[test]
+fn gauges_resolve_deltas_against_the_previous_tile_and_keep_the_latest_set() {
+    let mut tiler = Tiler::new(settings(&["1s:1h"]), T0);
+    let mut sink = Sink::default();
+    let set = |value, timestamp_ms| Gauge { has_value: true, value, timestamp_ms, delta: 0.0 };
+    let delta = |delta| Gauge { has_value: false, value: 0.0, timestamp_ms: 0, delta };
+    let sends = [
+        (0, vec![gauge("g", set(10.0, T0 + 200)), gauge("d", delta(5.0))]),
+        // A later set arriving first still wins over an earlier one.
+        (1, vec![gauge("g", set(7.0, T0 + 1_900)), gauge("g", set(3.0, T0 + 1_100)), gauge("d", delta(2.0))]),
+        (2, vec![gauge("g", delta(5.0)), gauge("d", delta(-1.0))]),
+        (4, vec![gauge("g", delta(-2.0))]),
+    ];
+    for (second, partials) in sends {
+        let start = T0 + second * 1000;
+        tiler.accept(&batch(start, 1000, partials), start + 1100, &mut sink.emit()).unwrap();
+    }
+    tiler.close_due(T0 + 10_000, &mut sink.emit());
+    let g: Vec<Option<f64>> = (1..=5).map(|second| sink.gauge(0, T0 + second * 1000, "g")).collect();
+    assert_eq!(g, [Some(10.0), Some(7.0), Some(12.0), None, Some(10.0)]);
+    let d: Vec<Option<f64>> = (1..=3).map(|second| sink.gauge(0, T0 + second * 1000, "d")).collect();
+    assert_eq!(d, [Some(5.0), Some(7.0), Some(6.0)], "a delta-only gauge starts at 0");
+}
+
+#[test]
+fn distributions_and_sets_merge_exactly() {
+    let mut tiler = Tiler::new(settings(&["1s:1h"]), T0);
+    let mut sink = Sink::default();
+    let mut expected = Distribution::default();
+    let mut members = HyperLogLog::new();
+    let mut distinct = std::collections::HashSet::new();
+    for sender in 0..5 {
+        let mut timer = Distribution::default();
+        let mut set = HyperLogLog::new();
+        for value in 1..=20 {
+            let value = f64::from(value * (sender + 1));
+            timer.insert(value, 1.0);
+            expected.insert(value, 1.0);
+            set.insert(format!("user{}", value as u64 % 37).as_bytes());
+            members.insert(format!("user{}", value as u64 % 37).as_bytes());
+            distinct.insert(value as u64 % 37);
+        }
+        let partials = vec![
+            Partial { kind: MetricKind::Timer, id: b"t".to_vec(), aggregate: Aggregate::Distribution(Box::new(timer)) },
+            Partial { kind: MetricKind::Set, id: b"s".to_vec(), aggregate: Aggregate::Set(Box::new(set)) },
+        ];
+        tiler.accept(&batch(T0, 1000, partials), T0 + 1100, &mut sink.emit()).unwrap();
+    }
+    tiler.close_due(T0 + 2000, &mut sink.emit());
+    let Some(Value::Distribution(timer)) = sink.value(0, T0 + 1000, "t") else { panic!("no timer") };
+    assert_eq!((timer.count, timer.sum, timer.min, timer.max), (expected.count, expected.sum, 1.0, 100.0));
+    assert_eq!(timer.sketch, Some(expected.sketch.to_proto()));
+    let Some(Value::Set(set)) = sink.value(0, T0 + 1000, "s") else { panic!("no set") };
+    assert_eq!(HyperLogLog::from_proto(&set).unwrap().estimate(), members.estimate());
+    assert_eq!(members.estimate(), distinct.len() as f64, "exact while small");
+}
+
+#[test]
+fn idle_series_expire_after_the_configured_empty_tiles() {
+    let mut tiler = Tiler::new(TilerSettings { expire_after_empty_tiles: Some(4), ..settings(&["1s:1h"]) }, T0);
+    assert_eq!(tiler.tables_of(0), 2);
+    let mut sink = Sink::default();
+    tiler.accept(&batch(T0, 1000, vec![counter("idle", 1.0)]), T0 + 1100, &mut sink.emit()).unwrap();
+    for empty_tiles in 1..4 {
+        // Empty tile number `empty_tiles` ends at T0 + (empty_tiles + 1) s and closes 500 ms later.
+        tiler.close_due(T0 + (empty_tiles + 1) * 1000 + 500, &mut sink.emit());
+        assert_eq!(tiler.series_held(0), 1, "kept after {empty_tiles} empty tiles");
+    }
+    tiler.close_due(T0 + 6_500, &mut sink.emit());
+    assert_eq!((tiler.series_held(0), sink.expired), (0, 1), "gone after 4 empty tiles");
+}
+
+#[test]
+fn shutdown_flushes_open_tiles_and_a_clock_jump_does_not_spin() {
+    let mut tiler = Tiler::new(settings(&["1s:1h", "1m:1d"]), T0);
+    let mut sink = Sink::default();
+    tiler.accept(&batch(T0 + 500, 500, vec![counter("a", 1.0)]), T0 + 1000, &mut sink.emit()).unwrap();
+    tiler.accept(&batch(T0 + 1000, 500, vec![counter("a", 2.0)]), T0 + 1100, &mut sink.emit()).unwrap();
+    tiler.close_all(&mut sink.emit());
+    assert_eq!(sink.counter(0, T0 + 1000, "a"), Some(1.0));
+    assert_eq!(sink.counter(0, T0 + 2000, "a"), Some(2.0));
+    assert_eq!(sink.counter(1, T0 + 60_000, "a"), Some(3.0));
+
+    // Closed by the shutdown flush: its tiles take nothing more.
+    let refused = tiler.accept(&batch(T0 + 2000, 500, vec![counter("b", 1.0)]), T0 + 2100, &mut sink.emit());
+    assert_eq!(refused.unwrap_err().reason(), Reason::TooLate);
+
+    let mut tiler = Tiler::new(settings(&["1s:1h", "1m:1d"]), T0);
+    let year_ms = 365 * 86_400_000;
+    tiler.accept(&batch(T0 + 2000, 500, vec![counter("b", 1.0)]), T0 + 2100, &mut sink.emit()).unwrap();
+    let started = std::time::Instant::now();
+    tiler.close_due(T0 + year_ms, &mut sink.emit());
+    assert!(started.elapsed() < std::time::Duration::from_secs(1));
+    assert_eq!(sink.counter(0, T0 + 3000, "b"), Some(1.0));
+    let next = tiler.next_close_ms();
+    assert!(next > T0 + year_ms && next <= T0 + year_ms + 1000, "{next}");
+}
+
+#[test]
+fn a_full_table_refuses_new_series_and_counts_them() {
+    let mut tiler = Tiler::new(TilerSettings { max_series_per_policy: Some(2), ..settings(&["1s:1h", "5s:1h"]) }, T0);
+    let mut sink = Sink::default();
+    let partials = vec![counter("a", 1.0), counter("b", 1.0), counter("c", 1.0)];
+    let applied = tiler.accept(&batch(T0, 1000, partials), T0 + 1100, &mut sink.emit()).unwrap();
+    assert_eq!(applied, Applied { partials: 3, new_series: 4, series_limit: 2 });
+}
+
+#[test]
+fn tables_cover_every_tile_that_can_be_open_at_once() {
+    let policy: StoragePolicy = "10s:1d".parse().unwrap();
+    assert_eq!(tables_per_policy(&policy, 2_000, 2_000), 2);
+    assert_eq!(tables_per_policy(&policy, 10_000, 0), 2);
+    assert_eq!(tables_per_policy(&policy, 10_000, 1), 3);
+    assert_eq!(tables_per_policy(&policy, 25_000, 5_000), 4);
+    // Exhaustively: no two open tiles ever share a table, and every window lands once.
+    for (past, future) in [(500, 500), (900, 300), (2_500, 700), (0, 100)] {
+        let custom = TilerSettings { buffer_past_ms: past, buffer_future_ms: future, ..settings(&["1s:1h"]) };
+        let mut tiler = Tiler::new(custom, T0);
+        let mut sink = Sink::default();
+        let mut accepted = std::collections::HashSet::new();
+        for now in (T0..T0 + 20_000).step_by(70) {
+            for start in ((now - past - 1_000) / 100 * 100..now + future).step_by(100) {
+                if !accepted.contains(&start) && tiler.check(start, 100, now).is_ok() {
+                    tiler.accept(&batch(start, 100, vec![counter("x", 1.0)]), now, &mut sink.emit()).unwrap();
+                    accepted.insert(start);
+                }
+            }
+        }
+        tiler.close_all(&mut sink.emit());
+        let ends: Vec<i64> = sink.tiles.iter().map(|tile| tile.tile_end_ms).collect();
+        let mut unique = ends.clone();
+        unique.dedup();
+        assert_eq!(ends, unique, "past {past} future {future}: a tile was flushed twice");
+        for tile in sink.tiles.iter().filter(|tile| tile.tile_start_ms >= T0 && tile.tile_end_ms <= T0 + 19_000) {
+            let sum = sink.counter(0, tile.tile_end_ms, "x");
+            assert_eq!(sum, Some(10.0), "past {past} future {future}: tile ending {}", tile.tile_end_ms);
+        }
+    }
+}

@@ -1,0 +1,133 @@
+//! The ingester goes away and comes back: within the buffer bound nothing
+//! is lost; past it, collectors are pushed back (`buffer_full`) and what
+//! has to go is dropped oldest-first and counted.
+
+mod support;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use support::{Model, RoutingSender, TileReceiver, WINDOW_MS, metric_value, sleep_until_ms, test_config, wait_until};
+use tessera_aggregator::metrics::Reason;
+use tessera_aggregator::{Aggregator, Config, now_ms};
+use tessera_core::aggregate::Aggregate;
+use tessera_proto::{AckStatus, SeriesValue};
+use tessera_runtime::{Shutdown, Telemetry};
+use tessera_topology::{Placement, PlacementHandle};
+
+const POLICIES: [&str; 2] = ["200ms:1h", "1s:1h"];
+
+fn window_values(series: usize) -> Vec<SeriesValue> {
+    (0..series)
+        .map(|route| SeriesValue {
+            series_id: format!("jobs.done|#queue:q{route}").into_bytes(),
+            r#type: tessera_proto::MetricType::Counter as i32,
+            aggregate: Some(Aggregate::Counter((route % 3 + 1) as f64).to_proto()),
+        })
+        .collect()
+}
+
+async fn start(config: Config, telemetry: &Telemetry) -> (Aggregator, PlacementHandle, Shutdown) {
+    let shutdown = Shutdown::new();
+    let own = Placement::init(&[("agg-1", "127.0.0.1:1")], 8, 1, 0).unwrap();
+    let aggregator =
+        Aggregator::start_with_placement(config, PlacementHandle::fixed(own), telemetry.clone(), shutdown.clone())
+            .await
+            .unwrap();
+    let routed = Placement::init(&[("agg-1", aggregator.listen_addr().to_string())], 8, 1, 0).unwrap();
+    (aggregator, PlacementHandle::fixed(routed), shutdown)
+}
+
+async fn send(
+    placement: PlacementHandle,
+    first: i64,
+    windows: i64,
+    series: usize,
+    attempts: u32,
+) -> (Model, HashMap<String, u64>) {
+    let mut wire = RoutingSender::new("sender", placement).with_attempts(attempts);
+    let mut model = Model::new(&POLICIES);
+    let mut refused: HashMap<String, u64> = HashMap::new();
+    for index in 0..windows {
+        let start = first + index * WINDOW_MS;
+        sleep_until_ms(start + WINDOW_MS).await;
+        for delivery in wire.send_window(start, WINDOW_MS as u32, &window_values(series)).await {
+            if delivery.status() == AckStatus::Ok {
+                model.accept(start, &delivery.values);
+            } else {
+                *refused.entry(delivery.ack.reason.clone()).or_default() += 1;
+            }
+        }
+    }
+    (model, refused)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_is_lost_while_the_ingester_is_away_within_the_buffer_bound() {
+    let receiver = TileReceiver::start().await;
+    let telemetry = Telemetry::new("aggregator", "test");
+    let config = test_config("agg-1", &receiver.address.to_string(), &POLICIES);
+    let (aggregator, routed, shutdown) = start(config, &telemetry).await;
+
+    let first = (now_ms() / WINDOW_MS + 1) * WINDOW_MS;
+    let sender = tokio::spawn(send(routed, first, 30, 200, 50));
+    sleep_until_ms(first + 500).await;
+    receiver.stop().await;
+    sleep_until_ms(first + 2_000).await;
+    let batches_while_down = receiver.batches();
+    receiver.restart().await;
+    let (model, refused) = sender.await.unwrap();
+    assert!(refused.get("too_late").copied().unwrap_or(0) <= 3, "{refused:?}");
+    assert_eq!(refused.keys().filter(|reason| *reason != "too_late").count(), 0, "{refused:?}");
+
+    wait_until("every expected tile", Duration::from_secs(10), || {
+        let values = receiver.values();
+        model.tiles.keys().all(|key| values.contains_key(key))
+    })
+    .await;
+    model.assert_matches(&receiver.values());
+    assert!(receiver.batches() > batches_while_down, "buffered tiles were delivered after the outage");
+    let destination = format!("destination=\"{}\"", receiver.address);
+    let connect_errors = metric_value(&telemetry, "tessera_aggregator_connect_errors_total", &destination).unwrap();
+    assert!(connect_errors >= 1.0, "the outage was noticed");
+    assert_eq!(aggregator.metrics().drops("buffer_full", "series"), 0);
+    shutdown.trigger();
+    aggregator.wait().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_the_buffer_bound_senders_are_pushed_back_and_drops_are_counted() {
+    let receiver = TileReceiver::start().await;
+    receiver.stop().await;
+    let telemetry = Telemetry::new("aggregator", "test");
+    let mut config = test_config("agg-1", &receiver.address.to_string(), &POLICIES);
+    config.ingester.max_frame_bytes = 4096;
+    config.ingester.max_buffer_bytes = 8192;
+    let (aggregator, routed, shutdown) = start(config, &telemetry).await;
+
+    // 300 counters make a tile of about 10 kB: every tile overflows the buffer.
+    let first = (now_ms() / WINDOW_MS + 1) * WINDOW_MS;
+    let (model, refused) = send(routed, first, 12, 300, 2).await;
+    let metrics = aggregator.metrics();
+    assert!(metrics.drops("buffer_full", "series") > 0, "tiles pushed out of the full buffer are counted");
+    assert!(metrics.rejected_batches(Reason::BufferFull) > 0, "collectors were pushed back");
+    assert!(refused.get("buffer_full").copied().unwrap_or(0) >= 5, "{refused:?}");
+
+    receiver.restart().await;
+    wait_until("the buffer to drain", Duration::from_secs(10), || {
+        receiver.batches() > 0 && metrics.drops("buffer_full", "batches") > 0
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // What survived is exact: a series is in one batch of its tile, whole.
+    for (key, flushed) in receiver.values() {
+        let expected = model.tiles.get(&key).unwrap_or_else(|| panic!("unexpected {}", support::describe(&key)));
+        let tessera_proto::aggregate::Value::Counter(sum) = flushed[0].value else { panic!("not a counter") };
+        assert_eq!(Some(sum), expected.counter(), "{}", support::describe(&key));
+    }
+    let buffered =
+        metric_value(&telemetry, "tessera_aggregator_buffer_bytes", &format!("destination=\"{}\"", receiver.address));
+    assert!(buffered.is_some());
+    shutdown.trigger();
+    aggregator.wait().await;
+}
