@@ -9,6 +9,7 @@ use clap::{Parser, Subcommand};
 
 mod check;
 mod loadgen;
+mod local;
 mod placement;
 
 /// tessera: a statsd / DogStatsD metrics pipeline.
@@ -21,6 +22,10 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Run collector, aggregator and ingester in one process on this
+    /// machine (statsd on 127.0.0.1:8125, OpenMetrics files or remote
+    /// write), showing live rates and end-to-end latency.
+    Local(Box<local::Args>),
     /// Parse statsd lines (from files or stdin) and show how tessera reads
     /// each one: series id, type, values, shard, or why it is rejected.
     Check(check::Args),
@@ -36,6 +41,7 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Local(args) => local::run(*args),
         Command::Check(args) => check::run(args),
         Command::Loadgen(args) => loadgen::run(args),
         Command::Placement(args) => placement::run(args),

@@ -1,1 +1,421 @@
-//! tessera-ingester: not yet built (see the project's issues).
+//! tessera-ingester: takes the aggregators' bursts of tiles, makes them durable, and
+//! drains them into storage at the pace storage sustains.
+//!
+//! ```text
+//! aggregators ──TileBatch──▶ intake (one task per connection)
+//!                              │ frames to the writer thread
+//!                              ▼
+//!                            writer thread: convert tiles to samples (mapping),
+//!                              │ append to the target's durable queue, then ack Ok
+//!                              ▼             (Retryable `queue_full` when over the bound)
+//!                            queue/<target>/  segment files, CRC per record, fsync policy
+//!                              │
+//!                              ▼
+//!                            dispatcher thread: split records by series shard into requests
+//!                              │ several bounded channels
+//!                              ▼
+//!                            workers (fixed, long-lived) ─ adaptive in-flight limit (AIMD)
+//!                              │                           + optional samples/s ceiling
+//!                              ▼
+//!                            sink: Prometheus remote write, or OpenMetrics files
+//! ```
+//!
+//! - [`intake`]: the wire listener and the [`intake::writer`] thread that decides acks.
+//! - [`mapping`]: tiles to Prometheus samples (names, labels, cumulative counters).
+//! - [`record`], [`queue`]: the durable queue of checksummed records and its replay.
+//! - [`pool`], [`pacing`]: the fixed worker pool and how it paces writes.
+//! - [`sink`]: remote write ([`sink::remote_write`]), OpenMetrics files ([`sink::file`]).
+//! - [`metrics`]: every `tessera_ingester_*` metric.
+//!
+//! Each storage target (the default sink, and each storage policy given its own sink in
+//! `policy_sinks`) has its own queue, dispatcher, workers and pacing, so a slow or dead
+//! target holds up only its own policies.
+//!
+//! **End-to-end latency.** When the last request of a record is acknowledged by storage,
+//! `now − tile end` is recorded once per tile in
+//! `tessera_ingester_end_to_end_latency_seconds{resolution}`; the time from receipt to the
+//! first request goes in `tessera_ingester_queue_time_seconds`, and each request's
+//! duration in `tessera_ingester_sink_request_duration_seconds`.
+//!
+//! **Shutdown.** When `shutdown` fires the listener stops, connections finish the batch
+//! in hand, the writer fsyncs and exits, workers finish the request they are sending (up
+//! to `shutdown_grace_secs`) and take no new one, the file sink closes its journal into
+//! an `.om` file. Whatever was not written stays in the queue and is sent after the next
+//! start.
+//!
+//! ```no_run
+//! # async fn example() -> Result<(), tessera_ingester::StartError> {
+//! use tessera_ingester::{Config, Ingester};
+//! use tessera_runtime::{Shutdown, Telemetry};
+//!
+//! let shutdown = Shutdown::new();
+//! let ingester = Ingester::start(Config::default(), Telemetry::new("ingester", "dev"), shutdown.clone()).await?;
+//! println!("tile batches on {}", ingester.listen_addr());
+//! shutdown.trigger();
+//! ingester.wait().await;
+//! # Ok(()) }
+//! ```
+
+pub mod config;
+pub mod intake;
+pub mod mapping;
+pub mod metrics;
+pub mod pacing;
+pub mod pool;
+pub mod prompb;
+pub mod queue;
+pub mod record;
+pub mod sink;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use prost::Message;
+use tessera_runtime::{Readiness, ServerHandle, Shutdown, Telemetry};
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+
+pub use config::Config;
+use config::{SinkConfig, target_dir_name};
+use intake::writer::{Job, RecentBatches, Writer};
+use intake::{IntakeSettings, accept_loop};
+use mapping::Converter;
+use metrics::Metrics;
+use pacing::{AdaptiveLimit, Aimd, Pace};
+use pool::{Pool, PoolSettings, Target};
+use queue::{Queue, QueueOptions, QueueWriter};
+use record::RecordHead;
+use sink::file::{FileSink, FileSinkSettings};
+use sink::rejected::RejectedLog;
+use sink::remote_write::{RemoteWriteSettings, RemoteWriteSink, parse_url};
+use sink::{AnySink, Sink};
+
+/// Batches remembered to answer a resent batch `Ok` without queueing it twice.
+const RECENT_BATCHES: usize = 65_536;
+
+/// Why the ingester could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The configuration is invalid.
+    #[error(transparent)]
+    Config(#[from] config::ConfigError),
+    /// A queue could not be opened.
+    #[error(transparent)]
+    Queue(#[from] queue::OpenError),
+    /// A sink could not be set up.
+    #[error("cannot set up the sink of target `{target}`")]
+    Sink {
+        /// The target.
+        target: String,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The listener could not bind.
+    #[error("cannot listen on {address}")]
+    Bind {
+        /// The address.
+        address: SocketAddr,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A thread could not start.
+    #[error("cannot start thread {name}")]
+    Thread {
+        /// Thread name.
+        name: String,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The telemetry endpoint could not start.
+    #[error("cannot serve telemetry")]
+    Telemetry(#[from] tessera_runtime::ServeError),
+}
+
+/// A running ingester.
+pub struct Ingester {
+    listen_addr: SocketAddr,
+    telemetry_addr: Option<SocketAddr>,
+    metrics: Metrics,
+    queues: Vec<(String, Queue)>,
+    supervisor: tokio::task::JoinHandle<()>,
+}
+
+/// What runs for one target.
+struct RunningTarget {
+    name: String,
+    queue: Queue,
+    pool: Pool,
+    sink: Arc<AnySink>,
+}
+
+impl Ingester {
+    /// Validates `config`, replays every target's queue, starts the sinks, the worker
+    /// pools, the writer thread, the wire listener and the telemetry endpoint, and returns
+    /// once batches are accepted. Runs until `shutdown` fires; [`Ingester::wait`] returns
+    /// once it has drained (see the [crate docs](crate)).
+    pub async fn start(config: Config, telemetry: Telemetry, shutdown: Shutdown) -> Result<Ingester, StartError> {
+        config.validate()?;
+        let metrics = Metrics::default();
+        telemetry.with_registry(|registry| metrics.register(registry));
+        let readiness = Readiness::new();
+        let listening = readiness.condition("listening");
+        let instance_id = config.instance_id.clone().unwrap_or_else(hostname);
+
+        let rejected =
+            Arc::new(RejectedLog::new(config.data_dir.join("rejected-samples.log"), config.rejected_log_max_bytes));
+        let mut recent = RecentBatches::new(RECENT_BATCHES);
+        let mut running = Vec::new();
+        let mut writers: Vec<QueueWriter> = Vec::new();
+        let mut routes = HashMap::new();
+        for (index, (name, policy, sink_config)) in config.targets().into_iter().enumerate() {
+            let dir_name = target_dir_name(&name);
+            let options = QueueOptions::new(
+                config.data_dir.join("queue").join(&dir_name),
+                config.queue.max_queue_bytes,
+                config.queue.segment_max_bytes,
+                config.queue.fsync_policy(),
+            );
+            let mut remember = |payload: &[u8]| {
+                if let Ok(head) = RecordHead::decode(payload) {
+                    recent.insert(head.batch_key());
+                }
+            };
+            let (queue, writer, reader, replay) =
+                queue::open_visiting(options, metrics.queue(&name, config.queue.max_queue_bytes), &mut remember)?;
+            if replay.records > 0 || replay.corrupt > 0 {
+                tracing::info!(
+                    target = name,
+                    records = replay.records,
+                    segments = replay.segments,
+                    corrupt = replay.corrupt,
+                    "replaying the queue"
+                );
+            }
+            let sink = Arc::new(build_sink(&config, &name, &sink_config, &metrics)?);
+            let workers = config.pool.workers;
+            let pacing = &config.pacing;
+            let max_in_flight = pacing.max_in_flight.min(workers);
+            let aimd = Aimd::new(
+                pacing.min_in_flight.min(max_in_flight),
+                max_in_flight,
+                pacing.initial_in_flight,
+                pacing.latency_ratio,
+            );
+            let target_metrics = metrics.target(&name);
+            let limit =
+                AdaptiveLimit::new(aimd, target_metrics.in_flight_limit.clone(), target_metrics.in_flight.clone());
+            let target = Target {
+                name: name.clone(),
+                sink: sink.clone(),
+                limit,
+                pace: Pace::new(pacing.max_samples_per_sec),
+                metrics: target_metrics,
+                rejected: rejected.clone(),
+                queue: queue.clone(),
+            };
+            let settings = PoolSettings {
+                workers,
+                channel_requests: config.pool.channel_requests,
+                max_samples_per_request: config.pool.max_samples_per_request,
+                retry_initial_backoff: Duration::from_millis(config.pool.retry_initial_backoff_ms),
+                retry_max_backoff: Duration::from_millis(config.pool.retry_max_backoff_ms),
+            };
+            let pool = Pool::start(target, reader, settings, shutdown.clone())
+                .map_err(|source| StartError::Thread { name: format!("dispatch-{name}"), source })?;
+            if let Some(policy) = policy {
+                routes.insert(policy, index);
+            }
+            writers.push(writer);
+            running.push(RunningTarget { name, queue, pool, sink });
+        }
+        tokio::spawn(measure_pace(
+            running.iter().map(|target| metrics.target(&target.name)).collect(),
+            shutdown.clone(),
+        ));
+
+        let (jobs, job_receiver) = mpsc::channel(config.max_connections.clamp(1, 1024));
+        let converter =
+            Converter::new(&config.mapping.quantiles, config.mapping.counter_expire_after_secs as i64 * 1000);
+        let writer = Writer { converter, queues: writers, routes, recent, metrics: metrics.clone() };
+        let writer = std::thread::Builder::new()
+            .name("intake-writer".into())
+            .spawn(move || writer.run(job_receiver))
+            .map_err(|source| StartError::Thread { name: "intake-writer".into(), source })?;
+        let tick = Duration::from_millis((config.queue.fsync_interval_ms / 2).clamp(5, 1000));
+        tokio::spawn(tick_writer(jobs.clone(), tick, shutdown.clone()));
+
+        let listener = TcpListener::bind(config.listen)
+            .await
+            .map_err(|source| StartError::Bind { address: config.listen, source })?;
+        let listen_addr =
+            listener.local_addr().map_err(|source| StartError::Bind { address: config.listen, source })?;
+        let settings = IntakeSettings {
+            instance_id: instance_id.clone(),
+            max_frame_bytes: config.max_frame_bytes,
+            max_connections: config.max_connections,
+            handshake_timeout: Duration::from_secs(10),
+        };
+        tokio::spawn(accept_loop(listener, jobs, settings, metrics.clone(), shutdown.clone()));
+
+        let server = match config.telemetry.listen {
+            Some(address) => Some(tessera_runtime::serve(address, telemetry, readiness, shutdown.clone()).await?),
+            None => None,
+        };
+        let telemetry_addr = server.as_ref().map(ServerHandle::local_addr);
+        listening.mark_ready();
+        tracing::info!(instance_id, listen = %listen_addr, telemetry = ?telemetry_addr, targets = running.len(), "ingester started");
+
+        let queues = running.iter().map(|target| (target.name.clone(), target.queue.clone())).collect();
+        let grace = Duration::from_secs(config.shutdown_grace_secs);
+        let supervisor = tokio::spawn(supervise(shutdown, writer, running, grace, server));
+        Ok(Ingester { listen_addr, telemetry_addr, metrics, queues, supervisor })
+    }
+
+    /// The bound wire address (useful with port 0).
+    pub fn listen_addr(&self) -> SocketAddr {
+        self.listen_addr
+    }
+
+    /// The bound telemetry address.
+    pub fn telemetry_addr(&self) -> Option<SocketAddr> {
+        self.telemetry_addr
+    }
+
+    /// The ingester's metric handles.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// Records queued and not yet written, over every target.
+    pub fn pending_records(&self) -> u64 {
+        self.queues.iter().map(|(_, queue)| queue.pending_records()).sum()
+    }
+
+    /// The queue of `target` (`default`, or a storage policy with its own sink).
+    pub fn queue(&self, target: &str) -> Option<&Queue> {
+        self.queues.iter().find(|(name, _)| name == target).map(|(_, queue)| queue)
+    }
+
+    /// Waits until the ingester has shut down and drained.
+    pub async fn wait(self) {
+        if let Err(error) = self.supervisor.await {
+            tracing::error!(%error, "ingester supervisor failed");
+        }
+    }
+}
+
+fn build_sink(config: &Config, name: &str, sink: &SinkConfig, metrics: &Metrics) -> Result<AnySink, StartError> {
+    let sink_error = |source| StartError::Sink { target: name.to_owned(), source };
+    match sink {
+        SinkConfig::File(file) => {
+            let dir = file.dir.clone().unwrap_or_else(|| default_file_sink_dir(&config.data_dir, name));
+            let settings = FileSinkSettings {
+                dir,
+                rotate_bytes: file.rotate_bytes,
+                rotate_after: Duration::from_secs(file.rotate_secs),
+                fsync: file.fsync,
+            };
+            let sink =
+                FileSink::open(settings, metrics.file_sink(name), config.pool.workers * 2).map_err(sink_error)?;
+            Ok(AnySink::File(sink))
+        }
+        SinkConfig::RemoteWrite(remote) => {
+            let url = parse_url(&remote.url).map_err(|error| sink_error(std::io::Error::other(error)))?;
+            Ok(AnySink::RemoteWrite(Box::new(RemoteWriteSink::new(RemoteWriteSettings {
+                url,
+                m3_headers: remote.m3_headers,
+                request_timeout: Duration::from_millis(remote.request_timeout_ms),
+                connect_timeout: Duration::from_millis(remote.connect_timeout_ms),
+                max_idle_connections: config.pool.workers,
+            }))))
+        }
+    }
+}
+
+/// Sends the writer a tick now and then, so the interval fsync policy runs while idle.
+async fn tick_writer(jobs: mpsc::Sender<Job>, every: Duration, shutdown: Shutdown) {
+    let mut interval = tokio::time::interval(every);
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = shutdown.wait() => return,
+            _ = interval.tick() => {}
+        }
+        if jobs.try_send(Job::Tick).is_err() && jobs.is_closed() {
+            return;
+        }
+    }
+}
+
+/// Sets each target's pace gauge to the samples written over the last second.
+async fn measure_pace(targets: Vec<metrics::TargetMetrics>, shutdown: Shutdown) {
+    let mut previous: Vec<u64> = targets.iter().map(|target| target.samples_written.get()).collect();
+    let mut interval = tokio::time::interval(Duration::from_secs(1));
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last = tokio::time::Instant::now();
+    loop {
+        tokio::select! {
+            () = shutdown.wait() => return,
+            _ = interval.tick() => {}
+        }
+        let elapsed = last.elapsed().as_secs_f64().max(0.001);
+        last = tokio::time::Instant::now();
+        for (target, before) in targets.iter().zip(previous.iter_mut()) {
+            let now = target.samples_written.get();
+            target.pace.set((now - *before) as f64 / elapsed);
+            *before = now;
+        }
+    }
+}
+
+/// Waits for shutdown, then drains in order: intake, writer (fsync), pools, sinks.
+async fn supervise(
+    shutdown: Shutdown,
+    writer: std::thread::JoinHandle<()>,
+    targets: Vec<RunningTarget>,
+    grace: Duration,
+    server: Option<ServerHandle>,
+) {
+    shutdown.wait().await;
+    tracing::info!("shutting down: finishing in-flight batches and storage requests");
+    let joined = tokio::time::timeout(grace, tokio::task::spawn_blocking(move || writer.join())).await;
+    match joined {
+        Ok(Ok(Ok(()))) => {}
+        Ok(_) => tracing::error!("the intake writer thread panicked"),
+        Err(_) => tracing::warn!("the intake writer did not finish within the grace period"),
+    }
+    for target in &targets {
+        target.queue.close();
+    }
+    for target in targets {
+        target.pool.join(grace).await;
+        target.sink.close().await;
+        let pending = target.queue.pending_records();
+        if pending > 0 {
+            tracing::info!(target = target.name, pending, "records stay queued for the next start");
+        }
+    }
+    if let Some(server) = server {
+        let _ = server.stopped().await;
+    }
+    tracing::info!("ingester stopped");
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|name| name.trim().to_owned())
+        .ok()
+        .filter(|name| !name.is_empty())
+        .unwrap_or_else(|| "ingester".to_owned())
+}
+
+/// Where `Config::data_dir` puts the file sink output of `target` by default.
+pub fn default_file_sink_dir(data_dir: &std::path::Path, target: &str) -> PathBuf {
+    data_dir.join("openmetrics").join(target_dir_name(target))
+}

@@ -1,0 +1,362 @@
+//! `tessera local`: the whole pipeline in one process.
+//!
+//! Runs a collector, one aggregator and an ingester on loopback with a
+//! static one-instance placement, the file sink by default (OpenMetrics
+//! files under `--data-dir`) or Prometheus remote write with
+//! `--remote-write URL`. The three daemons share one telemetry registry
+//! served on `--telemetry`. While it runs it shows intake, active series,
+//! tiles, samples written, drops and end-to-end latency, redrawn in place
+//! on a terminal and as a log line every ten seconds otherwise. Ctrl-C (or
+//! SIGTERM) drains in order: the collector cuts its window and delivers
+//! it, the aggregator flushes its open tiles, the ingester writes what it
+//! holds.
+
+use std::collections::HashMap;
+use std::io::{IsTerminal, Write};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use tessera_runtime::{LogFormat, Shutdown, Telemetry, logging};
+use tessera_topology::{Placement, PlacementHandle, PlacementSource};
+
+/// Flags of `tessera local`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Where applications send statsd (UDP, and TCP on the same port).
+    #[arg(long, default_value = "127.0.0.1:8125")]
+    statsd: SocketAddr,
+    /// Durable queue and OpenMetrics output live here.
+    #[arg(long, default_value = "tessera-data")]
+    data_dir: PathBuf,
+    /// Send to a Prometheus remote-write endpoint instead of the file sink
+    /// (e.g. http://127.0.0.1:9090/api/v1/write).
+    #[arg(long)]
+    remote_write: Option<String>,
+    /// `/metrics`, `/healthz`, `/readyz` of all three daemons.
+    #[arg(long, default_value = "127.0.0.1:9100")]
+    telemetry: SocketAddr,
+    /// Shards in the placement.
+    #[arg(long, default_value_t = 64)]
+    shards: u32,
+    /// Storage policies, `resolution:retention`.
+    #[arg(long = "policy", default_values = ["10s:2d", "1m:40d"])]
+    policies: Vec<String>,
+    /// Print a status line every ten seconds even on a terminal.
+    #[arg(long)]
+    plain: bool,
+    /// Default log level (RUST_LOG overrides it).
+    #[arg(long, default_value = "warn")]
+    log_level: String,
+}
+
+/// Runs `tessera local` until Ctrl-C or SIGTERM.
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    logging::init(LogFormat::Text, &args.log_level).context("starting logging")?;
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    runtime.block_on(run_async(args))
+}
+
+/// A running pipeline: the three daemons and their shutdown signals, in drain order.
+pub struct Pipeline {
+    collector: tessera_collector::Collector,
+    aggregator: tessera_aggregator::Aggregator,
+    ingester: tessera_ingester::Ingester,
+    shutdowns: [Shutdown; 3],
+    telemetry: Telemetry,
+}
+
+impl Pipeline {
+    /// Starts ingester, aggregator and collector, wired together on loopback.
+    pub async fn start(args: &Args) -> anyhow::Result<Pipeline> {
+        std::fs::create_dir_all(&args.data_dir)
+            .with_context(|| format!("creating data directory {}", args.data_dir.display()))?;
+        let telemetry = Telemetry::new("local", env!("CARGO_PKG_VERSION"));
+        let shutdowns = [Shutdown::new(), Shutdown::new(), Shutdown::new()];
+
+        let mut ingester_config: tessera_ingester::Config = toml_config(&format!(
+            "listen = \"127.0.0.1:0\"\ndata_dir = {:?}\n[telemetry]\n",
+            args.data_dir.join("queue").display().to_string()
+        ))?;
+        ingester_config.telemetry.listen = None;
+        ingester_config.sink = match &args.remote_write {
+            Some(url) => toml_config(&format!("kind = \"remote_write\"\nurl = {url:?}\n"))?,
+            None => toml_config(&format!(
+                "kind = \"file\"\ndir = {:?}\n",
+                args.data_dir.join("openmetrics").display().to_string()
+            ))?,
+        };
+        let ingester = tessera_ingester::Ingester::start(ingester_config, telemetry.clone(), shutdowns[2].clone())
+            .await
+            .context("starting the ingester")?;
+
+        let aggregator_address = free_loopback_port()?;
+        let placement = Placement::init(&[("local", &aggregator_address.to_string())], args.shards, 1, 0)
+            .context("building the local placement")?;
+        let placement = PlacementHandle::fixed(placement);
+        let policies: Vec<String> = args.policies.iter().map(|policy| format!("{policy:?}")).collect();
+        let mut aggregator_config: tessera_aggregator::Config = toml_config(&format!(
+            "instance_id = \"local\"\nlisten = \"{aggregator_address}\"\npolicies = [{}]\n[ingester]\nendpoints = [\"{}\"]\n",
+            policies.join(", "),
+            ingester.listen_addr()
+        ))?;
+        aggregator_config.telemetry.listen = None;
+        let aggregator = tessera_aggregator::Aggregator::start_with_placement(
+            aggregator_config,
+            placement.clone(),
+            telemetry.clone(),
+            shutdowns[1].clone(),
+        )
+        .await
+        .context("starting the aggregator")?;
+
+        let mut collector_config: tessera_collector::Config = toml_config(&format!(
+            "instance_id = \"local\"\n[udp]\nlisten = \"{statsd}\"\n[tcp]\nlisten = \"{statsd}\"\n[telemetry]\nlisten = \"{telemetry}\"\n",
+            statsd = args.statsd,
+            telemetry = args.telemetry
+        ))?;
+        // Routing comes from `placement`; the source only has to validate.
+        collector_config.placement = Some(PlacementSource::Static { path: "tessera-local".into() });
+        let collector =
+            tessera_collector::Collector::start(collector_config, placement, telemetry.clone(), shutdowns[0].clone())
+                .await
+                .context("starting the collector")?;
+        Ok(Pipeline { collector, aggregator, ingester, shutdowns, telemetry })
+    }
+
+    /// The collector's UDP address.
+    pub fn statsd_addr(&self) -> Option<SocketAddr> {
+        self.collector.udp_addr()
+    }
+
+    /// The shared telemetry of the three daemons.
+    pub fn telemetry(&self) -> &Telemetry {
+        &self.telemetry
+    }
+
+    /// Drains in order: collector, then aggregator, then ingester.
+    pub async fn drain(self) {
+        self.shutdowns[0].trigger();
+        self.collector.wait().await;
+        self.shutdowns[1].trigger();
+        self.aggregator.wait().await;
+        self.shutdowns[2].trigger();
+        self.ingester.wait().await;
+    }
+}
+
+async fn run_async(args: Args) -> anyhow::Result<ExitCode> {
+    let signals = Shutdown::from_signals().context("installing signal handlers")?;
+    let pipeline = Pipeline::start(&args).await?;
+    let interactive = std::io::stdout().is_terminal() && !args.plain;
+    let sink = match &args.remote_write {
+        Some(url) => format!("remote write {url}"),
+        None => format!("files in {}", args.data_dir.join("openmetrics").display()),
+    };
+    let statsd = pipeline.statsd_addr().unwrap_or(args.statsd);
+    println!(
+        "tessera local: statsd on udp+tcp {statsd}, telemetry on http://{}/metrics, writing {sink}. Ctrl-C drains and exits.",
+        args.telemetry
+    );
+    let mut status = Status::default();
+    let started = Instant::now();
+    let mut last_plain = Instant::now();
+    loop {
+        tokio::select! {
+            () = signals.wait() => break,
+            () = tokio::time::sleep(Duration::from_secs(1)) => {}
+        }
+        let text = pipeline.telemetry().encode().unwrap_or_default();
+        let line = status.update(&parse_metrics(&text));
+        if interactive {
+            print!("\r\x1b[2K{line}");
+            let _ = std::io::stdout().flush();
+        } else if last_plain.elapsed() >= Duration::from_secs(10) {
+            println!("[{:>5}s] {line}", started.elapsed().as_secs());
+            last_plain = Instant::now();
+        }
+    }
+    if interactive {
+        println!();
+    }
+    println!("draining: collector, then aggregator, then ingester");
+    pipeline.drain().await;
+    println!("stopped");
+    Ok(ExitCode::SUCCESS)
+}
+
+fn toml_config<T: serde::de::DeserializeOwned>(text: &str) -> anyhow::Result<T> {
+    toml::from_str(text).with_context(|| format!("building an embedded configuration:\n{text}"))
+}
+
+fn free_loopback_port() -> anyhow::Result<SocketAddr> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").context("finding a free loopback port")?;
+    Ok(listener.local_addr()?)
+}
+
+/// Metric samples by `name{labels}`.
+type Samples = HashMap<String, f64>;
+
+fn parse_metrics(text: &str) -> Samples {
+    text.lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter_map(|line| {
+            let (name, value) = line.rsplit_once(' ')?;
+            Some((name.to_owned(), value.parse().ok()?))
+        })
+        .collect()
+}
+
+fn sum(samples: &Samples, name: &str) -> f64 {
+    samples
+        .iter()
+        .filter(|(key, _)| key.as_str() == name || key.strip_prefix(name).is_some_and(|rest| rest.starts_with('{')))
+        .map(|(_, value)| value)
+        .sum()
+}
+
+/// What the status line shows, with the previous readings for rates.
+#[derive(Default)]
+struct Status {
+    last_lines: f64,
+    last_at: Option<Instant>,
+    last_latency: Vec<(f64, f64)>,
+    p50: Option<f64>,
+    p99: Option<f64>,
+}
+
+impl Status {
+    fn update(&mut self, samples: &Samples) -> String {
+        let now = Instant::now();
+        let lines = sum(samples, "tessera_collector_lines_received_total");
+        let rate = match self.last_at {
+            Some(at) => (lines - self.last_lines) / now.duration_since(at).as_secs_f64(),
+            None => 0.0,
+        };
+        self.last_lines = lines;
+        self.last_at = Some(now);
+        let series = sum(samples, "tessera_collector_active_series");
+        let tiles = sum(samples, "tessera_aggregator_tiles_flushed_total");
+        let written = sum(samples, "tessera_ingester_samples_written_total");
+        let drops = sum(samples, "tessera_collector_drops_total")
+            + sum(samples, "tessera_collector_kernel_drops_total")
+            + sum(samples, "tessera_collector_parse_errors_total")
+            + sum(samples, "tessera_aggregator_drops_total")
+            + sum(samples, "tessera_aggregator_partials_rejected_total");
+        let buckets = latency_buckets(samples);
+        let window: Vec<(f64, f64)> = if buckets.len() == self.last_latency.len() {
+            buckets.iter().zip(&self.last_latency).map(|((le, now), (_, before))| (*le, now - before)).collect()
+        } else {
+            buckets.clone()
+        };
+        if window.last().is_some_and(|(_, count)| *count > 0.0) {
+            self.p50 = quantile(&window, 0.5);
+            self.p99 = quantile(&window, 0.99);
+        }
+        self.last_latency = buckets;
+        let show = |value: Option<f64>| value.map_or("-".to_owned(), |seconds| format!("{seconds:.2}s"));
+        format!(
+            "in {:>9.0} lines/s | series {:>8.0} | tiles {:>8.0} | samples written {:>10.0} | drops+errors {:>6.0} | e2e latency p50 {} p99 {}",
+            rate,
+            series,
+            tiles,
+            written,
+            drops,
+            show(self.p50),
+            show(self.p99)
+        )
+    }
+}
+
+/// Cumulative `(le, count)` of the end-to-end latency histogram, summed over resolutions.
+fn latency_buckets(samples: &Samples) -> Vec<(f64, f64)> {
+    let mut by_le: HashMap<String, f64> = HashMap::new();
+    for (key, value) in samples {
+        let Some(labels) = key.strip_prefix("tessera_ingester_end_to_end_latency_seconds_bucket{") else { continue };
+        let Some(le) = labels.split(',').find_map(|pair| pair.trim_end_matches('}').strip_prefix("le=")) else {
+            continue;
+        };
+        *by_le.entry(le.trim_matches('"').to_owned()).or_default() += value;
+    }
+    let mut buckets: Vec<(f64, f64)> = by_le
+        .into_iter()
+        .map(|(le, count)| (if le == "+Inf" { f64::INFINITY } else { le.parse().unwrap_or(f64::INFINITY) }, count))
+        .collect();
+    buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+    buckets
+}
+
+/// Upper bound of the bucket holding quantile `q` of cumulative buckets.
+fn quantile(buckets: &[(f64, f64)], q: f64) -> Option<f64> {
+    let total = buckets.last()?.1;
+    if total <= 0.0 {
+        return None;
+    }
+    let rank = q * total;
+    buckets.iter().find(|(_, count)| *count >= rank).map(|(le, _)| *le)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_line_reads_rates_and_latency_quantiles_from_metrics() {
+        let text = "\
+tessera_collector_lines_received_total{listener=\"udp\"} 100
+tessera_collector_lines_received_total{listener=\"tcp\"} 50
+tessera_collector_active_series 7
+tessera_ingester_end_to_end_latency_seconds_bucket{resolution=\"10s\",le=\"0.5\"} 10
+tessera_ingester_end_to_end_latency_seconds_bucket{resolution=\"10s\",le=\"1.0\"} 99
+tessera_ingester_end_to_end_latency_seconds_bucket{resolution=\"10s\",le=\"+Inf\"} 100
+";
+        let samples = parse_metrics(text);
+        assert_eq!(sum(&samples, "tessera_collector_lines_received_total"), 150.0);
+        let mut status = Status::default();
+        let line = status.update(&samples);
+        assert!(line.contains("series        7"), "{line}");
+        assert!(line.contains("p50 1.00s p99 1.00s"), "{line}");
+        assert_eq!(quantile(&latency_buckets(&samples), 0.05), Some(0.5));
+        assert_eq!(quantile(&[], 0.5), None);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_local_pipeline_writes_what_it_receives_to_openmetrics_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let args = Args {
+            statsd: "127.0.0.1:0".parse().unwrap(),
+            data_dir: dir.path().to_path_buf(),
+            remote_write: None,
+            telemetry: "127.0.0.1:0".parse().unwrap(),
+            shards: 8,
+            policies: vec!["1s:1h".to_owned()],
+            plain: true,
+            log_level: "warn".to_owned(),
+        };
+        let pipeline = Pipeline::start(&args).await.unwrap();
+        let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        for _ in 0..10 {
+            socket.send_to(b"local.hits:2|c|#env:test", pipeline.statsd_addr().unwrap()).unwrap();
+        }
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while sum(&parse_metrics(&pipeline.telemetry().encode().unwrap()), "tessera_collector_lines_received_total")
+            < 10.0
+        {
+            assert!(Instant::now() < deadline, "lines never counted");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        pipeline.drain().await;
+        let mut text = String::new();
+        for entry in std::fs::read_dir(dir.path().join("openmetrics")).unwrap() {
+            text.push_str(&std::fs::read_to_string(entry.unwrap().path()).unwrap());
+        }
+        let last_total = text
+            .lines()
+            .filter(|line| line.starts_with("local_hits_total{env=\"test\",resolution=\"1s\"}"))
+            .filter_map(|line| line.split_whitespace().nth(1)?.parse::<f64>().ok())
+            .last();
+        assert_eq!(last_total, Some(20.0), "{text}");
+    }
+}

@@ -1,0 +1,499 @@
+//! The ingester's configuration file (TOML).
+//!
+//! Every key is optional; the defaults run an ingester on `127.0.0.1:7500` writing
+//! OpenMetrics files under `./data/ingester`. Unknown keys are rejected. Every key:
+//!
+//! ```toml
+//! # Name in handshakes and logs; defaults to the host name.
+//! instance_id = "ingester-1"
+//! # Wire listener for aggregators' tile batches.
+//! listen = "127.0.0.1:7500"
+//! # Largest frame accepted; a longer one closes its connection.
+//! max_frame_bytes = 67108864
+//! # Most aggregator connections at once.
+//! max_connections = 256
+//! # Queue segments (<data_dir>/queue/<target>/), file sink output
+//! # (<data_dir>/openmetrics/<target>/) and the rejected-samples log.
+//! data_dir = "./data/ingester"
+//! # On SIGTERM: how long in-flight storage requests may take to finish.
+//! shutdown_grace_secs = 10
+//! # Bound of the rejected-samples log (<data_dir>/rejected-samples.log and its .1).
+//! rejected_log_max_bytes = 67108864
+//!
+//! [queue]                     # one queue per sink target, each bounded alone
+//! max_queue_bytes = 1073741824   # above this, batches are answered retryable (queue_full)
+//! segment_max_bytes = 67108864   # segment files are sealed past this size
+//! fsync = "always"               # "always" (before each ack), "interval" or "never"
+//! fsync_interval_ms = 1000       # with fsync = "interval"
+//!
+//! [pool]                      # per sink target
+//! workers = 8                    # long-lived workers, each with its own channel
+//! channel_requests = 4           # requests waiting in each worker's channel
+//! max_samples_per_request = 2000
+//! retry_initial_backoff_ms = 100 # doubles per retry, with jitter
+//! retry_max_backoff_ms = 10000
+//!
+//! [pacing]                    # per sink target
+//! min_in_flight = 1              # the adaptive limit on requests in flight stays
+//! max_in_flight = 8              #   within [min, max] (and at most `workers`)
+//! initial_in_flight = 2
+//! latency_ratio = 2.0            # grow while window latency <= ratio x baseline
+//! max_samples_per_sec = 500000   # optional ceiling; absent = none
+//!
+//! [mapping]
+//! quantiles = [0.5, 0.9, 0.99]   # quantile samples of timers and distributions
+//! counter_expire_after_secs = 3600  # forget running totals of series idle this long
+//!
+//! [sink]                      # the default target: kind = "file" or "remote_write"
+//! kind = "file"
+//! dir = "./data/ingester/openmetrics/default"  # default: <data_dir>/openmetrics/default
+//! rotate_bytes = 67108864        # close the journal into an .om file past this size
+//! rotate_secs = 60               # ... or after this long
+//! fsync = true                   # fsync the journal before acknowledging
+//!
+//! [policy_sinks."1m:40d"]     # optional: a storage policy with its own target
+//! kind = "remote_write"
+//! url = "http://127.0.0.1:9090/api/v1/write"
+//! m3_headers = false             # M3-Metrics-Type / M3-Storage-Policy headers
+//! request_timeout_ms = 10000
+//! connect_timeout_ms = 2000
+//!
+//! [telemetry]
+//! listen = "127.0.0.1:9104"      # /metrics, /healthz, /readyz; absent = off
+//! ```
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::queue::FsyncPolicy;
+use crate::sink::remote_write::parse_url;
+
+/// The whole configuration; see the [module docs](self).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Name in handshakes and logs; defaults to the host name.
+    pub instance_id: Option<String>,
+    /// Wire listener for aggregators' tile batches.
+    pub listen: SocketAddr,
+    /// Largest frame body accepted, bytes.
+    pub max_frame_bytes: usize,
+    /// Most aggregator connections at once.
+    pub max_connections: usize,
+    /// Root of the queue, the file sink output and the rejected-samples log.
+    pub data_dir: PathBuf,
+    /// How long in-flight storage requests may take to finish on shutdown, seconds.
+    pub shutdown_grace_secs: u64,
+    /// Bound of the rejected-samples log with its one rotated file, bytes.
+    pub rejected_log_max_bytes: u64,
+    /// `[queue]`
+    pub queue: QueueConfig,
+    /// `[pool]`
+    pub pool: PoolConfig,
+    /// `[pacing]`
+    pub pacing: PacingConfig,
+    /// `[mapping]`
+    pub mapping: MappingConfig,
+    /// `[sink]`: the default target.
+    pub sink: SinkConfig,
+    /// `[policy_sinks."<policy>"]`: storage policies with their own target.
+    pub policy_sinks: BTreeMap<String, SinkConfig>,
+    /// `[telemetry]`
+    pub telemetry: TelemetryConfig,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            instance_id: None,
+            listen: "127.0.0.1:7500".parse().expect("valid address"),
+            max_frame_bytes: tessera_proto::framing::DEFAULT_MAX_FRAME_BYTES,
+            max_connections: 256,
+            data_dir: PathBuf::from("./data/ingester"),
+            shutdown_grace_secs: 10,
+            rejected_log_max_bytes: 64 << 20,
+            queue: QueueConfig::default(),
+            pool: PoolConfig::default(),
+            pacing: PacingConfig::default(),
+            mapping: MappingConfig::default(),
+            sink: SinkConfig::default(),
+            policy_sinks: BTreeMap::new(),
+            telemetry: TelemetryConfig::default(),
+        }
+    }
+}
+
+/// When queue appends are fsynced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum FsyncConfig {
+    /// Before each acknowledgement.
+    #[default]
+    Always,
+    /// Every `fsync_interval_ms`.
+    Interval,
+    /// Left to the kernel.
+    Never,
+}
+
+/// `[queue]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct QueueConfig {
+    /// Bound of each target's queue, bytes; above it batches are answered `Retryable`.
+    pub max_queue_bytes: u64,
+    /// Segment files are sealed past this size, bytes.
+    pub segment_max_bytes: u64,
+    /// When appends are fsynced.
+    pub fsync: FsyncConfig,
+    /// Fsync interval with `fsync = "interval"`, milliseconds.
+    pub fsync_interval_ms: u64,
+}
+
+impl Default for QueueConfig {
+    fn default() -> Self {
+        QueueConfig {
+            max_queue_bytes: 1 << 30,
+            segment_max_bytes: 64 << 20,
+            fsync: FsyncConfig::Always,
+            fsync_interval_ms: 1000,
+        }
+    }
+}
+
+impl QueueConfig {
+    /// The fsync policy these keys describe.
+    pub fn fsync_policy(&self) -> FsyncPolicy {
+        match self.fsync {
+            FsyncConfig::Always => FsyncPolicy::Always,
+            FsyncConfig::Interval => FsyncPolicy::Interval(Duration::from_millis(self.fsync_interval_ms)),
+            FsyncConfig::Never => FsyncPolicy::Never,
+        }
+    }
+}
+
+/// `[pool]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PoolConfig {
+    /// Long-lived workers per target.
+    pub workers: usize,
+    /// Requests waiting in each worker's channel.
+    pub channel_requests: usize,
+    /// Most samples in one storage request.
+    pub max_samples_per_request: usize,
+    /// First retry delay, milliseconds.
+    pub retry_initial_backoff_ms: u64,
+    /// Longest retry delay, milliseconds.
+    pub retry_max_backoff_ms: u64,
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        PoolConfig {
+            workers: 8,
+            channel_requests: 4,
+            max_samples_per_request: 2000,
+            retry_initial_backoff_ms: 100,
+            retry_max_backoff_ms: 10_000,
+        }
+    }
+}
+
+/// `[pacing]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PacingConfig {
+    /// Lowest adaptive in-flight limit.
+    pub min_in_flight: usize,
+    /// Highest adaptive in-flight limit (workers cap it too).
+    pub max_in_flight: usize,
+    /// Limit at start.
+    pub initial_in_flight: usize,
+    /// The limit grows while a window's mean latency is at most this times the baseline.
+    pub latency_ratio: f64,
+    /// Optional ceiling on samples written per second, per target.
+    pub max_samples_per_sec: Option<f64>,
+}
+
+impl Default for PacingConfig {
+    fn default() -> Self {
+        PacingConfig {
+            min_in_flight: 1,
+            max_in_flight: 8,
+            initial_in_flight: 2,
+            latency_ratio: 2.0,
+            max_samples_per_sec: None,
+        }
+    }
+}
+
+/// `[mapping]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MappingConfig {
+    /// Quantiles emitted for timers, histograms and distributions, each in (0, 1].
+    pub quantiles: Vec<f64>,
+    /// Running totals of series idle this long are forgotten (a counter reset), seconds.
+    pub counter_expire_after_secs: u64,
+}
+
+impl Default for MappingConfig {
+    fn default() -> Self {
+        MappingConfig { quantiles: vec![0.5, 0.9, 0.99], counter_expire_after_secs: 3600 }
+    }
+}
+
+/// A sink target.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum SinkConfig {
+    /// OpenMetrics files.
+    File(FileSinkConfig),
+    /// Prometheus remote write.
+    RemoteWrite(RemoteWriteConfig),
+}
+
+impl Default for SinkConfig {
+    fn default() -> Self {
+        SinkConfig::File(FileSinkConfig::default())
+    }
+}
+
+/// `kind = "file"`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FileSinkConfig {
+    /// Output directory; default `<data_dir>/openmetrics/<target>`.
+    pub dir: Option<PathBuf>,
+    /// Close the journal into an `.om` file past this size, bytes.
+    pub rotate_bytes: u64,
+    /// Close the journal into an `.om` file after this long, seconds.
+    pub rotate_secs: u64,
+    /// Fsync the journal before acknowledging a request.
+    pub fsync: bool,
+}
+
+impl Default for FileSinkConfig {
+    fn default() -> Self {
+        FileSinkConfig { dir: None, rotate_bytes: 64 << 20, rotate_secs: 60, fsync: true }
+    }
+}
+
+/// `kind = "remote_write"`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RemoteWriteConfig {
+    /// Endpoint, `http://host:port/path` (TLS is not built in).
+    pub url: String,
+    /// Send `M3-Metrics-Type: aggregated` and `M3-Storage-Policy: <policy>`.
+    pub m3_headers: bool,
+    /// Whole-request deadline, milliseconds.
+    pub request_timeout_ms: u64,
+    /// TCP connect deadline, milliseconds.
+    pub connect_timeout_ms: u64,
+}
+
+impl Default for RemoteWriteConfig {
+    fn default() -> Self {
+        RemoteWriteConfig {
+            url: String::new(),
+            m3_headers: false,
+            request_timeout_ms: 10_000,
+            connect_timeout_ms: 2_000,
+        }
+    }
+}
+
+/// `[telemetry]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TelemetryConfig {
+    /// Address of `/metrics`, `/healthz`, `/readyz`; off when absent.
+    pub listen: Option<SocketAddr>,
+}
+
+impl Default for TelemetryConfig {
+    fn default() -> Self {
+        TelemetryConfig { listen: Some("127.0.0.1:9104".parse().expect("valid address")) }
+    }
+}
+
+/// A configuration that cannot work.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// A key has a value out of range.
+    #[error("invalid `{key}`: {reason}")]
+    Invalid {
+        /// The key, e.g. `pool.workers`.
+        key: String,
+        /// Why.
+        reason: String,
+    },
+}
+
+impl Config {
+    /// Checks values that parse but cannot work.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let invalid =
+            |key: &str, reason: &str| Err(ConfigError::Invalid { key: key.to_owned(), reason: reason.to_owned() });
+        if self.max_frame_bytes < 1024 || self.max_frame_bytes > u32::MAX as usize {
+            return invalid("max_frame_bytes", "must be between 1024 and 4294967295");
+        }
+        if self.max_connections == 0 {
+            return invalid("max_connections", "must be at least 1");
+        }
+        if self.queue.segment_max_bytes < 4096 {
+            return invalid("queue.segment_max_bytes", "must be at least 4096");
+        }
+        if self.queue.max_queue_bytes < self.queue.segment_max_bytes {
+            return invalid("queue.max_queue_bytes", "must hold at least one segment (queue.segment_max_bytes)");
+        }
+        if self.queue.fsync == FsyncConfig::Interval && self.queue.fsync_interval_ms == 0 {
+            return invalid("queue.fsync_interval_ms", "must be at least 1 with fsync = \"interval\"");
+        }
+        if self.pool.workers == 0 || self.pool.workers > 1024 {
+            return invalid("pool.workers", "must be between 1 and 1024");
+        }
+        if self.pool.channel_requests == 0 {
+            return invalid("pool.channel_requests", "must be at least 1");
+        }
+        if self.pool.max_samples_per_request == 0 {
+            return invalid("pool.max_samples_per_request", "must be at least 1");
+        }
+        if self.pool.retry_initial_backoff_ms == 0
+            || self.pool.retry_initial_backoff_ms > self.pool.retry_max_backoff_ms
+        {
+            return invalid("pool.retry_initial_backoff_ms", "must be at least 1 and at most retry_max_backoff_ms");
+        }
+        let pacing = &self.pacing;
+        if pacing.min_in_flight == 0 || pacing.min_in_flight > pacing.max_in_flight {
+            return invalid("pacing.min_in_flight", "must be at least 1 and at most max_in_flight");
+        }
+        if !(pacing.min_in_flight..=pacing.max_in_flight).contains(&pacing.initial_in_flight) {
+            return invalid("pacing.initial_in_flight", "must be between min_in_flight and max_in_flight");
+        }
+        if !(pacing.latency_ratio.is_finite() && pacing.latency_ratio >= 1.0) {
+            return invalid("pacing.latency_ratio", "must be a number of at least 1");
+        }
+        if pacing.max_samples_per_sec.is_some_and(|rate| !(rate.is_finite() && rate > 0.0)) {
+            return invalid("pacing.max_samples_per_sec", "must be above 0 (leave it out for no ceiling)");
+        }
+        if self.mapping.quantiles.iter().any(|q| !(*q > 0.0 && *q <= 1.0)) {
+            return invalid("mapping.quantiles", "each must be in (0, 1]");
+        }
+        if self.mapping.counter_expire_after_secs == 0 {
+            return invalid("mapping.counter_expire_after_secs", "must be at least 1");
+        }
+        validate_sink("sink", &self.sink)?;
+        for (policy, sink) in &self.policy_sinks {
+            if policy.trim().is_empty() {
+                return invalid("policy_sinks", "a storage policy key is empty");
+            }
+            validate_sink(&format!("policy_sinks.\"{policy}\""), sink)?;
+        }
+        Ok(())
+    }
+
+    /// The sink targets: `default` first, then one per storage policy with its own sink.
+    pub fn targets(&self) -> Vec<(String, Option<String>, SinkConfig)> {
+        let mut targets = vec![("default".to_owned(), None, self.sink.clone())];
+        for (policy, sink) in &self.policy_sinks {
+            targets.push((policy.trim().to_owned(), Some(policy.trim().to_owned()), sink.clone()));
+        }
+        targets
+    }
+}
+
+fn validate_sink(key: &str, sink: &SinkConfig) -> Result<(), ConfigError> {
+    let invalid = |field: &str, reason: String| Err(ConfigError::Invalid { key: format!("{key}.{field}"), reason });
+    match sink {
+        SinkConfig::File(file) => {
+            if file.rotate_bytes == 0 {
+                return invalid("rotate_bytes", "must be at least 1".into());
+            }
+            if file.rotate_secs == 0 {
+                return invalid("rotate_secs", "must be at least 1".into());
+            }
+        }
+        SinkConfig::RemoteWrite(remote) => {
+            if let Err(error) = parse_url(&remote.url) {
+                return invalid("url", error.to_string());
+            }
+            if remote.request_timeout_ms == 0 || remote.connect_timeout_ms == 0 {
+                return invalid("request_timeout_ms", "timeouts must be at least 1 ms".into());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A directory name for a target (`1m:40d` → `1m_40d`).
+pub fn target_dir_name(target: &str) -> String {
+    target.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '.' { c } else { '_' }).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_write_files() {
+        let config: Config = toml::from_str("").unwrap();
+        config.validate().unwrap();
+        assert_eq!(config.listen.to_string(), "127.0.0.1:7500");
+        assert!(matches!(config.sink, SinkConfig::File(_)));
+        assert_eq!(config.targets().len(), 1);
+    }
+
+    #[test]
+    fn parses_remote_write_targets_per_policy_and_rejects_unknown_keys() {
+        let text = r#"
+            [sink]
+            kind = "remote_write"
+            url = "http://127.0.0.1:9090/api/v1/write"
+            m3_headers = true
+            [policy_sinks."1m:40d"]
+            kind = "file"
+            rotate_secs = 5
+            [pacing]
+            max_samples_per_sec = 1000.0
+        "#;
+        let config: Config = toml::from_str(text).unwrap();
+        config.validate().unwrap();
+        let targets = config.targets();
+        assert_eq!(targets[1].0, "1m:40d");
+        assert_eq!(target_dir_name(&targets[1].0), "1m_40d");
+        assert!(matches!(&targets[0].2, SinkConfig::RemoteWrite(remote) if remote.m3_headers));
+
+        for bad in [
+            "listen_address = \"x\"",
+            "[queue]\nmax_bytes = 1",
+            "[sink]\nkind = \"file\"\nurl = \"x\"",
+            "[sink]\nkind = \"kafka\"",
+        ] {
+            assert!(toml::from_str::<Config>(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn validation_names_the_key() {
+        let cases = [
+            ("[pool]\nworkers = 0", "pool.workers"),
+            ("[sink]\nkind = \"remote_write\"\nurl = \"https://x/\"", "sink.url"),
+            ("[pacing]\nmin_in_flight = 4\nmax_in_flight = 2", "pacing.min_in_flight"),
+            ("[mapping]\nquantiles = [1.5]", "mapping.quantiles"),
+            ("[queue]\nmax_queue_bytes = 10", "queue.max_queue_bytes"),
+            ("[policy_sinks.\"1m:40d\"]\nkind = \"remote_write\"", "policy_sinks.\"1m:40d\".url"),
+        ];
+        for (text, key) in cases {
+            let config: Config = toml::from_str(text).unwrap();
+            let err = config.validate().unwrap_err();
+            assert!(err.to_string().contains(&format!("`{key}`")), "{text}: {err}");
+        }
+    }
+}

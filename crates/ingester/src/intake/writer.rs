@@ -1,0 +1,253 @@
+//! The intake writer thread: decodes each frame, converts its tiles, appends the record
+//! to its target's queue and decides the acknowledgement.
+//!
+//! One thread does this for every connection, so records are converted and appended in
+//! one order: running totals advance in queue order, and a batch's conversion is undone
+//! if its record could not be queued. The thread owns the [`Converter`] and every
+//! [`QueueWriter`]; connections hand it [`Job`]s through a bounded channel and wait for
+//! the [`Verdict`].
+//!
+//! | situation | answer |
+//! |---|---|
+//! | record durable (by the fsync policy) | `Ok` |
+//! | the same batch (source, policy, tile end, sequence) was queued recently | `Ok`, reason `duplicate`, not queued twice |
+//! | the target's queue is over `max_queue_bytes` | `Retryable`, reason `queue_full` |
+//! | writing or fsyncing the queue failed | `Retryable`, reason `queue_io` |
+//! | no storage policy and no resolution, or no tile end | `Permanent`, reason `invalid_batch` |
+//! | a valid frame that is not a tile batch | `Permanent`, reason `unexpected_frame` |
+//! | bytes that are not a frame | the connection is closed |
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::time::Instant;
+
+use prost::Message;
+use tessera_proto::frame::Body;
+use tessera_proto::framing::body_kind;
+use tessera_proto::{Ack, AckStatus, Frame, TileBatch};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::mapping::Converter;
+use crate::metrics::Metrics;
+use crate::pool::worker::now_ms;
+use crate::queue::{AppendError, QueueWriter};
+use crate::record::{self, batch_key};
+
+/// Work for the writer thread.
+pub enum Job {
+    /// A frame body read from a connection.
+    Frame {
+        /// The body (without its length prefix).
+        body: Vec<u8>,
+        /// When reading it finished.
+        read_at: Instant,
+        /// Where the verdict goes.
+        reply: oneshot::Sender<Verdict>,
+    },
+    /// Time passed: fsync if the interval policy says so.
+    Tick,
+}
+
+/// What a connection does with a frame.
+#[derive(Debug)]
+pub enum Verdict {
+    /// Send this acknowledgement and read the next frame.
+    Ack(Ack),
+    /// The frame is not a frame: count `reason`, tell the peer, close the connection.
+    Close {
+        /// Closed-set reason (`malformed`, `empty`).
+        reason: &'static str,
+        /// What was wrong.
+        message: String,
+    },
+}
+
+/// Remembers the keys of recently queued batches, oldest forgotten first.
+pub struct RecentBatches {
+    keys: HashSet<u128>,
+    order: VecDeque<u128>,
+    capacity: usize,
+}
+
+impl RecentBatches {
+    /// Remembers up to `capacity` batches.
+    pub fn new(capacity: usize) -> RecentBatches {
+        RecentBatches { keys: HashSet::new(), order: VecDeque::new(), capacity: capacity.max(1) }
+    }
+
+    /// Whether `key` was queued recently.
+    pub fn contains(&self, key: u128) -> bool {
+        self.keys.contains(&key)
+    }
+
+    /// Remembers `key`.
+    pub fn insert(&mut self, key: u128) {
+        if !self.keys.insert(key) {
+            return;
+        }
+        self.order.push_back(key);
+        while self.order.len() > self.capacity {
+            if let Some(oldest) = self.order.pop_front() {
+                self.keys.remove(&oldest);
+            }
+        }
+    }
+}
+
+/// Everything the writer thread owns.
+pub struct Writer {
+    /// Converts batches to records.
+    pub converter: Converter,
+    /// One queue writer per target, by target index.
+    pub queues: Vec<QueueWriter>,
+    /// Target index of each storage policy with its own target; others go to target 0.
+    pub routes: HashMap<String, usize>,
+    /// Batches queued recently (rebuilt from the queue at start).
+    pub recent: RecentBatches,
+    /// Metric handles.
+    pub metrics: Metrics,
+}
+
+/// The `status` label of an acknowledgement.
+pub fn status_label(status: i32) -> &'static str {
+    match AckStatus::try_from(status) {
+        Ok(AckStatus::Ok) => "ok",
+        Ok(AckStatus::Retryable) => "retryable",
+        Ok(AckStatus::Permanent) => "permanent",
+        _ => "unspecified",
+    }
+}
+
+fn ack(sequence: u64, status: AckStatus, reason: &str, message: String) -> Ack {
+    Ack { sequence, status: status as i32, message, reason: reason.to_owned() }
+}
+
+impl Writer {
+    /// Runs until every sender of `jobs` is gone, then fsyncs every queue.
+    pub fn run(mut self, mut jobs: mpsc::Receiver<Job>) {
+        while let Some(job) = jobs.blocking_recv() {
+            match job {
+                Job::Tick => {
+                    for queue in &mut self.queues {
+                        queue.sync_if_due();
+                    }
+                }
+                Job::Frame { body, read_at, reply } => {
+                    let verdict = self.handle(&body);
+                    if let Verdict::Ack(ack) = &verdict {
+                        self.metrics.ack(status_label(ack.status), &ack.reason);
+                        self.metrics.durable_duration.observe(read_at.elapsed().as_secs_f64());
+                    }
+                    let _ = reply.send(verdict);
+                }
+            }
+        }
+        for queue in &mut self.queues {
+            if let Err(error) = queue.sync() {
+                tracing::error!(%error, "final queue fsync failed");
+            }
+        }
+    }
+
+    /// Decides what to do with one frame body.
+    pub fn handle(&mut self, body: &[u8]) -> Verdict {
+        self.metrics.bytes_received.inc_by(body.len() as u64);
+        let frame = match Frame::decode(body) {
+            Ok(frame) => frame,
+            Err(error) => {
+                return Verdict::Close {
+                    reason: "malformed",
+                    message: format!("malformed frame of {} bytes: {error}", body.len()),
+                };
+            }
+        };
+        match frame.body {
+            Some(Body::Tiles(batch)) => self.batch(&batch),
+            None => Verdict::Close { reason: "empty", message: "frame without a body".to_owned() },
+            Some(other) => {
+                let kind = body_kind(&Frame { body: Some(other.clone()) });
+                let sequence = match &other {
+                    Body::Partials(partials) => partials.sequence,
+                    _ => 0,
+                };
+                Verdict::Ack(ack(
+                    sequence,
+                    AckStatus::Permanent,
+                    "unexpected_frame",
+                    format!("an ingester takes tile batches, not `{kind}` frames"),
+                ))
+            }
+        }
+    }
+
+    fn batch(&mut self, batch: &TileBatch) -> Verdict {
+        let received_at_ms = now_ms();
+        self.metrics.batches_received.inc();
+        self.metrics.tiles_received.inc_by(batch.tiles.len() as u64);
+        let sequence = batch.sequence;
+        let key = batch_key(&batch.source, &batch.storage_policy, batch.tile_end_ms, sequence);
+        if self.recent.contains(key) {
+            return Verdict::Ack(ack(sequence, AckStatus::Ok, "duplicate", "batch already queued".to_owned()));
+        }
+        let target = self.routes.get(batch.storage_policy.trim()).copied().unwrap_or(0);
+        let Some(queue) = self.queues.get_mut(target) else {
+            return Verdict::Ack(ack(sequence, AckStatus::Retryable, "queue_io", "no queue for the target".to_owned()));
+        };
+        if queue.is_full() {
+            return Verdict::Ack(ack(
+                sequence,
+                AckStatus::Retryable,
+                "queue_full",
+                "ingester queue is full".to_owned(),
+            ));
+        }
+        let conversion = match self.converter.convert(batch, received_at_ms) {
+            Ok(conversion) => conversion,
+            Err(error) => return Verdict::Ack(ack(sequence, AckStatus::Permanent, "invalid_batch", error.to_string())),
+        };
+        let frame = record::encode(&conversion.record);
+        match queue.append(&frame) {
+            Ok(_) => {
+                self.converter.commit();
+                self.recent.insert(key);
+                for (reason, tiles) in conversion.skipped.by_reason() {
+                    self.metrics.tiles_skipped(reason, tiles);
+                }
+                self.metrics.samples_queued.inc_by(conversion.record.samples.len() as u64);
+                self.metrics.cumulative_series.set(self.converter.cumulative_series() as i64);
+                if batch.flushed_at_ms > 0 {
+                    let lag = (received_at_ms - batch.flushed_at_ms).max(0) as f64 / 1000.0;
+                    self.metrics.intake_lag(&conversion.record.resolution, lag);
+                }
+                Verdict::Ack(ack(sequence, AckStatus::Ok, "", String::new()))
+            }
+            Err(error) => {
+                self.converter.rollback();
+                let reason = match error {
+                    AppendError::Full { .. } => "queue_full",
+                    AppendError::Io(_) | AppendError::Broken(_) => {
+                        tracing::error!(error = %format!("{:#}", anyhow::Error::from(error)), "cannot append to the queue");
+                        "queue_io"
+                    }
+                };
+                Verdict::Ack(ack(sequence, AckStatus::Retryable, reason, format!("batch not queued: {reason}")))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recent_batches_forget_the_oldest() {
+        let mut recent = RecentBatches::new(2);
+        recent.insert(1);
+        recent.insert(2);
+        recent.insert(2);
+        assert!(recent.contains(1));
+        recent.insert(3);
+        assert!(!recent.contains(1));
+        assert!(recent.contains(2) && recent.contains(3));
+    }
+}

@@ -1,0 +1,139 @@
+//! statsd names and tags to Prometheus metric names and labels.
+//!
+//! | input | output |
+//! |---|---|
+//! | metric name | every character outside `[a-zA-Z0-9_:]` becomes `_`; a leading digit gets a `_` prefix; an empty name becomes `_` |
+//! | tag `key:value` | label `key="value"`; the key keeps `[a-zA-Z0-9_]` (others, `:` included, become `_`), a leading digit gets a `_` prefix |
+//! | bare tag `key` | label `key="true"` |
+//! | tag with an empty value (`key:`) or an empty key | dropped (Prometheus treats an empty label as absent) |
+//! | key starting with `__` (reserved), or named `resolution` or `quantile` (set by tessera) | prefixed with `tag_` |
+//! | several tags with one key after the above | one label, the values joined with `,` in canonical tag order |
+//! | a non-ASCII character (or a byte that is not UTF-8) in a name or key | one `_` |
+//! | bytes that are not UTF-8 in a value | U+FFFD |
+
+use std::borrow::Cow;
+
+/// Label names tessera sets itself; tags with these keys are renamed `tag_<key>`.
+pub const RESERVED_LABELS: [&str; 2] = ["resolution", "quantile"];
+
+/// Appends `raw` to `out` with every byte outside `[a-zA-Z0-9_]` (and `:` when
+/// `allow_colon`) replaced by `_`, one `_` per non-ASCII character (or invalid byte).
+fn push_sanitized(out: &mut String, raw: &[u8], allow_colon: bool) {
+    for &byte in raw {
+        let keep = byte.is_ascii_alphanumeric() || byte == b'_' || (allow_colon && byte == b':');
+        if keep {
+            out.push(byte as char);
+        } else if !(0x80..0xc0).contains(&byte) {
+            // ASCII punctuation, a UTF-8 leading byte, or an invalid byte; UTF-8
+            // continuation bytes add nothing, so a character gives one `_`.
+            out.push('_');
+        }
+    }
+}
+
+/// Appends the Prometheus metric name for statsd name `raw` to `out`.
+pub fn metric_name(raw: &[u8], out: &mut String) {
+    if raw.is_empty() {
+        out.push('_');
+        return;
+    }
+    if raw[0].is_ascii_digit() {
+        out.push('_');
+    }
+    push_sanitized(out, raw, true);
+}
+
+/// Writes the Prometheus label name for tag key `raw` into `out` (cleared first); false
+/// when the key is empty (the tag is dropped).
+pub fn label_name(raw: &[u8], out: &mut String) -> bool {
+    out.clear();
+    if raw.is_empty() {
+        return false;
+    }
+    push_sanitized(out, raw, false);
+    if out.starts_with("__") || RESERVED_LABELS.contains(&out.as_str()) {
+        out.insert_str(0, "tag_");
+    } else if out.starts_with(|c: char| c.is_ascii_digit()) {
+        out.insert(0, '_');
+    }
+    true
+}
+
+/// The label value for a tag value; a bare tag (`None`) is `"true"`.
+pub fn label_value(raw: Option<&[u8]>) -> Cow<'_, str> {
+    match raw {
+        None => Cow::Borrowed("true"),
+        Some(value) => String::from_utf8_lossy(value),
+    }
+}
+
+/// Splits a canonical tag into its key and value; a bare tag has no value.
+pub fn split_tag(tag: &[u8]) -> (&[u8], Option<&[u8]>) {
+    match tag.iter().position(|byte| *byte == b':') {
+        Some(colon) => (&tag[..colon], Some(&tag[colon + 1..])),
+        None => (tag, None),
+    }
+}
+
+/// Reusable label buffers for [`tag_labels`], so that steady-state conversion does not
+/// allocate per tag.
+#[derive(Debug, Default)]
+pub struct TagLabels {
+    /// The labels, sorted by name.
+    pub labels: Vec<(String, String)>,
+    spare: Vec<(String, String)>,
+}
+
+/// Fills `out` with the labels of a canonical id's raw tag list (see
+/// `tessera_core::series::split_id`), sorted by name, with the rules of the
+/// [module docs](self).
+pub fn tag_labels(raw_tags: &[u8], out: &mut TagLabels) {
+    for (mut name, mut value) in out.labels.drain(..) {
+        name.clear();
+        value.clear();
+        out.spare.push((name, value));
+    }
+    for tag in raw_tags.split(|byte| *byte == b',').filter(|tag| !tag.is_empty()) {
+        let (key, value) = split_tag(tag);
+        let value = label_value(value);
+        if value.is_empty() {
+            continue;
+        }
+        let (mut name, mut text) = out.spare.pop().unwrap_or_default();
+        if !label_name(key, &mut name) {
+            out.spare.push((name, text));
+            continue;
+        }
+        match out.labels.iter_mut().find(|(existing, _)| *existing == name) {
+            Some((_, joined)) => {
+                joined.push(',');
+                joined.push_str(&value);
+                out.spare.push((name, text));
+            }
+            None => {
+                text.push_str(&value);
+                out.labels.push((name, text));
+            }
+        }
+    }
+    out.labels.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+}
+
+/// The `resolution` label value of a storage policy: the part before `:` (`10s:2d` →
+/// `10s`), or, with no policy, `resolution_ms` written as `500ms`, `10s`, `1m` or `1h`.
+pub fn resolution_label(storage_policy: &str, resolution_ms: u32) -> Option<String> {
+    let policy = storage_policy.trim();
+    if !policy.is_empty() {
+        let resolution = policy.split(':').next().unwrap_or(policy).trim();
+        if !resolution.is_empty() {
+            return Some(resolution.to_owned());
+        }
+    }
+    match resolution_ms {
+        0 => None,
+        ms if ms % 3_600_000 == 0 => Some(format!("{}h", ms / 3_600_000)),
+        ms if ms % 60_000 == 0 => Some(format!("{}m", ms / 60_000)),
+        ms if ms % 1_000 == 0 => Some(format!("{}s", ms / 1_000)),
+        ms => Some(format!("{ms}ms")),
+    }
+}

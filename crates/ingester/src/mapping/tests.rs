@@ -1,0 +1,244 @@
+use tessera_core::aggregate::{Distribution, Gauge};
+use tessera_core::hll::HyperLogLog;
+use tessera_proto::{MetricType, SeriesValue};
+
+use super::*;
+use crate::prompb::decode_labels;
+
+fn labels_text(sample: &StoredSample) -> String {
+    let labels = decode_labels(&sample.labels).unwrap();
+    labels.iter().map(|label| format!("{}={}", label.name, label.value)).collect::<Vec<_>>().join(" ")
+}
+
+fn tile(id: &str, metric_type: MetricType, aggregate: Aggregate) -> SeriesValue {
+    SeriesValue { series_id: id.as_bytes().to_vec(), r#type: metric_type as i32, aggregate: Some(aggregate.to_proto()) }
+}
+
+fn batch(tile_end_ms: i64, tiles: Vec<SeriesValue>) -> TileBatch {
+    TileBatch {
+        source: "agg-1".into(),
+        sequence: 1,
+        storage_policy: "10s:2d".into(),
+        resolution_ms: 10_000,
+        tile_end_ms,
+        tiles,
+        flushed_at_ms: tile_end_ms + 100,
+    }
+}
+
+fn converted(converter: &mut Converter, batch: &TileBatch) -> Vec<(String, f64)> {
+    let conversion = converter.convert(batch, 0).unwrap();
+    converter.commit();
+    conversion.record.samples.iter().map(|sample| (labels_text(sample), sample.value)).collect()
+}
+
+#[test]
+fn metric_names_are_sanitised() {
+    let table: &[(&[u8], &str)] = &[
+        (b"api.requests", "api_requests"),
+        (b"api:requests", "api:requests"),
+        (b"9lives", "_9lives"),
+        (b"caf\xc3\xa9-hits", "caf__hits"),
+        (b"bad\xffbyte", "bad_byte"),
+        (b"", "_"),
+        (b"Already_OK:1", "Already_OK:1"),
+    ];
+    for (raw, expected) in table {
+        let mut out = String::new();
+        names::metric_name(raw, &mut out);
+        assert_eq!(&out, expected, "{}", String::from_utf8_lossy(raw));
+    }
+}
+
+#[test]
+fn tags_become_sorted_sanitised_labels() {
+    let table: &[(&str, &[(&str, &str)])] = &[
+        ("env:prod,host:web-1", &[("env", "prod"), ("host", "web-1")]),
+        ("canary", &[("canary", "true")]),
+        ("a.b:1,a-b:2", &[("a_b", "1,2")]),
+        ("zone:a,zone:b", &[("zone", "a,b")]),
+        ("1st:x", &[("_1st", "x")]),
+        ("__name__:evil,__x:y", &[("tag___name__", "evil"), ("tag___x", "y")]),
+        ("-_x:1", &[("tag___x", "1")]),
+        ("resolution:1h,quantile:0.5", &[("tag_quantile", "0.5"), ("tag_resolution", "1h")]),
+        ("empty:,:novalue,ok:1", &[("ok", "1")]),
+        ("url:http://x/y", &[("url", "http://x/y")]),
+        ("k:v:w", &[("k", "v:w")]),
+    ];
+    let mut labels = names::TagLabels::default();
+    for (tags, expected) in table {
+        names::tag_labels(tags.as_bytes(), &mut labels);
+        let got: Vec<(&str, &str)> = labels.labels.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();
+        assert_eq!(&got, expected, "{tags}");
+    }
+}
+
+#[test]
+fn resolution_label_comes_from_the_policy_or_the_resolution() {
+    assert_eq!(names::resolution_label("10s:2d", 10_000).as_deref(), Some("10s"));
+    assert_eq!(names::resolution_label("1m:40d", 0).as_deref(), Some("1m"));
+    assert_eq!(names::resolution_label("", 60_000).as_deref(), Some("1m"));
+    assert_eq!(names::resolution_label("", 500).as_deref(), Some("500ms"));
+    assert_eq!(names::resolution_label(" ", 7_200_000).as_deref(), Some("2h"));
+    assert_eq!(names::resolution_label("", 0), None);
+}
+
+#[test]
+fn counters_are_cumulative_per_series_and_resolution() {
+    let mut converter = Converter::new(&[0.5], 3_600_000);
+    let first = batch(10_000, vec![tile("hits|#env:prod", MetricType::Counter, Aggregate::Counter(3.0))]);
+    assert_eq!(
+        converted(&mut converter, &first),
+        vec![("__name__=hits_total env=prod resolution=10s".to_owned(), 3.0)]
+    );
+    let second = batch(20_000, vec![tile("hits|#env:prod", MetricType::Counter, Aggregate::Counter(2.5))]);
+    assert_eq!(converted(&mut converter, &second)[0].1, 5.5);
+    // Another resolution is another series with its own total.
+    let mut minute = batch(60_000, vec![tile("hits|#env:prod", MetricType::Counter, Aggregate::Counter(1.0))]);
+    minute.storage_policy = "1m:40d".into();
+    assert_eq!(
+        converted(&mut converter, &minute),
+        vec![("__name__=hits_total env=prod resolution=1m".to_owned(), 1.0)]
+    );
+    // A name that already ends in _total keeps it.
+    let named = batch(30_000, vec![tile("jobs_total", MetricType::Counter, Aggregate::Counter(1.0))]);
+    assert_eq!(converted(&mut converter, &named)[0].0, "__name__=jobs_total resolution=10s");
+}
+
+#[test]
+fn late_tiles_fold_into_the_next_sample() {
+    let mut converter = Converter::new(&[0.5], 3_600_000);
+    converted(&mut converter, &batch(20_000, vec![tile("c", MetricType::Counter, Aggregate::Counter(1.0))]));
+    let late = batch(10_000, vec![tile("c", MetricType::Counter, Aggregate::Counter(4.0))]);
+    let conversion = converter.convert(&late, 0).unwrap();
+    converter.commit();
+    assert!(conversion.record.samples.is_empty());
+    assert_eq!(conversion.skipped.late, 1);
+    assert_eq!(conversion.record.tiles, 0);
+    let next = batch(30_000, vec![tile("c", MetricType::Counter, Aggregate::Counter(1.0))]);
+    assert_eq!(converted(&mut converter, &next)[0].1, 6.0);
+}
+
+#[test]
+fn rollback_restores_totals() {
+    let mut converter = Converter::new(&[0.5], 3_600_000);
+    converted(&mut converter, &batch(10_000, vec![tile("c", MetricType::Counter, Aggregate::Counter(1.0))]));
+    let refused = batch(
+        20_000,
+        vec![
+            tile("c", MetricType::Counter, Aggregate::Counter(5.0)),
+            tile("new", MetricType::Counter, Aggregate::Counter(1.0)),
+        ],
+    );
+    converter.convert(&refused, 0).unwrap();
+    converter.rollback();
+    assert_eq!(converter.cumulative_series(), 1);
+    // The retried batch computes the same values as if the refusal never happened.
+    assert_eq!(converted(&mut converter, &refused).iter().map(|s| s.1).collect::<Vec<_>>(), vec![6.0, 1.0]);
+}
+
+#[test]
+fn gauges_sets_and_distributions_map_as_documented() {
+    let mut converter = Converter::new(&[0.5, 0.9, 0.99], 3_600_000);
+    let mut summary = Distribution::default();
+    for value in 1..=100 {
+        summary.insert(value as f64, 1.0);
+    }
+    let mut set = HyperLogLog::new();
+    for member in ["a", "b", "c"] {
+        set.insert(member.as_bytes());
+    }
+    let tiles = vec![
+        tile(
+            "temp|#room:1",
+            MetricType::Gauge,
+            Aggregate::Gauge(Gauge { has_value: true, value: 21.5, timestamp_ms: 1, delta: 0.0 }),
+        ),
+        tile(
+            "queue",
+            MetricType::Gauge,
+            Aggregate::Gauge(Gauge { has_value: false, value: 0.0, timestamp_ms: 0, delta: -2.0 }),
+        ),
+        tile("users", MetricType::Set, Aggregate::Set(Box::new(set))),
+        tile("lat", MetricType::Timer, Aggregate::Distribution(Box::new(summary.clone()))),
+    ];
+    let samples = converted(&mut converter, &batch(10_000, tiles));
+    let expect = |name: &str| samples.iter().find(|(labels, _)| labels == name).map(|s| s.1).unwrap_or(f64::NAN);
+    assert_eq!(expect("__name__=temp resolution=10s room=1"), 21.5);
+    assert_eq!(expect("__name__=queue resolution=10s"), -2.0);
+    assert_eq!(expect("__name__=users resolution=10s"), 3.0);
+    assert_eq!(expect("__name__=lat_count resolution=10s"), 100.0);
+    assert_eq!(expect("__name__=lat_sum resolution=10s"), 5050.0);
+    assert_eq!(expect("__name__=lat_min resolution=10s"), 1.0);
+    assert_eq!(expect("__name__=lat_max resolution=10s"), 100.0);
+    for (q, exact) in [("0.5", 50.0), ("0.9", 90.0), ("0.99", 99.0)] {
+        let value = expect(&format!("__name__=lat quantile={q} resolution=10s"));
+        assert!((value - exact).abs() / exact < 0.03, "q{q} = {value}");
+    }
+    assert_eq!(samples.len(), 3 + 7);
+    // _count and _sum are cumulative.
+    let again = converted(
+        &mut converter,
+        &batch(20_000, vec![tile("lat", MetricType::Timer, Aggregate::Distribution(Box::new(summary)))]),
+    );
+    assert_eq!(again.iter().find(|s| s.0 == "__name__=lat_count resolution=10s").unwrap().1, 200.0);
+}
+
+#[test]
+fn bad_tiles_are_skipped_and_counted_and_bad_batches_refused() {
+    let mut converter = Converter::new(&[0.5], 3_600_000);
+    let mut unknown = tile("x", MetricType::Counter, Aggregate::Counter(1.0));
+    unknown.r#type = 99;
+    let mut empty = tile("y", MetricType::Counter, Aggregate::Counter(1.0));
+    empty.aggregate = None;
+    let nan = SeriesValue {
+        series_id: b"n".to_vec(),
+        r#type: MetricType::Counter as i32,
+        aggregate: Some(tessera_proto::Aggregate { value: Some(tessera_proto::aggregate::Value::Counter(f64::NAN)) }),
+    };
+    let mismatch = tile("z", MetricType::Gauge, Aggregate::Counter(1.0));
+    let good = tile("ok", MetricType::Counter, Aggregate::Counter(1.0));
+    let conversion = converter.convert(&batch(10_000, vec![unknown, empty, nan, mismatch, good]), 0).unwrap();
+    assert_eq!(conversion.skipped, SkippedTiles { unknown_type: 1, invalid_aggregate: 2, type_mismatch: 1, late: 0 });
+    assert_eq!(conversion.record.samples.len(), 1);
+    assert_eq!(conversion.record.tiles, 1);
+    converter.commit();
+
+    let mut no_resolution = batch(10_000, vec![]);
+    no_resolution.storage_policy.clear();
+    no_resolution.resolution_ms = 0;
+    assert!(matches!(converter.convert(&no_resolution, 0), Err(BatchError::NoResolution { .. })));
+    assert!(matches!(converter.convert(&batch(0, vec![]), 0), Err(BatchError::TileEnd { .. })));
+}
+
+#[test]
+fn idle_totals_expire() {
+    let mut converter = Converter::new(&[0.5], 60_000);
+    converted(&mut converter, &batch(10_000, vec![tile("old", MetricType::Counter, Aggregate::Counter(1.0))]));
+    converted(&mut converter, &batch(200_000, vec![tile("new", MetricType::Counter, Aggregate::Counter(1.0))]));
+    assert_eq!(converter.cumulative_series(), 1);
+}
+
+#[test]
+fn labels_are_strictly_sorted_by_name_for_every_sample() {
+    let mut converter = Converter::new(&[0.5, 0.99], 3_600_000);
+    let ids =
+        ["t", "t|#Zone:x,a:1", "t|#A,Z:1,_x:2,__y:3,q:1,quantile:2,r:3,resolution:4,s:5,zz:6", "t|#ab,qa:1,re:2,rf:3"];
+    for (n, id) in ids.iter().enumerate() {
+        let mut summary = Distribution::default();
+        summary.insert(1.0, 1.0);
+        let tiles = vec![
+            tile(id, MetricType::Timer, Aggregate::Distribution(Box::new(summary))),
+            tile(id, MetricType::Counter, Aggregate::Counter(1.0)),
+        ];
+        let conversion = converter.convert(&batch(10_000 * (n as i64 + 1), tiles), 0).unwrap();
+        converter.commit();
+        assert_eq!(conversion.record.samples.len(), 7);
+        for sample in &conversion.record.samples {
+            let labels = decode_labels(&sample.labels).unwrap();
+            let names: Vec<&str> = labels.iter().map(|label| label.name.as_str()).collect();
+            assert!(names.windows(2).all(|pair| pair[0] < pair[1]), "{id}: {names:?}");
+            assert!(names.contains(&"__name__") && names.contains(&"resolution"), "{id}: {names:?}");
+        }
+    }
+}

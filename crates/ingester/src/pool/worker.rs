@@ -1,0 +1,173 @@
+//! One long-lived worker: takes requests from its channel, one at a time, and sends each
+//! until storage takes it or refuses it for good.
+//!
+//! Per attempt: wait for a slot under the adaptive limit, wait for the samples/s ceiling,
+//! send, report the outcome to the limit (which frees the slot). A retryable error waits
+//! `initial × 2^attempt` (capped, with jitter between half and all of it) and tries
+//! again, without a slot held. On shutdown a worker finishes the request it is sending
+//! but starts no new attempt and takes no new request; what it did not finish stays in
+//! the queue for the next start.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use tessera_runtime::{RateLimitedLog, Shutdown};
+use tokio::sync::mpsc;
+
+use super::{PoolSettings, Target, WorkItem};
+use crate::pacing::Outcome;
+use crate::sink::{Sink, SinkError};
+
+static RETRY_LOG: RateLimitedLog = RateLimitedLog::new("ingester.sink_retry", 2);
+static REJECT_LOG: RateLimitedLog = RateLimitedLog::new("ingester.sink_rejected", 2);
+
+/// Unix milliseconds now.
+pub fn now_ms() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |elapsed| elapsed.as_millis() as i64)
+}
+
+/// The delay before retry number `attempt` (0-based): `initial × 2^attempt` capped at
+/// `max`, scaled by `jitter` in `[0.5, 1]`.
+pub fn backoff(attempt: u32, initial: Duration, max: Duration, jitter: f64) -> Duration {
+    let exponential = initial.saturating_mul(1u32 << attempt.min(20));
+    exponential.min(max).mul_f64(jitter.clamp(0.5, 1.0))
+}
+
+/// The worker loop; see the [module docs](self).
+pub async fn run<S: Sink>(
+    index: usize,
+    target: Arc<Target<S>>,
+    mut requests: mpsc::Receiver<WorkItem>,
+    settings: PoolSettings,
+    stop: Shutdown,
+) {
+    let busy = target.metrics.worker_busy(index);
+    let mut rng = SmallRng::from_os_rng();
+    loop {
+        let item = tokio::select! {
+            biased;
+            () = stop.wait() => break,
+            item = requests.recv() => match item {
+                Some(item) => item,
+                None => break,
+            },
+        };
+        let began = Instant::now();
+        send(&target, &item, &settings, &stop, &mut rng).await;
+        busy.inc_by(began.elapsed().as_secs_f64());
+    }
+}
+
+async fn send<S: Sink>(
+    target: &Target<S>,
+    item: &WorkItem,
+    settings: &PoolSettings,
+    stop: &Shutdown,
+    rng: &mut SmallRng,
+) {
+    let request = &item.request;
+    let record = &request.record;
+    let metrics = &target.metrics;
+    if !item.ticket.started.swap(true, Ordering::AcqRel) {
+        let waited = (now_ms() - record.received_at_ms).max(0) as f64 / 1000.0;
+        metrics.all().queue_time(&record.resolution).observe_n(waited, u64::from(record.tiles));
+    }
+    let samples = request.samples.len();
+    let mut attempt = 0u32;
+    loop {
+        let permit = tokio::select! {
+            biased;
+            () = stop.wait() => return,
+            permit = target.limit.acquire() => permit,
+        };
+        tokio::select! {
+            biased;
+            () = stop.wait() => return,
+            () = target.pace.wait(samples) => {}
+        }
+        let started = Instant::now();
+        let result = target.sink.write(request).await;
+        metrics.request_duration.observe(started.elapsed().as_secs_f64());
+        match result {
+            Ok(()) => {
+                permit.finish(Outcome::Success);
+                metrics.request("ok");
+                metrics.samples_written.inc_by(samples as u64);
+                complete(target, item);
+                return;
+            }
+            Err(SinkError::Permanent { status, message }) => {
+                permit.finish(Outcome::Neutral);
+                metrics.request("rejected");
+                metrics.rejected(status, samples as u64);
+                target.rejected.write(&target.name, request, status, &message);
+                if REJECT_LOG.allow() {
+                    tracing::warn!(target = target.name, status, samples, message, log = %target.rejected.path().display(), "storage refused samples for good; logged them");
+                }
+                complete(target, item);
+                return;
+            }
+            Err(SinkError::Retryable { reason, message, overloaded }) => {
+                permit.finish(if overloaded { Outcome::Overloaded } else { Outcome::Neutral });
+                metrics.request(reason);
+                if stop.is_triggered() {
+                    return;
+                }
+                metrics.retries.inc();
+                let delay = backoff(
+                    attempt,
+                    settings.retry_initial_backoff,
+                    settings.retry_max_backoff,
+                    rng.random_range(0.5..=1.0),
+                );
+                attempt = attempt.saturating_add(1);
+                if RETRY_LOG.allow() {
+                    tracing::warn!(
+                        target = target.name,
+                        reason,
+                        message,
+                        attempt,
+                        delay_ms = delay.as_millis() as u64,
+                        "storage request failed; retrying"
+                    );
+                }
+                tokio::select! {
+                    biased;
+                    () = stop.wait() => return,
+                    () = tokio::time::sleep(delay) => {}
+                }
+            }
+        }
+    }
+}
+
+/// Marks the request done; completes the record when it was the last one.
+fn complete<S: Sink>(target: &Target<S>, item: &WorkItem) {
+    let record = &item.request.record;
+    target.queue.request_done(record.position, item.request.key);
+    if item.ticket.outstanding.fetch_sub(1, Ordering::AcqRel) != 1 {
+        return;
+    }
+    target.queue.complete(record.position);
+    target.metrics.records_written.inc();
+    let latency = (now_ms() - record.tile_end_ms).max(0) as f64 / 1000.0;
+    target.metrics.all().end_to_end(&record.resolution).observe_n(latency, u64::from(record.tiles));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_caps_and_jitters() {
+        let (initial, max) = (Duration::from_millis(100), Duration::from_secs(5));
+        let delays: Vec<_> = (0..8).map(|attempt| backoff(attempt, initial, max, 1.0).as_millis()).collect();
+        assert_eq!(delays, vec![100, 200, 400, 800, 1600, 3200, 5000, 5000]);
+        assert_eq!(backoff(1, initial, max, 0.5), Duration::from_millis(100));
+        assert_eq!(backoff(1, initial, max, 0.1), Duration::from_millis(100), "jitter never below half");
+        assert_eq!(backoff(u32::MAX, initial, max, 1.0), max);
+    }
+}

@@ -1,0 +1,501 @@
+//! The durable queue: append-only segment files of checksummed records.
+//!
+//! [`open`] replays a queue directory and returns three handles:
+//!
+//! - [`QueueWriter`] (one, owned by the intake writer thread) appends framed records to
+//!   the active segment, fsyncs by the [`FsyncPolicy`], rotates segments by size, and
+//!   refuses a record with [`AppendError::Full`] while the queue holds more than
+//!   `max_queue_bytes` (backpressure: the batch is answered `Retryable`);
+//! - [`QueueReader`] (one, owned by the dispatcher thread) reads records in order, from
+//!   the oldest segment to the one being written, waiting for more at the end;
+//! - [`Queue`] (cloneable) marks records done ([`Queue::complete`]) and sink requests done
+//!   ([`Queue::request_done`]), from any worker, in any order.
+//!
+//! A segment is deleted once it is sealed (the writer moved on), the reader has read all
+//! of it, and every record in it is done; records complete out of order, so segments may
+//! be deleted out of order too. Sink requests that reached storage are appended to the
+//! segment's done log, so that after a crash only the requests that were in flight are
+//! sent again ([`segment`]).
+//!
+//! **Replay.** On start every segment is scanned: whole records are counted, a torn or
+//! corrupt tail (short header, impossible length, short payload, CRC mismatch) is counted
+//! and truncated, a file with a bad header is renamed `.corrupt`. Nothing panics. All old
+//! segments are sealed; writing continues in a new one.
+//!
+//! ```
+//! use tessera_ingester::queue::{self, FsyncPolicy, QueueOptions};
+//! use tessera_ingester::record::{self, Record};
+//!
+//! let dir = tempfile::tempdir().unwrap();
+//! let options = QueueOptions::new(dir.path().to_owned(), 1 << 30, 64 << 20, FsyncPolicy::Always);
+//! let (queue, mut writer, mut reader, _replay) = queue::open(options, Default::default()).unwrap();
+//! writer.append(&record::encode(&Record { tile_end_ms: 10_000, ..Default::default() })).unwrap();
+//! let read = reader.next_record().unwrap().expect("a record");
+//! assert_eq!(record::decode_payload(read.payload).unwrap().tile_end_ms, 10_000);
+//! queue.complete(read.position);
+//! assert_eq!(queue.pending_records(), 0);
+//! ```
+
+mod reader;
+pub mod segment;
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
+use std::io::{self, Write};
+use std::path::PathBuf;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+
+pub use reader::QueueReader;
+pub use segment::RequestKey;
+
+/// When appended records are fsynced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FsyncPolicy {
+    /// Before every acknowledgement: an acked batch survives a power loss.
+    Always,
+    /// At most this long after an append: an acked batch survives a crash of the process
+    /// at once, and a power loss after the interval.
+    Interval(Duration),
+    /// Never explicitly (the kernel writes back on its own): survives a process crash only.
+    Never,
+}
+
+/// How a queue is laid out and bounded.
+#[derive(Debug, Clone)]
+pub struct QueueOptions {
+    /// Directory of the segment files (created if missing).
+    pub dir: PathBuf,
+    /// Above this many bytes on disk, appends are refused.
+    pub max_queue_bytes: u64,
+    /// A segment is sealed and a new one started once it passes this size.
+    pub segment_max_bytes: u64,
+    /// Largest record accepted; a longer length field marks a corrupt record.
+    pub max_record_bytes: usize,
+    /// When appends are fsynced.
+    pub fsync: FsyncPolicy,
+}
+
+impl QueueOptions {
+    /// Options with `max_record_bytes` at 1 GiB.
+    pub fn new(dir: PathBuf, max_queue_bytes: u64, segment_max_bytes: u64, fsync: FsyncPolicy) -> Self {
+        QueueOptions { dir, max_queue_bytes, segment_max_bytes, max_record_bytes: 1 << 30, fsync }
+    }
+}
+
+/// Metric handles the queue keeps current.
+#[derive(Clone, Default)]
+pub struct QueueMetrics {
+    /// Bytes of segment files.
+    pub bytes: Gauge,
+    /// Records not yet done.
+    pub records: Gauge,
+    /// Segment files.
+    pub segments: Gauge,
+    /// Records found by the replay at start.
+    pub replayed_records: Counter,
+    /// Torn or corrupt records found (and cut off).
+    pub corrupt_records: Counter,
+    /// Fsyncs of segment files.
+    pub fsyncs: Counter,
+}
+
+/// Why the queue could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// A file or directory operation failed.
+    #[error("cannot open the queue in {dir}")]
+    Io {
+        /// The queue directory.
+        dir: PathBuf,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// Why a record was not appended.
+#[derive(Debug, thiserror::Error)]
+pub enum AppendError {
+    /// The queue is over its byte bound; try again later.
+    #[error("queue full: {bytes} bytes queued, the bound is {max} bytes")]
+    Full {
+        /// Bytes on disk.
+        bytes: u64,
+        /// The bound.
+        max: u64,
+    },
+    /// Writing failed; the partial write was cut off.
+    #[error("queue write failed")]
+    Io(#[from] io::Error),
+    /// An earlier failure left the segment in an unknown state (a failed fsync or a
+    /// failed cut-back); appends are refused until restart.
+    #[error("queue is broken after an earlier i/o failure: {0}")]
+    Broken(String),
+}
+
+/// Where a record is: segment id and byte offset.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Position {
+    /// Segment id.
+    pub segment: u64,
+    /// Offset of the record's frame header in the segment.
+    pub offset: u64,
+}
+
+/// What the replay at start found.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Replay {
+    /// Segments kept.
+    pub segments: u64,
+    /// Whole records in them.
+    pub records: u64,
+    /// Torn or corrupt records cut off (or files set aside).
+    pub corrupt: u64,
+    /// Bytes cut off.
+    pub truncated_bytes: u64,
+}
+
+/// A record read from the queue.
+#[derive(Debug)]
+pub struct ReadRecord {
+    /// Where it is.
+    pub position: Position,
+    /// The checked payload (see [`crate::record::decode_payload`]).
+    pub payload: Bytes,
+    /// Sink requests of this record that the done log says reached storage before a restart.
+    pub already_done: Vec<RequestKey>,
+}
+
+/// The shared side of the queue: completion, and what the metrics show. Cheap to clone.
+#[derive(Clone)]
+pub struct Queue {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    options: QueueOptions,
+    state: Mutex<State>,
+    wakeup: Condvar,
+    metrics: QueueMetrics,
+}
+
+#[derive(Default)]
+struct State {
+    segments: BTreeMap<u64, Segment>,
+    bytes: u64,
+    pending_records: u64,
+    closed: bool,
+}
+
+#[derive(Default)]
+struct Segment {
+    len: u64,
+    records: u64,
+    read: u64,
+    done: u64,
+    sealed: bool,
+    read_all: bool,
+    done_log: Option<File>,
+    replayed_done: HashMap<u64, Vec<RequestKey>>,
+}
+
+/// The handles [`open`] returns.
+pub type Opened = (Queue, QueueWriter, QueueReader, Replay);
+
+/// Opens (replaying) the queue in `options.dir`.
+pub fn open(options: QueueOptions, metrics: QueueMetrics) -> Result<Opened, OpenError> {
+    open_visiting(options, metrics, &mut |_| {})
+}
+
+/// Like [`open`], showing the payload of every record the replay keeps to `visit` (to
+/// rebuild state that depends on what is queued).
+pub fn open_visiting(
+    options: QueueOptions,
+    metrics: QueueMetrics,
+    visit: &mut dyn FnMut(&[u8]),
+) -> Result<Opened, OpenError> {
+    let dir = options.dir.clone();
+    let io_error = |source| OpenError::Io { dir: dir.clone(), source };
+    std::fs::create_dir_all(&dir).map_err(io_error)?;
+    let mut state = State::default();
+    let mut replay = Replay::default();
+    let ids = segment::list_segments(&dir).map_err(io_error)?;
+    for &id in &ids {
+        let scan = segment::scan(&dir, id, options.max_record_bytes, visit).map_err(io_error)?;
+        if scan.corrupt {
+            replay.corrupt += 1;
+            replay.truncated_bytes += scan.truncated_bytes;
+            tracing::warn!(
+                segment = id,
+                truncated_bytes = scan.truncated_bytes,
+                bad_header = scan.bad_header,
+                "queue segment had a torn or corrupt tail; cut it off"
+            );
+        }
+        if scan.bad_header {
+            continue;
+        }
+        if scan.records == 0 {
+            segment::remove(&dir, id).map_err(io_error)?;
+            continue;
+        }
+        let replayed_done = segment::read_done(&dir, id).map_err(io_error)?;
+        replay.segments += 1;
+        replay.records += scan.records;
+        state.bytes += scan.len;
+        state.pending_records += scan.records;
+        state.segments.insert(
+            id,
+            Segment { len: scan.len, records: scan.records, sealed: true, replayed_done, ..Segment::default() },
+        );
+    }
+    let active = ids.last().map_or(1, |last| last + 1);
+    let file = segment::create(&dir, active).map_err(io_error)?;
+    if options.fsync != FsyncPolicy::Never {
+        file.sync_all().map_err(io_error)?;
+        segment::sync_dir(&dir).map_err(io_error)?;
+    }
+    let header = segment::MAGIC.len() as u64;
+    state.bytes += header;
+    state.segments.insert(active, Segment { len: header, ..Segment::default() });
+    metrics.replayed_records.inc_by(replay.records);
+    metrics.corrupt_records.inc_by(replay.corrupt);
+    let shared = Arc::new(Shared { options, state: Mutex::new(state), wakeup: Condvar::new(), metrics });
+    let queue = Queue { shared: shared.clone() };
+    queue.publish(&queue.lock());
+    let writer = QueueWriter {
+        shared: shared.clone(),
+        file,
+        segment: active,
+        len: header,
+        unsynced: false,
+        last_sync: Instant::now(),
+        broken: None,
+    };
+    let reader = QueueReader { shared, segment: None, file: None, offset: 0 };
+    Ok((queue, writer, reader, replay))
+}
+
+impl Queue {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Every update under this lock is a few field writes; a panic cannot leave it half done.
+        self.shared.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn publish(&self, state: &State) {
+        let metrics = &self.shared.metrics;
+        metrics.bytes.set(state.bytes as i64);
+        metrics.records.set(state.pending_records as i64);
+        metrics.segments.set(state.segments.len() as i64);
+    }
+
+    /// Marks the record at `position` done: every sample of it reached storage (or was
+    /// rejected for good). Deletes its segment if that was the last one pending.
+    pub fn complete(&self, position: Position) {
+        let mut state = self.lock();
+        let Some(segment) = state.segments.get_mut(&position.segment) else {
+            tracing::error!(?position, "completed a record of a segment that is gone");
+            return;
+        };
+        segment.done += 1;
+        state.pending_records = state.pending_records.saturating_sub(1);
+        self.maybe_delete(&mut state, position.segment);
+        self.publish(&state);
+    }
+
+    /// Appends "request `key` of the record at `position` reached storage" to the done log.
+    /// Best effort: a failure is logged and only means a resend after a restart.
+    pub fn request_done(&self, position: Position, key: RequestKey) {
+        let mut state = self.lock();
+        let dir = self.shared.options.dir.clone();
+        let Some(segment) = state.segments.get_mut(&position.segment) else { return };
+        if segment.done_log.is_none() {
+            match segment::open_done(&dir, position.segment) {
+                Ok(file) => segment.done_log = Some(file),
+                Err(error) => {
+                    tracing::warn!(%error, segment = position.segment, "cannot open the done log");
+                    return;
+                }
+            }
+        }
+        if let Some(file) = segment.done_log.as_mut()
+            && let Err(error) = file.write_all(&segment::done_entry(position.offset, key))
+        {
+            tracing::warn!(%error, segment = position.segment, "cannot append to the done log");
+        }
+    }
+
+    /// Records not yet done.
+    pub fn pending_records(&self) -> u64 {
+        self.lock().pending_records
+    }
+
+    /// Bytes of segment files on disk.
+    pub fn bytes(&self) -> u64 {
+        self.lock().bytes
+    }
+
+    /// Segment files on disk.
+    pub fn segments(&self) -> usize {
+        self.lock().segments.len()
+    }
+
+    /// Wakes the reader and makes it return `None` from now on (shutdown).
+    pub fn close(&self) {
+        self.lock().closed = true;
+        self.shared.wakeup.notify_all();
+    }
+
+    fn maybe_delete(&self, state: &mut State, id: u64) {
+        let Some(segment) = state.segments.get(&id) else { return };
+        if !(segment.sealed && segment.read_all && segment.done >= segment.records) {
+            return;
+        }
+        let len = segment.len;
+        state.segments.remove(&id);
+        state.bytes = state.bytes.saturating_sub(len);
+        if let Err(error) = segment::remove(&self.shared.options.dir, id) {
+            tracing::error!(%error, segment = id, "cannot delete a finished queue segment");
+        }
+    }
+}
+
+/// Appends records; see the [module docs](self).
+pub struct QueueWriter {
+    shared: Arc<Shared>,
+    file: File,
+    segment: u64,
+    len: u64,
+    unsynced: bool,
+    last_sync: Instant,
+    broken: Option<String>,
+}
+
+impl QueueWriter {
+    fn queue(&self) -> Queue {
+        Queue { shared: self.shared.clone() }
+    }
+
+    /// Appends one framed record ([`crate::record::encode`]) and makes it durable by the fsync
+    /// policy. A record larger than the bound is still taken when nothing is pending, so
+    /// that no batch is refused forever.
+    pub fn append(&mut self, frame: &[u8]) -> Result<Position, AppendError> {
+        if let Some(reason) = &self.broken {
+            return Err(AppendError::Broken(reason.clone()));
+        }
+        let added = frame.len() as u64;
+        {
+            let queue = self.queue();
+            let state = queue.lock();
+            let max = self.shared.options.max_queue_bytes;
+            if state.pending_records > 0 && state.bytes + added > max {
+                return Err(AppendError::Full { bytes: state.bytes, max });
+            }
+        }
+        let header = segment::MAGIC.len() as u64;
+        if self.len > header && self.len + added > self.shared.options.segment_max_bytes {
+            self.rotate()?;
+        }
+        let offset = self.len;
+        if let Err(error) = self.file.write_all(frame) {
+            if let Err(cut) = segment::cut_back(&mut self.file, offset) {
+                self.broken = Some(format!("cutting back a failed write: {cut}"));
+            }
+            return Err(AppendError::Io(error));
+        }
+        self.len += added;
+        self.unsynced = true;
+        if self.shared.options.fsync == FsyncPolicy::Always {
+            self.sync()?;
+        }
+        let queue = self.queue();
+        let mut state = queue.lock();
+        if let Some(segment) = state.segments.get_mut(&self.segment) {
+            segment.len += added;
+            segment.records += 1;
+        }
+        state.bytes += added;
+        state.pending_records += 1;
+        queue.publish(&state);
+        drop(state);
+        self.shared.wakeup.notify_all();
+        Ok(Position { segment: self.segment, offset })
+    }
+
+    /// Whether an append would be refused as full now (checked before converting a batch).
+    pub fn is_full(&self) -> bool {
+        let queue = self.queue();
+        let state = queue.lock();
+        state.pending_records > 0 && state.bytes >= self.shared.options.max_queue_bytes
+    }
+
+    /// Fsyncs the active segment if there are unsynced appends.
+    pub fn sync(&mut self) -> Result<(), AppendError> {
+        if !self.unsynced {
+            return Ok(());
+        }
+        if let Err(error) = self.file.sync_data() {
+            // After a failed fsync the kernel may have dropped the dirty pages: nothing
+            // written since the last good fsync can be trusted to be on disk.
+            let reason = format!("fsync of segment {}: {error}", self.segment);
+            tracing::error!(reason, "queue fsync failed; refusing further appends");
+            self.broken = Some(reason);
+            return Err(AppendError::Io(error));
+        }
+        self.shared.metrics.fsyncs.inc();
+        self.unsynced = false;
+        self.last_sync = Instant::now();
+        Ok(())
+    }
+
+    /// Under [`FsyncPolicy::Interval`], fsyncs if the interval has passed since the last
+    /// fsync; call it whenever the writer is idle. Returns how long until the next is due.
+    pub fn sync_if_due(&mut self) -> Duration {
+        let FsyncPolicy::Interval(interval) = self.shared.options.fsync else {
+            return Duration::from_secs(1);
+        };
+        let elapsed = self.last_sync.elapsed();
+        if self.unsynced && elapsed >= interval {
+            let _ = self.sync();
+            return interval;
+        }
+        interval.saturating_sub(elapsed).max(Duration::from_millis(1))
+    }
+
+    fn rotate(&mut self) -> Result<(), AppendError> {
+        if self.shared.options.fsync != FsyncPolicy::Never {
+            self.sync()?;
+        }
+        let next = self.segment + 1;
+        let dir = self.shared.options.dir.clone();
+        let file = segment::create(&dir, next)?;
+        if self.shared.options.fsync != FsyncPolicy::Never {
+            file.sync_all()?;
+            segment::sync_dir(&dir)?;
+        }
+        let previous = self.segment;
+        self.file = file;
+        self.segment = next;
+        self.len = segment::MAGIC.len() as u64;
+        let queue = self.queue();
+        let mut state = queue.lock();
+        state.segments.insert(next, Segment { len: self.len, ..Segment::default() });
+        state.bytes += self.len;
+        if let Some(segment) = state.segments.get_mut(&previous) {
+            segment.sealed = true;
+        }
+        queue.maybe_delete(&mut state, previous);
+        queue.publish(&state);
+        drop(state);
+        self.shared.wakeup.notify_all();
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,128 @@
+//! Where samples go: the [`Sink`] trait and its two implementations.
+//!
+//! - [`remote_write::RemoteWriteSink`]: Prometheus remote write 1.0 over HTTP/1.1
+//!   (Prometheus, VictoriaMetrics, the M3 coordinator, Mimir, Thanos receive).
+//! - [`file::FileSink`]: the embedded default, OpenMetrics text files that
+//!   `promtool tsdb create-blocks-from openmetrics` imports.
+//!
+//! A sink writes one [`SinkRequest`] (at most `max_samples_per_request` samples of one
+//! record) and answers `Ok` once storage has them, or a [`SinkError`]: retryable (the
+//! worker backs off and sends it again) or permanent (counted by status, logged to the
+//! [`rejected::RejectedLog`], not sent again). [`AnySink`] lets one pool type serve
+//! either.
+
+pub mod file;
+pub mod openmetrics;
+pub mod rejected;
+pub mod remote_write;
+
+use std::future::Future;
+use std::sync::Arc;
+
+use crate::queue::{Position, RequestKey};
+use crate::record::StoredSample;
+
+/// The record a request belongs to, shared by all of the record's requests.
+#[derive(Debug)]
+pub struct RecordInfo {
+    /// Storage policy, e.g. `10s:2d`.
+    pub storage_policy: String,
+    /// `resolution` label value, e.g. `10s`.
+    pub resolution: String,
+    /// Timestamp of every sample, unix milliseconds.
+    pub tile_end_ms: i64,
+    /// When the ingester received the batch, unix milliseconds.
+    pub received_at_ms: i64,
+    /// Tiles in the record.
+    pub tiles: u32,
+    /// Where the record is in the queue.
+    pub position: Position,
+}
+
+/// One write to storage.
+#[derive(Debug, Clone)]
+pub struct SinkRequest {
+    /// The record the samples come from.
+    pub record: Arc<RecordInfo>,
+    /// The samples, all stamped `record.tile_end_ms`.
+    pub samples: Vec<StoredSample>,
+    /// Which request of the record this is (for the done log).
+    pub key: RequestKey,
+}
+
+/// Why a write failed.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum SinkError {
+    /// Worth retrying: network error, timeout, 429, 5xx, a full disk.
+    #[error("retryable {reason}: {message}")]
+    Retryable {
+        /// Closed-set reason for metrics: `network`, `timeout`, `status_429`, `status_5xx`, `io`.
+        reason: &'static str,
+        /// Details for the log.
+        message: String,
+        /// Whether this says storage is overloaded (429, 5xx, timeout), for pacing.
+        overloaded: bool,
+    },
+    /// Will never succeed: a 4xx other than 429, or a request that cannot be built.
+    #[error("rejected with status {status}: {message}")]
+    Permanent {
+        /// HTTP status (0 when not from HTTP).
+        status: u16,
+        /// The storage's explanation, shortened.
+        message: String,
+    },
+}
+
+/// A storage target.
+pub trait Sink: Send + Sync + 'static {
+    /// Short kind name for metric labels: `remote_write` or `file`.
+    fn kind(&self) -> &'static str;
+
+    /// Writes one request; resolves once storage acknowledged it.
+    fn write(&self, request: &SinkRequest) -> impl Future<Output = Result<(), SinkError>> + Send;
+
+    /// Flushes and closes whatever the sink holds open (shutdown).
+    fn close(&self) -> impl Future<Output = ()> + Send {
+        async {}
+    }
+}
+
+/// Either sink, so that one pool type serves every target.
+pub enum AnySink {
+    /// Prometheus remote write.
+    RemoteWrite(Box<remote_write::RemoteWriteSink>),
+    /// OpenMetrics files.
+    File(file::FileSink),
+}
+
+impl Sink for AnySink {
+    fn kind(&self) -> &'static str {
+        match self {
+            AnySink::RemoteWrite(sink) => sink.kind(),
+            AnySink::File(sink) => sink.kind(),
+        }
+    }
+
+    async fn write(&self, request: &SinkRequest) -> Result<(), SinkError> {
+        match self {
+            AnySink::RemoteWrite(sink) => sink.write(request).await,
+            AnySink::File(sink) => sink.write(request).await,
+        }
+    }
+
+    async fn close(&self) {
+        match self {
+            AnySink::RemoteWrite(sink) => sink.close().await,
+            AnySink::File(sink) => sink.close().await,
+        }
+    }
+}
+
+/// Shortens a storage error message for logs and the rejected log.
+pub(crate) fn shorten(message: &str, max_chars: usize) -> String {
+    let mut short: String = message.trim().chars().take(max_chars).collect();
+    if message.trim().chars().count() > max_chars {
+        short.push('…');
+    }
+    short
+}

@@ -1,0 +1,226 @@
+//! The embedded default sink: OpenMetrics text files.
+//!
+//! Samples are appended to `current.journal` in the target directory (and fsynced, when
+//! `fsync` is on, before the request is acknowledged), one journal line per sample
+//! ([`super::openmetrics`]). The journal is closed when it passes `rotate_bytes` or has
+//! been open for `rotate_after`, and at shutdown: its lines are grouped by family into
+//! `tessera-<unix_ms>.om` (written as `.om.tmp`, fsynced, then renamed), ending in
+//! `# EOF`. **Only closed `.om` files are importable**:
+//!
+//! ```text
+//! promtool tsdb create-blocks-from openmetrics <dir>/tessera-1700000000000.om <tsdb-dir>
+//! ```
+//!
+//! A journal left by a crash is closed into an `.om` file at the next start. Samples of a
+//! request that was being written when the process died may be written again after the
+//! restart (with the same values).
+//!
+//! All file work happens on one dedicated thread (`file-sink`); workers hand it requests
+//! through a channel and wait for its answer, so no async worker blocks on disk.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError, sync_channel};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use prometheus_client::metrics::counter::Counter;
+use tokio::sync::oneshot;
+
+use super::openmetrics::{close_journal, write_journal_line};
+use super::{Sink, SinkError, SinkRequest};
+use crate::prompb::decode_labels;
+use crate::queue::segment::{cut_back, sync_dir};
+
+/// Name of the open journal in a target directory.
+pub const JOURNAL_NAME: &str = "current.journal";
+
+/// Settings of a file target.
+#[derive(Debug, Clone)]
+pub struct FileSinkSettings {
+    /// Directory of the files (created if missing).
+    pub dir: PathBuf,
+    /// Close the journal into an `.om` file once it passes this size.
+    pub rotate_bytes: u64,
+    /// Close the journal into an `.om` file once it has been open this long.
+    pub rotate_after: Duration,
+    /// Fsync the journal before acknowledging a request.
+    pub fsync: bool,
+}
+
+/// Counters the file sink keeps.
+#[derive(Clone, Default)]
+pub struct FileSinkMetrics {
+    /// `.om` files closed.
+    pub files_closed: Counter,
+    /// Journal lines that could not be read when closing (torn by a crash).
+    pub bad_journal_lines: Counter,
+}
+
+/// An OpenMetrics file target; see the [module docs](self).
+pub struct FileSink {
+    jobs: SyncSender<Job>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+enum Job {
+    Write { request: SinkRequest, reply: oneshot::Sender<Result<(), SinkError>> },
+    Close,
+}
+
+impl FileSink {
+    /// Opens the target directory, closes a journal left by a crash, and starts the
+    /// writer thread. `max_waiting` bounds the requests queued for the thread (use the
+    /// number of workers: each waits for its answer).
+    pub fn open(settings: FileSinkSettings, metrics: FileSinkMetrics, max_waiting: usize) -> io::Result<FileSink> {
+        std::fs::create_dir_all(&settings.dir)?;
+        let mut writer = Writer { settings, metrics, journal: None };
+        if writer.settings.dir.join(JOURNAL_NAME).exists() {
+            tracing::info!(dir = %writer.settings.dir.display(), "closing a journal left by the last run");
+            writer.close_journal()?;
+        }
+        let (jobs, receiver) = sync_channel(max_waiting.max(1));
+        let thread = std::thread::Builder::new().name("file-sink".into()).spawn(move || writer.run(receiver))?;
+        Ok(FileSink { jobs, thread: Mutex::new(Some(thread)) })
+    }
+}
+
+impl Sink for FileSink {
+    fn kind(&self) -> &'static str {
+        "file"
+    }
+
+    async fn write(&self, request: &SinkRequest) -> Result<(), SinkError> {
+        let (reply, answer) = oneshot::channel();
+        let job = Job::Write { request: request.clone(), reply };
+        let refused =
+            |message: &str| SinkError::Retryable { reason: "io", message: message.to_owned(), overloaded: false };
+        match self.jobs.try_send(job) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_)) => return Err(refused("file sink thread is busy")),
+            Err(TrySendError::Disconnected(_)) => return Err(refused("file sink thread has stopped")),
+        }
+        answer.await.unwrap_or_else(|_| Err(refused("file sink thread dropped the request")))
+    }
+
+    async fn close(&self) {
+        let _ = self.jobs.send(Job::Close);
+        let thread = self.thread.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take();
+        if let Some(thread) = thread {
+            let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+        }
+    }
+}
+
+struct Journal {
+    file: File,
+    len: u64,
+    opened: Instant,
+}
+
+struct Writer {
+    settings: FileSinkSettings,
+    metrics: FileSinkMetrics,
+    journal: Option<Journal>,
+}
+
+impl Writer {
+    fn run(mut self, jobs: Receiver<Job>) {
+        loop {
+            let wait = match &self.journal {
+                Some(journal) => self.settings.rotate_after.saturating_sub(journal.opened.elapsed()),
+                None => Duration::from_secs(3600),
+            };
+            match jobs.recv_timeout(wait) {
+                Ok(Job::Write { request, reply }) => {
+                    let result = self.append(&request);
+                    let _ = reply.send(result);
+                }
+                Ok(Job::Close) | Err(RecvTimeoutError::Disconnected) => break,
+                Err(RecvTimeoutError::Timeout) => {}
+            }
+            let due = self.journal.as_ref().is_some_and(|journal| {
+                journal.len >= self.settings.rotate_bytes || journal.opened.elapsed() >= self.settings.rotate_after
+            });
+            if due && let Err(error) = self.close_journal() {
+                tracing::error!(%error, dir = %self.settings.dir.display(), "cannot close the OpenMetrics journal; will retry");
+            }
+        }
+        if let Err(error) = self.close_journal() {
+            tracing::error!(%error, dir = %self.settings.dir.display(), "cannot close the OpenMetrics journal at shutdown; it is closed at the next start");
+        }
+    }
+
+    fn append(&mut self, request: &SinkRequest) -> Result<(), SinkError> {
+        let mut text = String::with_capacity(request.samples.len() * 96);
+        for sample in &request.samples {
+            let labels = decode_labels(&sample.labels)
+                .map_err(|error| SinkError::Permanent { status: 0, message: format!("undecodable labels: {error}") })?;
+            write_journal_line(&mut text, &labels, sample.sample_kind(), sample.value, request.record.tile_end_ms);
+        }
+        let io_error =
+            |error: io::Error| SinkError::Retryable { reason: "io", message: error.to_string(), overloaded: false };
+        if self.journal.is_none() {
+            let path = self.settings.dir.join(JOURNAL_NAME);
+            let file = OpenOptions::new().create(true).append(true).open(&path).map_err(io_error)?;
+            let len = file.metadata().map_err(io_error)?.len();
+            self.journal = Some(Journal { file, len, opened: Instant::now() });
+        }
+        let journal = self.journal.as_mut().expect("opened above");
+        if let Err(error) = journal.file.write_all(text.as_bytes()) {
+            if let Err(cut) = cut_back(&mut journal.file, journal.len) {
+                tracing::error!(%cut, "cannot cut a failed write off the journal");
+            }
+            return Err(io_error(error));
+        }
+        if self.settings.fsync {
+            journal.file.sync_data().map_err(io_error)?;
+        }
+        journal.len += text.len() as u64;
+        Ok(())
+    }
+
+    /// Turns the journal into a closed `.om` file (nothing if there is no journal).
+    fn close_journal(&mut self) -> io::Result<()> {
+        self.journal = None;
+        let dir = self.settings.dir.clone();
+        let journal_path = dir.join(JOURNAL_NAME);
+        let journal = match std::fs::read(&journal_path) {
+            Ok(bytes) => bytes,
+            Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(error) => return Err(error),
+        };
+        if journal.is_empty() {
+            return std::fs::remove_file(&journal_path);
+        }
+        let closed = close_journal(&String::from_utf8_lossy(&journal));
+        if closed.bad_lines > 0 {
+            tracing::warn!(bad_lines = closed.bad_lines, "skipped unreadable journal lines (torn by a crash)");
+            self.metrics.bad_journal_lines.inc_by(closed.bad_lines);
+        }
+        let final_path = unused_name(&dir);
+        let temporary = final_path.with_extension("om.tmp");
+        let mut file = File::create(&temporary)?;
+        file.write_all(closed.text.as_bytes())?;
+        file.sync_all()?;
+        drop(file);
+        std::fs::rename(&temporary, &final_path)?;
+        sync_dir(&dir)?;
+        std::fs::remove_file(&journal_path)?;
+        self.metrics.files_closed.inc();
+        tracing::debug!(file = %final_path.display(), samples = closed.samples, "closed an OpenMetrics file");
+        Ok(())
+    }
+}
+
+fn unused_name(dir: &Path) -> PathBuf {
+    let now_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |elapsed| elapsed.as_millis());
+    let mut path = dir.join(format!("tessera-{now_ms}.om"));
+    let mut n = 1;
+    while path.exists() {
+        path = dir.join(format!("tessera-{now_ms}-{n}.om"));
+        n += 1;
+    }
+    path
+}

@@ -1,0 +1,225 @@
+//! OpenMetrics text for the file sink: journal lines, and closed files grouped by family.
+//!
+//! While a file is open, each request is appended as **journal lines**, one per sample, in
+//! arrival order:
+//!
+//! ```text
+//! <type> <family> <timestamp_ms> <value> <series>
+//! counter hits 1700000010000 5.0 hits_total{env="prod",resolution="10s"}
+//! ```
+//!
+//! The series comes last because label values may hold spaces. When the file is closed,
+//! [`close_journal`] groups the lines into OpenMetrics: per family one `# TYPE` line, then
+//! its samples contiguous, sorted by series then time (one sample per series and
+//! timestamp, the last one written winning), timestamps in seconds with milliseconds as
+//! the fraction, and `# EOF` at the end. That is the form `promtool tsdb
+//! create-blocks-from openmetrics` imports.
+//!
+//! | sample kind | family | type | sample name |
+//! |---|---|---|---|
+//! | counter | name without `_total` | `counter` | `<family>_total` |
+//! | gauge (gauges, sets, timer `_min`/`_max`) | name | `gauge` | `<family>` |
+//! | summary quantile, `_sum`, `_count` | timer name | `summary` | `<family>{quantile=..}`, `<family>_sum`, `<family>_count` |
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+use crate::prompb::Label;
+use crate::record::SampleKind;
+
+/// The OpenMetrics family and type of a sample named `name` of `kind`.
+pub fn family(name: &str, kind: SampleKind) -> (&str, &'static str) {
+    match kind {
+        SampleKind::Counter => (name.strip_suffix("_total").unwrap_or(name), "counter"),
+        SampleKind::SummaryQuantile => (name, "summary"),
+        SampleKind::SummarySum => (name.strip_suffix("_sum").unwrap_or(name), "summary"),
+        SampleKind::SummaryCount => (name.strip_suffix("_count").unwrap_or(name), "summary"),
+        SampleKind::Gauge | SampleKind::Unspecified => (name, "gauge"),
+    }
+}
+
+/// Writes `name{label="value",...}` with OpenMetrics escaping; `__name__` is the name.
+pub fn write_series(out: &mut String, labels: &[Label]) {
+    let name = labels.iter().find(|label| label.name == "__name__").map_or("", |label| label.value.as_str());
+    out.push_str(name);
+    let mut first = true;
+    for label in labels.iter().filter(|label| label.name != "__name__") {
+        out.push(if first { '{' } else { ',' });
+        first = false;
+        out.push_str(&label.name);
+        out.push_str("=\"");
+        for c in label.value.chars() {
+            match c {
+                '\\' => out.push_str("\\\\"),
+                '"' => out.push_str("\\\""),
+                '\n' => out.push_str("\\n"),
+                c => out.push(c),
+            }
+        }
+        out.push('"');
+    }
+    if !first {
+        out.push('}');
+    }
+}
+
+/// Writes a value the way OpenMetrics spells it.
+pub fn write_value(out: &mut String, value: f64) {
+    if value.is_nan() {
+        out.push_str("NaN");
+    } else if value == f64::INFINITY {
+        out.push_str("+Inf");
+    } else if value == f64::NEG_INFINITY {
+        out.push_str("-Inf");
+    } else {
+        let _ = write!(out, "{value:?}");
+    }
+}
+
+/// Writes unix milliseconds as seconds with a three-digit fraction.
+pub fn write_timestamp(out: &mut String, timestamp_ms: i64) {
+    let sign = if timestamp_ms < 0 { "-" } else { "" };
+    let abs = timestamp_ms.unsigned_abs();
+    let _ = write!(out, "{sign}{}.{:03}", abs / 1000, abs % 1000);
+}
+
+/// Appends one journal line for a sample.
+pub fn write_journal_line(out: &mut String, labels: &[Label], kind: SampleKind, value: f64, timestamp_ms: i64) {
+    let name = labels.iter().find(|label| label.name == "__name__").map_or("", |label| label.value.as_str());
+    let (family, type_name) = family(name, kind);
+    let _ = write!(out, "{type_name} {family} {timestamp_ms} ");
+    write_value(out, value);
+    out.push(' ');
+    write_series(out, labels);
+    out.push('\n');
+}
+
+/// Series text -> timestamp -> value text, for one (family, type).
+type Points<'a> = BTreeMap<&'a str, BTreeMap<i64, &'a str>>;
+
+/// What [`close_journal`] produced.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Closed {
+    /// The OpenMetrics text, ending in `# EOF\n`.
+    pub text: String,
+    /// Samples written.
+    pub samples: u64,
+    /// Journal lines that could not be read (a torn last line after a crash).
+    pub bad_lines: u64,
+}
+
+/// Groups journal lines into an OpenMetrics file; see the [module docs](self).
+pub fn close_journal(journal: &str) -> Closed {
+    let mut families: BTreeMap<(&str, &str), Points<'_>> = BTreeMap::new();
+    let mut bad_lines = 0;
+    for line in journal.split_terminator('\n') {
+        let mut fields = line.splitn(5, ' ');
+        let (Some(type_name), Some(family), Some(timestamp), Some(value), Some(series)) =
+            (fields.next(), fields.next(), fields.next(), fields.next(), fields.next())
+        else {
+            bad_lines += 1;
+            continue;
+        };
+        let Ok(timestamp_ms) = timestamp.parse::<i64>() else {
+            bad_lines += 1;
+            continue;
+        };
+        if series.is_empty() || !matches!(type_name, "counter" | "gauge" | "summary") {
+            bad_lines += 1;
+            continue;
+        }
+        families.entry((family, type_name)).or_default().entry(series).or_default().insert(timestamp_ms, value);
+    }
+    let mut text = String::with_capacity(journal.len());
+    let mut samples = 0;
+    for ((family, type_name), series) in &families {
+        let _ = writeln!(text, "# TYPE {family} {type_name}");
+        for (series, points) in series {
+            for (timestamp_ms, value) in points {
+                text.push_str(series);
+                text.push(' ');
+                text.push_str(value);
+                text.push(' ');
+                write_timestamp(&mut text, *timestamp_ms);
+                text.push('\n');
+                samples += 1;
+            }
+        }
+    }
+    text.push_str("# EOF\n");
+    Closed { text, samples, bad_lines }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn labels(pairs: &[(&str, &str)]) -> Vec<Label> {
+        pairs.iter().map(|(name, value)| Label { name: (*name).into(), value: (*value).into() }).collect()
+    }
+
+    #[test]
+    fn formats_series_values_and_timestamps() {
+        let mut out = String::new();
+        write_series(&mut out, &labels(&[("__name__", "a"), ("path", "C:\\x \"q\"\nz")]));
+        assert_eq!(out, r#"a{path="C:\\x \"q\"\nz"}"#);
+        out.clear();
+        write_series(&mut out, &labels(&[("__name__", "bare")]));
+        assert_eq!(out, "bare");
+        for (value, text) in [
+            (1.0, "1.0"),
+            (0.1, "0.1"),
+            (-2.5e-9, "-2.5e-9"),
+            (1e21, "1e21"),
+            (f64::INFINITY, "+Inf"),
+            (f64::NEG_INFINITY, "-Inf"),
+            (f64::NAN, "NaN"),
+        ] {
+            out.clear();
+            write_value(&mut out, value);
+            assert_eq!(out, text);
+        }
+        for (ms, text) in [
+            (1_700_000_010_000, "1700000010.000"),
+            (1_700_000_010_005, "1700000010.005"),
+            (999, "0.999"),
+            (-1500, "-1.500"),
+        ] {
+            out.clear();
+            write_timestamp(&mut out, ms);
+            assert_eq!(out, text);
+        }
+    }
+
+    #[test]
+    fn closing_groups_families_sorts_and_ends_with_eof() {
+        let mut journal = String::new();
+        let hits = labels(&[("__name__", "hits_total"), ("resolution", "10s")]);
+        let temp = labels(&[("__name__", "temp"), ("room", "a b")]);
+        let lat = labels(&[("__name__", "lat"), ("quantile", "0.5")]);
+        let lat_count = labels(&[("__name__", "lat_count")]);
+        write_journal_line(&mut journal, &hits, SampleKind::Counter, 2.0, 20_000);
+        write_journal_line(&mut journal, &temp, SampleKind::Gauge, 21.5, 10_000);
+        write_journal_line(&mut journal, &hits, SampleKind::Counter, 1.0, 10_000);
+        write_journal_line(&mut journal, &lat_count, SampleKind::SummaryCount, 3.0, 10_000);
+        write_journal_line(&mut journal, &lat, SampleKind::SummaryQuantile, 7.0, 10_000);
+        // A resend of the same sample collapses into one.
+        write_journal_line(&mut journal, &temp, SampleKind::Gauge, 21.5, 10_000);
+        journal.push_str("gauge torn 17000");
+        let closed = close_journal(&journal);
+        let expected = "\
+# TYPE hits counter
+hits_total{resolution=\"10s\"} 1.0 10.000
+hits_total{resolution=\"10s\"} 2.0 20.000
+# TYPE lat summary
+lat_count 3.0 10.000
+lat{quantile=\"0.5\"} 7.0 10.000
+# TYPE temp gauge
+temp{room=\"a b\"} 21.5 10.000
+# EOF
+";
+        assert_eq!(closed.text, expected);
+        assert_eq!(closed.samples, 5);
+        assert_eq!(closed.bad_lines, 1);
+    }
+}

@@ -1,0 +1,146 @@
+//! The ingester against a real Prometheus (Debian's `prometheus`, remote-write receiver
+//! on): tile batches in over the wire, exact values out of Prometheus' query API.
+
+mod support {
+    pub mod prometheus;
+    pub mod wire;
+}
+
+use std::time::Duration;
+
+use serde_json::Value;
+use support::prometheus::Prometheus;
+use support::wire::{Sender, batch, counter, gauge, metric_value, recent_tile_end_ms, set, timer, wait_until};
+use tessera_ingester::{Config, Ingester};
+use tessera_proto::AckStatus;
+use tessera_runtime::{Shutdown, Telemetry};
+
+fn config(data_dir: &std::path::Path, url: &str) -> Config {
+    let mut config: Config = toml::from_str(&format!(
+        r#"
+        listen = "127.0.0.1:0"
+        data_dir = "{dir}"
+        [pool]
+        workers = 4
+        max_samples_per_request = 3
+        retry_initial_backoff_ms = 20
+        retry_max_backoff_ms = 500
+        [sink]
+        kind = "remote_write"
+        url = "{url}"
+        m3_headers = true
+        [policy_sinks."1m:40d"]
+        kind = "file"
+        rotate_secs = 3600
+        "#,
+        dir = data_dir.display()
+    ))
+    .expect("test config parses");
+    config.telemetry.listen = None;
+    config
+}
+
+/// `[[time, "value"], ...]` of the single series a range query returns.
+fn points(result: &Value) -> Vec<(f64, String)> {
+    let series = result.as_array().expect("a result array");
+    assert_eq!(series.len(), 1, "one series expected: {result}");
+    series[0]["values"]
+        .as_array()
+        .expect("a matrix")
+        .iter()
+        .map(|point| (point[0].as_f64().unwrap(), point[1].as_str().unwrap().to_owned()))
+        .collect()
+}
+
+/// The value of the single series an instant query returns.
+fn value(result: &Value) -> f64 {
+    let series = result.as_array().expect("a result array");
+    assert_eq!(series.len(), 1, "one series expected: {result}");
+    series[0]["value"][1].as_str().unwrap().parse().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn samples_reach_prometheus_with_exact_values() {
+    let prometheus = tokio::task::spawn_blocking(Prometheus::start).await.unwrap();
+    let data = tempfile::tempdir().unwrap();
+    let telemetry = Telemetry::new("ingester", "test");
+    let shutdown = Shutdown::new();
+    let ingester =
+        Ingester::start(config(data.path(), &prometheus.remote_write_url()), telemetry.clone(), shutdown.clone())
+            .await
+            .expect("ingester starts");
+    let mut sender = Sender::connect(ingester.listen_addr()).await;
+
+    let t0 = recent_tile_end_ms(10);
+    let lat_values: Vec<f64> = (1..=10).map(f64::from).collect();
+    for i in 0..3u32 {
+        let tiles = vec![
+            counter("api.hits|#canary,env:prod", f64::from(i + 1)),
+            gauge("temp|#room:1", 20.0 + f64::from(i)),
+            timer("lat", &lat_values),
+            set("users", &["a", "b", "c"]),
+            timer("single", &[7.3]),
+        ];
+        let ack = sender.send(batch(u64::from(i), "10s:2d", t0 + i64::from(i) * 10_000, tiles)).await;
+        assert_eq!(ack.status, AckStatus::Ok as i32, "{ack:?}");
+        assert_eq!(ack.sequence, u64::from(i));
+    }
+    // Another policy, routed to its own (file) target.
+    let ack = sender.send(batch(3, "1m:40d", t0 + 60_000, vec![counter("api.hits|#canary,env:prod", 7.0)])).await;
+    assert_eq!(ack.status, AckStatus::Ok as i32, "{ack:?}");
+
+    wait_until("the queue to drain", Duration::from_secs(30), || ingester.pending_records() == 0).await;
+
+    let at = |offset_ms: i64| (t0 + offset_ms) as f64 / 1000.0;
+    let hits = prometheus.query(r#"api_hits_total{canary="true",env="prod",resolution="10s"}[1m]"#, at(20_000));
+    assert_eq!(
+        points(&hits),
+        vec![(at(0), "1".to_owned()), (at(10_000), "3".to_owned()), (at(20_000), "6".to_owned())],
+        "counters are cumulative, one sample per tile at the tile end"
+    );
+    for i in 0..3 {
+        assert_eq!(value(&prometheus.query(r#"temp{room="1",resolution="10s"}"#, at(i * 10_000))), 20.0 + i as f64);
+    }
+    assert_eq!(value(&prometheus.query("users", at(20_000))), 3.0);
+    assert_eq!(value(&prometheus.query("lat_count", at(20_000))), 30.0);
+    assert_eq!(value(&prometheus.query("lat_sum", at(20_000))), 165.0);
+    assert_eq!(value(&prometheus.query("lat_min", at(20_000))), 1.0);
+    assert_eq!(value(&prometheus.query("lat_max", at(20_000))), 10.0);
+    let median = value(&prometheus.query(r#"lat{quantile="0.5"}"#, at(20_000)));
+    assert!((median - 5.0).abs() <= 5.0 * 0.011, "median {median} within the sketch's 1.09 %");
+    let p99 = value(&prometheus.query(r#"lat{quantile="0.99"}"#, at(20_000)));
+    assert!((p99 - 9.0).abs() <= 9.0 * 0.011, "p99 {p99}: rank 0.99 x (10 - 1) is the 9th value");
+    assert_eq!(value(&prometheus.query(r#"single{quantile="0.9"}"#, at(20_000))), 7.3, "clamped to [min, max]");
+    assert_eq!(
+        prometheus.query(r#"api_hits_total{resolution="1m"}"#, at(60_000)),
+        Value::Array(vec![]),
+        "the 1m policy has its own target"
+    );
+
+    let text = telemetry.encode().unwrap();
+    assert_eq!(metric_value(&text, "tessera_ingester_end_to_end_latency_seconds_count", r#"resolution="10s""#), 15.0);
+    assert_eq!(metric_value(&text, "tessera_ingester_samples_written_total", r#"target="default""#), 51.0);
+    assert_eq!(metric_value(&text, "tessera_ingester_samples_queued_total", ""), 52.0);
+    assert_eq!(metric_value(&text, "tessera_ingester_batch_acks_total", r#"status="ok",reason="""#), 4.0);
+    assert!(
+        metric_value(&text, "tessera_ingester_sink_requests_total", r#"target="default",outcome="ok""#) >= 6.0,
+        "{text}"
+    );
+    assert_eq!(metric_value(&text, "tessera_ingester_sink_retries_total", r#"target="default""#), 0.0);
+    assert!(metric_value(&text, "tessera_ingester_in_flight_limit", r#"target="default""#) >= 1.0);
+
+    shutdown.trigger();
+    ingester.wait().await;
+    let files: Vec<_> = std::fs::read_dir(data.path().join("openmetrics/1m_40d"))
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.extension().is_some_and(|extension| extension == "om"))
+        .collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    let text = std::fs::read_to_string(&files[0]).unwrap();
+    let expected = format!(
+        "# TYPE api_hits counter\napi_hits_total{{canary=\"true\",env=\"prod\",resolution=\"1m\"}} 7.0 {}.000\n# EOF\n",
+        (t0 + 60_000) / 1000
+    );
+    assert_eq!(text, expected);
+}

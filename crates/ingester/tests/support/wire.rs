@@ -1,0 +1,143 @@
+//! The aggregator side of the wire, for ingester tests: connect, shake hands, send tile
+//! batches and read their acknowledgements; and tile builders.
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tessera_core::aggregate::{Aggregate, Distribution, Gauge};
+use tessera_core::hll::HyperLogLog;
+use tessera_proto::framing::{self, DEFAULT_MAX_FRAME_BYTES};
+use tessera_proto::{Ack, AckStatus, Frame, MetricType, Role, SeriesValue, TileBatch, frame::Body};
+use tokio::net::TcpStream;
+
+/// A connection to an ingester, past the handshake.
+pub struct Sender {
+    pub stream: TcpStream,
+    scratch: Vec<u8>,
+}
+
+impl Sender {
+    pub async fn connect(address: SocketAddr) -> Sender {
+        let mut stream = TcpStream::connect(address).await.expect("connect to the ingester");
+        framing::client_handshake(&mut stream, Role::Aggregator, "test-aggregator").await.expect("handshake");
+        Sender { stream, scratch: Vec::new() }
+    }
+
+    /// Sends one frame and reads the answer.
+    pub async fn exchange(&mut self, frame: &Frame) -> Ack {
+        framing::write_frame(&mut self.stream, frame, DEFAULT_MAX_FRAME_BYTES).await.expect("write frame");
+        self.read_ack().await.expect("an ack")
+    }
+
+    /// Reads the next ack; `None` when the connection closed.
+    pub async fn read_ack(&mut self) -> Option<Ack> {
+        let read = tokio::time::timeout(
+            Duration::from_secs(30),
+            framing::read_frame(&mut self.stream, &mut self.scratch, DEFAULT_MAX_FRAME_BYTES),
+        )
+        .await
+        .expect("an answer within 30 s");
+        match read {
+            Ok(Frame { body: Some(Body::Ack(ack)) }) => Some(ack),
+            Ok(other) => panic!("expected an ack, got {other:?}"),
+            Err(_) => None,
+        }
+    }
+
+    /// Sends an already encoded frame (length prefix included) and reads the answer.
+    pub async fn exchange_encoded(&mut self, frame: &[u8]) -> Ack {
+        use tokio::io::AsyncWriteExt;
+        self.stream.write_all(frame).await.expect("write frame");
+        self.read_ack().await.expect("an ack")
+    }
+
+    pub async fn send(&mut self, batch: TileBatch) -> Ack {
+        self.exchange(&Frame { body: Some(Body::Tiles(batch)) }).await
+    }
+
+    /// Sends until the batch is acknowledged Ok, retrying on `Retryable` like an aggregator.
+    pub async fn send_until_ok(&mut self, batch: TileBatch) -> u32 {
+        let mut refusals = 0;
+        loop {
+            let ack = self.send(batch.clone()).await;
+            match AckStatus::try_from(ack.status) {
+                Ok(AckStatus::Ok) => return refusals,
+                Ok(AckStatus::Retryable) => {
+                    refusals += 1;
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                _ => panic!("batch refused for good: {ack:?}"),
+            }
+        }
+    }
+}
+
+/// Unix milliseconds of a 10 s tile end a few minutes ago (Prometheus takes samples up
+/// to about an hour older than its newest).
+pub fn recent_tile_end_ms(minutes_ago: i64) -> i64 {
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).expect("clock after 1970").as_millis() as i64;
+    (now - minutes_ago * 60_000) / 10_000 * 10_000
+}
+
+pub fn batch(sequence: u64, policy: &str, tile_end_ms: i64, tiles: Vec<SeriesValue>) -> TileBatch {
+    let resolution_ms = if policy.starts_with("1m") { 60_000 } else { 10_000 };
+    TileBatch {
+        source: "test-aggregator".into(),
+        sequence,
+        storage_policy: policy.into(),
+        resolution_ms,
+        tile_end_ms,
+        tiles,
+        flushed_at_ms: tile_end_ms + 100,
+    }
+}
+
+fn tile(id: &str, metric_type: MetricType, aggregate: Aggregate) -> SeriesValue {
+    SeriesValue { series_id: id.as_bytes().to_vec(), r#type: metric_type as i32, aggregate: Some(aggregate.to_proto()) }
+}
+
+pub fn counter(id: &str, delta: f64) -> SeriesValue {
+    tile(id, MetricType::Counter, Aggregate::Counter(delta))
+}
+
+pub fn gauge(id: &str, value: f64) -> SeriesValue {
+    tile(id, MetricType::Gauge, Aggregate::Gauge(Gauge { has_value: true, value, timestamp_ms: 1, delta: 0.0 }))
+}
+
+pub fn timer(id: &str, values: &[f64]) -> SeriesValue {
+    let mut summary = Distribution::default();
+    for value in values {
+        summary.insert(*value, 1.0);
+    }
+    tile(id, MetricType::Timer, Aggregate::Distribution(Box::new(summary)))
+}
+
+pub fn set(id: &str, members: &[&str]) -> SeriesValue {
+    let mut set = HyperLogLog::new();
+    for member in members {
+        set.insert(member.as_bytes());
+    }
+    tile(id, MetricType::Set, Aggregate::Set(Box::new(set)))
+}
+
+/// Waits until `done` holds, polling; panics after `timeout`.
+pub async fn wait_until(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + timeout;
+    while !done() {
+        assert!(std::time::Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// The value of `name{labels}` in OpenMetrics text (0 when absent).
+pub fn metric_value(text: &str, name: &str, labels: &str) -> f64 {
+    let wanted = if labels.is_empty() { name.to_owned() } else { format!("{name}{{{labels}}}") };
+    text.lines()
+        .filter(|line| !line.starts_with('#'))
+        .find_map(|line| {
+            let (series, value) = line.rsplit_once(' ')?;
+            (series == wanted).then(|| value.parse().ok()).flatten()
+        })
+        .unwrap_or(0.0)
+}

@@ -1,0 +1,99 @@
+//! The wire listener under bad input: garbage and oversized frames close their own
+//! connection with a clear answer, and nothing else is affected.
+
+mod support {
+    pub mod wire;
+}
+
+use std::time::Duration;
+
+use support::wire::{Sender, batch, counter, metric_value, recent_tile_end_ms};
+use tessera_ingester::{Config, Ingester};
+use tessera_proto::{AckStatus, Frame, PartialBatch, frame::Body};
+use tessera_runtime::{Shutdown, Telemetry};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+async fn start(data_dir: &std::path::Path) -> (Ingester, Telemetry, Shutdown) {
+    let mut config: Config = toml::from_str(&format!(
+        "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\nmax_frame_bytes = 65536\n",
+        data_dir.display()
+    ))
+    .unwrap();
+    config.telemetry.listen = None;
+    let telemetry = Telemetry::new("ingester", "test");
+    let shutdown = Shutdown::new();
+    let ingester = Ingester::start(config, telemetry.clone(), shutdown.clone()).await.unwrap();
+    (ingester, telemetry, shutdown)
+}
+
+/// Reads until the peer closes; panics if it does not within 10 s.
+async fn expect_closed(stream: &mut TcpStream) {
+    let mut rest = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut rest)).await;
+    assert!(read.is_ok(), "the connection was not closed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_frames_close_only_their_connection() {
+    let data = tempfile::tempdir().unwrap();
+    let (ingester, telemetry, shutdown) = start(data.path()).await;
+    let t0 = recent_tile_end_ms(5);
+
+    let mut good = Sender::connect(ingester.listen_addr()).await;
+    let ack = good.send(batch(1, "10s:2d", t0, vec![counter("a", 1.0)])).await;
+    assert_eq!(ack.status, AckStatus::Ok as i32);
+
+    // Garbage after the handshake: a length prefix, then bytes that are no protobuf.
+    let mut garbage = Sender::connect(ingester.listen_addr()).await;
+    garbage.stream.write_all(&[0, 0, 0, 6, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff]).await.unwrap();
+    let ack = garbage.read_ack().await.expect("an explanation before the close");
+    assert_eq!((ack.status, ack.reason.as_str()), (AckStatus::Permanent as i32, "malformed_frame"));
+    assert!(ack.message.contains("malformed frame of 6 bytes"), "{}", ack.message);
+    expect_closed(&mut garbage.stream).await;
+
+    // A declared length over max_frame_bytes: refused before the body is read.
+    let mut oversized = Sender::connect(ingester.listen_addr()).await;
+    oversized.stream.write_all(&(10_000_000u32).to_be_bytes()).await.unwrap();
+    let ack = oversized.read_ack().await.expect("an explanation before the close");
+    assert_eq!((ack.status, ack.reason.as_str()), (AckStatus::Permanent as i32, "frame_too_large"));
+    assert_eq!(ack.message, "frame of 10000000 bytes exceeds the maximum of 65536 bytes");
+    expect_closed(&mut oversized.stream).await;
+
+    // No handshake at all.
+    let mut rude = TcpStream::connect(ingester.listen_addr()).await.unwrap();
+    rude.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
+    expect_closed(&mut rude).await;
+
+    // The first connection is unaffected: a new batch, a resent one, a wrong frame kind.
+    let ack = good.send(batch(2, "10s:2d", t0 + 10_000, vec![counter("a", 1.0)])).await;
+    assert_eq!((ack.status, ack.sequence), (AckStatus::Ok as i32, 2));
+    let ack = good.send(batch(2, "10s:2d", t0 + 10_000, vec![counter("a", 1.0)])).await;
+    assert_eq!(
+        (ack.status, ack.reason.as_str()),
+        (AckStatus::Ok as i32, "duplicate"),
+        "a resent batch is not queued twice"
+    );
+    let partials = Frame { body: Some(Body::Partials(PartialBatch { sequence: 9, ..Default::default() })) };
+    let ack = good.exchange(&partials).await;
+    assert_eq!((ack.status, ack.sequence, ack.reason.as_str()), (AckStatus::Permanent as i32, 9, "unexpected_frame"));
+    let mut no_policy = batch(3, "", t0, vec![counter("a", 1.0)]);
+    no_policy.resolution_ms = 0;
+    let ack = good.send(no_policy).await;
+    assert_eq!((ack.status, ack.reason.as_str()), (AckStatus::Permanent as i32, "invalid_batch"));
+    let ack = good.send(batch(4, "10s:2d", t0 + 20_000, vec![counter("a", 1.0)])).await;
+    assert_eq!(ack.status, AckStatus::Ok as i32);
+
+    let text = telemetry.encode().unwrap();
+    for reason in ["malformed", "too_large", "handshake"] {
+        assert_eq!(
+            metric_value(&text, "tessera_ingester_frame_errors_total", &format!("reason=\"{reason}\"")),
+            1.0,
+            "{reason}\n{text}"
+        );
+    }
+    assert_eq!(metric_value(&text, "tessera_ingester_batch_acks_total", r#"status="ok",reason="duplicate""#), 1.0);
+    assert_eq!(metric_value(&text, "tessera_ingester_samples_queued_total", ""), 3.0);
+    shutdown.trigger();
+    ingester.wait().await;
+}

@@ -1,0 +1,42 @@
+//! Test support shared by tessera's integration tests.
+//!
+//! - [`prometheus`]: Debian's `prometheus` as a child process on a free
+//!   loopback port (remote-write receiver on, optional scrape config),
+//!   polled until ready, killed on drop; instant queries.
+//! - [`daemons`]: the real tessera binaries as child processes, with a
+//!   config file each, polled on `/readyz`, killed on drop.
+//! - [`http_get`] and [`free_port`].
+//!
+//! A real etcd for tests lives in `tessera_topology::testing` (feature
+//! `testing`).
+
+pub mod daemons;
+pub mod prometheus;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::time::Duration;
+
+/// A loopback port that nobody listens on right now, on TCP and UDP.
+pub fn free_port() -> u16 {
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0").expect("bind a free port").local_addr().expect("address").port();
+        if std::net::UdpSocket::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+}
+
+/// A minimal HTTP/1.0 GET (the server closes the connection after the
+/// answer): status and body.
+pub fn http_get(address: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
+    let mut stream = TcpStream::connect_timeout(&address, Duration::from_secs(2))?;
+    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {address}\r\n\r\n")?;
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response)?;
+    let text = String::from_utf8_lossy(&response);
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head.split_whitespace().nth(1).and_then(|code| code.parse().ok()).unwrap_or(0);
+    Ok((status, body.to_owned()))
+}

@@ -1,0 +1,271 @@
+//! End to end, no containers: a real etcd, a real Prometheus, and the three
+//! real binaries as separate processes (one collector, two aggregators,
+//! one ingester). A known mix of statsd goes in over UDP; every value is
+//! read back from Prometheus.
+
+use std::net::{SocketAddr, UdpSocket};
+use std::process::Command;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use tessera_testkit::daemons::{Daemon, binary};
+use tessera_testkit::free_port;
+use tessera_testkit::prometheus::Prometheus;
+use tessera_topology::testing::EtcdServer;
+
+fn now_secs() -> f64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs_f64()
+}
+
+fn loopback(port: u16) -> SocketAddr {
+    ([127, 0, 0, 1], port).into()
+}
+
+/// Polls `check` until it returns `Some`, or fails with `what` after `timeout`.
+fn eventually<T>(what: &str, timeout: Duration, mut check: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(value) = check() {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// The single value of an instant query, if it has exactly one series.
+fn scalar(prometheus: &Prometheus, promql: &str) -> Option<f64> {
+    let result = prometheus.query(promql, now_secs());
+    let series = result.as_array()?;
+    if series.len() != 1 {
+        return None;
+    }
+    series[0]["value"][1].as_str()?.parse().ok()
+}
+
+struct Stack {
+    prometheus: Prometheus,
+    _etcd: EtcdServer,
+    ingester: Daemon,
+    aggregators: Vec<Daemon>,
+    collector: Daemon,
+    statsd: SocketAddr,
+}
+
+fn start_stack() -> Stack {
+    let etcd = EtcdServer::start().expect("etcd starts");
+    let dir = tempfile::tempdir().unwrap();
+    let telemetry_ports: Vec<u16> = (0..4).map(|_| free_port()).collect();
+    let scrape_targets: Vec<String> = telemetry_ports.iter().map(|port| format!("'127.0.0.1:{port}'")).collect();
+    let prometheus = Prometheus::start_with_config(&format!(
+        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: tessera\n    static_configs:\n      - targets: [{}]\n",
+        scrape_targets.join(", ")
+    ));
+
+    let ingester_port = free_port();
+    let ingester = Daemon::start(
+        "ingester",
+        "tessera-ingester",
+        &format!(
+            "listen = \"127.0.0.1:{ingester_port}\"\ndata_dir = {:?}\n[sink]\nkind = \"remote_write\"\nurl = \"{}\"\n[telemetry]\nlisten = \"127.0.0.1:{}\"\n",
+            dir.path().join("ingester").display().to_string(),
+            prometheus.remote_write_url(),
+            telemetry_ports[0]
+        ),
+        loopback(telemetry_ports[0]),
+    );
+
+    let aggregator_ports = [free_port(), free_port()];
+    let status = Command::new(binary("tessera"))
+        .args(["placement", "--etcd", &etcd.endpoint(), "--environment", "e2e", "init", "--shards", "16"])
+        .args(["--instance", &format!("agg-1=127.0.0.1:{}", aggregator_ports[0])])
+        .args(["--instance", &format!("agg-2=127.0.0.1:{}", aggregator_ports[1])])
+        .status()
+        .unwrap();
+    assert!(status.success(), "tessera placement init failed");
+    let placement = |name: &str| {
+        format!(
+            "[placement]\nkind = \"etcd\"\nendpoints = [\"{}\"]\nenv = \"e2e\"\ncache_path = {:?}\n",
+            etcd.endpoint(),
+            dir.path().join(format!("{name}.placement")).display().to_string()
+        )
+    };
+    let aggregators = (0..2)
+        .map(|i| {
+            let name = format!("agg-{}", i + 1);
+            Daemon::start(
+                &name,
+                "tessera-aggregator",
+                &format!(
+                    "instance_id = \"{name}\"\nlisten = \"127.0.0.1:{}\"\npolicies = [\"10s:2d\"]\nbuffer_past_ms = 1000\n{}[ingester]\nendpoints = [\"127.0.0.1:{ingester_port}\"]\n[telemetry]\nlisten = \"127.0.0.1:{}\"\n",
+                    aggregator_ports[i],
+                    placement(&name),
+                    telemetry_ports[1 + i]
+                ),
+                loopback(telemetry_ports[1 + i]),
+            )
+        })
+        .collect();
+
+    let statsd_port = free_port();
+    let collector = Daemon::start(
+        "collector",
+        "tessera-collector",
+        &format!(
+            "instance_id = \"host-1\"\n[udp]\nlisten = \"127.0.0.1:{statsd_port}\"\nreader_threads = 2\n{}[forward]\nreconnect_min_ms = 50\nreconnect_max_ms = 500\n[telemetry]\nlisten = \"127.0.0.1:{}\"\n",
+            placement("collector"),
+            telemetry_ports[3]
+        ),
+        loopback(telemetry_ports[3]),
+    );
+    // Keep the directory (configs, queue, caches) for the daemons' lifetime.
+    std::mem::forget(dir);
+    Stack { prometheus, _etcd: etcd, ingester, aggregators, collector, statsd: loopback(statsd_port) }
+}
+
+/// Sleeps until `offset` seconds past the next 10 s boundary, so that a
+/// burst of lines lands in one tile.
+fn align_to_tile(offset: f64) {
+    let now = now_secs();
+    let next = (now / 10.0).floor() * 10.0 + 10.0 + offset;
+    std::thread::sleep(Duration::from_secs_f64(next - now));
+}
+
+#[test]
+fn a_known_mix_arrives_in_prometheus_exactly_and_dashboards_evaluate() {
+    let mut stack = start_stack();
+    let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let send = |text: &str| {
+        socket.send_to(text.as_bytes(), stack.statsd).unwrap();
+    };
+
+    // One 10 s tile's worth of a known mix.
+    align_to_tile(1.0);
+    let series = 40;
+    for round in 0..25 {
+        let mut datagram = String::new();
+        for i in 0..series {
+            datagram.push_str(&format!("e2e.requests:1|c|@0.5|#route:/r{i},env:test\n"));
+        }
+        datagram.push_str(&format!("e2e.queue_depth:{round}|g|#queue:mail\n"));
+        datagram.push_str(&format!("e2e.latency:{}|ms|#route:/all\n", 10 * (round + 1)));
+        datagram.push_str(&format!("e2e.users:user-{}|s\n", round % 9));
+        send(&datagram);
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    send("e2e.queue_depth:99|g|#queue:mail");
+
+    // Counters: every route's cumulative total is exactly 25 lines / 0.5.
+    for i in [0, 7, 39] {
+        let query = format!("e2e_requests_total{{route=\"/r{i}\",env=\"test\",resolution=\"10s\"}}");
+        let value = eventually(&query, Duration::from_secs(40), || scalar(&stack.prometheus, &query));
+        assert_eq!(value, 50.0, "{query}");
+    }
+    let routes = eventually("all 40 routes", Duration::from_secs(10), || {
+        scalar(&stack.prometheus, "count(e2e_requests_total{resolution=\"10s\"})").filter(|count| *count == 40.0)
+    });
+    assert_eq!(routes, 40.0);
+    let gauge = scalar(&stack.prometheus, "e2e_queue_depth{queue=\"mail\",resolution=\"10s\"}");
+    assert_eq!(gauge, Some(99.0));
+    assert_eq!(scalar(&stack.prometheus, "e2e_users{resolution=\"10s\"}"), Some(9.0));
+    assert_eq!(scalar(&stack.prometheus, "e2e_latency_count{route=\"/all\",resolution=\"10s\"}"), Some(25.0));
+    assert_eq!(scalar(&stack.prometheus, "e2e_latency_sum{route=\"/all\",resolution=\"10s\"}"), Some(3250.0));
+    assert_eq!(scalar(&stack.prometheus, "e2e_latency_min{route=\"/all\",resolution=\"10s\"}"), Some(10.0));
+    assert_eq!(scalar(&stack.prometheus, "e2e_latency_max{route=\"/all\",resolution=\"10s\"}"), Some(250.0));
+    // Quantiles within the sketch's relative error of the exact values
+    // 10, 20, ... 250 at the quantile's rank (between the two samples around it).
+    let bound = tessera_core::sketch::relative_error(tessera_core::sketch::DEFAULT_SCHEMA) + 1e-9;
+    let samples: Vec<f64> = (1..=25).map(|i| 10.0 * i as f64).collect();
+    for q in [0.5, 0.9, 0.99] {
+        let rank = q * (samples.len() - 1) as f64;
+        let (low, high) = (samples[rank.floor() as usize], samples[rank.ceil() as usize]);
+        let query = format!("e2e_latency{{route=\"/all\",quantile=\"{q}\",resolution=\"10s\"}}");
+        let value = scalar(&stack.prometheus, &query).unwrap_or_else(|| panic!("{query} missing"));
+        assert!(
+            value >= low * (1.0 - bound) && value <= high * (1.0 + bound),
+            "{query} = {value}, exact between {low} and {high}, relative bound {bound}"
+        );
+    }
+
+    // The end-to-end latency histogram is exported and plausible.
+    let (count, sum) = eventually("end-to-end latency scraped", Duration::from_secs(20), || {
+        let count = scalar(&stack.prometheus, "sum(tessera_ingester_end_to_end_latency_seconds_count)")?;
+        let sum = scalar(&stack.prometheus, "sum(tessera_ingester_end_to_end_latency_seconds_sum)")?;
+        (count > 0.0).then_some((count, sum))
+    });
+    let mean = sum / count;
+    assert!(mean > 0.0 && mean < 30.0, "mean end-to-end latency {mean} s is implausible");
+
+    // Every expression of every shipped dashboard evaluates to something.
+    check_dashboards(&stack.prometheus);
+
+    // Kill one aggregator: its shards' partials queue at the collector, are
+    // counted as drops once the queue is full or at shutdown; the other
+    // aggregator's shards keep flowing.
+    stack.aggregators[1].kill();
+    align_to_tile(1.0);
+    for _ in 0..10 {
+        let datagram: String = (0..series).map(|i| format!("e2e.after_kill:1|c|#route:/r{i}\n")).collect();
+        send(&datagram);
+    }
+    let survivors = eventually("the surviving aggregator's series", Duration::from_secs(40), || {
+        scalar(&stack.prometheus, "count(e2e_after_kill_total{resolution=\"10s\"})").filter(|count| *count > 0.0)
+    });
+    assert!(survivors < 40.0, "some routes belong to the dead aggregator's shards");
+    eventually("connect errors to the dead aggregator", Duration::from_secs(20), || {
+        (stack.collector.metric("tessera_collector_connect_errors_total", "destination=\"agg-2\"") > 0.0).then_some(())
+    });
+    let dropped_while_running = stack.collector.metric("tessera_collector_drops_total", "unit=\"partials\"");
+    assert_eq!(stack.collector.terminate(), Some(0), "the collector drains and exits 0");
+    let lost_partials = dropped_while_running + stack.abandoned_at_shutdown();
+    assert_eq!(survivors + lost_partials, 40.0, "every partial is delivered or counted as dropped");
+    assert_eq!(stack.aggregators[0].terminate(), Some(0));
+    assert_eq!(stack.ingester.terminate(), Some(0));
+}
+
+impl Stack {
+    /// Partials the collector gave up on when its shutdown grace ran out
+    /// (it has exited, so the count comes from its log).
+    fn abandoned_at_shutdown(&self) -> f64 {
+        let log = self.collector.log();
+        log.lines()
+            .filter(|line| line.contains("undelivered"))
+            .filter_map(|line| line.split("partials=").nth(1)?.split_whitespace().next()?.parse::<f64>().ok())
+            .sum()
+    }
+}
+
+fn check_dashboards(prometheus: &Prometheus) {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/grafana/dashboards");
+    let entries = std::fs::read_dir(&dir).unwrap_or_else(|error| panic!("{}: {error}", dir.display()));
+    let mut expressions = Vec::new();
+    for entry in entries {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|ext| ext != "json") {
+            continue;
+        }
+        let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        collect_expressions(&json, &mut expressions);
+    }
+    assert!(!expressions.is_empty(), "no dashboard expressions found in {}", dir.display());
+    for expr in expressions {
+        let expr = expr.replace("$__rate_interval", "1m").replace("$__interval", "15s").replace("[$__range]", "[5m]");
+        let result = eventually(&format!("dashboard expression `{expr}`"), Duration::from_secs(30), || {
+            let result = prometheus.query(&expr, now_secs());
+            result.as_array().filter(|series| !series.is_empty()).cloned()
+        });
+        assert!(!result.is_empty());
+    }
+}
+
+fn collect_expressions(value: &serde_json::Value, out: &mut Vec<String>) {
+    match value {
+        serde_json::Value::Object(map) => {
+            if let Some(serde_json::Value::String(expr)) = map.get("expr") {
+                out.push(expr.clone());
+            }
+            map.values().for_each(|child| collect_expressions(child, out));
+        }
+        serde_json::Value::Array(items) => items.iter().for_each(|child| collect_expressions(child, out)),
+        _ => {}
+    }
+}
