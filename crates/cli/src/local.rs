@@ -356,7 +356,7 @@ tessera_ingester_end_to_end_latency_seconds_bucket{resolution=\"10s\",le=\"+Inf\
             .lines()
             .filter(|line| line.starts_with("local_hits_total{env=\"test\",resolution=\"1s\"}"))
             .filter_map(|line| line.split_whitespace().nth(1)?.parse::<f64>().ok())
-            .last();
+            .next_back();
         assert_eq!(last_total, Some(20.0), "{text}");
     }
 }
