@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what building and testing tessera needs that a fresh Debian machine
-# lacks: protoc (prost-build and etcd-client generate code with it), etcd and
-# Prometheus (integration tests run against the real servers). Idempotent.
+# lacks: protoc (prost-build and etcd-client generate code with it), etcd,
+# Prometheus and VictoriaMetrics (integration tests run against the real
+# servers), docker-compose, jq and curl (the compose stack test). Idempotent.
 set -euo pipefail
 
 need=()
@@ -9,6 +10,10 @@ command -v protoc >/dev/null || need+=(protobuf-compiler)
 command -v etcd >/dev/null || need+=(etcd-server)
 command -v prometheus >/dev/null || need+=(prometheus)
 command -v promtool >/dev/null || need+=(prometheus)
+command -v victoria-metrics >/dev/null || need+=(victoria-metrics)
+command -v docker-compose >/dev/null || need+=(docker-compose)
+command -v jq >/dev/null || need+=(jq)
+command -v curl >/dev/null || need+=(curl)
 
 if ((${#need[@]})); then
     sudo=""

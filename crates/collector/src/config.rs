@@ -1,7 +1,7 @@
 //! The collector's configuration file (TOML).
 //!
 //! Every key is optional; the defaults run a collector on
-//! `127.0.0.1:8125`. Unknown keys are rejected. See `deploy/collector.toml`
+//! `127.0.0.1:8125`. Unknown keys are rejected. See `deploy/config/collector.toml`
 //! for a commented example of every key.
 
 use std::net::SocketAddr;

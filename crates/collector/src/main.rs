@@ -12,7 +12,7 @@ use tessera_runtime::{EXIT_CONFIG, LogFormat, Shutdown, Telemetry, config, loggi
 #[derive(Debug, Parser)]
 #[command(name = "tessera-collector", version, about)]
 struct Flags {
-    /// Configuration file (TOML); every key is optional. See deploy/collector.toml.
+    /// Configuration file (TOML); every key is optional. See deploy/config/collector.toml.
     #[arg(long, short)]
     config: Option<PathBuf>,
     /// Validate the configuration and exit.

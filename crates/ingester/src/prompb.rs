@@ -102,6 +102,41 @@ pub fn encode_labels(out: &mut Vec<u8>, labels: &[(&str, &str)]) {
     }
 }
 
+/// Calls `visit` with each `(name, value)` of pre-encoded labels, in order, without
+/// allocating. Fails (and stops) on bytes that are not labels as [`encode_labels`] writes them.
+pub fn visit_labels<'a>(
+    mut bytes: &'a [u8],
+    mut visit: impl FnMut(&'a str, &'a str),
+) -> Result<(), prost::DecodeError> {
+    fn take<'a>(bytes: &mut &'a [u8], key: u8) -> Result<&'a [u8], prost::DecodeError> {
+        let Some((&found, rest)) = bytes.split_first() else {
+            return Err(prost::DecodeError::new("truncated label"));
+        };
+        if found != key {
+            return Err(prost::DecodeError::new("unexpected field in labels"));
+        }
+        *bytes = rest;
+        let len = prost::encoding::decode_varint(bytes)? as usize;
+        if len > bytes.len() {
+            return Err(prost::DecodeError::new("label longer than its buffer"));
+        }
+        let (field, rest) = bytes.split_at(len);
+        *bytes = rest;
+        Ok(field)
+    }
+    let text = |field: &'a [u8]| std::str::from_utf8(field).map_err(|_| prost::DecodeError::new("label is not UTF-8"));
+    while !bytes.is_empty() {
+        let mut label = take(&mut bytes, FIELD_1_LEN)?;
+        let name = text(take(&mut label, FIELD_1_LEN)?)?;
+        let value = text(take(&mut label, FIELD_2_LEN)?)?;
+        if !label.is_empty() {
+            return Err(prost::DecodeError::new("unexpected field in a label"));
+        }
+        visit(name, value);
+    }
+    Ok(())
+}
+
 /// Decodes pre-encoded labels back into [`Label`]s.
 pub fn decode_labels(labels: &[u8]) -> Result<Vec<Label>, prost::DecodeError> {
     TimeSeries::decode(labels).map(|series| series.labels)
@@ -176,6 +211,18 @@ mod tests {
                     .collect(),
             };
             assert_eq!(WriteRequest::decode(ours.as_slice()).unwrap(), theirs, "timestamp {timestamp}");
+        }
+    }
+
+    #[test]
+    fn visiting_labels_matches_decoding_and_refuses_garbage() {
+        let sample = stored(&[("__name__", "a"), ("env", "pröd"), ("z", "")], 1.0);
+        let mut seen = Vec::new();
+        visit_labels(&sample.labels, |name, value| seen.push((name.to_owned(), value.to_owned()))).unwrap();
+        let decoded: Vec<_> = decode_labels(&sample.labels).unwrap().into_iter().map(|l| (l.name, l.value)).collect();
+        assert_eq!(seen, decoded);
+        for garbage in [&b"\x0a"[..], b"\x0a\x05\x0a\x01a", b"\x12\x00", b"\x0a\x04\x0a\x01\xff\x12"] {
+            assert!(visit_labels(garbage, |_, _| {}).is_err(), "{garbage:?}");
         }
     }
 

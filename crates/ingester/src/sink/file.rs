@@ -28,9 +28,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use prometheus_client::metrics::counter::Counter;
 use tokio::sync::oneshot;
 
-use super::openmetrics::{close_journal, write_journal_line};
+use super::openmetrics::{close_journal, write_journal_line_encoded};
 use super::{Sink, SinkError, SinkRequest};
-use crate::prompb::decode_labels;
 use crate::queue::segment::{cut_back, sync_dir};
 
 /// Name of the open journal in a target directory.
@@ -155,9 +154,14 @@ impl Writer {
     fn append(&mut self, request: &SinkRequest) -> Result<(), SinkError> {
         let mut text = String::with_capacity(request.samples.len() * 96);
         for sample in &request.samples {
-            let labels = decode_labels(&sample.labels)
-                .map_err(|error| SinkError::Permanent { status: 0, message: format!("undecodable labels: {error}") })?;
-            write_journal_line(&mut text, &labels, sample.sample_kind(), sample.value, request.record.tile_end_ms);
+            write_journal_line_encoded(
+                &mut text,
+                &sample.labels,
+                sample.sample_kind(),
+                sample.value,
+                request.record.tile_end_ms,
+            )
+            .map_err(|error| SinkError::Permanent { status: 0, message: format!("undecodable labels: {error}") })?;
         }
         let io_error =
             |error: io::Error| SinkError::Retryable { reason: "io", message: error.to_string(), overloaded: false };

@@ -9,10 +9,11 @@
 //! ```
 //!
 //! The series comes last because label values may hold spaces. When the file is closed,
-//! [`close_journal`] groups the lines into OpenMetrics: per family one `# TYPE` line, then
-//! its samples contiguous, sorted by series then time (one sample per series and
-//! timestamp, the last one written winning), timestamps in seconds with milliseconds as
-//! the fraction, and `# EOF` at the end. That is the form `promtool tsdb
+//! [`close_journal`] groups the lines into OpenMetrics: families in name order, per family
+//! one `# TYPE` line, then its samples contiguous, each series' samples together and in
+//! time order (one sample per series and timestamp, the last one written winning; series
+//! in the order of a hash of their text), timestamps in seconds with milliseconds as the
+//! fraction, and `# EOF` at the end. That is the form `promtool tsdb
 //! create-blocks-from openmetrics` imports.
 //!
 //! | sample kind | family | type | sample name |
@@ -21,10 +22,9 @@
 //! | gauge (gauges, sets, timer `_min`/`_max`) | name | `gauge` | `<family>` |
 //! | summary quantile, `_sum`, `_count` | timer name | `summary` | `<family>{quantile=..}`, `<family>_sum`, `<family>_count` |
 
-use std::collections::BTreeMap;
 use std::fmt::Write;
 
-use crate::prompb::Label;
+use crate::prompb::{Label, visit_labels};
 use crate::record::SampleKind;
 
 /// The OpenMetrics family and type of a sample named `name` of `kind`.
@@ -48,14 +48,7 @@ pub fn write_series(out: &mut String, labels: &[Label]) {
         first = false;
         out.push_str(&label.name);
         out.push_str("=\"");
-        for c in label.value.chars() {
-            match c {
-                '\\' => out.push_str("\\\\"),
-                '"' => out.push_str("\\\""),
-                '\n' => out.push_str("\\n"),
-                c => out.push(c),
-            }
-        }
+        escape_value(out, &label.value);
         out.push('"');
     }
     if !first {
@@ -94,8 +87,55 @@ pub fn write_journal_line(out: &mut String, labels: &[Label], kind: SampleKind, 
     out.push('\n');
 }
 
-/// Series text -> timestamp -> value text, for one (family, type).
-type Points<'a> = BTreeMap<&'a str, BTreeMap<i64, &'a str>>;
+/// Appends one journal line for a sample whose labels are pre-encoded
+/// ([`crate::prompb::encode_labels`]), without decoding them into strings.
+pub fn write_journal_line_encoded(
+    out: &mut String,
+    labels: &[u8],
+    kind: SampleKind,
+    value: f64,
+    timestamp_ms: i64,
+) -> Result<(), prost::DecodeError> {
+    let mut name = "";
+    visit_labels(labels, |label, text| {
+        if label == "__name__" {
+            name = text;
+        }
+    })?;
+    let (family, type_name) = family(name, kind);
+    let _ = write!(out, "{type_name} {family} {timestamp_ms} ");
+    write_value(out, value);
+    out.push(' ');
+    out.push_str(name);
+    let mut first = true;
+    visit_labels(labels, |label, text| {
+        if label == "__name__" {
+            return;
+        }
+        out.push(if first { '{' } else { ',' });
+        first = false;
+        out.push_str(label);
+        out.push_str("=\"");
+        escape_value(out, text);
+        out.push('"');
+    })?;
+    if !first {
+        out.push('}');
+    }
+    out.push('\n');
+    Ok(())
+}
+
+fn escape_value(out: &mut String, value: &str) {
+    for c in value.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+}
 
 /// What [`close_journal`] produced.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -110,7 +150,16 @@ pub struct Closed {
 
 /// Groups journal lines into an OpenMetrics file; see the [module docs](self).
 pub fn close_journal(journal: &str) -> Closed {
-    let mut families: BTreeMap<(&str, &str), Points<'_>> = BTreeMap::new();
+    struct Entry<'a> {
+        family: &'a str,
+        type_name: &'a str,
+        series_hash: u64,
+        series: &'a str,
+        timestamp_ms: i64,
+        index: usize,
+        value: &'a str,
+    }
+    let mut entries = Vec::with_capacity(journal.len() / 64);
     let mut bad_lines = 0;
     for line in journal.split_terminator('\n') {
         let mut fields = line.splitn(5, ' ');
@@ -128,23 +177,40 @@ pub fn close_journal(journal: &str) -> Closed {
             bad_lines += 1;
             continue;
         }
-        families.entry((family, type_name)).or_default().entry(series).or_default().insert(timestamp_ms, value);
+        let series_hash = xxhash_rust::xxh3::xxh3_64(series.as_bytes());
+        let index = entries.len();
+        entries.push(Entry { family, type_name, series_hash, series, timestamp_ms, index, value });
+    }
+    // Series are ordered by the hash of their text first, so that sorting rarely compares
+    // long, similar label strings; the journal index breaks ties (the last write wins).
+    entries.sort_unstable_by(|a, b| {
+        (a.family, a.type_name, a.series_hash)
+            .cmp(&(b.family, b.type_name, b.series_hash))
+            .then_with(|| a.series.cmp(b.series))
+            .then(a.timestamp_ms.cmp(&b.timestamp_ms))
+            .then(a.index.cmp(&b.index))
+    });
+    fn key<'a>(entry: &Entry<'a>) -> (&'a str, &'a str, &'a str, i64) {
+        (entry.family, entry.type_name, entry.series, entry.timestamp_ms)
     }
     let mut text = String::with_capacity(journal.len());
     let mut samples = 0;
-    for ((family, type_name), series) in &families {
-        let _ = writeln!(text, "# TYPE {family} {type_name}");
-        for (series, points) in series {
-            for (timestamp_ms, value) in points {
-                text.push_str(series);
-                text.push(' ');
-                text.push_str(value);
-                text.push(' ');
-                write_timestamp(&mut text, *timestamp_ms);
-                text.push('\n');
-                samples += 1;
-            }
+    let mut current_family = None;
+    for (index, entry) in entries.iter().enumerate() {
+        if entries.get(index + 1).is_some_and(|next| key(next) == key(entry)) {
+            continue;
         }
+        if current_family != Some((entry.family, entry.type_name)) {
+            let _ = writeln!(text, "# TYPE {} {}", entry.family, entry.type_name);
+            current_family = Some((entry.family, entry.type_name));
+        }
+        text.push_str(entry.series);
+        text.push(' ');
+        text.push_str(entry.value);
+        text.push(' ');
+        write_timestamp(&mut text, entry.timestamp_ms);
+        text.push('\n');
+        samples += 1;
     }
     text.push_str("# EOF\n");
     Closed { text, samples, bad_lines }
@@ -192,6 +258,18 @@ mod tests {
     }
 
     #[test]
+    fn journal_lines_from_encoded_labels_match_decoded_ones() {
+        let pairs = [("A", "up"), ("__name__", "lat"), ("path", "C:\\x \"q\"\nz"), ("quantile", "0.5")];
+        let mut encoded = Vec::new();
+        crate::prompb::encode_labels(&mut encoded, &pairs);
+        let (mut ours, mut theirs) = (String::new(), String::new());
+        write_journal_line_encoded(&mut ours, &encoded, SampleKind::SummaryQuantile, 2.5, 10_000).unwrap();
+        write_journal_line(&mut theirs, &labels(&pairs), SampleKind::SummaryQuantile, 2.5, 10_000);
+        assert_eq!(ours, theirs);
+        assert!(write_journal_line_encoded(&mut ours, b"\x0a\x09", SampleKind::Gauge, 1.0, 0).is_err());
+    }
+
+    #[test]
     fn closing_groups_families_sorts_and_ends_with_eof() {
         let mut journal = String::new();
         let hits = labels(&[("__name__", "hits_total"), ("resolution", "10s")]);
@@ -212,8 +290,8 @@ mod tests {
 hits_total{resolution=\"10s\"} 1.0 10.000
 hits_total{resolution=\"10s\"} 2.0 20.000
 # TYPE lat summary
-lat_count 3.0 10.000
 lat{quantile=\"0.5\"} 7.0 10.000
+lat_count 3.0 10.000
 # TYPE temp gauge
 temp{room=\"a b\"} 21.5 10.000
 # EOF
