@@ -19,8 +19,7 @@
 //! - the adaptive in-flight limit and pace reached, the ingester's peak RSS;
 //! - end-to-end latency p50/p99 over every tile (from the ingester's histogram).
 
-#[path = "../tests/support/prometheus.rs"]
-mod prometheus;
+use tessera_testkit::prometheus;
 #[path = "../tests/support/wire.rs"]
 mod wire;
 

@@ -4,7 +4,7 @@
 //! duplicate, and only what was in flight at the kill is sent again.
 
 mod support {
-    pub mod prometheus;
+    pub use tessera_testkit::prometheus;
     pub mod wire;
 }
 

@@ -2,7 +2,7 @@
 //! on): tile batches in over the wire, exact values out of Prometheus' query API.
 
 mod support {
-    pub mod prometheus;
+    pub use tessera_testkit::prometheus;
     pub mod wire;
 }
 

@@ -3,7 +3,7 @@
 //! drains and nothing is lost.
 
 mod support {
-    pub mod prometheus;
+    pub use tessera_testkit::prometheus;
     pub mod wire;
 }
 

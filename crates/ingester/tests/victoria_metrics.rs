@@ -2,7 +2,7 @@
 //! to `/api/v1/write`, exact values read back through its Prometheus query API.
 
 mod support {
-    pub mod prometheus;
+    pub use tessera_testkit::prometheus;
     pub mod victoria;
     pub mod wire;
 }
