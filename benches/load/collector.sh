@@ -24,7 +24,7 @@ threads=${READER_THREADS:-1}
 mix=${MIX:-counter=100}
 tags=${TAGS:-0}
 
-bin=target/release
+bin=${BIN_DIR:-target/release}
 [ -x $bin/tessera-collector ] && [ -x $bin/tessera ] || cargo build --release --bin tessera-collector --bin tessera >&2
 
 work=$(mktemp -d)
