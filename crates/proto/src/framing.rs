@@ -248,7 +248,12 @@ mod tests {
 
     fn ack(sequence: u64) -> Frame {
         Frame {
-            body: Some(Body::Ack(Ack { sequence, status: AckStatus::Retryable as i32, message: "full".into(), reason: "queue_full".into() })),
+            body: Some(Body::Ack(Ack {
+                sequence,
+                status: AckStatus::Retryable as i32,
+                message: "full".into(),
+                reason: "queue_full".into(),
+            })),
         }
     }
 
@@ -265,9 +270,7 @@ mod tests {
 
     #[test]
     fn refuses_a_frame_over_the_maximum_on_encode_and_decode() {
-        let big = Frame {
-            body: Some(Body::Partials(PartialBatch { source: "x".repeat(2000), ..Default::default() })),
-        };
+        let big = Frame { body: Some(Body::Partials(PartialBatch { source: "x".repeat(2000), ..Default::default() })) };
         let err = encode_frame(&big, 1000).unwrap_err();
         assert!(matches!(err, FrameError::TooLarge { max: 1000, .. }), "{err}");
         assert!(err.to_string().contains("exceeds the maximum of 1000 bytes"), "{err}");
@@ -301,15 +304,15 @@ mod tests {
     #[tokio::test]
     async fn handshake_accepts_same_version_and_refuses_another() {
         let (mut client, mut server) = tokio::io::duplex(1 << 16);
-        let (c, s) = tokio::join!(
-            client_handshake(&mut client, Role::Collector, "c1"),
-            server_handshake(&mut server, "agg1")
-        );
+        let (c, s) =
+            tokio::join!(client_handshake(&mut client, Role::Collector, "c1"), server_handshake(&mut server, "agg1"));
         assert_eq!(c.unwrap().instance_id, "agg1");
         assert_eq!(s.unwrap().instance_id, "c1");
 
         let (mut client, mut server) = tokio::io::duplex(1 << 16);
-        let old = Frame { body: Some(Body::Hello(Hello { protocol_version: 99, role: Role::Tool as i32, instance_id: "t".into() })) };
+        let old = Frame {
+            body: Some(Body::Hello(Hello { protocol_version: 99, role: Role::Tool as i32, instance_id: "t".into() })),
+        };
         let send = async {
             write_frame(&mut client, &old, 1024).await.unwrap();
             let mut scratch = Vec::new();
