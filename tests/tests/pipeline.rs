@@ -198,6 +198,17 @@ fn a_known_mix_arrives_in_prometheus_exactly_and_dashboards_evaluate() {
     // Every expression of every shipped dashboard evaluates to something.
     check_dashboards(&stack.prometheus);
 
+    // `tessera loadgen --verify` measures the deployment's loss from the sink.
+    let output = Command::new(binary("tessera"))
+        .args(["loadgen", "--target", &stack.statsd.to_string(), "--total-lines", "6000", "--series", "60"])
+        .args(["--mix", "counter=100", "--sample-rate", "0.5", "--rate-lines-per-sec", "20000"])
+        .args(["--verify", &format!("prometheus=http://{}", stack.prometheus.address), "--verify-timeout-secs", "60"])
+        .output()
+        .unwrap();
+    let report = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "loadgen --verify failed:\n{report}\n{}", String::from_utf8_lossy(&output.stderr));
+    assert!(report.contains("verify: expected counter increase 12000, seen 12000, lost 0"), "{report}");
+
     // Kill one aggregator: its shards' partials queue at the collector, are
     // counted as drops once the queue is full or at shutdown; the other
     // aggregator's shards keep flowing.

@@ -40,11 +40,13 @@ mod send;
 mod sendmmsg;
 #[cfg(test)]
 mod tests;
+mod verify;
 mod workload;
 
 use mix::Mix;
 use report::Summary;
 use send::{Connection, SenderPlan, SenderProgress, Target};
+use tessera_core::parse::MetricKind;
 use workload::{Workload, WorkloadConfig};
 
 /// The largest payload of a UDP datagram over IPv4.
@@ -117,6 +119,17 @@ pub struct Args {
     /// Write the expected statistic of every series sent (TSV) to this file.
     #[arg(long, value_name = "FILE")]
     expect_out: Option<PathBuf>,
+    /// After the run, read the counters back from the sink and report loss:
+    /// `prometheus=http://host:port` or `files=DIR` (the file sink's
+    /// OpenMetrics directory, e.g. tessera-data/openmetrics).
+    #[arg(long, value_name = "SINK", value_parser = verify::parse_sink)]
+    verify: Option<verify::VerifySink>,
+    /// Resolution whose series `--verify` reads.
+    #[arg(long, value_name = "RESOLUTION", default_value = "10s")]
+    verify_resolution: String,
+    /// How long `--verify` waits for the sink to show everything.
+    #[arg(long, value_name = "SECONDS", default_value_t = 120)]
+    verify_timeout_secs: u64,
 }
 
 /// A validated run.
@@ -215,6 +228,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     };
     let stop = Arc::new(AtomicBool::new(false));
     let _signals = stop_on_signal(&stop)?;
+    let baseline = match &args.verify {
+        Some(sink) => Some(verify::counter_total(sink, &args.verify_resolution).context("reading the baseline")?),
+        None => None,
+    };
     let summary = execute(&config, &stop)?;
     let mut out = std::io::stdout().lock();
     if args.json {
@@ -228,6 +245,20 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         expect::write_tsv(&mut file, &config.workload, &summary.lines_by_sender)
             .and_then(|()| file.flush())
             .with_context(|| format!("writing {}", path.display()))?;
+    }
+    if let (Some(sink), Some(baseline)) = (&args.verify, baseline) {
+        let expected: f64 = summary
+            .types
+            .iter()
+            .filter(|totals| totals.kind == MetricKind::Counter)
+            .map(|totals| totals.expected)
+            .sum();
+        let timeout = Duration::from_secs(args.verify_timeout_secs);
+        let verdict = verify::wait_for(sink, &args.verify_resolution, baseline, expected, timeout)?;
+        writeln!(out, "{}", verdict.to_text())?;
+        if verdict.lost() > 0.0 {
+            return Ok(ExitCode::FAILURE);
+        }
     }
     Ok(if summary.error.is_some() { ExitCode::FAILURE } else { ExitCode::SUCCESS })
 }
