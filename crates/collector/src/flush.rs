@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 use prost::Message;
-use tessera_core::aggregate::kind_to_proto;
+use tessera_core::aggregate::{Aggregate, kind_to_proto};
+use tessera_core::parse::MetricKind;
 use tessera_core::shard::shard_of;
 use tessera_core::table::{Table, TableOptions};
 use tessera_proto::{Frame, PartialBatch, SeriesValue, ShardPartials, frame::Body};
@@ -70,10 +71,18 @@ struct Routes {
     queues: Vec<Arc<DestinationQueue>>,
 }
 
+/// What the flusher holds for one window: the first reader's cut as is
+/// (with one reader, the common case on small hosts, nothing needs
+/// merging), or a table merging the cuts of several readers.
+enum Window {
+    Single(Cut),
+    Merged(Table),
+}
+
 /// The flusher thread's state.
 pub struct Flusher {
     cuts: Receiver<Cut>,
-    windows: BTreeMap<i64, Table>,
+    windows: BTreeMap<i64, Window>,
     spare_tables: Vec<Table>,
     settings: FlushSettings,
     placement: PlacementHandle,
@@ -133,22 +142,27 @@ impl Flusher {
     }
 
     fn merge(&mut self, cut: Cut) {
-        let spare = &mut self.spare_tables;
-        let table = self.windows.entry(cut.window_start_ms).or_insert_with(|| {
-            spare.pop().unwrap_or_else(|| {
-                Table::new(TableOptions {
-                    max_series: None,
-                    expire_after_idle_cuts: Some(2),
-                    ..TableOptions::default()
-                })
-            })
-        });
-        for entry in &cut.entries {
-            // Both sides come from our own readers, so kinds always agree.
-            if let Err(error) = table.merge(entry.kind, cut.id(entry), &entry.aggregate) {
-                tracing::error!(%error, "merging a reader's partial failed");
+        let start = cut.window_start_ms;
+        let window = match self.windows.remove(&start) {
+            None => Window::Single(cut),
+            Some(Window::Single(first)) => {
+                let mut table = self.spare_table();
+                merge_cut(&mut table, &first);
+                merge_cut(&mut table, &cut);
+                Window::Merged(table)
             }
-        }
+            Some(Window::Merged(mut table)) => {
+                merge_cut(&mut table, &cut);
+                Window::Merged(table)
+            }
+        };
+        self.windows.insert(start, window);
+    }
+
+    fn spare_table(&mut self) -> Table {
+        self.spare_tables.pop().unwrap_or_else(|| {
+            Table::new(TableOptions { max_series: None, expire_after_idle_cuts: Some(2), ..TableOptions::default() })
+        })
     }
 
     fn flush_due(&mut self, now: i64) {
@@ -158,35 +172,52 @@ impl Flusher {
             if now != i64::MAX && start + window_ms + delay > now {
                 return;
             }
-            let mut table = self.windows.remove(&start).expect("key just seen");
-            self.flush_window(start, &mut table);
-            self.spare_tables.push(table);
+            match self.windows.remove(&start).expect("key just seen") {
+                Window::Single(cut) => self.flush_window(start, |each| {
+                    for entry in &cut.entries {
+                        each(entry.kind, cut.id(entry), &entry.aggregate);
+                    }
+                    cut.entries.len()
+                }),
+                Window::Merged(mut table) => {
+                    self.flush_window(start, |each| table.cut(|kind, id, aggregate| each(kind, id, aggregate)).emitted);
+                    self.spare_tables.push(table);
+                }
+            }
         }
     }
 
-    fn flush_window(&mut self, window_start_ms: i64, table: &mut Table) {
+    /// Routes and queues one window. `series` calls its argument once per
+    /// series of the window and returns how many there were.
+    fn flush_window(
+        &mut self,
+        window_start_ms: i64,
+        series: impl FnOnce(&mut dyn FnMut(MetricKind, &[u8], &Aggregate)) -> usize,
+    ) {
         let started = Instant::now();
         self.refresh_routes();
         let routes = self.routes.as_ref().expect("routes refreshed");
         let mut buckets: Vec<BTreeMap<u32, Vec<SeriesValue>>> = vec![BTreeMap::new(); routes.queues.len()];
         let mut unrouted = 0u64;
-        let stats = table.cut(|kind, id, aggregate| {
+        let emitted = series(&mut |kind, id, aggregate| {
             let shard = shard_of(id, routes.routing.num_shards());
-            let mut owners = routes.routing.owners(shard, window_start_ms).peekable();
-            if owners.peek().is_none() {
+            let mut owners = routes.routing.owners(shard, window_start_ms);
+            let Some(first_owner) = owners.next() else {
                 unrouted += 1;
                 return;
-            }
+            };
             let value = SeriesValue {
                 series_id: id.to_vec(),
                 r#type: kind_to_proto(kind) as i32,
                 aggregate: Some(aggregate.to_proto()),
             };
-            for destination in owners {
-                buckets[destination].entry(shard).or_default().push(value.clone());
+            // Replicas get copies; the first owner takes the value itself.
+            for replica in owners {
+                buckets[replica].entry(shard).or_default().push(value.clone());
             }
+            buckets[first_owner].entry(shard).or_default().push(value);
         });
-        self.metrics.active_series.set(stats.emitted as i64);
+        self.metrics.active_series.set(emitted as i64);
         if unrouted > 0 {
             self.metrics.drop_partials("no_owner", unrouted);
         }
@@ -291,4 +322,14 @@ fn enqueue_batches(
         }
     }
     flush(&mut pending, &mut pending_partials, &mut pending_bytes);
+}
+
+/// Folds one reader's cut into a window table.
+fn merge_cut(table: &mut Table, cut: &Cut) {
+    for entry in &cut.entries {
+        // Both sides come from our own readers, so kinds always agree.
+        if let Err(error) = table.merge(entry.kind, cut.id(entry), &entry.aggregate) {
+            tracing::error!(%error, "merging a reader's partial failed");
+        }
+    }
 }
