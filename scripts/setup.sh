@@ -5,15 +5,18 @@
 # servers), docker-compose, jq and curl (the compose stack test). Idempotent.
 set -euo pipefail
 
+# `--build`: only what building needs (protoc), for running tessera.
 need=()
 command -v protoc >/dev/null || need+=(protobuf-compiler)
-command -v etcd >/dev/null || need+=(etcd-server)
-command -v prometheus >/dev/null || need+=(prometheus)
-command -v promtool >/dev/null || need+=(prometheus)
-command -v victoria-metrics >/dev/null || need+=(victoria-metrics)
-command -v docker-compose >/dev/null || need+=(docker-compose)
-command -v jq >/dev/null || need+=(jq)
-command -v curl >/dev/null || need+=(curl)
+if [ "${1:-}" != "--build" ]; then
+    command -v etcd >/dev/null || need+=(etcd-server)
+    command -v prometheus >/dev/null || need+=(prometheus)
+    command -v promtool >/dev/null || need+=(prometheus)
+    command -v victoria-metrics >/dev/null || need+=(victoria-metrics)
+    command -v docker-compose >/dev/null || need+=(docker-compose)
+    command -v jq >/dev/null || need+=(jq)
+    command -v curl >/dev/null || need+=(curl)
+fi
 
 if ((${#need[@]})); then
     sudo=""
