@@ -26,6 +26,7 @@ use tessera_topology::{Placement, PlacementHandle};
 
 use crate::metrics::Reason;
 use crate::tiler::{Batch, Partial};
+use tessera_runtime::logging::error_chain;
 
 /// What became of one frame.
 #[derive(Debug)]
@@ -186,18 +187,6 @@ fn partial(series: SeriesValue, shard: u32, num_shards: u32) -> Result<Partial, 
 
 fn protocol(reason: &'static str, message: String) -> Decoded {
     Decoded::Protocol { reason, message }
-}
-
-/// An error and its sources, joined by `: `.
-pub fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 #[cfg(test)]

@@ -95,6 +95,7 @@ pub struct Metrics {
     buffer_bytes: Family<Labels, Gauge>,
     buffer_batches: Family<Labels, Gauge>,
     connect_errors: Family<Labels, Counter>,
+    send_errors: Family<Labels, Counter>,
     ingester_rejected_batches: Family<Labels, Counter>,
     drops: Family<Labels, Counter>,
     /// Shards this instance owns now.
@@ -128,6 +129,7 @@ impl Default for Metrics {
             buffer_bytes: Family::default(),
             buffer_batches: Family::default(),
             connect_errors: Family::default(),
+            send_errors: Family::default(),
             ingester_rejected_batches: Family::default(),
             drops: Family::default(),
             shards_owned: Gauge::default(),
@@ -236,6 +238,11 @@ impl Metrics {
             self.connect_errors.clone(),
         );
         r.register(
+            format!("{p}send_errors"),
+            "Connections to an ingester lost while sending or awaiting an ack, per destination and reason",
+            self.send_errors.clone(),
+        );
+        r.register(
             format!("{p}ingester_rejected_batches"),
             "Tile batches an ingester refused for good, per destination and reason",
             self.ingester_rejected_batches.clone(),
@@ -304,6 +311,7 @@ impl Metrics {
             buffer_batches: self.buffer_batches.get_or_create(&by_destination).clone(),
             connect_errors: self.connect_errors.get_or_create(&by_destination).clone(),
             rejected: self.ingester_rejected_batches.clone(),
+            send_errors: self.send_errors.clone(),
             drops: self.drops.clone(),
             endpoint: endpoint.to_owned(),
         }
@@ -345,11 +353,17 @@ pub struct DestinationMetrics {
     /// Failed connects.
     pub connect_errors: Counter,
     rejected: Family<Labels, Counter>,
+    send_errors: Family<Labels, Counter>,
     drops: Family<Labels, Counter>,
     endpoint: String,
 }
 
 impl DestinationMetrics {
+    /// Counts a connection lost while sending a batch or awaiting its ack.
+    pub fn send_error(&self, reason: &'static str) {
+        self.send_errors.get_or_create(&labels(&[("destination", &self.endpoint), ("reason", reason)])).inc();
+    }
+
     /// Counts a batch the ingester refused for good.
     pub fn rejected(&self, reason: &'static str) {
         self.rejected.get_or_create(&labels(&[("destination", &self.endpoint), ("reason", reason)])).inc();

@@ -104,7 +104,7 @@ pub async fn keep_registered(config: EtcdConfig, instance_id: String, ttl: Durat
                 Err(error) => error,
             },
         };
-        tracing::warn!(error = %crate::decode::error_chain(&error), "cannot register liveness in etcd; will retry");
+        tracing::warn!(error = %tessera_runtime::logging::error_chain(&error), "cannot register liveness in etcd; will retry");
         tokio::select! {
             () = shutdown.wait() => return,
             () = tokio::time::sleep(wait) => {}
@@ -115,7 +115,9 @@ pub async fn keep_registered(config: EtcdConfig, instance_id: String, ttl: Durat
     shutdown.wait().await;
     match tokio::time::timeout(Duration::from_secs(2), registration.revoke()).await {
         Ok(Ok(())) => tracing::info!("liveness lease revoked"),
-        Ok(Err(error)) => tracing::warn!(error = %crate::decode::error_chain(&error), "revoking the liveness lease"),
+        Ok(Err(error)) => {
+            tracing::warn!(error = %tessera_runtime::logging::error_chain(&error), "revoking the liveness lease")
+        }
         Err(_) => tracing::warn!("revoking the liveness lease timed out; it expires with its TTL"),
     }
 }

@@ -18,9 +18,9 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
 
-use crate::decode::error_chain;
 use crate::metrics::Metrics;
 use crate::pipeline::{FrameJob, Reply};
+use tessera_runtime::logging::error_chain;
 
 static CONNECTION_LOG: RateLimitedLog = RateLimitedLog::new("aggregator.connection", 5);
 

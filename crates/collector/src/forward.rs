@@ -17,12 +17,10 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use rand::rngs::SmallRng;
-use rand::{Rng, SeedableRng};
-use tessera_proto::framing::{self, FrameError};
-use tessera_proto::{AckStatus, Role, frame::Body};
+use tessera_proto::{AckStatus, Role, client};
+use tessera_runtime::backoff::{Backoff, sleep_or_stop};
+use tessera_runtime::logging::error_chain;
 use tessera_runtime::shutdown::Shutdown;
-use tokio::net::TcpStream;
 use tokio::sync::Notify;
 
 use crate::metrics::DestinationMetrics;
@@ -160,51 +158,27 @@ impl DestinationQueue {
     }
 }
 
-/// Why one send attempt failed.
-#[derive(Debug, thiserror::Error)]
-enum SendError {
-    #[error("connect to {endpoint} failed")]
-    Connect {
-        endpoint: String,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("timed out after {0:?}")]
-    Timeout(Duration),
-    #[error("handshake failed")]
-    Handshake(#[from] framing::HandshakeError),
-    #[error("frame exchange failed")]
-    Frame(#[from] FrameError),
-    #[error("write failed")]
-    Io(#[from] std::io::Error),
-    #[error("unexpected answer `{0}` (wanted an ack)")]
-    Unexpected(&'static str),
-    #[error("ack for sequence {got}, expected {expected}")]
-    Sequence { got: u64, expected: u64 },
-}
-
 /// The sender task of one destination; returns when `stop` fires.
 pub async fn run_sender(endpoint: String, queue: Arc<DestinationQueue>, settings: SenderSettings, stop: Shutdown) {
-    let mut rng = SmallRng::from_os_rng();
-    let mut backoff = settings.reconnect_min;
+    let mut backoff = Backoff::new(settings.reconnect_min, settings.reconnect_max);
     loop {
         if !wait_for_work(&queue, &stop).await {
             return;
         }
-        let mut stream = match connect(&endpoint, &settings).await {
+        let connecting = client::connect(&endpoint, Role::Collector, &settings.source, settings.connect_timeout);
+        let mut stream = match connecting.await {
             Ok(stream) => stream,
             Err(error) => {
                 queue.metrics.connect_errors.inc();
                 tracing::warn!(%endpoint, error = %error_chain(&error), "cannot reach aggregator; will retry");
-                if !sleep_or_stop(jitter(&mut rng, backoff), &stop).await {
+                if !sleep_or_stop(backoff.next_delay(), &stop).await {
                     return;
                 }
-                backoff = (backoff * 2).min(settings.reconnect_max);
                 continue;
             }
         };
         tracing::info!(%endpoint, "connected to aggregator");
-        backoff = settings.reconnect_min;
+        backoff.reset();
         let mut scratch = Vec::new();
         loop {
             if !wait_for_work(&queue, &stop).await {
@@ -212,7 +186,8 @@ pub async fn run_sender(endpoint: String, queue: Arc<DestinationQueue>, settings
             }
             let Some(batch) = queue.pop_front() else { continue };
             let started = Instant::now();
-            match exchange(&mut stream, &batch, &mut scratch, settings.ack_timeout).await {
+            match client::exchange(&mut stream, &batch.frame, batch.sequence, &mut scratch, settings.ack_timeout).await
+            {
                 Ok(ack) => {
                     queue.in_flight.store(false, Ordering::Release);
                     match AckStatus::try_from(ack.status).unwrap_or(AckStatus::Unspecified) {
@@ -222,15 +197,14 @@ pub async fn run_sender(endpoint: String, queue: Arc<DestinationQueue>, settings
                             metrics.batches_sent.inc();
                             metrics.bytes_sent.inc_by(batch.frame.len() as u64);
                             metrics.partials_sent.inc_by(batch.partials);
-                            backoff = settings.reconnect_min;
+                            backoff.reset();
                         }
                         AckStatus::Retryable => {
                             tracing::debug!(%endpoint, reason = %ack.reason, "batch refused for now; retrying");
                             queue.push_front(batch);
-                            if !sleep_or_stop(jitter(&mut rng, backoff), &stop).await {
+                            if !sleep_or_stop(backoff.next_delay(), &stop).await {
                                 return;
                             }
-                            backoff = (backoff * 2).min(settings.reconnect_max);
                         }
                         AckStatus::Permanent | AckStatus::Unspecified => {
                             let reason = if ack.reason.is_empty() { "unspecified" } else { ack.reason.as_str() };
@@ -241,6 +215,7 @@ pub async fn run_sender(endpoint: String, queue: Arc<DestinationQueue>, settings
                     }
                 }
                 Err(error) => {
+                    queue.metrics.send_error(error.reason());
                     tracing::warn!(%endpoint, error = %error_chain(&error), "connection to aggregator lost; reconnecting");
                     queue.push_front(batch);
                     queue.in_flight.store(false, Ordering::Release);
@@ -277,63 +252,6 @@ async fn wait_for_work(queue: &DestinationQueue, stop: &Shutdown) -> bool {
             () = tokio::time::sleep(Duration::from_millis(200)) => {}
         }
     }
-}
-
-async fn sleep_or_stop(duration: Duration, stop: &Shutdown) -> bool {
-    tokio::select! {
-        () = tokio::time::sleep(duration) => true,
-        () = stop.wait() => false,
-    }
-}
-
-fn jitter(rng: &mut SmallRng, base: Duration) -> Duration {
-    // Full jitter in [base/2, base].
-    let millis = base.as_millis() as u64;
-    Duration::from_millis(millis / 2 + rng.random_range(0..=millis / 2))
-}
-
-async fn connect(endpoint: &str, settings: &SenderSettings) -> Result<TcpStream, SendError> {
-    let connecting = TcpStream::connect(endpoint);
-    let mut stream = tokio::time::timeout(settings.connect_timeout, connecting)
-        .await
-        .map_err(|_| SendError::Timeout(settings.connect_timeout))?
-        .map_err(|source| SendError::Connect { endpoint: endpoint.to_owned(), source })?;
-    stream.set_nodelay(true)?;
-    let handshake = framing::client_handshake(&mut stream, Role::Collector, &settings.source);
-    tokio::time::timeout(settings.connect_timeout, handshake)
-        .await
-        .map_err(|_| SendError::Timeout(settings.connect_timeout))??;
-    Ok(stream)
-}
-
-async fn exchange(
-    stream: &mut TcpStream,
-    batch: &QueuedBatch,
-    scratch: &mut Vec<u8>,
-    ack_timeout: Duration,
-) -> Result<tessera_proto::Ack, SendError> {
-    use tokio::io::AsyncWriteExt;
-    let round_trip = async {
-        stream.write_all(&batch.frame).await?;
-        let answer = framing::read_frame(stream, scratch, 1 << 20).await?;
-        match answer.body {
-            Some(Body::Ack(ack)) if ack.sequence == batch.sequence => Ok(ack),
-            Some(Body::Ack(ack)) => Err(SendError::Sequence { got: ack.sequence, expected: batch.sequence }),
-            _ => Err(SendError::Unexpected(framing::body_kind(&answer))),
-        }
-    };
-    tokio::time::timeout(ack_timeout, round_trip).await.map_err(|_| SendError::Timeout(ack_timeout))?
-}
-
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 #[cfg(test)]

@@ -49,6 +49,7 @@ pub struct Metrics {
     queue_bytes: Family<Labels, Gauge>,
     ack_latency: Family<Labels, Histogram>,
     connect_errors: Family<Labels, Counter>,
+    send_errors: Family<Labels, Counter>,
     rejected_batches: Family<Labels, Counter>,
     /// Receive buffer the kernel granted each UDP socket.
     pub udp_recv_buffer_bytes: Gauge,
@@ -75,6 +76,7 @@ impl Default for Metrics {
             queue_bytes: Family::default(),
             ack_latency: Family::new_with_constructor(latency_histogram),
             connect_errors: Family::default(),
+            send_errors: Family::default(),
             rejected_batches: Family::default(),
             udp_recv_buffer_bytes: Gauge::default(),
         }
@@ -160,6 +162,11 @@ impl Metrics {
             self.connect_errors.clone(),
         );
         r.register(
+            "tessera_collector_send_errors",
+            "Connections lost while sending or awaiting an ack, per destination and reason",
+            self.send_errors.clone(),
+        );
+        r.register(
             "tessera_collector_rejected_batches",
             "Batches a destination refused, per destination and reason",
             self.rejected_batches.clone(),
@@ -202,6 +209,7 @@ impl Metrics {
             queue_bytes: self.queue_bytes.get_or_create(&by_destination).clone(),
             ack_latency: self.ack_latency.get_or_create(&by_destination).clone(),
             connect_errors: self.connect_errors.get_or_create(&by_destination).clone(),
+            send_errors: self.send_errors.clone(),
             rejected: self.rejected_batches.clone(),
             instance: instance.to_owned(),
             drops: self.drops.clone(),
@@ -286,6 +294,7 @@ pub struct DestinationMetrics {
     pub ack_latency: Histogram,
     /// Failed connects.
     pub connect_errors: Counter,
+    send_errors: Family<Labels, Counter>,
     rejected: Family<Labels, Counter>,
     drops: Family<Labels, Counter>,
     instance: String,
@@ -295,6 +304,11 @@ impl DestinationMetrics {
     /// Counts a batch the destination refused for good.
     pub fn rejected(&self, reason: &str) {
         self.rejected.get_or_create(&labels(&[("destination", &self.instance), ("reason", reason)])).inc();
+    }
+
+    /// Counts a connection lost while sending a batch or awaiting its ack.
+    pub fn send_error(&self, reason: &str) {
+        self.send_errors.get_or_create(&labels(&[("destination", &self.instance), ("reason", reason)])).inc();
     }
 
     /// Counts partials dropped on the way to this destination.

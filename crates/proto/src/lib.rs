@@ -31,4 +31,5 @@ mod generated {
 
 pub use generated::*;
 
+pub mod client;
 pub mod framing;

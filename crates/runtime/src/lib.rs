@@ -53,6 +53,7 @@
 //! }
 //! ```
 
+pub mod backoff;
 pub mod config;
 pub mod daemon;
 pub mod logging;

@@ -193,6 +193,18 @@ fn seconds_since_first_use() -> u32 {
     start.elapsed().as_secs() as u32
 }
 
+/// An error and every `source()` below it, joined by `: `, for one log field.
+pub fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -11,16 +11,12 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rand::rngs::SmallRng;
-use rand::{Rng, SeedableRng};
-use tessera_proto::framing::{self, FrameError};
-use tessera_proto::{Ack, AckStatus, Role, frame::Body};
+use tessera_proto::{AckStatus, Role, client};
 use tessera_runtime::Shutdown;
-use tokio::io::AsyncWriteExt;
-use tokio::net::TcpStream;
+use tessera_runtime::backoff::{Backoff, sleep_or_stop};
+use tessera_runtime::logging::error_chain;
 
-use super::queue::{OutboundQueue, Outgoing};
-use crate::decode::error_chain;
+use super::queue::OutboundQueue;
 
 /// Settings shared by every sender.
 #[derive(Debug, Clone)]
@@ -37,53 +33,29 @@ pub struct SenderSettings {
     pub reconnect_max: Duration,
 }
 
-/// Why one exchange failed.
-#[derive(Debug, thiserror::Error)]
-enum SendError {
-    #[error("connect to {endpoint} failed")]
-    Connect {
-        endpoint: String,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("timed out after {0:?}")]
-    Timeout(Duration),
-    #[error("handshake failed")]
-    Handshake(#[from] framing::HandshakeError),
-    #[error("frame exchange failed")]
-    Frame(#[from] FrameError),
-    #[error("write failed")]
-    Io(#[from] std::io::Error),
-    #[error("unexpected answer `{0}` (wanted an ack)")]
-    Unexpected(&'static str),
-    #[error("ack for sequence {got}, expected {expected}")]
-    Sequence { got: u64, expected: u64 },
-}
-
 /// Runs the sender of `queue` until `stop` fires.
 pub async fn run_sender(queue: Arc<OutboundQueue>, settings: SenderSettings, stop: Shutdown) {
     let endpoint = queue.endpoint().to_owned();
-    let mut rng = SmallRng::from_os_rng();
-    let mut backoff = settings.reconnect_min;
+    let mut backoff = Backoff::new(settings.reconnect_min, settings.reconnect_max);
     loop {
         if !wait_for_work(&queue, &stop).await {
             return;
         }
-        let mut stream = match connect(&endpoint, &settings).await {
+        let connecting = client::connect(&endpoint, Role::Aggregator, &settings.source, settings.connect_timeout);
+        let mut stream = match connecting.await {
             Ok(stream) => stream,
             Err(error) => {
                 queue.metrics.connect_errors.inc();
                 tracing::warn!(%endpoint, error = %error_chain(&error), "cannot reach ingester; will retry");
-                if !sleep_or_stop(jitter(&mut rng, backoff), &stop).await {
+                if !sleep_or_stop(backoff.next_delay(), &stop).await {
                     return;
                 }
-                backoff = (backoff * 2).min(settings.reconnect_max);
                 continue;
             }
         };
         tracing::info!(%endpoint, "connected to ingester");
         queue.set_connected(true);
-        backoff = settings.reconnect_min;
+        backoff.reset();
         let mut scratch = Vec::new();
         loop {
             if !wait_for_work(&queue, &stop).await {
@@ -92,9 +64,12 @@ pub async fn run_sender(queue: Arc<OutboundQueue>, settings: SenderSettings, sto
             }
             let Some(batch) = queue.pop_front() else { continue };
             let started = Instant::now();
-            let ack = match exchange(&mut stream, &batch, &mut scratch, settings.ack_timeout).await {
+            let exchanged =
+                client::exchange(&mut stream, &batch.frame, batch.sequence, &mut scratch, settings.ack_timeout);
+            let ack = match exchanged.await {
                 Ok(ack) => ack,
                 Err(error) => {
+                    queue.metrics.send_error(error.reason());
                     tracing::warn!(%endpoint, error = %error_chain(&error), "connection to ingester lost; reconnecting");
                     queue.push_front(batch);
                     queue.set_connected(false);
@@ -109,16 +84,15 @@ pub async fn run_sender(queue: Arc<OutboundQueue>, settings: SenderSettings, sto
                     metrics.bytes_sent.inc_by(batch.frame.len() as u64);
                     metrics.series_sent.inc_by(batch.series);
                     queue.finish_in_flight();
-                    backoff = settings.reconnect_min;
+                    backoff.reset();
                 }
                 AckStatus::Retryable => {
                     tracing::debug!(%endpoint, reason = %ack.reason, "tile batch refused for now; retrying");
                     queue.push_front(batch);
-                    if !sleep_or_stop(jitter(&mut rng, backoff), &stop).await {
+                    if !sleep_or_stop(backoff.next_delay(), &stop).await {
                         queue.set_connected(false);
                         return;
                     }
-                    backoff = (backoff * 2).min(settings.reconnect_max);
                 }
                 AckStatus::Permanent | AckStatus::Unspecified => {
                     let reason = closed_reason(&ack.reason);
@@ -158,49 +132,4 @@ async fn wait_for_work(queue: &OutboundQueue, stop: &Shutdown) -> bool {
             () = tokio::time::sleep(Duration::from_millis(200)) => {}
         }
     }
-}
-
-async fn sleep_or_stop(duration: Duration, stop: &Shutdown) -> bool {
-    tokio::select! {
-        () = tokio::time::sleep(duration) => true,
-        () = stop.wait() => false,
-    }
-}
-
-/// A wait in `[base / 2, base]`.
-fn jitter(rng: &mut SmallRng, base: Duration) -> Duration {
-    let millis = base.as_millis() as u64;
-    Duration::from_millis(millis / 2 + rng.random_range(0..=millis / 2))
-}
-
-async fn connect(endpoint: &str, settings: &SenderSettings) -> Result<TcpStream, SendError> {
-    let connecting = async {
-        let mut stream = TcpStream::connect(endpoint)
-            .await
-            .map_err(|source| SendError::Connect { endpoint: endpoint.to_owned(), source })?;
-        stream.set_nodelay(true)?;
-        framing::client_handshake(&mut stream, Role::Aggregator, &settings.source).await?;
-        Ok(stream)
-    };
-    tokio::time::timeout(settings.connect_timeout, connecting)
-        .await
-        .map_err(|_| SendError::Timeout(settings.connect_timeout))?
-}
-
-async fn exchange(
-    stream: &mut TcpStream,
-    batch: &Outgoing,
-    scratch: &mut Vec<u8>,
-    ack_timeout: Duration,
-) -> Result<Ack, SendError> {
-    let round_trip = async {
-        stream.write_all(&batch.frame).await?;
-        let answer = framing::read_frame(stream, scratch, 1 << 20).await?;
-        match answer.body {
-            Some(Body::Ack(ack)) if ack.sequence == batch.sequence => Ok(ack),
-            Some(Body::Ack(ack)) => Err(SendError::Sequence { got: ack.sequence, expected: batch.sequence }),
-            _ => Err(SendError::Unexpected(framing::body_kind(&answer))),
-        }
-    };
-    tokio::time::timeout(ack_timeout, round_trip).await.map_err(|_| SendError::Timeout(ack_timeout))?
 }

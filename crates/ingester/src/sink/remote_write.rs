@@ -32,6 +32,7 @@ use hyper_util::rt::TokioExecutor;
 
 use super::{Sink, SinkError, SinkRequest, shorten};
 use crate::prompb;
+use tessera_runtime::logging::error_chain;
 
 /// Most bytes of an error body kept for logs.
 const MAX_ERROR_BODY_BYTES: usize = 64 << 10;
@@ -131,17 +132,6 @@ impl RemoteWriteSink {
             _ => SinkError::Permanent { status: code, message },
         })
     }
-}
-
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 impl Sink for RemoteWriteSink {
