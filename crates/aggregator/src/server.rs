@@ -149,20 +149,9 @@ pub async fn read_raw_frame<R: AsyncRead + Unpin>(
     reader: &mut R,
     max_frame_bytes: usize,
 ) -> Result<Vec<u8>, FrameError> {
-    let mut prefix = [0u8; LENGTH_PREFIX_BYTES];
-    let first = reader.read(&mut prefix).await?;
-    if first == 0 {
-        return Err(FrameError::Closed);
-    }
-    if first < LENGTH_PREFIX_BYTES {
-        reader.read_exact(&mut prefix[first..]).await?;
-    }
-    let len = u32::from_be_bytes(prefix) as usize;
-    if len > max_frame_bytes {
-        return Err(FrameError::TooLarge { len, max: max_frame_bytes });
-    }
+    let len = framing::read_length_prefix(reader, max_frame_bytes).await?;
     let mut frame = vec![0; LENGTH_PREFIX_BYTES + len];
-    frame[..LENGTH_PREFIX_BYTES].copy_from_slice(&prefix);
+    frame[..LENGTH_PREFIX_BYTES].copy_from_slice(&(len as u32).to_be_bytes());
     reader.read_exact(&mut frame[LENGTH_PREFIX_BYTES..]).await?;
     Ok(frame)
 }

@@ -21,7 +21,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tessera_proto::framing::{self, FrameError, LENGTH_PREFIX_BYTES};
+use tessera_proto::framing::{self, FrameError};
 use tessera_proto::{Ack, AckStatus, Frame, frame::Body};
 use tessera_runtime::{RateLimitedLog, Shutdown};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
@@ -173,18 +173,7 @@ async fn refuse(stream: &mut TcpStream, reason: &str, message: String) {
 /// Reads one frame's body, refusing a declared length over `max_frame_bytes` before
 /// reading any of it. [`FrameError::Closed`] when the stream ends between frames.
 pub async fn read_body<R: AsyncRead + Unpin>(reader: &mut R, max_frame_bytes: usize) -> Result<Vec<u8>, FrameError> {
-    let mut prefix = [0u8; LENGTH_PREFIX_BYTES];
-    let first = reader.read(&mut prefix).await?;
-    if first == 0 {
-        return Err(FrameError::Closed);
-    }
-    if first < LENGTH_PREFIX_BYTES {
-        reader.read_exact(&mut prefix[first..]).await?;
-    }
-    let len = u32::from_be_bytes(prefix) as usize;
-    if len > max_frame_bytes {
-        return Err(FrameError::TooLarge { len, max: max_frame_bytes });
-    }
+    let len = framing::read_length_prefix(reader, max_frame_bytes).await?;
     let mut body = vec![0u8; len];
     reader.read_exact(&mut body).await?;
     Ok(body)

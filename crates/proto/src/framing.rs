@@ -160,6 +160,22 @@ pub async fn read_frame<R: AsyncRead + Unpin>(
     scratch: &mut Vec<u8>,
     max_frame_bytes: usize,
 ) -> Result<Frame, FrameError> {
+    let len = read_length_prefix(reader, max_frame_bytes).await?;
+    scratch.clear();
+    scratch.resize(len, 0);
+    reader.read_exact(scratch).await?;
+    decode_body(scratch)
+}
+
+/// Reads a frame's length prefix and refuses a length over
+/// `max_frame_bytes` before any of the body is read. Returns
+/// [`FrameError::Closed`] if the stream ends before the first byte of a
+/// frame, and an I/O error if it ends inside the prefix. The caller reads
+/// the body (the returned number of bytes) into whatever buffer suits it.
+pub async fn read_length_prefix<R: AsyncRead + Unpin>(
+    reader: &mut R,
+    max_frame_bytes: usize,
+) -> Result<usize, FrameError> {
     let mut prefix = [0u8; LENGTH_PREFIX_BYTES];
     let first = reader.read(&mut prefix).await?;
     if first == 0 {
@@ -172,10 +188,7 @@ pub async fn read_frame<R: AsyncRead + Unpin>(
     if len > max_frame_bytes {
         return Err(FrameError::TooLarge { len, max: max_frame_bytes });
     }
-    scratch.clear();
-    scratch.resize(len, 0);
-    reader.read_exact(scratch).await?;
-    decode_body(scratch)
+    Ok(len)
 }
 
 /// Client side of the handshake: sends a [`Hello`] and waits for an accepting [`HelloAck`].
