@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use tessera_runtime::{LogFormat, Shutdown, Telemetry, logging};
-use tessera_topology::{Placement, PlacementHandle, PlacementSource};
+use tessera_topology::{Placement, PlacementHandle};
 
 /// Flags of `tessera local`.
 #[derive(Debug, clap::Args)]
@@ -112,13 +112,11 @@ impl Pipeline {
         .await
         .context("starting the aggregator")?;
 
-        let mut collector_config: tessera_collector::Config = toml_config(&format!(
+        let collector_config: tessera_collector::Config = toml_config(&format!(
             "instance_id = \"local\"\n[udp]\nlisten = \"{statsd}\"\n[tcp]\nlisten = \"{statsd}\"\n[telemetry]\nlisten = \"{telemetry}\"\n",
             statsd = args.statsd,
             telemetry = args.telemetry
         ))?;
-        // Routing comes from `placement`; the source only has to validate.
-        collector_config.placement = Some(PlacementSource::Static { path: "tessera-local".into() });
         let collector =
             tessera_collector::Collector::start(collector_config, placement, telemetry.clone(), shutdowns[0].clone())
                 .await

@@ -240,7 +240,9 @@ pub enum ConfigError {
 
 impl Config {
     /// Checks values that parse but cannot work.
-    pub fn validate(&self) -> Result<(), ConfigError> {
+    /// Checks every value but the placement source (which callers that
+    /// bring their own placement, like `tessera local`, do not set).
+    pub fn validate_settings(&self) -> Result<(), ConfigError> {
         let invalid = |key, reason: &str| Err(ConfigError::Invalid { key, reason: reason.to_owned() });
         if self.aggregation.interval_ms == 0 {
             return invalid("aggregation.interval_ms", "must be at least 1");
@@ -269,19 +271,22 @@ impl Config {
         if self.forward.reconnect_min_ms == 0 || self.forward.reconnect_min_ms > self.forward.reconnect_max_ms {
             return invalid("forward.reconnect_min_ms", "must be at least 1 and at most reconnect_max_ms");
         }
-        match &self.placement {
-            None => return invalid("placement", "missing: set kind = \"static\" with path, or kind = \"etcd\""),
-            Some(PlacementSource::Etcd(etcd)) => {
-                if let Err(error) = etcd.validate() {
-                    return invalid("placement", &error.to_string());
-                }
-            }
-            Some(PlacementSource::Static { .. }) => {}
-        }
         if !self.udp.enabled && self.tcp.listen.is_none() && self.unix.path.is_none() {
             return invalid("udp.enabled", "no listener is enabled (udp, tcp.listen or unix.path)");
         }
         Ok(())
+    }
+
+    /// [`Config::validate_settings`], and a usable `[placement]` source: what
+    /// the binary needs, since it starts the placement from the configuration.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.validate_settings()?;
+        let invalid = |reason: String| Err(ConfigError::Invalid { key: "placement", reason });
+        match &self.placement {
+            None => invalid("missing: set kind = \"static\" with path, or kind = \"etcd\"".to_owned()),
+            Some(PlacementSource::Etcd(etcd)) => etcd.validate().or_else(|error| invalid(error.to_string())),
+            Some(PlacementSource::Static { .. }) => Ok(()),
+        }
     }
 
     /// Reader threads for UDP.

@@ -95,7 +95,7 @@ impl Collector {
         telemetry: Telemetry,
         shutdown: Shutdown,
     ) -> Result<Collector, StartError> {
-        config.validate()?;
+        config.validate_settings()?;
         let metrics = Metrics::default();
         telemetry.with_registry(|registry| metrics.register(registry));
         telemetry.register_collector(Box::new(tessera_topology::WatchStatsCollector::new(

@@ -39,7 +39,6 @@ fn config(unix: Option<std::path::PathBuf>) -> Config {
     )
     .unwrap();
     config.telemetry.listen = None;
-    config.placement = Some(tessera_collector::PlacementSource::Static { path: "set-by-each-test".into() });
     config.unix.path = unix;
     config
 }
