@@ -4,15 +4,14 @@
 
 use criterion::{Criterion, Throughput, black_box, criterion_group, criterion_main};
 use tessera_benches::{counter_datagrams, mixed_datagrams};
-use tessera_core::parse::{Parsed, parse_datagram};
+use tessera_core::parse::ParseOptions;
 use tessera_core::table::{Table, TableOptions};
 
 fn fold_all(table: &mut Table, datagrams: &[Vec<u8>]) {
+    // What a collector reader does with a datagram.
     for datagram in datagrams {
-        parse_datagram(datagram, |parsed| {
-            if let Parsed::Metric(line) = parsed {
-                let _ = table.observe(&line, 0);
-            }
+        table.fold_datagram(datagram, ParseOptions::default(), 0, |folded| {
+            black_box(folded);
         });
     }
 }

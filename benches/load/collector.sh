@@ -61,6 +61,7 @@ drops() {
 }
 
 cpu_before=$(awk '{print $14 + $15}' /proc/$collector/stat)
+sys_before=$(awk '{print $15}' /proc/$collector/stat)
 start=$(date +%s.%N)
 report=$(taskset -c 1 $bin/tessera loadgen --target "127.0.0.1:$udp_port" --rate-lines-per-sec "$rate" \
     --total-lines "$lines" --series "$series" --mix "$mix" --tags "$tags" --datagram-bytes "$datagram_bytes" --json)
@@ -76,9 +77,11 @@ while true; do
 done
 elapsed=$(echo "$(date +%s.%N) - $start" | bc)
 cpu_after=$(awk '{print $14 + $15}' /proc/$collector/stat)
+sys_after=$(awk '{print $15}' /proc/$collector/stat)
 ticks=$(getconf CLK_TCK)
 cpu=$(echo "scale=2; ($cpu_after - $cpu_before) / $ticks / $elapsed * 100" | bc)
+sys=$(echo "scale=2; ($sys_after - $sys_before) / $ticks / $elapsed * 100" | bc)
 rss_kib=$(awk '/VmHWM/ {print $2}' /proc/$collector/status)
 kernel_drops=$(drops)
 lost=$((sent - received))
-echo "rate=$rate achieved=$achieved series=$series datagram_bytes=$datagram_bytes threads=$threads sent=$sent received=$received lost=$lost kernel_drops=$kernel_drops collector_cpu=${cpu}% peak_rss_kib=$rss_kib"
+echo "rate=$rate achieved=$achieved series=$series datagram_bytes=$datagram_bytes threads=$threads sent=$sent received=$received lost=$lost kernel_drops=$kernel_drops collector_cpu=${cpu}% (system ${sys}%) peak_rss_kib=$rss_kib"

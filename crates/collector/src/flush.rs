@@ -12,13 +12,13 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, RecvTimeoutError};
-use prost::Message;
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use tessera_core::aggregate::{Aggregate, kind_to_proto};
 use tessera_core::parse::MetricKind;
 use tessera_core::shard::shard_of;
 use tessera_core::table::{Table, TableOptions};
-use tessera_proto::{Frame, PartialBatch, SeriesValue, ShardPartials, frame::Body};
+use tessera_proto::PartialBatch;
+use tessera_proto::partials::{ShardSeries, encode_partials_frame};
 use tessera_runtime::shutdown::Shutdown;
 use tessera_topology::{PlacementHandle, Routing};
 
@@ -82,11 +82,15 @@ enum Window {
 /// The flusher thread's state.
 pub struct Flusher {
     cuts: Receiver<Cut>,
+    /// Flushed cuts go back to the readers for reuse.
+    spare_cuts: Sender<Cut>,
     windows: BTreeMap<i64, Window>,
     spare_tables: Vec<Table>,
     settings: FlushSettings,
     placement: PlacementHandle,
     routes: Option<Routes>,
+    /// Encoded series per destination of `routes`, reused window after window.
+    outbound: Vec<Outbound>,
     destinations: Destinations,
     runtime: tokio::runtime::Handle,
     stop_senders: Shutdown,
@@ -98,6 +102,7 @@ impl Flusher {
     /// stop when `stop_senders` fires.
     pub fn new(
         cuts: Receiver<Cut>,
+        spare_cuts: Sender<Cut>,
         settings: FlushSettings,
         placement: PlacementHandle,
         destinations: Destinations,
@@ -107,11 +112,13 @@ impl Flusher {
     ) -> Flusher {
         Flusher {
             cuts,
+            spare_cuts,
             windows: BTreeMap::new(),
             spare_tables: Vec::new(),
             settings,
             placement,
             routes: None,
+            outbound: Vec::new(),
             destinations,
             runtime,
             stop_senders,
@@ -173,12 +180,16 @@ impl Flusher {
                 return;
             }
             match self.windows.remove(&start).expect("key just seen") {
-                Window::Single(cut) => self.flush_window(start, |each| {
-                    for entry in &cut.entries {
-                        each(entry.kind, cut.id(entry), &entry.aggregate);
-                    }
-                    cut.entries.len()
-                }),
+                Window::Single(cut) => {
+                    self.flush_window(start, |each| {
+                        for entry in &cut.entries {
+                            each(entry.kind, cut.id(entry), &entry.aggregate);
+                        }
+                        cut.entries.len()
+                    });
+                    // When the readers hold enough spares already, this one is freed.
+                    let _ = self.spare_cuts.try_send(cut);
+                }
                 Window::Merged(mut table) => {
                     self.flush_window(start, |each| table.cut(|kind, id, aggregate| each(kind, id, aggregate)).emitted);
                     self.spare_tables.push(table);
@@ -189,6 +200,9 @@ impl Flusher {
 
     /// Routes and queues one window. `series` calls its argument once per
     /// series of the window and returns how many there were.
+    ///
+    /// Each series is encoded once, straight into the shard buffers of the
+    /// destinations that own it; frames are then cut from whole buffers.
     fn flush_window(
         &mut self,
         window_start_ms: i64,
@@ -197,37 +211,36 @@ impl Flusher {
         let started = Instant::now();
         self.refresh_routes();
         let routes = self.routes.as_ref().expect("routes refreshed");
-        let mut buckets: Vec<BTreeMap<u32, Vec<SeriesValue>>> = vec![BTreeMap::new(); routes.queues.len()];
+        let num_shards = routes.routing.num_shards();
+        let chunk_bytes = self.settings.max_frame_bytes / 2;
+        let outbound = &mut self.outbound;
+        outbound.resize_with(routes.queues.len(), Outbound::default);
         let mut unrouted = 0u64;
         let emitted = series(&mut |kind, id, aggregate| {
-            let shard = shard_of(id, routes.routing.num_shards());
-            let mut owners = routes.routing.owners(shard, window_start_ms);
-            let Some(first_owner) = owners.next() else {
+            let shard = shard_of(id, num_shards);
+            let mut owners = routes.routing.owners(shard, window_start_ms).peekable();
+            if owners.peek().is_none() {
                 unrouted += 1;
                 return;
-            };
-            let value = SeriesValue {
-                series_id: id.to_vec(),
-                r#type: kind_to_proto(kind) as i32,
-                aggregate: Some(aggregate.to_proto()),
-            };
-            // Replicas get copies; the first owner takes the value itself.
-            for replica in owners {
-                buckets[replica].entry(shard).or_default().push(value.clone());
             }
-            buckets[first_owner].entry(shard).or_default().push(value);
+            let value = aggregate.to_proto();
+            let metric_type = kind_to_proto(kind) as i32;
+            for owner in owners {
+                outbound[owner].shard(shard, num_shards).push(chunk_bytes, id, metric_type, &value);
+            }
         });
         self.metrics.active_series.set(emitted as i64);
         if unrouted > 0 {
             self.metrics.drop_partials("no_owner", unrouted);
         }
         let version = routes.routing.version();
-        for (destination, shards) in buckets.into_iter().enumerate() {
-            if shards.is_empty() {
+        for (destination, outbound) in self.outbound.iter_mut().enumerate() {
+            if outbound.touched.is_empty() {
                 continue;
             }
             let queue = &routes.queues[destination];
-            enqueue_batches(queue, shards, window_start_ms, version, &self.settings);
+            enqueue_batches(queue, outbound, window_start_ms, version, &self.settings);
+            outbound.clear();
         }
         self.metrics.flush_duration.observe(started.elapsed().as_secs_f64());
         let lag_ms = now_ms() - (window_start_ms + self.settings.window_ms);
@@ -264,64 +277,78 @@ impl Flusher {
     }
 }
 
-/// Splits one destination's share of a window into frames under the size
-/// bound and queues them.
+/// One destination's share of the window being flushed: its series,
+/// encoded, per shard. Kept between windows so that its buffers are reused.
+#[derive(Default)]
+struct Outbound {
+    /// Indexed by shard number.
+    shards: Vec<ShardSeries>,
+    /// Shards with series, in the order first seen.
+    touched: Vec<u32>,
+}
+
+impl Outbound {
+    #[inline]
+    fn shard(&mut self, shard: u32, num_shards: u32) -> &mut ShardSeries {
+        if self.shards.len() < num_shards as usize {
+            self.shards.resize_with(num_shards as usize, ShardSeries::default);
+        }
+        let series = &mut self.shards[shard as usize];
+        if series.is_empty() {
+            self.touched.push(shard);
+        }
+        series
+    }
+
+    fn clear(&mut self) {
+        for shard in self.touched.drain(..) {
+            self.shards[shard as usize].clear();
+        }
+    }
+}
+
+/// Cuts one destination's share of a window into frames of whole shard
+/// chunks under the size budget, shards in order, and queues them.
 fn enqueue_batches(
     queue: &DestinationQueue,
-    shards: BTreeMap<u32, Vec<SeriesValue>>,
+    outbound: &mut Outbound,
     window_start_ms: i64,
     placement_version: u64,
     settings: &FlushSettings,
 ) {
+    outbound.touched.sort_unstable();
     let budget = settings.max_frame_bytes / 2;
-    let mut pending: Vec<ShardPartials> = Vec::new();
-    let mut pending_bytes = 0usize;
-    let mut pending_partials = 0u64;
-    let flush = |pending: &mut Vec<ShardPartials>, partials: &mut u64, bytes: &mut usize| {
-        if pending.is_empty() {
+    let mut sections: Vec<(u32, &[u8])> = Vec::new();
+    let (mut pending_bytes, mut pending_partials) = (0usize, 0u64);
+    let flush = |sections: &mut Vec<(u32, &[u8])>, partials: &mut u64, bytes: &mut usize| {
+        if sections.is_empty() {
             return;
         }
         let sequence = queue.next_sequence();
-        let batch = PartialBatch {
+        let header = PartialBatch {
             source: settings.sender.source.clone(),
             sequence,
             window_start_ms,
             window_ms: settings.window_ms as u32,
             placement_version,
-            shards: std::mem::take(pending),
+            shards: Vec::new(),
         };
-        let frame = Frame { body: Some(Body::Partials(batch)) };
-        let mut bytes_out = Vec::with_capacity(frame.encoded_len() + 4);
-        bytes_out.extend_from_slice(&(frame.encoded_len() as u32).to_be_bytes());
-        frame.encode(&mut bytes_out).expect("a Vec grows to fit");
-        queue.push(QueuedBatch { sequence, frame: bytes_out, partials: *partials });
-        *partials = 0;
-        *bytes = 0;
+        let frame = encode_partials_frame(&header, sections);
+        queue.push(QueuedBatch { sequence, frame, partials: *partials });
+        sections.clear();
+        (*partials, *bytes) = (0, 0);
     };
-    for (shard, series) in shards {
-        // Split a shard that alone exceeds the budget.
-        let mut part = ShardPartials { shard, series: Vec::new() };
-        let mut part_bytes = 0usize;
-        for value in series {
-            let value_bytes = value.encoded_len() + 8;
-            if pending_bytes + part_bytes + value_bytes > budget && (part_bytes > 0 || pending_bytes > 0) {
-                if part_bytes > 0 {
-                    pending_partials += part.series.len() as u64;
-                    pending.push(std::mem::replace(&mut part, ShardPartials { shard, series: Vec::new() }));
-                }
-                flush(&mut pending, &mut pending_partials, &mut pending_bytes);
-                part_bytes = 0;
+    for &shard in &outbound.touched {
+        for (chunk, series) in outbound.shards[shard as usize].chunks() {
+            if pending_bytes + chunk.len() > budget {
+                flush(&mut sections, &mut pending_partials, &mut pending_bytes);
             }
-            part_bytes += value_bytes;
-            part.series.push(value);
-        }
-        if !part.series.is_empty() {
-            pending_partials += part.series.len() as u64;
-            pending_bytes += part_bytes;
-            pending.push(part);
+            sections.push((shard, chunk));
+            pending_bytes += chunk.len() + 8;
+            pending_partials += series;
         }
     }
-    flush(&mut pending, &mut pending_partials, &mut pending_bytes);
+    flush(&mut sections, &mut pending_partials, &mut pending_bytes);
 }
 
 /// Folds one reader's cut into a window table.

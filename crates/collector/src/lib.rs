@@ -110,7 +110,7 @@ impl Collector {
         let expire_windows =
             (config.aggregation.expire_after_idle_secs * 1000 / config.aggregation.interval_ms).max(1) as u32;
         let parse_options = ParseOptions { max_line_bytes: config.parse.max_line_bytes };
-        let (cut_sender, cut_receiver) = bounded(1024);
+        let (cut_links, cut_receiver, spare_cuts) = worker::cut_links(1024);
         let worker_settings = WorkerSettings {
             window_ms,
             max_series: config.aggregation.max_series,
@@ -121,7 +121,7 @@ impl Collector {
             Worker::new(
                 &worker_settings,
                 gauge_deltas.into(),
-                cut_sender.clone(),
+                cut_links.clone(),
                 metrics.listener(listener),
                 metrics.clone(),
             )
@@ -192,7 +192,7 @@ impl Collector {
             ));
             tracing::info!(address = ?tcp_addr, "listening on tcp");
         }
-        drop(cut_sender);
+        drop(cut_links);
 
         let stop_senders = Shutdown::new();
         let destinations = Destinations::default();
@@ -211,6 +211,7 @@ impl Collector {
         };
         let flusher = Flusher::new(
             cut_receiver,
+            spare_cuts,
             settings,
             placement,
             destinations.clone(),

@@ -7,15 +7,15 @@
 //! [`Cut`] and sends it to the flusher, which merges the cuts of every
 //! worker for that window.
 
-use crossbeam_channel::Sender;
+use crossbeam_channel::{Receiver, Sender};
 use tessera_core::aggregate::{Aggregate, GaugeDeltas};
-use tessera_core::parse::{MetricKind, ParseOptions, Parsed, RejectReason, parse_datagram_with};
-use tessera_core::table::{Table, TableOptions};
+use tessera_core::parse::{MetricKind, ParseOptions, RejectReason};
+use tessera_core::table::{Folded, Table, TableOptions};
 
 use crate::metrics::{ListenerMetrics, Metrics};
 
 /// The partials one worker held for one window.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct Cut {
     /// Start of the window, unix milliseconds.
     pub window_start_ms: i64,
@@ -43,6 +43,24 @@ impl Cut {
     pub fn id(&self, entry: &CutEntry) -> &[u8] {
         &self.ids[entry.id_start as usize..entry.id_end as usize]
     }
+}
+
+/// The two directions between readers and the flusher: cuts go to the
+/// flusher, and come back emptied with their buffers kept, so that cutting
+/// a window allocates nothing once the buffers have grown to fit it.
+#[derive(Debug, Clone)]
+pub struct CutLinks {
+    /// Where cuts go.
+    pub cuts: Sender<Cut>,
+    /// Emptied cuts to fill again.
+    pub spares: Receiver<Cut>,
+}
+
+/// Links for the readers, and the flusher's ends: cuts in, spares out.
+pub fn cut_links(capacity: usize) -> (CutLinks, Receiver<Cut>, Sender<Cut>) {
+    let (cuts, cut_receiver) = crossbeam_channel::bounded(capacity);
+    let (spare_sender, spares) = crossbeam_channel::bounded(capacity);
+    (CutLinks { cuts, spares }, cut_receiver, spare_sender)
 }
 
 /// Counts kept in locals while a batch is processed, added to the shared
@@ -84,7 +102,7 @@ pub struct Worker {
     window_ms: i64,
     window_start_ms: i64,
     parse_options: ParseOptions,
-    cuts: Sender<Cut>,
+    links: CutLinks,
     listener: ListenerMetrics,
     metrics: Metrics,
     counts: BatchCounts,
@@ -95,7 +113,7 @@ impl Worker {
     pub fn new(
         settings: &WorkerSettings,
         gauge_deltas: GaugeDeltas,
-        cuts: Sender<Cut>,
+        links: CutLinks,
         listener: ListenerMetrics,
         metrics: Metrics,
     ) -> Worker {
@@ -109,7 +127,7 @@ impl Worker {
             window_ms: settings.window_ms,
             window_start_ms: 0,
             parse_options: settings.parse_options,
-            cuts,
+            links,
             listener,
             metrics,
             counts: BatchCounts::default(),
@@ -134,13 +152,11 @@ impl Worker {
         let table = &mut self.table;
         counts.datagrams += 1;
         counts.bytes += data.len() as u64;
-        parse_datagram_with(data, self.parse_options, |parsed| match parsed {
-            Parsed::Metric(line) => match table.observe(&line, now_ms) {
-                Ok(_) => counts.lines += 1,
-                Err(_) => counts.series_limit += 1,
-            },
-            Parsed::Event(_) | Parsed::ServiceCheck(_) => counts.events += 1,
-            Parsed::Rejected { reason, .. } => counts.rejected[reason.index()] += 1,
+        table.fold_datagram(data, self.parse_options, now_ms, |folded| match folded {
+            Folded::Metric => counts.lines += 1,
+            Folded::TableFull => counts.series_limit += 1,
+            Folded::Event => counts.events += 1,
+            Folded::Rejected(reason) => counts.rejected[reason.index()] += 1,
         });
     }
 
@@ -175,7 +191,11 @@ impl Worker {
         if self.table.is_empty() {
             return;
         }
-        let mut cut = Cut { window_start_ms: self.window_start_ms, ids: Vec::new(), entries: Vec::new() };
+        let mut cut = self.links.spares.try_recv().unwrap_or_default();
+        cut.window_start_ms = self.window_start_ms;
+        cut.ids.clear();
+        cut.entries.clear();
+        cut.entries.reserve(self.table.len());
         let stats = self.table.cut(|kind, id, aggregate| {
             let id_start = cut.ids.len() as u32;
             cut.ids.extend_from_slice(id);
@@ -185,7 +205,7 @@ impl Worker {
         if cut.entries.is_empty() {
             return;
         }
-        if self.cuts.send(cut).is_err() {
+        if self.links.cuts.send(cut).is_err() {
             // The flusher is gone: the daemon is shutting down past its grace.
             self.metrics.drop_partials("shutdown", stats.emitted as u64);
         }

@@ -234,6 +234,19 @@ impl Aggregate {
         }
     }
 
+    /// Folds one plain value (unsigned, sample rate 1, no timestamp): what
+    /// [`Aggregate::observe`] does with a line [`parse_simple`](crate::parse::parse_simple)
+    /// recognised, which is never a set.
+    #[inline]
+    pub fn observe_value(&mut self, value: f64, now_ms: i64) {
+        match self {
+            Aggregate::Counter(sum) => *sum += value,
+            Aggregate::Gauge(gauge) => gauge.set(value, now_ms),
+            Aggregate::Distribution(summary) => summary.insert(value, 1.0),
+            Aggregate::Set(_) => debug_assert!(false, "a set member is not a plain value"),
+        }
+    }
+
     /// Folds `other` into this aggregate.
     pub fn merge(&mut self, other: &Aggregate) -> Result<(), AggregateError> {
         match (self, other) {

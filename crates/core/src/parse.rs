@@ -354,6 +354,13 @@ pub fn parse_datagram<'a>(datagram: &'a [u8], each: impl FnMut(Parsed<'a>)) {
 
 /// Parses every line of `datagram`, calling `each` per non-blank line.
 pub fn parse_datagram_with<'a>(datagram: &'a [u8], options: ParseOptions, mut each: impl FnMut(Parsed<'a>)) {
+    for_each_line(datagram, |line| each(parse_line_with(line, options)));
+}
+
+/// Calls `each` with every non-blank line of `datagram`, without its
+/// newline (`\n`, or `\r\n`).
+#[inline]
+pub fn for_each_line<'a>(datagram: &'a [u8], mut each: impl FnMut(&'a [u8])) {
     let mut rest = datagram;
     while !rest.is_empty() {
         let (line, after) = match find_newline(rest) {
@@ -362,11 +369,84 @@ pub fn parse_datagram_with<'a>(datagram: &'a [u8], options: ParseOptions, mut ea
         };
         rest = after;
         let line = line.strip_suffix(b"\r").unwrap_or(line);
-        if line.is_empty() {
-            continue;
+        if !line.is_empty() {
+            each(line);
         }
-        each(parse_line_with(line, options));
     }
+}
+
+/// The most common statsd line, `<name>:<value>|<type>`, recognised by
+/// [`parse_simple`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SimpleLine<'a> {
+    /// The metric name: non-empty, ASCII.
+    pub name: &'a [u8],
+    /// The type; never [`MetricKind::Set`].
+    pub kind: MetricKind,
+    /// The value: unsigned, finite.
+    pub value: f64,
+}
+
+/// Recognises, in one pass, the shape most statsd traffic has:
+/// `<ASCII name>:<digits>[.<digits>]|<c|g|ms|h|d>` and nothing after the
+/// type (no sample rate, tags, timestamp or packed values), with at most 15
+/// digits.
+///
+/// Returns `None` for every other line; the caller then parses it with
+/// [`parse_line_with`], which reads any line this accepts the same way (a
+/// `Line` with that name, kind and first value, unsigned, sample rate 1, no
+/// tags, no timestamp; a property test and the parse fuzz target check it).
+/// It does not check the line length bound: the caller does.
+///
+/// ```
+/// use tessera_core::parse::{parse_simple, MetricKind};
+///
+/// let line = parse_simple(b"api.requests:12.5|ms").unwrap();
+/// assert_eq!((line.name, line.kind, line.value), (&b"api.requests"[..], MetricKind::Timer, 12.5));
+/// assert!(parse_simple(b"api.requests:1|c|#env:prod").is_none(), "tags take the full parser");
+/// ```
+#[inline]
+pub fn parse_simple(line: &[u8]) -> Option<SimpleLine<'_>> {
+    // `_e{..}` events would otherwise pass for metrics; `_sc|` has no `:` first.
+    if line.first() == Some(&b'_') {
+        return None;
+    }
+    let NameEnd::Colon { at: colon, non_ascii: false } = scan_name(line) else { return None };
+    if colon == 0 {
+        return None;
+    }
+    let rest = &line[colon + 1..];
+    let mut at = 0;
+    let mut mantissa: u64 = 0;
+    while at < rest.len() && rest[at].is_ascii_digit() {
+        mantissa = mantissa.wrapping_mul(10).wrapping_add(u64::from(rest[at] - b'0'));
+        at += 1;
+    }
+    let integer_digits = at;
+    let mut fraction_digits = 0;
+    if at < rest.len() && rest[at] == b'.' {
+        at += 1;
+        let fraction_start = at;
+        while at < rest.len() && rest[at].is_ascii_digit() {
+            mantissa = mantissa.wrapping_mul(10).wrapping_add(u64::from(rest[at] - b'0'));
+            at += 1;
+        }
+        fraction_digits = at - fraction_start;
+    }
+    let digits = integer_digits + fraction_digits;
+    if digits == 0 || digits > 15 {
+        return None;
+    }
+    let kind = match &rest[at..] {
+        [b'|', b'c'] => MetricKind::Counter,
+        [b'|', b'g'] => MetricKind::Gauge,
+        [b'|', b'm', b's'] => MetricKind::Timer,
+        [b'|', b'h'] => MetricKind::Histogram,
+        [b'|', b'd'] => MetricKind::Distribution,
+        _ => return None,
+    };
+    // The same exact computation as `parse_f64`'s fast path.
+    Some(SimpleLine { name: &line[..colon], kind, value: mantissa as f64 / POW10[fraction_digits] })
 }
 
 /// Parses one line (without its newline) with default options.

@@ -1,9 +1,10 @@
 //! A series table: folds parsed lines into one [`Aggregate`] per series.
 //!
 //! The table is keyed by the series' table key (kind byte + canonical id,
-//! see [`SeriesKey`]). Observing a line of a series the table already holds
-//! allocates nothing: the key is built in a reused buffer and looked up by
-//! slice. [`Table::cut`] hands every aggregate touched since the last cut to
+//! see [`SeriesKey`]), hashed as the pair (kind byte, id). Observing a line
+//! of a series the table already holds allocates nothing: a line without
+//! tags is looked up by its name as it lies in the datagram (its id), a
+//! tagged line by its canonical id built in a reused buffer. [`Table::cut`] hands every aggregate touched since the last cut to
 //! a callback and resets it in place, keeping the slot (and its sketch or
 //! set allocations) for the next window; slots idle for a configurable
 //! number of cuts are dropped. A cap on series protects the process from
@@ -23,11 +24,15 @@
 //! assert_eq!(out, vec![(b"a|#x:1,y:2".to_vec(), Some(3.0))]);
 //! ```
 
-use std::collections::HashMap;
+use std::hash::BuildHasher;
+
+use hashbrown::HashTable;
 
 use crate::aggregate::{Aggregate, AggregateError, GaugeDeltas};
-use crate::parse::{Line, MetricKind};
-use crate::series::{SeriesKey, kind_from_byte};
+use crate::parse::{
+    Line, MetricKind, ParseOptions, Parsed, RejectReason, SimpleLine, for_each_line, parse_line_with, parse_simple,
+};
+use crate::series::{SeriesKey, kind_byte, kind_from_byte};
 
 /// Settings of a [`Table`].
 #[derive(Debug, Clone, Copy)]
@@ -77,13 +82,18 @@ enum KeyBytes {
 }
 
 impl KeyBytes {
-    fn new(key: &[u8]) -> KeyBytes {
-        if key.len() <= INLINE_KEY_BYTES {
+    /// The key `kind_byte` followed by `id`.
+    fn with_kind(kind_byte: u8, id: &[u8]) -> KeyBytes {
+        if id.len() < INLINE_KEY_BYTES {
             let mut bytes = [0u8; INLINE_KEY_BYTES];
-            bytes[..key.len()].copy_from_slice(key);
-            KeyBytes::Inline { len: key.len() as u8, bytes }
+            bytes[0] = kind_byte;
+            bytes[1..=id.len()].copy_from_slice(id);
+            KeyBytes::Inline { len: id.len() as u8 + 1, bytes }
         } else {
-            KeyBytes::Heap(key.into())
+            let mut key = Vec::with_capacity(id.len() + 1);
+            key.push(kind_byte);
+            key.extend_from_slice(id);
+            KeyBytes::Heap(key.into_boxed_slice())
         }
     }
 
@@ -103,44 +113,112 @@ impl KeyBytes {
     }
 }
 
-impl std::ops::Deref for KeyBytes {
-    type Target = [u8];
-
-    fn deref(&self) -> &[u8] {
-        self.as_slice()
+impl KeyBytes {
+    /// Whether this key is `kind_byte` followed by `id`.
+    #[inline]
+    fn matches(&self, kind_byte: u8, id: &[u8]) -> bool {
+        let key = self.as_slice();
+        key.len() == id.len() + 1 && key[0] == kind_byte && same_bytes(&key[1..], id)
     }
 }
 
-impl std::borrow::Borrow<[u8]> for KeyBytes {
-    fn borrow(&self) -> &[u8] {
-        self.as_slice()
-    }
+const K0: u64 = 0x9e37_79b9_7f4a_7c15;
+const K1: u64 = 0xbf58_476d_1ce4_e5b9;
+const K2: u64 = 0x94d0_49bb_1331_11eb;
+
+#[inline]
+fn fold_multiply(a: u64, b: u64) -> u64 {
+    let product = u128::from(a) * u128::from(b);
+    (product as u64) ^ ((product >> 64) as u64)
 }
 
-// Hash and equality must agree with `[u8]`'s, since lookups borrow as `[u8]`.
-impl std::hash::Hash for KeyBytes {
-    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        self.as_slice().hash(state);
-    }
+#[inline]
+fn read_u64(bytes: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(bytes[at..at + 8].try_into().expect("eight bytes"))
 }
 
-impl PartialEq for KeyBytes {
-    fn eq(&self, other: &KeyBytes) -> bool {
-        self.as_slice() == other.as_slice()
-    }
+#[inline]
+fn read_u32(bytes: &[u8], at: usize) -> u64 {
+    u64::from(u32::from_le_bytes(bytes[at..at + 4].try_into().expect("four bytes")))
 }
 
-impl Eq for KeyBytes {}
+/// Hash of a table key `(kind byte, id)`, keyed by `seed`.
+///
+/// Series ids are short (most under 64 bytes), and a general-purpose hasher
+/// spends more on its set-up than on the bytes, so this one reads them
+/// the way wyhash and rapidhash do: two overlapping words for up to 16
+/// bytes, 16 bytes per folded multiply beyond. It runs once per line.
+#[inline]
+fn key_hash(seed: u64, kind_byte: u8, id: &[u8]) -> u64 {
+    let len = id.len();
+    let mut state = seed ^ u64::from(kind_byte).wrapping_mul(K0) ^ (len as u64).wrapping_mul(K2);
+    let (a, b) = if len <= 16 {
+        if len >= 8 {
+            (read_u64(id, 0), read_u64(id, len - 8))
+        } else if len >= 4 {
+            (read_u32(id, 0), read_u32(id, len - 4))
+        } else if len > 0 {
+            ((u64::from(id[0]) << 16) | (u64::from(id[len / 2]) << 8) | u64::from(id[len - 1]), 0)
+        } else {
+            (0, 0)
+        }
+    } else {
+        let mut at = 0;
+        while len - at > 16 {
+            state = fold_multiply(read_u64(id, at) ^ K1, read_u64(id, at + 8) ^ state);
+            at += 16;
+        }
+        (read_u64(id, len - 16), read_u64(id, len - 8))
+    };
+    fold_multiply(fold_multiply(a ^ K1, b ^ state) ^ K0, state ^ K2)
+}
+
+/// Equality of two byte strings of the same length, inline: for the short
+/// ids of statsd series it beats a call to `memcmp`.
+#[inline]
+fn same_bytes(a: &[u8], b: &[u8]) -> bool {
+    let len = a.len();
+    if len != b.len() {
+        return false;
+    }
+    match len {
+        8..=16 => read_u64(a, 0) == read_u64(b, 0) && read_u64(a, len - 8) == read_u64(b, len - 8),
+        17..=32 => {
+            read_u64(a, 0) == read_u64(b, 0)
+                && read_u64(a, 8) == read_u64(b, 8)
+                && read_u64(a, len - 16) == read_u64(b, len - 16)
+                && read_u64(a, len - 8) == read_u64(b, len - 8)
+        }
+        _ => a == b,
+    }
+}
 
 struct Slot {
+    /// Hash of `(kind byte, id)`, kept so that growing the table rehashes nothing.
+    hash: u64,
+    key: KeyBytes,
     aggregate: Aggregate,
     touched: bool,
     idle_cuts: u32,
 }
 
+/// What [`Table::fold_line`] made of one line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Folded {
+    /// A metric line, folded into its series.
+    Metric,
+    /// A metric line of a new series, refused because the table is full.
+    TableFull,
+    /// An event or a service check (not folded).
+    Event,
+    /// A line that does not parse.
+    Rejected(RejectReason),
+}
+
 /// A table of per-series aggregates for one window.
 pub struct Table {
-    slots: HashMap<KeyBytes, Slot, foldhash::fast::RandomState>,
+    slots: HashTable<Slot>,
+    seed: u64,
     key: SeriesKey,
     options: TableOptions,
 }
@@ -148,7 +226,72 @@ pub struct Table {
 impl Table {
     /// An empty table.
     pub fn new(options: TableOptions) -> Table {
-        Table { slots: HashMap::default(), key: SeriesKey::default(), options }
+        Table {
+            slots: HashTable::new(),
+            seed: foldhash::fast::RandomState::default().hash_one(0u8),
+            key: SeriesKey::default(),
+            options,
+        }
+    }
+
+    #[inline]
+    fn hash(&self, kind_byte: u8, id: &[u8]) -> u64 {
+        key_hash(self.seed, kind_byte, id)
+    }
+
+    /// Parses every line of `datagram` and folds each metric into its
+    /// series, calling `each` with what became of every non-blank line.
+    ///
+    /// Lines of the common shape `name:value|type` take [`parse_simple`] and
+    /// are looked up by their name in place; the rest take the full parser.
+    #[inline]
+    pub fn fold_datagram(
+        &mut self,
+        datagram: &[u8],
+        options: ParseOptions,
+        now_ms: i64,
+        mut each: impl FnMut(Folded),
+    ) {
+        for_each_line(datagram, |line| each(self.fold_line(line, options, now_ms)));
+    }
+
+    /// Parses one line (without its newline) and folds it into its series.
+    #[inline]
+    pub fn fold_line(&mut self, line: &[u8], options: ParseOptions, now_ms: i64) -> Folded {
+        if line.len() <= options.max_line_bytes
+            && let Some(simple) = parse_simple(line)
+        {
+            return match self.observe_simple(&simple, now_ms) {
+                Ok(_) => Folded::Metric,
+                Err(TableFull { .. }) => Folded::TableFull,
+            };
+        }
+        match parse_line_with(line, options) {
+            Parsed::Metric(line) => match self.observe(&line, now_ms) {
+                Ok(_) => Folded::Metric,
+                Err(TableFull { .. }) => Folded::TableFull,
+            },
+            Parsed::Event(_) | Parsed::ServiceCheck(_) => Folded::Event,
+            Parsed::Rejected { reason, .. } => Folded::Rejected(reason),
+        }
+    }
+
+    /// Folds a line [`parse_simple`] recognised; the same as [`Table::observe`]
+    /// of the full parse of that line, without building its key.
+    ///
+    /// Returns whether the series is new to the table.
+    #[inline]
+    pub fn observe_simple(&mut self, line: &SimpleLine<'_>, now_ms: i64) -> Result<bool, TableFull> {
+        let kind_byte = kind_byte(line.kind);
+        let hash = self.hash(kind_byte, line.name);
+        if let Some(slot) = self.slots.find_mut(hash, |slot| slot.key.matches(kind_byte, line.name)) {
+            slot.aggregate.observe_value(line.value, now_ms);
+            slot.touched = true;
+            return Ok(false);
+        }
+        let slot = self.insert_slot(hash, line.kind, kind_byte, line.name)?;
+        slot.aggregate.observe_value(line.value, now_ms);
+        Ok(true)
     }
 
     /// Series held (touched or idle).
@@ -166,17 +309,25 @@ impl Table {
     /// Returns whether the series is new to the table.
     #[inline]
     pub fn observe(&mut self, line: &Line<'_>, now_ms: i64) -> Result<bool, TableFull> {
-        // The parser accepted the line, so its tags fit.
-        if self.key.build(line).is_err() {
-            return Ok(false);
-        }
+        let kind_byte = kind_byte(line.kind);
+        // Without tags the id is the name itself: no key to build.
+        let id = if line.tags.is_empty() {
+            line.name
+        } else {
+            // The parser accepted the line, so its tags fit.
+            if self.key.build(line).is_err() {
+                return Ok(false);
+            }
+            self.key.id()
+        };
+        let hash = self.hash(kind_byte, id);
         let gauge_deltas = self.options.gauge_deltas;
-        if let Some(slot) = self.slots.get_mut(self.key.table_key()) {
+        if let Some(slot) = self.slots.find_mut(hash, |slot| slot.key.matches(kind_byte, id)) {
             slot.aggregate.observe(line, now_ms, gauge_deltas);
             slot.touched = true;
             return Ok(false);
         }
-        let slot = self.insert_slot(line.kind)?;
+        let slot = Self::insert_into(&mut self.slots, &self.options, hash, line.kind, kind_byte, id)?;
         slot.aggregate.observe(line, now_ms, gauge_deltas);
         Ok(true)
     }
@@ -185,27 +336,39 @@ impl Table {
     ///
     /// Returns whether the series is new to the table.
     pub fn merge(&mut self, kind: MetricKind, id: &[u8], aggregate: &Aggregate) -> Result<bool, MergeError> {
-        self.key.set_raw(kind, id);
-        if let Some(slot) = self.slots.get_mut(self.key.table_key()) {
+        let kind_byte = kind_byte(kind);
+        let hash = self.hash(kind_byte, id);
+        if let Some(slot) = self.slots.find_mut(hash, |slot| slot.key.matches(kind_byte, id)) {
             slot.aggregate.merge(aggregate)?;
             slot.touched = true;
             return Ok(false);
         }
-        let slot = self.insert_slot(kind)?;
+        let slot = self.insert_slot(hash, kind, kind_byte, id)?;
         slot.aggregate.merge(aggregate)?;
         Ok(true)
     }
 
-    fn insert_slot(&mut self, kind: MetricKind) -> Result<&mut Slot, TableFull> {
-        if let Some(max_series) = self.options.max_series
-            && self.slots.len() >= max_series
+    fn insert_slot(&mut self, hash: u64, kind: MetricKind, kind_byte: u8, id: &[u8]) -> Result<&mut Slot, TableFull> {
+        Self::insert_into(&mut self.slots, &self.options, hash, kind, kind_byte, id)
+    }
+
+    /// Inserts a new slot (the caller has looked the key up and not found it).
+    fn insert_into<'t>(
+        slots: &'t mut HashTable<Slot>,
+        options: &TableOptions,
+        hash: u64,
+        kind: MetricKind,
+        kind_byte: u8,
+        id: &[u8],
+    ) -> Result<&'t mut Slot, TableFull> {
+        if let Some(max_series) = options.max_series
+            && slots.len() >= max_series
         {
             return Err(TableFull { max_series });
         }
-        let key = KeyBytes::new(self.key.table_key());
-        let slot =
-            self.slots.entry(key).or_insert(Slot { aggregate: Aggregate::new(kind), touched: true, idle_cuts: 0 });
-        Ok(slot)
+        let key = KeyBytes::with_kind(kind_byte, id);
+        let slot = Slot { hash, key, aggregate: Aggregate::new(kind), touched: true, idle_cuts: 0 };
+        Ok(slots.insert_unique(hash, slot, |slot| slot.hash).into_mut())
     }
 
     /// Hands every aggregate touched since the last cut to `each` (kind,
@@ -214,8 +377,9 @@ impl Table {
     pub fn cut(&mut self, mut each: impl FnMut(MetricKind, &[u8], &Aggregate)) -> CutStats {
         let mut stats = CutStats::default();
         let expire_after = self.options.expire_after_idle_cuts;
-        self.slots.retain(|key, slot| {
+        self.slots.retain(|slot| {
             if slot.touched {
+                let key = slot.key.as_slice();
                 let kind = kind_from_byte(key[0]).expect("table keys start with a kind byte");
                 each(kind, &key[1..], &slot.aggregate);
                 slot.aggregate.reset();
@@ -237,8 +401,8 @@ impl Table {
 
     /// Bytes held by the table's slots and keys, estimated (for memory gauges).
     pub fn estimated_bytes(&self) -> usize {
-        let per_slot = std::mem::size_of::<KeyBytes>() + std::mem::size_of::<Slot>() + 1;
-        self.slots.iter().map(|(key, slot)| per_slot + key.heap_len() + slot.aggregate.heap_bytes()).sum::<usize>()
+        let per_slot = std::mem::size_of::<Slot>() + 1;
+        self.slots.iter().map(|slot| per_slot + slot.key.heap_len() + slot.aggregate.heap_bytes()).sum::<usize>()
     }
 }
 

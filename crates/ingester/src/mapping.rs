@@ -128,7 +128,11 @@ pub struct Converter {
     last_sweep_tile_end_ms: i64,
     tags: names::TagLabels,
     name: String,
+    /// The statsd name `name` was made from (consecutive tiles often share it).
+    raw_name: Vec<u8>,
     arena: Vec<u8>,
+    /// Label bytes per tile of the last batch, to size the next arena at once.
+    arena_bytes_per_tile: usize,
     spans: Vec<(usize, usize, f64, SampleKind)>,
 }
 
@@ -153,7 +157,9 @@ impl Converter {
             last_sweep_tile_end_ms: i64::MIN,
             tags: names::TagLabels::default(),
             name: String::new(),
+            raw_name: Vec::new(),
             arena: Vec::new(),
+            arena_bytes_per_tile: 0,
             spans: Vec::new(),
         }
     }
@@ -174,6 +180,7 @@ impl Converter {
         }
         self.undo.clear();
         self.arena.clear();
+        self.arena.reserve(batch.tiles.len() * self.arena_bytes_per_tile);
         self.spans.clear();
         let tile_end_ms = batch.tile_end_ms;
         let mut skipped = SkippedTiles::default();
@@ -189,8 +196,12 @@ impl Converter {
                 continue;
             };
             let (raw_name, raw_tags) = split_id(&tile.series_id);
-            self.name.clear();
-            names::metric_name(raw_name, &mut self.name);
+            if raw_name != self.raw_name.as_slice() || self.name.is_empty() {
+                self.name.clear();
+                names::metric_name(raw_name, &mut self.name);
+                self.raw_name.clear();
+                self.raw_name.extend_from_slice(raw_name);
+            }
             names::tag_labels(raw_tags, &mut self.tags);
             let written = match (kind, &aggregate) {
                 (MetricKind::Counter, Aggregate::Counter(delta)) => self.counter(*delta, &resolution, tile_end_ms),
@@ -220,6 +231,9 @@ impl Converter {
             }
         }
         self.newest_tile_end_ms = self.newest_tile_end_ms.max(tile_end_ms);
+        if !batch.tiles.is_empty() {
+            self.arena_bytes_per_tile = self.arena.len().div_ceil(batch.tiles.len());
+        }
         let arena = Bytes::from(std::mem::take(&mut self.arena));
         let samples = self
             .spans
@@ -393,19 +407,29 @@ impl Converter {
 
 /// Appends one `TimeSeries.labels` entry whose value is the concatenation of `value`.
 fn encode_label(out: &mut Vec<u8>, name: &str, value: &[&str; 2]) {
-    use prost::encoding::{encode_varint, encoded_len_varint};
+    use prost::encoding::encoded_len_varint;
     let value_len = value[0].len() + value[1].len();
     let inner =
         1 + encoded_len_varint(name.len() as u64) + name.len() + 1 + encoded_len_varint(value_len as u64) + value_len;
+    out.reserve(1 + encoded_len_varint(inner as u64) + inner);
     out.push(0x0a);
-    encode_varint(inner as u64, out);
+    push_varint(out, inner);
     out.push(0x0a);
-    encode_varint(name.len() as u64, out);
+    push_varint(out, name.len());
     out.extend_from_slice(name.as_bytes());
     out.push(0x12);
-    encode_varint(value_len as u64, out);
+    push_varint(out, value_len);
     out.extend_from_slice(value[0].as_bytes());
     out.extend_from_slice(value[1].as_bytes());
+}
+
+/// Appends `value` as a protobuf varint (labels are short: one byte is the common case).
+fn push_varint(out: &mut Vec<u8>, mut value: usize) {
+    while value >= 0x80 {
+        out.push((value as u8) | 0x80);
+        value >>= 7;
+    }
+    out.push(value as u8);
 }
 
 #[cfg(test)]

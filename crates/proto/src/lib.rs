@@ -33,3 +33,4 @@ pub use generated::*;
 
 pub mod client;
 pub mod framing;
+pub mod partials;

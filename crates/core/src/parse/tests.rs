@@ -232,6 +232,20 @@ proptest! {
     }
 
     #[test]
+    fn the_simple_path_agrees_with_the_full_parser_on_arbitrary_bytes(
+        bytes in proptest::collection::vec(any::<u8>(), 0..40),
+    ) {
+        assert_simple_agrees(&bytes);
+    }
+
+    #[test]
+    fn the_simple_path_agrees_with_the_full_parser_on_near_simple_lines(
+        line in "_?(e\\{1,1\\})?[a-z._é]{0,12}(:[-+]?[0-9.]{0,18}){0,2}(\\|(c|g|ms|h|d|s|x|@0\\.5|#a:b|T1))*",
+    ) {
+        assert_simple_agrees(line.as_bytes());
+    }
+
+    #[test]
     fn a_bad_line_never_hides_its_neighbours(garbage in proptest::collection::vec(any::<u8>(), 0..64)) {
         let garbage: Vec<u8> = garbage.into_iter().filter(|b| *b != b'\n').collect();
         let mut datagram = b"before:1|c\n".to_vec();
@@ -241,6 +255,48 @@ proptest! {
         parse_datagram(&datagram, |parsed| if let Parsed::Metric(line) = parsed { names.push(line.name.to_vec()) });
         prop_assert_eq!(names.first().map(Vec::as_slice), Some(&b"before"[..]));
         prop_assert_eq!(names.last().map(Vec::as_slice), Some(&b"after"[..]));
+    }
+}
+
+/// Whenever [`parse_simple`] accepts a line, the full parser reads it the same way.
+fn assert_simple_agrees(line: &[u8]) {
+    let Some(simple) = parse_simple(line) else { return };
+    let Parsed::Metric(full) = parse_line(line) else {
+        panic!("{:?}: simple accepted what the full parser does not: {simple:?}", String::from_utf8_lossy(line))
+    };
+    assert_eq!(
+        (simple.name, simple.kind, simple.value.to_bits()),
+        (full.name, full.kind, full.first.value.to_bits()),
+        "{:?}",
+        String::from_utf8_lossy(line)
+    );
+    assert!(!full.first.signed && !full.packed && full.sample_rate == 1.0, "{full:?}");
+    assert!(full.tags.is_empty() && full.timestamp.is_none() && full.kind != MetricKind::Set, "{full:?}");
+}
+
+#[test]
+fn the_simple_path_takes_plain_lines_and_leaves_the_rest_to_the_full_parser() {
+    for line in [&b"a:1|c"[..], b"a.b_c-d:12.50|ms", b"g:0.5|g", b"h:3|h", b"d:.5|d", b"x:7.|c"] {
+        assert!(parse_simple(line).is_some(), "{:?}", String::from_utf8_lossy(line));
+        assert_simple_agrees(line);
+    }
+    for line in [
+        &b"a:1|c|@0.5"[..],
+        b"a:1|c|#k:v",
+        b"a:-1|g",
+        b"a:+1|g",
+        b"a:1:2|c",
+        b"a:u1|s",
+        b"a:1e3|c",
+        b"a:1234567890123456|c",
+        b":1|c",
+        b"\xc3\xa9:1|c",
+        b"_e{1,1}:1|c",
+        b"a:1|cc",
+        b"a:|c",
+        b"a:.|c",
+    ] {
+        assert!(parse_simple(line).is_none(), "{:?}", String::from_utf8_lossy(line));
     }
 }
 

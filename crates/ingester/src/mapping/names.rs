@@ -19,6 +19,7 @@ pub const RESERVED_LABELS: [&str; 2] = ["resolution", "quantile"];
 /// Appends `raw` to `out` with every byte outside `[a-zA-Z0-9_]` (and `:` when
 /// `allow_colon`) replaced by `_`, one `_` per non-ASCII character (or invalid byte).
 fn push_sanitized(out: &mut String, raw: &[u8], allow_colon: bool) {
+    out.reserve(raw.len());
     for &byte in raw {
         let keep = byte.is_ascii_alphanumeric() || byte == b'_' || (allow_colon && byte == b':');
         if keep {
@@ -63,7 +64,11 @@ pub fn label_name(raw: &[u8], out: &mut String) -> bool {
 pub fn label_value(raw: Option<&[u8]>) -> Cow<'_, str> {
     match raw {
         None => Cow::Borrowed("true"),
-        Some(value) => String::from_utf8_lossy(value),
+        // `from_utf8` is the fast check; the lossy pass only runs on invalid bytes.
+        Some(value) => match std::str::from_utf8(value) {
+            Ok(text) => Cow::Borrowed(text),
+            Err(_) => String::from_utf8_lossy(value),
+        },
     }
 }
 
