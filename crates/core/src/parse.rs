@@ -363,16 +363,23 @@ pub fn parse_datagram_with<'a>(datagram: &'a [u8], options: ParseOptions, mut ea
 pub fn for_each_line<'a>(datagram: &'a [u8], mut each: impl FnMut(&'a [u8])) {
     let mut rest = datagram;
     while !rest.is_empty() {
-        let (line, after) = match find_newline(rest) {
-            Some(at) => (&rest[..at], &rest[at + 1..]),
-            None => (rest, &b""[..]),
-        };
+        let (line, after) = split_line(rest);
         rest = after;
-        let line = line.strip_suffix(b"\r").unwrap_or(line);
         if !line.is_empty() {
             each(line);
         }
     }
+}
+
+/// Splits the first line off `bytes`: the line without its newline (`\n`
+/// or `\r\n`; possibly blank), and the bytes after it.
+#[inline]
+pub fn split_line(bytes: &[u8]) -> (&[u8], &[u8]) {
+    let (line, after) = match find_newline(bytes) {
+        Some(at) => (&bytes[..at], &bytes[at + 1..]),
+        None => (bytes, &b""[..]),
+    };
+    (line.strip_suffix(b"\r").unwrap_or(line), after)
 }
 
 /// The most common statsd line, `<name>:<value>|<type>`, recognised by
@@ -517,6 +524,103 @@ fn scan_name(line: &[u8]) -> NameEnd {
         high |= u64::from(byte & 0x80);
     }
     NameEnd::None
+}
+
+/// [`parse_simple`] at the start of a datagram's remaining bytes, without
+/// finding the line's end first: returns the line and the bytes it used,
+/// its newline (`\n` or `\r\n`) included, or `None` when the first line
+/// is not of the simple shape or is longer than `max_line_bytes` (the
+/// caller then splits the line off and takes the full parser).
+///
+/// ```
+/// use tessera_core::parse::{parse_simple_prefix, MetricKind};
+///
+/// let datagram = b"a.b:1|c\nx:2|ms";
+/// let (line, used) = parse_simple_prefix(datagram, 1024).unwrap();
+/// assert_eq!((line.name, line.kind, used), (&b"a.b"[..], MetricKind::Counter, 8));
+/// let (line, used) = parse_simple_prefix(&datagram[used..], 1024).unwrap();
+/// assert_eq!((line.name, line.kind, used), (&b"x"[..], MetricKind::Timer, 6));
+/// ```
+#[inline]
+pub fn parse_simple_prefix(bytes: &[u8], max_line_bytes: usize) -> Option<(SimpleLine<'_>, usize)> {
+    if bytes.first() == Some(&b'_') {
+        return None;
+    }
+    let colon = scan_simple_name(bytes)?;
+    if colon == 0 {
+        return None;
+    }
+    let mut at = colon + 1;
+    let mut mantissa: u64 = 0;
+    while at < bytes.len() && bytes[at].is_ascii_digit() {
+        mantissa = mantissa.wrapping_mul(10).wrapping_add(u64::from(bytes[at] - b'0'));
+        at += 1;
+    }
+    let integer_digits = at - colon - 1;
+    let mut fraction_digits = 0;
+    if at < bytes.len() && bytes[at] == b'.' {
+        at += 1;
+        let fraction_start = at;
+        while at < bytes.len() && bytes[at].is_ascii_digit() {
+            mantissa = mantissa.wrapping_mul(10).wrapping_add(u64::from(bytes[at] - b'0'));
+            at += 1;
+        }
+        fraction_digits = at - fraction_start;
+    }
+    let digits = integer_digits + fraction_digits;
+    if digits == 0 || digits > 15 || bytes.get(at) != Some(&b'|') {
+        return None;
+    }
+    let (kind, code_len) = match bytes.get(at + 1) {
+        Some(b'c') => (MetricKind::Counter, 1),
+        Some(b'g') => (MetricKind::Gauge, 1),
+        Some(b'm') if bytes.get(at + 2) == Some(&b's') => (MetricKind::Timer, 2),
+        Some(b'h') => (MetricKind::Histogram, 1),
+        Some(b'd') => (MetricKind::Distribution, 1),
+        _ => return None,
+    };
+    let end = at + 1 + code_len;
+    let used = match &bytes[end..] {
+        [] => end,
+        [b'\n', ..] => end + 1,
+        [b'\r'] => end + 1,
+        [b'\r', b'\n', ..] => end + 2,
+        _ => return None,
+    };
+    if end > max_line_bytes {
+        return None;
+    }
+    // The same exact computation as `parse_f64`'s fast path.
+    let value = mantissa as f64 / POW10[fraction_digits];
+    Some((SimpleLine { name: &bytes[..colon], kind, value }, used))
+}
+
+/// Position of the first `:` of `bytes` if no `|`, `\n` or non-ASCII byte
+/// comes before it, eight bytes at a time.
+#[inline]
+fn scan_simple_name(bytes: &[u8]) -> Option<usize> {
+    let mut chunks = bytes.chunks_exact(8);
+    let mut offset = 0;
+    for chunk in &mut chunks {
+        let word = u64::from_le_bytes(chunk.try_into().expect("chunks of 8 bytes"));
+        let marks = zero_bytes(word ^ (ONES * u64::from(b':')))
+            | zero_bytes(word ^ (ONES * u64::from(b'|')))
+            | zero_bytes(word ^ (ONES * u64::from(b'\n')))
+            | (word & HIGHS);
+        if marks != 0 {
+            let at = offset + (marks.trailing_zeros() / 8) as usize;
+            return (bytes[at] == b':').then_some(at);
+        }
+        offset += 8;
+    }
+    for (index, &byte) in chunks.remainder().iter().enumerate() {
+        match byte {
+            b':' => return Some(offset + index),
+            b'|' | b'\n' | 0x80..=0xff => return None,
+            _ => {}
+        }
+    }
+    None
 }
 
 /// Position of the first `\n`, eight bytes at a time: statsd lines are

@@ -30,7 +30,8 @@ use hashbrown::HashTable;
 
 use crate::aggregate::{Aggregate, AggregateError, GaugeDeltas};
 use crate::parse::{
-    Line, MetricKind, ParseOptions, Parsed, RejectReason, SimpleLine, for_each_line, parse_line_with, parse_simple,
+    Line, MetricKind, ParseOptions, Parsed, RejectReason, SimpleLine, parse_line_with, parse_simple,
+    parse_simple_prefix, split_line,
 };
 use crate::series::{SeriesKey, kind_byte, kind_from_byte};
 
@@ -245,14 +246,23 @@ impl Table {
     /// Lines of the common shape `name:value|type` take [`parse_simple`] and
     /// are looked up by their name in place; the rest take the full parser.
     #[inline]
-    pub fn fold_datagram(
-        &mut self,
-        datagram: &[u8],
-        options: ParseOptions,
-        now_ms: i64,
-        mut each: impl FnMut(Folded),
-    ) {
-        for_each_line(datagram, |line| each(self.fold_line(line, options, now_ms)));
+    pub fn fold_datagram(&mut self, datagram: &[u8], options: ParseOptions, now_ms: i64, mut each: impl FnMut(Folded)) {
+        let mut rest = datagram;
+        while !rest.is_empty() {
+            if let Some((simple, used)) = parse_simple_prefix(rest, options.max_line_bytes) {
+                rest = &rest[used..];
+                each(match self.observe_simple(&simple, now_ms) {
+                    Ok(_) => Folded::Metric,
+                    Err(TableFull { .. }) => Folded::TableFull,
+                });
+                continue;
+            }
+            let (line, after) = split_line(rest);
+            rest = after;
+            if !line.is_empty() {
+                each(self.fold_line(line, options, now_ms));
+            }
+        }
     }
 
     /// Parses one line (without its newline) and folds it into its series.

@@ -100,8 +100,11 @@ impl ShardSeries {
         let aggregate_len = if counter.is_some() { COUNTER_BYTES } else { aggregate.encoded_len() };
         let type_len = if metric_type == 0 { 0 } else { KEY_BYTES + encoded_len_varint(i64::from(metric_type) as u64) };
         // Like prost, leave out fields that hold their default value.
-        let id_len =
-            if series_id.is_empty() { 0 } else { KEY_BYTES + encoded_len_varint(series_id.len() as u64) + series_id.len() };
+        let id_len = if series_id.is_empty() {
+            0
+        } else {
+            KEY_BYTES + encoded_len_varint(series_id.len() as u64) + series_id.len()
+        };
         let body_len = id_len + type_len + KEY_BYTES + encoded_len_varint(aggregate_len as u64) + aggregate_len;
         let field_len = KEY_BYTES + encoded_len_varint(body_len as u64) + body_len;
         let chunk = self.chunk_with_room(chunk_bytes, field_len);

@@ -246,6 +246,23 @@ proptest! {
     }
 
     #[test]
+    fn the_prefix_path_takes_exactly_the_first_line(
+        lines in proptest::collection::vec(
+            "_?[a-z._é]{0,12}(:[-+]?[0-9.]{0,18}){0,2}(\\|(c|g|ms|h|d|s|x|@0\\.5|#a:b|T1))*\r?",
+            1..4,
+        ),
+        max_line_bytes in 1usize..40,
+    ) {
+        let datagram = lines.join("\n");
+        assert_prefix_agrees(datagram.as_bytes(), max_line_bytes);
+    }
+
+    #[test]
+    fn the_prefix_path_agrees_on_arbitrary_bytes(bytes in proptest::collection::vec(any::<u8>(), 0..48)) {
+        assert_prefix_agrees(&bytes, 16 * 1024);
+    }
+
+    #[test]
     fn a_bad_line_never_hides_its_neighbours(garbage in proptest::collection::vec(any::<u8>(), 0..64)) {
         let garbage: Vec<u8> = garbage.into_iter().filter(|b| *b != b'\n').collect();
         let mut datagram = b"before:1|c\n".to_vec();
@@ -256,6 +273,19 @@ proptest! {
         prop_assert_eq!(names.first().map(Vec::as_slice), Some(&b"before"[..]));
         prop_assert_eq!(names.last().map(Vec::as_slice), Some(&b"after"[..]));
     }
+}
+
+/// Whenever [`parse_simple_prefix`] accepts the start of `bytes`, it used
+/// exactly the first line and its newline, and [`parse_simple`] reads that
+/// line the same way.
+fn assert_prefix_agrees(bytes: &[u8], max_line_bytes: usize) {
+    let Some((simple, used)) = parse_simple_prefix(bytes, max_line_bytes) else { return };
+    let line_end = bytes.iter().position(|byte| *byte == b'\n').unwrap_or(bytes.len());
+    assert_eq!(used, (line_end + 1).min(bytes.len()), "{:?}", String::from_utf8_lossy(bytes));
+    let line = bytes[..line_end].strip_suffix(b"\r").unwrap_or(&bytes[..line_end]);
+    assert!(line.len() <= max_line_bytes);
+    assert_eq!(parse_simple(line), Some(simple), "{:?}", String::from_utf8_lossy(bytes));
+    assert_simple_agrees(line);
 }
 
 /// Whenever [`parse_simple`] accepts a line, the full parser reads it the same way.
@@ -297,7 +327,16 @@ fn the_simple_path_takes_plain_lines_and_leaves_the_rest_to_the_full_parser() {
         b"a:.|c",
     ] {
         assert!(parse_simple(line).is_none(), "{:?}", String::from_utf8_lossy(line));
+        assert!(parse_simple_prefix(line, 1024).is_none(), "{:?}", String::from_utf8_lossy(line));
     }
+    for datagram in [&b"a:1|c\nb"[..], b"a:1|c\r\nb", b"a:1|c", b"a:1|c\r", b"name.long.enough:12|ms\n"] {
+        assert_prefix_agrees(datagram, 1024);
+        assert!(parse_simple_prefix(datagram, 1024).is_some(), "{:?}", String::from_utf8_lossy(datagram));
+    }
+    assert!(parse_simple_prefix(b"abcdef:1|c", 9).is_none(), "longer than the bound");
+    assert!(parse_simple_prefix(b"abcdef:1|c\n", 10).is_some());
+    assert!(parse_simple_prefix(b"\na:1|c", 1024).is_none(), "a blank line is the full path's");
+    assert!(parse_simple_prefix(b"ab\ncd:1|c", 1024).is_none(), "a line without a colon");
 }
 
 #[test]
