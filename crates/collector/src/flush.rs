@@ -25,7 +25,7 @@ use tessera_topology::{PlacementHandle, Routing};
 use crate::forward::{DestinationQueue, QueuedBatch, SenderSettings, run_sender};
 use crate::intake::now_ms;
 use crate::metrics::Metrics;
-use crate::worker::Cut;
+use crate::worker::{Cut, FlusherLinks};
 
 /// Settings of the flusher.
 #[derive(Clone)]
@@ -101,8 +101,7 @@ impl Flusher {
     /// A flusher reading `cuts`; sender tasks are spawned on `runtime` and
     /// stop when `stop_senders` fires.
     pub fn new(
-        cuts: Receiver<Cut>,
-        spare_cuts: Sender<Cut>,
+        links: FlusherLinks,
         settings: FlushSettings,
         placement: PlacementHandle,
         destinations: Destinations,
@@ -111,8 +110,8 @@ impl Flusher {
         metrics: Metrics,
     ) -> Flusher {
         Flusher {
-            cuts,
-            spare_cuts,
+            cuts: links.cuts,
+            spare_cuts: links.spares,
             windows: BTreeMap::new(),
             spare_tables: Vec::new(),
             settings,

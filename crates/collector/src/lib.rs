@@ -110,7 +110,7 @@ impl Collector {
         let expire_windows =
             (config.aggregation.expire_after_idle_secs * 1000 / config.aggregation.interval_ms).max(1) as u32;
         let parse_options = ParseOptions { max_line_bytes: config.parse.max_line_bytes };
-        let (cut_links, cut_receiver, spare_cuts) = worker::cut_links(1024);
+        let (cut_links, flusher_links) = worker::cut_links(1024);
         let worker_settings = WorkerSettings {
             window_ms,
             max_series: config.aggregation.max_series,
@@ -210,8 +210,7 @@ impl Collector {
             },
         };
         let flusher = Flusher::new(
-            cut_receiver,
-            spare_cuts,
+            flusher_links,
             settings,
             placement,
             destinations.clone(),

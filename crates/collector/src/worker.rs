@@ -56,11 +56,20 @@ pub struct CutLinks {
     pub spares: Receiver<Cut>,
 }
 
-/// Links for the readers, and the flusher's ends: cuts in, spares out.
-pub fn cut_links(capacity: usize) -> (CutLinks, Receiver<Cut>, Sender<Cut>) {
+/// The flusher's ends of [`CutLinks`].
+#[derive(Debug)]
+pub struct FlusherLinks {
+    /// Cuts from the readers.
+    pub cuts: Receiver<Cut>,
+    /// Where flushed cuts go back.
+    pub spares: Sender<Cut>,
+}
+
+/// Links for the readers, and the flusher's ends.
+pub fn cut_links(capacity: usize) -> (CutLinks, FlusherLinks) {
     let (cuts, cut_receiver) = crossbeam_channel::bounded(capacity);
     let (spare_sender, spares) = crossbeam_channel::bounded(capacity);
-    (CutLinks { cuts, spares }, cut_receiver, spare_sender)
+    (CutLinks { cuts, spares }, FlusherLinks { cuts: cut_receiver, spares: spare_sender })
 }
 
 /// Counts kept in locals while a batch is processed, added to the shared
