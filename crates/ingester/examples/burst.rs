@@ -57,6 +57,10 @@ struct Flags {
     /// see the ingester's own capacity when storage is not the bottleneck).
     #[arg(long, default_value = "prometheus")]
     sink: String,
+    /// Extra `[pacing]` keys, e.g. `min_in_flight = 4` (repeatable); default: the
+    /// ingester's defaults.
+    #[arg(long)]
+    pacing: Vec<String>,
 }
 
 struct Process {
@@ -196,11 +200,12 @@ async fn main() {
     std::fs::write(
         &config,
         format!(
-            "listen = \"127.0.0.1:{wire_port}\"\ndata_dir = \"{}\"\n[pool]\nworkers = {}\nmax_samples_per_request = {}\n[pacing]\nmax_in_flight = {}\n[sink]\n{sink}[telemetry]\nlisten = \"127.0.0.1:{telemetry_port}\"\n",
+            "listen = \"127.0.0.1:{wire_port}\"\ndata_dir = \"{}\"\n[pool]\nworkers = {}\nmax_samples_per_request = {}\n[pacing]\nmax_in_flight = {}\n{}[sink]\n{sink}[telemetry]\nlisten = \"127.0.0.1:{telemetry_port}\"\n",
             dir.path().join("data").display(),
             flags.workers,
             flags.max_samples_per_request,
             flags.workers,
+            flags.pacing.iter().map(|line| format!("{line}\n")).collect::<String>(),
         ),
     )
     .expect("write the config");
@@ -220,8 +225,14 @@ async fn main() {
     let mut sender = Sender::connect(([127, 0, 0, 1], wire_port).into()).await;
     let rss_idle = ingester.rss_bytes();
     println!(
-        "series per burst: {}, bursts: {}, batch tiles: {}, samples/request: {}, workers: {}, sink: {}",
-        flags.series, flags.bursts, flags.batch_tiles, flags.max_samples_per_request, flags.workers, flags.sink
+        "series per burst: {}, bursts: {}, batch tiles: {}, samples/request: {}, workers: {}, sink: {}, pacing: {:?}",
+        flags.series,
+        flags.bursts,
+        flags.batch_tiles,
+        flags.max_samples_per_request,
+        flags.workers,
+        flags.sink,
+        flags.pacing
     );
 
     // Idle: every 500 ms for 5 s, about one full request per worker.
