@@ -31,9 +31,10 @@
 //! `policy_sinks`) has its own queue, dispatcher, workers and pacing, so a slow or dead
 //! target holds up only its own policies.
 //!
-//! **End-to-end latency.** When the last request of a record is acknowledged by storage,
-//! `now − tile end` is recorded once per tile in
-//! `tessera_ingester_end_to_end_latency_seconds{resolution}`; the time from receipt to the
+//! **End-to-end latency.** When storage acknowledges a request, `now − tile end` is
+//! recorded once per tile it carried in
+//! `tessera_ingester_end_to_end_latency_seconds{resolution}` (see [`pool`] for tiles of
+//! several samples); the time from receipt to the
 //! first request goes in `tessera_ingester_queue_time_seconds`, and each request's
 //! duration in `tessera_ingester_sink_request_duration_seconds`.
 //!

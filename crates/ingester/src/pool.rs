@@ -16,9 +16,12 @@
 //! the dispatcher waits only when that worker's channel is full.
 //!
 //! A request that reached storage (or was refused for good) is appended to the queue's
-//! done log; when the last request of a record is done the record is complete, its
-//! segment may be deleted, and the end-to-end latency (`now − tile end`) is recorded once
-//! per tile of the record. After a restart, requests the done log lists are skipped, so
+//! done log, and the end-to-end latency (`now − tile end`) is recorded for the tiles it
+//! carried: the record's tiles in proportion to the request's share of the record's
+//! samples, the rest with the record's last request, so every tile is counted once. With
+//! one sample per tile (counters, gauges, sets) that is exact; a timer tile's samples may
+//! travel in several requests, so its latency is approximate (counted proportionally). When the
+//! last request of a record is done the record is complete and its segment may be deleted. After a restart, requests the done log lists are skipped, so
 //! only what was in flight at the crash is sent again, with the same values. The split is
 //! fingerprinted (worker count, request size); after a change of either, replayed records
 //! are sent whole.
@@ -27,7 +30,7 @@ pub mod worker;
 
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use std::time::Duration;
 
 use tessera_runtime::Shutdown;
@@ -85,6 +88,22 @@ pub struct WorkItem {
 pub struct Ticket {
     outstanding: AtomicUsize,
     started: AtomicBool,
+    /// Samples in the record's requests (those sent in this run).
+    samples: usize,
+    /// Tiles already counted in the end-to-end latency.
+    tiles_reported: AtomicU64,
+}
+
+impl Ticket {
+    /// A ticket for `requests` requests holding `samples` samples in all.
+    pub fn new(requests: usize, samples: usize) -> Ticket {
+        Ticket {
+            outstanding: AtomicUsize::new(requests),
+            started: AtomicBool::new(false),
+            samples,
+            tiles_reported: AtomicU64::new(0),
+        }
+    }
 }
 
 /// A running pool.
@@ -237,8 +256,8 @@ fn dispatch<S: Sink>(
             target.queue.complete(position);
             continue;
         }
-        let ticket =
-            Arc::new(Ticket { outstanding: AtomicUsize::new(requests.len()), started: AtomicBool::new(false) });
+        let samples = requests.iter().map(|(_, _, samples)| samples.len()).sum();
+        let ticket = Arc::new(Ticket::new(requests.len(), samples));
         for (shard, chunk, samples) in requests {
             let key = RequestKey { shard: shard as u32, chunk, fingerprint };
             let item = WorkItem { request: SinkRequest { record: info.clone(), samples, key }, ticket: ticket.clone() };

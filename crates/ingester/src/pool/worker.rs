@@ -144,17 +144,26 @@ async fn send<S: Sink>(
     }
 }
 
-/// Marks the request done; completes the record when it was the last one.
+/// Marks the request done and records the end-to-end latency of its tiles (see the
+/// [pool docs](super)); completes the record when it was the last one.
 fn complete<S: Sink>(target: &Target<S>, item: &WorkItem) {
-    let record = &item.request.record;
-    target.queue.request_done(record.position, item.request.key);
-    if item.ticket.outstanding.fetch_sub(1, Ordering::AcqRel) != 1 {
-        return;
-    }
-    target.queue.complete(record.position);
-    target.metrics.records_written.inc();
+    let request = &item.request;
+    let record = &request.record;
+    let ticket = &item.ticket;
+    target.queue.request_done(record.position, request.key);
+    let tiles = u64::from(record.tiles);
+    let share = tiles * request.samples.len() as u64 / ticket.samples.max(1) as u64;
+    let reported = ticket.tiles_reported.fetch_add(share, Ordering::AcqRel) + share;
+    let last = ticket.outstanding.fetch_sub(1, Ordering::AcqRel) == 1;
+    let counted = if last { share + tiles.saturating_sub(reported) } else { share };
     let latency = (now_ms() - record.tile_end_ms).max(0) as f64 / 1000.0;
-    target.metrics.all().end_to_end(&record.resolution).observe_n(latency, u64::from(record.tiles));
+    if counted > 0 {
+        target.metrics.all().end_to_end(&record.resolution).observe_n(latency, counted);
+    }
+    if last {
+        target.queue.complete(record.position);
+        target.metrics.records_written.inc();
+    }
 }
 
 #[cfg(test)]
