@@ -382,8 +382,8 @@ pub fn split_line(bytes: &[u8]) -> (&[u8], &[u8]) {
     (line.strip_suffix(b"\r").unwrap_or(line), after)
 }
 
-/// The most common statsd line, `<name>:<value>|<type>`, recognised by
-/// [`parse_simple`].
+/// The most common statsd line, `<name>:<value>|<type>[|#<tags>]`,
+/// recognised by [`parse_simple`].
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SimpleLine<'a> {
     /// The metric name: non-empty, ASCII.
@@ -392,68 +392,178 @@ pub struct SimpleLine<'a> {
     pub kind: MetricKind,
     /// The value: unsigned, finite.
     pub value: f64,
+    /// The tags, already in canonical order (see [`crate::series`]), or empty.
+    pub tags: &'a [u8],
 }
 
 /// Recognises, in one pass, the shape most statsd traffic has:
-/// `<ASCII name>:<digits>[.<digits>]|<c|g|ms|h|d>` and nothing after the
-/// type (no sample rate, tags, timestamp or packed values), with at most 15
-/// digits.
+/// `<ASCII name>:<digits>[.<digits>]|<c|g|ms|h|d>`, optionally followed by
+/// `|#<tags>` when the tags are printable ASCII and already canonical
+/// (sorted by key then value, no duplicates, no blanks: what a client that
+/// sorts its tags sends), and nothing else: no sample rate, timestamp or
+/// packed values, at most 15 digits.
 ///
 /// Returns `None` for every other line; the caller then parses it with
 /// [`parse_line_with`], which reads any line this accepts the same way (a
-/// `Line` with that name, kind and first value, unsigned, sample rate 1, no
-/// tags, no timestamp; a property test and the parse fuzz target check it).
-/// It does not check the line length bound: the caller does.
+/// `Line` with that name, kind, first value and tags, unsigned, sample
+/// rate 1, no timestamp; property tests and the parse fuzz target check
+/// it). It does not check the line length bound: the caller does.
 ///
 /// ```
 /// use tessera_core::parse::{parse_simple, MetricKind};
 ///
-/// let line = parse_simple(b"api.requests:12.5|ms").unwrap();
+/// let line = parse_simple(b"api.requests:12.5|ms|#env:prod,zone:a").unwrap();
 /// assert_eq!((line.name, line.kind, line.value), (&b"api.requests"[..], MetricKind::Timer, 12.5));
-/// assert!(parse_simple(b"api.requests:1|c|#env:prod").is_none(), "tags take the full parser");
+/// assert_eq!(line.tags, b"env:prod,zone:a");
+/// assert!(parse_simple(b"api.requests:1|c|#zone:a,env:prod").is_none(), "unsorted tags take the full parser");
 /// ```
 #[inline]
 pub fn parse_simple(line: &[u8]) -> Option<SimpleLine<'_>> {
-    // `_e{..}` events would otherwise pass for metrics; `_sc|` has no `:` first.
-    if line.first() == Some(&b'_') {
+    parse_simple_at(line).and_then(|(simple, end)| (end == line.len()).then_some(simple))
+}
+
+/// [`parse_simple`] at the start of a datagram's remaining bytes, without
+/// finding the line's end first: returns the line and the bytes it used,
+/// its newline (`\n` or `\r\n`) included, or `None` when the first line
+/// is not of the simple shape or is longer than `max_line_bytes` (the
+/// caller then splits the line off and takes the full parser).
+///
+/// ```
+/// use tessera_core::parse::{parse_simple_prefix, MetricKind};
+///
+/// let datagram = b"a.b:1|c\nx:2|ms";
+/// let (line, used) = parse_simple_prefix(datagram, 1024).unwrap();
+/// assert_eq!((line.name, line.kind, used), (&b"a.b"[..], MetricKind::Counter, 8));
+/// let (line, used) = parse_simple_prefix(&datagram[used..], 1024).unwrap();
+/// assert_eq!((line.name, line.kind, used), (&b"x"[..], MetricKind::Timer, 6));
+/// ```
+#[inline]
+pub fn parse_simple_prefix(bytes: &[u8], max_line_bytes: usize) -> Option<(SimpleLine<'_>, usize)> {
+    let (simple, end) = parse_simple_at(bytes)?;
+    let used = match &bytes[end..] {
+        [] => end,
+        [b'\n', ..] => end + 1,
+        [b'\r'] => end + 1,
+        [b'\r', b'\n', ..] => end + 2,
+        _ => return None,
+    };
+    if end > max_line_bytes {
         return None;
     }
-    let NameEnd::Colon { at: colon, non_ascii: false } = scan_name(line) else { return None };
+    Some((simple, used))
+}
+
+/// The simple line at the start of `bytes` and where its content ends.
+#[inline(always)]
+fn parse_simple_at(bytes: &[u8]) -> Option<(SimpleLine<'_>, usize)> {
+    // `_e{..}` events would otherwise pass for metrics; `_sc|` has no `:` first.
+    if bytes.first() == Some(&b'_') {
+        return None;
+    }
+    let colon = scan_simple_name(bytes)?;
     if colon == 0 {
         return None;
     }
-    let rest = &line[colon + 1..];
-    let mut at = 0;
+    let mut at = colon + 1;
     let mut mantissa: u64 = 0;
-    while at < rest.len() && rest[at].is_ascii_digit() {
-        mantissa = mantissa.wrapping_mul(10).wrapping_add(u64::from(rest[at] - b'0'));
+    while at < bytes.len() && bytes[at].is_ascii_digit() {
+        mantissa = mantissa.wrapping_mul(10).wrapping_add(u64::from(bytes[at] - b'0'));
         at += 1;
     }
-    let integer_digits = at;
+    let integer_digits = at - colon - 1;
     let mut fraction_digits = 0;
-    if at < rest.len() && rest[at] == b'.' {
+    if at < bytes.len() && bytes[at] == b'.' {
         at += 1;
         let fraction_start = at;
-        while at < rest.len() && rest[at].is_ascii_digit() {
-            mantissa = mantissa.wrapping_mul(10).wrapping_add(u64::from(rest[at] - b'0'));
+        while at < bytes.len() && bytes[at].is_ascii_digit() {
+            mantissa = mantissa.wrapping_mul(10).wrapping_add(u64::from(bytes[at] - b'0'));
             at += 1;
         }
         fraction_digits = at - fraction_start;
     }
     let digits = integer_digits + fraction_digits;
-    if digits == 0 || digits > 15 {
+    if digits == 0 || digits > 15 || bytes.get(at) != Some(&b'|') {
         return None;
     }
-    let kind = match &rest[at..] {
-        [b'|', b'c'] => MetricKind::Counter,
-        [b'|', b'g'] => MetricKind::Gauge,
-        [b'|', b'm', b's'] => MetricKind::Timer,
-        [b'|', b'h'] => MetricKind::Histogram,
-        [b'|', b'd'] => MetricKind::Distribution,
+    let (kind, code_len) = match bytes.get(at + 1) {
+        Some(b'c') => (MetricKind::Counter, 1),
+        Some(b'g') => (MetricKind::Gauge, 1),
+        Some(b'm') if bytes.get(at + 2) == Some(&b's') => (MetricKind::Timer, 2),
+        Some(b'h') => (MetricKind::Histogram, 1),
+        Some(b'd') => (MetricKind::Distribution, 1),
         _ => return None,
     };
+    let mut end = at + 1 + code_len;
+    let mut tags: &[u8] = b"";
+    if bytes.get(end) == Some(&b'|') {
+        if bytes.get(end + 1) != Some(&b'#') {
+            return None;
+        }
+        let tags_len = canonical_tags_len(&bytes[end + 2..])?;
+        tags = &bytes[end + 2..end + 2 + tags_len];
+        end += 2 + tags_len;
+    }
     // The same exact computation as `parse_f64`'s fast path.
-    Some(SimpleLine { name: &line[..colon], kind, value: mantissa as f64 / POW10[fraction_digits] })
+    let value = mantissa as f64 / POW10[fraction_digits];
+    Some((SimpleLine { name: &bytes[..colon], kind, value, tags }, end))
+}
+
+/// Length of the tag list at the start of `bytes` (up to a `\r`, `\n` or
+/// the end) if it is non-empty, printable ASCII without `|`, and in
+/// canonical form: every tag non-empty with a non-empty key, tags strictly
+/// increasing by key, a bare key before `key:value`, then value — the
+/// order [`SeriesKey`](crate::series::SeriesKey) sorts them in, with
+/// duplicates gone — and at most [`MAX_TAGS`] of them.
+#[inline(never)]
+pub(crate) fn canonical_tags_len(bytes: &[u8]) -> Option<usize> {
+    let mut previous: Option<(&[u8], &[u8], bool)> = None;
+    let mut count = 0;
+    let mut start = 0;
+    let mut key_end = None;
+    let mut at = 0;
+    loop {
+        let byte = bytes.get(at).copied();
+        match byte {
+            Some(b',') | Some(b'\r' | b'\n') | None => {
+                if at == start {
+                    return None;
+                }
+                let tag = &bytes[start..at];
+                let (key, value, has_value) = match key_end {
+                    Some(colon) => (&bytes[start..colon], &bytes[colon + 1..at], true),
+                    None => (tag, &b""[..], false),
+                };
+                if key.is_empty() {
+                    return None;
+                }
+                if let Some(before) = previous {
+                    let order = before.0.cmp(key).then(before.2.cmp(&has_value)).then_with(|| before.1.cmp(value));
+                    if order != std::cmp::Ordering::Less {
+                        return None;
+                    }
+                }
+                previous = Some((key, value, has_value));
+                count += 1;
+                if count > MAX_TAGS {
+                    return None;
+                }
+                if byte != Some(b',') {
+                    return Some(at);
+                }
+                start = at + 1;
+                key_end = None;
+            }
+            Some(b':') => {
+                if key_end.is_none() {
+                    key_end = Some(at);
+                }
+            }
+            Some(b'|') => return None,
+            Some(other) if !other.is_ascii_graphic() => return None,
+            Some(_) => {}
+        }
+        at += 1;
+    }
 }
 
 /// Parses one line (without its newline) with default options.
@@ -526,78 +636,9 @@ fn scan_name(line: &[u8]) -> NameEnd {
     NameEnd::None
 }
 
-/// [`parse_simple`] at the start of a datagram's remaining bytes, without
-/// finding the line's end first: returns the line and the bytes it used,
-/// its newline (`\n` or `\r\n`) included, or `None` when the first line
-/// is not of the simple shape or is longer than `max_line_bytes` (the
-/// caller then splits the line off and takes the full parser).
-///
-/// ```
-/// use tessera_core::parse::{parse_simple_prefix, MetricKind};
-///
-/// let datagram = b"a.b:1|c\nx:2|ms";
-/// let (line, used) = parse_simple_prefix(datagram, 1024).unwrap();
-/// assert_eq!((line.name, line.kind, used), (&b"a.b"[..], MetricKind::Counter, 8));
-/// let (line, used) = parse_simple_prefix(&datagram[used..], 1024).unwrap();
-/// assert_eq!((line.name, line.kind, used), (&b"x"[..], MetricKind::Timer, 6));
-/// ```
-#[inline]
-pub fn parse_simple_prefix(bytes: &[u8], max_line_bytes: usize) -> Option<(SimpleLine<'_>, usize)> {
-    if bytes.first() == Some(&b'_') {
-        return None;
-    }
-    let colon = scan_simple_name(bytes)?;
-    if colon == 0 {
-        return None;
-    }
-    let mut at = colon + 1;
-    let mut mantissa: u64 = 0;
-    while at < bytes.len() && bytes[at].is_ascii_digit() {
-        mantissa = mantissa.wrapping_mul(10).wrapping_add(u64::from(bytes[at] - b'0'));
-        at += 1;
-    }
-    let integer_digits = at - colon - 1;
-    let mut fraction_digits = 0;
-    if at < bytes.len() && bytes[at] == b'.' {
-        at += 1;
-        let fraction_start = at;
-        while at < bytes.len() && bytes[at].is_ascii_digit() {
-            mantissa = mantissa.wrapping_mul(10).wrapping_add(u64::from(bytes[at] - b'0'));
-            at += 1;
-        }
-        fraction_digits = at - fraction_start;
-    }
-    let digits = integer_digits + fraction_digits;
-    if digits == 0 || digits > 15 || bytes.get(at) != Some(&b'|') {
-        return None;
-    }
-    let (kind, code_len) = match bytes.get(at + 1) {
-        Some(b'c') => (MetricKind::Counter, 1),
-        Some(b'g') => (MetricKind::Gauge, 1),
-        Some(b'm') if bytes.get(at + 2) == Some(&b's') => (MetricKind::Timer, 2),
-        Some(b'h') => (MetricKind::Histogram, 1),
-        Some(b'd') => (MetricKind::Distribution, 1),
-        _ => return None,
-    };
-    let end = at + 1 + code_len;
-    let used = match &bytes[end..] {
-        [] => end,
-        [b'\n', ..] => end + 1,
-        [b'\r'] => end + 1,
-        [b'\r', b'\n', ..] => end + 2,
-        _ => return None,
-    };
-    if end > max_line_bytes {
-        return None;
-    }
-    // The same exact computation as `parse_f64`'s fast path.
-    let value = mantissa as f64 / POW10[fraction_digits];
-    Some((SimpleLine { name: &bytes[..colon], kind, value }, used))
-}
-
 /// Position of the first `:` of `bytes` if no `|`, `\n` or non-ASCII byte
 /// comes before it, eight bytes at a time.
-#[inline]
+#[inline(always)]
 fn scan_simple_name(bytes: &[u8]) -> Option<usize> {
     let mut chunks = bytes.chunks_exact(8);
     let mut offset = 0;

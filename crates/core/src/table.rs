@@ -30,10 +30,10 @@ use hashbrown::HashTable;
 
 use crate::aggregate::{Aggregate, AggregateError, GaugeDeltas};
 use crate::parse::{
-    Line, MetricKind, ParseOptions, Parsed, RejectReason, SimpleLine, parse_line_with, parse_simple,
-    parse_simple_prefix, split_line,
+    Line, MetricKind, ParseOptions, Parsed, RejectReason, SimpleLine, canonical_tags_len, parse_line_with,
+    parse_simple, parse_simple_prefix, split_line,
 };
-use crate::series::{SeriesKey, kind_byte, kind_from_byte};
+use crate::series::{SeriesKey, TAGS_SEPARATOR, kind_byte, kind_from_byte, split_id};
 
 /// Settings of a [`Table`].
 #[derive(Debug, Clone, Copy)]
@@ -83,18 +83,28 @@ enum KeyBytes {
 }
 
 impl KeyBytes {
-    /// The key `kind_byte` followed by `id`.
-    fn with_kind(kind_byte: u8, id: &[u8]) -> KeyBytes {
-        if id.len() < INLINE_KEY_BYTES {
-            let mut bytes = [0u8; INLINE_KEY_BYTES];
-            bytes[0] = kind_byte;
-            bytes[1..=id.len()].copy_from_slice(id);
-            KeyBytes::Inline { len: id.len() as u8 + 1, bytes }
+    /// The key of `parts`: kind byte, name, and `|#` and the tags if any.
+    fn new(parts: &KeyParts<'_>) -> KeyBytes {
+        let len = parts.len();
+        let mut key = [0u8; INLINE_KEY_BYTES];
+        let mut heap = Vec::new();
+        let bytes: &mut [u8] = if len <= INLINE_KEY_BYTES {
+            &mut key[..len]
         } else {
-            let mut key = Vec::with_capacity(id.len() + 1);
-            key.push(kind_byte);
-            key.extend_from_slice(id);
-            KeyBytes::Heap(key.into_boxed_slice())
+            heap.resize(len, 0);
+            &mut heap
+        };
+        let name_end = 1 + parts.name.len();
+        bytes[0] = parts.kind_byte;
+        bytes[1..name_end].copy_from_slice(parts.name);
+        if !parts.tags.is_empty() {
+            bytes[name_end..name_end + 2].copy_from_slice(TAGS_SEPARATOR);
+            bytes[name_end + 2..].copy_from_slice(parts.tags);
+        }
+        if len <= INLINE_KEY_BYTES {
+            KeyBytes::Inline { len: len as u8, bytes: key }
+        } else {
+            KeyBytes::Heap(heap.into_boxed_slice())
         }
     }
 
@@ -115,11 +125,56 @@ impl KeyBytes {
 }
 
 impl KeyBytes {
-    /// Whether this key is `kind_byte` followed by `id`.
-    #[inline]
-    fn matches(&self, kind_byte: u8, id: &[u8]) -> bool {
+    /// Whether this is the key of `parts`.
+    #[inline(always)]
+    fn matches(&self, parts: &KeyParts<'_>) -> bool {
         let key = self.as_slice();
-        key.len() == id.len() + 1 && key[0] == kind_byte && same_bytes(&key[1..], id)
+        let name_end = 1 + parts.name.len();
+        if key.len() != parts.len() || key[0] != parts.kind_byte || !same_bytes(&key[1..name_end], parts.name) {
+            return false;
+        }
+        parts.tags.is_empty()
+            || (key[name_end..name_end + 2] == *TAGS_SEPARATOR && same_bytes(&key[name_end + 2..], parts.tags))
+    }
+}
+
+/// A table key in the pieces a line holds it in: the kind byte, the name,
+/// and the canonical tags (empty when the series has none). The key itself
+/// is `kind byte, name[, "|#", tags]`; hashing and comparing the pieces
+/// means a line whose tags are already canonical is looked up in place.
+#[derive(Debug, Clone, Copy)]
+struct KeyParts<'a> {
+    kind_byte: u8,
+    name: &'a [u8],
+    tags: &'a [u8],
+}
+
+impl<'a> KeyParts<'a> {
+    /// The pieces of canonical id `id`, split at its first `|#` (an id
+    /// ending in `|#` is all name, so that pieces and bytes map one to one).
+    #[inline]
+    fn of_id(kind: MetricKind, id: &'a [u8]) -> KeyParts<'a> {
+        let (name, tags) = match memchr::memchr(b'|', id) {
+            Some(at) if id.get(at + 1) == Some(&b'#') => (&id[..at], &id[at + 2..]),
+            Some(_) => split_id(id),
+            None => (id, &b""[..]),
+        };
+        if tags.is_empty() {
+            return KeyParts { kind_byte: kind_byte(kind), name: id, tags: b"" };
+        }
+        KeyParts { kind_byte: kind_byte(kind), name, tags }
+    }
+
+    /// Bytes of the whole key.
+    #[inline(always)]
+    fn len(&self) -> usize {
+        1 + self.name.len() + if self.tags.is_empty() { 0 } else { TAGS_SEPARATOR.len() + self.tags.len() }
+    }
+
+    #[inline(always)]
+    fn hash(&self, seed: u64) -> u64 {
+        let name_hash = key_hash(seed, self.kind_byte, self.name);
+        if self.tags.is_empty() { name_hash } else { key_hash(name_hash, b'#', self.tags) }
     }
 }
 
@@ -127,18 +182,18 @@ const K0: u64 = 0x9e37_79b9_7f4a_7c15;
 const K1: u64 = 0xbf58_476d_1ce4_e5b9;
 const K2: u64 = 0x94d0_49bb_1331_11eb;
 
-#[inline]
+#[inline(always)]
 fn fold_multiply(a: u64, b: u64) -> u64 {
     let product = u128::from(a) * u128::from(b);
     (product as u64) ^ ((product >> 64) as u64)
 }
 
-#[inline]
+#[inline(always)]
 fn read_u64(bytes: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(bytes[at..at + 8].try_into().expect("eight bytes"))
 }
 
-#[inline]
+#[inline(always)]
 fn read_u32(bytes: &[u8], at: usize) -> u64 {
     u64::from(u32::from_le_bytes(bytes[at..at + 4].try_into().expect("four bytes")))
 }
@@ -149,7 +204,7 @@ fn read_u32(bytes: &[u8], at: usize) -> u64 {
 /// spends more on its set-up than on the bytes, so this one reads them
 /// the way wyhash and rapidhash do: two overlapping words for up to 16
 /// bytes, 16 bytes per folded multiply beyond. It runs once per line.
-#[inline]
+#[inline(always)]
 fn key_hash(seed: u64, kind_byte: u8, id: &[u8]) -> u64 {
     let len = id.len();
     let mut state = seed ^ u64::from(kind_byte).wrapping_mul(K0) ^ (len as u64).wrapping_mul(K2);
@@ -176,7 +231,7 @@ fn key_hash(seed: u64, kind_byte: u8, id: &[u8]) -> u64 {
 
 /// Equality of two byte strings of the same length, inline: for the short
 /// ids of statsd series it beats a call to `memcmp`.
-#[inline]
+#[inline(always)]
 fn same_bytes(a: &[u8], b: &[u8]) -> bool {
     let len = a.len();
     if len != b.len() {
@@ -235,11 +290,6 @@ impl Table {
         }
     }
 
-    #[inline]
-    fn hash(&self, kind_byte: u8, id: &[u8]) -> u64 {
-        key_hash(self.seed, kind_byte, id)
-    }
-
     /// Parses every line of `datagram` and folds each metric into its
     /// series, calling `each` with what became of every non-blank line.
     ///
@@ -292,14 +342,14 @@ impl Table {
     /// Returns whether the series is new to the table.
     #[inline]
     pub fn observe_simple(&mut self, line: &SimpleLine<'_>, now_ms: i64) -> Result<bool, TableFull> {
-        let kind_byte = kind_byte(line.kind);
-        let hash = self.hash(kind_byte, line.name);
-        if let Some(slot) = self.slots.find_mut(hash, |slot| slot.key.matches(kind_byte, line.name)) {
+        let parts = KeyParts { kind_byte: kind_byte(line.kind), name: line.name, tags: line.tags };
+        let hash = parts.hash(self.seed);
+        if let Some(slot) = self.slots.find_mut(hash, |slot| slot.key.matches(&parts)) {
             slot.aggregate.observe_value(line.value, now_ms);
             slot.touched = true;
             return Ok(false);
         }
-        let slot = self.insert_slot(hash, line.kind, kind_byte, line.name)?;
+        let slot = Self::insert_into(&mut self.slots, &self.options, hash, &parts, line.kind)?;
         slot.aggregate.observe_value(line.value, now_ms);
         Ok(true)
     }
@@ -320,24 +370,29 @@ impl Table {
     #[inline]
     pub fn observe(&mut self, line: &Line<'_>, now_ms: i64) -> Result<bool, TableFull> {
         let kind_byte = kind_byte(line.kind);
-        // Without tags the id is the name itself: no key to build.
-        let id = if line.tags.is_empty() {
-            line.name
+        // Without tags, or with tags already in canonical order, the key's
+        // pieces lie in the line: no key to build.
+        let parts = if line.tags.is_empty() || canonical_tags_len(line.tags) == Some(line.tags.len()) {
+            KeyParts { kind_byte, name: line.name, tags: line.tags }
         } else {
             // The parser accepted the line, so its tags fit.
             if self.key.build(line).is_err() {
                 return Ok(false);
             }
-            self.key.id()
+            let id = self.key.id();
+            match split_id(id) {
+                (name, tags) if !tags.is_empty() => KeyParts { kind_byte, name, tags },
+                _ => KeyParts { kind_byte, name: id, tags: b"" },
+            }
         };
-        let hash = self.hash(kind_byte, id);
         let gauge_deltas = self.options.gauge_deltas;
-        if let Some(slot) = self.slots.find_mut(hash, |slot| slot.key.matches(kind_byte, id)) {
+        let hash = parts.hash(self.seed);
+        if let Some(slot) = self.slots.find_mut(hash, |slot| slot.key.matches(&parts)) {
             slot.aggregate.observe(line, now_ms, gauge_deltas);
             slot.touched = true;
             return Ok(false);
         }
-        let slot = Self::insert_into(&mut self.slots, &self.options, hash, line.kind, kind_byte, id)?;
+        let slot = Self::insert_into(&mut self.slots, &self.options, hash, &parts, line.kind)?;
         slot.aggregate.observe(line, now_ms, gauge_deltas);
         Ok(true)
     }
@@ -346,20 +401,16 @@ impl Table {
     ///
     /// Returns whether the series is new to the table.
     pub fn merge(&mut self, kind: MetricKind, id: &[u8], aggregate: &Aggregate) -> Result<bool, MergeError> {
-        let kind_byte = kind_byte(kind);
-        let hash = self.hash(kind_byte, id);
-        if let Some(slot) = self.slots.find_mut(hash, |slot| slot.key.matches(kind_byte, id)) {
+        let parts = KeyParts::of_id(kind, id);
+        let hash = parts.hash(self.seed);
+        if let Some(slot) = self.slots.find_mut(hash, |slot| slot.key.matches(&parts)) {
             slot.aggregate.merge(aggregate)?;
             slot.touched = true;
             return Ok(false);
         }
-        let slot = self.insert_slot(hash, kind, kind_byte, id)?;
+        let slot = Self::insert_into(&mut self.slots, &self.options, hash, &parts, kind)?;
         slot.aggregate.merge(aggregate)?;
         Ok(true)
-    }
-
-    fn insert_slot(&mut self, hash: u64, kind: MetricKind, kind_byte: u8, id: &[u8]) -> Result<&mut Slot, TableFull> {
-        Self::insert_into(&mut self.slots, &self.options, hash, kind, kind_byte, id)
     }
 
     /// Inserts a new slot (the caller has looked the key up and not found it).
@@ -367,17 +418,16 @@ impl Table {
         slots: &'t mut HashTable<Slot>,
         options: &TableOptions,
         hash: u64,
+        parts: &KeyParts<'_>,
         kind: MetricKind,
-        kind_byte: u8,
-        id: &[u8],
     ) -> Result<&'t mut Slot, TableFull> {
         if let Some(max_series) = options.max_series
             && slots.len() >= max_series
         {
             return Err(TableFull { max_series });
         }
-        let key = KeyBytes::with_kind(kind_byte, id);
-        let slot = Slot { hash, key, aggregate: Aggregate::new(kind), touched: true, idle_cuts: 0 };
+        let slot =
+            Slot { hash, key: KeyBytes::new(parts), aggregate: Aggregate::new(kind), touched: true, idle_cuts: 0 };
         Ok(slots.insert_unique(hash, slot, |slot| slot.hash).into_mut())
     }
 
@@ -496,6 +546,54 @@ mod tests {
         assert_eq!(out[0].1, b"short".to_vec());
         assert_eq!(out[1].1, long_name.as_bytes().to_vec());
         assert!(out.iter().all(|(_, _, aggregate)| *aggregate == Aggregate::Counter(3.0)));
+    }
+
+    /// Folds `datagram` with the table's fast paths and, line by line, with
+    /// the full parser only; both tables must cut to the same series.
+    fn assert_fast_path_agrees(datagram: &[u8]) {
+        let mut fast = Table::new(TableOptions::default());
+        let mut full = Table::new(TableOptions::default());
+        fast.fold_datagram(datagram, ParseOptions::default(), 5, |_| {});
+        crate::parse::parse_datagram(datagram, |parsed| {
+            if let Parsed::Metric(line) = parsed {
+                full.observe(&line, 5).unwrap();
+            }
+        });
+        let sorted = |table: &mut Table| {
+            let mut out = cut(table);
+            out.sort_by(|a, b| (&a.1, a.0).cmp(&(&b.1, b.0)));
+            out
+        };
+        assert_eq!(sorted(&mut fast), sorted(&mut full), "{:?}", String::from_utf8_lossy(datagram));
+    }
+
+    #[test]
+    fn the_fast_path_folds_into_the_same_series_as_the_full_parser() {
+        assert_fast_path_agrees(
+            b"a:1|c\na:2|c|#x:1,y:2\na:3|c|#y:2,x:1\na:4|c|@0.5|#x:1,y:2\na:5|ms|#x:1\nb:1|g\nb:+1|g\na:1|c|# x:1 ,y:2",
+        );
+        // Merged wire ids land in the slots that lines made.
+        let mut table = Table::new(TableOptions::default());
+        table.fold_datagram(b"a:1|c|#x:1,y:2\nb:1|c", ParseOptions::default(), 0, |_| {});
+        assert!(!table.merge(MetricKind::Counter, b"a|#x:1,y:2", &Aggregate::Counter(1.0)).unwrap());
+        assert!(!table.merge(MetricKind::Counter, b"b", &Aggregate::Counter(1.0)).unwrap());
+        assert!(
+            table.merge(MetricKind::Counter, b"b|#", &Aggregate::Counter(1.0)).unwrap(),
+            "a name ending in |# is its own id"
+        );
+        assert_eq!(table.len(), 3);
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn the_fast_path_agrees_on_generated_datagrams(
+            lines in proptest::collection::vec(
+                "[ab]{1,2}:[0-9]{1,3}(\\.[0-9])?\\|(c|g|ms|d)(\\|@0\\.5)?(\\|#[ab]{0,2}(:[ab]{0,2})?(,[ab]{0,2}(:[ab]{0,2})?){0,3})?",
+                1..30,
+            ),
+        ) {
+            assert_fast_path_agrees(lines.join("\n").as_bytes());
+        }
     }
 
     #[test]

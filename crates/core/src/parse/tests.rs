@@ -240,7 +240,7 @@ proptest! {
 
     #[test]
     fn the_simple_path_agrees_with_the_full_parser_on_near_simple_lines(
-        line in "_?(e\\{1,1\\})?[a-z._é]{0,12}(:[-+]?[0-9.]{0,18}){0,2}(\\|(c|g|ms|h|d|s|x|@0\\.5|#a:b|T1))*",
+        line in "_?(e\\{1,1\\})?[a-z._é]{0,12}(:[-+]?[0-9.]{0,18}){0,2}(\\|(c|g|ms|h|d|s|x|@0\\.5|#a:b|T1|#[ab:,| é]{0,10}))*",
     ) {
         assert_simple_agrees(line.as_bytes());
     }
@@ -248,7 +248,7 @@ proptest! {
     #[test]
     fn the_prefix_path_takes_exactly_the_first_line(
         lines in proptest::collection::vec(
-            "_?[a-z._é]{0,12}(:[-+]?[0-9.]{0,18}){0,2}(\\|(c|g|ms|h|d|s|x|@0\\.5|#a:b|T1))*\r?",
+            "_?[a-z._é]{0,12}(:[-+]?[0-9.]{0,18}){0,2}(\\|(c|g|ms|h|d|s|x|@0\\.5|#a:b|T1|#[ab:,| é]{0,10}))*\r?",
             1..4,
         ),
         max_line_bytes in 1usize..40,
@@ -301,18 +301,37 @@ fn assert_simple_agrees(line: &[u8]) {
         String::from_utf8_lossy(line)
     );
     assert!(!full.first.signed && !full.packed && full.sample_rate == 1.0, "{full:?}");
-    assert!(full.tags.is_empty() && full.timestamp.is_none() && full.kind != MetricKind::Set, "{full:?}");
+    assert!(full.timestamp.is_none() && full.kind != MetricKind::Set, "{full:?}");
+    assert_eq!(simple.tags, full.tags);
+    if !simple.tags.is_empty() {
+        // Tags the simple path takes as they are must be what the key builder makes of them.
+        let mut key = crate::series::SeriesKey::default();
+        key.build(&full).unwrap();
+        let mut expected = simple.name.to_vec();
+        expected.extend_from_slice(b"|#");
+        expected.extend_from_slice(simple.tags);
+        assert_eq!(key.id(), expected.as_slice(), "{:?}", String::from_utf8_lossy(line));
+    }
 }
 
 #[test]
 fn the_simple_path_takes_plain_lines_and_leaves_the_rest_to_the_full_parser() {
-    for line in [&b"a:1|c"[..], b"a.b_c-d:12.50|ms", b"g:0.5|g", b"h:3|h", b"d:.5|d", b"x:7.|c"] {
+    for line in [
+        &b"a:1|c"[..],
+        b"a.b_c-d:12.50|ms",
+        b"g:0.5|g",
+        b"h:3|h",
+        b"d:.5|d",
+        b"x:7.|c",
+        b"t:1|c|#a",
+        b"t:1|c|#a,a:,a:1,b:0,b:1",
+        b"t:1|ms|#env:prod,host:h1,route:/api/v1",
+    ] {
         assert!(parse_simple(line).is_some(), "{:?}", String::from_utf8_lossy(line));
         assert_simple_agrees(line);
     }
     for line in [
         &b"a:1|c|@0.5"[..],
-        b"a:1|c|#k:v",
         b"a:-1|g",
         b"a:+1|g",
         b"a:1:2|c",
@@ -325,6 +344,16 @@ fn the_simple_path_takes_plain_lines_and_leaves_the_rest_to_the_full_parser() {
         b"a:1|cc",
         b"a:|c",
         b"a:.|c",
+        b"t:1|c|#",
+        b"t:1|c|#b,a",
+        b"t:1|c|#a:1,a",
+        b"t:1|c|#a,a",
+        b"t:1|c|#a,,b",
+        b"t:1|c|#a, b",
+        b"t:1|c|#:v",
+        b"t:1|c|#a|@0.5",
+        b"t:1|c|#a\xc3\xa9",
+        b"t:1|c|@0.5|#a",
     ] {
         assert!(parse_simple(line).is_none(), "{:?}", String::from_utf8_lossy(line));
         assert!(parse_simple_prefix(line, 1024).is_none(), "{:?}", String::from_utf8_lossy(line));
