@@ -340,7 +340,7 @@ impl Table {
     /// of the full parse of that line, without building its key.
     ///
     /// Returns whether the series is new to the table.
-    #[inline]
+    #[inline(always)]
     pub fn observe_simple(&mut self, line: &SimpleLine<'_>, now_ms: i64) -> Result<bool, TableFull> {
         let parts = KeyParts { kind_byte: kind_byte(line.kind), name: line.name, tags: line.tags };
         let hash = parts.hash(self.seed);
