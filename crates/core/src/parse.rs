@@ -464,24 +464,7 @@ fn parse_simple_at(bytes: &[u8]) -> Option<(SimpleLine<'_>, usize)> {
     if colon == 0 {
         return None;
     }
-    let mut at = colon + 1;
-    let mut mantissa: u64 = 0;
-    while at < bytes.len() && bytes[at].is_ascii_digit() {
-        mantissa = mantissa.wrapping_mul(10).wrapping_add(u64::from(bytes[at] - b'0'));
-        at += 1;
-    }
-    let integer_digits = at - colon - 1;
-    let mut fraction_digits = 0;
-    if at < bytes.len() && bytes[at] == b'.' {
-        at += 1;
-        let fraction_start = at;
-        while at < bytes.len() && bytes[at].is_ascii_digit() {
-            mantissa = mantissa.wrapping_mul(10).wrapping_add(u64::from(bytes[at] - b'0'));
-            at += 1;
-        }
-        fraction_digits = at - fraction_start;
-    }
-    let digits = integer_digits + fraction_digits;
+    let Decimal { mantissa, digits, fraction_digits, end: at } = scan_decimal(bytes, colon + 1);
     if digits == 0 || digits > 15 || bytes.get(at) != Some(&b'|') {
         return None;
     }
@@ -869,29 +852,46 @@ pub fn parse_f64(field: &[u8]) -> Option<f64> {
         Some(b'+') => (false, 1),
         _ => (false, 0),
     };
-    let mut at = start;
-    let mut mantissa: u64 = 0;
-    while at < field.len() && field[at].is_ascii_digit() {
-        mantissa = mantissa.wrapping_mul(10).wrapping_add(u64::from(field[at] - b'0'));
-        at += 1;
-    }
-    let integer_digits = at - start;
-    let mut fraction_digits = 0;
-    if at < field.len() && field[at] == b'.' {
-        at += 1;
-        let fraction_start = at;
-        while at < field.len() && field[at].is_ascii_digit() {
-            mantissa = mantissa.wrapping_mul(10).wrapping_add(u64::from(field[at] - b'0'));
-            at += 1;
-        }
-        fraction_digits = at - fraction_start;
-    }
-    let digits = integer_digits + fraction_digits;
-    if at == field.len() && digits > 0 && digits <= 15 {
+    let Decimal { mantissa, digits, fraction_digits, end } = scan_decimal(field, start);
+    if end == field.len() && digits > 0 && digits <= 15 {
         let magnitude = mantissa as f64 / POW10[fraction_digits];
         return Some(if negative { -magnitude } else { magnitude });
     }
     parse_f64_slow(field)
+}
+
+/// The plain decimal `digits[.digits]` at the start of `bytes[start..]`.
+struct Decimal {
+    /// The digits as one integer (wrapped when there are more than 19).
+    mantissa: u64,
+    /// Digits before and after the point.
+    digits: usize,
+    /// Digits after the point.
+    fraction_digits: usize,
+    /// Where the number ends.
+    end: usize,
+}
+
+#[inline(always)]
+fn scan_decimal(bytes: &[u8], start: usize) -> Decimal {
+    let mut at = start;
+    let mut mantissa: u64 = 0;
+    while at < bytes.len() && bytes[at].is_ascii_digit() {
+        mantissa = mantissa.wrapping_mul(10).wrapping_add(u64::from(bytes[at] - b'0'));
+        at += 1;
+    }
+    let integer_digits = at - start;
+    let mut fraction_digits = 0;
+    if at < bytes.len() && bytes[at] == b'.' {
+        at += 1;
+        let fraction_start = at;
+        while at < bytes.len() && bytes[at].is_ascii_digit() {
+            mantissa = mantissa.wrapping_mul(10).wrapping_add(u64::from(bytes[at] - b'0'));
+            at += 1;
+        }
+        fraction_digits = at - fraction_start;
+    }
+    Decimal { mantissa, digits: integer_digits + fraction_digits, fraction_digits, end: at }
 }
 
 #[cold]
