@@ -217,8 +217,8 @@ pub struct PacingConfig {
     /// The limit grows while a window's mean latency is at most this times the baseline
     /// (the idle latency). 4 by default: a store with a few cores already doubles its
     /// latency when it is just busy while it still gains throughput from more requests in
-    /// flight (Prometheus on 2 vCPUs: 1 000 000 samples take 7.0–7.5 s at 2 in flight,
-    /// 3.1–4.3 s at 4; see BENCHMARKS.md).
+    /// flight (Prometheus on 2 vCPUs, quiet machine: 1 000 000 samples took 7.0–7.5 s at
+    /// 2 in flight, 3.1–4.3 s at 4; see BENCHMARKS.md).
     pub latency_ratio: f64,
     /// Optional ceiling on samples written per second, per target.
     pub max_samples_per_sec: Option<f64>,
