@@ -37,7 +37,7 @@
 //! min_in_flight = 1              # the adaptive limit on requests in flight stays
 //! max_in_flight = 8              #   within [min, max] (and at most `workers`)
 //! initial_in_flight = 2
-//! latency_ratio = 4.0            # grow while window latency <= ratio x baseline
+//! latency_ratio = 2.0            # grow while window latency <= ratio x baseline
 //! max_samples_per_sec = 500000   # optional ceiling; absent = none
 //!
 //! [mapping]
@@ -214,11 +214,7 @@ pub struct PacingConfig {
     pub max_in_flight: usize,
     /// Limit at start.
     pub initial_in_flight: usize,
-    /// The limit grows while a window's mean latency is at most this times the baseline
-    /// (the idle latency). 4 by default: a store with a few cores already doubles its
-    /// latency when it is just busy while it still gains throughput from more requests in
-    /// flight (Prometheus on 2 vCPUs, quiet machine: 1 000 000 samples took 7.0–7.5 s at
-    /// 2 in flight, 3.1–4.3 s at 4; see BENCHMARKS.md).
+    /// The limit grows while a window's mean latency is at most this times the baseline.
     pub latency_ratio: f64,
     /// Optional ceiling on samples written per second, per target.
     pub max_samples_per_sec: Option<f64>,
@@ -230,7 +226,7 @@ impl Default for PacingConfig {
             min_in_flight: 1,
             max_in_flight: 8,
             initial_in_flight: 2,
-            latency_ratio: 4.0,
+            latency_ratio: 2.0,
             max_samples_per_sec: None,
         }
     }
