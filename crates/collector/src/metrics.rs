@@ -31,6 +31,7 @@ pub struct Metrics {
     lines_received: Family<Labels, Counter>,
     events_received: Family<Labels, Counter>,
     parse_errors: Family<Labels, Counter>,
+    receive_errors: Family<Labels, Counter>,
     /// Kernel receive-queue drops per UDP socket, read from `/proc/net/udp`.
     pub kernel_drops: Family<Labels, Counter>,
     drops: Family<Labels, Counter>,
@@ -63,6 +64,7 @@ impl Default for Metrics {
             lines_received: Family::default(),
             events_received: Family::default(),
             parse_errors: Family::default(),
+            receive_errors: Family::default(),
             kernel_drops: Family::default(),
             drops: Family::default(),
             active_series: Gauge::default(),
@@ -107,6 +109,11 @@ impl Metrics {
             "tessera_collector_parse_errors",
             "Lines rejected by the parser, per listener and reason",
             self.parse_errors.clone(),
+        );
+        r.register(
+            "tessera_collector_receive_errors",
+            "Receive (UDP, Unix) or accept (TCP) calls that failed, per listener",
+            self.receive_errors.clone(),
         );
         r.register(
             "tessera_collector_kernel_drops",
@@ -189,12 +196,18 @@ impl Metrics {
                     .clone(),
             );
         }
+        let drops =
+            |reason: &str, unit: &str| self.drops.get_or_create(&labels(&[("reason", reason), ("unit", unit)])).clone();
         ListenerMetrics {
             datagrams: self.datagrams_received.get_or_create(&by_listener).clone(),
             bytes: self.bytes_received.get_or_create(&by_listener).clone(),
             lines: self.lines_received.get_or_create(&by_listener).clone(),
             events: self.events_received.get_or_create(&by_listener).clone(),
             parse_errors,
+            receive_errors: self.receive_errors.get_or_create(&by_listener).clone(),
+            series_limit: drops("series_limit", "lines"),
+            truncated: drops("truncated", "datagrams"),
+            refused_connections: drops("too_many_connections", "connections"),
         }
     }
 
@@ -214,16 +227,6 @@ impl Metrics {
             instance: instance.to_owned(),
             drops: self.drops.clone(),
         }
-    }
-
-    /// Counts lines dropped for `reason`.
-    pub fn drop_lines(&self, reason: &str, lines: u64) {
-        self.drops.get_or_create(&labels(&[("reason", reason), ("unit", "lines")])).inc_by(lines);
-    }
-
-    /// Counts datagrams dropped (or cut) for `reason`.
-    pub fn drop_datagrams(&self, reason: &str, datagrams: u64) {
-        self.drops.get_or_create(&labels(&[("reason", reason), ("unit", "datagrams")])).inc_by(datagrams);
     }
 
     /// Counts series partials dropped for `reason`.
@@ -250,6 +253,13 @@ pub struct ListenerMetrics {
     lines: Counter,
     events: Counter,
     parse_errors: Vec<Counter>,
+    receive_errors: Counter,
+    /// Lines of new series refused because a reader's table was full.
+    series_limit: Counter,
+    /// Datagrams the kernel cut at the buffer size (their last line is lost).
+    truncated: Counter,
+    /// TCP connections refused over `tcp.max_connections`.
+    refused_connections: Counter,
 }
 
 impl ListenerMetrics {
@@ -269,6 +279,22 @@ impl ListenerMetrics {
                 counter.inc_by(count);
             }
         }
+        if counts.series_limit > 0 {
+            self.series_limit.inc_by(counts.series_limit);
+        }
+        if counts.truncated > 0 {
+            self.truncated.inc_by(counts.truncated);
+        }
+    }
+
+    /// Counts a failed receive (or accept) call.
+    pub fn receive_error(&self) {
+        self.receive_errors.inc();
+    }
+
+    /// Counts a connection refused over the connection cap.
+    pub fn refused_connection(&self) {
+        self.refused_connections.inc();
     }
 
     /// Metric lines accepted so far (for tests and the status line).

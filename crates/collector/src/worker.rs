@@ -186,12 +186,11 @@ impl Worker {
     pub fn publish_counts(&mut self) {
         let counts = std::mem::take(&mut self.counts);
         self.listener.add(&counts);
-        if counts.series_limit > 0 {
-            self.metrics.drop_lines("series_limit", counts.series_limit);
-        }
-        if counts.truncated > 0 {
-            self.metrics.drop_datagrams("truncated", counts.truncated);
-        }
+    }
+
+    /// Counts a failed receive call of this worker's listener.
+    pub fn receive_error(&self) {
+        self.listener.receive_error();
     }
 
     /// Cuts the current window now (on shutdown, or when the window turns).

@@ -238,6 +238,54 @@ async fn bad_input_is_counted_and_never_hides_good_lines() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tcp_connections_over_the_cap_are_refused_and_counted() {
+    let receiver = Receiver::start("127.0.0.1:0").await;
+    let shutdown = Shutdown::new();
+    let telemetry = Telemetry::new("collector", "test");
+    let mut config = config(None);
+    config.tcp.max_connections = 2;
+    let collector = Collector::start(
+        config,
+        PlacementHandle::fixed(placement(&receiver.address.to_string(), 4)),
+        telemetry.clone(),
+        shutdown.clone(),
+    )
+    .await
+    .unwrap();
+    let target = collector.tcp_addr().unwrap();
+    let mut open: Vec<TcpStream> = (0..2).map(|_| TcpStream::connect(target).unwrap()).collect();
+    // The two connections are accepted (a line from each arrives) before the third knocks.
+    for (i, stream) in open.iter_mut().enumerate() {
+        stream.write_all(format!("kept.{i}:1|c\n").as_bytes()).unwrap();
+    }
+    wait_until("both lines", Duration::from_secs(10), || {
+        metric_value(&telemetry, "tessera_collector_lines_received_total", "listener=\"tcp\"") >= 2.0
+    })
+    .await;
+    let mut refused = TcpStream::connect(target).unwrap();
+    let refused_count = || {
+        metric_value(
+            &telemetry,
+            "tessera_collector_drops_total",
+            "reason=\"too_many_connections\",unit=\"connections\"",
+        )
+    };
+    wait_until("the third connection to be refused", Duration::from_secs(10), || refused_count() >= 1.0).await;
+    // The refused connection is closed: reading it ends (or fails) instead of blocking.
+    refused.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut buffer = [0u8; 1];
+    let ended = matches!(std::io::Read::read(&mut refused, &mut buffer), Ok(0) | Err(_));
+    assert!(ended, "the refused connection was closed");
+    assert_eq!(refused_count(), 1.0);
+    assert_eq!(metric_value(&telemetry, "tessera_collector_receive_errors_total", "listener=\"tcp\""), 0.0);
+    drop(open);
+    shutdown.trigger();
+    collector.wait().await;
+    assert_eq!(receiver.counter("kept.0"), Some(1.0));
+    assert_eq!(receiver.counter("kept.1"), Some(1.0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_down_destination_costs_bounded_memory_and_recovers() {
     // Reserve a port, then free it so that nothing listens there yet.
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();

@@ -52,12 +52,14 @@ pub async fn accept_loop(
         let (stream, peer) = match accepted {
             Ok(accepted) => accepted,
             Err(error) => {
+                metrics.receive_error();
                 tracing::warn!(%error, "tcp accept failed");
                 tokio::time::sleep(Duration::from_millis(10)).await;
                 continue;
             }
         };
         if open.load(Ordering::Relaxed) >= settings.max_connections {
+            metrics.refused_connection();
             tracing::warn!(%peer, max = settings.max_connections, "refusing tcp connection: too many open");
             continue;
         }

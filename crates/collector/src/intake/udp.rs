@@ -80,6 +80,7 @@ pub fn read_loop(
             }
             Err(error) if is_timeout(&error) => worker.tick(now_ms()),
             Err(error) => {
+                worker.receive_error();
                 if errors_logged < 10 {
                     tracing::warn!(%error, "udp receive failed");
                     errors_logged += 1;

@@ -40,6 +40,7 @@ pub fn read_loop(socket: UnixDatagram, mut worker: Worker, max_datagram_bytes: u
                 worker.tick(now_ms());
             }
             Err(error) => {
+                worker.receive_error();
                 tracing::warn!(%error, "unix socket receive failed");
                 std::thread::sleep(std::time::Duration::from_millis(10));
             }
