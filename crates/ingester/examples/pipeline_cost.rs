@@ -14,7 +14,6 @@
 //! `Writer::handle` (intake) and `drain_all` (draining) rather than the total.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::Instant;
 
 use clap::Parser;
@@ -57,15 +56,8 @@ fn drain_all(reader: &mut QueueReader, queue: &queue::Queue, flags: &Flags) -> u
     while queue.pending_records() > 0 {
         let read = reader.next_record().expect("read the queue").expect("a record");
         let record = record::decode_payload(read.payload).expect("a record decodes");
-        let info = Arc::new(RecordInfo {
-            storage_policy: record.storage_policy,
-            resolution: record.resolution,
-            tile_end_ms: record.tile_end_ms,
-            received_at_ms: record.received_at_ms,
-            tiles: record.tiles,
-            position: read.position,
-        });
-        for (shard, chunk, samples) in split(record.samples, flags.workers, flags.max_samples_per_request) {
+        let (info, samples) = RecordInfo::split(record, read.position);
+        for (shard, chunk, samples) in split(samples, flags.workers, flags.max_samples_per_request) {
             let key = RequestKey { shard: shard as u32, chunk, fingerprint: 0 };
             let request = SinkRequest { record: info.clone(), samples, key };
             bytes += RemoteWriteSink::body(&request).expect("a body").len();

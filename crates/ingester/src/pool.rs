@@ -233,21 +233,14 @@ fn dispatch<S: Sink>(
                 continue;
             }
         };
-        let info = Arc::new(RecordInfo {
-            storage_policy: record.storage_policy,
-            resolution: record.resolution,
-            tile_end_ms: record.tile_end_ms,
-            received_at_ms: record.received_at_ms,
-            tiles: record.tiles,
-            position,
-        });
+        let (info, samples) = RecordInfo::split(record, position);
         let done: HashSet<(u32, u32)> = read
             .already_done
             .iter()
             .filter(|key| key.fingerprint == fingerprint)
             .map(|key| (key.shard, key.chunk))
             .collect();
-        let requests: Vec<_> = split(record.samples, senders.len(), settings.max_samples_per_request)
+        let requests: Vec<_> = split(samples, senders.len(), settings.max_samples_per_request)
             .into_iter()
             .filter(|(shard, chunk, _)| !done.contains(&(*shard as u32, *chunk)))
             .collect();

@@ -20,7 +20,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use crate::queue::{Position, RequestKey};
-use crate::record::StoredSample;
+use crate::record::{Record, StoredSample};
 
 /// The record a request belongs to, shared by all of the record's requests.
 #[derive(Debug)]
@@ -37,6 +37,22 @@ pub struct RecordInfo {
     pub tiles: u32,
     /// Where the record is in the queue.
     pub position: Position,
+}
+
+impl RecordInfo {
+    /// Splits a decoded queue record into what every request of it shares
+    /// and its samples.
+    pub fn split(record: Record, position: Position) -> (Arc<RecordInfo>, Vec<StoredSample>) {
+        let info = RecordInfo {
+            storage_policy: record.storage_policy,
+            resolution: record.resolution,
+            tile_end_ms: record.tile_end_ms,
+            received_at_ms: record.received_at_ms,
+            tiles: record.tiles,
+            position,
+        };
+        (Arc::new(info), record.samples)
+    }
 }
 
 /// One write to storage.
