@@ -43,6 +43,16 @@ fn config(unix: Option<std::path::PathBuf>) -> Config {
     config
 }
 
+/// A running collector routing to `endpoint` over `num_shards` shards, with its telemetry and
+/// shutdown.
+async fn start(config: Config, endpoint: &str, num_shards: u32) -> (Collector, Telemetry, Shutdown) {
+    let shutdown = Shutdown::new();
+    let telemetry = Telemetry::new("collector", "test");
+    let placement = PlacementHandle::fixed(placement(endpoint, num_shards));
+    let collector = Collector::start(config, placement, telemetry.clone(), shutdown.clone()).await.unwrap();
+    (collector, telemetry, shutdown)
+}
+
 fn placement(endpoint: &str, num_shards: u32) -> Placement {
     Placement::init(&[("agg-1", endpoint)], num_shards, 1, 0).unwrap()
 }
@@ -69,16 +79,8 @@ async fn every_listener_delivers_exact_values_series_by_series() {
     let receiver = Receiver::start("127.0.0.1:0").await;
     let dir = tempfile::tempdir().unwrap();
     let unix_path = dir.path().join("statsd.sock");
-    let shutdown = Shutdown::new();
-    let telemetry = Telemetry::new("collector", "test");
-    let collector = Collector::start(
-        config(Some(unix_path.clone())),
-        PlacementHandle::fixed(placement(&receiver.address.to_string(), 8)),
-        telemetry.clone(),
-        shutdown.clone(),
-    )
-    .await
-    .unwrap();
+    let (collector, telemetry, shutdown) =
+        start(config(Some(unix_path.clone())), &receiver.address.to_string(), 8).await;
 
     // UDP: 40 counter series with sample rates, gauges, timers, sets; spread
     // over several windows and from several sender sockets.
@@ -181,16 +183,7 @@ fn split_at_newlines(text: &str, max: usize) -> Vec<&str> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_is_counted_and_never_hides_good_lines() {
     let receiver = Receiver::start("127.0.0.1:0").await;
-    let shutdown = Shutdown::new();
-    let telemetry = Telemetry::new("collector", "test");
-    let collector = Collector::start(
-        config(None),
-        PlacementHandle::fixed(placement(&receiver.address.to_string(), 4)),
-        telemetry.clone(),
-        shutdown.clone(),
-    )
-    .await
-    .unwrap();
+    let (collector, telemetry, shutdown) = start(config(None), &receiver.address.to_string(), 4).await;
     let target = collector.udp_addr().unwrap();
     let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
     // Garbage bytes around a good line.
@@ -240,18 +233,9 @@ async fn bad_input_is_counted_and_never_hides_good_lines() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tcp_connections_over_the_cap_are_refused_and_counted() {
     let receiver = Receiver::start("127.0.0.1:0").await;
-    let shutdown = Shutdown::new();
-    let telemetry = Telemetry::new("collector", "test");
     let mut config = config(None);
     config.tcp.max_connections = 2;
-    let collector = Collector::start(
-        config,
-        PlacementHandle::fixed(placement(&receiver.address.to_string(), 4)),
-        telemetry.clone(),
-        shutdown.clone(),
-    )
-    .await
-    .unwrap();
+    let (collector, telemetry, shutdown) = start(config, &receiver.address.to_string(), 4).await;
     let target = collector.tcp_addr().unwrap();
     let mut open: Vec<TcpStream> = (0..2).map(|_| TcpStream::connect(target).unwrap()).collect();
     // The two connections are accepted (a line from each arrives) before the third knocks.
@@ -293,12 +277,7 @@ async fn a_down_destination_costs_bounded_memory_and_recovers() {
     let mut config = config(None);
     config.forward.max_frame_bytes = 4096;
     config.forward.max_queue_bytes = 16 * 1024;
-    let shutdown = Shutdown::new();
-    let telemetry = Telemetry::new("collector", "test");
-    let collector =
-        Collector::start(config, PlacementHandle::fixed(placement(&endpoint, 4)), telemetry.clone(), shutdown.clone())
-            .await
-            .unwrap();
+    let (collector, telemetry, shutdown) = start(config, &endpoint, 4).await;
     let target = collector.udp_addr().unwrap();
     let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
     // Several windows of 200 distinct series each while the destination is down.
@@ -337,16 +316,7 @@ async fn a_down_destination_costs_bounded_memory_and_recovers() {
 async fn permanent_rejections_are_dropped_and_counted() {
     let receiver = Receiver::start("127.0.0.1:0").await;
     *receiver.answer.lock().unwrap() = AckStatus::Permanent;
-    let shutdown = Shutdown::new();
-    let telemetry = Telemetry::new("collector", "test");
-    let collector = Collector::start(
-        config(None),
-        PlacementHandle::fixed(placement(&receiver.address.to_string(), 4)),
-        telemetry.clone(),
-        shutdown.clone(),
-    )
-    .await
-    .unwrap();
+    let (collector, telemetry, shutdown) = start(config(None), &receiver.address.to_string(), 4).await;
     let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
     socket.send_to(b"refused:1|c\nrefused.too:1|c", collector.udp_addr().unwrap()).unwrap();
     wait_until("the rejection to be counted", Duration::from_secs(10), || {
