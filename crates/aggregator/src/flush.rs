@@ -11,7 +11,9 @@ use prost::Message;
 use tessera_proto::framing;
 use tessera_proto::{Frame, SeriesValue, TileBatch, frame::Body};
 
-use crate::ingester::{Ingesters, Outgoing};
+use tessera_runtime::outbound::Batch;
+
+use crate::ingester::Ingesters;
 use crate::metrics::{Metrics, PolicyMetrics};
 use crate::now_ms;
 use crate::tiler::ClosedTile;
@@ -30,7 +32,7 @@ pub fn encode_tile(
     max_frame_bytes: usize,
     flushed_at_ms: i64,
     next_sequence: &mut dyn FnMut() -> u64,
-) -> (Vec<Outgoing>, u64) {
+) -> (Vec<Batch>, u64) {
     let budget = (max_frame_bytes / 2).max(1);
     let storage_policy = tile.policy.to_string();
     let resolution_ms = u32::try_from(tile.policy.resolution_ms()).unwrap_or(u32::MAX);
@@ -38,7 +40,7 @@ pub fn encode_tile(
     let mut too_large = 0u64;
     let mut pending: Vec<SeriesValue> = Vec::new();
     let mut pending_bytes = 0usize;
-    let mut seal = |values: Vec<SeriesValue>, batches: &mut Vec<Outgoing>, too_large: &mut u64| {
+    let mut seal = |values: Vec<SeriesValue>, batches: &mut Vec<Batch>, too_large: &mut u64| {
         let series = values.len() as u64;
         let sequence = next_sequence();
         let batch = TileBatch {
@@ -51,7 +53,7 @@ pub fn encode_tile(
             flushed_at_ms,
         };
         match framing::encode_frame(&Frame { body: Some(Body::Tiles(batch)) }, max_frame_bytes) {
-            Ok(frame) => batches.push(Outgoing { sequence, frame, series }),
+            Ok(frame) => batches.push(Batch { sequence, frame, items: series }),
             Err(error) => {
                 tracing::warn!(%error, series, "a tile batch exceeds the frame bound; dropped");
                 *too_large += series;
@@ -168,7 +170,7 @@ mod tests {
                 ("10s:2d", 10_000, 20_000)
             );
             assert_eq!((tiles.source.as_str(), tiles.flushed_at_ms), ("agg-1", 5));
-            assert_eq!(tiles.tiles.len() as u64, batch.series);
+            assert_eq!(tiles.tiles.len() as u64, batch.items);
             seen += tiles.tiles.len();
         }
         assert_eq!(seen, 10_000);

@@ -12,22 +12,65 @@
 //! deliver. A tile that closes into a full queue still goes in, pushing out
 //! the oldest batches (dropped and counted).
 //!
-//! The queue and sender mirror the collector's forwarding
-//! (`tessera_collector::forward`) with a different payload and role; both
-//! are written so that one generic "bounded queue + sender" module could
-//! serve them.
-
-pub mod queue;
-pub mod sender;
+//! The queue and sender are the shared sending side
+//! ([`tessera_runtime::outbound`]), as in the collector's forwarding.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
 use tessera_runtime::Shutdown;
+use tessera_runtime::outbound::{self, Batch, DropReason, OutboundMetrics, SenderSettings};
 
-use crate::metrics::Metrics;
-pub use queue::{OutboundQueue, Outgoing};
-pub use sender::SenderSettings;
+use crate::metrics::{DestinationMetrics, Metrics};
+
+/// One ingester endpoint's bounded buffer of framed tile batches.
+pub type OutboundQueue = outbound::OutboundQueue<DestinationMetrics>;
+
+/// Keeps metric labels to a closed set whatever an ingester answers.
+pub fn rejection_label(reason: &str) -> &'static str {
+    match reason {
+        "malformed" => "malformed",
+        "too_old" => "too_old",
+        "too_large" => "too_large",
+        "" => "unspecified",
+        _ => "other",
+    }
+}
+
+impl OutboundMetrics for DestinationMetrics {
+    fn queued(&self, batches: usize, bytes: usize) {
+        self.buffer_batches.set(batches as i64);
+        self.buffer_bytes.set(bytes as i64);
+    }
+
+    fn dropped(&self, reason: DropReason, batches: u64, series: u64) {
+        let reason = match reason {
+            DropReason::Overflow => "buffer_full",
+            DropReason::Rejected => "rejected",
+        };
+        DestinationMetrics::dropped(self, reason, batches, series);
+    }
+
+    fn connect_error(&self) {
+        self.connect_errors.inc();
+    }
+
+    fn send_error(&self, reason: &'static str) {
+        DestinationMetrics::send_error(self, reason);
+    }
+
+    fn rejected(&self, reason: &'static str) {
+        DestinationMetrics::rejected(self, reason);
+    }
+
+    fn delivered(&self, batch: &Batch, latency: Duration) {
+        self.ack_latency.observe(latency.as_secs_f64());
+        self.batches_sent.inc();
+        self.bytes_sent.inc_by(batch.frame.len() as u64);
+        self.series_sent.inc_by(batch.items);
+    }
+}
 
 /// The queues of every ingester endpoint.
 #[derive(Clone)]
@@ -51,7 +94,7 @@ impl Ingesters {
     /// Spawns one sender per endpoint on the current runtime; they stop when `stop` fires.
     pub fn spawn_senders(&self, settings: &SenderSettings, stop: &Shutdown) {
         for queue in self.queues.iter() {
-            tokio::spawn(sender::run_sender(queue.clone(), settings.clone(), stop.clone()));
+            tokio::spawn(outbound::run_sender(queue.clone(), settings.clone(), stop.clone()));
         }
     }
 
@@ -91,19 +134,51 @@ impl Ingesters {
 mod tests {
     use super::*;
 
+    fn batch(sequence: u64, bytes: usize, series: u64) -> Batch {
+        Batch { sequence, frame: vec![0; bytes], items: series }
+    }
+
+    #[test]
+    fn overflow_drops_the_oldest_batches_and_counts_them() {
+        let metrics = Metrics::default();
+        let queue = OutboundQueue::new("i:1".into(), 250, metrics.destination("i:1"));
+        assert_eq!(queue.push_all(vec![batch(1, 100, 10), batch(2, 100, 20)]), 0);
+        assert!(!queue.is_full());
+        assert_eq!(queue.push_all(vec![batch(3, 100, 30)]), 10, "batch 1 dropped");
+        assert_eq!((metrics.drops("buffer_full", "batches"), metrics.drops("buffer_full", "series")), (1, 10));
+        assert_eq!(queue.pop_front().unwrap().sequence, 2);
+        assert!(!queue.is_idle(), "a batch is in flight");
+        queue.push_front(batch(2, 100, 20));
+        assert_eq!(queue.pop_front().unwrap().sequence, 2);
+        queue.finish_in_flight();
+        assert_eq!(queue.pop_front().unwrap().sequence, 3);
+        queue.finish_in_flight();
+        assert!(queue.is_idle());
+    }
+
+    #[test]
+    fn a_tile_bigger_than_the_bound_is_kept_whole() {
+        let queue = OutboundQueue::new("i:1".into(), 150, Metrics::default().destination("i:1"));
+        queue.push_all(vec![batch(1, 100, 1)]);
+        assert_eq!(queue.push_all(vec![batch(2, 100, 2), batch(3, 100, 3)]), 1);
+        assert!(queue.is_full());
+        assert_eq!(queue.abandon(), (2, 5));
+        assert_eq!(queue.queued_bytes(), 0);
+    }
+
     #[test]
     fn tiles_go_to_the_connected_endpoint_with_the_least_queued() {
         let ingesters = Ingesters::new(&["a:1".into(), "b:1".into()], 1000, &Metrics::default());
         let [a, b] = [&ingesters.queues()[0], &ingesters.queues()[1]];
         a.set_connected(true);
         assert_eq!(ingesters.pick().endpoint(), "a:1");
-        a.push_all(vec![Outgoing { sequence: 1, frame: vec![0; 600], series: 1 }]);
+        a.push_all(vec![batch(1, 600, 1)]);
         assert_eq!(ingesters.pick().endpoint(), "a:1", "b is not connected");
         b.set_connected(true);
         assert_eq!(ingesters.pick().endpoint(), "b:1");
         assert!(ingesters.has_room());
-        a.push_all(vec![Outgoing { sequence: 2, frame: vec![0; 1000], series: 1 }]);
-        b.push_all(vec![Outgoing { sequence: 1, frame: vec![0; 1000], series: 1 }]);
+        a.push_all(vec![batch(2, 1000, 1)]);
+        b.push_all(vec![batch(1, 1000, 1)]);
         assert!(!ingesters.has_room());
         assert_eq!(ingesters.abandon_all(), (2, 2));
     }

@@ -51,9 +51,10 @@ use tessera_topology::{PlacementHandle, PlacementSource};
 pub use config::{Config, ConfigError};
 use decode::Decoder;
 use flush::FlushSettings;
-use ingester::{Ingesters, SenderSettings};
+use ingester::Ingesters;
 pub use metrics::Metrics;
 use server::ServerSettings;
+use tessera_runtime::outbound::SenderSettings;
 use tiler::{Tiler, TilerSettings};
 
 /// Why the aggregator could not start.
@@ -148,10 +149,13 @@ impl Aggregator {
         let stop_senders = Shutdown::new();
         let sender_settings = SenderSettings {
             source: instance_id.clone(),
+            role: tessera_proto::Role::Aggregator,
+            peer: "ingester",
             connect_timeout: Duration::from_millis(config.ingester.connect_timeout_ms),
             ack_timeout: Duration::from_millis(config.ingester.ack_timeout_ms),
             reconnect_min: Duration::from_millis(config.ingester.reconnect_min_ms),
             reconnect_max: Duration::from_millis(config.ingester.reconnect_max_ms),
+            rejection_label: ingester::rejection_label,
         };
         ingesters.spawn_senders(&sender_settings, &stop_senders);
 

@@ -22,7 +22,9 @@ use tessera_proto::partials::{ShardSeries, encode_partials_frame};
 use tessera_runtime::shutdown::Shutdown;
 use tessera_topology::{PlacementHandle, Routing};
 
-use crate::forward::{DestinationQueue, QueuedBatch, SenderSettings, run_sender};
+use tessera_runtime::outbound::{Batch, SenderSettings, run_sender};
+
+use crate::forward::DestinationQueue;
 use crate::intake::now_ms;
 use crate::metrics::Metrics;
 use crate::worker::{Cut, FlusherLinks};
@@ -60,7 +62,7 @@ impl Destinations {
 
     /// Drops what is still queued, returning the partials dropped.
     pub fn abandon_all(&self) -> u64 {
-        self.inner.lock().expect("destinations lock poisoned").values().map(|queue| queue.abandon()).sum()
+        self.inner.lock().expect("destinations lock poisoned").values().map(|queue| queue.abandon().1).sum()
     }
 }
 
@@ -267,9 +269,12 @@ impl Flusher {
         if let Some(queue) = known.get(&key) {
             return queue.clone();
         }
-        let queue = Arc::new(DestinationQueue::new(self.settings.max_queue_bytes, self.metrics.destination(instance)));
-        let sender =
-            run_sender(endpoint.to_owned(), queue.clone(), self.settings.sender.clone(), self.stop_senders.clone());
+        let queue = Arc::new(DestinationQueue::new(
+            endpoint.to_owned(),
+            self.settings.max_queue_bytes,
+            self.metrics.destination(instance),
+        ));
+        let sender = run_sender(queue.clone(), self.settings.sender.clone(), self.stop_senders.clone());
         self.runtime.spawn(sender);
         known.insert(key, queue.clone());
         queue
@@ -333,7 +338,7 @@ fn enqueue_batches(
             shards: Vec::new(),
         };
         let frame = encode_partials_frame(&header, sections);
-        queue.push(QueuedBatch { sequence, frame, partials: *partials });
+        queue.push(Batch { sequence, frame, items: *partials });
         sections.clear();
         (*partials, *bytes) = (0, 0);
     };

@@ -39,8 +39,8 @@ use tessera_runtime::{Readiness, ServerHandle, Shutdown, Telemetry};
 
 pub use config::Config;
 use flush::{Destinations, FlushSettings, Flusher};
-use forward::SenderSettings;
 use metrics::Metrics;
+use tessera_runtime::outbound::SenderSettings;
 pub use tessera_topology::{PlacementHandle, PlacementSource};
 use worker::{Worker, WorkerSettings};
 
@@ -203,10 +203,13 @@ impl Collector {
             max_queue_bytes: config.forward.max_queue_bytes,
             sender: SenderSettings {
                 source: instance_id.clone(),
+                role: tessera_proto::Role::Collector,
+                peer: "aggregator",
                 connect_timeout: Duration::from_millis(config.forward.connect_timeout_ms),
                 ack_timeout: Duration::from_millis(config.forward.ack_timeout_ms),
                 reconnect_min: Duration::from_millis(config.forward.reconnect_min_ms),
                 reconnect_max: Duration::from_millis(config.forward.reconnect_max_ms),
+                rejection_label: forward::rejection_label,
             },
         };
         let flusher = Flusher::new(

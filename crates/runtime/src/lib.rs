@@ -57,6 +57,7 @@ pub mod backoff;
 pub mod config;
 pub mod daemon;
 pub mod logging;
+pub mod outbound;
 pub mod shutdown;
 pub mod telemetry;
 

@@ -1,0 +1,394 @@
+//! The sending side every tessera hop shares: one bounded queue of framed
+//! batches and one long-lived sender task per destination.
+//!
+//! The collector forwards partials to aggregators and the aggregator sends
+//! tiles to ingesters the same way:
+//!
+//! - an [`OutboundQueue`] is bounded in bytes; a push that overflows it
+//!   drops the **oldest** batches (never the ones just pushed), so a dead
+//!   peer costs bounded memory and the freshest data goes first when it
+//!   returns; every drop is counted through [`OutboundMetrics`];
+//! - [`run_sender`] connects (with jittered backoff), performs the
+//!   handshake, then sends one batch at a time and waits for its
+//!   acknowledgement: `ok` forgets the batch, `retryable` puts it back at
+//!   the head and waits a backoff, `permanent` drops it and counts the
+//!   reason. A broken connection or a missing ack puts the batch back at
+//!   the head and reconnects.
+//!
+//! What differs between hops (metric names and units, the handshake role,
+//! which rejection reasons are known) comes in through [`OutboundMetrics`]
+//! and [`SenderSettings`].
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use tessera_proto::{AckStatus, Role, client};
+use tokio::sync::Notify;
+
+use crate::Shutdown;
+use crate::backoff::{Backoff, sleep_or_stop};
+use crate::logging::error_chain;
+
+/// A framed batch waiting to be sent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Batch {
+    /// Sequence written in the batch; the ack must carry it.
+    pub sequence: u64,
+    /// The whole frame, length prefix included.
+    pub frame: Vec<u8>,
+    /// Items (partials, series values) in the batch, for counts.
+    pub items: u64,
+}
+
+/// Why batches were dropped on the way to a destination.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DropReason {
+    /// Pushed out of a full queue by newer batches.
+    Overflow,
+    /// Refused for good by the destination.
+    Rejected,
+}
+
+/// How one hop counts what its queues and senders do.
+pub trait OutboundMetrics: Send + Sync + 'static {
+    /// The queue now holds `batches` batches, `bytes` bytes.
+    fn queued(&self, batches: usize, bytes: usize);
+    /// `batches` batches holding `items` items were dropped (called with `batches > 0`).
+    fn dropped(&self, reason: DropReason, batches: u64, items: u64);
+    /// A connect or handshake failed.
+    fn connect_error(&self);
+    /// The connection was lost while sending or awaiting an ack.
+    fn send_error(&self, reason: &'static str);
+    /// The destination refused a batch for good, for `reason` (a closed set).
+    fn rejected(&self, reason: &'static str);
+    /// `batch` was acknowledged `latency` after it was sent.
+    fn delivered(&self, batch: &Batch, latency: Duration);
+}
+
+#[derive(Default)]
+struct State {
+    batches: VecDeque<Batch>,
+    bytes: usize,
+}
+
+/// One destination's FIFO of batches, bounded in bytes.
+pub struct OutboundQueue<M> {
+    endpoint: String,
+    state: Mutex<State>,
+    /// Bytes queued, readable without the lock (for admission checks).
+    bytes: AtomicUsize,
+    notify: Notify,
+    next_sequence: AtomicU64,
+    in_flight: AtomicBool,
+    connected: AtomicBool,
+    max_bytes: usize,
+    metrics: M,
+}
+
+impl<M: OutboundMetrics> OutboundQueue<M> {
+    /// An empty queue for `endpoint` bounded at `max_bytes`.
+    pub fn new(endpoint: String, max_bytes: usize, metrics: M) -> OutboundQueue<M> {
+        OutboundQueue {
+            endpoint,
+            state: Mutex::new(State::default()),
+            bytes: AtomicUsize::new(0),
+            notify: Notify::new(),
+            next_sequence: AtomicU64::new(1),
+            in_flight: AtomicBool::new(false),
+            connected: AtomicBool::new(false),
+            max_bytes,
+            metrics,
+        }
+    }
+
+    /// The endpoint this queue sends to.
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    /// The sequence number for the next batch.
+    pub fn next_sequence(&self) -> u64 {
+        self.next_sequence.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Bytes queued now.
+    pub fn queued_bytes(&self) -> usize {
+        self.bytes.load(Ordering::Relaxed)
+    }
+
+    /// Whether the queue is at or over its bound.
+    pub fn is_full(&self) -> bool {
+        self.queued_bytes() >= self.max_bytes
+    }
+
+    /// Whether the sender holds a working connection.
+    pub fn is_connected(&self) -> bool {
+        self.connected.load(Ordering::Relaxed)
+    }
+
+    /// Marks the connection up or down (the sender does; tests may).
+    pub fn set_connected(&self, connected: bool) {
+        self.connected.store(connected, Ordering::Relaxed);
+    }
+
+    /// Appends one batch; see [`OutboundQueue::push_all`].
+    pub fn push(&self, batch: Batch) -> u64 {
+        self.push_all(vec![batch])
+    }
+
+    /// Appends `batches`, then drops the oldest batches while over the
+    /// bound (never one of those just pushed). Returns the items dropped.
+    pub fn push_all(&self, batches: Vec<Batch>) -> u64 {
+        let (dropped_batches, dropped_items) = {
+            let mut state = self.lock();
+            let keep = batches.len();
+            for batch in batches {
+                state.bytes += batch.frame.len();
+                state.batches.push_back(batch);
+            }
+            let dropped = Self::enforce_bound(&mut state, self.max_bytes, keep);
+            self.publish(&state);
+            dropped
+        };
+        if dropped_batches > 0 {
+            self.metrics.dropped(DropReason::Overflow, dropped_batches, dropped_items);
+        }
+        self.notify.notify_one();
+        dropped_items
+    }
+
+    /// Puts a batch that could not be delivered back at the head (it is the
+    /// oldest); the batch is no longer in flight.
+    pub fn push_front(&self, batch: Batch) {
+        let (dropped_batches, dropped_items) = {
+            let mut state = self.lock();
+            state.bytes += batch.frame.len();
+            state.batches.push_front(batch);
+            let dropped = Self::enforce_bound(&mut state, self.max_bytes, 1);
+            self.publish(&state);
+            dropped
+        };
+        self.in_flight.store(false, Ordering::Release);
+        if dropped_batches > 0 {
+            self.metrics.dropped(DropReason::Overflow, dropped_batches, dropped_items);
+        }
+    }
+
+    /// Drops the oldest batches until the queue fits `max_bytes`, keeping at
+    /// least `keep` batches (the newest, at least one).
+    fn enforce_bound(state: &mut State, max_bytes: usize, keep: usize) -> (u64, u64) {
+        let (mut batches, mut items) = (0, 0);
+        while state.bytes > max_bytes && state.batches.len() > keep.max(1) {
+            let Some(oldest) = state.batches.pop_front() else { break };
+            state.bytes -= oldest.frame.len();
+            batches += 1;
+            items += oldest.items;
+        }
+        (batches, items)
+    }
+
+    /// Takes the oldest batch and marks it in flight.
+    pub fn pop_front(&self) -> Option<Batch> {
+        let mut state = self.lock();
+        let batch = state.batches.pop_front()?;
+        state.bytes -= batch.frame.len();
+        self.in_flight.store(true, Ordering::Release);
+        self.publish(&state);
+        Some(batch)
+    }
+
+    /// The batch in flight is done with (acknowledged or dropped).
+    pub fn finish_in_flight(&self) {
+        self.in_flight.store(false, Ordering::Release);
+    }
+
+    /// Whether nothing is queued or in flight.
+    pub fn is_idle(&self) -> bool {
+        let state = self.lock();
+        state.batches.is_empty() && !self.in_flight.load(Ordering::Acquire)
+    }
+
+    /// Empties the queue (at shutdown); returns the batches and items
+    /// dropped, which the caller counts under its own reason.
+    pub fn abandon(&self) -> (u64, u64) {
+        let mut state = self.lock();
+        let batches = state.batches.len() as u64;
+        let items = state.batches.drain(..).map(|batch| batch.items).sum();
+        state.bytes = 0;
+        self.publish(&state);
+        (batches, items)
+    }
+
+    fn has_batches(&self) -> bool {
+        !self.lock().batches.is_empty()
+    }
+
+    fn publish(&self, state: &State) {
+        self.bytes.store(state.bytes, Ordering::Relaxed);
+        self.metrics.queued(state.batches.len(), state.bytes);
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Every critical section leaves the state consistent, so a poisoned lock is usable.
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// Settings of a sender.
+#[derive(Debug, Clone)]
+pub struct SenderSettings {
+    /// This instance's id, sent in the handshake.
+    pub source: String,
+    /// The role this instance shakes hands as.
+    pub role: Role,
+    /// What the destination is, for logs (`aggregator`, `ingester`).
+    pub peer: &'static str,
+    /// Connect and handshake timeout.
+    pub connect_timeout: Duration,
+    /// Acknowledgement timeout.
+    pub ack_timeout: Duration,
+    /// First retry delay.
+    pub reconnect_min: Duration,
+    /// Longest retry delay.
+    pub reconnect_max: Duration,
+    /// Maps the reason of a permanent refusal to a closed set of metric labels.
+    pub rejection_label: fn(&str) -> &'static str,
+}
+
+/// Runs the sender of `queue` until `stop` fires.
+pub async fn run_sender<M: OutboundMetrics>(queue: Arc<OutboundQueue<M>>, settings: SenderSettings, stop: Shutdown) {
+    let endpoint = queue.endpoint().to_owned();
+    let peer = settings.peer;
+    let mut backoff = Backoff::new(settings.reconnect_min, settings.reconnect_max);
+    loop {
+        if !wait_for_work(&queue, &stop).await {
+            return;
+        }
+        let connecting = client::connect(&endpoint, settings.role, &settings.source, settings.connect_timeout);
+        let mut stream = match connecting.await {
+            Ok(stream) => stream,
+            Err(error) => {
+                queue.metrics.connect_error();
+                tracing::warn!(%endpoint, peer, error = %error_chain(&error), "cannot reach the destination; will retry");
+                if !sleep_or_stop(backoff.next_delay(), &stop).await {
+                    return;
+                }
+                continue;
+            }
+        };
+        tracing::info!(%endpoint, peer, "connected");
+        queue.set_connected(true);
+        backoff.reset();
+        let mut scratch = Vec::new();
+        loop {
+            if !wait_for_work(&queue, &stop).await {
+                queue.set_connected(false);
+                return;
+            }
+            let Some(batch) = queue.pop_front() else { continue };
+            let started = Instant::now();
+            let exchanged =
+                client::exchange(&mut stream, &batch.frame, batch.sequence, &mut scratch, settings.ack_timeout);
+            let ack = match exchanged.await {
+                Ok(ack) => ack,
+                Err(error) => {
+                    queue.metrics.send_error(error.reason());
+                    tracing::warn!(%endpoint, peer, error = %error_chain(&error), "connection lost; reconnecting");
+                    queue.push_front(batch);
+                    queue.set_connected(false);
+                    break;
+                }
+            };
+            match AckStatus::try_from(ack.status).unwrap_or(AckStatus::Unspecified) {
+                AckStatus::Ok => {
+                    queue.metrics.delivered(&batch, started.elapsed());
+                    queue.finish_in_flight();
+                    backoff.reset();
+                }
+                AckStatus::Retryable => {
+                    tracing::debug!(%endpoint, peer, reason = %ack.reason, "batch refused for now; retrying");
+                    queue.push_front(batch);
+                    if !sleep_or_stop(backoff.next_delay(), &stop).await {
+                        queue.set_connected(false);
+                        return;
+                    }
+                }
+                AckStatus::Permanent | AckStatus::Unspecified => {
+                    let reason = (settings.rejection_label)(&ack.reason);
+                    tracing::warn!(%endpoint, peer, reason, message = %ack.message, items = batch.items, "batch rejected");
+                    queue.metrics.rejected(reason);
+                    queue.metrics.dropped(DropReason::Rejected, 1, batch.items);
+                    queue.finish_in_flight();
+                }
+            }
+        }
+    }
+}
+
+async fn wait_for_work<M: OutboundMetrics>(queue: &OutboundQueue<M>, stop: &Shutdown) -> bool {
+    loop {
+        if stop.is_triggered() {
+            return false;
+        }
+        if queue.has_batches() {
+            return true;
+        }
+        tokio::select! {
+            () = queue.notify.notified() => {}
+            () = stop.wait() => return false,
+            // A notification can race the check above; look again now and then.
+            () = tokio::time::sleep(Duration::from_millis(200)) => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex as StdMutex;
+
+    /// Records what the queue reports.
+    #[derive(Default)]
+    struct Recorded {
+        dropped: StdMutex<Vec<(DropReason, u64, u64)>>,
+        queued: StdMutex<(usize, usize)>,
+    }
+
+    impl OutboundMetrics for Arc<Recorded> {
+        fn queued(&self, batches: usize, bytes: usize) {
+            *self.queued.lock().unwrap() = (batches, bytes);
+        }
+        fn dropped(&self, reason: DropReason, batches: u64, items: u64) {
+            self.dropped.lock().unwrap().push((reason, batches, items));
+        }
+        fn connect_error(&self) {}
+        fn send_error(&self, _: &'static str) {}
+        fn rejected(&self, _: &'static str) {}
+        fn delivered(&self, _: &Batch, _: Duration) {}
+    }
+
+    fn batch(sequence: u64, bytes: usize, items: u64) -> Batch {
+        Batch { sequence, frame: vec![0; bytes], items }
+    }
+
+    #[test]
+    fn overflow_drops_the_oldest_batches_and_reports_them() {
+        let recorded = Arc::new(Recorded::default());
+        let queue = OutboundQueue::new("i:1".into(), 250, recorded.clone());
+        assert_eq!(queue.push_all(vec![batch(1, 100, 10), batch(2, 100, 20)]), 0);
+        assert_eq!(*recorded.queued.lock().unwrap(), (2, 200));
+        assert!(!queue.is_full());
+        assert_eq!(queue.push(batch(3, 100, 30)), 10, "batch 1 dropped");
+        assert_eq!(*recorded.dropped.lock().unwrap(), vec![(DropReason::Overflow, 1, 10)]);
+        assert_eq!(queue.pop_front().unwrap().sequence, 2);
+        assert!(!queue.is_idle(), "a batch is in flight");
+        queue.push_front(batch(2, 100, 20));
+        assert_eq!(queue.pop_front().unwrap().sequence, 2);
+        queue.finish_in_flight();
+        assert_eq!(queue.pop_front().unwrap().sequence, 3);
+        queue.finish_in_flight();
+        assert!(queue.is_idle());
+    }
+}
