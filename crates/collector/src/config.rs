@@ -211,19 +211,8 @@ impl Default for ForwardConfig {
     }
 }
 
-/// `[telemetry]`
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct TelemetryConfig {
-    /// Address of `/metrics`, `/healthz`, `/readyz`; off when absent.
-    pub listen: Option<SocketAddr>,
-}
-
-impl Default for TelemetryConfig {
-    fn default() -> Self {
-        TelemetryConfig { listen: Some("127.0.0.1:9102".parse().expect("valid address")) }
-    }
-}
+/// `[telemetry]`: `listen`, by default `127.0.0.1:9102`.
+pub type TelemetryConfig = tessera_runtime::config::TelemetryConfig<9102>;
 
 /// A configuration that cannot work.
 #[derive(Debug, thiserror::Error)]

@@ -309,19 +309,8 @@ impl Default for RemoteWriteConfig {
     }
 }
 
-/// `[telemetry]`
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct TelemetryConfig {
-    /// Address of `/metrics`, `/healthz`, `/readyz`; off when absent.
-    pub listen: Option<SocketAddr>,
-}
-
-impl Default for TelemetryConfig {
-    fn default() -> Self {
-        TelemetryConfig { listen: Some("127.0.0.1:9104".parse().expect("valid address")) }
-    }
-}
+/// `[telemetry]`: `listen`, by default `127.0.0.1:9104`.
+pub type TelemetryConfig = tessera_runtime::config::TelemetryConfig<9104>;
 
 /// A configuration that cannot work.
 #[derive(Debug, thiserror::Error)]

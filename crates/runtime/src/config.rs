@@ -20,12 +20,44 @@
 //! assert_eq!(config.flush_interval_secs, 0);
 //! ```
 
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 
+use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
 /// Exit code for a bad config file or bad flags (`EX_USAGE` from `sysexits.h`).
 pub const EXIT_CONFIG: u8 = 64;
+
+/// `[telemetry]`, the same table in every daemon's config: where `/metrics`, `/healthz`
+/// and `/readyz` are served, by default on loopback port `DEFAULT_PORT` (each daemon has
+/// its own, so that they can share a host).
+#[derive(Debug, Clone)]
+pub struct TelemetryConfig<const DEFAULT_PORT: u16> {
+    /// Address of `/metrics`, `/healthz`, `/readyz`; off when `None` (which only code,
+    /// such as tests, can ask for: a missing key means the default address).
+    pub listen: Option<SocketAddr>,
+}
+
+// serde's derive does not take const generics yet.
+impl<'de, const DEFAULT_PORT: u16> Deserialize<'de> for TelemetryConfig<DEFAULT_PORT> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Fields {
+            #[serde(default)]
+            listen: Option<SocketAddr>,
+        }
+        let fields = Fields::deserialize(deserializer)?;
+        Ok(TelemetryConfig { listen: fields.listen.or(Self::default().listen) })
+    }
+}
+
+impl<const DEFAULT_PORT: u16> Default for TelemetryConfig<DEFAULT_PORT> {
+    fn default() -> Self {
+        TelemetryConfig { listen: Some((Ipv4Addr::LOCALHOST, DEFAULT_PORT).into()) }
+    }
+}
 
 /// Why a config file could not be loaded.
 ///

@@ -93,3 +93,23 @@ fn a_type_without_defaults_is_a_defaults_error() {
     let error = load_toml::<Strict>(None).expect_err("no defaults");
     assert!(matches!(error, ConfigError::Defaults { .. }), "{error:?}");
 }
+
+#[test]
+fn telemetry_defaults_to_its_port_and_takes_an_address_or_refuses_unknown_keys() {
+    use std::net::SocketAddr;
+    use tessera_runtime::config::TelemetryConfig;
+
+    #[derive(Debug, Default, serde::Deserialize)]
+    #[serde(default, deny_unknown_fields)]
+    struct Daemon {
+        telemetry: TelemetryConfig<9199>,
+    }
+    let parse = |text: &str| toml::from_str::<Daemon>(text);
+    let default = Some(SocketAddr::from(([127, 0, 0, 1], 9199)));
+    assert_eq!(parse("").unwrap().telemetry.listen, default);
+    assert_eq!(parse("[telemetry]").unwrap().telemetry.listen, default);
+    let set = parse("[telemetry]\nlisten = \"0.0.0.0:9000\"").unwrap();
+    assert_eq!(set.telemetry.listen, Some(SocketAddr::from(([0, 0, 0, 0], 9000))));
+    let error = parse("[telemetry]\nlisen = \"0.0.0.0:9000\"").unwrap_err().to_string();
+    assert!(error.contains("lisen"), "{error}");
+}
