@@ -80,6 +80,8 @@ pub struct Metrics {
     frame_errors: Family<Labels, Counter>,
     /// Open collector connections.
     pub connections: Gauge,
+    /// Failed `accept` calls on the wire listener (out of file descriptors and the like).
+    pub accept_errors: Counter,
     /// Time for the tiler to check and merge one batch.
     pub merge_duration: Histogram,
     active_series: Family<Labels, Gauge>,
@@ -115,6 +117,7 @@ impl Default for Metrics {
             partials_rejected: Family::default(),
             frame_errors: Family::default(),
             connections: Gauge::default(),
+            accept_errors: Counter::default(),
             merge_duration: latency_histogram(),
             active_series: Family::default(),
             series_expired: Family::default(),
@@ -171,6 +174,7 @@ impl Metrics {
             self.frame_errors.clone(),
         );
         r.register(format!("{p}connections"), "Open collector connections", self.connections.clone());
+        r.register(format!("{p}accept_errors"), "Failed accept calls on the wire listener", self.accept_errors.clone());
         r.register(
             format!("{p}merge_duration_seconds"),
             "Time for the tiler to check and merge one partial batch",

@@ -54,6 +54,7 @@ pub async fn accept_loop(
             Ok(accepted) => accepted,
             Err(error) => {
                 // Out of file descriptors and the like: wait a little rather than spin.
+                metrics.accept_errors.inc();
                 tracing::warn!(%error, "accepting a connection failed");
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 continue;

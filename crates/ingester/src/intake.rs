@@ -68,6 +68,7 @@ pub async fn accept_loop(
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
                 Err(error) => {
+                    metrics.accept_errors.inc();
                     tracing::warn!(%error, "accept failed");
                     tokio::time::sleep(Duration::from_millis(50)).await;
                     continue;

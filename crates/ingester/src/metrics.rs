@@ -8,6 +8,7 @@
 //! | metric | type | labels |
 //! |---|---|---|
 //! | `tessera_ingester_connections_accepted_total` | counter | |
+//! | `tessera_ingester_accept_errors_total` | counter | |
 //! | `tessera_ingester_connections` | gauge | |
 //! | `tessera_ingester_frame_errors_total` | counter | `reason` |
 //! | `tessera_ingester_batches_received_total`, `_bytes_received_total`, `_tiles_received_total` | counter | |
@@ -156,6 +157,8 @@ impl EncodeMetric for WeightedHistogram {
 pub struct Metrics {
     /// Connections accepted on the wire listener.
     pub connections_accepted: Counter,
+    /// Failed `accept` calls on the wire listener (out of file descriptors and the like).
+    pub accept_errors: Counter,
     /// Connections open now.
     pub connections: Gauge,
     frame_errors: Family<Labels, Counter>,
@@ -201,6 +204,7 @@ impl Default for Metrics {
     fn default() -> Self {
         Metrics {
             connections_accepted: Counter::default(),
+            accept_errors: Counter::default(),
             connections: Gauge::default(),
             frame_errors: Family::default(),
             batches_received: Counter::default(),
@@ -245,6 +249,11 @@ impl Metrics {
             "tessera_ingester_connections_accepted",
             "Wire connections accepted",
             self.connections_accepted.clone(),
+        );
+        r.register(
+            "tessera_ingester_accept_errors",
+            "Failed accept calls on the wire listener",
+            self.accept_errors.clone(),
         );
         r.register("tessera_ingester_connections", "Wire connections open", self.connections.clone());
         r.register(
