@@ -31,7 +31,7 @@ use hashbrown::HashTable;
 use crate::aggregate::{Aggregate, AggregateError, GaugeDeltas};
 use crate::parse::{
     Line, MetricKind, ParseOptions, Parsed, RejectReason, SimpleLine, canonical_tags_len, parse_line_with,
-    parse_simple, parse_simple_prefix, split_line,
+    parse_simple_prefix, split_line,
 };
 use crate::series::{SeriesKey, TAGS_SEPARATOR, kind_byte, kind_from_byte, split_id};
 
@@ -258,7 +258,7 @@ struct Slot {
     idle_cuts: u32,
 }
 
-/// What [`Table::fold_line`] made of one line.
+/// What [`Table::fold_datagram`] made of one line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Folded {
     /// A metric line, folded into its series.
@@ -269,6 +269,17 @@ pub enum Folded {
     Event,
     /// A line that does not parse.
     Rejected(RejectReason),
+}
+
+impl Folded {
+    /// What folding a metric line into the table did.
+    #[inline]
+    fn metric(observed: Result<bool, TableFull>) -> Folded {
+        match observed {
+            Ok(_) => Folded::Metric,
+            Err(TableFull { .. }) => Folded::TableFull,
+        }
+    }
 }
 
 /// A table of per-series aggregates for one window.
@@ -293,7 +304,7 @@ impl Table {
     /// Parses every line of `datagram` and folds each metric into its
     /// series, calling `each` with what became of every non-blank line.
     ///
-    /// Lines of the common shape `name:value|type` take [`parse_simple`] and
+    /// Lines of the common shape `name:value|type` take [`parse_simple_prefix`] and
     /// are looked up by their name in place; the rest take the full parser.
     #[inline]
     pub fn fold_datagram(&mut self, datagram: &[u8], options: ParseOptions, now_ms: i64, mut each: impl FnMut(Folded)) {
@@ -301,42 +312,29 @@ impl Table {
         while !rest.is_empty() {
             if let Some((simple, used)) = parse_simple_prefix(rest, options.max_line_bytes) {
                 rest = &rest[used..];
-                each(match self.observe_simple(&simple, now_ms) {
-                    Ok(_) => Folded::Metric,
-                    Err(TableFull { .. }) => Folded::TableFull,
-                });
+                each(Folded::metric(self.observe_simple(&simple, now_ms)));
                 continue;
             }
             let (line, after) = split_line(rest);
             rest = after;
             if !line.is_empty() {
-                each(self.fold_line(line, options, now_ms));
+                each(self.fold_full(line, options, now_ms));
             }
         }
     }
 
-    /// Parses one line (without its newline) and folds it into its series.
-    #[inline]
-    pub fn fold_line(&mut self, line: &[u8], options: ParseOptions, now_ms: i64) -> Folded {
-        if line.len() <= options.max_line_bytes
-            && let Some(simple) = parse_simple(line)
-        {
-            return match self.observe_simple(&simple, now_ms) {
-                Ok(_) => Folded::Metric,
-                Err(TableFull { .. }) => Folded::TableFull,
-            };
-        }
+    /// Parses one line (without its newline) with the full parser and folds
+    /// it into its series: the path of every line [`parse_simple_prefix`]
+    /// did not take.
+    fn fold_full(&mut self, line: &[u8], options: ParseOptions, now_ms: i64) -> Folded {
         match parse_line_with(line, options) {
-            Parsed::Metric(line) => match self.observe(&line, now_ms) {
-                Ok(_) => Folded::Metric,
-                Err(TableFull { .. }) => Folded::TableFull,
-            },
+            Parsed::Metric(line) => Folded::metric(self.observe(&line, now_ms)),
             Parsed::Event(_) | Parsed::ServiceCheck(_) => Folded::Event,
             Parsed::Rejected { reason, .. } => Folded::Rejected(reason),
         }
     }
 
-    /// Folds a line [`parse_simple`] recognised; the same as [`Table::observe`]
+    /// Folds a line [`parse_simple_prefix`] recognised; the same as [`Table::observe`]
     /// of the full parse of that line, without building its key.
     ///
     /// Returns whether the series is new to the table.
