@@ -2,8 +2,7 @@
 //! to `/api/v1/write`, exact values read back through its Prometheus query API.
 
 mod support {
-    pub use tessera_testkit::prometheus;
-    pub mod victoria;
+    pub use tessera_testkit::{prometheus, victoria};
     pub mod wire;
 }
 

@@ -4,10 +4,11 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 use crate::http_get;
+use crate::process::Server;
 
 /// The path of a workspace binary next to this test's own executable.
 pub fn binary(name: &str) -> PathBuf {
@@ -26,54 +27,30 @@ pub fn binary(name: &str) -> PathBuf {
 pub struct Daemon {
     /// Name used in messages.
     pub name: String,
-    child: Option<Child>,
+    server: Server,
     /// Its `/metrics`, `/readyz` address.
     pub telemetry: SocketAddr,
-    dir: tempfile::TempDir,
 }
 
 impl Daemon {
     /// Starts `binary --config <file with config_text>` and waits until
     /// `GET /readyz` on `telemetry` answers 200.
     pub fn start(name: &str, binary_name: &str, config_text: &str, telemetry: SocketAddr) -> Daemon {
-        let dir = tempfile::tempdir().expect("temporary directory");
+        let dir = Server::directory();
         let config = dir.path().join(format!("{name}.toml"));
         std::fs::write(&config, config_text).expect("write config");
-        let log = std::fs::File::create(dir.path().join("log")).expect("log file");
-        let child = Command::new(binary(binary_name))
-            .arg("--config")
-            .arg(&config)
-            .arg("--log-level")
-            .arg("info")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("log handle"))
-            .stderr(log)
-            .spawn()
-            .unwrap_or_else(|error| panic!("cannot start {binary_name}: {error}"));
-        let mut daemon = Daemon { name: name.to_owned(), child: Some(child), telemetry, dir };
-        daemon.wait_ready(Duration::from_secs(30));
-        daemon
-    }
-
-    fn wait_ready(&mut self, timeout: Duration) {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(child) = self.child.as_mut()
-                && let Ok(Some(status)) = child.try_wait()
-            {
-                panic!("{} exited with {status} while starting:\n{}", self.name, self.log());
-            }
-            if matches!(http_get(self.telemetry, "/readyz"), Ok((200, _))) {
-                return;
-            }
-            assert!(Instant::now() < deadline, "{} not ready after {timeout:?}:\n{}", self.name, self.log());
-            std::thread::sleep(Duration::from_millis(50));
+        let mut command = Command::new(binary(binary_name));
+        command.arg("--config").arg(&config).arg("--log-level").arg("info");
+        let mut server = Server::spawn(name, command, dir, "");
+        if let Err(why) = server.wait_ready(telemetry, "/readyz", Duration::from_secs(30)) {
+            panic!("{why}");
         }
+        Daemon { name: name.to_owned(), server, telemetry }
     }
 
     /// The daemon's log so far.
     pub fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("log")).unwrap_or_default()
+        self.server.log()
     }
 
     /// Scrapes `/metrics` and sums every sample of `name` whose labels contain `labels`.
@@ -91,24 +68,11 @@ impl Daemon {
 
     /// Sends SIGTERM and waits for the exit code.
     pub fn terminate(&mut self) -> Option<i32> {
-        let child = self.child.as_mut()?;
-        let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
-        let status = child.wait().ok()?;
-        self.child = None;
-        status.code()
+        self.server.terminate()
     }
 
     /// Kills the daemon at once (SIGKILL), as a crash would.
     pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        self.kill();
+        self.server.kill();
     }
 }

@@ -3,15 +3,20 @@
 //! - [`prometheus`]: Debian's `prometheus` as a child process on a free
 //!   loopback port (remote-write receiver on, optional scrape config),
 //!   polled until ready, killed on drop; instant queries.
+//! - [`victoria`]: Debian's `victoria-metrics` the same way.
 //! - [`daemons`]: the real tessera binaries as child processes, with a
 //!   config file each, polled on `/readyz`, killed on drop.
+//! - [`process`]: what those three share (a child with its files and log,
+//!   polled until ready, killed on drop).
 //! - [`http_get`] and [`free_port`].
 //!
 //! A real etcd for tests lives in `tessera_topology::testing` (feature
 //! `testing`).
 
 pub mod daemons;
+pub mod process;
 pub mod prometheus;
+pub mod victoria;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};

@@ -12,28 +12,19 @@
 //! `/usr/bin/prometheus` (`scripts/setup.sh` installs Debian's package).
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
+
+use crate::process::{Server, system_binary};
 
 /// A running Prometheus, killed on drop.
 pub struct Prometheus {
-    child: Option<Child>,
+    server: Server,
     /// Where it listens.
     pub address: SocketAddr,
-    dir: tempfile::TempDir,
 }
 
 pub use crate::{free_port, http_get};
-
-fn binary() -> PathBuf {
-    if let Some(path) = std::env::var_os("TESSERA_PROMETHEUS_BIN") {
-        return PathBuf::from(path);
-    }
-    let on_path = std::env::var_os("PATH")
-        .and_then(|paths| std::env::split_paths(&paths).map(|dir| dir.join("prometheus")).find(|path| path.is_file()));
-    on_path.unwrap_or_else(|| PathBuf::from("/usr/bin/prometheus"))
-}
 
 /// A configuration that scrapes nothing (remote write only).
 pub const NO_SCRAPES: &str = "global:\n  scrape_interval: 1h\n  evaluation_interval: 1h\n";
@@ -64,46 +55,31 @@ impl Prometheus {
     }
 
     fn try_start(port: u16, config_text: &str, timeout: Duration) -> Option<Prometheus> {
-        let dir = tempfile::tempdir().expect("temporary directory");
+        let dir = Server::directory();
         let config = dir.path().join("prometheus.yml");
         std::fs::write(&config, config_text).expect("write prometheus.yml");
-        let log = std::fs::File::create(dir.path().join("prometheus.log")).expect("create the log file");
         let address: SocketAddr = ([127, 0, 0, 1], port).into();
-        let binary = binary();
-        let child = Command::new(&binary)
+        let mut command = Command::new(system_binary("TESSERA_PROMETHEUS_BIN", "prometheus"));
+        command
             .arg(format!("--config.file={}", config.display()))
             .arg(format!("--storage.tsdb.path={}", dir.path().join("data").display()))
             .arg(format!("--web.listen-address={address}"))
             .arg("--web.enable-remote-write-receiver")
-            .arg("--log.level=warn")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("clone the log handle"))
-            .stderr(log)
-            .spawn()
-            .unwrap_or_else(|error| {
-                panic!("cannot run {} ({error}); install Debian's `prometheus` (scripts/setup.sh)", binary.display())
-            });
-        let mut prometheus = Prometheus { child: Some(child), address, dir };
-        let deadline = Instant::now() + timeout;
-        while Instant::now() < deadline {
-            if let Some(child) = prometheus.child.as_mut()
-                && let Ok(Some(status)) = child.try_wait()
-            {
-                eprintln!("prometheus exited with {status}:\n{}", prometheus.log());
-                return None;
+            .arg("--log.level=warn");
+        let mut server =
+            Server::spawn("prometheus", command, dir, "; install Debian's `prometheus` (scripts/setup.sh)");
+        match server.wait_ready(address, "/-/ready", timeout) {
+            Ok(()) => Some(Prometheus { server, address }),
+            Err(why) => {
+                eprintln!("{why}");
+                None
             }
-            if matches!(prometheus.get("/-/ready"), Ok((200, _))) {
-                return Some(prometheus);
-            }
-            std::thread::sleep(Duration::from_millis(50));
         }
-        eprintln!("prometheus not ready after {timeout:?}:\n{}", prometheus.log());
-        None
     }
 
     /// The process id, while it runs.
     pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(Child::id)
+        self.server.pid()
     }
 
     /// The remote-write endpoint.
@@ -113,7 +89,7 @@ impl Prometheus {
 
     /// What Prometheus logged so far.
     pub fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("prometheus.log")).unwrap_or_default()
+        self.server.log()
     }
 
     /// `GET path` (path and query, already encoded): status and body.
@@ -128,16 +104,7 @@ impl Prometheus {
 
     /// Stops Prometheus now (SIGKILL).
     pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-impl Drop for Prometheus {
-    fn drop(&mut self) {
-        self.kill();
+        self.server.kill();
     }
 }
 
