@@ -150,17 +150,7 @@ impl Default for IngesterConfig {
 pub type TelemetryConfig = tessera_runtime::config::TelemetryConfig<9103>;
 
 /// A configuration that cannot work.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ConfigError {
-    /// A key is missing or has a value out of range.
-    #[error("invalid `{key}`: {reason}")]
-    Invalid {
-        /// The key, e.g. `ingester.endpoints`.
-        key: &'static str,
-        /// Why.
-        reason: String,
-    },
-}
+pub type ConfigError = tessera_runtime::config::InvalidSetting;
 
 impl Config {
     /// Checks values that parse but cannot work, the placement source included.
@@ -168,7 +158,7 @@ impl Config {
         self.validate_settings()?;
         if self.placement.is_none() {
             let reason = "set `kind = \"static\"` with a `path`, or `kind = \"etcd\"` with `endpoints` and `env`";
-            return Err(ConfigError::Invalid { key: "placement", reason: reason.into() });
+            return Err(ConfigError::new("placement", reason));
         }
         Ok(())
     }
@@ -176,7 +166,7 @@ impl Config {
     /// Checks every value but the placement source (for callers that
     /// provide the placement themselves).
     pub fn validate_settings(&self) -> Result<(), ConfigError> {
-        let invalid = |key, reason: String| Err(ConfigError::Invalid { key, reason });
+        let invalid = |key, reason: String| Err(ConfigError::new(key, reason));
         match self.instance_id.as_deref() {
             None | Some("") => {
                 return invalid("instance_id", "must be set to this instance's id in the placement".into());
@@ -234,7 +224,7 @@ impl Config {
 
 impl IngesterConfig {
     fn validate(&self) -> Result<(), ConfigError> {
-        let invalid = |key, reason: &str| Err(ConfigError::Invalid { key, reason: reason.to_owned() });
+        let invalid = |key, reason: &str| Err(ConfigError::new(key, reason));
         if self.endpoints.is_empty() || self.endpoints.iter().any(|endpoint| endpoint.trim().is_empty()) {
             return invalid("ingester.endpoints", "list at least one `host:port`, none empty");
         }

@@ -105,7 +105,7 @@ impl Aggregator {
     pub async fn start(config: Config, telemetry: Telemetry, shutdown: Shutdown) -> Result<Aggregator, StartError> {
         config.validate()?;
         let Some(source) = config.placement.clone() else {
-            return Err(ConfigError::Invalid { key: "placement", reason: "must be set".into() }.into());
+            return Err(ConfigError::new("placement", "must be set").into());
         };
         let placement = source.start().await?;
         let aggregator = Self::start_with_placement(config.clone(), placement, telemetry, shutdown.clone()).await?;

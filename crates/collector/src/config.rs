@@ -215,24 +215,14 @@ impl Default for ForwardConfig {
 pub type TelemetryConfig = tessera_runtime::config::TelemetryConfig<9102>;
 
 /// A configuration that cannot work.
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    /// A key has a value out of range.
-    #[error("invalid `{key}`: {reason}")]
-    Invalid {
-        /// The key, e.g. `aggregation.interval_ms`.
-        key: &'static str,
-        /// Why.
-        reason: String,
-    },
-}
+pub type ConfigError = tessera_runtime::config::InvalidSetting;
 
 impl Config {
     /// Checks values that parse but cannot work.
     /// Checks every value but the placement source (which callers that
     /// bring their own placement, like `tessera local`, do not set).
     pub fn validate_settings(&self) -> Result<(), ConfigError> {
-        let invalid = |key, reason: &str| Err(ConfigError::Invalid { key, reason: reason.to_owned() });
+        let invalid = |key, reason: &str| Err(ConfigError::new(key, reason));
         if self.aggregation.interval_ms == 0 {
             return invalid("aggregation.interval_ms", "must be at least 1");
         }
@@ -270,7 +260,7 @@ impl Config {
     /// the binary needs, since it starts the placement from the configuration.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.validate_settings()?;
-        let invalid = |reason: String| Err(ConfigError::Invalid { key: "placement", reason });
+        let invalid = |reason: String| Err(ConfigError::new("placement", reason));
         match &self.placement {
             None => invalid("missing: set kind = \"static\" with path, or kind = \"etcd\"".to_owned()),
             Some(PlacementSource::Etcd(etcd)) => etcd.validate().or_else(|error| invalid(error.to_string())),

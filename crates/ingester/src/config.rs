@@ -313,23 +313,12 @@ impl Default for RemoteWriteConfig {
 pub type TelemetryConfig = tessera_runtime::config::TelemetryConfig<9104>;
 
 /// A configuration that cannot work.
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    /// A key has a value out of range.
-    #[error("invalid `{key}`: {reason}")]
-    Invalid {
-        /// The key, e.g. `pool.workers`.
-        key: String,
-        /// Why.
-        reason: String,
-    },
-}
+pub type ConfigError = tessera_runtime::config::InvalidSetting;
 
 impl Config {
     /// Checks values that parse but cannot work.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        let invalid =
-            |key: &str, reason: &str| Err(ConfigError::Invalid { key: key.to_owned(), reason: reason.to_owned() });
+        let invalid = |key: &str, reason: &str| Err(ConfigError::new(key, reason));
         if self.max_frame_bytes < 1024 || self.max_frame_bytes > u32::MAX as usize {
             return invalid("max_frame_bytes", "must be between 1024 and 4294967295");
         }
@@ -399,7 +388,7 @@ impl Config {
 }
 
 fn validate_sink(key: &str, sink: &SinkConfig) -> Result<(), ConfigError> {
-    let invalid = |field: &str, reason: String| Err(ConfigError::Invalid { key: format!("{key}.{field}"), reason });
+    let invalid = |field: &str, reason: String| Err(ConfigError::new(format!("{key}.{field}"), reason));
     match sink {
         SinkConfig::File(file) => {
             if file.rotate_bytes == 0 {

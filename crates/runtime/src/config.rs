@@ -59,6 +59,23 @@ impl<const DEFAULT_PORT: u16> Default for TelemetryConfig<DEFAULT_PORT> {
     }
 }
 
+/// A configuration value that parses but cannot work (each daemon's validation).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid `{key}`: {reason}")]
+pub struct InvalidSetting {
+    /// The key, e.g. `aggregation.interval_ms`.
+    pub key: String,
+    /// Why.
+    pub reason: String,
+}
+
+impl InvalidSetting {
+    /// `key` cannot be used, because `reason`.
+    pub fn new(key: impl Into<String>, reason: impl Into<String>) -> InvalidSetting {
+        InvalidSetting { key: key.into(), reason: reason.into() }
+    }
+}
+
 /// Why a config file could not be loaded.
 ///
 /// The message names the file and carries the underlying cause in full (for a parse
