@@ -76,14 +76,8 @@ pub enum StartError {
         source: std::io::Error,
     },
     /// A thread could not start.
-    #[error("cannot start thread {name}")]
-    Thread {
-        /// Thread name.
-        name: String,
-        /// The OS error.
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Thread(#[from] tessera_runtime::daemon::ThreadError),
     /// The telemetry endpoint could not start.
     #[error("cannot serve telemetry")]
     Telemetry(#[from] tessera_runtime::ServeError),
@@ -295,10 +289,7 @@ impl Drain {
 }
 
 fn spawn_thread(name: &str, body: impl FnOnce() + Send + 'static) -> Result<std::thread::JoinHandle<()>, StartError> {
-    std::thread::Builder::new()
-        .name(format!("aggregator-{name}"))
-        .spawn(body)
-        .map_err(|source| StartError::Thread { name: name.to_owned(), source })
+    Ok(tessera_runtime::daemon::spawn_thread(format!("aggregator-{name}"), body)?)
 }
 
 /// Wall clock, unix milliseconds.

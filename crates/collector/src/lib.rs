@@ -40,6 +40,7 @@ use tessera_runtime::{Readiness, ServerHandle, Shutdown, Telemetry};
 pub use config::Config;
 use flush::{Destinations, FlushSettings, Flusher};
 use metrics::Metrics;
+use tessera_runtime::daemon::spawn_thread;
 use tessera_runtime::outbound::SenderSettings;
 pub use tessera_topology::{PlacementHandle, PlacementSource};
 use worker::{Worker, WorkerSettings};
@@ -60,14 +61,8 @@ pub enum StartError {
         source: std::io::Error,
     },
     /// A thread could not start.
-    #[error("cannot start thread {name}")]
-    Thread {
-        /// Thread name.
-        name: String,
-        /// The OS error.
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Thread(#[from] tessera_runtime::daemon::ThreadError),
     /// The telemetry endpoint could not start.
     #[error("cannot serve telemetry")]
     Telemetry(#[from] tessera_runtime::telemetry::ServeError),
@@ -162,9 +157,8 @@ impl Collector {
             let socket = intake::unix::bind(path).map_err(|source| StartError::Bind { what, source })?;
             let worker = new_worker("unix", config.unix.gauge_deltas);
             let (max_bytes, stop) = (config.udp.max_datagram_bytes, shutdown.clone());
-            readers.push(spawn_thread("unix-reader".to_owned(), move || {
-                intake::unix::read_loop(socket, worker, max_bytes, stop)
-            })?);
+            readers
+                .push(spawn_thread("unix-reader", move || intake::unix::read_loop(socket, worker, max_bytes, stop))?);
             unix_path = Some(path.clone());
             tracing::info!(path = %path.display(), "listening on unix datagram socket");
         }
@@ -176,9 +170,7 @@ impl Collector {
             let (line_sender, line_receiver) = bounded(intake::stream::CHANNEL_CHUNKS);
             let worker = new_worker("tcp", config.tcp.gauge_deltas);
             let stop = shutdown.clone();
-            readers.push(spawn_thread("tcp-lines".to_owned(), move || {
-                intake::stream::line_loop(line_receiver, worker, stop)
-            })?);
+            readers.push(spawn_thread("tcp-lines", move || intake::stream::line_loop(line_receiver, worker, stop))?);
             let settings = intake::stream::StreamSettings {
                 max_line_bytes: config.parse.max_line_bytes,
                 max_connections: config.tcp.max_connections,
@@ -221,7 +213,7 @@ impl Collector {
             stop_senders.clone(),
             metrics.clone(),
         );
-        let flusher = spawn_thread("flusher".to_owned(), move || flusher.run())?;
+        let flusher = spawn_thread("flusher", move || flusher.run())?;
 
         if let Some(mut drops) = kernel_drops {
             let (metrics, shutdown) = (metrics.clone(), shutdown.clone());
@@ -330,10 +322,6 @@ async fn supervise(
         let _ = server.stopped().await;
     }
     tracing::info!("collector stopped");
-}
-
-fn spawn_thread(name: String, body: impl FnOnce() + Send + 'static) -> Result<std::thread::JoinHandle<()>, StartError> {
-    std::thread::Builder::new().name(name.clone()).spawn(body).map_err(|source| StartError::Thread { name, source })
 }
 
 fn hostname() -> String {

@@ -125,14 +125,8 @@ pub enum StartError {
         source: std::io::Error,
     },
     /// A thread could not start.
-    #[error("cannot start thread {name}")]
-    Thread {
-        /// Thread name.
-        name: String,
-        /// The OS error.
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Thread(#[from] tessera_runtime::daemon::ThreadError),
     /// The telemetry endpoint could not start.
     #[error("cannot serve telemetry")]
     Telemetry(#[from] tessera_runtime::ServeError),
@@ -227,8 +221,7 @@ impl Ingester {
                 retry_initial_backoff: Duration::from_millis(config.pool.retry_initial_backoff_ms),
                 retry_max_backoff: Duration::from_millis(config.pool.retry_max_backoff_ms),
             };
-            let pool = Pool::start(target, reader, settings, shutdown.clone())
-                .map_err(|source| StartError::Thread { name: format!("dispatch-{name}"), source })?;
+            let pool = Pool::start(target, reader, settings, shutdown.clone())?;
             if let Some(policy) = policy {
                 routes.insert(policy, index);
             }
@@ -244,10 +237,7 @@ impl Ingester {
         let converter =
             Converter::new(&config.mapping.quantiles, config.mapping.counter_expire_after_secs as i64 * 1000);
         let writer = Writer { converter, queues: writers, routes, recent, metrics: metrics.clone() };
-        let writer = std::thread::Builder::new()
-            .name("intake-writer".into())
-            .spawn(move || writer.run(job_receiver))
-            .map_err(|source| StartError::Thread { name: "intake-writer".into(), source })?;
+        let writer = tessera_runtime::daemon::spawn_thread("intake-writer", move || writer.run(job_receiver))?;
         let tick = Duration::from_millis((config.queue.fsync_interval_ms / 2).clamp(5, 1000));
         tokio::spawn(tick_writer(jobs.clone(), tick, shutdown.clone()));
 

@@ -34,6 +34,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use std::time::Duration;
 
 use tessera_runtime::Shutdown;
+use tessera_runtime::daemon::{ThreadError, spawn_thread};
 use tokio::sync::mpsc;
 
 use crate::metrics::TargetMetrics;
@@ -177,7 +178,7 @@ impl Pool {
         reader: QueueReader,
         settings: PoolSettings,
         stop: Shutdown,
-    ) -> std::io::Result<Pool> {
+    ) -> Result<Pool, ThreadError> {
         let target = Arc::new(target);
         let mut senders = Vec::with_capacity(settings.workers);
         let mut workers = Vec::with_capacity(settings.workers);
@@ -187,8 +188,7 @@ impl Pool {
             workers.push(tokio::spawn(worker::run(index, target.clone(), receiver, settings.clone(), stop.clone())));
         }
         let name = format!("dispatch-{}", target.name);
-        let dispatcher =
-            std::thread::Builder::new().name(name).spawn(move || dispatch(reader, senders, target, settings))?;
+        let dispatcher = spawn_thread(name, move || dispatch(reader, senders, target, settings))?;
         Ok(Pool { dispatcher, workers })
     }
 

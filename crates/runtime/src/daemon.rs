@@ -122,3 +122,23 @@ where
         run(config, shutdown).await
     })
 }
+
+/// A daemon's named thread could not start.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot start thread {name}")]
+pub struct ThreadError {
+    /// The thread's name.
+    pub name: String,
+    /// The OS error.
+    #[source]
+    pub source: std::io::Error,
+}
+
+/// Starts a named OS thread (the name shows in `top -H` and in panics).
+pub fn spawn_thread(
+    name: impl Into<String>,
+    body: impl FnOnce() + Send + 'static,
+) -> Result<std::thread::JoinHandle<()>, ThreadError> {
+    let name = name.into();
+    std::thread::Builder::new().name(name.clone()).spawn(body).map_err(|source| ThreadError { name, source })
+}
