@@ -110,13 +110,6 @@ impl SeriesKey {
         Ok(())
     }
 
-    /// Sets the key from an id that is already canonical (from the wire).
-    pub fn set_raw(&mut self, kind: MetricKind, canonical_id: &[u8]) {
-        self.buf.clear();
-        self.buf.push(kind_byte(kind));
-        self.buf.extend_from_slice(canonical_id);
-    }
-
     /// The canonical id.
     pub fn id(&self) -> &[u8] {
         self.buf.get(1..).unwrap_or_default()
