@@ -38,7 +38,7 @@ fn mixed(n: usize) -> Partial {
         14 | 15 => Partial {
             kind: MetricKind::Gauge,
             id: id(n),
-            aggregate: Aggregate::Gauge(Gauge { has_value: true, value: n as f64, timestamp_ms: WINDOW, delta: 0.0 }),
+            aggregate: Aggregate::Gauge(Box::new(Gauge::with_value(n as f64, WINDOW * 1_000_000))),
         },
         16..=18 => {
             let mut timer = Distribution::default();

@@ -58,7 +58,7 @@ fn partial(kind: &str, n: usize) -> Partial {
         "gauge" => Partial {
             kind: MetricKind::Gauge,
             id,
-            aggregate: Aggregate::Gauge(Gauge { has_value: true, value: n as f64, timestamp_ms: WINDOW, delta: 0.0 }),
+            aggregate: Aggregate::Gauge(Box::new(Gauge::with_value(n as f64, WINDOW * 1_000_000))),
         },
         "timer" => {
             // 20 samples from 1 to 96 ms: about 200 sketch buckets wide.

@@ -75,6 +75,8 @@ pub struct Metrics {
     pub partials_received: Counter,
     /// Series partials merged into tiles.
     pub partials_merged: Counter,
+    /// Gauge merges whose order was ambiguous.
+    pub gauge_order_ambiguous: Counter,
     batches_rejected: Family<Labels, Counter>,
     partials_rejected: Family<Labels, Counter>,
     frame_errors: Family<Labels, Counter>,
@@ -113,6 +115,7 @@ impl Default for Metrics {
             bytes_received: Counter::default(),
             partials_received: Counter::default(),
             partials_merged: Counter::default(),
+            gauge_order_ambiguous: Counter::default(),
             batches_rejected: Family::default(),
             partials_rejected: Family::default(),
             frame_errors: Family::default(),
@@ -158,6 +161,12 @@ impl Metrics {
             self.partials_received.clone(),
         );
         r.register(format!("{p}partials_merged"), "Series partials merged into tiles", self.partials_merged.clone());
+        r.register(
+            format!("{p}gauge_order_ambiguous"),
+            "Gauge partials merged without knowing the order of every line (deltas of one window spanning \
+             another window's or collector's set, or two sets with one stamp)",
+            self.gauge_order_ambiguous.clone(),
+        );
         r.register(
             format!("{p}batches_rejected"),
             "Partial batches refused, per reason",

@@ -158,6 +158,7 @@ fn merge(
     match tiler.accept(batch, now, emit) {
         Ok(applied) => {
             metrics.partials_merged.inc_by(applied.partials);
+            metrics.gauge_order_ambiguous.inc_by(applied.gauge_order_ambiguous);
             metrics.dropped("series_limit", "series", applied.series_limit);
             ack(sequence, AckStatus::Ok, "", String::new())
         }

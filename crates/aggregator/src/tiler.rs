@@ -170,6 +170,8 @@ pub struct Applied {
     pub new_series: u64,
     /// Partial merges refused because a policy table was full.
     pub series_limit: u64,
+    /// Gauge merges whose order was ambiguous (counted once per policy).
+    pub gauge_order_ambiguous: u64,
 }
 
 /// A tile that closed, cut into wire values.
@@ -292,6 +294,9 @@ impl Tiler {
                     Err(MergeError::Full(_) | MergeError::Aggregate(_)) => applied.series_limit += 1,
                 }
             }
+        }
+        for (policy, &slot) in self.policies.iter_mut().zip(&self.slots) {
+            applied.gauge_order_ambiguous += policy.tables[slot].take_ambiguous_merges();
         }
         Ok(applied)
     }

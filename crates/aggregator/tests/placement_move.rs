@@ -39,12 +39,11 @@ fn window_values(sender: usize, start: i64) -> Vec<SeriesValue> {
         });
     }
     for n in 0..20 {
-        let gauge =
-            Gauge { has_value: true, value: (start / WINDOW_MS % 997 + n) as f64, timestamp_ms: start, delta: 0.0 };
+        let gauge = Gauge::with_value((start / WINDOW_MS % 997 + n) as f64, start * 1_000_000);
         values.push(SeriesValue {
             series_id: format!("load|#n:{n},sender:s{sender}").into_bytes(),
             r#type: tessera_proto::MetricType::Gauge as i32,
-            aggregate: Some(Aggregate::Gauge(gauge).to_proto()),
+            aggregate: Some(Aggregate::Gauge(Box::new(gauge)).to_proto()),
         });
     }
     values

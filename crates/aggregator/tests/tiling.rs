@@ -40,17 +40,13 @@ fn window_values(sender: usize, start: i64) -> (Vec<SeriesValue>, HashMap<Vec<u8
         values.push(value(format!("requests|#route:r{route}"), MetricKind::Counter, &Aggregate::Counter(count)));
     }
     for n in 0..20 {
-        let gauge = tessera_core::aggregate::Gauge {
-            has_value: true,
-            value: ((window % 1000) + n) as f64,
-            timestamp_ms: start + 50,
-            delta: 0.0,
-        };
-        values.push(value(format!("temperature|#n:{n},sender:s{sender}"), MetricKind::Gauge, &Aggregate::Gauge(gauge)));
+        let gauge = tessera_core::aggregate::Gauge::with_value(((window % 1000) + n) as f64, (start + 50) * 1_000_000);
+        let gauge = Aggregate::Gauge(Box::new(gauge));
+        values.push(value(format!("temperature|#n:{n},sender:s{sender}"), MetricKind::Gauge, &gauge));
     }
     for n in 0..10 {
-        let delta = tessera_core::aggregate::Gauge { has_value: false, value: 0.0, timestamp_ms: 0, delta: 1.0 };
-        values.push(value(format!("queue.depth|#n:{n}"), MetricKind::Gauge, &Aggregate::Gauge(delta)));
+        let delta = tessera_core::aggregate::Gauge::with_delta(1.0, (start + 60 + sender as i64) * 1_000_000);
+        values.push(value(format!("queue.depth|#n:{n}"), MetricKind::Gauge, &Aggregate::Gauge(Box::new(delta))));
     }
     for n in 0..20 {
         let mut timer = Distribution::default();

@@ -151,19 +151,26 @@ impl Flusher {
 
     fn merge(&mut self, cut: Cut) {
         let start = cut.window_start_ms;
-        let window = match self.windows.remove(&start) {
+        let mut window = match self.windows.remove(&start) {
             None => Window::Single(cut),
             Some(Window::Single(first)) => {
                 let mut table = self.spare_table();
                 merge_cut(&mut table, &first);
                 merge_cut(&mut table, &cut);
+                // Merged cuts go back to the readers (or are freed when they hold enough).
+                let _ = self.spare_cuts.try_send(first);
+                let _ = self.spare_cuts.try_send(cut);
                 Window::Merged(table)
             }
             Some(Window::Merged(mut table)) => {
                 merge_cut(&mut table, &cut);
+                let _ = self.spare_cuts.try_send(cut);
                 Window::Merged(table)
             }
         };
+        if let Window::Merged(table) = &mut window {
+            self.metrics.gauge_order_ambiguous.inc_by(table.take_ambiguous_merges());
+        }
         self.windows.insert(start, window);
     }
 

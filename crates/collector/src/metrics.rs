@@ -39,6 +39,8 @@ pub struct Metrics {
     pub active_series: Gauge,
     /// Series dropped from reader tables after being idle.
     pub series_expired: Counter,
+    /// Gauge merges of reader partials whose order was ambiguous.
+    pub gauge_order_ambiguous: Counter,
     /// How long merging and routing one window took.
     pub flush_duration: Histogram,
     /// How late a window was handed to forwarding after its end.
@@ -69,6 +71,7 @@ impl Default for Metrics {
             drops: Family::default(),
             active_series: Gauge::default(),
             series_expired: Counter::default(),
+            gauge_order_ambiguous: Counter::default(),
             flush_duration: latency_histogram(),
             flush_lag: latency_histogram(),
             batches_sent: Family::default(),
@@ -130,6 +133,12 @@ impl Metrics {
             "tessera_collector_series_expired",
             "Idle series forgotten by reader tables",
             self.series_expired.clone(),
+        );
+        r.register(
+            "tessera_collector_gauge_order_ambiguous",
+            "Gauge partials of several readers merged without knowing the order of every line \
+             (more than 16 delta stamps per gauge, reader and window, or two sets with one stamp)",
+            self.gauge_order_ambiguous.clone(),
         );
         r.register(
             "tessera_collector_flush_duration_seconds",

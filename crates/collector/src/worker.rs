@@ -6,6 +6,15 @@
 //! the wall clock enters a new window, the worker cuts its table into a
 //! [`Cut`] and sends it to the flusher, which merges the cuts of every
 //! worker for that window.
+//!
+//! # Order
+//!
+//! Every datagram carries its receive stamp (unix nanoseconds: the kernel's
+//! receive time for UDP, the read time for stream and Unix intake), and a
+//! datagram belongs to the window of its stamp. Gauge lines are folded with
+//! that stamp, so that the flusher, merging the cuts of readers that each
+//! got some of one sender's datagrams, restores the order they were sent
+//! in (see [`tessera_core::aggregate::Gauge`]).
 
 use crossbeam_channel::{Receiver, Sender};
 use tessera_core::aggregate::{Aggregate, GaugeDeltas};
@@ -143,25 +152,34 @@ impl Worker {
         }
     }
 
-    /// Cuts the table if `now_ms` is past the current window. Call it before
-    /// every batch and on receive timeouts.
+    /// Cuts the table if `now_ms` is past the current window. Called for
+    /// every datagram with its stamp, and on receive timeouts with the clock.
+    ///
+    /// A time in the window just cut stays in the current one (a datagram
+    /// that waited in the socket across the turn); a jump back by more than
+    /// a window is the clock being stepped, and starts a window there.
     #[inline]
     pub fn tick(&mut self, now_ms: i64) {
+        if now_ms >= self.window_start_ms && now_ms < self.window_start_ms + self.window_ms {
+            return;
+        }
         let window_start_ms = now_ms - now_ms.rem_euclid(self.window_ms);
-        if window_start_ms != self.window_start_ms {
+        if window_start_ms > self.window_start_ms || window_start_ms < self.window_start_ms - self.window_ms {
             self.cut();
             self.window_start_ms = window_start_ms;
         }
     }
 
-    /// Parses one datagram (or one chunk of whole lines) into the table.
+    /// Parses one datagram (or one chunk of whole lines) received at
+    /// `stamp_ns` (unix nanoseconds) into the table of its window.
     #[inline]
-    pub fn ingest(&mut self, data: &[u8], now_ms: i64) {
+    pub fn ingest(&mut self, data: &[u8], stamp_ns: i64) {
+        self.tick(stamp_ns.div_euclid(1_000_000));
         let counts = &mut self.counts;
         let table = &mut self.table;
         counts.datagrams += 1;
         counts.bytes += data.len() as u64;
-        table.fold_datagram(data, self.parse_options, now_ms, |folded| match folded {
+        table.fold_datagram(data, self.parse_options, stamp_ns, |folded| match folded {
             Folded::Metric => counts.lines += 1,
             Folded::TableFull => counts.series_limit += 1,
             Folded::Event => counts.events += 1,
@@ -171,13 +189,13 @@ impl Worker {
 
     /// Records a datagram the kernel truncated: its complete lines are kept
     /// (everything up to the last newline), the cut-off last line is counted.
-    pub fn ingest_truncated(&mut self, data: &[u8], now_ms: i64) {
+    pub fn ingest_truncated(&mut self, data: &[u8], stamp_ns: i64) {
         self.counts.truncated += 1;
         let complete = match memchr::memrchr(b'\n', data) {
             Some(last_newline) => &data[..last_newline],
             None => b"",
         };
-        self.ingest(complete, now_ms);
+        self.ingest(complete, stamp_ns);
         // `ingest` counted the datagram; count its real size.
         self.counts.bytes += (data.len() - complete.len()) as u64;
     }

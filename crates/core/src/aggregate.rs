@@ -3,13 +3,14 @@
 //! | kind | what it keeps | merge |
 //! |---|---|---|
 //! | counter | sum of `value / sample_rate` | add |
-//! | gauge | last value by timestamp, or a pending delta | later set wins; deltas add |
+//! | gauge | last value set and the deltas after it, by order stamp ([`gauge`]) | later set wins; deltas after it add |
 //! | timer, histogram, distribution | count, sum, min, max, [`Sketch`] | add, min, max, sketch merge |
 //! | set | [`HyperLogLog`] of members | register max (union) |
 //!
 //! Every merge is associative, so a 1 s partial from a hundred hosts folds
-//! into one tile with the same meaning in any order (gauges: up to the
-//! order of deltas that carry no timestamp of their own).
+//! into one tile with the same meaning in any order. Gauges, whose sets and
+//! deltas do not commute, carry order stamps so that their merge restores
+//! the order the lines were sent in ([`gauge`]).
 //!
 //! ```
 //! use tessera_core::aggregate::{Aggregate, GaugeDeltas};
@@ -25,6 +26,10 @@
 
 use tessera_proto as proto;
 
+mod gauge;
+
+pub use gauge::{DeltaRun, Gauge, MAX_DELTA_RUNS, MergeOrder};
+
 use crate::hll::{HllError, HyperLogLog};
 use crate::parse::{Line, MetricKind};
 use crate::sketch::{Sketch, SketchError};
@@ -37,57 +42,6 @@ pub enum GaugeDeltas {
     Statsd,
     /// A signed value is simply the new value (`-3` sets the gauge to -3).
     Absolute,
-}
-
-/// A gauge: the last value set, or deltas waiting for a value to apply to.
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
-pub struct Gauge {
-    /// Whether a value was set in this window.
-    pub has_value: bool,
-    /// The value (with later deltas applied) when `has_value`.
-    pub value: f64,
-    /// When `value` was set, unix milliseconds.
-    pub timestamp_ms: i64,
-    /// Sum of deltas seen while no value was set.
-    pub delta: f64,
-}
-
-impl Gauge {
-    /// Sets the value if `timestamp_ms` is not older than the current one.
-    pub fn set(&mut self, value: f64, timestamp_ms: i64) {
-        if !self.has_value || timestamp_ms >= self.timestamp_ms {
-            *self = Gauge { has_value: true, value, timestamp_ms, delta: 0.0 };
-        }
-    }
-
-    /// Adds a delta to the value, or to the pending delta.
-    pub fn add_delta(&mut self, delta: f64) {
-        if self.has_value {
-            self.value += delta;
-        } else {
-            self.delta += delta;
-        }
-    }
-
-    /// Folds `other` (a later or concurrent window) into this gauge.
-    pub fn merge(&mut self, other: &Gauge) {
-        if other.has_value {
-            self.set(other.value, other.timestamp_ms);
-        } else {
-            self.add_delta(other.delta);
-        }
-    }
-
-    /// The gauge's value given the value it had before this window.
-    pub fn resolve(&self, previous: Option<f64>) -> Option<f64> {
-        if self.has_value {
-            return Some(self.value);
-        }
-        if self.delta != 0.0 {
-            return Some(previous.unwrap_or(0.0) + self.delta);
-        }
-        previous
-    }
 }
 
 /// Summary of a timer, histogram or distribution.
@@ -145,8 +99,8 @@ impl Distribution {
 pub enum Aggregate {
     /// Sum of `value / sample_rate`.
     Counter(f64),
-    /// Last value.
-    Gauge(Gauge),
+    /// Last value and the deltas after it (boxed: most series are counters).
+    Gauge(Box<Gauge>),
     /// Timer, histogram or distribution summary (boxed: it is large).
     Distribution(Box<Distribution>),
     /// Distinct members.
@@ -184,6 +138,9 @@ pub enum AggregateError {
     /// The set is invalid.
     #[error("invalid set")]
     Set(#[from] HllError),
+    /// A gauge's deltas end before they start.
+    #[error("gauge deltas end before they start")]
+    BadDeltaRange,
 }
 
 impl Aggregate {
@@ -191,7 +148,7 @@ impl Aggregate {
     pub fn new(kind: MetricKind) -> Aggregate {
         match kind {
             MetricKind::Counter => Aggregate::Counter(0.0),
-            MetricKind::Gauge => Aggregate::Gauge(Gauge::default()),
+            MetricKind::Gauge => Aggregate::Gauge(Box::default()),
             MetricKind::Timer | MetricKind::Histogram | MetricKind::Distribution => {
                 Aggregate::Distribution(Box::default())
             }
@@ -199,10 +156,12 @@ impl Aggregate {
         }
     }
 
-    /// Folds one parsed line into the aggregate. `now_ms` stamps gauges
-    /// whose line carries no timestamp. The line's kind must match.
+    /// Folds one parsed line into the aggregate. `stamp_ns` (unix
+    /// nanoseconds, when the line was received) orders gauge lines; a gauge
+    /// set with a `|T` timestamp is ordered by it instead. The line's kind
+    /// must match.
     #[inline]
-    pub fn observe(&mut self, line: &Line<'_>, now_ms: i64, gauge_deltas: GaugeDeltas) {
+    pub fn observe(&mut self, line: &Line<'_>, stamp_ns: i64, gauge_deltas: GaugeDeltas) {
         match self {
             Aggregate::Counter(sum) => {
                 let rate = line.sample_rate;
@@ -215,12 +174,13 @@ impl Aggregate {
                 }
             }
             Aggregate::Gauge(gauge) => {
-                let timestamp_ms = line.timestamp.map_or(now_ms, |seconds| (seconds as i64).saturating_mul(1000));
+                let set_stamp_ns =
+                    line.timestamp.map_or(stamp_ns, |seconds| (seconds as i64).saturating_mul(1_000_000_000));
                 for value in line.values() {
                     if value.signed && gauge_deltas == GaugeDeltas::Statsd {
-                        gauge.add_delta(value.value);
+                        gauge.add_delta(value.value, stamp_ns);
                     } else {
-                        gauge.set(value.value, timestamp_ms);
+                        gauge.set(value.value, set_stamp_ns);
                     }
                 }
             }
@@ -238,20 +198,21 @@ impl Aggregate {
     /// [`Aggregate::observe`] does with a line [`parse_simple`](crate::parse::parse_simple)
     /// recognised, which is never a set.
     #[inline]
-    pub fn observe_value(&mut self, value: f64, now_ms: i64) {
+    pub fn observe_value(&mut self, value: f64, stamp_ns: i64) {
         match self {
             Aggregate::Counter(sum) => *sum += value,
-            Aggregate::Gauge(gauge) => gauge.set(value, now_ms),
+            Aggregate::Gauge(gauge) => gauge.set(value, stamp_ns),
             Aggregate::Distribution(summary) => summary.insert(value, 1.0),
             Aggregate::Set(_) => debug_assert!(false, "a set member is not a plain value"),
         }
     }
 
-    /// Folds `other` into this aggregate.
-    pub fn merge(&mut self, other: &Aggregate) -> Result<(), AggregateError> {
+    /// Folds `other` into this aggregate. Only gauges can be
+    /// [`MergeOrder::Ambiguous`]; see [`Gauge::merge`].
+    pub fn merge(&mut self, other: &Aggregate) -> Result<MergeOrder, AggregateError> {
         match (self, other) {
             (Aggregate::Counter(sum), Aggregate::Counter(more)) => *sum += more,
-            (Aggregate::Gauge(gauge), Aggregate::Gauge(later)) => gauge.merge(later),
+            (Aggregate::Gauge(gauge), Aggregate::Gauge(other)) => return Ok(gauge.merge(other)),
             (Aggregate::Distribution(summary), Aggregate::Distribution(more)) => summary.merge(more),
             (Aggregate::Set(set), Aggregate::Set(more)) => set.merge(more),
             (existing, incoming) => {
@@ -261,14 +222,14 @@ impl Aggregate {
                 });
             }
         }
-        Ok(())
+        Ok(MergeOrder::Exact)
     }
 
     /// Empties the aggregate, keeping its allocations for reuse.
     pub fn reset(&mut self) {
         match self {
             Aggregate::Counter(sum) => *sum = 0.0,
-            Aggregate::Gauge(gauge) => *gauge = Gauge::default(),
+            Aggregate::Gauge(gauge) => gauge.clear(),
             Aggregate::Distribution(summary) => summary.clear(),
             Aggregate::Set(set) => set.clear(),
         }
@@ -295,7 +256,8 @@ impl Aggregate {
     /// Bytes held on the heap (for memory accounting).
     pub fn heap_bytes(&self) -> usize {
         match self {
-            Aggregate::Counter(_) | Aggregate::Gauge(_) => 0,
+            Aggregate::Counter(_) => 0,
+            Aggregate::Gauge(gauge) => std::mem::size_of::<Gauge>() + std::mem::size_of_val(gauge.runs()),
             Aggregate::Distribution(summary) => std::mem::size_of::<Distribution>() + summary.sketch.heap_bytes(),
             Aggregate::Set(set) => std::mem::size_of::<HyperLogLog>() + set.heap_bytes(),
         }
@@ -306,12 +268,7 @@ impl Aggregate {
         use proto::aggregate::Value;
         let value = match self {
             Aggregate::Counter(sum) => Value::Counter(*sum),
-            Aggregate::Gauge(gauge) => Value::Gauge(proto::Gauge {
-                has_value: gauge.has_value,
-                value: gauge.value,
-                timestamp_ms: gauge.timestamp_ms,
-                delta: gauge.delta,
-            }),
+            Aggregate::Gauge(gauge) => Value::Gauge(gauge_to_proto(gauge)),
             Aggregate::Distribution(summary) => Value::Distribution(proto::Distribution {
                 count: summary.count,
                 sum: summary.sum,
@@ -333,16 +290,7 @@ impl Aggregate {
                 finite(*sum, "sum", "counter")?;
                 Aggregate::Counter(*sum)
             }
-            Value::Gauge(gauge) => {
-                finite(gauge.value, "value", "gauge")?;
-                finite(gauge.delta, "delta", "gauge")?;
-                Aggregate::Gauge(Gauge {
-                    has_value: gauge.has_value,
-                    value: gauge.value,
-                    timestamp_ms: gauge.timestamp_ms,
-                    delta: gauge.delta,
-                })
-            }
+            Value::Gauge(gauge) => Aggregate::Gauge(Box::new(gauge_from_proto(gauge)?)),
             Value::Distribution(summary) => {
                 finite(summary.count, "count", "distribution")?;
                 finite(summary.sum, "sum", "distribution")?;
@@ -388,6 +336,39 @@ pub fn kind_from_proto(metric_type: i32) -> Result<MetricKind, AggregateError> {
     }
 }
 
+/// The wire form of a gauge: its set and its deltas joined into one run
+/// (a window's partial; see [`Gauge::join_runs`]).
+fn gauge_to_proto(gauge: &Gauge) -> proto::Gauge {
+    let runs = gauge.runs();
+    let (delta_first_ns, delta_last_ns) = match (runs.first(), runs.iter().map(|run| run.last_ns).max()) {
+        (Some(first), Some(last)) => (first.first_ns, last),
+        _ => (0, 0),
+    };
+    proto::Gauge {
+        has_value: gauge.has_value,
+        value: gauge.value,
+        timestamp_ns: gauge.timestamp_ns,
+        delta: gauge.delta(),
+        has_delta: !runs.is_empty(),
+        delta_first_ns,
+        delta_last_ns,
+    }
+}
+
+fn gauge_from_proto(wire: &proto::Gauge) -> Result<Gauge, AggregateError> {
+    finite(wire.value, "value", "gauge")?;
+    finite(wire.delta, "delta", "gauge")?;
+    let mut gauge = if wire.has_value { Gauge::with_value(wire.value, wire.timestamp_ns) } else { Gauge::default() };
+    if wire.has_delta {
+        if wire.delta_first_ns > wire.delta_last_ns {
+            return Err(AggregateError::BadDeltaRange);
+        }
+        let first_ns = if wire.has_value { wire.delta_first_ns.max(wire.timestamp_ns) } else { wire.delta_first_ns };
+        gauge.set_run(Some(DeltaRun { first_ns, last_ns: wire.delta_last_ns.max(first_ns), sum: wire.delta }));
+    }
+    Ok(gauge)
+}
+
 fn finite(value: f64, field: &'static str, kind: &'static str) -> Result<(), AggregateError> {
     if value.is_finite() { Ok(()) } else { Err(AggregateError::NonFinite { field, kind }) }
 }
@@ -429,22 +410,17 @@ mod tests {
 
     #[test]
     fn gauge_merge_keeps_the_later_timestamp() {
-        let mut early = Gauge::default();
-        early.set(1.0, 1000);
-        let mut late = Gauge::default();
-        late.set(2.0, 2000);
-        let mut a = early;
-        a.merge(&late);
+        let early = Gauge::with_value(1.0, 1000);
+        let late = Gauge::with_value(2.0, 2000);
+        let mut a = early.clone();
+        assert_eq!(a.merge(&late), MergeOrder::Exact);
         let mut b = late;
-        b.merge(&early);
+        assert_eq!(b.merge(&early), MergeOrder::Exact);
         assert_eq!(a.resolve(None), Some(2.0));
         assert_eq!(b.resolve(None), Some(2.0));
-        // `|T` timestamps order sets regardless of arrival.
+        // `|T` timestamps (seconds) order sets regardless of arrival.
         let stamped = observe_all(MetricKind::Gauge, &[b"g:5|g|T2000", b"g:7|g|T1000"], GaugeDeltas::Statsd);
-        assert_eq!(
-            stamped,
-            Aggregate::Gauge(Gauge { has_value: true, value: 5.0, timestamp_ms: 2_000_000, delta: 0.0 })
-        );
+        assert_eq!(stamped, Aggregate::Gauge(Box::new(Gauge::with_value(5.0, 2_000_000_000_000))));
     }
 
     #[test]
@@ -462,7 +438,10 @@ mod tests {
         let whole = observe_all(MetricKind::Distribution, &refs, GaugeDeltas::Statsd);
         let mut merged = Aggregate::new(MetricKind::Distribution);
         for chunk in refs.chunks(7) {
-            merged.merge(&observe_all(MetricKind::Distribution, chunk, GaugeDeltas::Statsd)).unwrap();
+            assert_eq!(
+                merged.merge(&observe_all(MetricKind::Distribution, chunk, GaugeDeltas::Statsd)).unwrap(),
+                MergeOrder::Exact
+            );
         }
         assert_eq!(merged, whole);
 
@@ -471,7 +450,10 @@ mod tests {
         let whole = observe_all(MetricKind::Set, &refs, GaugeDeltas::Statsd);
         let mut merged = Aggregate::new(MetricKind::Set);
         for chunk in refs.chunks(100) {
-            merged.merge(&observe_all(MetricKind::Set, chunk, GaugeDeltas::Statsd)).unwrap();
+            assert_eq!(
+                merged.merge(&observe_all(MetricKind::Set, chunk, GaugeDeltas::Statsd)).unwrap(),
+                MergeOrder::Exact
+            );
         }
         assert_eq!(merged, whole);
     }

@@ -28,7 +28,7 @@ use std::hash::BuildHasher;
 
 use hashbrown::HashTable;
 
-use crate::aggregate::{Aggregate, AggregateError, GaugeDeltas};
+use crate::aggregate::{Aggregate, AggregateError, GaugeDeltas, MergeOrder};
 use crate::parse::{
     Line, MetricKind, ParseOptions, Parsed, RejectReason, SimpleLine, canonical_tags_len, parse_line_with,
     parse_simple_prefix, split_line,
@@ -288,6 +288,8 @@ pub struct Table {
     seed: u64,
     key: SeriesKey,
     options: TableOptions,
+    /// Gauge merges whose order was ambiguous, since the last take.
+    ambiguous_merges: u64,
 }
 
 impl Table {
@@ -298,27 +300,36 @@ impl Table {
             seed: foldhash::fast::RandomState::default().hash_one(0u8),
             key: SeriesKey::default(),
             options,
+            ambiguous_merges: 0,
         }
     }
 
     /// Parses every line of `datagram` and folds each metric into its
     /// series, calling `each` with what became of every non-blank line.
+    /// `stamp_ns` is when the datagram was received (unix nanoseconds): it
+    /// orders gauge lines (see [`Gauge`](crate::aggregate::Gauge)).
     ///
     /// Lines of the common shape `name:value|type` take [`parse_simple_prefix`] and
     /// are looked up by their name in place; the rest take the full parser.
     #[inline]
-    pub fn fold_datagram(&mut self, datagram: &[u8], options: ParseOptions, now_ms: i64, mut each: impl FnMut(Folded)) {
+    pub fn fold_datagram(
+        &mut self,
+        datagram: &[u8],
+        options: ParseOptions,
+        stamp_ns: i64,
+        mut each: impl FnMut(Folded),
+    ) {
         let mut rest = datagram;
         while !rest.is_empty() {
             if let Some((simple, used)) = parse_simple_prefix(rest, options.max_line_bytes) {
                 rest = &rest[used..];
-                each(Folded::metric(self.observe_simple(&simple, now_ms)));
+                each(Folded::metric(self.observe_simple(&simple, stamp_ns)));
                 continue;
             }
             let (line, after) = split_line(rest);
             rest = after;
             if !line.is_empty() {
-                each(self.fold_full(line, options, now_ms));
+                each(self.fold_full(line, options, stamp_ns));
             }
         }
     }
@@ -326,9 +337,9 @@ impl Table {
     /// Parses one line (without its newline) with the full parser and folds
     /// it into its series: the path of every line [`parse_simple_prefix`]
     /// did not take.
-    fn fold_full(&mut self, line: &[u8], options: ParseOptions, now_ms: i64) -> Folded {
+    fn fold_full(&mut self, line: &[u8], options: ParseOptions, stamp_ns: i64) -> Folded {
         match parse_line_with(line, options) {
-            Parsed::Metric(line) => Folded::metric(self.observe(&line, now_ms)),
+            Parsed::Metric(line) => Folded::metric(self.observe(&line, stamp_ns)),
             Parsed::Event(_) | Parsed::ServiceCheck(_) => Folded::Event,
             Parsed::Rejected { reason, .. } => Folded::Rejected(reason),
         }
@@ -339,16 +350,16 @@ impl Table {
     ///
     /// Returns whether the series is new to the table.
     #[inline(always)]
-    pub fn observe_simple(&mut self, line: &SimpleLine<'_>, now_ms: i64) -> Result<bool, TableFull> {
+    pub fn observe_simple(&mut self, line: &SimpleLine<'_>, stamp_ns: i64) -> Result<bool, TableFull> {
         let parts = KeyParts { kind_byte: kind_byte(line.kind), name: line.name, tags: line.tags };
         let hash = parts.hash(self.seed);
         if let Some(slot) = self.slots.find_mut(hash, |slot| slot.key.matches(&parts)) {
-            slot.aggregate.observe_value(line.value, now_ms);
+            slot.aggregate.observe_value(line.value, stamp_ns);
             slot.touched = true;
             return Ok(false);
         }
         let slot = Self::insert_into(&mut self.slots, &self.options, hash, &parts, line.kind)?;
-        slot.aggregate.observe_value(line.value, now_ms);
+        slot.aggregate.observe_value(line.value, stamp_ns);
         Ok(true)
     }
 
@@ -362,11 +373,12 @@ impl Table {
         self.slots.is_empty()
     }
 
-    /// Folds a parsed line into its series' aggregate.
+    /// Folds a parsed line into its series' aggregate; `stamp_ns` is when
+    /// it was received (unix nanoseconds), which orders gauge lines.
     ///
     /// Returns whether the series is new to the table.
     #[inline]
-    pub fn observe(&mut self, line: &Line<'_>, now_ms: i64) -> Result<bool, TableFull> {
+    pub fn observe(&mut self, line: &Line<'_>, stamp_ns: i64) -> Result<bool, TableFull> {
         let kind_byte = kind_byte(line.kind);
         // Without tags, or with tags already in canonical order, the key's
         // pieces lie in the line: no key to build.
@@ -386,29 +398,39 @@ impl Table {
         let gauge_deltas = self.options.gauge_deltas;
         let hash = parts.hash(self.seed);
         if let Some(slot) = self.slots.find_mut(hash, |slot| slot.key.matches(&parts)) {
-            slot.aggregate.observe(line, now_ms, gauge_deltas);
+            slot.aggregate.observe(line, stamp_ns, gauge_deltas);
             slot.touched = true;
             return Ok(false);
         }
         let slot = Self::insert_into(&mut self.slots, &self.options, hash, &parts, line.kind)?;
-        slot.aggregate.observe(line, now_ms, gauge_deltas);
+        slot.aggregate.observe(line, stamp_ns, gauge_deltas);
         Ok(true)
     }
 
     /// Merges an aggregate for series `id` of `kind` into the table.
+    /// Gauge merges whose order was ambiguous are counted
+    /// ([`Table::take_ambiguous_merges`]).
     ///
     /// Returns whether the series is new to the table.
     pub fn merge(&mut self, kind: MetricKind, id: &[u8], aggregate: &Aggregate) -> Result<bool, MergeError> {
         let parts = KeyParts::of_id(kind, id);
         let hash = parts.hash(self.seed);
         if let Some(slot) = self.slots.find_mut(hash, |slot| slot.key.matches(&parts)) {
-            slot.aggregate.merge(aggregate)?;
+            let order = slot.aggregate.merge(aggregate)?;
+            self.ambiguous_merges += u64::from(order == MergeOrder::Ambiguous);
             slot.touched = true;
             return Ok(false);
         }
         let slot = Self::insert_into(&mut self.slots, &self.options, hash, &parts, kind)?;
-        slot.aggregate.merge(aggregate)?;
+        let order = slot.aggregate.merge(aggregate)?;
+        self.ambiguous_merges += u64::from(order == MergeOrder::Ambiguous);
         Ok(true)
+    }
+
+    /// Gauge merges since the last call whose order was ambiguous (see
+    /// [`Gauge::merge`](crate::aggregate::Gauge::merge)), resetting the count.
+    pub fn take_ambiguous_merges(&mut self) -> u64 {
+        std::mem::take(&mut self.ambiguous_merges)
     }
 
     /// Inserts a new slot (the caller has looked the key up and not found it).

@@ -18,7 +18,11 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use crate::{Frame, Hello, HelloAck, Role, frame::Body};
 
 /// The protocol version this build speaks.
-pub const PROTOCOL_VERSION: u32 = 1;
+///
+/// - 1: the first contract;
+/// - 2: gauges carry order stamps in nanoseconds and a delta range
+///   (`Gauge.timestamp_ns`, `has_delta`, `delta_first_ns`, `delta_last_ns`).
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// Default maximum size of one frame's body: 64 MiB.
 ///
@@ -324,7 +328,11 @@ mod tests {
 
         let (mut client, mut server) = tokio::io::duplex(1 << 16);
         let old = Frame {
-            body: Some(Body::Hello(Hello { protocol_version: 99, role: Role::Tool as i32, instance_id: "t".into() })),
+            body: Some(Body::Hello(Hello {
+                protocol_version: PROTOCOL_VERSION - 1,
+                role: Role::Tool as i32,
+                instance_id: "t".into(),
+            })),
         };
         let send = async {
             write_frame(&mut client, &old, 1024).await.unwrap();
@@ -332,9 +340,16 @@ mod tests {
             read_frame(&mut client, &mut scratch, 1024).await.unwrap()
         };
         let (answer, s) = tokio::join!(send, server_handshake(&mut server, "agg1"));
-        assert!(matches!(s.unwrap_err(), HandshakeError::Version { peer: 99, ours: 1 }));
+        let refused = s.unwrap_err();
+        assert!(
+            matches!(refused, HandshakeError::Version { peer, ours: PROTOCOL_VERSION } if peer == PROTOCOL_VERSION - 1),
+            "{refused}"
+        );
         match answer.body {
-            Some(Body::HelloAck(ack)) => assert!(!ack.accepted && ack.message.contains("version 99")),
+            Some(Body::HelloAck(ack)) => {
+                let old_version = format!("version {} not supported", PROTOCOL_VERSION - 1);
+                assert!(!ack.accepted && ack.message.contains(&old_version), "{}", ack.message);
+            }
             other => panic!("expected a refusing hello_ack, got {other:?}"),
         }
     }

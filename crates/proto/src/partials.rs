@@ -221,7 +221,7 @@ mod tests {
                 r#type: if i % 3 == 0 { MetricType::Gauge as i32 } else { MetricType::Counter as i32 },
                 aggregate: Some(Aggregate {
                     value: Some(if i % 3 == 0 {
-                        Value::Gauge(Gauge { has_value: true, value: i as f64, timestamp_ms: 5, delta: 0.0 })
+                        Value::Gauge(Gauge { has_value: true, value: i as f64, timestamp_ns: 5, ..Gauge::default() })
                     } else {
                         Value::Counter(i as f64 * 0.5)
                     }),

@@ -177,13 +177,13 @@ fn tile_value(
                     gauges.insert(id.into(), LastGauge { value, tile_start_ms });
                 }
             }
-            let timestamp_ms = if gauge.has_value { gauge.timestamp_ms } else { tile_end_ms };
+            let timestamp_ns = if gauge.has_value { gauge.timestamp_ns } else { tile_end_ms.saturating_mul(1_000_000) };
             proto::Aggregate {
                 value: Some(proto::aggregate::Value::Gauge(proto::Gauge {
                     has_value: true,
                     value,
-                    timestamp_ms,
-                    delta: 0.0,
+                    timestamp_ns,
+                    ..proto::Gauge::default()
                 })),
             }
         }

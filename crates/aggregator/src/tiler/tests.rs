@@ -22,7 +22,7 @@ fn counter(id: &str, value: f64) -> Partial {
 }
 
 fn gauge(id: &str, gauge: Gauge) -> Partial {
-    Partial { kind: MetricKind::Gauge, id: id.as_bytes().to_vec(), aggregate: Aggregate::Gauge(gauge) }
+    Partial { kind: MetricKind::Gauge, id: id.as_bytes().to_vec(), aggregate: Aggregate::Gauge(Box::new(gauge)) }
 }
 
 fn batch(window_start_ms: i64, window_ms: i64, partials: Vec<Partial>) -> Batch {
@@ -149,14 +149,21 @@ fn windows_too_far_ahead_or_across_a_boundary_are_refused() {
 fn gauges_resolve_deltas_against_the_previous_tile_and_keep_the_latest_set() {
     let mut tiler = Tiler::new(settings(&["1s:1h"]), T0);
     let mut sink = Sink::default();
-    let set = |value, timestamp_ms| Gauge { has_value: true, value, timestamp_ms, delta: 0.0 };
-    let delta = |delta| Gauge { has_value: false, value: 0.0, timestamp_ms: 0, delta };
+    let set = |value, at_ms: i64| Gauge::with_value(value, at_ms * 1_000_000);
+    let delta = |delta, at_ms: i64| Gauge::with_delta(delta, at_ms * 1_000_000);
     let sends = [
-        (0, vec![gauge("g", set(10.0, T0 + 200)), gauge("d", delta(5.0))]),
+        (0, vec![gauge("g", set(10.0, T0 + 200)), gauge("d", delta(5.0, T0 + 300))]),
         // A later set arriving first still wins over an earlier one.
-        (1, vec![gauge("g", set(7.0, T0 + 1_900)), gauge("g", set(3.0, T0 + 1_100)), gauge("d", delta(2.0))]),
-        (2, vec![gauge("g", delta(5.0)), gauge("d", delta(-1.0))]),
-        (4, vec![gauge("g", delta(-2.0))]),
+        (
+            1,
+            vec![
+                gauge("g", set(7.0, T0 + 1_900)),
+                gauge("g", set(3.0, T0 + 1_100)),
+                gauge("d", delta(2.0, T0 + 1_300)),
+            ],
+        ),
+        (2, vec![gauge("g", delta(5.0, T0 + 2_100)), gauge("d", delta(-1.0, T0 + 2_200))]),
+        (4, vec![gauge("g", delta(-2.0, T0 + 4_500))]),
     ];
     for (second, partials) in sends {
         let start = T0 + second * 1000;
@@ -167,6 +174,57 @@ fn gauges_resolve_deltas_against_the_previous_tile_and_keep_the_latest_set() {
     assert_eq!(g, [Some(10.0), Some(7.0), Some(12.0), None, Some(10.0)]);
     let d: Vec<Option<f64>> = (1..=3).map(|second| sink.gauge(0, T0 + second * 1000, "d")).collect();
     assert_eq!(d, [Some(5.0), Some(7.0), Some(6.0)], "a delta-only gauge starts at 0");
+}
+
+#[test]
+fn gauge_windows_merge_in_the_order_their_lines_were_sent_whatever_order_they_arrive_in() {
+    let set = |value, at_ms: i64| Gauge::with_value(value, at_ms * 1_000_000);
+    let delta = |delta, at_ms: i64| Gauge::with_delta(delta, at_ms * 1_000_000);
+    // One 10 s tile; collector A sets 70 in its second window and sends +5
+    // and -2 in its fourth; collector B sent a delta before the set (it is
+    // superseded) and one after it.
+    let windows = [
+        (1, gauge("g", delta(100.0, T0 + 1_500))),
+        (2, gauge("g", set(70.0, T0 + 2_100))),
+        (3, gauge("g", delta(4.0, T0 + 3_200))),
+        (
+            4,
+            gauge("g", {
+                let mut deltas = delta(5.0, T0 + 4_100);
+                deltas.add_delta(-2.0, (T0 + 4_200) * 1_000_000);
+                deltas
+            }),
+        ),
+    ];
+    // Every arrival order of the four windows gives 70 + 4 + 5 - 2.
+    let orders = [[0, 1, 2, 3], [3, 2, 1, 0], [2, 0, 3, 1], [1, 3, 0, 2], [3, 0, 1, 2]];
+    for order in orders {
+        let mut tiler = Tiler::new(settings(&["10s:1h"]), T0);
+        let mut sink = Sink::default();
+        let mut ambiguous = 0;
+        for index in order {
+            let (second, partial) = windows[index].clone();
+            let start = T0 + second * 1000;
+            let applied = tiler.accept(&batch(start, 1000, vec![partial]), T0 + 5_000, &mut sink.emit()).unwrap();
+            ambiguous += applied.gauge_order_ambiguous;
+        }
+        tiler.close_due(T0 + 20_000, &mut sink.emit());
+        assert_eq!(sink.gauge(0, T0 + 10_000, "g"), Some(77.0), "arrival order {order:?}");
+        assert_eq!(ambiguous, 0);
+    }
+
+    // A delta window that spans another collector's set cannot be placed: counted.
+    let mut tiler = Tiler::new(settings(&["10s:1h"]), T0);
+    let mut sink = Sink::default();
+    let mut spanning = delta(1.0, T0 + 1_100);
+    spanning.add_delta(1.0, (T0 + 1_900) * 1_000_000);
+    spanning.join_runs();
+    tiler
+        .accept(&batch(T0 + 1_000, 1000, vec![gauge("g", set(10.0, T0 + 1_500))]), T0 + 2_000, &mut sink.emit())
+        .unwrap();
+    let applied =
+        tiler.accept(&batch(T0 + 1_000, 1000, vec![gauge("g", spanning)]), T0 + 2_000, &mut sink.emit()).unwrap();
+    assert_eq!(applied.gauge_order_ambiguous, 1);
 }
 
 #[test]
@@ -249,7 +307,7 @@ fn a_full_table_refuses_new_series_and_counts_them() {
     let mut sink = Sink::default();
     let partials = vec![counter("a", 1.0), counter("b", 1.0), counter("c", 1.0)];
     let applied = tiler.accept(&batch(T0, 1000, partials), T0 + 1100, &mut sink.emit()).unwrap();
-    assert_eq!(applied, Applied { partials: 3, new_series: 4, series_limit: 2 });
+    assert_eq!(applied, Applied { partials: 3, new_series: 4, series_limit: 2, gauge_order_ambiguous: 0 });
 }
 
 #[test]

@@ -108,7 +108,9 @@ impl Model {
                 let tile_end = policy.tile_start_ms(window_start_ms) + policy.resolution_ms();
                 let key = (policy.to_string(), tile_end, kind, value.series_id.clone());
                 match self.tiles.get_mut(&key) {
-                    Some(existing) => existing.merge(&aggregate).unwrap(),
+                    Some(existing) => {
+                        let _ = existing.merge(&aggregate).unwrap();
+                    }
                     None => {
                         self.tiles.insert(key, aggregate.clone());
                     }
@@ -129,7 +131,9 @@ impl Model {
     pub fn absorb(&mut self, other: Model) {
         for (key, aggregate) in other.tiles {
             match self.tiles.get_mut(&key) {
-                Some(existing) => existing.merge(&aggregate).unwrap(),
+                Some(existing) => {
+                    let _ = existing.merge(&aggregate).unwrap();
+                }
                 None => {
                     self.tiles.insert(key, aggregate);
                 }

@@ -18,8 +18,8 @@ use tessera_runtime::shutdown::Shutdown;
 use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};
 
-use super::now_ms;
 use super::udp::RECV_TIMEOUT;
+use super::{now_ms, now_ns};
 use crate::metrics::ListenerMetrics;
 use crate::worker::{BatchCounts, Worker};
 
@@ -149,9 +149,9 @@ pub fn line_loop(lines: Receiver<Vec<u8>>, mut worker: Worker, shutdown: Shutdow
     loop {
         match lines.recv_timeout(RECV_TIMEOUT) {
             Ok(chunk) => {
-                let now = now_ms();
-                worker.tick(now);
-                worker.ingest(&chunk, now);
+                // One thread reads every connection's chunks in order, so the
+                // read time orders one connection's lines.
+                worker.ingest(&chunk, now_ns());
                 worker.publish_counts();
             }
             Err(RecvTimeoutError::Timeout) => {

@@ -1,5 +1,6 @@
 //! The only unsafe code of the collector: batched receive with `recvmmsg`
-//! and the reuseport distribution program, both thin wrappers over libc.
+//! (with each datagram's kernel receive stamp), and the reuseport
+//! distribution program, thin wrappers over libc.
 #![allow(unsafe_code)]
 
 use std::io;
@@ -13,8 +14,28 @@ pub struct RecvBatch {
     stride: usize,
     /// Kept alive (and never moved) because `headers` point into it.
     _iovecs: Vec<libc::iovec>,
+    /// Kept alive for the same reason: one control buffer per datagram, for its `SCM_TIMESTAMPNS`; u64s so
+    /// that every buffer is aligned for a `cmsghdr`.
+    _controls: Vec<u64>,
     headers: Vec<libc::mmsghdr>,
     received: usize,
+}
+
+/// Words of control buffer per datagram: room for one `SCM_TIMESTAMPNS`
+/// message (a `cmsghdr` and a `timespec`, 32 bytes on 64-bit Linux) and
+/// one more of any size the kernel might add.
+const CONTROL_WORDS: usize = 8;
+
+/// One datagram of a [`RecvBatch`].
+#[derive(Debug, Clone, Copy)]
+pub struct Datagram<'a> {
+    /// Its bytes (cut at the buffer's size when truncated).
+    pub bytes: &'a [u8],
+    /// Whether the kernel truncated it (it was longer than the buffer).
+    pub truncated: bool,
+    /// When the kernel received it, unix nanoseconds, if the socket has
+    /// receive stamps on ([`enable_receive_stamps`]).
+    pub stamp_ns: Option<i64>,
 }
 
 // SAFETY: the raw pointers in `iovecs` and `headers` point into `buffers` and
@@ -32,17 +53,20 @@ impl RecvBatch {
             .chunks_mut(stride)
             .map(|chunk| libc::iovec { iov_base: chunk.as_mut_ptr().cast(), iov_len: datagram_bytes })
             .collect();
+        let mut controls = vec![0u64; capacity * CONTROL_WORDS];
         let headers = iovecs
             .iter_mut()
-            .map(|iovec| {
+            .zip(controls.chunks_mut(CONTROL_WORDS))
+            .map(|(iovec, control)| {
                 // SAFETY: mmsghdr is a plain C struct for which all-zero is a valid value.
                 let mut header: libc::mmsghdr = unsafe { std::mem::zeroed() };
                 header.msg_hdr.msg_iov = iovec;
                 header.msg_hdr.msg_iovlen = 1;
+                header.msg_hdr.msg_control = control.as_mut_ptr().cast();
                 header
             })
             .collect();
-        RecvBatch { buffers, datagram_bytes, stride, _iovecs: iovecs, headers, received: 0 }
+        RecvBatch { buffers, datagram_bytes, stride, _iovecs: iovecs, _controls: controls, headers, received: 0 }
     }
 
     /// Receives up to the batch's capacity of datagrams from `socket`,
@@ -53,11 +77,14 @@ impl RecvBatch {
         for header in &mut self.headers {
             header.msg_len = 0;
             header.msg_hdr.msg_flags = 0;
+            // The kernel writes back how much control data it stored.
+            header.msg_hdr.msg_controllen = CONTROL_WORDS * 8;
         }
         let fd: RawFd = socket.as_raw_fd();
         // SAFETY: `headers` holds `headers.len()` initialised mmsghdr whose
         // iovecs point at distinct `datagram_bytes`-long regions of
-        // `buffers`, all alive for the duration of the call; MSG_WAITFORONE
+        // `buffers` and whose controls point at distinct `CONTROL_WORDS`
+        // regions of `controls`, all alive for the duration of the call; MSG_WAITFORONE
         // makes the call return once at least one datagram arrived.
         let n = unsafe {
             libc::recvmmsg(
@@ -75,14 +102,13 @@ impl RecvBatch {
         Ok(self.received)
     }
 
-    /// The datagrams of the last receive, each with whether the kernel
-    /// truncated it (it was longer than the buffer).
-    pub fn datagrams(&self) -> impl Iterator<Item = (&[u8], bool)> {
+    /// The datagrams of the last receive.
+    pub fn datagrams(&self) -> impl Iterator<Item = Datagram<'_>> {
         self.headers[..self.received].iter().enumerate().map(|(i, header)| {
             let start = i * self.stride;
             let len = (header.msg_len as usize).min(self.datagram_bytes);
             let truncated = header.msg_hdr.msg_flags & libc::MSG_TRUNC != 0;
-            (&self.buffers[start..start + len], truncated)
+            Datagram { bytes: &self.buffers[start..start + len], truncated, stamp_ns: receive_stamp(&header.msg_hdr) }
         })
     }
 
@@ -95,6 +121,51 @@ impl RecvBatch {
     fn capacity(&self) -> usize {
         self.headers.len()
     }
+}
+
+/// The `SCM_TIMESTAMPNS` stamp among a received message's control
+/// messages, unix nanoseconds.
+#[inline]
+fn receive_stamp(message: &libc::msghdr) -> Option<i64> {
+    if message.msg_controllen == 0 {
+        return None;
+    }
+    // SAFETY: `message` was filled by recvmmsg: its control pointer and the
+    // length the kernel wrote back describe initialised control messages
+    // inside the batch's `controls`; CMSG_FIRSTHDR and CMSG_NXTHDR stay
+    // within that length, and an SCM_TIMESTAMPNS message carries a timespec
+    // (read unaligned, as the CMSG_DATA of any message may be).
+    unsafe {
+        let mut cmsg = libc::CMSG_FIRSTHDR(message);
+        while !cmsg.is_null() {
+            if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_TIMESTAMPNS {
+                let stamp = std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast::<libc::timespec>());
+                return Some(stamp.tv_sec.saturating_mul(1_000_000_000).saturating_add(stamp.tv_nsec));
+            }
+            cmsg = libc::CMSG_NXTHDR(message, cmsg);
+        }
+    }
+    None
+}
+
+/// Asks the kernel to stamp every datagram `socket` receives with its
+/// receive time (`SO_TIMESTAMPNS`), read back by [`RecvBatch::datagrams`].
+pub fn enable_receive_stamps(socket: &impl AsRawFd) -> io::Result<()> {
+    let on: libc::c_int = 1;
+    // SAFETY: a plain setsockopt with a pointer to an int alive for the call.
+    let rc = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_TIMESTAMPNS,
+            (&on as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// Distance between the buffers of two datagrams of a batch.
@@ -168,10 +239,36 @@ mod tests {
         let mut got = Vec::new();
         while got.len() < 3 {
             batch.recv(&receiver).unwrap();
-            got.extend(batch.datagrams().map(|(data, truncated)| (data.to_vec(), truncated)));
+            got.extend(batch.datagrams().map(|datagram| (datagram.bytes.to_vec(), datagram.truncated)));
         }
         assert_eq!(got[0], (b"a:1|c".to_vec(), false));
         assert_eq!(got[1], (b"b:2|c\nc:3|c".to_vec(), false));
         assert_eq!((got[2].0.len(), got[2].1), (64, true));
+    }
+
+    #[test]
+    fn stamps_each_datagram_with_the_kernels_receive_time_in_send_order() {
+        let receiver = UdpSocket::bind("127.0.0.1:0").unwrap();
+        receiver.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let sender = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let target = receiver.local_addr().unwrap();
+        let mut batch = RecvBatch::new(4, 64);
+        sender.send_to(b"before", target).unwrap();
+        batch.recv(&receiver).unwrap();
+        assert_eq!(batch.datagrams().next().unwrap().stamp_ns, None, "no stamps until asked for");
+
+        enable_receive_stamps(&receiver).unwrap();
+        let before = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as i64;
+        for i in 0..20u8 {
+            sender.send_to(&[b'a' + i], target).unwrap();
+        }
+        let mut stamps = Vec::new();
+        while stamps.len() < 20 {
+            batch.recv(&receiver).unwrap();
+            stamps.extend(batch.datagrams().map(|datagram| (datagram.bytes[0], datagram.stamp_ns.expect("stamped"))));
+        }
+        let after = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as i64;
+        assert!(stamps.iter().all(|(_, stamp)| (before..=after).contains(stamp)), "{stamps:?} in {before}..{after}");
+        assert!(stamps.windows(2).all(|pair| pair[0].0 < pair[1].0 && pair[0].1 <= pair[1].1), "{stamps:?}");
     }
 }

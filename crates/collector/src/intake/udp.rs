@@ -7,8 +7,8 @@ use std::time::Duration;
 use socket2::{Domain, Protocol, Socket, Type};
 use tessera_runtime::shutdown::Shutdown;
 
-use super::now_ms;
-use super::sys::{RecvBatch, attach_random_reuseport_program};
+use super::sys::{RecvBatch, attach_random_reuseport_program, enable_receive_stamps};
+use super::{now_ms, now_ns};
 use crate::config::{Distribution, UdpConfig};
 use crate::worker::Worker;
 
@@ -29,6 +29,10 @@ pub fn bind(config: &UdpConfig, threads: usize) -> io::Result<Vec<UdpSocket>> {
         }
         socket.bind(&address.into())?;
         let socket: UdpSocket = socket.into();
+        // Receive stamps order one sender's gauge lines across reader threads.
+        if let Err(error) = enable_receive_stamps(&socket) {
+            tracing::warn!(%error, "could not enable kernel receive timestamps; datagrams are stamped when read");
+        }
         socket.set_read_timeout(Some(RECV_TIMEOUT))?;
         address = socket.local_addr()?;
         sockets.push(socket);
@@ -67,15 +71,7 @@ pub fn read_loop(
         }
         match batch.recv(&socket) {
             Ok(_) => {
-                let now = now_ms();
-                worker.tick(now);
-                for (datagram, truncated) in batch.datagrams() {
-                    if truncated {
-                        worker.ingest_truncated(datagram, now);
-                    } else {
-                        worker.ingest(datagram, now);
-                    }
-                }
+                ingest_batch(&batch, &mut worker);
                 worker.publish_counts();
             }
             Err(error) if is_timeout(&error) => worker.tick(now_ms()),
@@ -100,16 +96,24 @@ fn drain_queued(socket: &UdpSocket, batch: &mut RecvBatch, worker: &mut Worker) 
         if received == 0 {
             break;
         }
-        let now = now_ms();
-        for (datagram, truncated) in batch.datagrams() {
-            if truncated {
-                worker.ingest_truncated(datagram, now);
-            } else {
-                worker.ingest(datagram, now);
-            }
-        }
+        ingest_batch(batch, worker);
     }
     worker.publish_counts();
+}
+
+/// Folds every datagram of a batch, each with its kernel receive stamp (the
+/// time of reading where the kernel gave none).
+#[inline]
+fn ingest_batch(batch: &RecvBatch, worker: &mut Worker) {
+    let read_at_ns = now_ns();
+    for datagram in batch.datagrams() {
+        let stamp_ns = datagram.stamp_ns.unwrap_or(read_at_ns);
+        if datagram.truncated {
+            worker.ingest_truncated(datagram.bytes, stamp_ns);
+        } else {
+            worker.ingest(datagram.bytes, stamp_ns);
+        }
+    }
 }
 
 fn is_timeout(error: &io::Error) -> bool {

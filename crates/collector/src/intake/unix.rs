@@ -6,8 +6,8 @@ use std::path::Path;
 
 use tessera_runtime::shutdown::Shutdown;
 
-use super::now_ms;
 use super::udp::RECV_TIMEOUT;
+use super::{now_ms, now_ns};
 use crate::worker::Worker;
 
 /// Binds the socket at `path`, replacing a stale socket file left by a
@@ -31,9 +31,8 @@ pub fn read_loop(socket: UnixDatagram, mut worker: Worker, max_datagram_bytes: u
         }
         match socket.recv(&mut buffer) {
             Ok(len) => {
-                let now = now_ms();
-                worker.tick(now);
-                worker.ingest(&buffer[..len], now);
+                // One thread reads the socket, so the read time keeps the order.
+                worker.ingest(&buffer[..len], now_ns());
                 worker.publish_counts();
             }
             Err(error) if matches!(error.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {

@@ -13,10 +13,12 @@ use tessera_proto::framing::{self, DEFAULT_MAX_FRAME_BYTES};
 use tessera_proto::{Ack, AckStatus, Frame, frame::Body};
 use tokio::net::TcpListener;
 
-/// What the receiver got, merged per (kind, series id).
+/// What the receiver got, merged per (kind, series id), and per window.
 #[derive(Default)]
 pub struct Received {
     pub series: HashMap<(MetricKind, Vec<u8>), Aggregate>,
+    /// Every partial as it came, with its batch's window start.
+    pub partials: Vec<(i64, MetricKind, Vec<u8>, Aggregate)>,
     pub batches: u64,
     pub shards: HashMap<u32, u64>,
     pub sources: Vec<String>,
@@ -59,9 +61,11 @@ impl Receiver {
                                 for value in shard.series {
                                     let kind = kind_from_proto(value.r#type).unwrap();
                                     let aggregate = Aggregate::from_proto(&value.aggregate.unwrap()).unwrap();
+                                    let window = batch.window_start_ms;
+                                    received.partials.push((window, kind, value.series_id.clone(), aggregate.clone()));
                                     match received.series.entry((kind, value.series_id)) {
                                         std::collections::hash_map::Entry::Occupied(mut slot) => {
-                                            slot.get_mut().merge(&aggregate).unwrap()
+                                            let _ = slot.get_mut().merge(&aggregate).unwrap();
                                         }
                                         std::collections::hash_map::Entry::Vacant(slot) => {
                                             slot.insert(aggregate);

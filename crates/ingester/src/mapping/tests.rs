@@ -149,16 +149,8 @@ fn gauges_sets_and_distributions_map_as_documented() {
         set.insert(member.as_bytes());
     }
     let tiles = vec![
-        tile(
-            "temp|#room:1",
-            MetricType::Gauge,
-            Aggregate::Gauge(Gauge { has_value: true, value: 21.5, timestamp_ms: 1, delta: 0.0 }),
-        ),
-        tile(
-            "queue",
-            MetricType::Gauge,
-            Aggregate::Gauge(Gauge { has_value: false, value: 0.0, timestamp_ms: 0, delta: -2.0 }),
-        ),
+        tile("temp|#room:1", MetricType::Gauge, Aggregate::Gauge(Box::new(Gauge::with_value(21.5, 1)))),
+        tile("queue", MetricType::Gauge, Aggregate::Gauge(Box::new(Gauge::with_delta(-2.0, 1)))),
         tile("users", MetricType::Set, Aggregate::Set(Box::new(set))),
         tile("lat", MetricType::Timer, Aggregate::Distribution(Box::new(summary.clone()))),
     ];

@@ -102,7 +102,7 @@ pub fn counter(id: &str, delta: f64) -> SeriesValue {
 }
 
 pub fn gauge(id: &str, value: f64) -> SeriesValue {
-    tile(id, MetricType::Gauge, Aggregate::Gauge(Gauge { has_value: true, value, timestamp_ms: 1, delta: 0.0 }))
+    tile(id, MetricType::Gauge, Aggregate::Gauge(Box::new(Gauge::with_value(value, 1))))
 }
 
 pub fn timer(id: &str, values: &[f64]) -> SeriesValue {
