@@ -37,14 +37,14 @@ fn frame() -> Vec<u8> {
 
 fn bench_decode(criterion: &mut Criterion) {
     let placement = Placement::init(&[("agg-1", "127.0.0.1:7400")], NUM_SHARDS, 1, 0).unwrap();
-    let mut decoder = Decoder::new("agg-1".into(), PlacementHandle::fixed(placement), DEFAULT_MAX_FRAME_BYTES);
+    let mut decoder = Decoder::new("agg-1".into(), PlacementHandle::fixed(placement), DEFAULT_MAX_FRAME_BYTES, 1);
     let frame = frame();
     let mut group = criterion.benchmark_group("decode");
     group.sample_size(20).warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(3));
     group.throughput(Throughput::Elements(SERIES as u64));
     group.bench_function("counters/10k_partials_per_frame", |bencher| {
         bencher.iter(|| match decoder.decode(&frame) {
-            Decoded::Batch { batch, .. } => batch.partials.len(),
+            Decoded::Batch { batch, .. } => batch.partials() as usize,
             other => panic!("{other:?}"),
         })
     });

@@ -14,6 +14,9 @@
 //! buffer_past_ms = 2000
 //! # Partials whose window ends further than this in the future are refused.
 //! buffer_future_ms = 2000
+//! # Threads that merge partials, each owning a share of the shards
+//! # (default: the cores available to the process).
+//! merge_threads = 4
 //!
 //! [placement]            # a static file, or etcd (see tessera-topology's PlacementSource)
 //! kind = "etcd"
@@ -68,8 +71,14 @@ pub struct Config {
     /// to a multiple of the policy's table count); never when absent.
     pub expire_after_empty_tiles: Option<u32>,
     /// Most series each policy table holds; partials of new series beyond
-    /// it are dropped and counted (`reason="series_limit"`). No cap when absent.
+    /// it are dropped and counted (`reason="series_limit"`). No cap when
+    /// absent. Each merge thread holds an equal share of the cap.
     pub max_series_per_policy: Option<usize>,
+    /// Threads that merge partials into tiles. Shards are partitioned among
+    /// them (shard `s` goes to thread `s mod merge_threads`), and each owns
+    /// its shards' tables for every policy, so merging shares no lock.
+    /// Default: the cores available to the process.
+    pub merge_threads: Option<usize>,
     /// Where the placement comes from (required): `kind = "static"` with a
     /// `path`, or `kind = "etcd"` with `endpoints`, `env` and an optional
     /// `cache_path`.
@@ -96,6 +105,7 @@ impl Default for Config {
             buffer_future_ms: 2_000,
             expire_after_empty_tiles: Some(30),
             max_series_per_policy: Some(8_000_000),
+            merge_threads: None,
             placement: None,
             liveness_ttl_secs: 10,
             ingester: IngesterConfig::default(),
@@ -153,6 +163,11 @@ pub type TelemetryConfig = tessera_runtime::config::TelemetryConfig<9103>;
 pub type ConfigError = tessera_runtime::config::InvalidSetting;
 
 impl Config {
+    /// Merge threads to run: `merge_threads`, or the cores available.
+    pub fn merge_threads(&self) -> usize {
+        self.merge_threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |cores| cores.get()))
+    }
+
     /// Checks values that parse but cannot work, the placement source included.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.validate_settings()?;
@@ -176,6 +191,9 @@ impl Config {
         }
         if !(1024..=u32::MAX as usize).contains(&self.max_frame_bytes) {
             return invalid("max_frame_bytes", "must be between 1024 and 4294967295".into());
+        }
+        if self.merge_threads == Some(0) || self.merge_threads.is_some_and(|threads| threads > 256) {
+            return invalid("merge_threads", "must be between 1 and 256".into());
         }
         if self.max_connections == 0 {
             return invalid("max_connections", "must be at least 1".into());

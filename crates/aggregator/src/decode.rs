@@ -13,8 +13,10 @@
 //!    shard it came in, and a valid aggregate of that type, otherwise
 //!    `malformed`.
 //!
-//! Whether the window is still open is the tiler's decision (it owns the
-//! clock of tile closes), made right before it merges.
+//! Whether the window is still open is the admission thread's decision (it
+//! owns the clock of tile closes), made right before it dispatches. The
+//! partials of a batch come out split into one share per merge thread
+//! ([`crate::merge::thread_of`] of their shard).
 
 use tessera_core::aggregate::{Aggregate, kind_from_proto};
 use tessera_core::parse::MetricKind;
@@ -24,19 +26,20 @@ use tessera_proto::framing;
 use tessera_proto::{PartialBatch, SeriesValue};
 use tessera_topology::{Placement, PlacementHandle};
 
+use crate::merge::thread_of;
 use crate::metrics::Reason;
-use crate::tiler::{Batch, Partial};
+use crate::tiler::Partial;
 use tessera_runtime::logging::error_chain;
 
 /// What became of one frame.
 #[derive(Debug)]
 pub enum Decoded {
-    /// A valid batch for the tiler.
+    /// A valid batch for admission.
     Batch {
         /// The sender's sequence, echoed in the ack.
         sequence: u64,
-        /// The partials.
-        batch: Batch,
+        /// The partials, split by merge thread.
+        batch: SplitBatch,
     },
     /// A batch refused before the tiler saw it.
     Refused {
@@ -58,6 +61,24 @@ pub enum Decoded {
     },
 }
 
+/// The partials of one window from one sender, one share per merge thread.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct SplitBatch {
+    /// Window start, unix milliseconds.
+    pub window_start_ms: i64,
+    /// Window length, milliseconds.
+    pub window_ms: i64,
+    /// `shares[i]`: the partials of the shards merge thread `i` owns.
+    pub shares: Vec<Vec<Partial>>,
+}
+
+impl SplitBatch {
+    /// Partials in every share.
+    pub fn partials(&self) -> u64 {
+        self.shares.iter().map(|share| share.len() as u64).sum()
+    }
+}
+
 /// Which shards this instance owns for one window, cached per placement
 /// generation and window (every collector sends the same windows).
 struct OwnedShards {
@@ -71,13 +92,20 @@ pub struct Decoder {
     instance_id: String,
     placement: PlacementHandle,
     max_frame_bytes: usize,
+    merge_threads: usize,
     owned: Option<OwnedShards>,
 }
 
 impl Decoder {
-    /// A decoder for `instance_id` reading the placement from `placement`.
-    pub fn new(instance_id: String, placement: PlacementHandle, max_frame_bytes: usize) -> Decoder {
-        Decoder { instance_id, placement, max_frame_bytes, owned: None }
+    /// A decoder for `instance_id` reading the placement from `placement`,
+    /// splitting batches for `merge_threads` merge threads.
+    pub fn new(
+        instance_id: String,
+        placement: PlacementHandle,
+        max_frame_bytes: usize,
+        merge_threads: usize,
+    ) -> Decoder {
+        Decoder { instance_id, placement, max_frame_bytes, merge_threads: merge_threads.max(1), owned: None }
     }
 
     /// Decodes and checks one frame (length prefix included).
@@ -120,16 +148,18 @@ impl Decoder {
             }
         }
         let window_ms = i64::from(batch.window_ms);
-        let mut out = Vec::with_capacity(partials as usize);
+        let mut shares: Vec<Vec<Partial>> = vec![Vec::new(); self.merge_threads];
         for group in batch.shards {
+            let share = &mut shares[thread_of(group.shard, self.merge_threads)];
+            share.reserve(group.series.len());
             for series in group.series {
                 match partial(series, group.shard, num_shards) {
-                    Ok(partial) => out.push(partial),
+                    Ok(partial) => share.push(partial),
                     Err(message) => return refuse(Reason::Malformed, message),
                 }
             }
         }
-        Decoded::Batch { sequence, batch: Batch { window_start_ms: batch.window_start_ms, window_ms, partials: out } }
+        Decoded::Batch { sequence, batch: SplitBatch { window_start_ms: batch.window_start_ms, window_ms, shares } }
     }
 
     fn owns(&mut self, placement: &Placement, shard: u32, window_start_ms: i64) -> bool {
@@ -222,7 +252,7 @@ mod tests {
 
     #[test]
     fn owned_shards_decode_into_a_batch() {
-        let mut decoder = Decoder::new("a".into(), placement(), 1 << 20);
+        let mut decoder = Decoder::new("a".into(), placement(), 1 << 20, 1);
         // Instance `a` owns the even shards.
         let shards = vec![
             ShardPartials { shard: 0, series: vec![series_of_shard(0)] },
@@ -230,7 +260,20 @@ mod tests {
         ];
         match decoder.decode(&frame(shards)) {
             Decoded::Batch { sequence: 9, batch } => {
-                assert_eq!((batch.window_start_ms, batch.window_ms, batch.partials.len()), (1000, 1000, 3));
+                assert_eq!((batch.window_start_ms, batch.window_ms, batch.partials()), (1000, 1000, 3));
+            }
+            other => panic!("{other:?}"),
+        }
+        // With four merge threads, each shard's partials go to thread `shard mod 4`.
+        let mut decoder = Decoder::new("a".into(), placement(), 1 << 20, 4);
+        let shards = vec![
+            ShardPartials { shard: 0, series: vec![series_of_shard(0)] },
+            ShardPartials { shard: 6, series: vec![series_of_shard(6), series_of_shard(6)] },
+        ];
+        match decoder.decode(&frame(shards)) {
+            Decoded::Batch { batch, .. } => {
+                let sizes: Vec<usize> = batch.shares.iter().map(Vec::len).collect();
+                assert_eq!(sizes, [1, 0, 2, 0]);
             }
             other => panic!("{other:?}"),
         }
@@ -238,7 +281,7 @@ mod tests {
 
     #[test]
     fn one_foreign_shard_refuses_the_whole_batch() {
-        let mut decoder = Decoder::new("a".into(), placement(), 1 << 20);
+        let mut decoder = Decoder::new("a".into(), placement(), 1 << 20, 1);
         let shards = vec![
             ShardPartials { shard: 0, series: vec![series_of_shard(0)] },
             ShardPartials { shard: 1, series: vec![series_of_shard(1)] },
@@ -252,7 +295,7 @@ mod tests {
 
     #[test]
     fn bad_series_are_malformed_and_garbage_closes_the_connection() {
-        let mut decoder = Decoder::new("a".into(), placement(), 1 << 20);
+        let mut decoder = Decoder::new("a".into(), placement(), 1 << 20, 1);
         let mut wrong_shard = series_of_shard(2);
         wrong_shard.series_id = series_of_shard(4).series_id;
         let mut wrong_type = series_of_shard(0);

@@ -1,8 +1,9 @@
 //! Flushing closed tiles: split each into [`TileBatch`]es under the frame
 //! bound, frame them, and hand them to one ingester queue in one burst.
 //!
-//! Runs on its own thread ([`run_flusher`]), fed by the tiler, so that
-//! encoding a large tile never holds up merging nor a tokio worker.
+//! Runs on its own thread ([`run_flusher`]), fed by the merge threads
+//! (their parts of each tile joined by a [`Gatherer`]), so that encoding a
+//! large tile never holds up merging nor a tokio worker.
 
 use std::time::Instant;
 
@@ -14,6 +15,7 @@ use tessera_proto::{Frame, SeriesValue, TileBatch, frame::Body};
 use tessera_runtime::outbound::Batch;
 
 use crate::ingester::Ingesters;
+use crate::merge::{Gatherer, MergeOutput};
 use crate::metrics::{Metrics, PolicyMetrics};
 use crate::now_ms;
 use crate::tiler::ClosedTile;
@@ -84,23 +86,37 @@ pub struct FlushSettings {
     pub max_frame_bytes: usize,
 }
 
-/// Receives closed tiles until the tiler hangs up; queues each one's
-/// batches on one ingester and records the flush metrics.
+/// Receives the merge threads' parts of closed tiles until every merge
+/// thread hangs up; queues each whole tile's batches on one ingester and
+/// records the flush metrics.
 pub fn run_flusher(
-    tiles: Receiver<ClosedTile>,
+    parts: Receiver<MergeOutput>,
+    mut gatherer: Gatherer,
     ingesters: Ingesters,
     settings: FlushSettings,
     metrics: Metrics,
     policies: Vec<PolicyMetrics>,
 ) {
-    while let Ok(tile) = tiles.recv() {
-        let Some(policy) = policies.get(tile.policy_index) else { continue };
+    while let Ok(part) = parts.recv() {
+        gatherer.add(part, &mut |tile| flush_tile(tile, &ingesters, &settings, &metrics, &policies));
+    }
+}
+
+fn flush_tile(
+    tile: ClosedTile,
+    ingesters: &Ingesters,
+    settings: &FlushSettings,
+    metrics: &Metrics,
+    policies: &[PolicyMetrics],
+) {
+    {
+        let Some(policy) = policies.get(tile.policy_index) else { return };
         policy.active_series.set(tile.series_held as i64);
         if tile.expired > 0 {
             policy.series_expired.inc_by(tile.expired as u64);
         }
         if tile.values.is_empty() {
-            continue;
+            return;
         }
         let started = Instant::now();
         let cut_duration = tile.cut_duration;

@@ -5,10 +5,12 @@
 //! An aggregator owns the shards the placement gives its `instance_id`.
 //! Collectors connect to its wire listener ([`server`]) and send partial
 //! batches; each batch is decoded and checked on a dedicated thread
-//! ([`decode`]: frame, ownership, aggregates), then merged whole or
-//! refused whole by the tiler thread ([`tiler`]: tiles, late and early
-//! data, gauge resolution, expiry). Every tile closes `buffer_past` after
-//! its end; the flusher thread ([`flush`]) splits it into tile batches and
+//! ([`decode`]: frame, ownership, aggregates, split by merge thread), then
+//! admitted whole or refused whole by the admission thread and merged by
+//! the merge threads, each owning a share of the shards ([`merge`];
+//! [`tiler`]: tiles, late and early data, gauge resolution, expiry). Every
+//! tile closes `buffer_past` after its end; the flusher thread ([`flush`])
+//! joins the merge threads' parts, splits the tile into tile batches and
 //! queues them on one ingester endpoint, whose sender task delivers them
 //! with acknowledgements, retries and a bounded buffer ([`ingester`]).
 //! [`pipeline`] wires the threads; [`ownership`] tracks the placement and
@@ -35,6 +37,7 @@ pub mod config;
 pub mod decode;
 pub mod flush;
 pub mod ingester;
+pub mod merge;
 pub mod metrics;
 pub mod ownership;
 pub mod pipeline;
@@ -153,35 +156,51 @@ impl Aggregator {
         };
         ingesters.spawn_senders(&sender_settings, &stop_senders);
 
+        let merge_threads = config.merge_threads();
         let tiler_settings = TilerSettings {
             policies: config.policies.clone(),
             buffer_past_ms: config.buffer_past_ms as i64,
             buffer_future_ms: config.buffer_future_ms as i64,
             expire_after_empty_tiles: config.expire_after_empty_tiles,
-            max_series_per_policy: config.max_series_per_policy,
+            max_series_per_policy: config.max_series_per_policy.map(|cap| cap.div_ceil(merge_threads)),
         };
-        let tiler = Tiler::new(tiler_settings, now_ms());
+        let started_ms = now_ms();
+        let shadow = Tiler::new(tiler_settings.clone(), started_ms);
         let policy_metrics = config.policies.iter().map(|policy| metrics.policy(&policy.to_string())).collect();
         let (frame_sender, frame_receiver) = crossbeam_channel::unbounded();
         let (batch_sender, batch_receiver) = crossbeam_channel::unbounded();
-        let (tile_sender, tile_receiver) = crossbeam_channel::unbounded();
-        let decoder = Decoder::new(instance_id.clone(), placement.clone(), config.max_frame_bytes);
+        let (part_sender, part_receiver) = crossbeam_channel::unbounded();
+        let decoder = Decoder::new(instance_id.clone(), placement.clone(), config.max_frame_bytes, merge_threads);
         let flush_settings =
             FlushSettings { source: instance_id.clone(), max_frame_bytes: config.ingester.max_frame_bytes };
-        let threads = vec![
-            spawn_thread("decoder", {
-                let metrics = metrics.clone();
-                move || pipeline::run_decoder(frame_receiver, decoder, batch_sender, metrics)
-            })?,
-            spawn_thread("tiler", {
-                let (ingesters, metrics) = (ingesters.clone(), metrics.clone());
-                move || pipeline::run_tiler(tiler, batch_receiver, tile_sender, ingesters, metrics)
-            })?,
-            spawn_thread("flusher", {
-                let (ingesters, metrics) = (ingesters.clone(), metrics.clone());
-                move || flush::run_flusher(tile_receiver, ingesters, flush_settings, metrics, policy_metrics)
-            })?,
-        ];
+        // Shutdown joins the threads in this order: each one's exit closes the next one's input.
+        let mut threads = vec![spawn_thread("decoder", {
+            let metrics = metrics.clone();
+            move || pipeline::run_decoder(frame_receiver, decoder, batch_sender, metrics)
+        })?];
+        let mut merge_jobs = Vec::with_capacity(merge_threads);
+        let mut merge_handles = Vec::with_capacity(merge_threads);
+        for index in 0..merge_threads {
+            let (jobs, job_receiver) = crossbeam_channel::bounded(merge::MERGE_QUEUE_JOBS);
+            merge_jobs.push(jobs);
+            let tiler = Tiler::new(tiler_settings.clone(), started_ms);
+            let (parts, metrics) = (part_sender.clone(), metrics.clone());
+            merge_handles.push(spawn_thread(&format!("merge-{index}"), move || {
+                merge::run_merge_thread(tiler, job_receiver, parts, metrics)
+            })?);
+        }
+        drop(part_sender);
+        threads.push(spawn_thread("admission", {
+            let (ingesters, metrics) = (ingesters.clone(), metrics.clone());
+            let tier = merge::MergeTier::new(merge_jobs);
+            move || pipeline::run_admission(shadow, tier, batch_receiver, ingesters, metrics)
+        })?);
+        threads.extend(merge_handles);
+        threads.push(spawn_thread("flusher", {
+            let (ingesters, metrics) = (ingesters.clone(), metrics.clone());
+            let gatherer = merge::Gatherer::new(merge_threads);
+            move || flush::run_flusher(part_receiver, gatherer, ingesters, flush_settings, metrics, policy_metrics)
+        })?);
 
         tokio::spawn(ownership::watch_ownership(
             placement.clone(),
@@ -206,7 +225,14 @@ impl Aggregator {
         let telemetry_addr = server.as_ref().map(ServerHandle::local_addr);
         listening.mark_ready();
         let policies: Vec<String> = config.policies.iter().map(ToString::to_string).collect();
-        tracing::info!(instance_id, listen = %listen_addr, telemetry = ?telemetry_addr, ?policies, "aggregator started");
+        tracing::info!(
+            instance_id,
+            listen = %listen_addr,
+            telemetry = ?telemetry_addr,
+            ?policies,
+            merge_threads,
+            "aggregator started"
+        );
 
         let drain = Drain {
             threads,

@@ -1,33 +1,35 @@
 //! The dedicated threads between the wire and the ingester client.
 //!
 //! ```text
-//! connection tasks ──frame bytes──▶ decoder thread ──Batch──▶ tiler thread ──ClosedTile──▶ flusher thread
-//!        ▲                              │ not_owner,                │ too_late, too_early,        │ frames,
-//!        └──────────── ack ◀────────────┴ malformed ◀───────────────┴ buffer_full, ok            ▼ ingester queues
+//! connection tasks ──frame bytes──▶ decoder ──SplitBatch──▶ admission ──shares──▶ merge threads ──parts──▶ flusher
+//!        ▲                             │ not_owner,             │ too_late, too_early,                      │ frames,
+//!        └──────────── ack ◀───────────┴ malformed ◀────────────┴ buffer_full, ok                           ▼ ingester queues
 //! ```
 //!
 //! Decoding, merging and cutting never run on a tokio worker. Each
 //! connection waits for the answer to one batch before reading the next,
-//! so what sits in these channels is bounded by the number of connections
-//! times one frame. The tiler alone owns the tiles and the clock that
-//! closes them, so its admission check and its merge see the same state:
-//! a batch is merged whole or refused whole.
+//! so what sits in the decoder's and admission's channels is bounded by
+//! the number of connections times one frame, and the merge threads'
+//! queues are bounded. The admission thread alone owns the clock that
+//! closes tiles and checks each batch once, against a shadow of the merge
+//! threads' tiles ([`crate::merge`]): a batch is merged whole or refused whole.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use tessera_proto::{Ack, AckStatus};
 use tessera_runtime::RateLimitedLog;
 use tokio::sync::oneshot;
 
-use crate::decode::{Decoded, Decoder};
+use crate::decode::{Decoded, Decoder, SplitBatch};
 use crate::ingester::Ingesters;
+use crate::merge::MergeTier;
 use crate::metrics::{Metrics, Reason};
 use crate::now_ms;
-use crate::tiler::{Batch, ClosedTile, Tiler};
+use crate::tiler::{Batch, Tiler};
 
-/// Longest the tiler sleeps without looking at the clock.
-const MAX_TILER_SLEEP: Duration = Duration::from_millis(100);
+/// Longest admission sleeps without looking at the clock.
+const MAX_ADMISSION_SLEEP: Duration = Duration::from_millis(100);
 
 static REFUSAL_LOG: RateLimitedLog = RateLimitedLog::new("aggregator.batch_refused", 5);
 
@@ -53,10 +55,10 @@ pub struct FrameJob {
     pub reply: oneshot::Sender<Reply>,
 }
 
-/// A decoded batch, for the tiler.
+/// A decoded batch, for admission.
 pub struct BatchJob {
     sequence: u64,
-    batch: Batch,
+    batch: SplitBatch,
     reply: oneshot::Sender<Reply>,
 }
 
@@ -70,19 +72,19 @@ fn refusal(sequence: u64, reason: Reason, message: String) -> Reply {
 }
 
 /// The decoder thread: decodes and checks frames until every connection
-/// and the accept loop have hung up, then returns (closing the tiler's input).
-pub fn run_decoder(jobs: Receiver<FrameJob>, mut decoder: Decoder, tiler: Sender<BatchJob>, metrics: Metrics) {
+/// and the accept loop have hung up, then returns (closing admission's input).
+pub fn run_decoder(jobs: Receiver<FrameJob>, mut decoder: Decoder, admission: Sender<BatchJob>, metrics: Metrics) {
     while let Ok(job) = jobs.recv() {
         metrics.batches_received.inc();
         metrics.bytes_received.inc_by(job.frame.len() as u64);
         let reply = match decoder.decode(&job.frame) {
             Decoded::Batch { sequence, batch } => {
-                metrics.partials_received.inc_by(batch.partials.len() as u64);
+                metrics.partials_received.inc_by(batch.partials());
                 let job = BatchJob { sequence, batch, reply: job.reply };
-                match tiler.send(job) {
+                match admission.send(job) {
                     Ok(()) => continue,
                     Err(crossbeam_channel::SendError(job)) => {
-                        let partials = job.batch.partials.len() as u64;
+                        let partials = job.batch.partials();
                         metrics.rejected(Reason::ShuttingDown, partials);
                         let _ = job.reply.send(refusal(sequence, Reason::ShuttingDown, "shutting down".into()));
                         continue;
@@ -107,59 +109,55 @@ pub fn run_decoder(jobs: Receiver<FrameJob>, mut decoder: Decoder, tiler: Sender
     }
 }
 
-/// The tiler thread: merges batches, closes due tiles and hands them to
-/// the flusher. When its input closes (shutdown), it closes every open
-/// tile, due or not, and returns.
-pub fn run_tiler(
-    mut tiler: Tiler,
+/// The admission thread: admits or refuses batches, dispatches their
+/// shares to the merge threads, and tells them when tiles close. When its
+/// input closes (shutdown), it has every open tile closed, due or not, and
+/// returns (closing the merge threads' input).
+pub fn run_admission(
+    mut shadow: Tiler,
+    mut tier: MergeTier,
     jobs: Receiver<BatchJob>,
-    closed: Sender<ClosedTile>,
     ingesters: Ingesters,
     metrics: Metrics,
 ) {
-    let mut emit = |tile: ClosedTile| {
-        // The flusher outlives the tiler; if it is gone, so is the process.
-        let _ = closed.send(tile);
-    };
     loop {
-        let wait_ms = (tiler.next_close_ms() - now_ms()).clamp(1, MAX_TILER_SLEEP.as_millis() as i64);
+        let wait_ms = (shadow.next_close_ms() - now_ms()).clamp(1, MAX_ADMISSION_SLEEP.as_millis() as i64);
         match jobs.recv_timeout(Duration::from_millis(wait_ms as u64)) {
             Ok(job) => {
-                let started = Instant::now();
-                let reply = merge(&mut tiler, job.sequence, &job.batch, &ingesters, &metrics, &mut emit);
-                metrics.merge_duration.observe(started.elapsed().as_secs_f64());
+                let reply = admit(&mut shadow, &mut tier, job.sequence, job.batch, &ingesters, &metrics);
                 let _ = job.reply.send(reply);
             }
-            Err(RecvTimeoutError::Timeout) => tiler.close_due(now_ms(), &mut emit),
+            Err(RecvTimeoutError::Timeout) => tier.close_due(&mut shadow, now_ms()),
             Err(RecvTimeoutError::Disconnected) => {
-                tiler.close_due(now_ms(), &mut emit);
-                tiler.close_all(&mut emit);
+                tier.close_due(&mut shadow, now_ms());
+                tier.close_all(&mut shadow);
                 return;
             }
         }
     }
 }
 
-fn merge(
-    tiler: &mut Tiler,
+fn admit(
+    shadow: &mut Tiler,
+    tier: &mut MergeTier,
     sequence: u64,
-    batch: &Batch,
+    batch: SplitBatch,
     ingesters: &Ingesters,
     metrics: &Metrics,
-    emit: &mut dyn FnMut(ClosedTile),
 ) -> Reply {
     let now = now_ms();
-    let partials = batch.partials.len() as u64;
+    let partials = batch.partials();
+    tier.close_due(shadow, now);
     if !ingesters.has_room() {
-        tiler.close_due(now, emit);
         metrics.rejected(Reason::BufferFull, partials);
         return refusal(sequence, Reason::BufferFull, "every ingester buffer is full".into());
     }
-    match tiler.accept(batch, now, emit) {
-        Ok(applied) => {
-            metrics.partials_merged.inc_by(applied.partials);
-            metrics.gauge_order_ambiguous.inc_by(applied.gauge_order_ambiguous);
-            metrics.dropped("series_limit", "series", applied.series_limit);
+    // The shadow holds no series: accepting the empty batch checks the
+    // window and opens its tiles, as the merge threads will.
+    let window = Batch { window_start_ms: batch.window_start_ms, window_ms: batch.window_ms, partials: Vec::new() };
+    match shadow.accept(&window, now, &mut |_| {}) {
+        Ok(_) => {
+            tier.dispatch(batch.window_start_ms, batch.window_ms, batch.shares);
             ack(sequence, AckStatus::Ok, "", String::new())
         }
         Err(refused) => {

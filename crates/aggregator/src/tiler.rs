@@ -279,6 +279,14 @@ impl Tiler {
     pub fn accept(&mut self, batch: &Batch, now_ms: i64, emit: &mut dyn FnMut(ClosedTile)) -> Result<Applied, Refusal> {
         self.close_due(now_ms, emit);
         self.check(batch.window_start_ms, batch.window_ms, now_ms)?;
+        Ok(self.apply(batch, emit))
+    }
+
+    /// Merges a batch that was admitted elsewhere, closing nothing that is
+    /// due: a merge thread's tiler, told when to close by the admission
+    /// thread ([`crate::merge`]), which checked the batch against the same
+    /// tiles.
+    pub fn apply(&mut self, batch: &Batch, emit: &mut dyn FnMut(ClosedTile)) -> Applied {
         self.slots.clear();
         for (index, policy) in self.policies.iter_mut().enumerate() {
             let start = policy.policy.tile_start_ms(batch.window_start_ms);
@@ -298,7 +306,7 @@ impl Tiler {
         for (policy, &slot) in self.policies.iter_mut().zip(&self.slots) {
             applied.gauge_order_ambiguous += policy.tables[slot].take_ambiguous_merges();
         }
-        Ok(applied)
+        applied
     }
 
     /// Whether a window may be merged at `now_ms`; nothing is changed.

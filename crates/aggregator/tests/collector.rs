@@ -57,11 +57,10 @@ fn totals(receiver: &TileReceiver, policy: &str, id: &str) -> f64 {
         .sum()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_real_collector_feeds_exact_totals_through_the_aggregator() {
+async fn a_real_collector_feeds_exact_totals_through_the_aggregator(merge_threads: usize) {
     let receiver = TileReceiver::start().await;
     let shutdown = Shutdown::new();
-    let mut config = test_config("agg-1", &receiver.address.to_string(), &POLICIES);
+    let mut config = test_config("agg-1", &receiver.address.to_string(), &POLICIES, merge_threads);
     config.buffer_past_ms = 500;
     let own = PlacementHandle::fixed(Placement::init(&[("agg-1", "127.0.0.1:1")], 8, 1, 0).unwrap());
     let aggregator =
@@ -119,4 +118,14 @@ async fn a_real_collector_feeds_exact_totals_through_the_aggregator() {
     }
     shutdown.trigger();
     aggregator.wait().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_collector_feeds_exact_totals_through_the_aggregator_with_one_merge_thread() {
+    a_real_collector_feeds_exact_totals_through_the_aggregator(1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_collector_feeds_exact_totals_through_the_aggregator_with_four_merge_threads() {
+    a_real_collector_feeds_exact_totals_through_the_aggregator(4).await;
 }

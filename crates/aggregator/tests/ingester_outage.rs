@@ -62,11 +62,10 @@ async fn send(
     (model, refused)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn nothing_is_lost_while_the_ingester_is_away_within_the_buffer_bound() {
+async fn nothing_is_lost_while_the_ingester_is_away_within_the_buffer_bound(merge_threads: usize) {
     let receiver = TileReceiver::start().await;
     let telemetry = Telemetry::new("aggregator", "test");
-    let config = test_config("agg-1", &receiver.address.to_string(), &POLICIES);
+    let config = test_config("agg-1", &receiver.address.to_string(), &POLICIES, merge_threads);
     let (aggregator, routed, shutdown) = start(config, &telemetry).await;
 
     let first = (now_ms() / WINDOW_MS + 1) * WINDOW_MS;
@@ -95,12 +94,11 @@ async fn nothing_is_lost_while_the_ingester_is_away_within_the_buffer_bound() {
     aggregator.wait().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn past_the_buffer_bound_senders_are_pushed_back_and_drops_are_counted() {
+async fn past_the_buffer_bound_senders_are_pushed_back_and_drops_are_counted(merge_threads: usize) {
     let receiver = TileReceiver::start().await;
     receiver.stop().await;
     let telemetry = Telemetry::new("aggregator", "test");
-    let mut config = test_config("agg-1", &receiver.address.to_string(), &POLICIES);
+    let mut config = test_config("agg-1", &receiver.address.to_string(), &POLICIES, merge_threads);
     config.ingester.max_frame_bytes = 4096;
     config.ingester.max_buffer_bytes = 8192;
     let (aggregator, routed, shutdown) = start(config, &telemetry).await;
@@ -130,4 +128,24 @@ async fn past_the_buffer_bound_senders_are_pushed_back_and_drops_are_counted() {
     assert!(buffered.is_some());
     shutdown.trigger();
     aggregator.wait().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_is_lost_while_the_ingester_is_away_within_the_buffer_bound_with_one_merge_thread() {
+    nothing_is_lost_while_the_ingester_is_away_within_the_buffer_bound(1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_is_lost_while_the_ingester_is_away_within_the_buffer_bound_with_four_merge_threads() {
+    nothing_is_lost_while_the_ingester_is_away_within_the_buffer_bound(4).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_the_buffer_bound_senders_are_pushed_back_and_drops_are_counted_with_one_merge_thread() {
+    past_the_buffer_bound_senders_are_pushed_back_and_drops_are_counted(1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_the_buffer_bound_senders_are_pushed_back_and_drops_are_counted_with_four_merge_threads() {
+    past_the_buffer_bound_senders_are_pushed_back_and_drops_are_counted(4).await;
 }

@@ -72,8 +72,14 @@ async fn run_sender(
     (model, refused)
 }
 
-async fn start_aggregator(id: &str, listen: &str, etcd: &EtcdConfig, ingester: &str) -> (Aggregator, Shutdown) {
-    let mut config = test_config(id, ingester, &POLICIES);
+async fn start_aggregator(
+    id: &str,
+    listen: &str,
+    etcd: &EtcdConfig,
+    ingester: &str,
+    merge_threads: usize,
+) -> (Aggregator, Shutdown) {
+    let mut config = test_config(id, ingester, &POLICIES, merge_threads);
     config.listen = listen.parse().unwrap();
     config.placement = Some(PlacementSource::Etcd(etcd.clone()));
     config.liveness_ttl_secs = 2;
@@ -82,8 +88,7 @@ async fn start_aggregator(id: &str, listen: &str, etcd: &EtcdConfig, ingester: &
     (aggregator, shutdown)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn shards_move_between_running_aggregators_without_loss_or_double_count() {
+async fn shards_move_between_running_aggregators_without_loss_or_double_count(merge_threads: usize) {
     let etcd = tokio::task::block_in_place(EtcdServer::start).expect("starting etcd");
     let etcd_config = etcd.config("move");
     let store = PlacementStore::connect(etcd_config.clone()).await.unwrap();
@@ -93,9 +98,11 @@ async fn shards_move_between_running_aggregators_without_loss_or_double_count() 
     let initial = Placement::init(&[("agg-a", address_a.as_str())], NUM_SHARDS, 1, now_ms()).unwrap();
     store.compare_and_swap(None, &initial).await.unwrap();
 
-    let (aggregator_a, shutdown_a) = start_aggregator("agg-a", &address_a, &etcd_config, &ingester).await;
+    let (aggregator_a, shutdown_a) =
+        start_aggregator("agg-a", &address_a, &etcd_config, &ingester, merge_threads).await;
     // agg-b is not in the placement yet: it runs and owns nothing.
-    let (aggregator_b, shutdown_b) = start_aggregator("agg-b", &address_b, &etcd_config, &ingester).await;
+    let (aggregator_b, shutdown_b) =
+        start_aggregator("agg-b", &address_b, &etcd_config, &ingester, merge_threads).await;
     wait_until_async("both liveness leases", Duration::from_secs(10), || async {
         store.alive_instances().await.unwrap_or_default() == ["agg-a", "agg-b"]
     })
@@ -181,4 +188,14 @@ async fn shards_move_between_running_aggregators_without_loss_or_double_count() 
         store.alive_instances().await.map(|alive| alive.is_empty()).unwrap_or(false)
     })
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shards_move_between_running_aggregators_without_loss_or_double_count_with_one_merge_thread() {
+    shards_move_between_running_aggregators_without_loss_or_double_count(1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shards_move_between_running_aggregators_without_loss_or_double_count_with_four_merge_threads() {
+    shards_move_between_running_aggregators_without_loss_or_double_count(4).await;
 }

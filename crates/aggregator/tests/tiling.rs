@@ -98,12 +98,11 @@ async fn run_sender(
     (model, refused)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tiles_are_exact_across_many_series_tiles_and_senders() {
+async fn tiles_are_exact_across_many_series_tiles_and_senders(merge_threads: usize) {
     let receiver = TileReceiver::start().await;
     let shutdown = Shutdown::new();
     let telemetry = Telemetry::new("aggregator", "test");
-    let config = test_config("agg-1", &receiver.address.to_string(), &POLICIES);
+    let config = test_config("agg-1", &receiver.address.to_string(), &POLICIES, merge_threads);
     // The aggregator never reads its own endpoint; senders get the bound one below.
     let own = Placement::init(&[("agg-1", "127.0.0.1:1")], NUM_SHARDS, 1, 0).unwrap();
     let aggregator =
@@ -166,14 +165,13 @@ fn counter_batch(window_start_ms: i64, ids: &[&str], value: f64) -> tessera_prot
     support::sender::batch_of(window_start_ms, WINDOW_MS as u32, 8, values)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn refused_batches_are_refused_whole_and_counted_by_reason() {
+async fn refused_batches_are_refused_whole_and_counted_by_reason(merge_threads: usize) {
     let receiver = TileReceiver::start().await;
     let directory = tempfile::tempdir().unwrap();
     let path = directory.path().join("placement.toml");
     let file = "num_shards = 8\n[[instances]]\nid = \"agg-a\"\nendpoint = \"127.0.0.1:1\"\n[[instances]]\nid = \"agg-b\"\nendpoint = \"127.0.0.1:2\"\n";
     std::fs::write(&path, file).unwrap();
-    let mut config = test_config("agg-a", &receiver.address.to_string(), &POLICIES);
+    let mut config = test_config("agg-a", &receiver.address.to_string(), &POLICIES, merge_threads);
     config.placement = Some(PlacementSource::Static { path });
     let shutdown = Shutdown::new();
     let telemetry = Telemetry::new("aggregator", "test");
@@ -216,4 +214,24 @@ async fn refused_batches_are_refused_whole_and_counted_by_reason() {
     assert_eq!(metric_value(&telemetry, "tessera_aggregator_shards_owned", ""), Some(4.0));
     shutdown.trigger();
     aggregator.wait().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tiles_are_exact_across_many_series_tiles_and_senders_with_one_merge_thread() {
+    tiles_are_exact_across_many_series_tiles_and_senders(1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tiles_are_exact_across_many_series_tiles_and_senders_with_four_merge_threads() {
+    tiles_are_exact_across_many_series_tiles_and_senders(4).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_batches_are_refused_whole_and_counted_by_reason_with_one_merge_thread() {
+    refused_batches_are_refused_whole_and_counted_by_reason(1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_batches_are_refused_whole_and_counted_by_reason_with_four_merge_threads() {
+    refused_batches_are_refused_whole_and_counted_by_reason(4).await;
 }

@@ -24,8 +24,9 @@ pub use sender::RoutingSender;
 /// Window length the test senders use.
 pub const WINDOW_MS: i64 = 100;
 
-/// A config for tests: small tiles, short buffers, fast retries, no telemetry endpoint.
-pub fn test_config(instance_id: &str, ingester: &str, policies: &[&str]) -> Config {
+/// A config for tests: small tiles, short buffers, fast retries, no
+/// telemetry endpoint, `merge_threads` merge threads.
+pub fn test_config(instance_id: &str, ingester: &str, policies: &[&str], merge_threads: usize) -> Config {
     let mut config: Config = toml::from_str(&format!(
         r#"
         instance_id = "{instance_id}"
@@ -45,6 +46,7 @@ pub fn test_config(instance_id: &str, ingester: &str, policies: &[&str]) -> Conf
     .expect("test config parses");
     config.policies = policies.iter().map(|text| text.parse().expect("policy")).collect();
     config.telemetry.listen = None;
+    config.merge_threads = Some(merge_threads);
     config
 }
 

@@ -1,0 +1,222 @@
+//! Merging on every core: shards partitioned across merge threads.
+//!
+//! ```text
+//!                                     ┌─▶ merge-0 (Tiler of shards s ≡ 0) ─┐
+//! decoder ──SplitBatch──▶ admission ──┼─▶ merge-1 (Tiler of shards s ≡ 1) ─┼─▶ flusher (Gatherer: one tile
+//!   (splits by shard)   (shadow Tiler: └─▶ merge-N-1 ...                  ─┘    from N parts per close round)
+//!                        check, close)
+//! ```
+//!
+//! Each merge thread owns a [`Tiler`] over the shards `s` with
+//! `s mod N == thread`: the tables of those shards for every policy, and
+//! their gauges' last values. Nothing on the merge path is shared.
+//!
+//! The admission thread alone decides what is admitted and when tiles
+//! close, with a **shadow** tiler that holds no series but opens and closes
+//! tiles exactly as the merge threads do. A batch is checked once against
+//! it and then refused whole, or dispatched whole: its share goes to each
+//! merge thread as [`MergeJob::Apply`]. When tiles fall due, every merge
+//! thread is sent [`MergeJob::CloseDue`] with the same clock reading.
+//! Each thread's jobs are a FIFO queue, so every admitted share is merged
+//! before the close of its tile, and a share admitted after a close can
+//! only be for a tile still open: all-or-nothing holds across threads.
+//!
+//! A close round ends with [`MergeOutput::RoundDone`] from every thread;
+//! the [`Gatherer`] joins the parts of each tile of the round into one
+//! [`ClosedTile`] for the flusher. The queues are bounded: a merge thread
+//! that falls behind blocks admission, so collectors wait for their acks.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use crossbeam_channel::{Receiver, Sender};
+
+use crate::metrics::Metrics;
+use crate::tiler::{Batch, ClosedTile, Partial, Tiler};
+
+/// Jobs queued on each merge thread before admission waits.
+pub const MERGE_QUEUE_JOBS: usize = 64;
+
+/// What a merge thread is asked to do.
+#[derive(Debug)]
+pub enum MergeJob {
+    /// Merge this share of an admitted batch.
+    Apply(Batch),
+    /// Close every tile due at `now_ms`, then report `round` done.
+    CloseDue {
+        /// Close round number, increasing.
+        round: u64,
+        /// The admission thread's clock reading.
+        now_ms: i64,
+    },
+    /// Close every open tile (shutdown), then report `round` done.
+    CloseAll {
+        /// Close round number.
+        round: u64,
+    },
+}
+
+/// What a merge thread hands the flusher.
+#[derive(Debug)]
+pub enum MergeOutput {
+    /// This thread's part of a tile closed in `round`.
+    Part {
+        /// The close round.
+        round: u64,
+        /// The thread's share of the tile.
+        tile: ClosedTile,
+    },
+    /// This thread has closed everything of `round`.
+    RoundDone {
+        /// The close round.
+        round: u64,
+    },
+}
+
+/// A merge thread: applies shares and closes tiles until admission hangs up.
+pub fn run_merge_thread(mut tiler: Tiler, jobs: Receiver<MergeJob>, out: Sender<MergeOutput>, metrics: Metrics) {
+    let mut round = 0;
+    // The flusher outlives the merge threads; if it is gone, so is the process.
+    let out = &out;
+    let part = |round: u64| move |tile: ClosedTile| drop(out.send(MergeOutput::Part { round, tile }));
+    while let Ok(job) = jobs.recv() {
+        match job {
+            MergeJob::Apply(batch) => {
+                let started = Instant::now();
+                // Opening a tile closes nothing here unless the clock jumped;
+                // such a part joins the last round.
+                let applied = tiler.apply(&batch, &mut part(round));
+                metrics.merge_duration.observe(started.elapsed().as_secs_f64());
+                metrics.partials_merged.inc_by(applied.partials);
+                metrics.gauge_order_ambiguous.inc_by(applied.gauge_order_ambiguous);
+                metrics.dropped("series_limit", "series", applied.series_limit);
+            }
+            MergeJob::CloseDue { round: next, now_ms } => {
+                round = next;
+                tiler.close_due(now_ms, &mut part(round));
+                let _ = out.send(MergeOutput::RoundDone { round });
+            }
+            MergeJob::CloseAll { round: next } => {
+                round = next;
+                tiler.close_all(&mut part(round));
+                let _ = out.send(MergeOutput::RoundDone { round });
+            }
+        }
+    }
+}
+
+/// The admission thread's handle on the merge threads.
+pub struct MergeTier {
+    jobs: Vec<Sender<MergeJob>>,
+    round: u64,
+}
+
+impl MergeTier {
+    /// Sends to the merge threads behind `jobs`.
+    pub fn new(jobs: Vec<Sender<MergeJob>>) -> MergeTier {
+        MergeTier { jobs, round: 0 }
+    }
+
+    /// Merge threads.
+    pub fn threads(&self) -> usize {
+        self.jobs.len()
+    }
+
+    /// Closes what is due at `now_ms` in `shadow` and, if anything was, on
+    /// every merge thread.
+    pub fn close_due(&mut self, shadow: &mut Tiler, now_ms: i64) {
+        if now_ms < shadow.next_close_ms() {
+            return;
+        }
+        shadow.close_due(now_ms, &mut |_| {});
+        self.round += 1;
+        for jobs in &self.jobs {
+            let _ = jobs.send(MergeJob::CloseDue { round: self.round, now_ms });
+        }
+    }
+
+    /// Closes every open tile everywhere (shutdown).
+    pub fn close_all(&mut self, shadow: &mut Tiler) {
+        shadow.close_all(&mut |_| {});
+        self.round += 1;
+        for jobs in &self.jobs {
+            let _ = jobs.send(MergeJob::CloseAll { round: self.round });
+        }
+    }
+
+    /// Hands each thread its share of an admitted batch (`shares[i]` to
+    /// thread `i`), waiting while a thread's queue is full.
+    pub fn dispatch(&self, window_start_ms: i64, window_ms: i64, shares: Vec<Vec<Partial>>) {
+        for (jobs, partials) in self.jobs.iter().zip(shares) {
+            if !partials.is_empty() {
+                let _ = jobs.send(MergeJob::Apply(Batch { window_start_ms, window_ms, partials }));
+            }
+        }
+    }
+}
+
+/// The merge thread that owns `shard`.
+#[inline]
+pub fn thread_of(shard: u32, threads: usize) -> usize {
+    shard as usize % threads.max(1)
+}
+
+/// Joins the merge threads' parts of each tile, round by round.
+pub struct Gatherer {
+    threads: usize,
+    rounds: BTreeMap<u64, Round>,
+}
+
+#[derive(Default)]
+struct Round {
+    done: usize,
+    /// Tiles of the round by (end, policy index), joined from their parts.
+    tiles: BTreeMap<(i64, usize), ClosedTile>,
+}
+
+impl Gatherer {
+    /// A gatherer for `threads` merge threads.
+    pub fn new(threads: usize) -> Gatherer {
+        Gatherer { threads: threads.max(1), rounds: BTreeMap::new() }
+    }
+
+    /// Takes one output of a merge thread; hands every tile of a round to
+    /// `ready` once each thread has finished that round, oldest tile first.
+    pub fn add(&mut self, output: MergeOutput, ready: &mut dyn FnMut(ClosedTile)) {
+        match output {
+            MergeOutput::Part { round, tile } => {
+                let tiles = &mut self.rounds.entry(round).or_default().tiles;
+                match tiles.get_mut(&(tile.tile_end_ms, tile.policy_index)) {
+                    Some(joined) => {
+                        joined.values.extend(tile.values);
+                        joined.expired += tile.expired;
+                        joined.series_held += tile.series_held;
+                        joined.cut_duration = joined.cut_duration.max(tile.cut_duration);
+                    }
+                    None => {
+                        tiles.insert((tile.tile_end_ms, tile.policy_index), tile);
+                    }
+                }
+            }
+            MergeOutput::RoundDone { round } => {
+                let entry = self.rounds.entry(round).or_default();
+                entry.done += 1;
+                if entry.done < self.threads {
+                    return;
+                }
+                // Every thread sends its rounds in order, so older rounds are complete too.
+                while let Some(entry) = self.rounds.first_entry() {
+                    if *entry.key() > round {
+                        break;
+                    }
+                    for (_, tile) in entry.remove().tiles {
+                        ready(tile);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

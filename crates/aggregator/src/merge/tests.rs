@@ -1,0 +1,167 @@
+use std::collections::BTreeMap;
+
+use tessera_core::aggregate::Aggregate;
+use tessera_core::parse::MetricKind;
+use tessera_core::shard::shard_of;
+use tessera_proto::aggregate::Value;
+
+use super::*;
+use crate::tiler::TilerSettings;
+
+/// A time on a minute boundary.
+const T0: i64 = 1_700_000_040_000;
+const SHARDS: u32 = 16;
+
+fn settings() -> TilerSettings {
+    TilerSettings {
+        policies: vec!["1s:1h".parse().unwrap(), "5s:1h".parse().unwrap()],
+        buffer_past_ms: 500,
+        buffer_future_ms: 500,
+        expire_after_empty_tiles: Some(30),
+        max_series_per_policy: None,
+    }
+}
+
+/// Counter partials of 40 series spread over every shard, for one window.
+fn partials(window: i64) -> Vec<(u32, Partial)> {
+    (0..40)
+        .map(|n| {
+            let id = format!("series.{n}");
+            let shard = shard_of(id.as_bytes(), SHARDS);
+            let aggregate = Aggregate::Counter((window * 100 + n) as f64);
+            (shard, Partial { kind: MetricKind::Counter, id: id.into_bytes(), aggregate })
+        })
+        .collect()
+}
+
+/// `(policy, tile end, series) -> counter` of every non-empty closed tile.
+type Tiles = BTreeMap<(usize, i64, Vec<u8>), f64>;
+
+fn record(tiles: &mut Tiles, tile: &ClosedTile) {
+    for value in &tile.values {
+        let Some(Value::Counter(sum)) = value.aggregate.as_ref().and_then(|aggregate| aggregate.value.clone()) else {
+            panic!("not a counter")
+        };
+        let key = (tile.policy_index, tile.tile_end_ms, value.series_id.clone());
+        assert!(tiles.insert(key, sum).is_none(), "a series appears twice in one tile");
+    }
+}
+
+/// The windows sent, with the time each arrives: in order, then one late
+/// (refused), one early (refused), one out of order but in time.
+fn arrivals() -> Vec<(i64, i64)> {
+    let mut arrivals: Vec<(i64, i64)> = (0..12).map(|second| (T0 + second * 1000, T0 + second * 1000 + 1100)).collect();
+    arrivals.push((T0 + 3_000, T0 + 12_300));
+    arrivals.push((T0 + 20_000, T0 + 12_400));
+    arrivals.push((T0 + 12_000, T0 + 12_600));
+    arrivals
+}
+
+/// One tiler doing everything, as with `merge_threads = 1` before this module.
+fn single_tiler() -> (Tiles, Vec<bool>) {
+    let mut tiler = Tiler::new(settings(), T0);
+    let mut tiles = Tiles::new();
+    let mut admitted = Vec::new();
+    for (window, now) in arrivals() {
+        let partials = partials(window).into_iter().map(|(_, partial)| partial).collect();
+        let batch = Batch { window_start_ms: window, window_ms: 1000, partials };
+        admitted.push(tiler.accept(&batch, now, &mut |tile| record(&mut tiles, &tile)).is_ok());
+    }
+    tiler.close_all(&mut |tile| record(&mut tiles, &tile));
+    (tiles, admitted)
+}
+
+/// The same arrivals through admission's shadow and `threads` merge threads.
+fn merge_tier(threads: usize) -> (Tiles, Vec<bool>) {
+    let (out, parts) = crossbeam_channel::unbounded();
+    let mut jobs = Vec::new();
+    let mut handles = Vec::new();
+    for _ in 0..threads {
+        let (sender, receiver) = crossbeam_channel::bounded(MERGE_QUEUE_JOBS);
+        jobs.push(sender);
+        let (tiler, out) = (Tiler::new(settings(), T0), out.clone());
+        handles.push(std::thread::spawn(move || run_merge_thread(tiler, receiver, out, Metrics::default())));
+    }
+    drop(out);
+    let mut tier = MergeTier::new(jobs);
+    let mut shadow = Tiler::new(settings(), T0);
+    let mut admitted = Vec::new();
+    for (window, now) in arrivals() {
+        tier.close_due(&mut shadow, now);
+        let empty = Batch { window_start_ms: window, window_ms: 1000, partials: Vec::new() };
+        let ok = shadow.accept(&empty, now, &mut |_| {}).is_ok();
+        if ok {
+            let mut shares = vec![Vec::new(); threads];
+            for (shard, partial) in partials(window) {
+                shares[thread_of(shard, threads)].push(partial);
+            }
+            tier.dispatch(window, 1000, shares);
+        }
+        admitted.push(ok);
+    }
+    tier.close_all(&mut shadow);
+    drop(tier);
+    let mut gatherer = Gatherer::new(threads);
+    let mut tiles = Tiles::new();
+    let mut closed = Vec::new();
+    while let Ok(part) = parts.recv() {
+        gatherer.add(part, &mut |tile| {
+            record(&mut tiles, &tile);
+            closed.push((tile.tile_end_ms, tile.policy_index));
+        });
+    }
+    for handle in handles {
+        handle.join().unwrap();
+    }
+    let mut sorted = closed.clone();
+    sorted.sort_by_key(|(end, policy)| (*policy, *end));
+    let per_policy_in_order = (0..2).all(|policy| {
+        let ends: Vec<i64> = closed.iter().filter(|(_, p)| *p == policy).map(|(end, _)| *end).collect();
+        ends.windows(2).all(|pair| pair[0] < pair[1])
+    });
+    assert!(per_policy_in_order, "each policy's tiles are flushed once each, oldest first: {closed:?}");
+    (tiles, admitted)
+}
+
+#[test]
+fn every_number_of_merge_threads_closes_the_same_tiles_as_one_tiler() {
+    let (expected, admitted) = single_tiler();
+    assert_eq!(admitted.iter().filter(|ok| !**ok).count(), 2, "the late and the early window are refused");
+    assert_eq!(expected.len(), 13 * 40 + 3 * 40, "13 one-second tiles and 3 five-second tiles of 40 series");
+    for threads in [1, 2, 3, 4, 7] {
+        let (tiles, admitted_here) = merge_tier(threads);
+        assert_eq!(admitted_here, admitted, "{threads} threads admit the same batches");
+        assert_eq!(tiles, expected, "{threads} threads");
+    }
+}
+
+#[test]
+fn the_gatherer_joins_a_tile_only_once_every_thread_finished_its_round() {
+    let tile = |values: usize, series_held: usize| ClosedTile {
+        policy_index: 0,
+        policy: "10s:1h".parse().unwrap(),
+        tile_start_ms: 0,
+        tile_end_ms: 10_000,
+        values: (0..values)
+            .map(|n| tessera_proto::SeriesValue { series_id: vec![b'a' + n as u8], ..Default::default() })
+            .collect(),
+        expired: 1,
+        series_held,
+        cut_duration: std::time::Duration::from_millis(series_held as u64),
+    };
+    let mut gatherer = Gatherer::new(2);
+    let mut ready = Vec::new();
+    gatherer.add(MergeOutput::Part { round: 1, tile: tile(2, 5) }, &mut |tile| ready.push(tile));
+    gatherer.add(MergeOutput::RoundDone { round: 1 }, &mut |tile| ready.push(tile));
+    // The faster thread is already a round ahead.
+    gatherer.add(MergeOutput::RoundDone { round: 2 }, &mut |tile| ready.push(tile));
+    assert!(ready.is_empty(), "the other thread has not finished round 1");
+    gatherer.add(MergeOutput::Part { round: 1, tile: tile(3, 7) }, &mut |tile| ready.push(tile));
+    gatherer.add(MergeOutput::RoundDone { round: 1 }, &mut |tile| ready.push(tile));
+    assert_eq!(ready.len(), 1);
+    let joined = &ready[0];
+    assert_eq!((joined.values.len(), joined.expired, joined.series_held), (5, 2, 12));
+    assert_eq!(joined.cut_duration, std::time::Duration::from_millis(7));
+    gatherer.add(MergeOutput::RoundDone { round: 2 }, &mut |tile| ready.push(tile));
+    assert_eq!(ready.len(), 1, "round 2 closed nothing");
+}
