@@ -1,0 +1,161 @@
+#!/usr/bin/env bash
+# Measures the whole pipeline as a user meets it: statsd in, counter totals
+# out of the ingester's file sink.
+#
+# tessera-collector (one UDP reader) runs pinned to CPU 0; tessera-aggregator,
+# tessera-ingester (file sink) and `tessera loadgen` share CPU 1. loadgen
+# sends RATE lines/s for DURATION seconds and then, with `--verify`, reads the
+# cumulative `loadgen_counter_*_total` series of the 10 s resolution back from
+# the files: loss = lines sent - counter increase in the sink. Lossless means
+# that is 0. End-to-end latency (tile end -> storage ack) p50/p99 comes from
+# the ingester's own histogram; the aggregator's refusals and the collector's
+# drops are printed beside it, by reason.
+#
+#   benches/load/pipeline.sh RATE SERIES [DURATION_SECS]
+#   e.g. benches/load/pipeline.sh 1000000 1000000 10
+#   MIX=counter=70,gauge=10,timer=10,set=5,distribution=5 TAGS=3 (default: counters only, no tags)
+#   MERGE_THREADS=N (default: the aggregator's default, the cores available)
+#
+# Needs `sysctl -w net.core.rmem_max=33554432` for the 32 MiB receive buffer.
+# For intake alone (the collector forwarding to a closed port), see collector.sh.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+rate=${1:?rate in lines/s}
+series=${2:?distinct series}
+duration=${3:-10}
+mix=${MIX:-counter=100}
+tags=${TAGS:-0}
+
+bin=${BIN_DIR:-target/release}
+for daemon in tessera tessera-collector tessera-aggregator tessera-ingester; do
+    [ -x "$bin/$daemon" ] || cargo build --release --bins >&2
+done
+
+work=$(mktemp -d)
+pids=()
+cleanup() {
+    for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    rm -rf "$work"
+}
+trap cleanup EXIT
+free_port() {
+    python3 -c "import socket; s=socket.socket(socket.AF_INET, socket.SOCK_${1:-STREAM}); s.bind(('127.0.0.1',0)); print(s.getsockname()[1])"
+}
+udp_port=$(free_port DGRAM)
+collector_http=$(free_port)
+aggregator_port=$(free_port)
+aggregator_http=$(free_port)
+ingester_port=$(free_port)
+ingester_http=$(free_port)
+
+cat > "$work/placement.toml" <<TOML
+num_shards = 64
+[[instances]]
+id = "aggregator"
+endpoint = "127.0.0.1:$aggregator_port"
+TOML
+cat > "$work/collector.toml" <<TOML
+[udp]
+listen = "127.0.0.1:$udp_port"
+reader_threads = 1
+recv_buffer_bytes = 33554432
+[telemetry]
+listen = "127.0.0.1:$collector_http"
+[placement]
+kind = "static"
+path = "$work/placement.toml"
+TOML
+merge_threads_line=""
+[ -n "${MERGE_THREADS:-}" ] && merge_threads_line="merge_threads = $MERGE_THREADS"
+cat > "$work/aggregator.toml" <<TOML
+instance_id = "aggregator"
+listen = "127.0.0.1:$aggregator_port"
+$merge_threads_line
+[placement]
+kind = "static"
+path = "$work/placement.toml"
+[ingester]
+endpoints = ["127.0.0.1:$ingester_port"]
+[telemetry]
+listen = "127.0.0.1:$aggregator_http"
+TOML
+cat > "$work/ingester.toml" <<TOML
+instance_id = "ingester"
+listen = "127.0.0.1:$ingester_port"
+data_dir = "$work/ingester"
+[sink]
+kind = "file"
+dir = "$work/sink"
+rotate_secs = 2
+[telemetry]
+listen = "127.0.0.1:$ingester_http"
+TOML
+
+mkdir -p "$work/sink"
+taskset -c 1 "$bin/tessera-ingester" --config "$work/ingester.toml" --log-level warn 2>"$work/ingester.log" &
+pids+=($!)
+taskset -c 1 "$bin/tessera-aggregator" --config "$work/aggregator.toml" --log-level warn 2>"$work/aggregator.log" &
+pids+=($!)
+aggregator=$!
+taskset -c 0 "$bin/tessera-collector" --config "$work/collector.toml" --log-level warn 2>"$work/collector.log" &
+pids+=($!)
+collector=$!
+for port in $ingester_http $aggregator_http $collector_http; do
+    for _ in $(seq 200); do curl -sf "http://127.0.0.1:$port/readyz" >/dev/null && break; sleep 0.1; done
+done
+
+# Sum of a metric's samples (all label sets matching the filter) at a telemetry port.
+metric_sum() {
+    curl -sf "http://127.0.0.1:$1/metrics" | awk -v name="$2" -v filter="${3:-}" '
+        index($0, name) == 1 && (filter == "" || index($0, filter) > 0) { sum += $NF } END { printf "%.0f", sum + 0 }'
+}
+# Non-zero samples of a metric family, `labels=value` joined by spaces.
+nonzero() {
+    curl -sf "http://127.0.0.1:$1/metrics" | awk -v name="$2" '
+        index($0, name) == 1 && $NF != 0 { sub(name, "", $1); printf "%s=%s ", $1, $NF }'
+}
+# p-quantile of the ingester's end-to-end histogram at the 10 s resolution.
+quantile() {
+    curl -sf "http://127.0.0.1:$ingester_http/metrics" | python3 -c '
+import sys, re
+q = float(sys.argv[1]); buckets = []
+for line in sys.stdin:
+    m = re.match(r"tessera_ingester_end_to_end_latency_seconds_bucket\{(.*)\} (\S+)", line)
+    if m and "resolution=\"10s\"" in m.group(1):
+        le = re.search(r"le=\"([^\"]+)\"", m.group(1)).group(1)
+        buckets.append((float("inf") if le == "+Inf" else float(le), float(m.group(2))))
+buckets.sort()
+total = buckets[-1][1] if buckets else 0
+if total == 0:
+    print("n/a"); sys.exit()
+for le, count in buckets:
+    if count >= q * total:
+        print(f"<= {le:g} s"); break
+' "$1"
+}
+
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+collector_before=$(cpu_ticks $collector)
+aggregator_before=$(cpu_ticks $aggregator)
+
+set +e
+report=$(taskset -c 1 "$bin/tessera" loadgen --target "127.0.0.1:$udp_port" --rate-lines-per-sec "$rate" \
+    --duration-secs "$duration" --series "$series" --mix "$mix" --tags "$tags" --json \
+    --verify "files=$work/sink" --verify-timeout-secs 60)
+set -e
+ticks=$(getconf CLK_TCK)
+# CPU seconds over the whole run (sending, draining, verifying).
+collector_cpu=$(echo "scale=1; ($(cpu_ticks $collector) - $collector_before) / $ticks" | bc)
+aggregator_cpu=$(echo "scale=1; ($(cpu_ticks $aggregator) - $aggregator_before) / $ticks" | bc)
+sent=$(echo "$report" | head -1 | python3 -c 'import json,sys; print(json.load(sys.stdin)["lines"])')
+achieved=$(echo "$report" | head -1 | python3 -c 'import json,sys; print(int(json.load(sys.stdin)["lines_per_sec"]))')
+verdict=$(echo "$report" | tail -1)
+rss() { awk '/VmHWM/ {printf "%d", $2 / 1024}' "/proc/$1/status"; }
+
+echo "rate=$rate achieved=$achieved series=$series mix=$mix tags=$tags duration=${duration}s sent=$sent"
+echo "  $verdict"
+echo "  end_to_end_10s p50 $(quantile 0.5) p99 $(quantile 0.99)"
+echo "  collector: kernel_drops=$(metric_sum $collector_http tessera_collector_kernel_drops_total) drops: $(nonzero $collector_http tessera_collector_drops_total) cpu=${collector_cpu}s peak_rss=$(rss $collector)MB"
+echo "  aggregator: merged=$(metric_sum $aggregator_http tessera_aggregator_partials_merged_total) refused: $(nonzero $aggregator_http tessera_aggregator_partials_rejected_total) cpu=${aggregator_cpu}s peak_rss=$(rss $aggregator)MB"
