@@ -36,6 +36,7 @@ async fn partials_cross_a_real_socket_and_merge_back_exactly() {
         window_start_ms: 0,
         window_ms: 1000,
         placement_version: 1,
+        watermark_ms: 1000,
         shards: by_shard.into_iter().map(|(shard, series)| ShardPartials { shard, series }).collect(),
     };
 

@@ -10,7 +10,10 @@
 //! listen = "0.0.0.0:7400"
 //! # Storage policies, `resolution:retention`; each tiles independently.
 //! policies = ["10s:2d", "1m:40d"]
-//! # A tile closes (and is flushed) this long after its end.
+//! # A tile closes once every connected collector's watermark has passed
+//! # its end, and at the latest this long after its end.
+//! max_buffer_past_ms = 8000
+//! # ... or this long after its end when no collector reports a watermark.
 //! buffer_past_ms = 2000
 //! # Partials whose window ends further than this in the future are refused.
 //! buffer_future_ms = 2000
@@ -61,8 +64,17 @@ pub struct Config {
     /// Storage policies, `resolution:retention` (units ms, s, m, h, d).
     /// Each policy tiles independently from the partials.
     pub policies: Vec<StoragePolicy>,
-    /// A tile closes this long after its end; partials for it that arrive
-    /// later are refused as `too_late`.
+    /// A tile closes once every connected collector's watermark (the end
+    /// of the newest window it has sent in full) has passed the tile's end,
+    /// and at the latest this long after its end. Partials for a closed
+    /// tile are refused as `too_late`. Each policy keeps
+    /// `ceil((max(buffer_past_ms, max_buffer_past_ms) + buffer_future_ms) /
+    /// resolution) + 1` tables, so up to 8 s costs a 10 s policy nothing
+    /// over the minimum of two.
+    pub max_buffer_past_ms: u64,
+    /// When no connected collector reports a watermark (none connected, or
+    /// one too old to send it), a tile closes this long after its end; a
+    /// connection that has reported none holds tiles this long.
     pub buffer_past_ms: u64,
     /// Partials whose window ends more than this after now are refused as
     /// `too_early` (a sender with a clock ahead of ours).
@@ -101,6 +113,7 @@ impl Default for Config {
             max_connections: 4096,
             handshake_timeout_ms: 5_000,
             policies: DEFAULT_POLICIES.iter().map(|text| text.parse().expect("default policies parse")).collect(),
+            max_buffer_past_ms: 8_000,
             buffer_past_ms: 2_000,
             buffer_future_ms: 2_000,
             expire_after_empty_tiles: Some(30),
@@ -208,19 +221,33 @@ impl Config {
             if self.policies[..index].iter().any(|other| other.resolution_ms() == policy.resolution_ms()) {
                 return invalid("policies", format!("two policies have the resolution of `{policy}`"));
             }
-            let tables = tables_per_policy(policy, self.buffer_past_ms as i64, self.buffer_future_ms as i64);
+        }
+        for (key, value) in [
+            ("buffer_past_ms", self.buffer_past_ms),
+            ("max_buffer_past_ms", self.max_buffer_past_ms),
+            ("buffer_future_ms", self.buffer_future_ms),
+        ] {
+            if value > i64::MAX as u64 / 4 {
+                return invalid(key, "is out of range".into());
+            }
+        }
+        if self.max_buffer_past_ms < self.buffer_past_ms {
+            return invalid(
+                "max_buffer_past_ms",
+                format!("must be at least buffer_past_ms ({} ms)", self.buffer_past_ms),
+            );
+        }
+        for policy in &self.policies {
+            let tables = tables_per_policy(policy, self.max_buffer_past_ms as i64, self.buffer_future_ms as i64);
             if tables > MAX_TABLES_PER_POLICY {
                 return invalid(
-                    "buffer_past_ms",
+                    "max_buffer_past_ms",
                     format!(
-                        "buffer_past_ms + buffer_future_ms span {tables} tiles of `{policy}` (at most {MAX_TABLES_PER_POLICY}): \
+                        "max_buffer_past_ms + buffer_future_ms span {tables} tiles of `{policy}` (at most {MAX_TABLES_PER_POLICY}): \
                          shorten the buffers or drop the policy"
                     ),
                 );
             }
-        }
-        if self.buffer_past_ms > i64::MAX as u64 / 4 || self.buffer_future_ms > i64::MAX as u64 / 4 {
-            return invalid("buffer_past_ms", "is out of range".into());
         }
         if self.expire_after_empty_tiles == Some(0) {
             return invalid("expire_after_empty_tiles", "must be at least 1 (leave it out to never expire)".into());
@@ -284,6 +311,9 @@ mod tests {
         assert_eq!(policies, ["10s:2d", "1m:40d"]);
         assert_eq!(config.listen.to_string(), "127.0.0.1:7400");
         assert_eq!(config.buffer_past_ms, 2_000);
+        assert_eq!(config.max_buffer_past_ms, 8_000);
+        // 8 s + 2 s of a 10 s policy: the minimum of two tables.
+        assert_eq!(tables_per_policy(&config.policies[0], 8_000, config.buffer_future_ms as i64), 2);
     }
 
     #[test]
@@ -306,7 +336,9 @@ mod tests {
                 Config { policies: vec!["10s:1d".parse().unwrap(), "10s:2d".parse().unwrap()], ..base.clone() },
                 "policies",
             ),
-            (Config { buffer_past_ms: 3_600_000, ..base.clone() }, "buffer_past_ms"),
+            (Config { max_buffer_past_ms: 3_600_000, ..base.clone() }, "max_buffer_past_ms"),
+            (Config { buffer_past_ms: 9_000, ..base.clone() }, "max_buffer_past_ms"),
+            (Config { buffer_future_ms: u64::MAX, ..base.clone() }, "buffer_future_ms"),
             (Config { expire_after_empty_tiles: Some(0), ..base.clone() }, "expire_after_empty_tiles"),
             (Config { max_frame_bytes: 10, ..base.clone() }, "max_frame_bytes"),
             (

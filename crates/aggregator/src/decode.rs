@@ -51,6 +51,8 @@ pub enum Decoded {
         message: String,
         /// Series partials in the batch.
         partials: u64,
+        /// The batch's watermark, if it carried one.
+        watermark_ms: Option<i64>,
     },
     /// The frame cannot be trusted; the connection is closed.
     Protocol {
@@ -70,6 +72,8 @@ pub struct SplitBatch {
     pub window_ms: i64,
     /// `shares[i]`: the partials of the shards merge thread `i` owns.
     pub shares: Vec<Vec<Partial>>,
+    /// The sender's watermark ([`crate::watermark`]), if it sent one.
+    pub watermark_ms: Option<i64>,
 }
 
 impl SplitBatch {
@@ -128,7 +132,8 @@ impl Decoder {
     fn check(&mut self, batch: PartialBatch) -> Decoded {
         let sequence = batch.sequence;
         let partials: u64 = batch.shards.iter().map(|shard| shard.series.len() as u64).sum();
-        let refuse = |reason, message| Decoded::Refused { sequence, reason, message, partials };
+        let watermark_ms = (batch.watermark_ms != 0).then_some(batch.watermark_ms);
+        let refuse = |reason, message| Decoded::Refused { sequence, reason, message, partials, watermark_ms };
         let placement = self.placement.current();
         let num_shards = placement.num_shards();
         for group in &batch.shards {
@@ -159,7 +164,8 @@ impl Decoder {
                 }
             }
         }
-        Decoded::Batch { sequence, batch: SplitBatch { window_start_ms: batch.window_start_ms, window_ms, shares } }
+        let batch = SplitBatch { window_start_ms: batch.window_start_ms, window_ms, shares, watermark_ms };
+        Decoded::Batch { sequence, batch }
     }
 
     fn owns(&mut self, placement: &Placement, shard: u32, window_start_ms: i64) -> bool {

@@ -8,8 +8,10 @@
 //! ([`decode`]: frame, ownership, aggregates, split by merge thread), then
 //! admitted whole or refused whole by the admission thread and merged by
 //! the merge threads, each owning a share of the shards ([`merge`];
-//! [`tiler`]: tiles, late and early data, gauge resolution, expiry). Every
-//! tile closes `buffer_past` after its end; the flusher thread ([`flush`])
+//! [`tiler`]: tiles, late and early data, gauge resolution, expiry). A
+//! tile closes once every connected collector's watermark has passed its
+//! end, `max_buffer_past` after it at the latest ([`watermark`]); the
+//! flusher thread ([`flush`])
 //! joins the merge threads' parts, splits the tile into tile batches and
 //! queues them on one ingester endpoint, whose sender task delivers them
 //! with acknowledgements, retries and a bounded buffer ([`ingester`]).
@@ -44,6 +46,7 @@ pub mod pipeline;
 pub mod policy;
 pub mod server;
 pub mod tiler;
+pub mod watermark;
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -160,6 +163,7 @@ impl Aggregator {
         let tiler_settings = TilerSettings {
             policies: config.policies.clone(),
             buffer_past_ms: config.buffer_past_ms as i64,
+            max_buffer_past_ms: config.max_buffer_past_ms as i64,
             buffer_future_ms: config.buffer_future_ms as i64,
             expire_after_empty_tiles: config.expire_after_empty_tiles,
             max_series_per_policy: config.max_series_per_policy.map(|cap| cap.div_ceil(merge_threads)),
@@ -193,7 +197,8 @@ impl Aggregator {
         threads.push(spawn_thread("admission", {
             let (ingesters, metrics) = (ingesters.clone(), metrics.clone());
             let tier = merge::MergeTier::new(merge_jobs);
-            move || pipeline::run_admission(shadow, tier, batch_receiver, ingesters, metrics)
+            let watermarks = watermark::Watermarks::new(config.buffer_past_ms as i64, config.max_buffer_past_ms as i64);
+            move || pipeline::run_admission(shadow, tier, watermarks, batch_receiver, ingesters, metrics)
         })?);
         threads.extend(merge_handles);
         threads.push(spawn_thread("flusher", {

@@ -16,7 +16,7 @@
 //! tiles exactly as the merge threads do. A batch is checked once against
 //! it and then refused whole, or dispatched whole: its share goes to each
 //! merge thread as [`MergeJob::Apply`]. When tiles fall due, every merge
-//! thread is sent [`MergeJob::CloseDue`] with the same clock reading.
+//! thread is sent [`MergeJob::CloseThrough`] with the same horizon.
 //! Each thread's jobs are a FIFO queue, so every admitted share is merged
 //! before the close of its tile, and a share admitted after a close can
 //! only be for a tile still open: all-or-nothing holds across threads.
@@ -33,6 +33,7 @@ use crossbeam_channel::{Receiver, Sender};
 
 use crate::metrics::Metrics;
 use crate::tiler::{Batch, ClosedTile, Partial, Tiler};
+use crate::watermark::Trigger;
 
 /// Jobs queued on each merge thread before admission waits.
 pub const MERGE_QUEUE_JOBS: usize = 64;
@@ -42,12 +43,13 @@ pub const MERGE_QUEUE_JOBS: usize = 64;
 pub enum MergeJob {
     /// Merge this share of an admitted batch.
     Apply(Batch),
-    /// Close every tile due at `now_ms`, then report `round` done.
-    CloseDue {
+    /// Close every tile ending at or before `horizon_ms`, then report
+    /// `round` done.
+    CloseThrough {
         /// Close round number, increasing.
         round: u64,
-        /// The admission thread's clock reading.
-        now_ms: i64,
+        /// The admission thread's horizon ([`crate::watermark`]).
+        horizon_ms: i64,
     },
     /// Close every open tile (shutdown), then report `round` done.
     CloseAll {
@@ -91,9 +93,9 @@ pub fn run_merge_thread(mut tiler: Tiler, jobs: Receiver<MergeJob>, out: Sender<
                 metrics.gauge_order_ambiguous.inc_by(applied.gauge_order_ambiguous);
                 metrics.dropped("series_limit", "series", applied.series_limit);
             }
-            MergeJob::CloseDue { round: next, now_ms } => {
+            MergeJob::CloseThrough { round: next, horizon_ms } => {
                 round = next;
-                tiler.close_due(now_ms, &mut part(round));
+                tiler.close_through(horizon_ms, &mut part(round));
                 let _ = out.send(MergeOutput::RoundDone { round });
             }
             MergeJob::CloseAll { round: next } => {
@@ -122,22 +124,26 @@ impl MergeTier {
         self.jobs.len()
     }
 
-    /// Closes what is due at `now_ms` in `shadow` and, if anything was, on
-    /// every merge thread.
-    pub fn close_due(&mut self, shadow: &mut Tiler, now_ms: i64) {
-        if now_ms < shadow.next_close_ms() {
+    /// Closes every tile ending at or before `horizon_ms` in `shadow` and,
+    /// if there was one, on every merge thread; counts them by `trigger`.
+    pub fn close_through(&mut self, shadow: &mut Tiler, horizon_ms: i64, trigger: Trigger, metrics: &Metrics) {
+        if horizon_ms < shadow.next_tile_end_ms() {
             return;
         }
-        shadow.close_due(now_ms, &mut |_| {});
+        let mut closed = 0;
+        shadow.close_through(horizon_ms, &mut |_| closed += 1);
+        metrics.tiles_closed(trigger, closed);
         self.round += 1;
         for jobs in &self.jobs {
-            let _ = jobs.send(MergeJob::CloseDue { round: self.round, now_ms });
+            let _ = jobs.send(MergeJob::CloseThrough { round: self.round, horizon_ms });
         }
     }
 
     /// Closes every open tile everywhere (shutdown).
-    pub fn close_all(&mut self, shadow: &mut Tiler) {
-        shadow.close_all(&mut |_| {});
+    pub fn close_all(&mut self, shadow: &mut Tiler, metrics: &Metrics) {
+        let mut closed = 0;
+        shadow.close_all(&mut |_| closed += 1);
+        metrics.tiles_closed(Trigger::Shutdown, closed);
         self.round += 1;
         for jobs in &self.jobs {
             let _ = jobs.send(MergeJob::CloseAll { round: self.round });

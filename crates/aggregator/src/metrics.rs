@@ -1,7 +1,9 @@
 //! Every metric the aggregator exports, declared once.
 //!
 //! Labels come from closed sets: `reason` (see [`Reason`]), `policy` and
-//! `destination` (both from the configuration), `unit`. Hot paths hold
+//! `destination` (both from the configuration), `unit`, `trigger`, and
+//! `source`: the instance ids of connected collectors (bounded by
+//! `max_connections`, removed when they disconnect). Hot paths hold
 //! cloned handles ([`PolicyMetrics`], [`DestinationMetrics`]) and add once
 //! per batch or tile, never once per series.
 
@@ -10,6 +12,9 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+use std::sync::atomic::AtomicU64;
+
+use crate::watermark::Trigger;
 
 type Labels = Vec<(&'static str, String)>;
 
@@ -102,6 +107,8 @@ pub struct Metrics {
     send_errors: Family<Labels, Counter>,
     ingester_rejected_batches: Family<Labels, Counter>,
     drops: Family<Labels, Counter>,
+    tile_closes: Family<Labels, Counter>,
+    watermark_lag: Family<Labels, Gauge<f64, AtomicU64>>,
     /// Shards this instance owns now.
     pub shards_owned: Gauge,
     /// Version of the placement in use.
@@ -138,6 +145,8 @@ impl Default for Metrics {
             send_errors: Family::default(),
             ingester_rejected_batches: Family::default(),
             drops: Family::default(),
+            tile_closes: Family::default(),
+            watermark_lag: Family::default(),
             shards_owned: Gauge::default(),
             placement_version: Gauge::default(),
         }
@@ -261,6 +270,17 @@ impl Metrics {
             self.ingester_rejected_batches.clone(),
         );
         r.register(format!("{p}drops"), "Data dropped by the aggregator, per reason and unit", self.drops.clone());
+        r.register(
+            format!("{p}tile_closes"),
+            "Tiles closed (per policy, empty ones included), by what closed them: every collector's watermark, \
+             max_buffer_past, buffer_past (no watermark known) or shutdown",
+            self.tile_closes.clone(),
+        );
+        r.register(
+            format!("{p}watermark_lag_seconds"),
+            "Per connected collector: now minus the end of the newest window it has sent in full",
+            self.watermark_lag.clone(),
+        );
         r.register(format!("{p}shards_owned"), "Shards this instance owns now", self.shards_owned.clone());
         r.register(format!("{p}placement_version"), "Version of the placement in use", self.placement_version.clone());
     }
@@ -297,6 +317,26 @@ impl Metrics {
     /// Dropped so far for `reason` in `unit`.
     pub fn drops(&self, reason: &'static str, unit: &'static str) -> u64 {
         self.drops.get_or_create(&labels(&[("reason", reason), ("unit", unit)])).get()
+    }
+
+    /// Counts `tiles` closed by `trigger`.
+    pub fn tiles_closed(&self, trigger: Trigger, tiles: u64) {
+        if tiles > 0 {
+            self.tile_closes.get_or_create(&labels(&[("trigger", trigger.as_str())])).inc_by(tiles);
+        }
+    }
+
+    /// Tiles closed so far by `trigger`.
+    pub fn tile_closes(&self, trigger: Trigger) -> u64 {
+        self.tile_closes.get_or_create(&labels(&[("trigger", trigger.as_str())])).get()
+    }
+
+    /// Replaces the watermark lag series with one per connected collector.
+    pub fn set_watermark_lags(&self, lags: &[(&str, i64)]) {
+        self.watermark_lag.clear();
+        for (source, lag_ms) in lags {
+            self.watermark_lag.get_or_create(&labels(&[("source", source)])).set(*lag_ms as f64 / 1000.0);
+        }
     }
 
     /// Handles for one storage policy (labelled by its name, e.g. `10s:2d`).

@@ -13,6 +13,10 @@
 //! queues are bounded. The admission thread alone owns the clock that
 //! closes tiles and checks each batch once, against a shadow of the merge
 //! threads' tiles ([`crate::merge`]): a batch is merged whole or refused whole.
+//! It also keeps every connection's watermark, and closes tiles on them
+//! ([`crate::watermark`]); connections announce themselves and their end
+//! through the same channels as their frames, so admission sees a
+//! connection's batches between its `Opened` and its `Closed`.
 
 use std::time::Duration;
 
@@ -27,9 +31,13 @@ use crate::merge::MergeTier;
 use crate::metrics::{Metrics, Reason};
 use crate::now_ms;
 use crate::tiler::{Batch, Tiler};
+use crate::watermark::Watermarks;
 
 /// Longest admission sleeps without looking at the clock.
 const MAX_ADMISSION_SLEEP: Duration = Duration::from_millis(100);
+
+/// How often the watermark lag gauges are refreshed.
+const LAG_EXPORT_INTERVAL_MS: i64 = 1_000;
 
 static REFUSAL_LOG: RateLimitedLog = RateLimitedLog::new("aggregator.batch_refused", 5);
 
@@ -47,19 +55,66 @@ pub enum Reply {
     },
 }
 
+/// What a connection task hands the decoder.
+pub enum Inbound {
+    /// A collector finished its handshake.
+    Opened {
+        /// Unique per connection in this process.
+        connection: u64,
+        /// The collector's instance id.
+        source: String,
+    },
+    /// A frame, to be answered.
+    Frame(FrameJob),
+    /// The connection is gone.
+    Closed {
+        /// The connection.
+        connection: u64,
+    },
+}
+
 /// A frame read by a connection, for the decoder.
 pub struct FrameJob {
+    /// The connection it came on.
+    pub connection: u64,
     /// The frame, length prefix included.
     pub frame: Vec<u8>,
     /// Where the answer goes.
     pub reply: oneshot::Sender<Reply>,
 }
 
-/// A decoded batch, for admission.
-pub struct BatchJob {
-    sequence: u64,
-    batch: SplitBatch,
-    reply: oneshot::Sender<Reply>,
+/// What the decoder hands admission.
+pub enum AdmissionJob {
+    /// See [`Inbound::Opened`].
+    Opened {
+        /// The connection.
+        connection: u64,
+        /// The collector's instance id.
+        source: String,
+    },
+    /// A decoded batch to admit or refuse.
+    Batch {
+        /// The connection it came on.
+        connection: u64,
+        /// The sender's sequence.
+        sequence: u64,
+        /// The batch.
+        batch: SplitBatch,
+        /// Where the answer goes.
+        reply: oneshot::Sender<Reply>,
+    },
+    /// A batch the decoder refused for good still moves its sender's watermark.
+    Watermark {
+        /// The connection.
+        connection: u64,
+        /// The batch's watermark.
+        watermark_ms: i64,
+    },
+    /// See [`Inbound::Closed`].
+    Closed {
+        /// The connection.
+        connection: u64,
+    },
 }
 
 fn ack(sequence: u64, status: AckStatus, reason: &str, message: String) -> Reply {
@@ -73,29 +128,46 @@ fn refusal(sequence: u64, reason: Reason, message: String) -> Reply {
 
 /// The decoder thread: decodes and checks frames until every connection
 /// and the accept loop have hung up, then returns (closing admission's input).
-pub fn run_decoder(jobs: Receiver<FrameJob>, mut decoder: Decoder, admission: Sender<BatchJob>, metrics: Metrics) {
+pub fn run_decoder(jobs: Receiver<Inbound>, mut decoder: Decoder, admission: Sender<AdmissionJob>, metrics: Metrics) {
     while let Ok(job) = jobs.recv() {
+        let job = match job {
+            Inbound::Frame(job) => job,
+            // Admission is gone only at shutdown, when nothing is left to close.
+            Inbound::Opened { connection, source } => {
+                let _ = admission.send(AdmissionJob::Opened { connection, source });
+                continue;
+            }
+            Inbound::Closed { connection } => {
+                let _ = admission.send(AdmissionJob::Closed { connection });
+                continue;
+            }
+        };
         metrics.batches_received.inc();
         metrics.bytes_received.inc_by(job.frame.len() as u64);
+        let connection = job.connection;
         let reply = match decoder.decode(&job.frame) {
             Decoded::Batch { sequence, batch } => {
                 metrics.partials_received.inc_by(batch.partials());
-                let job = BatchJob { sequence, batch, reply: job.reply };
+                let job = AdmissionJob::Batch { connection, sequence, batch, reply: job.reply };
                 match admission.send(job) {
                     Ok(()) => continue,
                     Err(crossbeam_channel::SendError(job)) => {
-                        let partials = job.batch.partials();
+                        let AdmissionJob::Batch { batch, reply, .. } = job else { unreachable!("sent a batch") };
+                        let partials = batch.partials();
                         metrics.rejected(Reason::ShuttingDown, partials);
-                        let _ = job.reply.send(refusal(sequence, Reason::ShuttingDown, "shutting down".into()));
+                        let _ = reply.send(refusal(sequence, Reason::ShuttingDown, "shutting down".into()));
                         continue;
                     }
                 }
             }
-            Decoded::Refused { sequence, reason, message, partials } => {
+            Decoded::Refused { sequence, reason, message, partials, watermark_ms } => {
                 metrics.partials_received.inc_by(partials);
                 metrics.rejected(reason, partials);
                 if REFUSAL_LOG.allow() {
                     tracing::warn!(reason = reason.as_str(), partials, %message, "partial batch refused");
+                }
+                if let Some(watermark_ms) = watermark_ms.filter(|_| !reason.is_retryable()) {
+                    let _ = admission.send(AdmissionJob::Watermark { connection, watermark_ms });
                 }
                 refusal(sequence, reason, message)
             }
@@ -114,59 +186,98 @@ pub fn run_decoder(jobs: Receiver<FrameJob>, mut decoder: Decoder, admission: Se
 /// input closes (shutdown), it has every open tile closed, due or not, and
 /// returns (closing the merge threads' input).
 pub fn run_admission(
-    mut shadow: Tiler,
-    mut tier: MergeTier,
-    jobs: Receiver<BatchJob>,
+    shadow: Tiler,
+    tier: MergeTier,
+    watermarks: Watermarks,
+    jobs: Receiver<AdmissionJob>,
     ingesters: Ingesters,
     metrics: Metrics,
 ) {
+    let mut admission = Admission { shadow, tier, watermarks, ingesters, metrics, lags_exported_ms: 0 };
     loop {
-        let wait_ms = (shadow.next_close_ms() - now_ms()).clamp(1, MAX_ADMISSION_SLEEP.as_millis() as i64);
+        // Sleep until the next tile could close on the clock alone (the
+        // latest it may: watermarks that arrive close it sooner).
+        let wait_ms = (admission.shadow.next_tile_end_ms() - now_ms()).clamp(1, MAX_ADMISSION_SLEEP.as_millis() as i64);
         match jobs.recv_timeout(Duration::from_millis(wait_ms as u64)) {
-            Ok(job) => {
-                let reply = admit(&mut shadow, &mut tier, job.sequence, job.batch, &ingesters, &metrics);
-                let _ = job.reply.send(reply);
+            Ok(AdmissionJob::Batch { connection, sequence, batch, reply }) => {
+                let answer = admission.admit(connection, sequence, batch);
+                let _ = reply.send(answer);
             }
-            Err(RecvTimeoutError::Timeout) => tier.close_due(&mut shadow, now_ms()),
+            Ok(AdmissionJob::Opened { connection, source }) => admission.watermarks.opened(connection, &source),
+            Ok(AdmissionJob::Watermark { connection, watermark_ms }) => {
+                admission.watermarks.advance(connection, watermark_ms);
+            }
+            Ok(AdmissionJob::Closed { connection }) => admission.watermarks.closed(connection),
+            Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => {
-                tier.close_due(&mut shadow, now_ms());
-                tier.close_all(&mut shadow);
+                admission.close_due();
+                admission.tier.close_all(&mut admission.shadow, &admission.metrics);
                 return;
             }
         }
+        admission.close_due();
     }
 }
 
-fn admit(
-    shadow: &mut Tiler,
-    tier: &mut MergeTier,
-    sequence: u64,
-    batch: SplitBatch,
-    ingesters: &Ingesters,
-    metrics: &Metrics,
-) -> Reply {
-    let now = now_ms();
-    let partials = batch.partials();
-    tier.close_due(shadow, now);
-    if !ingesters.has_room() {
-        metrics.rejected(Reason::BufferFull, partials);
-        return refusal(sequence, Reason::BufferFull, "every ingester buffer is full".into());
-    }
-    // The shadow holds no series: accepting the empty batch checks the
-    // window and opens its tiles, as the merge threads will.
-    let window = Batch { window_start_ms: batch.window_start_ms, window_ms: batch.window_ms, partials: Vec::new() };
-    match shadow.accept(&window, now, &mut |_| {}) {
-        Ok(_) => {
-            tier.dispatch(batch.window_start_ms, batch.window_ms, batch.shares);
-            ack(sequence, AckStatus::Ok, "", String::new())
+/// The admission thread's state.
+struct Admission {
+    shadow: Tiler,
+    tier: MergeTier,
+    watermarks: Watermarks,
+    ingesters: Ingesters,
+    metrics: Metrics,
+    lags_exported_ms: i64,
+}
+
+impl Admission {
+    /// Closes every tile the watermarks (or the clock) allow.
+    fn close_due(&mut self) {
+        let now = now_ms();
+        let (horizon, trigger) = self.watermarks.horizon(now);
+        self.tier.close_through(&mut self.shadow, horizon, trigger, &self.metrics);
+        if now - self.lags_exported_ms >= LAG_EXPORT_INTERVAL_MS {
+            self.lags_exported_ms = now;
+            self.metrics.set_watermark_lags(&self.watermarks.lags_ms(now));
         }
-        Err(refused) => {
-            let reason = refused.reason();
-            metrics.rejected(reason, partials);
-            if REFUSAL_LOG.allow() {
-                tracing::warn!(reason = reason.as_str(), partials, error = %refused, "partial batch refused");
+    }
+
+    fn admit(&mut self, connection: u64, sequence: u64, batch: SplitBatch) -> Reply {
+        let partials = batch.partials();
+        // A batch with nothing in it (a heartbeat) only moves the watermark.
+        if partials == 0 {
+            self.advance(connection, batch.watermark_ms);
+            return ack(sequence, AckStatus::Ok, "", String::new());
+        }
+        self.close_due();
+        if !self.ingesters.has_room() {
+            self.metrics.rejected(Reason::BufferFull, partials);
+            return refusal(sequence, Reason::BufferFull, "every ingester buffer is full".into());
+        }
+        // The shadow holds no series: applying the empty batch opens its
+        // tiles, as the merge threads will.
+        let window = Batch { window_start_ms: batch.window_start_ms, window_ms: batch.window_ms, partials: Vec::new() };
+        let checked = self.shadow.check(batch.window_start_ms, batch.window_ms, now_ms());
+        self.advance(connection, batch.watermark_ms);
+        match checked {
+            Ok(()) => {
+                self.shadow.apply(&window, &mut |_| {});
+                self.tier.dispatch(batch.window_start_ms, batch.window_ms, batch.shares);
+                ack(sequence, AckStatus::Ok, "", String::new())
             }
-            refusal(sequence, reason, refused.to_string())
+            Err(refused) => {
+                let reason = refused.reason();
+                self.metrics.rejected(reason, partials);
+                if REFUSAL_LOG.allow() {
+                    tracing::warn!(reason = reason.as_str(), partials, error = %refused, "partial batch refused");
+                }
+                refusal(sequence, reason, refused.to_string())
+            }
+        }
+    }
+
+    fn advance(&mut self, connection: u64, watermark_ms: Option<i64>) {
+        if let Some(watermark_ms) = watermark_ms {
+            self.watermarks.advance(connection, watermark_ms);
         }
     }
 }

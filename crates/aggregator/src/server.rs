@@ -8,6 +8,7 @@
 //! sender waiting for its ack sends nothing more.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use crossbeam_channel::Sender;
@@ -19,10 +20,13 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
 
 use crate::metrics::Metrics;
-use crate::pipeline::{FrameJob, Reply};
+use crate::pipeline::{FrameJob, Inbound, Reply};
 use tessera_runtime::logging::error_chain;
 
 static CONNECTION_LOG: RateLimitedLog = RateLimitedLog::new("aggregator.connection", 5);
+
+/// Connection numbers, unique in the process (watermarks are kept per connection).
+static NEXT_CONNECTION: AtomicU64 = AtomicU64::new(1);
 
 /// Settings of the listener.
 #[derive(Debug, Clone)]
@@ -40,7 +44,7 @@ pub struct ServerSettings {
 /// Accepts connections until `shutdown` fires.
 pub async fn accept_loop(
     listener: TcpListener,
-    jobs: Sender<FrameJob>,
+    jobs: Sender<Inbound>,
     settings: ServerSettings,
     metrics: Metrics,
     shutdown: Shutdown,
@@ -80,7 +84,7 @@ pub async fn accept_loop(
 async fn serve_connection(
     mut stream: TcpStream,
     peer: SocketAddr,
-    jobs: &Sender<FrameJob>,
+    jobs: &Sender<Inbound>,
     settings: &ServerSettings,
     metrics: &Metrics,
     shutdown: &Shutdown,
@@ -106,9 +110,30 @@ async fn serve_connection(
         }
     };
     tracing::debug!(%peer, source = %hello.instance_id, "collector connected");
+    let connection = NEXT_CONNECTION.fetch_add(1, Ordering::Relaxed);
+    if jobs.send(Inbound::Opened { connection, source: hello.instance_id.clone() }).is_err() {
+        return;
+    }
+    serve_frames(&mut stream, peer, connection, &hello.instance_id, jobs, settings, metrics, shutdown).await;
+    // Whatever ended the connection, it holds no tile back any more.
+    let _ = jobs.send(Inbound::Closed { connection });
+}
+
+/// Reads frames and writes their answers until the connection ends.
+#[allow(clippy::too_many_arguments)]
+async fn serve_frames(
+    stream: &mut TcpStream,
+    peer: SocketAddr,
+    connection: u64,
+    source: &str,
+    jobs: &Sender<Inbound>,
+    settings: &ServerSettings,
+    metrics: &Metrics,
+    shutdown: &Shutdown,
+) {
     loop {
         let read = tokio::select! {
-            read = read_raw_frame(&mut stream, settings.max_frame_bytes) => read,
+            read = read_raw_frame(stream, settings.max_frame_bytes) => read,
             () = shutdown.wait() => return,
         };
         let frame = match read {
@@ -118,26 +143,26 @@ async fn serve_connection(
                 let reason = if matches!(error, FrameError::TooLarge { .. }) { "too_large" } else { "io" };
                 metrics.frame_error(reason);
                 if CONNECTION_LOG.allow() {
-                    tracing::warn!(%peer, source = %hello.instance_id, error = %error_chain(&error), "closing connection");
+                    tracing::warn!(%peer, source, error = %error_chain(&error), "closing connection");
                 }
                 return;
             }
         };
         let (reply, answer) = oneshot::channel();
-        if jobs.send(FrameJob { frame, reply }).is_err() {
+        if jobs.send(Inbound::Frame(FrameJob { connection, frame, reply })).is_err() {
             return;
         }
         let Ok(reply) = answer.await else { return };
         match reply {
             Reply::Ack(ack) => {
                 let frame = Frame { body: Some(Body::Ack(ack)) };
-                if framing::write_frame(&mut stream, &frame, 1 << 20).await.is_err() {
+                if framing::write_frame(stream, &frame, 1 << 20).await.is_err() {
                     return;
                 }
             }
             Reply::Close { reason, message } => {
                 if CONNECTION_LOG.allow() {
-                    tracing::warn!(%peer, source = %hello.instance_id, reason, %message, "closing connection");
+                    tracing::warn!(%peer, source, reason, %message, "closing connection");
                 }
                 return;
             }

@@ -92,8 +92,12 @@ pub struct Batch {
 pub struct TilerSettings {
     /// The storage policies, each tiled independently.
     pub policies: Vec<StoragePolicy>,
-    /// A tile closes this long after its end.
+    /// A tile closes this long after its end when nothing else says when
+    /// ([`Tiler::close_due`]).
     pub buffer_past_ms: i64,
+    /// The longest a tile may stay open after its end (the watermark
+    /// closes it sooner, [`crate::watermark`]); sizes the tables kept.
+    pub max_buffer_past_ms: i64,
     /// Windows ending more than this after now are refused.
     pub buffer_future_ms: i64,
     /// Series are forgotten after about this many tiles without data.
@@ -103,11 +107,13 @@ pub struct TilerSettings {
 }
 
 impl TilerSettings {
-    /// `policies` with 2 s buffers, expiry after 30 empty tiles, no series cap.
+    /// `policies` with 2 s buffers (no watermark slack), expiry after 30
+    /// empty tiles, no series cap.
     pub fn new(policies: Vec<StoragePolicy>) -> TilerSettings {
         TilerSettings {
             policies,
             buffer_past_ms: 2_000,
+            max_buffer_past_ms: 2_000,
             buffer_future_ms: 2_000,
             expire_after_empty_tiles: Some(30),
             max_series_per_policy: None,
@@ -240,23 +246,33 @@ impl Tiler {
         self.policies.get(index).map_or(0, |policy| policy.tables.len())
     }
 
-    /// When the next tile (of any policy) is due to close, unix milliseconds.
-    pub fn next_close_ms(&self) -> i64 {
+    /// End of the oldest open tile (of any policy), unix milliseconds.
+    pub fn next_tile_end_ms(&self) -> i64 {
         self.policies
             .iter()
-            .map(|policy| {
-                policy.closed_through_ms.saturating_add(policy.resolution_ms).saturating_add(self.buffer_past_ms)
-            })
+            .map(|policy| policy.closed_through_ms.saturating_add(policy.resolution_ms))
             .min()
             .unwrap_or(i64::MAX)
+    }
+
+    /// When the next tile is due to close on the clock alone (end +
+    /// `buffer_past`), unix milliseconds.
+    pub fn next_close_ms(&self) -> i64 {
+        self.next_tile_end_ms().saturating_add(self.buffer_past_ms)
     }
 
     /// Closes every tile due at `now_ms` (end + `buffer_past` reached), in
     /// order per policy, handing each to `emit`.
     pub fn close_due(&mut self, now_ms: i64, emit: &mut dyn FnMut(ClosedTile)) {
-        let target_base = now_ms.saturating_sub(self.buffer_past_ms);
+        self.close_through(now_ms.saturating_sub(self.buffer_past_ms), emit);
+    }
+
+    /// Closes every tile ending at or before `horizon_ms`, in order per
+    /// policy, handing each to `emit`. Closing only moves forward: an
+    /// older horizon closes nothing.
+    pub fn close_through(&mut self, horizon_ms: i64, emit: &mut dyn FnMut(ClosedTile)) {
         for (index, policy) in self.policies.iter_mut().enumerate() {
-            let target = policy.policy.tile_start_ms(target_base);
+            let target = policy.policy.tile_start_ms(horizon_ms);
             policy.close_until(target, index, emit);
         }
     }

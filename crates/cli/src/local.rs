@@ -215,6 +215,31 @@ fn sum(samples: &Samples, name: &str) -> f64 {
         .sum()
 }
 
+/// `sum` over the samples of `name` whose labels pass `keep`.
+fn sum_where(samples: &Samples, name: &str, keep: impl Fn(&str) -> bool) -> f64 {
+    samples
+        .iter()
+        .filter(|(key, _)| key.as_str() == name || key.strip_prefix(name).is_some_and(|rest| rest.starts_with('{')))
+        .filter(|(key, _)| keep(&key[name.len()..]))
+        .map(|(_, value)| value)
+        .sum()
+}
+
+/// Everything lost or refused, each loss counted once, where it happened:
+/// a batch the aggregator refuses is its refusal, not also the collector's
+/// `rejected` drop; a retryable refusal (`buffer_full`) is sent again, so it
+/// is no loss; the aggregator's dropped tiles count in series, not also in
+/// batches.
+fn drops_and_errors(samples: &Samples) -> f64 {
+    let retryable =
+        |labels: &str| labels.contains("reason=\"buffer_full\"") || labels.contains("reason=\"shutting_down\"");
+    sum_where(samples, "tessera_collector_drops_total", |labels| !labels.contains("reason=\"rejected\""))
+        + sum(samples, "tessera_collector_kernel_drops_total")
+        + sum(samples, "tessera_collector_parse_errors_total")
+        + sum_where(samples, "tessera_aggregator_drops_total", |labels| labels.contains("unit=\"series\""))
+        + sum_where(samples, "tessera_aggregator_partials_rejected_total", |labels| !retryable(labels))
+}
+
 /// What the status line shows, with the previous readings for rates.
 #[derive(Default)]
 struct Status {
@@ -238,11 +263,7 @@ impl Status {
         let series = sum(samples, "tessera_collector_active_series");
         let tiles = sum(samples, "tessera_aggregator_tiles_flushed_total");
         let written = sum(samples, "tessera_ingester_samples_written_total");
-        let drops = sum(samples, "tessera_collector_drops_total")
-            + sum(samples, "tessera_collector_kernel_drops_total")
-            + sum(samples, "tessera_collector_parse_errors_total")
-            + sum(samples, "tessera_aggregator_drops_total")
-            + sum(samples, "tessera_aggregator_partials_rejected_total");
+        let drops = drops_and_errors(samples);
         let buckets = latency_buckets(samples);
         let window: Vec<(f64, f64)> = if buckets.len() == self.last_latency.len() {
             buckets.iter().zip(&self.last_latency).map(|((le, now), (_, before))| (*le, now - before)).collect()
@@ -318,6 +339,24 @@ tessera_ingester_end_to_end_latency_seconds_bucket{resolution=\"10s\",le=\"+Inf\
         assert!(line.contains("p50 1.00s p99 1.00s"), "{line}");
         assert_eq!(quantile(&latency_buckets(&samples), 0.05), Some(0.5));
         assert_eq!(quantile(&[], 0.5), None);
+    }
+
+    #[test]
+    fn a_refused_partial_counts_once_in_drops_and_errors() {
+        // 30 partials refused as too late: the aggregator's refusal and the
+        // collector's `rejected` drop are one loss. 5 refused as buffer_full
+        // are sent again: no loss. 2 tile batches of 9 series dropped.
+        let text = "\
+tessera_collector_drops_total{reason=\"rejected\",unit=\"partials\"} 30
+tessera_collector_drops_total{reason=\"queue_full\",unit=\"partials\"} 4
+tessera_collector_kernel_drops_total{socket=\"0\"} 1
+tessera_collector_parse_errors_total{listener=\"udp\",reason=\"bad_value\"} 2
+tessera_aggregator_partials_rejected_total{reason=\"too_late\"} 30
+tessera_aggregator_partials_rejected_total{reason=\"buffer_full\"} 5
+tessera_aggregator_drops_total{reason=\"buffer_full\",unit=\"batches\"} 2
+tessera_aggregator_drops_total{reason=\"buffer_full\",unit=\"series\"} 9
+";
+        assert_eq!(drops_and_errors(&parse_metrics(text)), 30.0 + 4.0 + 1.0 + 2.0 + 9.0);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -3,10 +3,21 @@
 //! destination.
 //!
 //! Runs on its own thread. Cuts arrive as readers notice that their window
-//! has turned; a window is flushed `flush_delay` after it ends, by which
-//! time every reader has handed in its share. A cut that arrives later
-//! still goes out, as its own batch stamped with its window. On shutdown
-//! (every reader gone) the flusher sends everything it holds and returns.
+//! has turned: every reader hands in one cut per window it moves past,
+//! empty or not, saying how far it has got. A window is flushed as soon as
+//! every reader has moved past it, and at the latest `flush_delay` after it
+//! ends. A cut that arrives later still goes out, as its own batch stamped
+//! with its window. On shutdown (every reader gone) the flusher sends
+//! everything it holds and returns.
+//!
+//! **Watermark.** The flusher's watermark is the end of the newest window
+//! that every reader has moved past and that has been sent in full. Every
+//! batch carries it (capped at the batch's own window), and when it moves
+//! with nothing to send, every destination of the placement gets an empty
+//! batch that carries it. The aggregator closes a tile once every connected
+//! collector's watermark has passed the tile's end, so queueing in front of
+//! a busy aggregator costs latency, not data, and a reader running late
+//! holds the tile instead of losing its cut.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -97,6 +108,10 @@ pub struct Flusher {
     runtime: tokio::runtime::Handle,
     stop_senders: Shutdown,
     metrics: Metrics,
+    /// How far each reader has got (`Cut::through_ms`), by worker id.
+    readers: HashMap<usize, i64>,
+    /// The newest watermark sent to the destinations, unix ms.
+    watermark_sent_ms: i64,
 }
 
 impl Flusher {
@@ -124,6 +139,8 @@ impl Flusher {
             runtime,
             stop_senders,
             metrics,
+            readers: HashMap::new(),
+            watermark_sent_ms: i64::MIN,
         }
     }
 
@@ -150,6 +167,12 @@ impl Flusher {
     }
 
     fn merge(&mut self, cut: Cut) {
+        let through = self.readers.entry(cut.worker).or_insert(cut.through_ms);
+        *through = (*through).max(cut.through_ms);
+        if cut.entries.is_empty() {
+            let _ = self.spare_cuts.try_send(cut);
+            return;
+        }
         let start = cut.window_start_ms;
         let mut window = match self.windows.remove(&start) {
             None => Window::Single(cut),
@@ -180,12 +203,20 @@ impl Flusher {
         })
     }
 
+    /// Where every reader has got: nothing stamped before it is left in a
+    /// reader.
+    fn readers_through_ms(&self) -> i64 {
+        self.readers.values().copied().min().unwrap_or(i64::MIN)
+    }
+
     fn flush_due(&mut self, now: i64) {
         let window_ms = self.settings.window_ms;
         let delay = self.settings.flush_delay_ms;
+        let readers_through = self.readers_through_ms();
         while let Some((&start, _)) = self.windows.first_key_value() {
-            if now != i64::MAX && start + window_ms + delay > now {
-                return;
+            let complete = start + window_ms <= readers_through;
+            if now != i64::MAX && !complete && start + window_ms + delay > now {
+                break;
             }
             match self.windows.remove(&start).expect("key just seen") {
                 Window::Single(cut) => {
@@ -204,6 +235,25 @@ impl Flusher {
                 }
             }
         }
+        if now == i64::MAX {
+            return;
+        }
+        // Windows with nothing in them moved the watermark: say so, so that
+        // the aggregators' watermark of this collector keeps moving.
+        let watermark = self.watermark_ms();
+        if watermark > self.watermark_sent_ms && watermark != i64::MAX {
+            self.flush_window(watermark - window_ms, |_| 0);
+        }
+    }
+
+    /// The end of the newest window that every reader has moved past and
+    /// that has been sent (the oldest window still held bounds it).
+    fn watermark_ms(&self) -> i64 {
+        let window_ms = self.settings.window_ms;
+        let readers_through = self.readers_through_ms();
+        let held = self.windows.keys().next().copied().unwrap_or(i64::MAX);
+        let through = readers_through.min(held);
+        if through == i64::MAX || through == i64::MIN { through } else { through.div_euclid(window_ms) * window_ms }
     }
 
     /// Routes and queues one window. `series` calls its argument once per
@@ -242,14 +292,14 @@ impl Flusher {
             self.metrics.drop_partials("no_owner", unrouted);
         }
         let version = routes.routing.version();
+        // This window is out of `windows` already: what is held now bounds the watermark.
+        let watermark_ms = self.watermark_ms().min(window_start_ms + self.settings.window_ms);
         for (destination, outbound) in self.outbound.iter_mut().enumerate() {
-            if outbound.touched.is_empty() {
-                continue;
-            }
             let queue = &routes.queues[destination];
-            enqueue_batches(queue, outbound, window_start_ms, version, &self.settings);
+            enqueue_batches(queue, outbound, window_start_ms, version, watermark_ms, &self.settings);
             outbound.clear();
         }
+        self.watermark_sent_ms = self.watermark_sent_ms.max(watermark_ms);
         self.metrics.flush_duration.observe(started.elapsed().as_secs_f64());
         let lag_ms = now_ms() - (window_start_ms + self.settings.window_ms);
         self.metrics.flush_lag.observe(lag_ms.max(0) as f64 / 1000.0);
@@ -319,20 +369,23 @@ impl Outbound {
 }
 
 /// Cuts one destination's share of a window into frames of whole shard
-/// chunks under the size budget, shards in order, and queues them.
+/// chunks under the size budget, shards in order, and queues them; an
+/// empty share is one frame with no shards. The last frame carries
+/// `watermark_ms`, the others at most the window's start.
 fn enqueue_batches(
     queue: &DestinationQueue,
     outbound: &mut Outbound,
     window_start_ms: i64,
     placement_version: u64,
+    watermark_ms: i64,
     settings: &FlushSettings,
 ) {
     outbound.touched.sort_unstable();
     let budget = settings.max_frame_bytes / 2;
     let mut sections: Vec<(u32, &[u8])> = Vec::new();
     let (mut pending_bytes, mut pending_partials) = (0usize, 0u64);
-    let flush = |sections: &mut Vec<(u32, &[u8])>, partials: &mut u64, bytes: &mut usize| {
-        if sections.is_empty() {
+    let flush = |sections: &mut Vec<(u32, &[u8])>, partials: &mut u64, bytes: &mut usize, last: bool| {
+        if sections.is_empty() && !last {
             return;
         }
         let sequence = queue.next_sequence();
@@ -343,6 +396,8 @@ fn enqueue_batches(
             window_ms: settings.window_ms as u32,
             placement_version,
             shards: Vec::new(),
+            // 0 on the wire: no watermark yet (no reader has reported).
+            watermark_ms: (if last { watermark_ms } else { watermark_ms.min(window_start_ms) }).max(0),
         };
         let frame = encode_partials_frame(&header, sections);
         queue.push(Batch { sequence, frame, items: *partials });
@@ -352,14 +407,14 @@ fn enqueue_batches(
     for &shard in &outbound.touched {
         for (chunk, series) in outbound.shards[shard as usize].chunks() {
             if pending_bytes + chunk.len() > budget {
-                flush(&mut sections, &mut pending_partials, &mut pending_bytes);
+                flush(&mut sections, &mut pending_partials, &mut pending_bytes, false);
             }
             sections.push((shard, chunk));
             pending_bytes += chunk.len() + 8;
             pending_partials += series;
         }
     }
-    flush(&mut sections, &mut pending_partials, &mut pending_bytes);
+    flush(&mut sections, &mut pending_partials, &mut pending_bytes, true);
 }
 
 /// Folds one reader's cut into a window table.

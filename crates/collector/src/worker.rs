@@ -16,6 +16,8 @@
 //! got some of one sender's datagrams, restores the order they were sent
 //! in (see [`tessera_core::aggregate::Gauge`]).
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use crossbeam_channel::{Receiver, Sender};
 use tessera_core::aggregate::{Aggregate, GaugeDeltas};
 use tessera_core::parse::{MetricKind, ParseOptions, RejectReason};
@@ -23,11 +25,17 @@ use tessera_core::table::{Folded, Table, TableOptions};
 
 use crate::metrics::{ListenerMetrics, Metrics};
 
-/// The partials one worker held for one window.
+/// The partials one worker held for one window, and how far it has got.
 #[derive(Debug, Default)]
 pub struct Cut {
+    /// The worker that cut it ([`Worker::id`]).
+    pub worker: usize,
     /// Start of the window, unix milliseconds.
     pub window_start_ms: i64,
+    /// Everything this worker received stamped before this time has been
+    /// handed in (with this cut): the start of its window after the cut,
+    /// `i64::MAX` once it has stopped.
+    pub through_ms: i64,
     /// Canonical ids, back to back; entries index into it.
     pub ids: Vec<u8>,
     /// One entry per series touched in the window.
@@ -114,8 +122,12 @@ pub struct WorkerSettings {
     pub parse_options: ParseOptions,
 }
 
+/// Worker ids, unique in the process.
+static NEXT_WORKER: AtomicUsize = AtomicUsize::new(0);
+
 /// A reader's table and window state.
 pub struct Worker {
+    id: usize,
     table: Table,
     window_ms: i64,
     window_start_ms: i64,
@@ -141,6 +153,7 @@ impl Worker {
             gauge_deltas,
         };
         Worker {
+            id: NEXT_WORKER.fetch_add(1, Ordering::Relaxed),
             table: Table::new(options),
             window_ms: settings.window_ms,
             window_start_ms: 0,
@@ -165,9 +178,14 @@ impl Worker {
         }
         let window_start_ms = now_ms - now_ms.rem_euclid(self.window_ms);
         if window_start_ms > self.window_start_ms || window_start_ms < self.window_start_ms - self.window_ms {
-            self.cut();
+            self.cut_through(window_start_ms);
             self.window_start_ms = window_start_ms;
         }
+    }
+
+    /// This worker's id, unique in the process.
+    pub fn id(&self) -> usize {
+        self.id
     }
 
     /// Parses one datagram (or one chunk of whole lines) received at
@@ -211,14 +229,20 @@ impl Worker {
         self.listener.receive_error();
     }
 
-    /// Cuts the current window now (on shutdown, or when the window turns).
+    /// Cuts the current window for good: the worker stops.
     pub fn cut(&mut self) {
+        self.cut_through(i64::MAX);
+    }
+
+    /// Cuts the current window and tells the flusher that nothing stamped
+    /// before `through_ms` is left here. The cut goes even when it is empty:
+    /// the flusher's watermark waits for every worker ([`crate::flush`]).
+    fn cut_through(&mut self, through_ms: i64) {
         self.publish_counts();
-        if self.table.is_empty() {
-            return;
-        }
         let mut cut = self.links.spares.try_recv().unwrap_or_default();
+        cut.worker = self.id;
         cut.window_start_ms = self.window_start_ms;
+        cut.through_ms = through_ms;
         cut.ids.clear();
         cut.entries.clear();
         cut.entries.reserve(self.table.len());
@@ -228,9 +252,6 @@ impl Worker {
             cut.entries.push(CutEntry { kind, id_start, id_end: cut.ids.len() as u32, aggregate: aggregate.clone() });
         });
         self.metrics.series_expired.inc_by(stats.expired as u64);
-        if cut.entries.is_empty() {
-            return;
-        }
         if self.links.cuts.send(cut).is_err() {
             // The flusher is gone: the daemon is shutting down past its grace.
             self.metrics.drop_partials("shutdown", stats.emitted as u64);

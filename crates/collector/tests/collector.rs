@@ -319,14 +319,56 @@ async fn permanent_rejections_are_dropped_and_counted() {
     let (collector, telemetry, shutdown) = start(config(None), &receiver.address.to_string(), 4).await;
     let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
     socket.send_to(b"refused:1|c\nrefused.too:1|c", collector.udp_addr().unwrap()).unwrap();
+    // Every batch is refused, the collector's empty watermark batches too;
+    // the two partials are counted as dropped, once.
     wait_until("the rejection to be counted", Duration::from_secs(10), || {
-        telemetry
-            .encode()
-            .unwrap()
-            .contains("tessera_collector_rejected_batches_total{destination=\"agg-1\",reason=\"not_owner\"} 1")
+        telemetry.encode().unwrap().contains("tessera_collector_drops_total{reason=\"rejected\",unit=\"partials\"} 2")
     })
     .await;
+    let refused = "destination=\"agg-1\",reason=\"not_owner\"";
+    assert!(metric_value(&telemetry, "tessera_collector_rejected_batches_total", refused) >= 1.0);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
     assert_eq!(metric_value(&telemetry, "tessera_collector_drops_total", "reason=\"rejected\",unit=\"partials\""), 2.0);
     shutdown.trigger();
     collector.wait().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_watermark_moves_with_every_window_and_never_runs_ahead_of_the_data() {
+    let receiver = Receiver::start("127.0.0.1:0").await;
+    let (collector, _telemetry, shutdown) = start(config(None), &receiver.address.to_string(), 4).await;
+    let target = collector.udp_addr().unwrap();
+    let sockets: Vec<UdpSocket> = (0..4).map(|_| UdpSocket::bind("127.0.0.1:0").unwrap()).collect();
+    // 1.5 s of traffic from four sockets over two readers, then 1.5 s idle.
+    let busy_until = Instant::now() + Duration::from_millis(1500);
+    let mut round = 0;
+    while Instant::now() < busy_until {
+        for (index, socket) in sockets.iter().enumerate() {
+            socket.send_to(format!("wm.{index}.{}:1|c", round % 50).as_bytes(), target).unwrap();
+        }
+        round += 1;
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let idle_from_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let log = receiver.received.lock().unwrap().batch_log.clone();
+    shutdown.trigger();
+    collector.wait().await;
+
+    // Truthful: once a batch says everything ending at or before W was
+    // sent, no later batch brings data for a window ending at or before W.
+    let mut watermark = 0;
+    for &(window, partials, mark) in &log {
+        if partials > 0 {
+            assert!(window + 200 > watermark, "data for the window at {window} after watermark {watermark}: {log:?}");
+        }
+        assert!(mark >= watermark, "the watermark went back from {watermark} to {mark}");
+        assert!(mark <= window + 200, "a batch of the window at {window} claims {mark}");
+        watermark = mark;
+    }
+    // Moving: the idle windows were announced with empty batches, and the
+    // watermark followed the clock while nothing was sent.
+    assert!(log.iter().any(|&(window, partials, _)| partials == 0 && window >= idle_from_ms), "{log:?}");
+    assert!(watermark >= idle_from_ms + 1000, "watermark {watermark}, idle from {idle_from_ms}: {log:?}");
+    assert!(log.iter().map(|entry| entry.1).sum::<u64>() > 0);
 }

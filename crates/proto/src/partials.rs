@@ -38,6 +38,8 @@ use crate::{Aggregate, PartialBatch, aggregate::Value};
 const FRAME_PARTIALS: u32 = 3;
 /// `PartialBatch.shards`.
 const BATCH_SHARDS: u32 = 6;
+/// `PartialBatch.watermark_ms`.
+const BATCH_WATERMARK: u32 = 7;
 /// `ShardPartials.shard`.
 const SHARD_NUMBER: u32 = 1;
 /// `ShardPartials.series`.
@@ -174,9 +176,13 @@ impl ShardSeries {
 
 /// One length-prefixed `Frame { partials }`: `header` (whose `shards` must
 /// be empty) followed by one `ShardPartials` per `(shard, encoded series)`
-/// section, in the order given.
+/// section, in the order given, and the header's `watermark_ms` last (its
+/// tag follows `shards`, which is where prost writes it).
 pub fn encode_partials_frame(header: &PartialBatch, sections: &[(u32, &[u8])]) -> Vec<u8> {
     debug_assert!(header.shards.is_empty(), "sections carry the shards");
+    let watermark_ms = header.watermark_ms;
+    let header = PartialBatch { watermark_ms: 0, ..header.clone() };
+    let watermark_len = if watermark_ms == 0 { 0 } else { KEY_BYTES + encoded_len_varint(watermark_ms as u64) };
     let section_body_len = |shard: u32, series: &[u8]| {
         let number_len = if shard == 0 { 0 } else { KEY_BYTES + encoded_len_varint(u64::from(shard)) };
         number_len + series.len()
@@ -188,7 +194,7 @@ pub fn encode_partials_frame(header: &PartialBatch, sections: &[(u32, &[u8])]) -
             KEY_BYTES + encoded_len_varint(body as u64) + body
         })
         .sum();
-    let batch_len = header.encoded_len() + sections_len;
+    let batch_len = header.encoded_len() + sections_len + watermark_len;
     let frame_len = KEY_BYTES + encoded_len_varint(batch_len as u64) + batch_len;
     let mut out = Vec::with_capacity(4 + frame_len);
     out.extend_from_slice(&(frame_len as u32).to_be_bytes());
@@ -203,6 +209,10 @@ pub fn encode_partials_frame(header: &PartialBatch, sections: &[(u32, &[u8])]) -
             encode_varint(u64::from(*shard), &mut out);
         }
         out.extend_from_slice(series);
+    }
+    if watermark_ms != 0 {
+        encode_key(BATCH_WATERMARK, WireType::Varint, &mut out);
+        encode_varint(watermark_ms as u64, &mut out);
     }
     debug_assert_eq!(out.len(), 4 + frame_len);
     out
@@ -238,7 +248,19 @@ mod tests {
             window_ms: 1000,
             placement_version: 3,
             shards: Vec::new(),
+            watermark_ms: 1_700_000_001_000,
         }
+    }
+
+    #[test]
+    fn a_heartbeat_with_no_shards_is_what_prost_writes() {
+        let ours = encode_partials_frame(&header(4), &[]);
+        let theirs = encode_frame(&Frame { body: Some(Body::Partials(header(4))) }, DEFAULT_MAX_FRAME_BYTES).unwrap();
+        assert_eq!(ours, theirs);
+        let none = PartialBatch { watermark_ms: 0, ..header(4) };
+        let theirs =
+            encode_frame(&Frame { body: Some(Body::Partials(none.clone())) }, DEFAULT_MAX_FRAME_BYTES).unwrap();
+        assert_eq!(encode_partials_frame(&none, &[]), theirs);
     }
 
     #[test]

@@ -66,6 +66,14 @@ impl Daemon {
             .sum()
     }
 
+    /// Sends `signal` (`STOP`, `CONT`, ...) to the running daemon: `STOP`
+    /// freezes it with its sockets open, as a stuck process would be.
+    pub fn signal(&self, signal: &str) {
+        let pid = self.server.pid().unwrap_or_else(|| panic!("{} is not running", self.name));
+        let status = Command::new("kill").arg(format!("-{signal}")).arg(pid.to_string()).status().expect("run kill");
+        assert!(status.success(), "kill -{signal} {pid} failed");
+    }
+
     /// Sends SIGTERM and waits for the exit code.
     pub fn terminate(&mut self) -> Option<i32> {
         self.server.terminate()

@@ -16,6 +16,7 @@ fn settings() -> TilerSettings {
     TilerSettings {
         policies: vec!["1s:1h".parse().unwrap(), "5s:1h".parse().unwrap()],
         buffer_past_ms: 500,
+        max_buffer_past_ms: 500,
         buffer_future_ms: 500,
         expire_after_empty_tiles: Some(30),
         max_series_per_policy: None,
@@ -84,10 +85,11 @@ fn merge_tier(threads: usize) -> (Tiles, Vec<bool>) {
     }
     drop(out);
     let mut tier = MergeTier::new(jobs);
+    let metrics = Metrics::default();
     let mut shadow = Tiler::new(settings(), T0);
     let mut admitted = Vec::new();
     for (window, now) in arrivals() {
-        tier.close_due(&mut shadow, now);
+        tier.close_through(&mut shadow, now - settings().buffer_past_ms, Trigger::BufferPast, &metrics);
         let empty = Batch { window_start_ms: window, window_ms: 1000, partials: Vec::new() };
         let ok = shadow.accept(&empty, now, &mut |_| {}).is_ok();
         if ok {
@@ -99,7 +101,7 @@ fn merge_tier(threads: usize) -> (Tiles, Vec<bool>) {
         }
         admitted.push(ok);
     }
-    tier.close_all(&mut shadow);
+    tier.close_all(&mut shadow, &metrics);
     drop(tier);
     let mut gatherer = Gatherer::new(threads);
     let mut tiles = Tiles::new();

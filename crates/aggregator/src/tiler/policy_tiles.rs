@@ -41,7 +41,8 @@ pub(super) struct PolicyTiles {
 
 impl PolicyTiles {
     pub(super) fn new(policy: StoragePolicy, settings: &TilerSettings, now_ms: i64) -> PolicyTiles {
-        let tables_count = tables_per_policy(&policy, settings.buffer_past_ms, settings.buffer_future_ms);
+        let past_ms = settings.buffer_past_ms.max(settings.max_buffer_past_ms);
+        let tables_count = tables_per_policy(&policy, past_ms, settings.buffer_future_ms);
         // A table is cut once every R tiles: N empty tiles are ceil(N / R) idle cuts,
         // and the table drops a slot after `limit + 1` of them.
         let idle_cut_limit = settings

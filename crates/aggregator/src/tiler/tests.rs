@@ -11,6 +11,7 @@ fn settings(policies: &[&str]) -> TilerSettings {
     TilerSettings {
         policies: policies.iter().map(|text| text.parse().unwrap()).collect(),
         buffer_past_ms: 500,
+        max_buffer_past_ms: 500,
         buffer_future_ms: 500,
         expire_after_empty_tiles: Some(30),
         max_series_per_policy: None,

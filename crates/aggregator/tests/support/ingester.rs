@@ -19,6 +19,8 @@ use tokio::net::TcpListener;
 pub struct Flushed {
     pub source: String,
     pub value: Value,
+    /// When the aggregator flushed it (its clock), unix milliseconds.
+    pub flushed_at_ms: i64,
 }
 
 /// Key of a tile value: policy, tile end, kind, series id.
@@ -114,7 +116,11 @@ async fn connection(mut stream: tokio::net::TcpStream, received: Arc<Mutex<Recei
                     let kind = tessera_core::aggregate::kind_from_proto(value.r#type).unwrap();
                     let key = (batch.storage_policy.clone(), batch.tile_end_ms, kind, value.series_id);
                     let value = value.aggregate.and_then(|aggregate| aggregate.value).expect("a value");
-                    received.values.entry(key).or_default().push(Flushed { source: batch.source.clone(), value });
+                    received.values.entry(key).or_default().push(Flushed {
+                        source: batch.source.clone(),
+                        value,
+                        flushed_at_ms: batch.flushed_at_ms,
+                    });
                 }
             } else {
                 received.duplicates += 1;

@@ -32,6 +32,7 @@ pub fn test_config(instance_id: &str, ingester: &str, policies: &[&str], merge_t
         instance_id = "{instance_id}"
         listen = "127.0.0.1:0"
         buffer_past_ms = 400
+        max_buffer_past_ms = 1000
         buffer_future_ms = 300
         expire_after_empty_tiles = 20
         [ingester]

@@ -22,6 +22,8 @@ pub struct Received {
     pub batches: u64,
     pub shards: HashMap<u32, u64>,
     pub sources: Vec<String>,
+    /// Every batch in arrival order: (window start, partials, watermark).
+    pub batch_log: Vec<(i64, u64, i64)>,
 }
 
 #[derive(Clone)]
@@ -56,6 +58,8 @@ impl Receiver {
                         if status == AckStatus::Ok {
                             let mut received = state.received.lock().unwrap();
                             received.batches += 1;
+                            let partials = batch.shards.iter().map(|shard| shard.series.len() as u64).sum();
+                            received.batch_log.push((batch.window_start_ms, partials, batch.watermark_ms));
                             for shard in batch.shards {
                                 *received.shards.entry(shard.shard).or_default() += shard.series.len() as u64;
                                 for value in shard.series {
