@@ -321,7 +321,7 @@ test_with_compose_tool() {
     if ! wait_until end_to_end_latency_exported 30 "the end-to-end latency histogram"; then
         return 1
     fi
-    # A 1m tile closes up to a minute (plus buffer_past) after the data.
+    # A 1m tile closes up to a minute (plus the watermark wait, max_buffer_past at most) after the data.
     if ! wait_until resolution_1m_matches 100 "the 1m tiles in Prometheus"; then
         printf '  %s\n' "${mismatches[@]}" >&2
         return 1

@@ -38,6 +38,24 @@ fn write_placement(dir: &Path, aggregator: SocketAddr) -> String {
     path.display().to_string()
 }
 
+/// An ingester stand-in, an aggregator process owning every shard, and the
+/// placement file collectors route with.
+struct Stack {
+    receiver: TileReceiver,
+    aggregator: Daemon,
+    placement: String,
+    _dir: tempfile::TempDir,
+}
+
+async fn start_stack(max_buffer_past_ms: i64) -> Stack {
+    let receiver = TileReceiver::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let placement = write_placement(dir.path(), loopback(port));
+    let aggregator = start_aggregator(&placement, port, receiver.address, max_buffer_past_ms);
+    Stack { receiver, aggregator, placement, _dir: dir }
+}
+
 fn start_aggregator(placement: &str, port: u16, receiver: SocketAddr, max_buffer_past_ms: i64) -> Daemon {
     let telemetry = free_port();
     Daemon::start(
@@ -110,11 +128,7 @@ async fn send_for(socket: &UdpSocket, target: SocketAddr, line: &str, duration: 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_collector_holds_a_tile_for_max_buffer_past_at_most() {
     const MAX_BUFFER_PAST_MS: i64 = 3_000;
-    let receiver = TileReceiver::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let placement = write_placement(dir.path(), loopback(port));
-    let aggregator = start_aggregator(&placement, port, receiver.address, MAX_BUFFER_PAST_MS);
+    let Stack { receiver, aggregator, placement, _dir } = start_stack(MAX_BUFFER_PAST_MS).await;
     let (host_a, statsd_a) = start_collector("host-a", &placement);
     let (host_b, statsd_b) = start_collector("host-b", &placement);
     let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
@@ -171,15 +185,12 @@ async fn a_stopped_collector_holds_a_tile_for_max_buffer_past_at_most() {
 }
 
 /// Sends steadily through one collector while the aggregator is stopped for
-/// 3 s (longer than `buffer_past`); returns the lines sent, the receiver and
-/// the aggregator.
-async fn stop_the_aggregator_mid_stream(max_buffer_past_ms: i64) -> (u64, TileReceiver, Daemon, Daemon) {
-    let receiver = TileReceiver::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let placement = write_placement(dir.path(), loopback(port));
-    let aggregator = start_aggregator(&placement, port, receiver.address, max_buffer_past_ms);
-    let (collector, statsd) = start_collector("host-a", &placement);
+/// 3 s (longer than `buffer_past`); returns the lines sent, the stack and
+/// the collector.
+async fn stop_the_aggregator_mid_stream(max_buffer_past_ms: i64) -> (u64, Stack, Daemon) {
+    let stack = start_stack(max_buffer_past_ms).await;
+    let (collector, statsd) = start_collector("host-a", &stack.placement);
+    let aggregator = &stack.aggregator;
     let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
 
     let mut sent = send_for(&socket, statsd, "slow.agg:1|c", Duration::from_secs(2)).await;
@@ -187,12 +198,12 @@ async fn stop_the_aggregator_mid_stream(max_buffer_past_ms: i64) -> (u64, TileRe
     sent += send_for(&socket, statsd, "slow.agg:1|c", Duration::from_secs(3)).await;
     aggregator.signal("CONT");
     sent += send_for(&socket, statsd, "slow.agg:1|c", Duration::from_secs(2)).await;
-    (sent, receiver, aggregator, collector)
+    (sent, stack, collector)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_aggregator_stopped_for_less_than_max_buffer_past_loses_nothing() {
-    let (sent, receiver, aggregator, _collector) = stop_the_aggregator_mid_stream(8_000).await;
+    let (sent, Stack { receiver, aggregator, .. }, _collector) = stop_the_aggregator_mid_stream(8_000).await;
     wait_until("every line in the tiles", Duration::from_secs(30), || total_of(&receiver, "slow.agg") >= sent as f64)
         .await;
     assert_eq!(total_of(&receiver, "slow.agg"), sent as f64);
@@ -202,7 +213,7 @@ async fn an_aggregator_stopped_for_less_than_max_buffer_past_loses_nothing() {
     // The control: closing BUFFER_PAST_MS after each tile's end, whatever
     // the watermarks say, the backlog that waited for the stopped
     // aggregator is refused.
-    let (sent, receiver, aggregator, _collector) = stop_the_aggregator_mid_stream(BUFFER_PAST_MS).await;
+    let (sent, Stack { receiver, aggregator, .. }, _collector) = stop_the_aggregator_mid_stream(BUFFER_PAST_MS).await;
     let too_late = || aggregator.metric("tessera_aggregator_partials_rejected_total", "too_late");
     wait_until("the backlog to be refused as too late", Duration::from_secs(30), || too_late() > 0.0).await;
     assert!(total_of(&receiver, "slow.agg") < sent as f64);
