@@ -319,8 +319,10 @@ impl Drain {
     }
 }
 
+/// Spawns a pipeline thread named `agg-<stage>` (`agg-decoder`, `agg-merge-0`, ...): Linux
+/// keeps 15 bytes of a thread's name, and CPU profiles group samples by it.
 fn spawn_thread(name: &str, body: impl FnOnce() + Send + 'static) -> Result<std::thread::JoinHandle<()>, StartError> {
-    Ok(tessera_runtime::daemon::spawn_thread(format!("aggregator-{name}"), body)?)
+    Ok(tessera_runtime::daemon::spawn_thread(format!("agg-{name}"), body)?)
 }
 
 /// Wall clock, unix milliseconds.

@@ -55,7 +55,8 @@ pub struct Args {
 /// Runs `tessera local` until Ctrl-C or SIGTERM.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     logging::init(LogFormat::Text, &args.log_level).context("starting logging")?;
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let runtime =
+        tokio::runtime::Builder::new_multi_thread().worker_threads(2).thread_name("local-io").enable_all().build()?;
     runtime.block_on(run_async(args))
 }
 

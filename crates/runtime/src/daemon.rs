@@ -100,8 +100,12 @@ where
         eprintln!("{name}: {error}");
         return ExitCode::from(EXIT_CONFIG);
     }
+    // `tessera-collector` -> `collector-io`: every thread is named after its stage, in
+    // profiles too; the async workers move bytes on and off the network.
+    let io_name = format!("{}-io", name.trim_start_matches("tessera-"));
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(flags.worker_threads.max(1))
+        .thread_name(io_name)
         .enable_all()
         .build()
     {

@@ -22,14 +22,20 @@
 //! | `GET /metrics` | the registry in OpenMetrics text |
 //! | `GET /healthz` | 200 `ok` while the process runs |
 //! | `GET /readyz` | 200 once every [`Readiness`] condition is met, else 503 naming those that are not |
-//! | `GET /debug/pprof/profile` | 501: no in-process profiler is built in (see below) |
+//! | `GET /debug/pprof/profile?seconds=N&frequency=HZ&format=pprof\|flamegraph` | a CPU profile of every thread ([`profile`]) |
+//! | `GET /debug/pprof/heap` | 501: no heap profiler (see below) |
 //!
-//! CPU profiles are taken from outside the process, with Linux `perf`:
-//! `perf record -F 99 -g -p <pid> -- sleep 30` then `perf report`, or live with
-//! `perf top -p <pid>`. Release builds keep line tables (`debug = "line-tables-only"`), so
-//! stacks resolve. An in-process sampler would need a heavy dependency (`pprof`) or unsafe
-//! signal handling, and a fake profile would be worse than none, so the endpoint answers
-//! 501 with those commands and the daemon's pid.
+//! CPU profiles are sampled in process by walking frame pointers; see [`profile`] for the
+//! parameters and what it costs. Profiles taken, seconds sampled and requests refused are
+//! counted: `tessera_<daemon>_profiles_total{format}`, `tessera_<daemon>_profile_seconds_total`,
+//! `tessera_<daemon>_profile_requests_refused_total{reason}`.
+//!
+//! There is no heap profile: the daemons use the system allocator (glibc malloc), which
+//! has no sampling heap profiler to read cheaply. jemalloc's would (`prof:true`), at the
+//! price of building jemalloc from C in every build and swapping the allocator of the hot
+//! paths; `/debug/pprof/heap` answers 501 saying so. The steady state of the hot paths
+//! allocates nothing per line (a tested property), and memory per series is measured in
+//! BENCHMARKS.md.
 //!
 //! ```
 //! use prometheus_client::metrics::counter::Counter;
@@ -45,6 +51,7 @@
 //! ```
 
 mod process;
+pub mod profile;
 mod readiness;
 mod server;
 
@@ -70,6 +77,7 @@ pub struct Telemetry {
 struct Inner {
     daemon: String,
     registry: Mutex<Registry>,
+    profiles: profile::ProfileMetrics,
 }
 
 impl Telemetry {
@@ -88,8 +96,26 @@ impl Telemetry {
         up.set(1);
         registry.register(format!("tessera_{metric_name_part}_up"), "1 while the daemon runs", up);
         registry.register_collector(Box::new(process::ProcessCollector::new()));
+        let profiles = profile::ProfileMetrics::default();
+        let prefix = format!("tessera_{metric_name_part}");
+        registry.register(format!("{prefix}_profiles"), "CPU profiles taken, per format", profiles.taken.clone());
+        registry.register(
+            format!("{prefix}_profile_seconds"),
+            "Seconds spent sampling CPU profiles",
+            profiles.seconds.clone(),
+        );
+        registry.register(
+            format!("{prefix}_profile_requests_refused"),
+            "Profile requests refused, per reason (busy: one was running; bad_request; sampler: it failed)",
+            profiles.refused.clone(),
+        );
 
-        Self { inner: Arc::new(Inner { daemon: daemon.to_owned(), registry: Mutex::new(registry) }) }
+        Self { inner: Arc::new(Inner { daemon: daemon.to_owned(), registry: Mutex::new(registry), profiles }) }
+    }
+
+    /// The profile counters, for the `/debug/pprof/profile` handler.
+    pub fn profile_metrics(&self) -> &profile::ProfileMetrics {
+        &self.inner.profiles
     }
 
     /// The daemon name given to [`new`](Self::new).

@@ -68,19 +68,27 @@ async fn serves_metrics_health_readiness_and_stops_on_shutdown() {
     let ready = get(address, "/readyz").await.expect("readyz answer");
     assert_eq!(ready.status, 200);
 
-    let profile = get(address, "/debug/pprof/profile?seconds=5").await.expect("profile answer");
-    assert_eq!(profile.status, 501);
-    assert!(profile.body.contains(&format!("perf record -F 99 -g -p {}", std::process::id())), "{}", profile.body);
+    let refused = get(address, "/debug/pprof/profile?seconds=0").await.expect("profile answer");
+    assert_eq!(refused.status, 400);
+    assert!(refused.body.contains("`seconds` must be 1 to 300"), "{}", refused.body);
+    let heap = get(address, "/debug/pprof/heap").await.expect("heap answer");
+    assert_eq!(heap.status, 501);
+    assert!(heap.body.contains("system allocator"), "{}", heap.body);
 
     let unknown = get(address, "/nope").await.expect("404 answer");
     assert_eq!(unknown.status, 404);
 
+    // A long profile in progress does not hold shutdown back: it ends early.
+    let profiling = tokio::spawn(async move { get(address, "/debug/pprof/profile?seconds=300").await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
     shutdown.trigger();
     tokio::time::timeout(Duration::from_secs(10), server.stopped())
         .await
         .expect("server stops within 10 s of the shutdown signal")
         .expect("server stopped cleanly");
     assert!(get(address, "/healthz").await.is_err(), "listener is closed after shutdown");
+    // The profile was answered (a gzipped body, not text) before the server stopped.
+    let _ = profiling.await;
 }
 
 #[tokio::test]

@@ -35,13 +35,23 @@ pub fn free_port() -> u16 {
 /// A minimal HTTP/1.0 GET (the server closes the connection after the
 /// answer): status and body.
 pub fn http_get(address: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
+    let (status, body) = http_get_bytes(address, path)?;
+    Ok((status, String::from_utf8_lossy(&body).into_owned()))
+}
+
+/// [`http_get`] for binary bodies (a gzipped profile, say): status and raw body.
+pub fn http_get_bytes(address: SocketAddr, path: &str) -> std::io::Result<(u16, Vec<u8>)> {
     let mut stream = TcpStream::connect_timeout(&address, Duration::from_secs(2))?;
-    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+    stream.set_read_timeout(Some(Duration::from_secs(60)))?;
     write!(stream, "GET {path} HTTP/1.0\r\nHost: {address}\r\n\r\n")?;
     let mut response = Vec::new();
     stream.read_to_end(&mut response)?;
-    let text = String::from_utf8_lossy(&response);
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let status = head.split_whitespace().nth(1).and_then(|code| code.parse().ok()).unwrap_or(0);
-    Ok((status, body.to_owned()))
+    let split = response.windows(4).position(|window| window == b"\r\n\r\n");
+    let (head, body) = match split {
+        Some(at) => (&response[..at], response[at + 4..].to_vec()),
+        None => (&response[..], Vec::new()),
+    };
+    let status =
+        String::from_utf8_lossy(head).split_whitespace().nth(1).and_then(|code| code.parse().ok()).unwrap_or(0);
+    Ok((status, body))
 }

@@ -1,16 +1,18 @@
-//! The HTTP endpoint: `/metrics`, `/healthz`, `/readyz`, `/debug/pprof/profile`.
+//! The HTTP endpoint: `/metrics`, `/healthz`, `/readyz`, `/debug/pprof/profile`,
+//! `/debug/pprof/heap`.
 
 use std::io;
 use std::net::SocketAddr;
 
 use axum::Router;
-use axum::extract::State;
+use axum::extract::{RawQuery, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
+use super::profile::{ProfileError, ProfileRequest, take_profile};
 use super::{Readiness, Telemetry};
 use crate::Shutdown;
 
@@ -71,6 +73,8 @@ impl ServerHandle {
 struct Endpoint {
     telemetry: Telemetry,
     readiness: Readiness,
+    /// A profile in progress ends early when this fires.
+    shutdown: Shutdown,
 }
 
 /// Binds `address` (port 0 picks a free port) and serves the telemetry endpoint on it in a
@@ -93,7 +97,8 @@ pub async fn serve(
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/debug/pprof/profile", get(profile))
-        .with_state(Endpoint { telemetry, readiness });
+        .route("/debug/pprof/heap", get(heap))
+        .with_state(Endpoint { telemetry, readiness, shutdown: shutdown.clone() });
     let task = tokio::spawn(async move {
         axum::serve(listener, router).with_graceful_shutdown(async move { shutdown.wait().await }).await
     });
@@ -122,12 +127,30 @@ async fn readyz(State(endpoint): State<Endpoint>) -> Response {
     (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {}\n", unmet.join(", "))).into_response()
 }
 
-async fn profile() -> Response {
-    let pid = std::process::id();
-    let message = format!(
-        "no in-process CPU profiler is built into tessera; profile from outside with Linux perf:\n\
-         \x20 perf record -F 99 -g -p {pid} -- sleep 30 && perf report\n\
-         \x20 perf top -p {pid}\n"
-    );
+async fn profile(State(endpoint): State<Endpoint>, RawQuery(query): RawQuery) -> Response {
+    let metrics = endpoint.telemetry.profile_metrics().clone();
+    let request = match ProfileRequest::from_query(query.as_deref().unwrap_or_default()) {
+        Ok(request) => request,
+        Err(reason) => {
+            metrics.refuse("bad_request");
+            return (StatusCode::BAD_REQUEST, format!("{reason}\n")).into_response();
+        }
+    };
+    let shutdown = endpoint.shutdown.clone();
+    let taken = tokio::task::spawn_blocking(move || take_profile(request, &shutdown, &metrics)).await;
+    match taken {
+        Ok(Ok(body)) => ([(header::CONTENT_TYPE, request.format.content_type())], body).into_response(),
+        Ok(Err(ProfileError::Busy)) => (StatusCode::CONFLICT, format!("{}\n", ProfileError::Busy)).into_response(),
+        Ok(Err(error)) => {
+            tracing::warn!(%error, "CPU profile failed");
+            (StatusCode::INTERNAL_SERVER_ERROR, format!("{error}\n")).into_response()
+        }
+        Err(_) => (StatusCode::INTERNAL_SERVER_ERROR, "the profile task failed\n").into_response(),
+    }
+}
+
+async fn heap() -> Response {
+    let message = "no heap profile: tessera uses the system allocator, which has no cheap sampling heap \
+                   profiler (see the README, Profiling); /debug/pprof/profile gives CPU profiles\n";
     (StatusCode::NOT_IMPLEMENTED, message).into_response()
 }
