@@ -11,6 +11,8 @@
 #
 #   benches/load/collector.sh RATE SERIES DATAGRAM_BYTES [LINES]
 #   e.g. benches/load/collector.sh 4000000 10000 1400
+#   PROFILE_HZ=99: take a CPU profile at that frequency (/debug/pprof/profile)
+#   for the whole run, to measure what profiling costs
 #
 # Needs `sysctl -w net.core.rmem_max=33554432` for the 32 MiB receive buffer.
 set -euo pipefail
@@ -62,6 +64,13 @@ drops() {
 
 cpu_before=$(awk '{print $14 + $15}' /proc/$collector/stat)
 sys_before=$(awk '{print $15}' /proc/$collector/stat)
+profile_pid=""
+if [ -n "${PROFILE_HZ:-}" ]; then
+    seconds=$(( lines / rate + 3 ))
+    curl -sf -o "$work/profile.pb.gz" "http://127.0.0.1:$http_port/debug/pprof/profile?seconds=$seconds&frequency=$PROFILE_HZ" &
+    profile_pid=$!
+    sleep 0.2
+fi
 start=$(date +%s.%N)
 report=$(taskset -c 1 $bin/tessera loadgen --target "127.0.0.1:$udp_port" --rate-lines-per-sec "$rate" \
     --total-lines "$lines" --series "$series" --mix "$mix" --tags "$tags" --datagram-bytes "$datagram_bytes" --json)
@@ -84,4 +93,9 @@ sys=$(echo "scale=2; ($sys_after - $sys_before) / $ticks / $elapsed * 100" | bc)
 rss_kib=$(awk '/VmHWM/ {print $2}' /proc/$collector/status)
 kernel_drops=$(drops)
 lost=$((sent - received))
-echo "rate=$rate achieved=$achieved series=$series datagram_bytes=$datagram_bytes threads=$threads sent=$sent received=$received lost=$lost kernel_drops=$kernel_drops collector_cpu=${cpu}% (system ${sys}%) peak_rss_kib=$rss_kib"
+profile=""
+if [ -n "$profile_pid" ]; then
+    wait "$profile_pid"
+    profile=" profile_hz=$PROFILE_HZ profile_bytes=$(stat -c %s "$work/profile.pb.gz")"
+fi
+echo "rate=$rate achieved=$achieved series=$series datagram_bytes=$datagram_bytes threads=$threads sent=$sent received=$received lost=$lost kernel_drops=$kernel_drops collector_cpu=${cpu}% (system ${sys}%) peak_rss_kib=$rss_kib$profile"
