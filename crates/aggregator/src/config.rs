@@ -11,7 +11,8 @@
 //! # Storage policies, `resolution:retention`; each tiles independently.
 //! policies = ["10s:2d", "1m:40d"]
 //! # A tile closes once every connected collector's watermark has passed
-//! # its end, and at the latest this long after its end.
+//! # its end, and at the latest this long after its end (default: up to 8 s,
+//! # as far as no policy needs another table for it).
 //! max_buffer_past_ms = 8000
 //! # ... or this long after its end when no collector reports a watermark.
 //! buffer_past_ms = 2000
@@ -45,6 +46,9 @@ use crate::tiler::tables_per_policy;
 /// Most tables (open tiles) a policy may need; bounds memory per series.
 pub const MAX_TABLES_PER_POLICY: usize = 16;
 
+/// `max_buffer_past_ms` when it is not set, at most (see [`Config::max_buffer_past_ms`]).
+pub const DEFAULT_MAX_BUFFER_PAST_MS: u64 = 8_000;
+
 /// The whole configuration.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -69,9 +73,11 @@ pub struct Config {
     /// and at the latest this long after its end. Partials for a closed
     /// tile are refused as `too_late`. Each policy keeps
     /// `ceil((max(buffer_past_ms, max_buffer_past_ms) + buffer_future_ms) /
-    /// resolution) + 1` tables, so up to 8 s costs a 10 s policy nothing
-    /// over the minimum of two.
-    pub max_buffer_past_ms: u64,
+    /// resolution) + 1` tables. Default: 8 s, lowered where a policy would
+    /// need more tables for it than `buffer_past_ms` alone gives it (so the
+    /// default costs no memory; with the default policies it is 8 s), and
+    /// never below `buffer_past_ms`. See [`Config::max_buffer_past_ms`].
+    pub max_buffer_past_ms: Option<u64>,
     /// When no connected collector reports a watermark (none connected, or
     /// one too old to send it), a tile closes this long after its end; a
     /// connection that has reported none holds tiles this long.
@@ -113,7 +119,7 @@ impl Default for Config {
             max_connections: 4096,
             handshake_timeout_ms: 5_000,
             policies: DEFAULT_POLICIES.iter().map(|text| text.parse().expect("default policies parse")).collect(),
-            max_buffer_past_ms: 8_000,
+            max_buffer_past_ms: None,
             buffer_past_ms: 2_000,
             buffer_future_ms: 2_000,
             expire_after_empty_tiles: Some(30),
@@ -224,21 +230,21 @@ impl Config {
         }
         for (key, value) in [
             ("buffer_past_ms", self.buffer_past_ms),
-            ("max_buffer_past_ms", self.max_buffer_past_ms),
+            ("max_buffer_past_ms", self.max_buffer_past_ms.unwrap_or_default()),
             ("buffer_future_ms", self.buffer_future_ms),
         ] {
             if value > i64::MAX as u64 / 4 {
                 return invalid(key, "is out of range".into());
             }
         }
-        if self.max_buffer_past_ms < self.buffer_past_ms {
+        if self.max_buffer_past_ms() < self.buffer_past_ms {
             return invalid(
                 "max_buffer_past_ms",
                 format!("must be at least buffer_past_ms ({} ms)", self.buffer_past_ms),
             );
         }
         for policy in &self.policies {
-            let tables = tables_per_policy(policy, self.max_buffer_past_ms as i64, self.buffer_future_ms as i64);
+            let tables = tables_per_policy(policy, self.max_buffer_past_ms() as i64, self.buffer_future_ms as i64);
             if tables > MAX_TABLES_PER_POLICY {
                 return invalid(
                     "max_buffer_past_ms",
@@ -259,6 +265,23 @@ impl Config {
             return invalid("liveness_ttl_secs", "must be at least 1".into());
         }
         self.ingester.validate()
+    }
+
+    /// The longest a tile waits for watermarks: `max_buffer_past_ms` as set,
+    /// else [`DEFAULT_MAX_BUFFER_PAST_MS`] lowered to what every policy holds
+    /// with the tables `buffer_past_ms` gives it, and at least `buffer_past_ms`.
+    pub fn max_buffer_past_ms(&self) -> u64 {
+        if let Some(set) = self.max_buffer_past_ms {
+            return set;
+        }
+        let (past, future) = (self.buffer_past_ms as i64, self.buffer_future_ms as i64);
+        let mut most = DEFAULT_MAX_BUFFER_PAST_MS;
+        for policy in &self.policies {
+            let tables = tables_per_policy(policy, past, future) as i64;
+            let free = (tables - 1).saturating_mul(policy.resolution_ms()).saturating_sub(future);
+            most = most.min(free.max(0) as u64);
+        }
+        most.max(self.buffer_past_ms)
     }
 
     /// The instance id (empty before [`validate`](Self::validate) has passed).
@@ -311,9 +334,16 @@ mod tests {
         assert_eq!(policies, ["10s:2d", "1m:40d"]);
         assert_eq!(config.listen.to_string(), "127.0.0.1:7400");
         assert_eq!(config.buffer_past_ms, 2_000);
-        assert_eq!(config.max_buffer_past_ms, 8_000);
+        assert_eq!(config.max_buffer_past_ms(), 8_000);
         // 8 s + 2 s of a 10 s policy: the minimum of two tables.
         assert_eq!(tables_per_policy(&config.policies[0], 8_000, config.buffer_future_ms as i64), 2);
+        // A 1 s policy keeps the tables buffer_past gives it: no slack by default.
+        let fine = Config { policies: vec!["1s:1h".parse().unwrap(), "10s:1d".parse().unwrap()], ..config.clone() };
+        assert_eq!(fine.max_buffer_past_ms(), 2_000);
+        let sub_second = Config { policies: vec!["500ms:1h".parse().unwrap()], buffer_past_ms: 400, ..config };
+        // Six tables for 400 ms + 2 s: they hold 500 ms past the end.
+        assert_eq!(sub_second.max_buffer_past_ms(), 500);
+        sub_second.validate().unwrap();
     }
 
     #[test]
@@ -336,8 +366,8 @@ mod tests {
                 Config { policies: vec!["10s:1d".parse().unwrap(), "10s:2d".parse().unwrap()], ..base.clone() },
                 "policies",
             ),
-            (Config { max_buffer_past_ms: 3_600_000, ..base.clone() }, "max_buffer_past_ms"),
-            (Config { buffer_past_ms: 9_000, ..base.clone() }, "max_buffer_past_ms"),
+            (Config { max_buffer_past_ms: Some(3_600_000), ..base.clone() }, "max_buffer_past_ms"),
+            (Config { max_buffer_past_ms: Some(1_000), ..base.clone() }, "max_buffer_past_ms"),
             (Config { buffer_future_ms: u64::MAX, ..base.clone() }, "buffer_future_ms"),
             (Config { expire_after_empty_tiles: Some(0), ..base.clone() }, "expire_after_empty_tiles"),
             (Config { max_frame_bytes: 10, ..base.clone() }, "max_frame_bytes"),

@@ -163,7 +163,7 @@ impl Aggregator {
         let tiler_settings = TilerSettings {
             policies: config.policies.clone(),
             buffer_past_ms: config.buffer_past_ms as i64,
-            max_buffer_past_ms: config.max_buffer_past_ms as i64,
+            max_buffer_past_ms: config.max_buffer_past_ms() as i64,
             buffer_future_ms: config.buffer_future_ms as i64,
             expire_after_empty_tiles: config.expire_after_empty_tiles,
             max_series_per_policy: config.max_series_per_policy.map(|cap| cap.div_ceil(merge_threads)),
@@ -197,7 +197,8 @@ impl Aggregator {
         threads.push(spawn_thread("admission", {
             let (ingesters, metrics) = (ingesters.clone(), metrics.clone());
             let tier = merge::MergeTier::new(merge_jobs);
-            let watermarks = watermark::Watermarks::new(config.buffer_past_ms as i64, config.max_buffer_past_ms as i64);
+            let watermarks =
+                watermark::Watermarks::new(config.buffer_past_ms as i64, config.max_buffer_past_ms() as i64);
             move || pipeline::run_admission(shadow, tier, watermarks, batch_receiver, ingesters, metrics)
         })?);
         threads.extend(merge_handles);

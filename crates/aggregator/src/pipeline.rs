@@ -197,17 +197,20 @@ pub fn run_admission(
     loop {
         // Sleep until the next tile could close on the clock alone (the
         // latest it may: watermarks that arrive close it sooner).
-        let wait_ms = (admission.shadow.next_tile_end_ms() - now_ms()).clamp(1, MAX_ADMISSION_SLEEP.as_millis() as i64);
+        let next_close = admission.watermarks.next_clock_close_ms(admission.shadow.next_tile_end_ms());
+        let wait_ms = (next_close - now_ms()).clamp(1, MAX_ADMISSION_SLEEP.as_millis() as i64);
         match jobs.recv_timeout(Duration::from_millis(wait_ms as u64)) {
             Ok(AdmissionJob::Batch { connection, sequence, batch, reply }) => {
                 let answer = admission.admit(connection, sequence, batch);
                 let _ = reply.send(answer);
             }
-            Ok(AdmissionJob::Opened { connection, source }) => admission.watermarks.opened(connection, &source),
-            Ok(AdmissionJob::Watermark { connection, watermark_ms }) => {
-                admission.watermarks.advance(connection, watermark_ms);
+            Ok(AdmissionJob::Opened { connection, source }) => {
+                admission.watermarks.opened(connection, &source, now_ms());
             }
-            Ok(AdmissionJob::Closed { connection }) => admission.watermarks.closed(connection),
+            Ok(AdmissionJob::Watermark { connection, watermark_ms }) => {
+                admission.watermarks.advance(connection, Some(watermark_ms), now_ms());
+            }
+            Ok(AdmissionJob::Closed { connection }) => admission.watermarks.closed(connection, now_ms()),
             Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => {
                 admission.close_due();
@@ -276,8 +279,6 @@ impl Admission {
     }
 
     fn advance(&mut self, connection: u64, watermark_ms: Option<i64>) {
-        if let Some(watermark_ms) = watermark_ms {
-            self.watermarks.advance(connection, watermark_ms);
-        }
+        self.watermarks.advance(connection, watermark_ms, now_ms());
     }
 }

@@ -13,8 +13,20 @@
 //!
 //! where a connection that has not reported a watermark (just connected, or
 //! a collector too old to send one) counts as `now - buffer_past`, and with
-//! no connection at all the horizon is `now - buffer_past`: today's fixed
-//! delay. So:
+//! no connection at all the horizon is `now - buffer_past`: the fixed delay
+//! of an aggregator without watermarks. Two more rules keep a connection
+//! from holding too little or too long:
+//!
+//! - **departed**: when a connection closes, its collector still counts,
+//!   as `max(its last watermark, now - buffer_past)`, until it reports a
+//!   watermark on a new connection or `max_buffer_past` has passed: a batch
+//!   that was in flight when the connection dropped and is sent again on
+//!   the next one gets the grace a fixed close would give it;
+//! - **silent**: a connection with no batch for `max_buffer_past` (a stopped
+//!   process, a half-open connection, a destination the collector no longer
+//!   routes to) holds nothing; collectors send a batch every window.
+//!
+//! So:
 //!
 //! - when every collector is current, a tile closes as soon as the last one
 //!   has sent its last window, sooner than a fixed delay;
@@ -22,7 +34,7 @@
 //!   senders' watermarks hold the tile open, for up to `max_buffer_past`:
 //!   the backlog costs latency, not data;
 //! - a stopped or stuck collector holds tiles for `max_buffer_past` at most,
-//!   and one that disconnects holds nothing.
+//!   and one that disconnects holds them for `buffer_past` at most.
 //!
 //! A watermark moves when its batch was admitted or refused for good, never
 //! on a retryable refusal (the collector sends that batch again).
@@ -30,21 +42,26 @@
 //! ```
 //! use tessera_aggregator::watermark::{Trigger, Watermarks};
 //!
+//! let now = 100_000;
 //! let mut marks = Watermarks::new(2_000, 8_000);
-//! assert_eq!(marks.horizon(100_000), (98_000, Trigger::BufferPast));
-//! marks.opened(1, "host-a");
-//! marks.opened(2, "host-b");
-//! marks.advance(1, 99_000);
-//! marks.advance(2, 95_000);
-//! assert_eq!(marks.horizon(100_000), (95_000, Trigger::Watermark));
-//! marks.closed(2);
-//! assert_eq!(marks.horizon(100_000), (99_000, Trigger::Watermark));
+//! assert_eq!(marks.horizon(now), (98_000, Trigger::BufferPast));
+//! marks.opened(1, "host-a", now);
+//! marks.opened(2, "host-b", now);
+//! marks.advance(1, Some(99_000), now);
+//! marks.advance(2, Some(95_000), now);
+//! assert_eq!(marks.horizon(now), (95_000, Trigger::Watermark));
+//! marks.closed(2, now);
+//! // host-b's batch in flight gets buffer_past: tiles ending after 98 s wait.
+//! assert_eq!(marks.horizon(now), (98_000, Trigger::BufferPast));
+//! // Once host-b is back with a watermark, it counts as any connection.
+//! marks.opened(3, "host-b", now);
+//! marks.advance(3, Some(99_500), now);
+//! assert_eq!(marks.horizon(now), (99_000, Trigger::Watermark));
 //! // A collector stuck at 80 s holds tiles 8 s past their end at most.
-//! marks.advance(1, 80_000);
-//! assert_eq!(marks.horizon(100_000), (99_000, Trigger::Watermark), "watermarks never go back");
-//! marks.opened(3, "host-c");
-//! marks.advance(3, 80_000);
-//! assert_eq!(marks.horizon(100_000), (92_000, Trigger::MaxBufferPast));
+//! marks.opened(4, "host-c", now);
+//! marks.advance(4, Some(80_000), now);
+//! assert_eq!(marks.horizon(now), (92_000, Trigger::MaxBufferPast));
+//! ```
 //! ```
 
 use std::collections::HashMap;
@@ -79,6 +96,15 @@ impl Trigger {
 struct Stream {
     source: String,
     watermark_ms: Option<i64>,
+    /// When its last batch (or its opening) was seen, unix ms.
+    seen_ms: i64,
+}
+
+/// A collector whose connection closed: its last watermark, and when.
+#[derive(Debug, Clone, Copy)]
+struct Departed {
+    watermark_ms: Option<i64>,
+    closed_ms: i64,
 }
 
 /// The watermark of every open connection; see the [module docs](self).
@@ -87,6 +113,7 @@ pub struct Watermarks {
     buffer_past_ms: i64,
     max_buffer_past_ms: i64,
     streams: HashMap<u64, Stream>,
+    departed: HashMap<String, Departed>,
 }
 
 impl Watermarks {
@@ -97,25 +124,46 @@ impl Watermarks {
             buffer_past_ms: buffer_past_ms.max(0),
             max_buffer_past_ms: max_buffer_past_ms.max(buffer_past_ms).max(0),
             streams: HashMap::new(),
+            departed: HashMap::new(),
         }
     }
 
-    /// A collector (`source`, its instance id) connected as `connection`.
-    pub fn opened(&mut self, connection: u64, source: &str) {
-        self.streams.insert(connection, Stream { source: source.to_owned(), watermark_ms: None });
+    /// A collector (`source`, its instance id) connected as `connection` at `now_ms`.
+    pub fn opened(&mut self, connection: u64, source: &str, now_ms: i64) {
+        self.streams.insert(connection, Stream { source: source.to_owned(), watermark_ms: None, seen_ms: now_ms });
     }
 
-    /// The connection is gone: it holds no tile any more.
-    pub fn closed(&mut self, connection: u64) {
-        self.streams.remove(&connection);
-    }
-
-    /// The connection has sent everything ending at or before
-    /// `watermark_ms`. Watermarks only move forward.
-    pub fn advance(&mut self, connection: u64, watermark_ms: i64) {
-        if let Some(stream) = self.streams.get_mut(&connection) {
-            stream.watermark_ms = Some(stream.watermark_ms.map_or(watermark_ms, |held| held.max(watermark_ms)));
+    /// The connection closed at `now_ms`: its collector holds tiles as a
+    /// departed one (see the [module docs](self)).
+    pub fn closed(&mut self, connection: u64, now_ms: i64) {
+        if let Some(stream) = self.streams.remove(&connection) {
+            let departed = Departed { watermark_ms: stream.watermark_ms, closed_ms: now_ms };
+            self.departed.insert(stream.source, departed);
         }
+    }
+
+    /// A batch on the connection at `now_ms`: it has sent everything ending
+    /// at or before `watermark_ms` (when it says). Watermarks only move forward.
+    pub fn advance(&mut self, connection: u64, watermark_ms: Option<i64>, now_ms: i64) {
+        let Some(stream) = self.streams.get_mut(&connection) else { return };
+        stream.seen_ms = now_ms;
+        let Some(watermark_ms) = watermark_ms else { return };
+        stream.watermark_ms = Some(stream.watermark_ms.map_or(watermark_ms, |held| held.max(watermark_ms)));
+        // Back with a watermark: the departed entry of this collector has done its job.
+        if !self.departed.is_empty() {
+            self.departed.remove(&stream.source);
+        }
+    }
+
+    /// When the clock alone next changes what may close, given the end of
+    /// the oldest open tile: the admission thread sleeps until then (new
+    /// watermarks wake it anyway).
+    pub fn next_clock_close_ms(&self, next_tile_end_ms: i64) -> i64 {
+        let all_report = !self.streams.is_empty()
+            && self.departed.is_empty()
+            && self.streams.values().all(|stream| stream.watermark_ms.is_some());
+        let delay = if all_report { self.max_buffer_past_ms } else { self.buffer_past_ms };
+        next_tile_end_ms.saturating_add(delay)
     }
 
     /// Open connections.
@@ -125,18 +173,25 @@ impl Watermarks {
 
     /// Every tile ending at or before the horizon may close at `now_ms`,
     /// and what decided it.
-    pub fn horizon(&self, now_ms: i64) -> (i64, Trigger) {
+    pub fn horizon(&mut self, now_ms: i64) -> (i64, Trigger) {
         let fixed = (now_ms.saturating_sub(self.buffer_past_ms), Trigger::BufferPast);
-        let slowest = self
-            .streams
-            .values()
-            .map(|stream| match stream.watermark_ms {
+        let floor = now_ms.saturating_sub(self.max_buffer_past_ms);
+        self.departed.retain(|_, departed| departed.closed_ms > floor);
+        let live =
+            self.streams.values().filter(|stream| stream.seen_ms >= floor).map(|stream| match stream.watermark_ms {
                 Some(watermark) => (watermark.min(now_ms), Trigger::Watermark),
                 None => fixed,
-            })
-            .min_by_key(|(horizon, _)| *horizon)
-            .unwrap_or(fixed);
-        let floor = now_ms.saturating_sub(self.max_buffer_past_ms);
+            });
+        let departed = self.departed.values().map(|departed| match departed.watermark_ms {
+            Some(watermark) if watermark.min(now_ms) > fixed.0 => (watermark.min(now_ms), Trigger::Watermark),
+            _ => fixed,
+        });
+        let slowest = live.chain(departed).min_by_key(|(horizon, _)| *horizon);
+        let slowest = match slowest {
+            Some(slowest) => slowest,
+            // No connection, or every one silent for max_buffer_past: they hold nothing.
+            None => fixed,
+        };
         if slowest.0 < floor { (floor, Trigger::MaxBufferPast) } else { slowest }
     }
 
@@ -160,40 +215,84 @@ impl Watermarks {
 mod tests {
     use super::*;
 
+    const NOW: i64 = 100_000;
+
     #[test]
     fn a_connection_without_a_watermark_holds_tiles_for_buffer_past() {
         let mut marks = Watermarks::new(2_000, 8_000);
-        marks.opened(1, "new");
-        marks.opened(2, "current");
-        marks.advance(2, 99_500);
-        assert_eq!(marks.horizon(100_000), (98_000, Trigger::BufferPast));
-        marks.advance(1, 99_000);
-        assert_eq!(marks.horizon(100_000), (99_000, Trigger::Watermark));
+        marks.opened(1, "new", NOW);
+        marks.opened(2, "current", NOW);
+        marks.advance(2, Some(99_500), NOW);
+        assert_eq!(marks.horizon(NOW), (98_000, Trigger::BufferPast));
+        marks.advance(1, Some(99_000), NOW);
+        assert_eq!(marks.horizon(NOW), (99_000, Trigger::Watermark));
+        marks.advance(1, Some(90_000), NOW);
+        assert_eq!(marks.horizon(NOW), (99_000, Trigger::Watermark), "watermarks never go back");
     }
 
     #[test]
     fn a_watermark_ahead_of_our_clock_closes_nothing_that_has_not_ended() {
         let mut marks = Watermarks::new(2_000, 8_000);
-        marks.opened(1, "fast-clock");
-        marks.advance(1, 105_000);
-        assert_eq!(marks.horizon(100_000), (100_000, Trigger::Watermark));
+        marks.opened(1, "fast-clock", NOW);
+        marks.advance(1, Some(105_000), NOW);
+        assert_eq!(marks.horizon(NOW), (NOW, Trigger::Watermark));
+    }
+
+    #[test]
+    fn a_departed_collector_holds_for_buffer_past_until_it_is_back_or_max_buffer_past_passed() {
+        let mut marks = Watermarks::new(2_000, 8_000);
+        marks.opened(1, "a", NOW);
+        marks.opened(2, "b", NOW);
+        marks.advance(1, Some(NOW), NOW);
+        marks.advance(2, Some(NOW - 1_000), NOW);
+        marks.closed(2, NOW);
+        // b's last watermark is behind now - buffer_past? No: 99 s > 98 s, so it holds at 99 s.
+        assert_eq!(marks.horizon(NOW), (99_000, Trigger::Watermark));
+        // Later, b's grace is buffer_past: tiles ending after now - 2 s wait for it.
+        marks.advance(1, Some(NOW + 5_000), NOW + 5_000);
+        assert_eq!(marks.horizon(NOW + 5_000), (NOW + 3_000, Trigger::BufferPast));
+        assert_eq!(marks.next_clock_close_ms(110_000), 112_000, "the clock closes on buffer_past while b is away");
+        // Past max_buffer_past after it left, b holds nothing.
+        marks.advance(1, Some(NOW + 8_500), NOW + 8_500);
+        assert_eq!(marks.horizon(NOW + 8_500), (NOW + 8_500, Trigger::Watermark));
+        assert_eq!(marks.next_clock_close_ms(110_000), 118_000);
+    }
+
+    #[test]
+    fn a_silent_connection_stops_holding_after_max_buffer_past() {
+        let mut marks = Watermarks::new(2_000, 8_000);
+        marks.opened(1, "busy", NOW);
+        marks.opened(2, "half-open", NOW);
+        marks.advance(2, Some(NOW), NOW);
+        for second in 1..=12 {
+            let now = NOW + second * 1_000;
+            marks.advance(1, Some(now), now);
+            let (horizon, trigger) = marks.horizon(now);
+            if second <= 8 {
+                // Held by the silent one, down to the max_buffer_past floor.
+                assert_eq!(horizon, NOW.max(now - 8_000), "second {second}");
+            } else {
+                assert_eq!((horizon, trigger), (now, Trigger::Watermark), "second {second}");
+            }
+        }
+        assert_eq!(marks.connections(), 2, "silent connections are ignored, not forgotten");
     }
 
     #[test]
     fn unknown_connections_are_ignored_and_lags_are_per_source() {
         let mut marks = Watermarks::new(2_000, 8_000);
-        marks.advance(7, 1);
+        marks.advance(7, Some(1), NOW);
         assert_eq!(marks.connections(), 0);
-        marks.opened(1, "a");
-        marks.opened(2, "a");
-        marks.opened(3, "b");
-        marks.advance(1, 99_000);
-        marks.advance(2, 97_000);
-        let mut lags = marks.lags_ms(100_000);
+        marks.opened(1, "a", NOW);
+        marks.opened(2, "a", NOW);
+        marks.opened(3, "b", NOW);
+        marks.advance(1, Some(99_000), NOW);
+        marks.advance(2, Some(97_000), NOW);
+        let mut lags = marks.lags_ms(NOW);
         lags.sort();
         assert_eq!(lags, vec![("a", 3_000)]);
-        marks.advance(3, 100_000);
-        lags = marks.lags_ms(100_000);
+        marks.advance(3, Some(NOW), NOW);
+        lags = marks.lags_ms(NOW);
         lags.sort();
         assert_eq!(lags, vec![("a", 3_000), ("b", 0)]);
     }

@@ -53,6 +53,9 @@ pub struct FlushSettings {
     pub max_queue_bytes: usize,
     /// Sender settings.
     pub sender: SenderSettings,
+    /// Reader threads handing in cuts: the watermark waits until each has
+    /// reported how far it has got.
+    pub readers: usize,
 }
 
 /// `(instance id, endpoint)`.
@@ -206,6 +209,9 @@ impl Flusher {
     /// Where every reader has got: nothing stamped before it is left in a
     /// reader.
     fn readers_through_ms(&self) -> i64 {
+        if self.readers.len() < self.settings.readers {
+            return i64::MIN;
+        }
         self.readers.values().copied().min().unwrap_or(i64::MIN)
     }
 
@@ -242,7 +248,7 @@ impl Flusher {
         // the aggregators' watermark of this collector keeps moving.
         let watermark = self.watermark_ms();
         if watermark > self.watermark_sent_ms && watermark != i64::MAX {
-            self.flush_window(watermark - window_ms, |_| 0);
+            self.announce_window(watermark - window_ms);
         }
     }
 
@@ -256,17 +262,36 @@ impl Flusher {
         if through == i64::MAX || through == i64::MIN { through } else { through.div_euclid(window_ms) * window_ms }
     }
 
-    /// Routes and queues one window. `series` calls its argument once per
-    /// series of the window and returns how many there were.
-    ///
-    /// Each series is encoded once, straight into the shard buffers of the
-    /// destinations that own it; frames are then cut from whole buffers.
+    /// Sends every destination an empty batch for the window at
+    /// `window_start_ms`, carrying the watermark; no flush metrics.
+    fn announce_window(&mut self, window_start_ms: i64) {
+        self.route_window(window_start_ms, |_| 0);
+    }
+
+    /// Routes and queues one window, and records the flush.
     fn flush_window(
         &mut self,
         window_start_ms: i64,
         series: impl FnOnce(&mut dyn FnMut(MetricKind, &[u8], &Aggregate)) -> usize,
     ) {
         let started = Instant::now();
+        let emitted = self.route_window(window_start_ms, series);
+        self.metrics.active_series.set(emitted as i64);
+        self.metrics.flush_duration.observe(started.elapsed().as_secs_f64());
+        let lag_ms = now_ms() - (window_start_ms + self.settings.window_ms);
+        self.metrics.flush_lag.observe(lag_ms.max(0) as f64 / 1000.0);
+    }
+
+    /// Routes and queues one window; returns its series. `series` calls its argument once per
+    /// series of the window and returns how many there were.
+    ///
+    /// Each series is encoded once, straight into the shard buffers of the
+    /// destinations that own it; frames are then cut from whole buffers.
+    fn route_window(
+        &mut self,
+        window_start_ms: i64,
+        series: impl FnOnce(&mut dyn FnMut(MetricKind, &[u8], &Aggregate)) -> usize,
+    ) -> usize {
         self.refresh_routes();
         let routes = self.routes.as_ref().expect("routes refreshed");
         let num_shards = routes.routing.num_shards();
@@ -287,7 +312,6 @@ impl Flusher {
                 outbound[owner].shard(shard, num_shards).push(chunk_bytes, id, metric_type, &value);
             }
         });
-        self.metrics.active_series.set(emitted as i64);
         if unrouted > 0 {
             self.metrics.drop_partials("no_owner", unrouted);
         }
@@ -300,9 +324,7 @@ impl Flusher {
             outbound.clear();
         }
         self.watermark_sent_ms = self.watermark_sent_ms.max(watermark_ms);
-        self.metrics.flush_duration.observe(started.elapsed().as_secs_f64());
-        let lag_ms = now_ms() - (window_start_ms + self.settings.window_ms);
-        self.metrics.flush_lag.observe(lag_ms.max(0) as f64 / 1000.0);
+        emitted
     }
 
     /// Rebuilds the routing table when the placement version changed.

@@ -203,6 +203,7 @@ impl Collector {
                 reconnect_max: Duration::from_millis(config.forward.reconnect_max_ms),
                 rejection_label: forward::rejection_label,
             },
+            readers: readers.len(),
         };
         let flusher = Flusher::new(
             flusher_links,

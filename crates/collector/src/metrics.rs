@@ -274,10 +274,11 @@ pub struct ListenerMetrics {
 impl ListenerMetrics {
     /// Adds one batch's counts.
     pub fn add(&self, counts: &BatchCounts) {
-        if counts.datagrams == 0 {
-            return;
+        // A window can turn between counting a truncated datagram and counting it
+        // received: every field is added on its own, none hides behind another.
+        if counts.datagrams > 0 {
+            self.datagrams.inc_by(counts.datagrams);
         }
-        self.datagrams.inc_by(counts.datagrams);
         self.bytes.inc_by(counts.bytes);
         self.lines.inc_by(counts.lines);
         if counts.events > 0 {
