@@ -16,16 +16,36 @@
 //! **Cumulative values.** Counters, `_sum` and `_count` are running totals per series
 //! (name, tags and resolution), kept in memory and added to in record order. A restart
 //! starts them from 0 again, which storage sees as a counter reset (`rate()` and
-//! `increase()` handle it); so does a series idle for longer than the expiry. A tile that
-//! is not newer than the last one written for its series (late, or a second partial for
-//! the same tile) is added to the running total without a sample of its own, so its
-//! count appears in the next sample instead of being rejected by storage as out of order.
+//! `increase()` handle it); so does a series idle for longer than the expiry.
 //! Quantiles are clamped to the tile's `[min, max]`.
+//!
+//! **Each tile counts once.** For every cumulative series the converter remembers the
+//! end of the newest tile written, what that tile added, which of the 64 tiles before it
+//! were written, and which statsd series the total belongs to. A tile is then:
+//!
+//! | tile | verdict | running total | counted as |
+//! |---|---|---|---|
+//! | newer than the newest written | written | adds, new sample | `tiles_written` |
+//! | same end, same value as the one written | duplicate (a replica, a resend) | unchanged | `tiles_skipped{reason="duplicate"}` |
+//! | same end, another value | conflict | unchanged (the first one stays) | `reason="conflict"` |
+//! | older, and that tile was written | duplicate | unchanged | `reason="duplicate"` |
+//! | older, never written (**late**: its tile was written elsewhere or not at all) | late | adds, no sample of its own (storage would refuse it as out of order): it shows in the next sample | `reason="late"` |
+//! | another statsd series with the same Prometheus name (`a.b` and `a_b` both become `a_b`) | name collision | unchanged: the first series keeps the name | `reason="name_collision"`, logged |
+//!
+//! Whoever sends a tile, it is never added twice to a total while the converter remembers
+//! it: a restart of the ingester forgets, and a duplicate of an older tile than 64 tiles
+//! back is taken as late. Gauges, sets and the quantiles of a tile that was written are
+//! written again when a duplicate arrives (same timestamp: storage keeps one sample when
+//! the values agree).
 //!
 //! The conversion is transactional: [`Converter::commit`] keeps the new totals once the
 //! record is durable, [`Converter::rollback`] restores them when it could not be queued.
 
 pub mod names;
+
+use tessera_runtime::RateLimitedLog;
+
+static COLLISION_LOG: RateLimitedLog = RateLimitedLog::new("ingester.name_collision", 5);
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -66,20 +86,63 @@ pub struct SkippedTiles {
     pub invalid_aggregate: u64,
     /// The aggregate does not match the metric type.
     pub type_mismatch: u64,
-    /// Not newer than the series' last sample: folded into the running total, no sample.
+    /// Older than the series' last sample and never written: folded into the running
+    /// total, no sample.
     pub late: u64,
+    /// Written already (same tile end, same value): not added again.
+    pub duplicate: u64,
+    /// Same tile end as a written tile, another value: not added.
+    pub conflict: u64,
+    /// Another statsd series already owns the Prometheus series: not added.
+    pub name_collision: u64,
 }
 
 impl SkippedTiles {
     /// Every reason with its count, for metrics.
-    pub fn by_reason(&self) -> [(&'static str, u64); 4] {
+    pub fn by_reason(&self) -> [(&'static str, u64); 7] {
         [
             ("unknown_type", self.unknown_type),
             ("invalid_aggregate", self.invalid_aggregate),
             ("type_mismatch", self.type_mismatch),
             ("late", self.late),
+            ("duplicate", self.duplicate),
+            ("conflict", self.conflict),
+            ("name_collision", self.name_collision),
         ]
     }
+
+    fn count(&mut self, verdict: Verdict) {
+        match verdict {
+            Verdict::Write(_) => {}
+            Verdict::Late => self.late += 1,
+            Verdict::Duplicate => self.duplicate += 1,
+            Verdict::Conflict => self.conflict += 1,
+            Verdict::Collision => self.name_collision += 1,
+        }
+    }
+}
+
+/// What became of one tile of a cumulative series; see the [module docs](self).
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Verdict {
+    /// Newer than what was written: the new running total, to write.
+    Write(f64),
+    /// Older and never written: folded into the total.
+    Late,
+    /// Written already.
+    Duplicate,
+    /// Same tile end as a written tile, another value.
+    Conflict,
+    /// Another statsd series owns the name.
+    Collision,
+}
+
+/// Where a tile sits: its end, its resolution, and which statsd series it is.
+#[derive(Debug, Clone, Copy)]
+struct TileRef {
+    end_ms: i64,
+    resolution_ms: i64,
+    origin: u64,
 }
 
 /// The result of converting one batch.
@@ -96,6 +159,40 @@ struct Total {
     value: f64,
     /// Tile end of the last sample written for the series.
     last_tile_end_ms: i64,
+    /// What that tile added (a duplicate adds the same).
+    last_delta: f64,
+    /// Bit `k`: the tile ending `k` resolutions before `last_tile_end_ms` was written.
+    written: u64,
+    /// Hash of the statsd series (kind and id) the total belongs to.
+    origin: u64,
+}
+
+impl Total {
+    fn verdict(&self, delta: f64, tile: TileRef) -> Verdict {
+        if self.origin != tile.origin {
+            return Verdict::Collision;
+        }
+        if tile.end_ms > self.last_tile_end_ms {
+            return Verdict::Write(self.value + delta);
+        }
+        if tile.end_ms == self.last_tile_end_ms {
+            return if delta == self.last_delta { Verdict::Duplicate } else { Verdict::Conflict };
+        }
+        match self.tiles_back(tile) {
+            Some(back) if self.written & (1 << back) != 0 => Verdict::Duplicate,
+            _ => Verdict::Late,
+        }
+    }
+
+    /// How many tiles before the newest written one `tile` ends, if it is within the 64
+    /// remembered.
+    fn tiles_back(&self, tile: TileRef) -> Option<u32> {
+        let behind = self.last_tile_end_ms.checked_sub(tile.end_ms)?;
+        if tile.resolution_ms <= 0 || behind % tile.resolution_ms != 0 {
+            return None;
+        }
+        u32::try_from(behind / tile.resolution_ms).ok().filter(|back| *back < 64)
+    }
 }
 
 /// A hasher for keys that are already hashes (xxh3-128 of the labels).
@@ -183,6 +280,7 @@ impl Converter {
         self.arena.reserve(batch.tiles.len() * self.arena_bytes_per_tile);
         self.spans.clear();
         let tile_end_ms = batch.tile_end_ms;
+        let resolution_ms = i64::from(batch.resolution_ms);
         let mut skipped = SkippedTiles::default();
         let mut tiles = 0u32;
         for tile in &batch.tiles {
@@ -203,31 +301,42 @@ impl Converter {
                 self.raw_name.extend_from_slice(raw_name);
             }
             names::tag_labels(raw_tags, &mut self.tags);
-            let written = match (kind, &aggregate) {
-                (MetricKind::Counter, Aggregate::Counter(delta)) => self.counter(*delta, &resolution, tile_end_ms),
+            let origin = xxhash_rust::xxh3::xxh3_64_with_seed(&tile.series_id, kind as u64);
+            let at = TileRef { end_ms: tile_end_ms, resolution_ms, origin };
+            let verdict = match (kind, &aggregate) {
+                (MetricKind::Counter, Aggregate::Counter(delta)) => self.counter(*delta, &resolution, at),
                 (MetricKind::Gauge, Aggregate::Gauge(gauge)) => {
                     let value = gauge.resolve(Some(0.0)).unwrap_or(0.0);
                     self.emit(&resolution, &Emit { suffix: "", quantile: None, value, kind: SampleKind::Gauge });
-                    true
+                    Verdict::Write(value)
                 }
                 (MetricKind::Set, Aggregate::Set(set)) => {
                     let value = set.estimate();
                     self.emit(&resolution, &Emit { suffix: "", quantile: None, value, kind: SampleKind::Gauge });
-                    true
+                    Verdict::Write(value)
                 }
                 (
                     MetricKind::Timer | MetricKind::Histogram | MetricKind::Distribution,
                     Aggregate::Distribution(summary),
-                ) => self.distribution(summary, &resolution, tile_end_ms),
+                ) => self.distribution(summary, &resolution, at),
                 _ => {
                     skipped.type_mismatch += 1;
                     continue;
                 }
             };
-            if written {
-                tiles += 1;
-            } else {
-                skipped.late += 1;
+            match verdict {
+                Verdict::Write(_) => tiles += 1,
+                Verdict::Collision => {
+                    skipped.count(verdict);
+                    if COLLISION_LOG.allow() {
+                        tracing::warn!(
+                            series = %String::from_utf8_lossy(&tile.series_id),
+                            name = %self.name,
+                            "two statsd series map to one Prometheus series; the first one seen keeps it"
+                        );
+                    }
+                }
+                other => skipped.count(other),
             }
         }
         self.newest_tile_end_ms = self.newest_tile_end_ms.max(tile_end_ms);
@@ -280,44 +389,34 @@ impl Converter {
         }
     }
 
-    fn counter(&mut self, delta: f64, resolution: &str, tile_end_ms: i64) -> bool {
+    fn counter(&mut self, delta: f64, resolution: &str, at: TileRef) -> Verdict {
         let suffix = if self.name.ends_with("_total") { "" } else { "_total" };
         let span = self.encode(resolution, suffix, None);
         let key = xxhash_rust::xxh3::xxh3_128(&self.arena[span.0..span.1]);
-        match self.add_to_total(key, delta, tile_end_ms) {
-            Some(value) => {
-                self.spans.push((span.0, span.1, value, SampleKind::Counter));
-                true
-            }
-            None => {
-                self.arena.truncate(span.0);
-                false
-            }
+        let verdict = self.add_to_total(key, delta, at, None);
+        match verdict {
+            Verdict::Write(value) => self.spans.push((span.0, span.1, value, SampleKind::Counter)),
+            _ => self.arena.truncate(span.0),
         }
+        verdict
     }
 
     fn distribution(
         &mut self,
         summary: &tessera_core::aggregate::Distribution,
         resolution: &str,
-        tile_end_ms: i64,
-    ) -> bool {
+        at: TileRef,
+    ) -> Verdict {
         let count_span = self.encode(resolution, "_count", None);
         let count_key = xxhash_rust::xxh3::xxh3_128(&self.arena[count_span.0..count_span.1]);
         let sum_span = self.encode(resolution, "_sum", None);
         let sum_key = xxhash_rust::xxh3::xxh3_128(&self.arena[sum_span.0..sum_span.1]);
-        let count = self.add_to_total(count_key, summary.count, tile_end_ms);
+        let count = self.add_to_total(count_key, summary.count, at, None);
         // The sum follows the count's verdict, so the two stay in step.
-        let sum = match count {
-            Some(_) => self.add_to_total(sum_key, summary.sum, tile_end_ms),
-            None => {
-                self.add_to_total(sum_key, summary.sum, i64::MIN);
-                None
-            }
-        };
-        let (Some(count), Some(sum)) = (count, sum) else {
+        let sum = self.add_to_total(sum_key, summary.sum, at, Some(count));
+        let (Verdict::Write(count), Verdict::Write(sum)) = (count, sum) else {
             self.arena.truncate(count_span.0);
-            return false;
+            return count;
         };
         self.spans.push((count_span.0, count_span.1, count, SampleKind::SummaryCount));
         self.spans.push((sum_span.0, sum_span.1, sum, SampleKind::SummarySum));
@@ -338,23 +437,49 @@ impl Converter {
             self.emit(resolution, &Emit { suffix: "_min", quantile: None, value: min, kind: SampleKind::Gauge });
             self.emit(resolution, &Emit { suffix: "_max", quantile: None, value: max, kind: SampleKind::Gauge });
         }
-        true
+        Verdict::Write(count)
     }
 
-    /// Adds `delta` to the series' total; returns the new total if a sample is due (the
-    /// tile is newer than the last sample), `None` if the tile was folded in silently.
-    fn add_to_total(&mut self, key: u128, delta: f64, tile_end_ms: i64) -> Option<f64> {
+    /// Judges the tile against the series' running total (or takes `follow`, the verdict
+    /// of the series it moves in step with) and applies it: a written tile adds and is
+    /// due a sample, a late one adds silently, the others change nothing.
+    fn add_to_total(&mut self, key: u128, delta: f64, at: TileRef, follow: Option<Verdict>) -> Verdict {
         let previous = self.totals.get(&key).copied();
-        self.undo.push((key, previous));
-        let (value, last) = previous.map_or((0.0, i64::MIN), |total| (total.value, total.last_tile_end_ms));
-        let value = value + delta;
-        if tile_end_ms > last {
-            self.totals.insert(key, Total { value, last_tile_end_ms: tile_end_ms });
-            Some(value)
-        } else {
-            self.totals.insert(key, Total { value, last_tile_end_ms: last });
-            None
+        let Some(mut total) = previous else {
+            if matches!(follow, Some(Verdict::Duplicate | Verdict::Conflict | Verdict::Collision)) {
+                return follow.expect("matched");
+            }
+            self.undo.push((key, None));
+            let total =
+                Total { value: delta, last_tile_end_ms: at.end_ms, last_delta: delta, written: 1, origin: at.origin };
+            self.totals.insert(key, total);
+            return Verdict::Write(delta);
+        };
+        let verdict = match follow {
+            Some(Verdict::Write(_)) if at.end_ms > total.last_tile_end_ms => Verdict::Write(total.value + delta),
+            Some(Verdict::Write(_) | Verdict::Late) => Verdict::Late,
+            Some(other) => other,
+            None => total.verdict(delta, at),
+        };
+        match verdict {
+            Verdict::Write(value) => {
+                let shift = (at.end_ms - total.last_tile_end_ms) / at.resolution_ms.max(1);
+                total.written = if (0..64).contains(&shift) { total.written << shift } else { 0 } | 1;
+                total.value = value;
+                total.last_tile_end_ms = at.end_ms;
+                total.last_delta = delta;
+            }
+            Verdict::Late => {
+                if let Some(back) = total.tiles_back(at) {
+                    total.written |= 1 << back;
+                }
+                total.value += delta;
+            }
+            Verdict::Duplicate | Verdict::Conflict | Verdict::Collision => return verdict,
         }
+        self.undo.push((key, previous));
+        self.totals.insert(key, total);
+        verdict
     }
 
     fn emit(&mut self, resolution: &str, emit: &Emit<'_>) {

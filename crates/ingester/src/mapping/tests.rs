@@ -119,6 +119,76 @@ fn late_tiles_fold_into_the_next_sample() {
     assert_eq!(converted(&mut converter, &next)[0].1, 6.0);
 }
 
+fn counter_batch(tile_end_ms: i64, source: &str, id: &str, value: f64) -> TileBatch {
+    TileBatch {
+        source: source.into(),
+        ..batch(tile_end_ms, vec![tile(id, MetricType::Counter, Aggregate::Counter(value))])
+    }
+}
+
+#[test]
+fn a_tile_written_already_is_a_duplicate_whoever_sends_it_and_never_adds_twice() {
+    let mut converter = Converter::new(&[0.5], 3_600_000);
+    assert_eq!(converted(&mut converter, &counter_batch(20_000, "agg-1", "c", 3.0))[0].1, 3.0);
+    assert_eq!(converted(&mut converter, &counter_batch(30_000, "agg-1", "c", 4.0))[0].1, 7.0);
+    // The other replica's copies of both tiles, the newest and an older one.
+    for tile_end in [30_000, 20_000] {
+        let value = if tile_end == 30_000 { 4.0 } else { 3.0 };
+        let conversion = converter.convert(&counter_batch(tile_end, "agg-2", "c", value), 0).unwrap();
+        converter.commit();
+        assert!(conversion.record.samples.is_empty());
+        assert_eq!(conversion.skipped.duplicate, 1, "tile at {tile_end}");
+    }
+    // A different value for the newest written tile: a conflict, not added either.
+    let conversion = converter.convert(&counter_batch(30_000, "agg-2", "c", 2.0), 0).unwrap();
+    converter.commit();
+    assert_eq!(conversion.skipped.conflict, 1);
+    // A tile never written, older than the newest: late, folded into the next sample.
+    let conversion = converter.convert(&counter_batch(10_000, "agg-2", "c", 5.0), 0).unwrap();
+    converter.commit();
+    assert_eq!(conversion.skipped.late, 1);
+    assert_eq!(converted(&mut converter, &counter_batch(40_000, "agg-1", "c", 1.0))[0].1, 3.0 + 4.0 + 5.0 + 1.0);
+    // And once late, a second copy of it is a duplicate.
+    let conversion = converter.convert(&counter_batch(10_000, "agg-1", "c", 5.0), 0).unwrap();
+    assert_eq!(conversion.skipped.duplicate, 1);
+}
+
+#[test]
+fn distributions_count_once_and_their_sum_follows_the_count() {
+    let mut converter = Converter::new(&[0.5], 3_600_000);
+    let mut summary = Distribution::default();
+    for value in [1.0, 2.0, 3.0] {
+        summary.insert(value, 1.0);
+    }
+    let timer = |tile_end: i64| {
+        batch(tile_end, vec![tile("t", MetricType::Timer, Aggregate::Distribution(Box::new(summary.clone())))])
+    };
+    converted(&mut converter, &timer(10_000));
+    let conversion = converter.convert(&timer(10_000), 0).unwrap();
+    converter.commit();
+    assert_eq!(conversion.skipped.duplicate, 1);
+    assert!(conversion.record.samples.is_empty());
+    let next = converted(&mut converter, &timer(20_000));
+    let value = |name: &str| next.iter().find(|(labels, _)| labels.starts_with(name)).map(|(_, value)| *value);
+    assert_eq!(value("__name__=t_count "), Some(6.0));
+    assert_eq!(value("__name__=t_sum "), Some(12.0));
+}
+
+#[test]
+fn two_statsd_series_with_one_prometheus_name_are_a_collision_not_late() {
+    let mut converter = Converter::new(&[0.5], 3_600_000);
+    assert_eq!(
+        converted(&mut converter, &counter_batch(10_000, "agg-1", "a.b", 1.0))[0].0,
+        "__name__=a_b_total resolution=10s"
+    );
+    let conversion = converter.convert(&counter_batch(10_000, "agg-1", "a_b", 5.0), 0).unwrap();
+    converter.commit();
+    assert_eq!(conversion.skipped.name_collision, 1);
+    assert_eq!(conversion.skipped.late, 0);
+    // The first series keeps the name, and its total.
+    assert_eq!(converted(&mut converter, &counter_batch(20_000, "agg-1", "a.b", 1.0))[0].1, 2.0);
+}
+
 #[test]
 fn rollback_restores_totals() {
     let mut converter = Converter::new(&[0.5], 3_600_000);
@@ -191,7 +261,8 @@ fn bad_tiles_are_skipped_and_counted_and_bad_batches_refused() {
     let mismatch = tile("z", MetricType::Gauge, Aggregate::Counter(1.0));
     let good = tile("ok", MetricType::Counter, Aggregate::Counter(1.0));
     let conversion = converter.convert(&batch(10_000, vec![unknown, empty, nan, mismatch, good]), 0).unwrap();
-    assert_eq!(conversion.skipped, SkippedTiles { unknown_type: 1, invalid_aggregate: 2, type_mismatch: 1, late: 0 });
+    let expected = SkippedTiles { unknown_type: 1, invalid_aggregate: 2, type_mismatch: 1, ..SkippedTiles::default() };
+    assert_eq!(conversion.skipped, expected);
     assert_eq!(conversion.record.samples.len(), 1);
     assert_eq!(conversion.record.tiles, 1);
     converter.commit();
