@@ -62,42 +62,34 @@ fn gunzip(bytes: &[u8]) -> Vec<u8> {
     raw
 }
 
+/// Runs `program` with `args`, `input` on its standard input: (success, stdout, stderr).
+fn pipe_through(program: &str, args: &[&str], input: &[u8]) -> (bool, String, String) {
+    let mut child = Command::new(program)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|error| panic!("{program} runs (scripts/setup.sh installs it): {error}"));
+    child.stdin.take().unwrap().write_all(input).unwrap();
+    let output = child.wait_with_output().unwrap();
+    let text = |bytes: Vec<u8>| String::from_utf8_lossy(&bytes).into_owned();
+    (output.status.success(), text(output.stdout), text(output.stderr))
+}
+
 /// pprof's protobuf decoded by protoc, as text.
 fn protoc_decode(profile: &[u8]) -> String {
     let proto_dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data");
-    let mut child = Command::new("protoc")
-        .args(["--decode=perftools.profiles.Profile", "-I", proto_dir, "profile.proto"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("protoc runs (scripts/setup.sh installs protobuf-compiler)");
-    child.stdin.take().unwrap().write_all(profile).unwrap();
-    let output = child.wait_with_output().unwrap();
-    assert!(
-        output.status.success(),
-        "protoc could not decode the profile: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8(output.stdout).unwrap()
+    let args = ["--decode=perftools.profiles.Profile", "-I", proto_dir, "profile.proto"];
+    let (decoded, text, errors) = pipe_through("protoc", &args, profile);
+    assert!(decoded, "protoc could not decode the profile: {errors}");
+    text
 }
 
 fn well_formed_xml(svg: &[u8]) -> Result<(), String> {
-    let mut child = Command::new("python3")
-        .args(["-c", "import sys, xml.etree.ElementTree as ET; root = ET.parse(sys.stdin).getroot(); print(root.tag)"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("python3 runs");
-    child.stdin.take().unwrap().write_all(svg).unwrap();
-    let output = child.wait_with_output().unwrap();
-    let root = String::from_utf8_lossy(&output.stdout);
-    if output.status.success() && root.trim() == "{http://www.w3.org/2000/svg}svg" {
-        Ok(())
-    } else {
-        Err(format!("{root} {}", String::from_utf8_lossy(&output.stderr)))
-    }
+    let script = "import sys, xml.etree.ElementTree as ET; root = ET.parse(sys.stdin).getroot(); print(root.tag)";
+    let (parsed, root, errors) = pipe_through("python3", &["-c", script], svg);
+    if parsed && root.trim() == "{http://www.w3.org/2000/svg}svg" { Ok(()) } else { Err(format!("{root} {errors}")) }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
