@@ -245,9 +245,24 @@ end_to_end_latency_exported() {
     [ -n "$count" ] && awk -v c="$count" 'BEGIN { exit !(c > 0) }'
 }
 
-# Every `expr` of every panel of every dashboard must evaluate, non-empty.
+# Whether Prometheus has scraped metadata (a `# TYPE` line, with or without samples) for
+# the metric named in an expression: `x_total`, `x_bucket`, `x_count`, `x_sum`, `x_info` belong to
+# the family `x`.
+metric_is_exported() {
+    local name=$1 family
+    for family in "$name" "${name%_total}" "${name%_bucket}" "${name%_count}" "${name%_sum}" "${name%_info}"; do
+        grep -qxF "$family" <<<"$exported_families" && return 0
+    done
+    return 1
+}
+
+# Every `expr` of every panel of every dashboard must evaluate, non-empty, and every
+# metric it names must be one the daemons export: an expression ending in
+# `or on() vector(0)` (a drop counter with no drops yet has no series) returns data
+# whatever it names, so the names are checked on their own.
 dashboard_expressions_work() {
-    local dashboard expression failures=0 total=0 answer
+    local dashboard expression failures=0 total=0 answer name
+    exported_families=$(curl -fsS --max-time 5 "$prometheus_url/api/v1/metadata" | jq -r '.data | keys[]') || return 1
     for dashboard in "$deploy_dir"/grafana/dashboards/*.json; do
         while IFS= read -r expression; do
             total=$((total + 1))
@@ -258,9 +273,15 @@ dashboard_expressions_work() {
                 log "dashboard $(basename "$dashboard"): no result: $expression"
                 failures=$((failures + 1))
             fi
+            for name in $(grep -oE '\b(tessera|process)_[a-z0-9_]+' <<<"$expression" | sort -u); do
+                if ! metric_is_exported "$name"; then
+                    log "dashboard $(basename "$dashboard"): no daemon exports \`$name\`: $expression"
+                    failures=$((failures + 1))
+                fi
+            done
         done < <(jq -r '.. | objects | select(has("expr")) | .expr' "$dashboard")
     done
-    log "dashboards: $((total - failures)) of $total expressions return data"
+    log "dashboards: $((total - failures)) of $total expressions return data and name exported metrics"
     ((failures == 0 && total > 0))
 }
 

@@ -2,7 +2,8 @@
 # Installs what building and testing tessera needs that a fresh Debian machine
 # lacks: protoc (prost-build and etcd-client generate code with it), etcd,
 # Prometheus and VictoriaMetrics (integration tests run against the real
-# servers), docker-compose, jq and curl (the compose stack test). Idempotent.
+# servers), Docker, docker-compose, jq and curl (the compose stack test), and
+# starts the Docker daemon when it is installed but not running. Idempotent.
 set -euo pipefail
 
 # `--build`: only what building needs (protoc), for running tessera.
@@ -13,6 +14,7 @@ if [ "${1:-}" != "--build" ]; then
     command -v prometheus >/dev/null || need+=(prometheus)
     command -v promtool >/dev/null || need+=(prometheus)
     command -v victoria-metrics >/dev/null || need+=(victoria-metrics)
+    command -v docker >/dev/null || need+=(docker.io)
     command -v docker-compose >/dev/null || need+=(docker-compose)
     command -v jq >/dev/null || need+=(jq)
     command -v curl >/dev/null || need+=(curl)
@@ -24,4 +26,20 @@ if ((${#need[@]})); then
     echo "setup: installing ${need[*]}" >&2
     $sudo apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+
+# The compose test needs a running Docker daemon: start it when it is not up
+# (systemd where there is one, else dockerd in the background).
+if [ "${1:-}" != "--build" ] && ! docker info >/dev/null 2>&1; then
+    sudo=""
+    if [ "$(id -u)" -ne 0 ]; then sudo=sudo; fi
+    echo "setup: starting the Docker daemon" >&2
+    if ! $sudo service docker start >/dev/null 2>&1; then
+        $sudo sh -c 'nohup dockerd >/var/log/dockerd.log 2>&1 &'
+    fi
+    for _ in $(seq 60); do
+        docker info >/dev/null 2>&1 && break
+        sleep 1
+    done
+    docker info >/dev/null 2>&1 || { echo "setup: the Docker daemon did not start (see /var/log/dockerd.log)" >&2; exit 1; }
 fi

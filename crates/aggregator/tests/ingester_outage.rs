@@ -112,20 +112,26 @@ async fn past_the_buffer_bound_senders_are_pushed_back_and_drops_are_counted(mer
     assert!(refused.get("buffer_full").copied().unwrap_or(0) >= 5, "{refused:?}");
 
     receiver.restart().await;
-    wait_until("the buffer to drain", Duration::from_secs(10), || {
-        receiver.batches() > 0 && metrics.drops("buffer_full", "batches") > 0
+    // The books balance: every tile value of an accepted partial is delivered or
+    // counted as dropped, once the last tile has closed and the buffer has drained.
+    let destination = format!("destination=\"{}\"", receiver.address);
+    let buffered = || metric_value(&telemetry, "tessera_aggregator_buffer_bytes", &destination);
+    wait_until("every tile value delivered or counted as dropped", Duration::from_secs(15), || {
+        receiver.values().len() as u64 + metrics.drops("buffer_full", "series") >= model.tiles.len() as u64
+            && buffered() == Some(0.0)
     })
     .await;
     tokio::time::sleep(Duration::from_millis(300)).await;
+    let (delivered, dropped) = (receiver.values().len() as u64, metrics.drops("buffer_full", "series"));
+    assert_eq!(delivered + dropped, model.tiles.len() as u64, "{delivered} delivered + {dropped} dropped");
+    assert!(delivered > 0 && dropped > 0);
+    assert_eq!(buffered(), Some(0.0), "the buffer drained");
     // What survived is exact: a series is in one batch of its tile, whole.
     for (key, flushed) in receiver.values() {
         let expected = model.tiles.get(&key).unwrap_or_else(|| panic!("unexpected {}", support::describe(&key)));
         let tessera_proto::aggregate::Value::Counter(sum) = flushed[0].value else { panic!("not a counter") };
         assert_eq!(Some(sum), expected.counter(), "{}", support::describe(&key));
     }
-    let buffered =
-        metric_value(&telemetry, "tessera_aggregator_buffer_bytes", &format!("destination=\"{}\"", receiver.address));
-    assert!(buffered.is_some());
     shutdown.trigger();
     aggregator.wait().await;
 }
