@@ -24,11 +24,14 @@ use prost::Message;
 use tessera_proto::frame::Body;
 use tessera_proto::framing::body_kind;
 use tessera_proto::{Ack, AckStatus, Frame, TileBatch};
+use tessera_runtime::RateLimitedLog;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::mapping::Converter;
 use crate::metrics::Metrics;
 use crate::pool::worker::now_ms;
+
+static QUEUE_IO_LOG: RateLimitedLog = RateLimitedLog::new("ingester.queue_io", 5);
 use crate::queue::{AppendError, QueueWriter};
 use crate::record::{self, batch_key};
 
@@ -225,7 +228,10 @@ impl Writer {
                 let reason = match error {
                     AppendError::Full { .. } => "queue_full",
                     AppendError::Io(_) | AppendError::Broken(_) => {
-                        tracing::error!(error = %format!("{:#}", anyhow::Error::from(error)), "cannot append to the queue");
+                        // A full disk fails every retry: log a few, count them all (batch_acks_total).
+                        if QUEUE_IO_LOG.allow() {
+                            tracing::error!(error = %format!("{:#}", anyhow::Error::from(error)), "cannot append to the queue");
+                        }
                         "queue_io"
                     }
                 };

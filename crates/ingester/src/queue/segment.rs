@@ -59,8 +59,15 @@ pub fn list_segments(dir: &Path) -> io::Result<Vec<u64>> {
 
 /// Creates segment `id` with its header.
 pub fn create(dir: &Path, id: u64) -> io::Result<File> {
-    let mut file = OpenOptions::new().create_new(true).read(true).write(true).open(segment_path(dir, id))?;
-    file.write_all(&MAGIC)?;
+    let path = segment_path(dir, id);
+    let mut file = OpenOptions::new().create_new(true).read(true).write(true).open(&path)?;
+    if let Err(error) = file.write_all(&MAGIC) {
+        // A full disk: leave no half-made segment behind, or the next try would find it
+        // in the way (`create_new`) and the queue could never rotate again.
+        drop(file);
+        let _ = std::fs::remove_file(&path);
+        return Err(error);
+    }
     Ok(file)
 }
 
