@@ -448,3 +448,6 @@ fn merge_cut(table: &mut Table, cut: &Cut) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

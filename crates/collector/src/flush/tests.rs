@@ -1,0 +1,136 @@
+//! The flusher's watermark against reader cuts fed by hand: it never claims a window
+//! whose data has not been sent, when a reader is late or has not reported yet.
+
+use std::time::Duration;
+
+use tessera_core::aggregate::Aggregate;
+use tessera_core::parse::MetricKind;
+use tessera_proto::frame::Body;
+use tessera_proto::framing;
+use tessera_runtime::outbound::SenderSettings;
+use tessera_topology::{Placement, PlacementHandle};
+
+use super::*;
+use crate::worker::{Cut, CutEntry, cut_links};
+
+const W: i64 = 1_700_000_000_000;
+
+struct Harness {
+    flusher: Flusher,
+    destinations: Destinations,
+    _runtime: tokio::runtime::Runtime,
+}
+
+fn harness(readers: usize) -> Harness {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let (_links, flusher_links) = cut_links(16);
+    // Senders stop at once: what is flushed stays in the queue for the test to read.
+    let stop_senders = Shutdown::new();
+    stop_senders.trigger();
+    let settings = FlushSettings {
+        window_ms: 1_000,
+        flush_delay_ms: 150,
+        max_frame_bytes: 1 << 20,
+        max_queue_bytes: 1 << 20,
+        sender: SenderSettings {
+            source: "host-1".into(),
+            role: tessera_proto::Role::Collector,
+            peer: "aggregator",
+            connect_timeout: Duration::from_millis(100),
+            ack_timeout: Duration::from_millis(100),
+            reconnect_min: Duration::from_millis(100),
+            reconnect_max: Duration::from_millis(100),
+            rejection_label: crate::forward::rejection_label,
+        },
+        readers,
+    };
+    let placement = PlacementHandle::fixed(Placement::init(&[("agg-1", "127.0.0.1:9")], 4, 1, 0).unwrap());
+    let destinations = Destinations::default();
+    let flusher = Flusher::new(
+        flusher_links,
+        settings,
+        placement,
+        destinations.clone(),
+        runtime.handle().clone(),
+        stop_senders,
+        Metrics::default(),
+    );
+    Harness { flusher, destinations, _runtime: runtime }
+}
+
+fn cut(worker: usize, window_start_ms: i64, through_ms: i64, ids: &[&str]) -> Cut {
+    let mut cut = Cut { worker, window_start_ms, through_ms, ..Cut::default() };
+    for id in ids {
+        let id_start = cut.ids.len() as u32;
+        cut.ids.extend_from_slice(id.as_bytes());
+        let id_end = cut.ids.len() as u32;
+        cut.entries.push(CutEntry { kind: MetricKind::Counter, id_start, id_end, aggregate: Aggregate::Counter(1.0) });
+    }
+    cut
+}
+
+/// Every batch queued so far: (window start, partials, watermark), in send order.
+fn sent(destinations: &Destinations) -> Vec<(i64, usize, i64)> {
+    let queues: Vec<_> = destinations.inner.lock().unwrap().values().cloned().collect();
+    let mut batches = Vec::new();
+    for queue in queues {
+        while let Some(batch) = queue.pop_front() {
+            let (frame, _) = framing::decode_frame(&batch.frame, 1 << 20).unwrap().unwrap();
+            let Some(Body::Partials(partials)) = frame.body else { panic!("not partials") };
+            let count = partials.shards.iter().map(|shard| shard.series.len()).sum();
+            batches.push((partials.window_start_ms, count, partials.watermark_ms));
+        }
+    }
+    batches
+}
+
+/// Once a batch says everything ending at or before M was sent, no later batch may
+/// carry data for a window ending at or before M.
+fn assert_truthful(batches: &[(i64, usize, i64)]) {
+    let mut claimed = 0;
+    for &(window, partials, watermark) in batches {
+        if partials > 0 {
+            assert!(window + 1_000 > claimed, "data of the window at {window} after watermark {claimed}: {batches:?}");
+        }
+        claimed = claimed.max(watermark);
+    }
+}
+
+#[test]
+fn a_late_reader_holds_the_watermark_and_its_cut_still_goes_out_below_it() {
+    let mut harness = harness(2);
+    // Reader 0 moves past W; reader 1 has not reported at all yet.
+    harness.flusher.merge(cut(0, W, W + 1_000, &["a"]));
+    harness.flusher.flush_due(W + 1_000 + 10);
+    assert!(sent(&harness.destinations).is_empty(), "W is neither complete nor past its flush delay");
+    // The flush delay passes: W goes out without reader 1, and claims nothing.
+    harness.flusher.flush_due(W + 1_000 + 200);
+    let first = sent(&harness.destinations);
+    assert_eq!(first.iter().map(|batch| batch.1).sum::<usize>(), 1);
+    assert!(first.iter().all(|batch| batch.2 == 0), "no watermark before every reader reported: {first:?}");
+    // Reader 1 hands in its cut of W late; reader 0 goes on to W + 1 s.
+    harness.flusher.merge(cut(1, W, W + 2_000, &["b"]));
+    harness.flusher.merge(cut(0, W + 1_000, W + 2_000, &["a"]));
+    harness.flusher.flush_due(W + 2_000 + 10);
+    let mut all = first;
+    all.extend(sent(&harness.destinations));
+    assert_truthful(&all);
+    assert_eq!(all.iter().map(|batch| batch.1).sum::<usize>(), 3, "{all:?}");
+    assert_eq!(all.last().unwrap().2, W + 2_000, "both readers are past W + 1 s and it was sent: {all:?}");
+}
+
+#[test]
+fn idle_windows_are_announced_and_the_watermark_follows_the_slowest_reader() {
+    let mut harness = harness(2);
+    harness.flusher.merge(cut(0, W, W + 3_000, &[]));
+    harness.flusher.merge(cut(1, W, W + 1_000, &[]));
+    harness.flusher.flush_due(W + 3_100);
+    let batches = sent(&harness.destinations);
+    assert_eq!(batches, vec![(W, 0, W + 1_000)], "one empty batch, up to the slower reader");
+    harness.flusher.merge(cut(1, W + 1_000, W + 3_000, &[]));
+    harness.flusher.flush_due(W + 3_200);
+    assert_eq!(sent(&harness.destinations), vec![(W + 2_000, 0, W + 3_000)]);
+    // Nothing new: nothing sent.
+    harness.flusher.flush_due(W + 3_300);
+    assert!(sent(&harness.destinations).is_empty());
+}
