@@ -65,6 +65,10 @@ pub struct Config {
     pub max_connections: usize,
     /// Time allowed for a connecting collector's handshake.
     pub handshake_timeout_ms: u64,
+    /// A collector connection with no frame for this long is closed and counted
+    /// (`frame_errors_total{reason="idle_timeout"}`): collectors send a batch every window
+    /// (an empty one when idle), so only a stuck or half-open connection stays silent.
+    pub idle_timeout_ms: u64,
     /// Storage policies, `resolution:retention` (units ms, s, m, h, d).
     /// Each policy tiles independently from the partials.
     pub policies: Vec<StoragePolicy>,
@@ -118,6 +122,7 @@ impl Default for Config {
             max_frame_bytes: tessera_proto::framing::DEFAULT_MAX_FRAME_BYTES,
             max_connections: 4096,
             handshake_timeout_ms: 5_000,
+            idle_timeout_ms: 30_000,
             policies: DEFAULT_POLICIES.iter().map(|text| text.parse().expect("default policies parse")).collect(),
             max_buffer_past_ms: None,
             buffer_past_ms: 2_000,
@@ -219,6 +224,9 @@ impl Config {
         }
         if self.handshake_timeout_ms == 0 {
             return invalid("handshake_timeout_ms", "must be at least 1".into());
+        }
+        if self.idle_timeout_ms < 1_000 {
+            return invalid("idle_timeout_ms", "must be at least 1000 (collectors send a batch every window)".into());
         }
         if self.policies.is_empty() {
             return invalid("policies", "list at least one storage policy".into());

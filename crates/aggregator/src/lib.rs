@@ -221,6 +221,7 @@ impl Aggregator {
             max_frame_bytes: config.max_frame_bytes,
             max_connections: config.max_connections,
             handshake_timeout: Duration::from_millis(config.handshake_timeout_ms),
+            idle_timeout: Duration::from_millis(config.idle_timeout_ms),
         };
         tokio::spawn(server::accept_loop(listener, frame_sender, server_settings, metrics.clone(), shutdown.clone()));
 

@@ -39,6 +39,8 @@ pub struct ServerSettings {
     pub max_connections: usize,
     /// Time allowed for the handshake.
     pub handshake_timeout: Duration,
+    /// A connection with no frame for this long is closed.
+    pub idle_timeout: Duration,
 }
 
 /// Accepts connections until `shutdown` fires.
@@ -133,8 +135,15 @@ async fn serve_frames(
 ) {
     loop {
         let read = tokio::select! {
-            read = read_raw_frame(stream, settings.max_frame_bytes) => read,
+            read = tokio::time::timeout(settings.idle_timeout, read_raw_frame(stream, settings.max_frame_bytes)) => read,
             () = shutdown.wait() => return,
+        };
+        let Ok(read) = read else {
+            metrics.frame_error("idle_timeout");
+            if CONNECTION_LOG.allow() {
+                tracing::warn!(%peer, source, idle = ?settings.idle_timeout, "closing a silent connection");
+            }
+            return;
         };
         let frame = match read {
             Ok(frame) => frame,
