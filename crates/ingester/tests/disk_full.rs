@@ -14,10 +14,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use support::wire::{Sender, batch, counter, metric_value, recent_tile_end_ms, wait_until};
-use tessera_ingester::{Config, Ingester};
+use support::wire::{batch, counter, metric_value, recent_tile_end_ms, start_ingester, wait_until};
 use tessera_proto::{AckStatus, TileBatch};
-use tessera_runtime::{Shutdown, Telemetry};
 
 const SERIES: usize = 20;
 
@@ -90,18 +88,13 @@ fn sink_samples(dir: &Path) -> BTreeMap<String, Vec<(String, f64)>> {
 async fn a_full_disk_is_answered_retryable_and_the_queue_recovers_when_space_is_back() {
     let disk = SmallDisk::mount(512 << 10);
     let sink = tempfile::tempdir().unwrap();
-    let mut config: Config = toml::from_str(&format!(
+    let config = format!(
         "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\n[queue]\nsegment_max_bytes = 4096\n\
          [sink]\nkind = \"file\"\ndir = \"{}\"\nrotate_secs = 3600\n",
         disk.path().display(),
         sink.path().display()
-    ))
-    .unwrap();
-    config.telemetry.listen = None;
-    let telemetry = Telemetry::new("ingester", "test");
-    let shutdown = Shutdown::new();
-    let ingester = Ingester::start(config, telemetry.clone(), shutdown.clone()).await.unwrap();
-    let mut sender = Sender::connect(ingester.listen_addr()).await;
+    );
+    let (ingester, telemetry, shutdown, mut sender) = start_ingester(&config).await;
     let t0 = recent_tile_end_ms(10);
 
     for sequence in 0..3 {
@@ -110,10 +103,15 @@ async fn a_full_disk_is_answered_retryable_and_the_queue_recovers_when_space_is_
     }
     // The disk fills up. A batch that still fits in the segment's last allocated page is
     // taken (it is written); the first that needs a new page or a new segment is refused,
-    // retryably, and so is every try while the disk stays full.
-    let filler = disk.fill();
+    // retryably, and so is every try while the disk stays full. Each time, the queue has
+    // drained first and holds only its active segment, so that it frees no space of its
+    // own between the filling and the try.
+    let queue = ingester.queue("default").unwrap();
+    let settled = || ingester.pending_records() == 0 && queue.segments() == 1;
+    let filler = disk.path().join("filler");
     let mut refused_at = None;
     for sequence in 3..13 {
+        wait_until("the queue to settle", Duration::from_secs(10), settled).await;
         disk.fill();
         let ack = sender.send(tiles_at(sequence, t0)).await;
         match AckStatus::try_from(ack.status) {
@@ -128,6 +126,7 @@ async fn a_full_disk_is_answered_retryable_and_the_queue_recovers_when_space_is_
     }
     let refused_at = refused_at.expect("a batch refused while the disk is full");
     for _ in 0..4 {
+        wait_until("the queue to settle", Duration::from_secs(10), settled).await;
         disk.fill();
         let ack = sender.send(tiles_at(refused_at, t0)).await;
         assert_eq!((ack.status, ack.reason.as_str()), (AckStatus::Retryable as i32, "queue_io"), "{ack:?}");

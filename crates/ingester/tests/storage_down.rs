@@ -10,7 +10,7 @@ mod support {
 use std::time::Duration;
 
 use support::prometheus::{Prometheus, free_port};
-use support::wire::{Sender, batch, counter, metric_value, recent_tile_end_ms, wait_until};
+use support::wire::{Sender, batch, counter, metric_value, recent_tile_end_ms, start_ingester, wait_until};
 use tessera_ingester::{Config, Ingester};
 use tessera_proto::{AckStatus, TileBatch};
 use tessera_runtime::{Shutdown, Telemetry};
@@ -27,7 +27,7 @@ fn tiles_at(sequence: u64, t0: i64) -> TileBatch {
 async fn the_queue_holds_within_its_bound_and_drains_when_storage_returns() {
     let port = free_port();
     let data = tempfile::tempdir().unwrap();
-    let mut config: Config = toml::from_str(&format!(
+    let config = format!(
         r#"
         listen = "127.0.0.1:0"
         data_dir = "{dir}"
@@ -46,13 +46,8 @@ async fn the_queue_holds_within_its_bound_and_drains_when_storage_returns() {
         request_timeout_ms = 5000
         "#,
         dir = data.path().display()
-    ))
-    .unwrap();
-    config.telemetry.listen = None;
-    let telemetry = Telemetry::new("ingester", "test");
-    let shutdown = Shutdown::new();
-    let ingester = Ingester::start(config, telemetry.clone(), shutdown.clone()).await.unwrap();
-    let mut sender = Sender::connect(ingester.listen_addr()).await;
+    );
+    let (ingester, telemetry, shutdown, mut sender) = start_ingester(&config).await;
     let t0 = recent_tile_end_ms(10);
 
     // Storage is down: batches are taken until the queue is at its bound.

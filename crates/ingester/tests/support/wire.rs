@@ -9,6 +9,7 @@ use tessera_core::aggregate::{Aggregate, Distribution, Gauge};
 use tessera_core::hll::HyperLogLog;
 use tessera_proto::framing::{self, DEFAULT_MAX_FRAME_BYTES};
 use tessera_proto::{Ack, AckStatus, Frame, MetricType, Role, SeriesValue, TileBatch, frame::Body};
+use tessera_runtime::{Shutdown, Telemetry};
 use tokio::net::TcpStream;
 
 /// A connection to an ingester, past the handshake.
@@ -71,6 +72,18 @@ impl Sender {
             }
         }
     }
+}
+
+/// Starts an ingester from `config_text` (TOML, no telemetry listener) and connects to it.
+pub async fn start_ingester(config_text: &str) -> (tessera_ingester::Ingester, Telemetry, Shutdown, Sender) {
+    let mut config: tessera_ingester::Config = toml::from_str(config_text).expect("test config parses");
+    config.telemetry.listen = None;
+    let telemetry = Telemetry::new("ingester", "test");
+    let shutdown = Shutdown::new();
+    let ingester =
+        tessera_ingester::Ingester::start(config, telemetry.clone(), shutdown.clone()).await.expect("ingester starts");
+    let sender = Sender::connect(ingester.listen_addr()).await;
+    (ingester, telemetry, shutdown, sender)
 }
 
 /// Unix milliseconds of a 10 s tile end a few minutes ago (Prometheus takes samples up
