@@ -82,7 +82,8 @@ pub struct Config {
     pub listen: SocketAddr,
     /// Largest frame body accepted, bytes.
     pub max_frame_bytes: usize,
-    /// Most aggregator connections at once.
+    /// Most aggregator connections at once; one more is closed at once and counted
+    /// (`frame_errors_total{reason="too_many_connections"}`).
     pub max_connections: usize,
     /// Root of the queue, the file sink output and the rejected-samples log.
     pub data_dir: PathBuf,

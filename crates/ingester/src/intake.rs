@@ -40,7 +40,7 @@ pub struct IntakeSettings {
     pub instance_id: String,
     /// Largest frame body accepted.
     pub max_frame_bytes: usize,
-    /// Most connections at once; more wait to be accepted.
+    /// Most connections at once; a connection over the cap is closed at once and counted.
     pub max_connections: usize,
     /// Deadline for the client's handshake.
     pub handshake_timeout: Duration,
@@ -56,13 +56,6 @@ pub async fn accept_loop(
 ) {
     let slots = Arc::new(Semaphore::new(settings.max_connections.max(1)));
     loop {
-        let slot = tokio::select! {
-            () = stop.wait() => return,
-            slot = slots.clone().acquire_owned() => match slot {
-                Ok(slot) => slot,
-                Err(_) => return,
-            },
-        };
         let (stream, peer) = tokio::select! {
             () = stop.wait() => return,
             accepted = listener.accept() => match accepted {
@@ -74,6 +67,16 @@ pub async fn accept_loop(
                     continue;
                 }
             },
+        };
+        // Over the cap, refuse rather than leave the connection waiting in the backlog: a
+        // silent client holding slots must not stall the aggregators behind it.
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            metrics.frame_error("too_many_connections");
+            if FRAME_ERROR_LOG.allow() {
+                tracing::warn!(%peer, max = settings.max_connections, "too many connections; closing a new one");
+            }
+            drop(stream);
+            continue;
         };
         let _ = stream.set_nodelay(true);
         metrics.connections_accepted.inc();

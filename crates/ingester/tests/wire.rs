@@ -97,3 +97,46 @@ async fn bad_frames_close_only_their_connection() {
     shutdown.trigger();
     ingester.wait().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_over_the_cap_is_refused_at_once_and_counted() {
+    let data = tempfile::tempdir().unwrap();
+    let mut config: Config = toml::from_str(&format!(
+        "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\nmax_connections = 2\n",
+        data.path().display()
+    ))
+    .unwrap();
+    config.telemetry.listen = None;
+    let telemetry = Telemetry::new("ingester", "test");
+    let shutdown = Shutdown::new();
+    let ingester = Ingester::start(config, telemetry.clone(), shutdown.clone()).await.unwrap();
+    // Two handshaken connections that then say nothing hold both slots.
+    let first = Sender::connect(ingester.listen_addr()).await;
+    let _second = Sender::connect(ingester.listen_addr()).await;
+    // A third is closed at once (before its handshake), not left waiting.
+    let mut third = TcpStream::connect(ingester.listen_addr()).await.unwrap();
+    expect_closed(&mut third).await;
+    let refused = || {
+        metric_value(
+            &telemetry.encode().unwrap(),
+            "tessera_ingester_frame_errors_total",
+            r#"reason="too_many_connections""#,
+        )
+    };
+    assert_eq!(refused(), 1.0);
+    // A slot freed is a slot taken: a new aggregator connects and is served.
+    drop(first);
+    let mut accepted = None;
+    for _ in 0..50 {
+        let mut stream = TcpStream::connect(ingester.listen_addr()).await.unwrap();
+        if tessera_proto::framing::client_handshake(&mut stream, tessera_proto::Role::Aggregator, "late").await.is_ok()
+        {
+            accepted = Some(stream);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(accepted.is_some(), "no connection accepted after a slot was freed");
+    shutdown.trigger();
+    ingester.wait().await;
+}
