@@ -7,7 +7,7 @@ mod support {
 
 use std::time::Duration;
 
-use support::wire::{Sender, batch, counter, metric_value, recent_tile_end_ms};
+use support::wire::{Sender, batch, counter, metric_value, recent_tile_end_ms, start_ingester};
 use tessera_ingester::{Config, Ingester};
 use tessera_proto::{AckStatus, Frame, PartialBatch, frame::Body};
 use tessera_runtime::{Shutdown, Telemetry};
@@ -101,17 +101,9 @@ async fn bad_frames_close_only_their_connection() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_over_the_cap_is_refused_at_once_and_counted() {
     let data = tempfile::tempdir().unwrap();
-    let mut config: Config = toml::from_str(&format!(
-        "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\nmax_connections = 2\n",
-        data.path().display()
-    ))
-    .unwrap();
-    config.telemetry.listen = None;
-    let telemetry = Telemetry::new("ingester", "test");
-    let shutdown = Shutdown::new();
-    let ingester = Ingester::start(config, telemetry.clone(), shutdown.clone()).await.unwrap();
+    let config = format!("listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\nmax_connections = 2\n", data.path().display());
     // Two handshaken connections that then say nothing hold both slots.
-    let first = Sender::connect(ingester.listen_addr()).await;
+    let (ingester, telemetry, shutdown, first) = start_ingester(&config).await;
     let _second = Sender::connect(ingester.listen_addr()).await;
     // A third is closed at once (before its handshake), not left waiting.
     let mut third = TcpStream::connect(ingester.listen_addr()).await.unwrap();
