@@ -109,30 +109,28 @@ fn flush_tile(
     metrics: &Metrics,
     policies: &[PolicyMetrics],
 ) {
-    {
-        let Some(policy) = policies.get(tile.policy_index) else { return };
-        policy.active_series.set(tile.series_held as i64);
-        if tile.expired > 0 {
-            policy.series_expired.inc_by(tile.expired as u64);
-        }
-        if tile.values.is_empty() {
-            return;
-        }
-        let started = Instant::now();
-        let cut_duration = tile.cut_duration;
-        let tile_end_ms = tile.tile_end_ms;
-        let series = tile.values.len() as u64;
-        let queue = ingesters.pick();
-        let flushed_at_ms = now_ms();
-        let (batches, too_large) =
-            encode_tile(tile, &settings.source, settings.max_frame_bytes, flushed_at_ms, &mut || queue.next_sequence());
-        metrics.dropped("too_large", "series", too_large);
-        queue.push_all(batches);
-        policy.tiles_flushed.inc();
-        policy.series_flushed.inc_by(series);
-        policy.flush_duration.observe((cut_duration + started.elapsed()).as_secs_f64());
-        policy.flush_lag.observe((now_ms() - tile_end_ms).max(0) as f64 / 1000.0);
+    let Some(policy) = policies.get(tile.policy_index) else { return };
+    policy.active_series.set(tile.series_held as i64);
+    if tile.expired > 0 {
+        policy.series_expired.inc_by(tile.expired as u64);
     }
+    if tile.values.is_empty() {
+        return;
+    }
+    let started = Instant::now();
+    let cut_duration = tile.cut_duration;
+    let tile_end_ms = tile.tile_end_ms;
+    let series = tile.values.len() as u64;
+    let queue = ingesters.pick();
+    let flushed_at_ms = now_ms();
+    let (batches, too_large) =
+        encode_tile(tile, &settings.source, settings.max_frame_bytes, flushed_at_ms, &mut || queue.next_sequence());
+    metrics.dropped("too_large", "series", too_large);
+    queue.push_all(batches);
+    policy.tiles_flushed.inc();
+    policy.series_flushed.inc_by(series);
+    policy.flush_duration.observe((cut_duration + started.elapsed()).as_secs_f64());
+    policy.flush_lag.observe((now_ms() - tile_end_ms).max(0) as f64 / 1000.0);
 }
 
 #[cfg(test)]

@@ -119,11 +119,6 @@ impl MergeTier {
         MergeTier { jobs, round: 0 }
     }
 
-    /// Merge threads.
-    pub fn threads(&self) -> usize {
-        self.jobs.len()
-    }
-
     /// Closes every tile ending at or before `horizon_ms` in `shadow` and,
     /// if there was one, on every merge thread; counts them by `trigger`.
     pub fn close_through(&mut self, shadow: &mut Tiler, horizon_ms: i64, trigger: Trigger, metrics: &Metrics) {

@@ -331,9 +331,12 @@ impl Metrics {
         self.tile_closes.get_or_create(&labels(&[("trigger", trigger.as_str())])).get()
     }
 
-    /// Replaces the watermark lag series with one per connected collector.
-    pub fn set_watermark_lags(&self, lags: &[(&str, i64)]) {
-        self.watermark_lag.clear();
+    /// Sets the watermark lag of every connected collector, and removes the
+    /// series of those in `gone` (connected at the last call, not now).
+    pub fn set_watermark_lags(&self, lags: &[(&str, i64)], gone: &[String]) {
+        for source in gone {
+            self.watermark_lag.remove(&labels(&[("source", source)]));
+        }
         for (source, lag_ms) in lags {
             self.watermark_lag.get_or_create(&labels(&[("source", source)])).set(*lag_ms as f64 / 1000.0);
         }

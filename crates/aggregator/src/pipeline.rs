@@ -193,7 +193,8 @@ pub fn run_admission(
     ingesters: Ingesters,
     metrics: Metrics,
 ) {
-    let mut admission = Admission { shadow, tier, watermarks, ingesters, metrics, lags_exported_ms: 0 };
+    let mut admission =
+        Admission { shadow, tier, watermarks, ingesters, metrics, lags_exported_ms: 0, lag_sources: Vec::new() };
     loop {
         // Sleep until the next tile could close on the clock alone (the
         // latest it may: watermarks that arrive close it sooner).
@@ -230,6 +231,8 @@ struct Admission {
     ingesters: Ingesters,
     metrics: Metrics,
     lags_exported_ms: i64,
+    /// Collectors whose watermark lag was exported last time.
+    lag_sources: Vec<String>,
 }
 
 impl Admission {
@@ -240,7 +243,11 @@ impl Admission {
         self.tier.close_through(&mut self.shadow, horizon, trigger, &self.metrics);
         if now - self.lags_exported_ms >= LAG_EXPORT_INTERVAL_MS {
             self.lags_exported_ms = now;
-            self.metrics.set_watermark_lags(&self.watermarks.lags_ms(now));
+            let lags = self.watermarks.lags_ms(now);
+            let mut gone = std::mem::take(&mut self.lag_sources);
+            gone.retain(|source| lags.iter().all(|(connected, _)| connected != source));
+            self.metrics.set_watermark_lags(&lags, &gone);
+            self.lag_sources = lags.iter().map(|(source, _)| (*source).to_owned()).collect();
         }
     }
 

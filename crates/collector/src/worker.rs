@@ -28,7 +28,7 @@ use crate::metrics::{ListenerMetrics, Metrics};
 /// The partials one worker held for one window, and how far it has got.
 #[derive(Debug, Default)]
 pub struct Cut {
-    /// The worker that cut it ([`Worker::id`]).
+    /// The worker that cut it (unique in the process).
     pub worker: usize,
     /// Start of the window, unix milliseconds.
     pub window_start_ms: i64,
@@ -181,11 +181,6 @@ impl Worker {
             self.cut_through(window_start_ms);
             self.window_start_ms = window_start_ms;
         }
-    }
-
-    /// This worker's id, unique in the process.
-    pub fn id(&self) -> usize {
-        self.id
     }
 
     /// Parses one datagram (or one chunk of whole lines) received at

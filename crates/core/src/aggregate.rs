@@ -339,19 +339,16 @@ pub fn kind_from_proto(metric_type: i32) -> Result<MetricKind, AggregateError> {
 /// The wire form of a gauge: its set and its deltas joined into one run
 /// (a window's partial; see [`Gauge::join_runs`]).
 fn gauge_to_proto(gauge: &Gauge) -> proto::Gauge {
-    let runs = gauge.runs();
-    let (delta_first_ns, delta_last_ns) = match (runs.first(), runs.iter().map(|run| run.last_ns).max()) {
-        (Some(first), Some(last)) => (first.first_ns, last),
-        _ => (0, 0),
-    };
+    let joined = gauge.joined_run();
+    let run = joined.unwrap_or(DeltaRun { first_ns: 0, last_ns: 0, sum: 0.0 });
     proto::Gauge {
         has_value: gauge.has_value,
         value: gauge.value,
         timestamp_ns: gauge.timestamp_ns,
-        delta: gauge.delta(),
-        has_delta: !runs.is_empty(),
-        delta_first_ns,
-        delta_last_ns,
+        delta: run.sum,
+        has_delta: joined.is_some(),
+        delta_first_ns: run.first_ns,
+        delta_last_ns: run.last_ns,
     }
 }
 

@@ -145,17 +145,20 @@ impl Gauge {
         self.runs.iter().map(|run| run.sum).sum()
     }
 
-    /// Joins every run into one (a partial that will not meet another of its
-    /// own window's partials again, before it goes on the wire).
+    /// Every run as one: from the first delta's stamp to the last's, their
+    /// sum. What the wire carries of a window's partial.
+    pub fn joined_run(&self) -> Option<DeltaRun> {
+        let first = self.runs.first()?;
+        let last_ns = self.runs.iter().map(|run| run.last_ns).max().unwrap_or(first.last_ns);
+        Some(DeltaRun { first_ns: first.first_ns, last_ns, sum: self.delta() })
+    }
+
+    /// Joins every run into one ([`Gauge::joined_run`]), as a partial that
+    /// has gone over the wire holds them.
     pub fn join_runs(&mut self) {
         if self.runs.len() > 1 {
-            let joined = DeltaRun {
-                first_ns: self.runs[0].first_ns,
-                last_ns: self.runs.iter().map(|run| run.last_ns).max().unwrap_or(i64::MIN),
-                sum: self.delta(),
-            };
-            self.runs.clear();
-            self.runs.push(joined);
+            let joined = self.joined_run();
+            self.set_run(joined);
         }
     }
 

@@ -131,7 +131,7 @@ pub enum ProfileError {
 pub struct ProfileMetrics {
     /// Profiles taken, by format.
     pub taken: Family<Vec<(&'static str, &'static str)>, Counter>,
-    /// Seconds spent sampling.
+    /// Whole seconds spent sampling.
     pub seconds: Counter,
     /// Requests refused, by reason (`busy`, `bad_request`, `sampler`).
     pub refused: Family<Vec<(&'static str, &'static str)>, Counter>,
@@ -151,37 +151,57 @@ pub fn take_profile(
     shutdown: &Shutdown,
     metrics: &ProfileMetrics,
 ) -> Result<Vec<u8>, ProfileError> {
-    if RUNNING.compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire).is_err() {
+    let Some(_running) = Running::claim() else {
         metrics.refuse("busy");
         return Err(ProfileError::Busy);
-    }
-    let result = sample(request, shutdown);
-    RUNNING.store(false, Ordering::Release);
-    match &result {
-        Ok(_) => {
+    };
+    match sample(request, shutdown) {
+        Ok((profile, sampled)) => {
             metrics.taken.get_or_create(&vec![("format", request.format.as_str())]).inc();
-            metrics.seconds.inc_by(request.seconds);
+            metrics.seconds.inc_by(sampled.as_secs());
+            Ok(profile)
         }
-        Err(_) => metrics.refuse("sampler"),
+        Err(error) => {
+            metrics.refuse("sampler");
+            Err(error)
+        }
     }
-    result
 }
 
-fn sample(request: ProfileRequest, shutdown: &Shutdown) -> Result<Vec<u8>, ProfileError> {
-    let started = std::time::SystemTime::now();
+/// The right to run the sampler, given back when dropped (a panic included).
+struct Running;
+
+impl Running {
+    fn claim() -> Option<Running> {
+        RUNNING.compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire).is_ok().then_some(Running)
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        RUNNING.store(false, Ordering::Release);
+    }
+}
+
+/// The encoded profile and how long it sampled (shutdown may end it early).
+fn sample(request: ProfileRequest, shutdown: &Shutdown) -> Result<(Vec<u8>, Duration), ProfileError> {
     let guard = pprof::ProfilerGuardBuilder::default()
         .frequency(request.frequency_hz as i32)
         // Frames inside the C library and the vDSO have no frame pointers to follow.
         .blocklist(&["libc", "libgcc", "pthread", "vdso"])
         .build()?;
+    // Sampling starts now (building the guard reads the loaded libraries first).
+    let started = std::time::SystemTime::now();
     shutdown.wait_blocking_timeout(Duration::from_secs(request.seconds));
+    // How long it sampled; symbolising the report comes after.
+    let duration = started.elapsed().unwrap_or_default();
     let report = guard.report().build()?;
     drop(guard);
-    let duration = started.elapsed().unwrap_or_default();
-    Ok(match request.format {
+    let profile = match request.format {
         Format::Pprof => encode::pprof_gzipped(&report, request.frequency_hz, started, duration),
         Format::Flamegraph => encode::flamegraph_svg(&report).into_bytes(),
-    })
+    };
+    Ok((profile, duration))
 }
 
 #[cfg(test)]

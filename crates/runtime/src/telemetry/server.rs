@@ -137,7 +137,8 @@ async fn profile(State(endpoint): State<Endpoint>, RawQuery(query): RawQuery) ->
         }
     };
     let shutdown = endpoint.shutdown.clone();
-    let taken = tokio::task::spawn_blocking(move || take_profile(request, &shutdown, &metrics)).await;
+    let sampler_metrics = metrics.clone();
+    let taken = tokio::task::spawn_blocking(move || take_profile(request, &shutdown, &sampler_metrics)).await;
     match taken {
         Ok(Ok(body)) => ([(header::CONTENT_TYPE, request.format.content_type())], body).into_response(),
         Ok(Err(ProfileError::Busy)) => (StatusCode::CONFLICT, format!("{}\n", ProfileError::Busy)).into_response(),
@@ -145,7 +146,10 @@ async fn profile(State(endpoint): State<Endpoint>, RawQuery(query): RawQuery) ->
             tracing::warn!(%error, "CPU profile failed");
             (StatusCode::INTERNAL_SERVER_ERROR, format!("{error}\n")).into_response()
         }
-        Err(_) => (StatusCode::INTERNAL_SERVER_ERROR, "the profile task failed\n").into_response(),
+        Err(_) => {
+            metrics.refuse("sampler");
+            (StatusCode::INTERNAL_SERVER_ERROR, "the profile task failed\n").into_response()
+        }
     }
 }
 
