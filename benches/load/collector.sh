@@ -29,48 +29,19 @@ tags=${TAGS:-0}
 bin=${BIN_DIR:-target/release}
 [ -x $bin/tessera-collector ] && [ -x $bin/tessera ] || cargo build --release --bin tessera-collector --bin tessera >&2
 
+. benches/load/lib.sh
 work=$(mktemp -d)
 trap 'kill $collector 2>/dev/null || true; rm -rf "$work"' EXIT
-udp_port=$(python3 -c 'import socket; s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-http_port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-cat > "$work/placement.toml" <<TOML
-num_shards = 64
-[[instances]]
-id = "aggregator"
-endpoint = "${AGGREGATOR:-127.0.0.1:9}"
-TOML
-cat > "$work/collector.toml" <<TOML
-[udp]
-listen = "127.0.0.1:$udp_port"
-reader_threads = $threads
-recv_buffer_bytes = 33554432
-[telemetry]
-listen = "127.0.0.1:$http_port"
-[placement]
-kind = "static"
-path = "$work/placement.toml"
-TOML
+udp_port=$(free_port DGRAM)
+http_port=$(free_port)
+write_collector_config "$work" "$udp_port" "$http_port" "$threads" "${AGGREGATOR:-127.0.0.1:9}"
 taskset -c 0 $bin/tessera-collector --config "$work/collector.toml" --log-level warn 2>"$work/collector.log" &
 collector=$!
-for _ in $(seq 100); do curl -sf "http://127.0.0.1:$http_port/readyz" >/dev/null && break; sleep 0.1; done
+wait_ready "$http_port"
 
-metric() {
-    curl -sf "http://127.0.0.1:$http_port/metrics" | awk -v name="$1" -v labels="$2" '
-        index($0, name labels " ") == 1 { value = $NF } END { print value + 0 }'
-}
-drops() {
-    curl -sf "http://127.0.0.1:$http_port/metrics" | awk '/^tessera_collector_kernel_drops_total/ { sum += $NF } END { print sum + 0 }'
-}
-
-cpu_before=$(awk '{print $14 + $15}' /proc/$collector/stat)
+cpu_before=$(cpu_ticks $collector)
 sys_before=$(awk '{print $15}' /proc/$collector/stat)
-profile_pid=""
-if [ -n "${PROFILE_HZ:-}" ]; then
-    seconds=$(( lines / rate + 3 ))
-    curl -sf -o "$work/profile.pb.gz" "http://127.0.0.1:$http_port/debug/pprof/profile?seconds=$seconds&frequency=$PROFILE_HZ" &
-    profile_pid=$!
-    sleep 0.2
-fi
+start_profile "$http_port" $(( lines / rate + 3 )) "$work/profile.pb.gz"
 start=$(date +%s.%N)
 report=$(taskset -c 1 $bin/tessera loadgen --target "127.0.0.1:$udp_port" --rate-lines-per-sec "$rate" \
     --total-lines "$lines" --series "$series" --mix "$mix" --tags "$tags" --datagram-bytes "$datagram_bytes" --json)
@@ -79,23 +50,19 @@ achieved=$(echo "$report" | python3 -c 'import json,sys; print(int(json.load(sys
 # Wait until the collector has read everything the kernel queued.
 previous=-1
 while true; do
-    received=$(metric tessera_collector_lines_received_total '{listener="udp"}')
+    received=$(metric_sum "$http_port" tessera_collector_lines_received_total 'listener="udp"')
     [ "$received" = "$previous" ] && break
     previous=$received
     sleep 0.5
 done
 elapsed=$(echo "$(date +%s.%N) - $start" | bc)
-cpu_after=$(awk '{print $14 + $15}' /proc/$collector/stat)
+cpu_after=$(cpu_ticks $collector)
 sys_after=$(awk '{print $15}' /proc/$collector/stat)
 ticks=$(getconf CLK_TCK)
 cpu=$(echo "scale=2; ($cpu_after - $cpu_before) / $ticks / $elapsed * 100" | bc)
 sys=$(echo "scale=2; ($sys_after - $sys_before) / $ticks / $elapsed * 100" | bc)
-rss_kib=$(awk '/VmHWM/ {print $2}' /proc/$collector/status)
-kernel_drops=$(drops)
+rss_kib=$(peak_rss_kib $collector)
+kernel_drops=$(metric_sum "$http_port" tessera_collector_kernel_drops_total)
 lost=$((sent - received))
-profile=""
-if [ -n "$profile_pid" ]; then
-    wait "$profile_pid"
-    profile=" profile_hz=$PROFILE_HZ profile_bytes=$(stat -c %s "$work/profile.pb.gz")"
-fi
-echo "rate=$rate achieved=$achieved series=$series datagram_bytes=$datagram_bytes threads=$threads sent=$sent received=$received lost=$lost kernel_drops=$kernel_drops collector_cpu=${cpu}% (system ${sys}%) peak_rss_kib=$rss_kib$profile"
+finish_profile "$work/profile.pb.gz"
+echo "rate=$rate achieved=$achieved series=$series datagram_bytes=$datagram_bytes threads=$threads sent=$sent received=$received lost=$lost kernel_drops=$kernel_drops collector_cpu=${cpu}% (system ${sys}%) peak_rss_kib=$rss_kib$profile_note"

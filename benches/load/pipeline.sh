@@ -15,6 +15,8 @@
 #   e.g. benches/load/pipeline.sh 1000000 1000000 10
 #   MIX=counter=70,gauge=10,timer=10,set=5,distribution=5 TAGS=3 (default: counters only, no tags)
 #   MERGE_THREADS=N (default: the aggregator's default, the cores available)
+#   PROFILE_HZ=99: take a CPU profile of the collector at that frequency for
+#   the whole run (/debug/pprof/profile), to measure what profiling costs
 #
 # Needs `sysctl -w net.core.rmem_max=33554432` for the 32 MiB receive buffer.
 # For intake alone (the collector forwarding to a closed port), see collector.sh.
@@ -32,6 +34,7 @@ for daemon in tessera tessera-collector tessera-aggregator tessera-ingester; do
     [ -x "$bin/$daemon" ] || cargo build --release --bins >&2
 done
 
+. benches/load/lib.sh
 work=$(mktemp -d)
 pids=()
 cleanup() {
@@ -40,9 +43,6 @@ cleanup() {
     rm -rf "$work"
 }
 trap cleanup EXIT
-free_port() {
-    python3 -c "import socket; s=socket.socket(socket.AF_INET, socket.SOCK_${1:-STREAM}); s.bind(('127.0.0.1',0)); print(s.getsockname()[1])"
-}
 udp_port=$(free_port DGRAM)
 collector_http=$(free_port)
 aggregator_port=$(free_port)
@@ -50,23 +50,7 @@ aggregator_http=$(free_port)
 ingester_port=$(free_port)
 ingester_http=$(free_port)
 
-cat > "$work/placement.toml" <<TOML
-num_shards = 64
-[[instances]]
-id = "aggregator"
-endpoint = "127.0.0.1:$aggregator_port"
-TOML
-cat > "$work/collector.toml" <<TOML
-[udp]
-listen = "127.0.0.1:$udp_port"
-reader_threads = 1
-recv_buffer_bytes = 33554432
-[telemetry]
-listen = "127.0.0.1:$collector_http"
-[placement]
-kind = "static"
-path = "$work/placement.toml"
-TOML
+write_collector_config "$work" "$udp_port" "$collector_http" 1 "127.0.0.1:$aggregator_port"
 merge_threads_line=""
 [ -n "${MERGE_THREADS:-}" ] && merge_threads_line="merge_threads = $MERGE_THREADS"
 cat > "$work/aggregator.toml" <<TOML
@@ -102,15 +86,8 @@ aggregator=$!
 taskset -c 0 "$bin/tessera-collector" --config "$work/collector.toml" --log-level warn 2>"$work/collector.log" &
 pids+=($!)
 collector=$!
-for port in $ingester_http $aggregator_http $collector_http; do
-    for _ in $(seq 200); do curl -sf "http://127.0.0.1:$port/readyz" >/dev/null && break; sleep 0.1; done
-done
+for port in $ingester_http $aggregator_http $collector_http; do wait_ready "$port"; done
 
-# Sum of a metric's samples (all label sets matching the filter) at a telemetry port.
-metric_sum() {
-    curl -sf "http://127.0.0.1:$1/metrics" | awk -v name="$2" -v filter="${3:-}" '
-        index($0, name) == 1 && (filter == "" || index($0, filter) > 0) { sum += $NF } END { printf "%.0f", sum + 0 }'
-}
 # Non-zero samples of a metric family, `labels=value` joined by spaces.
 nonzero() {
     curl -sf "http://127.0.0.1:$1/metrics" | awk -v name="$2" '
@@ -136,10 +113,10 @@ for le, count in buckets:
 ' "$1"
 }
 
-cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 collector_before=$(cpu_ticks $collector)
 aggregator_before=$(cpu_ticks $aggregator)
 
+start_profile "$collector_http" "$duration" "$work/profile.pb.gz"
 set +e
 report=$(taskset -c 1 "$bin/tessera" loadgen --target "127.0.0.1:$udp_port" --rate-lines-per-sec "$rate" \
     --duration-secs "$duration" --series "$series" --mix "$mix" --tags "$tags" --json \
@@ -152,10 +129,11 @@ aggregator_cpu=$(echo "scale=1; ($(cpu_ticks $aggregator) - $aggregator_before) 
 sent=$(echo "$report" | head -1 | python3 -c 'import json,sys; print(json.load(sys.stdin)["lines"])')
 achieved=$(echo "$report" | head -1 | python3 -c 'import json,sys; print(int(json.load(sys.stdin)["lines_per_sec"]))')
 verdict=$(echo "$report" | tail -1)
-rss() { awk '/VmHWM/ {printf "%d", $2 / 1024}' "/proc/$1/status"; }
+rss() { echo $(( $(peak_rss_kib "$1") / 1024 )); }
 
 echo "rate=$rate achieved=$achieved series=$series mix=$mix tags=$tags duration=${duration}s sent=$sent"
 echo "  $verdict"
 echo "  end_to_end_10s p50 $(quantile 0.5) p99 $(quantile 0.99)"
-echo "  collector: kernel_drops=$(metric_sum $collector_http tessera_collector_kernel_drops_total) drops: $(nonzero $collector_http tessera_collector_drops_total) cpu=${collector_cpu}s peak_rss=$(rss $collector)MB"
+finish_profile "$work/profile.pb.gz"
+echo "  collector: kernel_drops=$(metric_sum $collector_http tessera_collector_kernel_drops_total) drops: $(nonzero $collector_http tessera_collector_drops_total) cpu=${collector_cpu}s peak_rss=$(rss $collector)MB$profile_note"
 echo "  aggregator: merged=$(metric_sum $aggregator_http tessera_aggregator_partials_merged_total) refused: $(nonzero $aggregator_http tessera_aggregator_partials_rejected_total) cpu=${aggregator_cpu}s peak_rss=$(rss $aggregator)MB"

@@ -1,0 +1,68 @@
+# Shared by the load scripts (sourced, not run): ports, the collector's
+# config, readiness, metrics and process figures, and a CPU profile.
+
+# A loopback port nobody listens on; `free_port DGRAM` for UDP.
+free_port() {
+    python3 -c "import socket; s=socket.socket(socket.AF_INET, socket.SOCK_${1:-STREAM}); s.bind(('127.0.0.1',0)); print(s.getsockname()[1])"
+}
+
+# Waits until /readyz on a telemetry port answers 200 (20 s at most).
+wait_ready() {
+    for _ in $(seq 200); do
+        curl -sf "http://127.0.0.1:$1/readyz" >/dev/null && return 0
+        sleep 0.1
+    done
+    echo "nothing ready on port $1" >&2
+    return 1
+}
+
+# write_collector_config DIR UDP_PORT TELEMETRY_PORT READER_THREADS AGGREGATOR
+# writes DIR/placement.toml (one aggregator owning 64 shards) and DIR/collector.toml.
+write_collector_config() {
+    cat > "$1/placement.toml" <<TOML
+num_shards = 64
+[[instances]]
+id = "aggregator"
+endpoint = "$5"
+TOML
+    cat > "$1/collector.toml" <<TOML
+[udp]
+listen = "127.0.0.1:$2"
+reader_threads = $4
+recv_buffer_bytes = 33554432
+[telemetry]
+listen = "127.0.0.1:$3"
+[placement]
+kind = "static"
+path = "$1/placement.toml"
+TOML
+}
+
+# metric_sum PORT NAME [FILTER]: the sum of the samples of NAME (every label
+# set whose line contains FILTER) at a telemetry port.
+metric_sum() {
+    curl -sf "http://127.0.0.1:$1/metrics" | awk -v name="$2" -v filter="${3:-}" '
+        index($0, name) == 1 && (filter == "" || index($0, filter) > 0) { sum += $NF } END { printf "%.0f", sum + 0 }'
+}
+
+# Clock ticks a process has run (user + system), and its peak RSS in KiB.
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+peak_rss_kib() { awk '/VmHWM/ {print $2}' "/proc/$1/status"; }
+
+# start_profile PORT SECONDS FILE: with PROFILE_HZ set, takes a CPU profile at
+# that frequency from a telemetry port in the background (what profiling
+# costs is then part of the run); `finish_profile FILE` waits for it and
+# sets `profile_note` to its size (empty without a profile).
+profile_pid=""
+profile_note=""
+start_profile() {
+    [ -n "${PROFILE_HZ:-}" ] || return 0
+    curl -sf -o "$3" "http://127.0.0.1:$1/debug/pprof/profile?seconds=$2&frequency=$PROFILE_HZ" &
+    profile_pid=$!
+    sleep 0.2
+}
+finish_profile() {
+    [ -n "$profile_pid" ] || return 0
+    wait "$profile_pid"
+    profile_note=" profile_hz=$PROFILE_HZ profile_bytes=$(stat -c %s "$1")"
+}
