@@ -128,8 +128,9 @@ impl Collector {
         if config.udp.enabled {
             let threads = config.udp_reader_threads();
             let what = format!("udp {}", config.udp.listen);
-            let sockets =
+            let (sockets, stamped) =
                 intake::udp::bind(&config.udp, threads).map_err(|source| StartError::Bind { what, source })?;
+            metrics.udp_receive_stamps.set(i64::from(stamped));
             udp_addr = sockets.first().and_then(|socket| socket.local_addr().ok());
             let granted = intake::udp::granted_recv_buffer(&sockets[0]);
             metrics.udp_recv_buffer_bytes.set(granted as i64);

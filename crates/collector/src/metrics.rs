@@ -56,6 +56,9 @@ pub struct Metrics {
     rejected_batches: Family<Labels, Counter>,
     /// Receive buffer the kernel granted each UDP socket.
     pub udp_recv_buffer_bytes: Gauge,
+    /// 1 when the kernel stamps every UDP datagram with its receive time
+    /// (gauge order across readers is exact), 0 when they are stamped on reading.
+    pub udp_receive_stamps: Gauge,
 }
 
 impl Default for Metrics {
@@ -84,6 +87,7 @@ impl Default for Metrics {
             send_errors: Family::default(),
             rejected_batches: Family::default(),
             udp_recv_buffer_bytes: Gauge::default(),
+            udp_receive_stamps: Gauge::default(),
         }
     }
 }
@@ -191,6 +195,12 @@ impl Metrics {
             "tessera_collector_udp_recv_buffer_bytes",
             "Receive buffer the kernel granted each UDP socket",
             self.udp_recv_buffer_bytes.clone(),
+        );
+        r.register(
+            "tessera_collector_udp_receive_stamps",
+            "1 when the kernel stamps each UDP datagram with its receive time (gauge lines keep their order across \
+             reader threads), 0 when datagrams are stamped when read",
+            self.udp_receive_stamps.clone(),
         );
     }
 

@@ -17,9 +17,11 @@ use crate::worker::Worker;
 pub const RECV_TIMEOUT: Duration = Duration::from_millis(50);
 
 /// Binds `config.reader_threads` sockets on one address. The first socket
-/// may bind port 0; the rest bind the port it got.
-pub fn bind(config: &UdpConfig, threads: usize) -> io::Result<Vec<UdpSocket>> {
+/// may bind port 0; the rest bind the port it got. Also says whether the
+/// kernel stamps every socket's datagrams with their receive time.
+pub fn bind(config: &UdpConfig, threads: usize) -> io::Result<(Vec<UdpSocket>, bool)> {
     let mut sockets: Vec<UdpSocket> = Vec::with_capacity(threads);
+    let mut stamped = true;
     let mut address: SocketAddr = config.listen;
     for _ in 0..threads {
         let socket = Socket::new(Domain::for_address(address), Type::DGRAM, Some(Protocol::UDP))?;
@@ -32,6 +34,7 @@ pub fn bind(config: &UdpConfig, threads: usize) -> io::Result<Vec<UdpSocket>> {
         // Receive stamps order one sender's gauge lines across reader threads.
         if let Err(error) = enable_receive_stamps(&socket) {
             tracing::warn!(%error, "could not enable kernel receive timestamps; datagrams are stamped when read");
+            stamped = false;
         }
         socket.set_read_timeout(Some(RECV_TIMEOUT))?;
         address = socket.local_addr()?;
@@ -43,7 +46,7 @@ pub fn bind(config: &UdpConfig, threads: usize) -> io::Result<Vec<UdpSocket>> {
     {
         tracing::warn!(%error, "could not attach the reuseport program; the kernel will hash each sender to one reader");
     }
-    Ok(sockets)
+    Ok((sockets, stamped))
 }
 
 /// Receive buffer the kernel granted `socket` (Linux reports twice the
@@ -178,7 +181,8 @@ mod tests {
     #[test]
     fn binds_several_reuseport_sockets_on_one_port() {
         let config = UdpConfig { listen: "127.0.0.1:0".parse().unwrap(), ..UdpConfig::default() };
-        let sockets = bind(&config, 3).unwrap();
+        let (sockets, stamped) = bind(&config, 3).unwrap();
+        assert!(stamped, "Linux stamps datagrams on request");
         let port = sockets[0].local_addr().unwrap().port();
         assert!(sockets.iter().all(|socket| socket.local_addr().unwrap().port() == port));
         let mut drops = KernelDrops::new(&sockets);
