@@ -11,11 +11,11 @@
 //! count: the cost of one series in one table. Ids are about 70 bytes
 //! (`http.server.requests|#endpoint:...,host:...,series:N`).
 //!
-//! An aggregator holds each active series once per table: with the
-//! default policies and buffers (`10s:2d`, `1m:40d`, 2 s past and future)
-//! that is 2 tables per policy, 4 in all, so the steady-state cost per
-//! active series is about 4 times the figure printed (plus, for gauges,
-//! one remembered value per policy).
+//! The figure covers the series' registry entry (its id, once per merge
+//! thread) and its slot in one table. Every further open table (the
+//! default policies and buffers keep 2 per policy, 4 in all) adds one
+//! 16-byte slot per series, plus the aggregate's own allocation for gauges,
+//! timers and sets (one remembered value per policy for gauges).
 
 use std::process::Command;
 

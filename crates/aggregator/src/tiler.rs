@@ -10,14 +10,18 @@
 //! never depends on whether its 10 s tiles were complete, and the sum of a
 //! policy's tiles always equals the sum of the accepted partials.
 //!
-//! A policy keeps `R` [`Table`](tessera_core::table::Table)s (see [`tables_per_policy`]); the tile with
-//! index `i = start / resolution` lives in table `i mod R`. `R` is the most
-//! tiles that can be open at once: from the oldest tile not yet closed
+//! Every series gets a number from the tiler's [`Registry`](series::Registry)
+//! when first seen: its id is hashed and compared there, once per partial
+//! (or never, for a partial that came by a connection dictionary's
+//! reference, [`crate::dictionary`]). A policy keeps `R` tables indexed by
+//! series number (see [`tables_per_policy`]); the tile with index
+//! `i = start / resolution` lives in table `i mod R`. `R` is the most tiles
+//! that can be open at once: from the oldest tile not yet closed
 //! (`now - buffer_past`) to the newest a partial may reach
 //! (`now + buffer_future`). Tables are reused from tile to tile, so merging
-//! into a series the table already holds allocates nothing, and idle slots
-//! expire through the table's own idle-cut count (every table is cut once
-//! every `R` tiles, with or without data).
+//! into a known series allocates nothing. A series idle for
+//! `expire_after_empty_tiles` tiles of every policy is forgotten and its
+//! number reused.
 //!
 //! # Admission
 //!
@@ -58,12 +62,12 @@ use std::time::Duration;
 
 use tessera_core::aggregate::Aggregate;
 use tessera_core::parse::MetricKind;
-use tessera_core::table::MergeError;
 use tessera_proto as proto;
 
 use crate::metrics::Reason;
 use crate::policy::StoragePolicy;
 use policy_tiles::PolicyTiles;
+use series::Registry;
 
 /// One series' partial for one window, decoded and validated.
 #[derive(Debug, Clone, PartialEq)]
@@ -172,9 +176,9 @@ impl Refusal {
 pub struct Applied {
     /// Partials in the batch.
     pub partials: u64,
-    /// Table slots created (a new series counts once per policy).
+    /// Series first seen.
     pub new_series: u64,
-    /// Partial merges refused because a policy table was full.
+    /// Partials of new series refused because the series cap was reached.
     pub series_limit: u64,
     /// Gauge merges whose order was ambiguous (counted once per policy).
     pub gauge_order_ambiguous: u64,
@@ -194,9 +198,9 @@ pub struct ClosedTile {
     /// One value per series that received data in the tile; empty when the
     /// tile got none (it is reported for its expiry count only).
     pub values: Vec<proto::SeriesValue>,
-    /// Series forgotten at this cut.
+    /// Series forgotten when this tile closed.
     pub expired: usize,
-    /// Series the policy holds after the cut (the largest of its tables).
+    /// Series held after the close.
     pub series_held: usize,
     /// Time the cut took.
     pub cut_duration: Duration,
@@ -213,6 +217,7 @@ pub fn tables_per_policy(policy: &StoragePolicy, buffer_past_ms: i64, buffer_fut
 /// The tiles of every storage policy; see the [module docs](self).
 pub struct Tiler {
     policies: Vec<PolicyTiles>,
+    registry: Registry,
     buffer_past_ms: i64,
     buffer_future_ms: i64,
     /// Table index per policy for the batch being merged.
@@ -225,6 +230,7 @@ impl Tiler {
         let policies = settings.policies.iter().map(|policy| PolicyTiles::new(*policy, &settings, now_ms)).collect();
         Tiler {
             policies,
+            registry: Registry::new(settings.max_series_per_policy),
             buffer_past_ms: settings.buffer_past_ms.max(0),
             buffer_future_ms: settings.buffer_future_ms.max(0),
             slots: Vec::with_capacity(settings.policies.len()),
@@ -236,9 +242,14 @@ impl Tiler {
         self.policies.len()
     }
 
-    /// Series held by policy `index` (its largest table).
+    /// Series held for policy `index` (every policy holds the same series).
     pub fn series_held(&self, index: usize) -> usize {
-        self.policies.get(index).map_or(0, PolicyTiles::series_held)
+        if index < self.policies.len() { self.registry.len() } else { 0 }
+    }
+
+    /// Bytes held for series and open tiles, estimated.
+    pub fn estimated_bytes(&self) -> usize {
+        self.registry.estimated_bytes() + self.policies.iter().map(PolicyTiles::estimated_bytes).sum::<usize>()
     }
 
     /// Tables kept by policy `index`.
@@ -271,9 +282,34 @@ impl Tiler {
     /// policy, handing each to `emit`. Closing only moves forward: an
     /// older horizon closes nothing.
     pub fn close_through(&mut self, horizon_ms: i64, emit: &mut dyn FnMut(ClosedTile)) {
+        let mut closed = Vec::new();
         for (index, policy) in self.policies.iter_mut().enumerate() {
             let target = policy.policy.tile_start_ms(horizon_ms);
-            policy.close_until(target, index, emit);
+            policy.close_until(target, index, &self.registry, &mut |tile| closed.push(tile));
+        }
+        self.emit_expiring(closed, emit);
+    }
+
+    /// Forgets the series idle for long enough in every policy, counts them
+    /// in the last of `closed`, and hands `closed` on.
+    fn emit_expiring(&mut self, mut closed: Vec<ClosedTile>, emit: &mut dyn FnMut(ClosedTile)) {
+        let idle_before = self.policies.iter().map(PolicyTiles::idle_before_ms).try_fold(i64::MAX, |least, policy| {
+            policy.map(|idle_before| least.min(idle_before))
+        });
+        if let (Some(idle_before), Some(last)) = (idle_before, closed.last_mut()) {
+            let policies = &mut self.policies;
+            last.expired = self.registry.expire(idle_before, |number| {
+                for policy in policies.iter_mut() {
+                    policy.free(number);
+                }
+            });
+            let held = self.registry.len();
+            for tile in &mut closed {
+                tile.series_held = held;
+            }
+        }
+        for tile in closed {
+            emit(tile);
         }
     }
 
@@ -284,7 +320,7 @@ impl Tiler {
                 policy.open.iter().enumerate().filter_map(|(slot, start)| start.map(|start| (start, slot))).collect();
             open.sort_unstable();
             for (start, slot) in open {
-                policy.close_tile(slot, start, index, emit);
+                policy.close_tile(slot, start, index, &self.registry, emit);
                 policy.closed_through_ms = policy.closed_through_ms.max(start.saturating_add(policy.resolution_ms));
             }
         }
@@ -306,17 +342,23 @@ impl Tiler {
         self.slots.clear();
         for (index, policy) in self.policies.iter_mut().enumerate() {
             let start = policy.policy.tile_start_ms(batch.window_start_ms);
-            self.slots.push(policy.open_tile(start, index, emit));
+            self.slots.push(policy.open_tile(start, index, &self.registry, emit));
         }
         let mut applied = Applied { partials: batch.partials.len() as u64, ..Applied::default() };
         for partial in &batch.partials {
-            for (policy, &slot) in self.policies.iter_mut().zip(&self.slots) {
-                match policy.tables[slot].merge(partial.kind, &partial.id, &partial.aggregate) {
-                    Ok(true) => applied.new_series += 1,
-                    Ok(false) => {}
-                    // Kinds were checked when the batch was decoded, so only a full table remains.
-                    Err(MergeError::Full(_) | MergeError::Aggregate(_)) => applied.series_limit += 1,
+            let number = match self.registry.resolve(partial.kind, &partial.id) {
+                Ok((number, new)) => {
+                    applied.new_series += u64::from(new);
+                    number
                 }
+                Err(_) => {
+                    applied.series_limit += 1;
+                    continue;
+                }
+            };
+            self.registry.touch(number, batch.window_start_ms);
+            for (policy, &slot) in self.policies.iter_mut().zip(&self.slots) {
+                policy.tables[slot].merge(number, partial.kind, &partial.aggregate);
             }
         }
         for (policy, &slot) in self.policies.iter_mut().zip(&self.slots) {
@@ -356,5 +398,6 @@ impl Tiler {
 }
 
 mod policy_tiles;
+pub mod series;
 #[cfg(test)]
 mod tests;

@@ -1,22 +1,85 @@
-//! The open tiles of one storage policy: its tables, which tile each
-//! holds, what is closed, and the gauges' last values.
+//! The open tiles of one storage policy: a table per tile indexed by
+//! series number, which tile each holds, what is closed, and the gauges'
+//! last values.
 
 use std::collections::HashMap;
 use std::time::Instant;
 
-use tessera_core::aggregate::{Aggregate, kind_to_proto};
+use tessera_core::aggregate::{Aggregate, MergeOrder, kind_to_proto};
 use tessera_core::parse::MetricKind;
-use tessera_core::table::{Table, TableOptions};
 use tessera_proto as proto;
 
+use super::series::{Registry, SeriesNumber};
 use super::{ClosedTile, TilerSettings, tables_per_policy};
 use crate::policy::StoragePolicy;
 
-/// The last resolved value of a gauge series, for delta-only gauges.
-#[derive(Debug, Clone, Copy)]
-struct LastGauge {
-    value: f64,
-    tile_start_ms: i64,
+/// One tile's aggregates, indexed by series number. A slot keeps its
+/// allocations (a sketch, a set) from tile to tile.
+#[derive(Default)]
+pub(super) struct DenseTable {
+    slots: Vec<Aggregate>,
+    /// Series merged into this tile, in the order first merged.
+    touched: Vec<SeriesNumber>,
+    /// `touched` as bits, by series number.
+    touched_bits: Vec<u64>,
+    ambiguous_merges: u64,
+}
+
+impl DenseTable {
+    /// Merges `aggregate` (already checked to fit `kind`) into series `number`.
+    #[inline]
+    pub(super) fn merge(&mut self, number: SeriesNumber, kind: MetricKind, aggregate: &Aggregate) {
+        let index = number as usize;
+        if index >= self.slots.len() {
+            self.slots.resize_with(index + 1, || Aggregate::Counter(0.0));
+            self.touched_bits.resize(self.slots.len().div_ceil(64), 0);
+        }
+        let (word, bit) = (index / 64, 1u64 << (index % 64));
+        let slot = &mut self.slots[index];
+        if self.touched_bits[word] & bit == 0 {
+            self.touched_bits[word] |= bit;
+            self.touched.push(number);
+            // A number freed and reused by a series of another kind.
+            if std::mem::discriminant(slot) != std::mem::discriminant(aggregate) {
+                *slot = Aggregate::new(kind);
+            }
+        }
+        // The variants agree (checked above and at decoding), so only the order can be in question.
+        if let Ok(MergeOrder::Ambiguous) = slot.merge(aggregate) {
+            self.ambiguous_merges += 1;
+        }
+    }
+
+    /// Hands every series merged since the last cut to `each` and resets it.
+    fn cut(&mut self, mut each: impl FnMut(SeriesNumber, &Aggregate)) -> usize {
+        let emitted = self.touched.len();
+        for number in self.touched.drain(..) {
+            let index = number as usize;
+            self.touched_bits[index / 64] &= !(1u64 << (index % 64));
+            let slot = &mut self.slots[index];
+            each(number, slot);
+            slot.reset();
+        }
+        emitted
+    }
+
+    /// Drops a freed series' allocations.
+    fn free(&mut self, number: SeriesNumber) {
+        if let Some(slot) = self.slots.get_mut(number as usize) {
+            *slot = Aggregate::Counter(0.0);
+        }
+    }
+
+    pub(super) fn take_ambiguous_merges(&mut self) -> u64 {
+        std::mem::take(&mut self.ambiguous_merges)
+    }
+
+    fn estimated_bytes(&self) -> usize {
+        self.slots.capacity() * std::mem::size_of::<Aggregate>()
+            + self.slots.iter().map(Aggregate::heap_bytes).sum::<usize>()
+            + self.touched.capacity() * 4
+            + self.touched_bits.capacity() * 8
+    }
 }
 
 /// The open tiles of one policy.
@@ -24,17 +87,18 @@ pub(super) struct PolicyTiles {
     pub(super) policy: StoragePolicy,
     pub(super) resolution_ms: i64,
     /// `tables[i mod R]` holds tile `i` while it is open.
-    pub(super) tables: Vec<Table>,
+    pub(super) tables: Vec<DenseTable>,
     /// The tile start each table holds, if open.
     pub(super) open: Vec<Option<i64>>,
     open_count: usize,
     /// Every tile starting before this is closed.
     pub(super) closed_through_ms: i64,
-    gauges: HashMap<Box<[u8]>, LastGauge, foldhash::fast::RandomState>,
-    /// Gauge memories older than this many tiles are dropped.
-    gauge_horizon_tiles: Option<i64>,
-    /// Most empty cuts one `close_until` makes (enough to expire anything).
-    max_empty_cuts: usize,
+    /// The last resolved value of each gauge series, for delta-only gauges.
+    gauges: HashMap<SeriesNumber, f64, foldhash::fast::RandomState>,
+    /// Series idle for this many of the policy's tiles may be forgotten.
+    pub(super) expire_after_tiles: Option<i64>,
+    /// Most empty tiles one `close_until` reports (enough to expire anything).
+    max_empty_tiles: usize,
     /// Series emitted by the last cut, to size the next one.
     emitted_hint: usize,
 }
@@ -43,30 +107,18 @@ impl PolicyTiles {
     pub(super) fn new(policy: StoragePolicy, settings: &TilerSettings, now_ms: i64) -> PolicyTiles {
         let past_ms = settings.buffer_past_ms.max(settings.max_buffer_past_ms);
         let tables_count = tables_per_policy(&policy, past_ms, settings.buffer_future_ms);
-        // A table is cut once every R tiles: N empty tiles are ceil(N / R) idle cuts,
-        // and the table drops a slot after `limit + 1` of them.
-        let idle_cut_limit = settings
-            .expire_after_empty_tiles
-            .map(|tiles| (tiles as usize).div_ceil(tables_count).saturating_sub(1) as u32);
-        let options = TableOptions {
-            max_series: settings.max_series_per_policy,
-            expire_after_idle_cuts: idle_cut_limit,
-            ..TableOptions::default()
-        };
-        let max_empty_cuts = match idle_cut_limit {
-            Some(limit) => tables_count * (limit as usize + 2),
-            None => tables_count,
-        };
+        let expire_after_tiles = settings.expire_after_empty_tiles.map(i64::from);
+        let max_empty_tiles = tables_count + expire_after_tiles.unwrap_or(0) as usize + 1;
         PolicyTiles {
             policy,
             resolution_ms: policy.resolution_ms(),
-            tables: (0..tables_count).map(|_| Table::new(options)).collect(),
+            tables: (0..tables_count).map(|_| DenseTable::default()).collect(),
             open: vec![None; tables_count],
             open_count: 0,
             closed_through_ms: policy.tile_start_ms(now_ms.saturating_sub(settings.buffer_past_ms)),
             gauges: HashMap::default(),
-            gauge_horizon_tiles: settings.expire_after_empty_tiles.map(|tiles| i64::from(tiles) + tables_count as i64),
-            max_empty_cuts,
+            expire_after_tiles,
+            max_empty_tiles,
             emitted_hint: 0,
         }
     }
@@ -76,13 +128,19 @@ impl PolicyTiles {
     }
 
     /// The table for the tile starting at `tile_start_ms`, opening it.
-    pub(super) fn open_tile(&mut self, tile_start_ms: i64, index: usize, emit: &mut dyn FnMut(ClosedTile)) -> usize {
+    pub(super) fn open_tile(
+        &mut self,
+        tile_start_ms: i64,
+        index: usize,
+        registry: &Registry,
+        emit: &mut dyn FnMut(ClosedTile),
+    ) -> usize {
         let slot = self.slot(tile_start_ms);
         match self.open[slot] {
             Some(held) if held == tile_start_ms => return slot,
             // Unreachable with R tables (the older tile was due and closed
             // first); closing it keeps tiles apart if the clock misbehaves.
-            Some(held) => self.close_tile(slot, held, index, emit),
+            Some(held) => self.close_tile(slot, held, index, registry, emit),
             None => {}
         }
         self.open[slot] = Some(tile_start_ms);
@@ -91,45 +149,53 @@ impl PolicyTiles {
     }
 
     /// Closes every tile starting before `target_ms`, in order.
-    pub(super) fn close_until(&mut self, target_ms: i64, index: usize, emit: &mut dyn FnMut(ClosedTile)) {
-        let mut empty_cuts = 0;
+    pub(super) fn close_until(
+        &mut self,
+        target_ms: i64,
+        index: usize,
+        registry: &Registry,
+        emit: &mut dyn FnMut(ClosedTile),
+    ) {
+        let mut empty_tiles = 0;
         while self.closed_through_ms < target_ms {
             let start = self.closed_through_ms;
             let slot = self.slot(start);
             match self.open[slot] {
-                Some(held) if held == start => self.close_tile(slot, start, index, emit),
-                None if empty_cuts < self.max_empty_cuts => {
-                    empty_cuts += 1;
-                    let started = Instant::now();
-                    let stats = self.tables[slot].cut(|_, _, _| {});
-                    emit(self.closed(index, start, Vec::new(), stats.expired, started));
+                Some(held) if held == start => self.close_tile(slot, start, index, registry, emit),
+                None if empty_tiles < self.max_empty_tiles => {
+                    empty_tiles += 1;
+                    emit(self.closed(index, start, Vec::new(), registry, Instant::now()));
                 }
                 _ => {}
             }
             self.closed_through_ms = start.saturating_add(self.resolution_ms);
-            // After a long pause nothing is left to cut: jump ahead.
-            if self.open_count == 0 && empty_cuts >= self.max_empty_cuts {
+            // After a long pause nothing is left to close: jump ahead.
+            if self.open_count == 0 && empty_tiles >= self.max_empty_tiles {
                 self.closed_through_ms = self.closed_through_ms.max(target_ms);
             }
         }
     }
 
-    pub(super) fn close_tile(&mut self, slot: usize, start: i64, index: usize, emit: &mut dyn FnMut(ClosedTile)) {
+    pub(super) fn close_tile(
+        &mut self,
+        slot: usize,
+        start: i64,
+        index: usize,
+        registry: &Registry,
+        emit: &mut dyn FnMut(ClosedTile),
+    ) {
         let started = Instant::now();
         let end = start.saturating_add(self.resolution_ms);
         let mut values = Vec::with_capacity(self.emitted_hint);
         let gauges = &mut self.gauges;
-        let stats = self.tables[slot].cut(|kind, id, aggregate| {
-            values.push(tile_value(kind, id, aggregate, gauges, start, end));
+        let emitted = self.tables[slot].cut(|number, aggregate| {
+            let (kind, id) = registry.series(number);
+            values.push(tile_value(kind, id, number, aggregate, gauges, end));
         });
         self.open[slot] = None;
         self.open_count -= 1;
-        self.emitted_hint = stats.emitted;
-        if let Some(horizon_tiles) = self.gauge_horizon_tiles {
-            let oldest_kept = start.saturating_sub(horizon_tiles.saturating_mul(self.resolution_ms));
-            self.gauges.retain(|_, last| last.tile_start_ms >= oldest_kept);
-        }
-        emit(self.closed(index, start, values, stats.expired, started));
+        self.emitted_hint = emitted;
+        emit(self.closed(index, start, values, registry, started));
     }
 
     fn closed(
@@ -137,7 +203,7 @@ impl PolicyTiles {
         index: usize,
         start: i64,
         values: Vec<proto::SeriesValue>,
-        expired: usize,
+        registry: &Registry,
         started: Instant,
     ) -> ClosedTile {
         ClosedTile {
@@ -146,14 +212,30 @@ impl PolicyTiles {
             tile_start_ms: start,
             tile_end_ms: start.saturating_add(self.resolution_ms),
             values,
-            expired,
-            series_held: self.series_held(),
+            expired: 0,
+            series_held: registry.len(),
             cut_duration: started.elapsed(),
         }
     }
 
-    pub(super) fn series_held(&self) -> usize {
-        self.tables.iter().map(Table::len).max().unwrap_or(0)
+    /// Forgets everything held for a freed series.
+    pub(super) fn free(&mut self, number: SeriesNumber) {
+        for table in &mut self.tables {
+            table.free(number);
+        }
+        self.gauges.remove(&number);
+    }
+
+    /// Windows starting before this are idle long enough to be forgotten
+    /// by this policy (and none of them is in an open tile).
+    pub(super) fn idle_before_ms(&self) -> Option<i64> {
+        let tiles = self.expire_after_tiles?;
+        Some(self.closed_through_ms.saturating_sub(tiles.saturating_mul(self.resolution_ms)))
+    }
+
+    pub(super) fn estimated_bytes(&self) -> usize {
+        self.tables.iter().map(DenseTable::estimated_bytes).sum::<usize>()
+            + self.gauges.capacity() * (std::mem::size_of::<(SeriesNumber, f64)>() + 1)
     }
 }
 
@@ -162,22 +244,17 @@ impl PolicyTiles {
 fn tile_value(
     kind: MetricKind,
     id: &[u8],
+    number: SeriesNumber,
     aggregate: &Aggregate,
-    gauges: &mut HashMap<Box<[u8]>, LastGauge, foldhash::fast::RandomState>,
-    tile_start_ms: i64,
+    gauges: &mut HashMap<SeriesNumber, f64, foldhash::fast::RandomState>,
     tile_end_ms: i64,
 ) -> proto::SeriesValue {
     let wire = match aggregate {
         Aggregate::Gauge(gauge) => {
-            let previous = gauges.get(id).map(|last| last.value);
+            let previous = gauges.get(&number).copied();
             // No value, no delta and no history: a gauge starts at 0 (statsd).
             let value = gauge.resolve(previous).unwrap_or(0.0);
-            match gauges.get_mut(id) {
-                Some(last) => *last = LastGauge { value, tile_start_ms },
-                None => {
-                    gauges.insert(id.into(), LastGauge { value, tile_start_ms });
-                }
-            }
+            gauges.insert(number, value);
             let timestamp_ns = if gauge.has_value { gauge.timestamp_ns } else { tile_end_ms.saturating_mul(1_000_000) };
             proto::Aggregate {
                 value: Some(proto::aggregate::Value::Gauge(proto::Gauge {

@@ -308,7 +308,7 @@ fn a_full_table_refuses_new_series_and_counts_them() {
     let mut sink = Sink::default();
     let partials = vec![counter("a", 1.0), counter("b", 1.0), counter("c", 1.0)];
     let applied = tiler.accept(&batch(T0, 1000, partials), T0 + 1100, &mut sink.emit()).unwrap();
-    assert_eq!(applied, Applied { partials: 3, new_series: 4, series_limit: 2, gauge_order_ambiguous: 0 });
+    assert_eq!(applied, Applied { partials: 3, new_series: 2, series_limit: 1, gauge_order_ambiguous: 0 });
 }
 
 #[test]

@@ -1,0 +1,203 @@
+//! The series a merge thread knows, by number.
+//!
+//! A [`Registry`] gives every (kind, canonical id) a small dense number the
+//! first time it is seen. Everything else a merge thread keeps per series
+//! is indexed by that number, without hashing: each policy's tile tables
+//! ([`super::policy_tiles`]), the gauges' last values, and the connection
+//! dictionaries of [`crate::dictionary`] that let a collector name a series
+//! by a number of its own. So a partial is hashed and its id compared at
+//! most once, when it is resolved here, and not at all when it comes by a
+//! dictionary reference.
+//!
+//! A number is freed when its series has been idle long enough for every
+//! policy ([`Registry::expire`]) and no connection dictionary names it
+//! ([`Registry::pin`]); freed numbers are reused.
+
+use std::hash::BuildHasher;
+
+use hashbrown::HashTable;
+use tessera_core::parse::MetricKind;
+use tessera_core::series::kind_byte;
+
+/// A series number, dense from 0.
+pub type SeriesNumber = u32;
+
+/// The series cap was reached: the series was not registered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RegistryFull;
+
+#[derive(Debug)]
+struct Entry {
+    hash: u64,
+    kind: MetricKind,
+    /// Empty while the number is free.
+    id: Box<[u8]>,
+    /// Start of the newest window merged into the series, unix ms.
+    last_window_ms: i64,
+    /// Connection dictionaries that name the series.
+    pins: u32,
+    live: bool,
+}
+
+/// Series numbers of one merge thread; see the [module docs](self).
+pub struct Registry {
+    index: HashTable<SeriesNumber>,
+    hasher: foldhash::fast::RandomState,
+    entries: Vec<Entry>,
+    free: Vec<SeriesNumber>,
+    live: usize,
+    max_series: Option<usize>,
+}
+
+impl Registry {
+    /// An empty registry holding at most `max_series` series.
+    pub fn new(max_series: Option<usize>) -> Registry {
+        Registry {
+            index: HashTable::new(),
+            hasher: foldhash::fast::RandomState::default(),
+            entries: Vec::new(),
+            free: Vec::new(),
+            live: 0,
+            max_series,
+        }
+    }
+
+    /// Series registered.
+    pub fn len(&self) -> usize {
+        self.live
+    }
+
+    /// Whether no series is registered.
+    pub fn is_empty(&self) -> bool {
+        self.live == 0
+    }
+
+    /// Numbers handed out so far (live or free): the length of every table
+    /// indexed by number.
+    pub fn capacity(&self) -> usize {
+        self.entries.len()
+    }
+
+    fn hash(&self, kind: MetricKind, id: &[u8]) -> u64 {
+        self.hasher.hash_one((kind_byte(kind), id))
+    }
+
+    /// The number of `(kind, id)`, registering it if new; `true` if new.
+    pub fn resolve(&mut self, kind: MetricKind, id: &[u8]) -> Result<(SeriesNumber, bool), RegistryFull> {
+        let hash = self.hash(kind, id);
+        let entries = &self.entries;
+        if let Some(&number) =
+            self.index.find(hash, |&n| entries[n as usize].kind == kind && *entries[n as usize].id == *id)
+        {
+            return Ok((number, false));
+        }
+        if self.max_series.is_some_and(|max| self.live >= max) {
+            return Err(RegistryFull);
+        }
+        let entry = Entry { hash, kind, id: id.into(), last_window_ms: i64::MIN, pins: 0, live: true };
+        let number = match self.free.pop() {
+            Some(number) => {
+                self.entries[number as usize] = entry;
+                number
+            }
+            None => {
+                self.entries.push(entry);
+                (self.entries.len() - 1) as SeriesNumber
+            }
+        };
+        let entries = &self.entries;
+        self.index.insert_unique(hash, number, |&n| entries[n as usize].hash);
+        self.live += 1;
+        Ok((number, true))
+    }
+
+    /// Records that the window at `window_start_ms` was merged into `number`.
+    #[inline]
+    pub fn touch(&mut self, number: SeriesNumber, window_start_ms: i64) {
+        let entry = &mut self.entries[number as usize];
+        entry.last_window_ms = entry.last_window_ms.max(window_start_ms);
+    }
+
+    /// The kind and canonical id of `number`.
+    #[inline]
+    pub fn series(&self, number: SeriesNumber) -> (MetricKind, &[u8]) {
+        let entry = &self.entries[number as usize];
+        (entry.kind, &entry.id)
+    }
+
+    /// Whether `number` is a live series.
+    pub fn is_live(&self, number: SeriesNumber) -> bool {
+        self.entries.get(number as usize).is_some_and(|entry| entry.live)
+    }
+
+    /// A connection dictionary names `number`: it is not freed until unpinned.
+    pub fn pin(&mut self, number: SeriesNumber) {
+        self.entries[number as usize].pins += 1;
+    }
+
+    /// A connection dictionary no longer names `number`.
+    pub fn unpin(&mut self, number: SeriesNumber) {
+        let entry = &mut self.entries[number as usize];
+        entry.pins = entry.pins.saturating_sub(1);
+    }
+
+    /// Frees every unpinned series whose newest window started before
+    /// `idle_before_ms`, calling `freed` with each number; returns how many.
+    pub fn expire(&mut self, idle_before_ms: i64, mut freed: impl FnMut(SeriesNumber)) -> usize {
+        let mut count = 0;
+        for (number, entry) in self.entries.iter_mut().enumerate() {
+            if !entry.live || entry.pins > 0 || entry.last_window_ms >= idle_before_ms {
+                continue;
+            }
+            let number = number as SeriesNumber;
+            let hash = entry.hash;
+            if let Ok(found) = self.index.find_entry(hash, |&n| n == number) {
+                found.remove();
+            }
+            entry.live = false;
+            entry.id = Box::default();
+            self.free.push(number);
+            count += 1;
+            freed(number);
+        }
+        self.live -= count;
+        count
+    }
+
+    /// Bytes held per series number, estimated (for the memory example).
+    pub fn estimated_bytes(&self) -> usize {
+        let ids: usize = self.entries.iter().map(|entry| entry.id.len()).sum();
+        self.entries.capacity() * std::mem::size_of::<Entry>()
+            + self.index.capacity() * (std::mem::size_of::<SeriesNumber>() + 1)
+            + ids
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbers_are_dense_reused_after_expiry_and_kept_while_pinned() {
+        let mut registry = Registry::new(Some(3));
+        assert_eq!(registry.resolve(MetricKind::Counter, b"a"), Ok((0, true)));
+        assert_eq!(registry.resolve(MetricKind::Gauge, b"a"), Ok((1, true)), "kind is part of the key");
+        assert_eq!(registry.resolve(MetricKind::Counter, b"a"), Ok((0, false)));
+        assert_eq!(registry.resolve(MetricKind::Counter, b"b"), Ok((2, true)));
+        assert_eq!(registry.resolve(MetricKind::Counter, b"c"), Err(RegistryFull));
+        registry.touch(0, 5_000);
+        registry.touch(1, 1_000);
+        registry.touch(2, 1_000);
+        registry.pin(2);
+        let mut freed = Vec::new();
+        assert_eq!(registry.expire(2_000, |n| freed.push(n)), 1);
+        assert_eq!(freed, [1], "0 is recent, 2 is pinned");
+        assert_eq!(registry.len(), 2);
+        assert!(!registry.is_live(1));
+        assert_eq!(registry.resolve(MetricKind::Counter, b"c"), Ok((1, true)), "the freed number is reused");
+        assert_eq!(registry.series(1), (MetricKind::Counter, &b"c"[..]));
+        registry.unpin(2);
+        assert_eq!(registry.expire(2_000, |_| {}), 2, "c never merged a window, 2 unpinned");
+        assert_eq!(registry.resolve(MetricKind::Counter, b"a"), Ok((0, false)));
+    }
+}
