@@ -24,6 +24,7 @@ async fn partials_cross_a_real_socket_and_merge_back_exactly() {
     let mut expected = HashMap::new();
     table.cut(|kind, id, aggregate| {
         by_shard.entry(shard_of(id, 16)).or_default().push(SeriesValue {
+            r#ref: 0,
             series_id: id.to_vec(),
             r#type: kind_to_proto(kind) as i32,
             aggregate: Some(aggregate.to_proto()),
@@ -31,6 +32,7 @@ async fn partials_cross_a_real_socket_and_merge_back_exactly() {
         expected.insert((kind, id.to_vec()), aggregate.clone());
     });
     let batch = PartialBatch {
+        dictionary: 0,
         source: "test".into(),
         sequence: 1,
         window_start_ms: 0,

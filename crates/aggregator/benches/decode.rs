@@ -26,6 +26,7 @@ fn frame() -> Vec<u8> {
         let id = format!("http.server.requests|#endpoint:/api/v1/item{},host:host-{:04},series:{n}", n % 50, n % 1000);
         let shard = shard_of(id.as_bytes(), NUM_SHARDS);
         shards[shard as usize].series.push(SeriesValue {
+            r#ref: 0,
             series_id: id.into_bytes(),
             r#type: MetricType::Counter as i32,
             aggregate: Some(Aggregate::Counter(1.0).to_proto()),
@@ -43,7 +44,7 @@ fn bench_decode(criterion: &mut Criterion) {
     group.sample_size(20).warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(3));
     group.throughput(Throughput::Elements(SERIES as u64));
     group.bench_function("counters/10k_partials_per_frame", |bencher| {
-        bencher.iter(|| match decoder.decode(&frame) {
+        bencher.iter(|| match decoder.decode(1, &frame) {
             Decoded::Batch { batch, .. } => batch.partials() as usize,
             other => panic!("{other:?}"),
         })

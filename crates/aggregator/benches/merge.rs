@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
 use tessera_aggregator::policy::DEFAULT_POLICIES;
-use tessera_aggregator::tiler::{Batch, Partial, Tiler, TilerSettings};
+use tessera_aggregator::tiler::{Batch, Partial, Tiler, TilerSettings, Via};
 use tessera_core::aggregate::{Aggregate, Distribution, Gauge};
 use tessera_core::hll::HyperLogLog;
 use tessera_core::parse::MetricKind;
@@ -28,7 +28,7 @@ fn id(n: usize) -> Vec<u8> {
 }
 
 fn counter(n: usize) -> Partial {
-    Partial { kind: MetricKind::Counter, id: id(n), aggregate: Aggregate::Counter((n % 10) as f64) }
+    Partial { via: Via::Id, kind: MetricKind::Counter, id: id(n), aggregate: Aggregate::Counter((n % 10) as f64) }
 }
 
 /// A mix: 70 % counters, 10 % gauges, 15 % timers (10 samples), 5 % sets (3 members).
@@ -36,6 +36,7 @@ fn mixed(n: usize) -> Partial {
     match n % 20 {
         0..=13 => counter(n),
         14 | 15 => Partial {
+            via: Via::Id,
             kind: MetricKind::Gauge,
             id: id(n),
             aggregate: Aggregate::Gauge(Box::new(Gauge::with_value(n as f64, WINDOW * 1_000_000))),
@@ -45,14 +46,19 @@ fn mixed(n: usize) -> Partial {
             for sample in 0..10 {
                 timer.insert(((n + sample * 7) % 250 + 1) as f64, 1.0);
             }
-            Partial { kind: MetricKind::Timer, id: id(n), aggregate: Aggregate::Distribution(Box::new(timer)) }
+            Partial {
+                via: Via::Id,
+                kind: MetricKind::Timer,
+                id: id(n),
+                aggregate: Aggregate::Distribution(Box::new(timer)),
+            }
         }
         _ => {
             let mut set = HyperLogLog::new();
             for member in 0..3 {
                 set.insert(format!("user{}", (n + member) % 977).as_bytes());
             }
-            Partial { kind: MetricKind::Set, id: id(n), aggregate: Aggregate::Set(Box::new(set)) }
+            Partial { via: Via::Id, kind: MetricKind::Set, id: id(n), aggregate: Aggregate::Set(Box::new(set)) }
         }
     }
 }
@@ -60,6 +66,7 @@ fn mixed(n: usize) -> Partial {
 fn batches(series: usize, make: fn(usize) -> Partial) -> Vec<Batch> {
     (0..series.div_ceil(BATCH))
         .map(|index| Batch {
+            connection: 0,
             window_start_ms: WINDOW,
             window_ms: 1000,
             partials: (index * BATCH..((index + 1) * BATCH).min(series)).map(make).collect(),

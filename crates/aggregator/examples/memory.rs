@@ -19,7 +19,7 @@
 
 use std::process::Command;
 
-use tessera_aggregator::tiler::{Batch, Partial, Tiler, TilerSettings};
+use tessera_aggregator::tiler::{Batch, Partial, Tiler, TilerSettings, Via};
 use tessera_core::aggregate::{Aggregate, Distribution, Gauge};
 use tessera_core::hll::HyperLogLog;
 use tessera_core::parse::MetricKind;
@@ -54,8 +54,9 @@ fn partial(kind: &str, n: usize) -> Partial {
     let id = format!("http.server.requests|#endpoint:/api/v1/item{},host:host-{:04},series:{n}", n % 50, n % 1000)
         .into_bytes();
     match kind {
-        "counter" => Partial { kind: MetricKind::Counter, id, aggregate: Aggregate::Counter(1.0) },
+        "counter" => Partial { via: Via::Id, kind: MetricKind::Counter, id, aggregate: Aggregate::Counter(1.0) },
         "gauge" => Partial {
+            via: Via::Id,
             kind: MetricKind::Gauge,
             id,
             aggregate: Aggregate::Gauge(Box::new(Gauge::with_value(n as f64, WINDOW * 1_000_000))),
@@ -66,14 +67,14 @@ fn partial(kind: &str, n: usize) -> Partial {
             for sample in 0..20 {
                 timer.insert((1 + (n + sample * 5) % 96) as f64, 1.0);
             }
-            Partial { kind: MetricKind::Timer, id, aggregate: Aggregate::Distribution(Box::new(timer)) }
+            Partial { via: Via::Id, kind: MetricKind::Timer, id, aggregate: Aggregate::Distribution(Box::new(timer)) }
         }
         _ => {
             let mut set = HyperLogLog::new();
             for member in 0..3 {
                 set.insert(format!("user{}", n + member).as_bytes());
             }
-            Partial { kind: MetricKind::Set, id, aggregate: Aggregate::Set(Box::new(set)) }
+            Partial { via: Via::Id, kind: MetricKind::Set, id, aggregate: Aggregate::Set(Box::new(set)) }
         }
     }
 }
@@ -82,14 +83,19 @@ fn measure(kind: &str, series: usize) {
     let settings = TilerSettings::new(vec!["10s:2d".parse().expect("a valid policy")]);
     let mut tiler = Tiler::new(settings, NOW);
     // Warm the allocator with one batch, so the input's own memory is in the baseline.
-    let warm =
-        Batch { window_start_ms: WINDOW, window_ms: 1000, partials: (0..BATCH).map(|n| partial(kind, n)).collect() };
+    let warm = Batch {
+        connection: 0,
+        window_start_ms: WINDOW,
+        window_ms: 1000,
+        partials: (0..BATCH).map(|n| partial(kind, n)).collect(),
+    };
     drop(warm);
     let before = resident_bytes();
     let mut start = 0;
     while start < series {
         let end = (start + BATCH).min(series);
         let batch = Batch {
+            connection: 0,
             window_start_ms: WINDOW,
             window_ms: 1000,
             partials: (start..end).map(|n| partial(kind, n)).collect(),

@@ -15,7 +15,7 @@
 //! ```
 
 use tessera_aggregator::policy::DEFAULT_POLICIES;
-use tessera_aggregator::tiler::{Batch, Partial, Tiler, TilerSettings};
+use tessera_aggregator::tiler::{Batch, Partial, Tiler, TilerSettings, Via};
 use tessera_core::aggregate::Aggregate;
 use tessera_core::parse::MetricKind;
 
@@ -29,10 +29,12 @@ fn main() {
     let (series, rounds) = (variable("SERIES", 10_000), variable("ROUNDS", 20));
     let batches: Vec<Batch> = (0..series.div_ceil(BATCH))
         .map(|index| Batch {
+            connection: 0,
             window_start_ms: WINDOW,
             window_ms: 1000,
             partials: (index * BATCH..((index + 1) * BATCH).min(series))
                 .map(|n| Partial {
+                    via: Via::Id,
                     kind: MetricKind::Counter,
                     id: format!(
                         "http.server.requests|#endpoint:/api/v1/item{},host:host-{:04},series:{n}",

@@ -13,10 +13,16 @@
 //!    shard it came in, and a valid aggregate of that type, otherwise
 //!    `malformed`.
 //!
+//! 4. every series named by a ref (`SeriesValue.ref`) is defined in the
+//!    connection's dictionary ([`crate::dictionary`]), for the shard it
+//!    came in, otherwise `unknown_series_ref` (or `malformed`).
+//!
 //! Whether the window is still open is the admission thread's decision (it
 //! owns the clock of tile closes), made right before it dispatches. The
 //! partials of a batch come out split into one share per merge thread
 //! ([`crate::merge::thread_of`] of their shard).
+
+use std::collections::HashMap;
 
 use tessera_core::aggregate::{Aggregate, kind_from_proto};
 use tessera_core::parse::MetricKind;
@@ -26,9 +32,10 @@ use tessera_proto::framing;
 use tessera_proto::{PartialBatch, SeriesValue};
 use tessera_topology::{Placement, PlacementHandle};
 
+use crate::dictionary::ConnectionDictionary;
 use crate::merge::thread_of;
 use crate::metrics::Reason;
-use crate::tiler::Partial;
+use crate::tiler::{Partial, Via};
 use tessera_runtime::logging::error_chain;
 
 /// What became of one frame.
@@ -98,6 +105,10 @@ pub struct Decoder {
     max_frame_bytes: usize,
     merge_threads: usize,
     owned: Option<OwnedShards>,
+    dictionaries: HashMap<u64, ConnectionDictionary>,
+    /// A connection whose old dictionary the merge threads must forget
+    /// before its last decoded batch is applied.
+    forgotten: Option<u64>,
 }
 
 impl Decoder {
@@ -109,11 +120,36 @@ impl Decoder {
         max_frame_bytes: usize,
         merge_threads: usize,
     ) -> Decoder {
-        Decoder { instance_id, placement, max_frame_bytes, merge_threads: merge_threads.max(1), owned: None }
+        Decoder {
+            instance_id,
+            placement,
+            max_frame_bytes,
+            merge_threads: merge_threads.max(1),
+            owned: None,
+            dictionaries: HashMap::new(),
+            forgotten: None,
+        }
     }
 
-    /// Decodes and checks one frame (length prefix included).
-    pub fn decode(&mut self, frame: &[u8]) -> Decoded {
+    /// The connection whose previous dictionary the last [`Decoder::decode`]
+    /// ended: the merge threads must forget it before anything of that
+    /// batch (or a later one) is applied.
+    pub fn take_forgotten(&mut self) -> Option<u64> {
+        self.forgotten.take()
+    }
+
+    /// Drops a closed connection's dictionary.
+    pub fn closed(&mut self, connection: u64) {
+        self.dictionaries.remove(&connection);
+    }
+
+    /// Refs defined across every connection's dictionary.
+    pub fn dictionary_refs(&self) -> usize {
+        self.dictionaries.values().map(ConnectionDictionary::len).sum()
+    }
+
+    /// Decodes and checks one frame (length prefix included) that came on `connection`.
+    pub fn decode(&mut self, connection: u64, frame: &[u8]) -> Decoded {
         let decoded = match framing::decode_frame(frame, self.max_frame_bytes) {
             Ok(Some((frame, _))) => frame,
             Ok(None) => return protocol("malformed_frame", "truncated frame".to_owned()),
@@ -126,10 +162,10 @@ impl Decoder {
                 return protocol("unexpected_frame", format!("expected a partial batch, got `{kind}`"));
             }
         };
-        self.check(batch)
+        self.check(connection, batch)
     }
 
-    fn check(&mut self, batch: PartialBatch) -> Decoded {
+    fn check(&mut self, connection: u64, batch: PartialBatch) -> Decoded {
         let sequence = batch.sequence;
         let partials: u64 = batch.shards.iter().map(|shard| shard.series.len() as u64).sum();
         let watermark_ms = (batch.watermark_ms != 0).then_some(batch.watermark_ms);
@@ -153,12 +189,54 @@ impl Decoder {
             }
         }
         let window_ms = i64::from(batch.window_ms);
+        let dictionary = self.dictionaries.entry(connection).or_default();
+        if batch.dictionary != 0 && batch.dictionary != dictionary.generation {
+            if dictionary.generation != 0 {
+                self.forgotten = Some(connection);
+            }
+            dictionary.restart(batch.dictionary);
+        }
         let mut shares: Vec<Vec<Partial>> = vec![Vec::new(); self.merge_threads];
         for group in batch.shards {
-            let share = &mut shares[thread_of(group.shard, self.merge_threads)];
+            let thread = thread_of(group.shard, self.merge_threads);
+            let share = &mut shares[thread];
             share.reserve(group.series.len());
             for series in group.series {
-                match partial(series, group.shard, num_shards) {
+                let named = match (series.r#ref, series.series_id.is_empty()) {
+                    (0, _) => partial(series, group.shard, num_shards),
+                    (series_ref, _) if batch.dictionary == 0 => {
+                        Err(format!("series ref {series_ref} in a batch without a dictionary"))
+                    }
+                    (series_ref, false) => partial(series, group.shard, num_shards).map(|mut partial| {
+                        let slot = dictionary.define(series_ref, partial.kind, group.shard, thread);
+                        partial.via = Via::Define { slot };
+                        partial
+                    }),
+                    (series_ref, true) => {
+                        let Some(entry) = dictionary.get(series_ref) else {
+                            let message = format!(
+                                "series ref {series_ref} is not in dictionary {} of this connection",
+                                batch.dictionary
+                            );
+                            return refuse(Reason::UnknownSeriesRef, message);
+                        };
+                        if entry.shard != group.shard {
+                            Err(format!(
+                                "series ref {series_ref} belongs to shard {}, not {}",
+                                entry.shard, group.shard
+                            ))
+                        } else {
+                            let name = || format!("ref {series_ref}");
+                            aggregate_of(entry.kind, series.aggregate.as_ref(), name).map(|aggregate| Partial {
+                                via: Via::Ref { slot: entry.slot },
+                                kind: entry.kind,
+                                id: Vec::new(),
+                                aggregate,
+                            })
+                        }
+                    }
+                };
+                match named {
                     Ok(partial) => share.push(partial),
                     Err(message) => return refuse(Reason::Malformed, message),
                 }
@@ -193,16 +271,26 @@ fn partial(series: SeriesValue, shard: u32, num_shards: u32) -> Result<Partial, 
     if series.series_id.is_empty() {
         return Err("a series has an empty id".to_owned());
     }
-    let name = || String::from_utf8_lossy(&series.series_id).into_owned();
+    let name = || format!("series `{}`", String::from_utf8_lossy(&series.series_id));
     let actual = shard_of(&series.series_id, num_shards);
     if actual != shard {
-        return Err(format!("series `{}` belongs to shard {actual}, not {shard}", name()));
+        return Err(format!("{} belongs to shard {actual}, not {shard}", name()));
     }
-    let Some(wire) = &series.aggregate else {
-        return Err(format!("series `{}` has no aggregate", name()));
+    let aggregate = aggregate_of(kind, series.aggregate.as_ref(), name)?;
+    Ok(Partial { via: Via::Id, kind, id: series.series_id, aggregate })
+}
+
+/// A wire aggregate checked against its series' kind; `name` names the
+/// series in errors.
+fn aggregate_of(
+    kind: MetricKind,
+    wire: Option<&tessera_proto::Aggregate>,
+    name: impl Fn() -> String,
+) -> Result<Aggregate, String> {
+    let Some(wire) = wire else {
+        return Err(format!("{} has no aggregate", name()));
     };
-    let aggregate =
-        Aggregate::from_proto(wire).map_err(|error| format!("series `{}`: {}", name(), error_chain(&error)))?;
+    let aggregate = Aggregate::from_proto(wire).map_err(|error| format!("{}: {}", name(), error_chain(&error)))?;
     let fits = matches!(
         (kind, &aggregate),
         (MetricKind::Counter, Aggregate::Counter(_))
@@ -211,14 +299,9 @@ fn partial(series: SeriesValue, shard: u32, num_shards: u32) -> Result<Partial, 
             | (MetricKind::Timer | MetricKind::Histogram | MetricKind::Distribution, Aggregate::Distribution(_))
     );
     if !fits {
-        return Err(format!(
-            "series `{}` of type {} carries a {} aggregate",
-            name(),
-            kind.as_str(),
-            aggregate.kind_name()
-        ));
+        return Err(format!("{} of type {} carries a {} aggregate", name(), kind.as_str(), aggregate.kind_name()));
     }
-    Ok(Partial { kind, id: series.series_id, aggregate })
+    Ok(aggregate)
 }
 
 fn protocol(reason: &'static str, message: String) -> Decoded {
@@ -238,6 +321,7 @@ mod tests {
     fn series_of_shard(shard: u32) -> SeriesValue {
         let id = (0..).map(|n| format!("s{n}")).find(|id| shard_of(id.as_bytes(), 8) == shard).unwrap();
         SeriesValue {
+            r#ref: 0,
             series_id: id.into_bytes(),
             r#type: tessera_proto::MetricType::Counter as i32,
             aggregate: Some(Aggregate::Counter(1.0).to_proto()),
@@ -264,7 +348,7 @@ mod tests {
             ShardPartials { shard: 0, series: vec![series_of_shard(0)] },
             ShardPartials { shard: 2, series: vec![series_of_shard(2), series_of_shard(2)] },
         ];
-        match decoder.decode(&frame(shards)) {
+        match decoder.decode(1, &frame(shards)) {
             Decoded::Batch { sequence: 9, batch } => {
                 assert_eq!((batch.window_start_ms, batch.window_ms, batch.partials()), (1000, 1000, 3));
             }
@@ -276,7 +360,7 @@ mod tests {
             ShardPartials { shard: 0, series: vec![series_of_shard(0)] },
             ShardPartials { shard: 6, series: vec![series_of_shard(6), series_of_shard(6)] },
         ];
-        match decoder.decode(&frame(shards)) {
+        match decoder.decode(1, &frame(shards)) {
             Decoded::Batch { batch, .. } => {
                 let sizes: Vec<usize> = batch.shares.iter().map(Vec::len).collect();
                 assert_eq!(sizes, [1, 0, 2, 0]);
@@ -292,10 +376,10 @@ mod tests {
             ShardPartials { shard: 0, series: vec![series_of_shard(0)] },
             ShardPartials { shard: 1, series: vec![series_of_shard(1)] },
         ];
-        let (reason, message) = refused(decoder.decode(&frame(shards)));
+        let (reason, message) = refused(decoder.decode(1, &frame(shards)));
         assert_eq!(reason, Reason::NotOwner);
         assert!(message.contains("shard 1 is not owned by `a`"), "{message}");
-        let (reason, _) = refused(decoder.decode(&frame(vec![ShardPartials { shard: 99, series: vec![] }])));
+        let (reason, _) = refused(decoder.decode(1, &frame(vec![ShardPartials { shard: 99, series: vec![] }])));
         assert_eq!(reason, Reason::Malformed);
     }
 
@@ -318,14 +402,14 @@ mod tests {
             (unknown_type, 0, "unknown metric type 77"),
         ] {
             let (reason, message) =
-                refused(decoder.decode(&frame(vec![ShardPartials { shard, series: vec![series] }])));
+                refused(decoder.decode(1, &frame(vec![ShardPartials { shard, series: vec![series] }])));
             assert_eq!(reason, Reason::Malformed);
             assert!(message.contains(fragment), "{fragment}: {message}");
         }
         let mut garbage = vec![0, 0, 0, 4];
         garbage.extend_from_slice(&[0xff; 4]);
-        assert!(matches!(decoder.decode(&garbage), Decoded::Protocol { reason: "malformed_frame", .. }));
+        assert!(matches!(decoder.decode(1, &garbage), Decoded::Protocol { reason: "malformed_frame", .. }));
         let ack = framing::encode_frame(&Frame { body: Some(Body::Ack(Default::default())) }, 1024).unwrap();
-        assert!(matches!(decoder.decode(&ack), Decoded::Protocol { reason: "unexpected_frame", .. }));
+        assert!(matches!(decoder.decode(1, &ack), Decoded::Protocol { reason: "unexpected_frame", .. }));
     }
 }

@@ -55,7 +55,7 @@ pub fn encode_tile(
             flushed_at_ms,
         };
         match framing::encode_frame(&Frame { body: Some(Body::Tiles(batch)) }, max_frame_bytes) {
-            Ok(frame) => batches.push(Batch { sequence, frame, items: series }),
+            Ok(frame) => batches.push(Batch { sequence, frame, items: series, refs: None }),
             Err(error) => {
                 tracing::warn!(%error, series, "a tile batch exceeds the frame bound; dropped");
                 *too_large += series;
@@ -145,6 +145,7 @@ mod tests {
     fn tile(series: usize) -> ClosedTile {
         let values = (0..series)
             .map(|index| SeriesValue {
+                r#ref: 0,
                 series_id: format!("series.{index:06}|#host:h1").into_bytes(),
                 r#type: MetricType::Counter as i32,
                 aggregate: Some(Aggregate::Counter(index as f64).to_proto()),

@@ -135,7 +135,7 @@ mod tests {
     use super::*;
 
     fn batch(sequence: u64, bytes: usize, series: u64) -> Batch {
-        Batch { sequence, frame: vec![0; bytes], items: series }
+        Batch { sequence, frame: vec![0; bytes], items: series, refs: None }
     }
 
     #[test]

@@ -37,6 +37,7 @@
 
 pub mod config;
 pub mod decode;
+pub mod dictionary;
 pub mod flush;
 pub mod ingester;
 pub mod merge;

@@ -56,6 +56,11 @@ pub enum MergeJob {
         /// Close round number.
         round: u64,
     },
+    /// Forget a connection's dictionary slots ([`crate::dictionary`]).
+    Forget {
+        /// The connection.
+        connection: u64,
+    },
 }
 
 /// What a merge thread hands the flusher.
@@ -92,7 +97,9 @@ pub fn run_merge_thread(mut tiler: Tiler, jobs: Receiver<MergeJob>, out: Sender<
                 metrics.partials_merged.inc_by(applied.partials);
                 metrics.gauge_order_ambiguous.inc_by(applied.gauge_order_ambiguous);
                 metrics.dropped("series_limit", "series", applied.series_limit);
+                metrics.dropped("unknown_series_ref", "series", applied.unknown_refs);
             }
+            MergeJob::Forget { connection } => tiler.forget_dictionary(connection),
             MergeJob::CloseThrough { round: next, horizon_ms } => {
                 round = next;
                 tiler.close_through(horizon_ms, &mut part(round));
@@ -147,11 +154,18 @@ impl MergeTier {
 
     /// Hands each thread its share of an admitted batch (`shares[i]` to
     /// thread `i`), waiting while a thread's queue is full.
-    pub fn dispatch(&self, window_start_ms: i64, window_ms: i64, shares: Vec<Vec<Partial>>) {
+    pub fn dispatch(&self, connection: u64, window_start_ms: i64, window_ms: i64, shares: Vec<Vec<Partial>>) {
         for (jobs, partials) in self.jobs.iter().zip(shares) {
             if !partials.is_empty() {
-                let _ = jobs.send(MergeJob::Apply(Batch { window_start_ms, window_ms, partials }));
+                let _ = jobs.send(MergeJob::Apply(Batch { connection, window_start_ms, window_ms, partials }));
             }
+        }
+    }
+
+    /// Has every merge thread forget `connection`'s dictionary.
+    pub fn forget(&self, connection: u64) {
+        for jobs in &self.jobs {
+            let _ = jobs.send(MergeJob::Forget { connection });
         }
     }
 }

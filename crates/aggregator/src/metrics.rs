@@ -48,6 +48,9 @@ pub enum Reason {
     BufferFull,
     /// The aggregator is shutting down (retryable).
     ShuttingDown,
+    /// A series ref the connection's dictionary does not hold (permanent:
+    /// the sender starts a new dictionary).
+    UnknownSeriesRef,
 }
 
 impl Reason {
@@ -60,6 +63,7 @@ impl Reason {
             Reason::Malformed => "malformed",
             Reason::BufferFull => "buffer_full",
             Reason::ShuttingDown => "shutting_down",
+            Reason::UnknownSeriesRef => "unknown_series_ref",
         }
     }
 
@@ -82,6 +86,10 @@ pub struct Metrics {
     pub partials_merged: Counter,
     /// Gauge merges whose order was ambiguous.
     pub gauge_order_ambiguous: Counter,
+    /// Series refs defined in the collectors' connection dictionaries.
+    pub dictionary_refs: Gauge,
+    /// Connection dictionaries a collector replaced with a new one.
+    pub dictionaries_restarted: Counter,
     batches_rejected: Family<Labels, Counter>,
     partials_rejected: Family<Labels, Counter>,
     frame_errors: Family<Labels, Counter>,
@@ -123,6 +131,8 @@ impl Default for Metrics {
             partials_received: Counter::default(),
             partials_merged: Counter::default(),
             gauge_order_ambiguous: Counter::default(),
+            dictionary_refs: Gauge::default(),
+            dictionaries_restarted: Counter::default(),
             batches_rejected: Family::default(),
             partials_rejected: Family::default(),
             frame_errors: Family::default(),
@@ -280,6 +290,16 @@ impl Metrics {
             format!("{p}watermark_lag_seconds"),
             "Per connected collector: now minus the end of the newest window it has sent in full",
             self.watermark_lag.clone(),
+        );
+        r.register(
+            format!("{p}dictionary_refs"),
+            "Series refs defined in the collectors' connection dictionaries",
+            self.dictionary_refs.clone(),
+        );
+        r.register(
+            format!("{p}dictionaries_restarted"),
+            "Connection dictionaries a collector replaced with a new one (after a dropped batch or a rotation)",
+            self.dictionaries_restarted.clone(),
         );
         r.register(format!("{p}shards_owned"), "Shards this instance owns now", self.shards_owned.clone());
         r.register(format!("{p}placement_version"), "Version of the placement in use", self.placement_version.clone());

@@ -103,6 +103,12 @@ pub enum AdmissionJob {
         /// Where the answer goes.
         reply: oneshot::Sender<Reply>,
     },
+    /// The merge threads forget the connection's dictionary (its sender
+    /// started a new one).
+    Forget {
+        /// The connection.
+        connection: u64,
+    },
     /// A batch the decoder refused for good still moves its sender's watermark.
     Watermark {
         /// The connection.
@@ -138,6 +144,8 @@ pub fn run_decoder(jobs: Receiver<Inbound>, mut decoder: Decoder, admission: Sen
                 continue;
             }
             Inbound::Closed { connection } => {
+                decoder.closed(connection);
+                metrics.dictionary_refs.set(decoder.dictionary_refs() as i64);
                 let _ = admission.send(AdmissionJob::Closed { connection });
                 continue;
             }
@@ -145,7 +153,13 @@ pub fn run_decoder(jobs: Receiver<Inbound>, mut decoder: Decoder, admission: Sen
         metrics.batches_received.inc();
         metrics.bytes_received.inc_by(job.frame.len() as u64);
         let connection = job.connection;
-        let reply = match decoder.decode(&job.frame) {
+        let decoded = decoder.decode(connection, &job.frame);
+        if let Some(connection) = decoder.take_forgotten() {
+            metrics.dictionaries_restarted.inc();
+            let _ = admission.send(AdmissionJob::Forget { connection });
+        }
+        metrics.dictionary_refs.set(decoder.dictionary_refs() as i64);
+        let reply = match decoded {
             Decoded::Batch { sequence, batch } => {
                 metrics.partials_received.inc_by(batch.partials());
                 let job = AdmissionJob::Batch { connection, sequence, batch, reply: job.reply };
@@ -211,7 +225,11 @@ pub fn run_admission(
             Ok(AdmissionJob::Watermark { connection, watermark_ms }) => {
                 admission.watermarks.advance(connection, Some(watermark_ms), now_ms());
             }
-            Ok(AdmissionJob::Closed { connection }) => admission.watermarks.closed(connection, now_ms()),
+            Ok(AdmissionJob::Forget { connection }) => admission.tier.forget(connection),
+            Ok(AdmissionJob::Closed { connection }) => {
+                admission.watermarks.closed(connection, now_ms());
+                admission.tier.forget(connection);
+            }
             Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => {
                 admission.close_due();
@@ -265,13 +283,18 @@ impl Admission {
         }
         // The shadow holds no series: applying the empty batch opens its
         // tiles, as the merge threads will.
-        let window = Batch { window_start_ms: batch.window_start_ms, window_ms: batch.window_ms, partials: Vec::new() };
+        let window = Batch {
+            connection,
+            window_start_ms: batch.window_start_ms,
+            window_ms: batch.window_ms,
+            partials: Vec::new(),
+        };
         let checked = self.shadow.check(batch.window_start_ms, batch.window_ms, now_ms());
         self.advance(connection, batch.watermark_ms);
         match checked {
             Ok(()) => {
                 self.shadow.apply(&window, &mut |_| {});
-                self.tier.dispatch(batch.window_start_ms, batch.window_ms, batch.shares);
+                self.tier.dispatch(connection, batch.window_start_ms, batch.window_ms, batch.shares);
                 ack(sequence, AckStatus::Ok, "", String::new())
             }
             Err(refused) => {

@@ -40,7 +40,7 @@
 //! previous tile ([`Gauge::resolve`](tessera_core::aggregate::Gauge::resolve)).
 //!
 //! ```
-//! use tessera_aggregator::tiler::{Batch, Partial, Tiler, TilerSettings};
+//! use tessera_aggregator::tiler::{Batch, Partial, Tiler, TilerSettings, Via};
 //! use tessera_core::{aggregate::Aggregate, parse::MetricKind};
 //!
 //! let settings = TilerSettings::new(vec!["10s:2d".parse().unwrap()]);
@@ -48,7 +48,8 @@
 //! let batch = Batch {
 //!     window_start_ms: 1_000_000,
 //!     window_ms: 1_000,
-//!     partials: vec![Partial { kind: MetricKind::Counter, id: b"hits".to_vec(), aggregate: Aggregate::Counter(3.0) }],
+//!     connection: 0,
+//!     partials: vec![Partial { via: Via::Id, kind: MetricKind::Counter, id: b"hits".to_vec(), aggregate: Aggregate::Counter(3.0) }],
 //! };
 //! let mut closed = Vec::new();
 //! tiler.accept(&batch, 1_001_200, &mut |tile| closed.push(tile)).unwrap();
@@ -58,6 +59,7 @@
 //! assert_eq!(tile.values.len(), 1);
 //! ```
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use tessera_core::aggregate::Aggregate;
@@ -67,22 +69,48 @@ use tessera_proto as proto;
 use crate::metrics::Reason;
 use crate::policy::StoragePolicy;
 use policy_tiles::PolicyTiles;
-use series::Registry;
+use series::{Registry, SeriesNumber};
+
+/// A dictionary slot bound to no series.
+const UNBOUND: SeriesNumber = SeriesNumber::MAX;
 
 /// One series' partial for one window, decoded and validated.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Partial {
+    /// How the sender named the series.
+    pub via: Via,
     /// The series' type.
     pub kind: MetricKind,
-    /// The canonical series id.
+    /// The canonical series id (empty for [`Via::Ref`]).
     pub id: Vec<u8>,
     /// The aggregate; its variant matches `kind`.
     pub aggregate: Aggregate,
 }
 
+/// How a partial names its series: by id, or through the batch's
+/// connection dictionary ([`crate::dictionary`]), whose refs the decoder
+/// turned into a slot number dense per connection and merge thread.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Via {
+    /// By its id alone.
+    Id,
+    /// By its id, binding the connection's dictionary slot `slot` to it.
+    Define {
+        /// The slot.
+        slot: u32,
+    },
+    /// By the connection's dictionary slot `slot` alone (no id).
+    Ref {
+        /// The slot.
+        slot: u32,
+    },
+}
+
 /// The partials of one window from one sender.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Batch {
+    /// The connection it came on, whose dictionary its [`Via`] slots index.
+    pub connection: u64,
     /// Window start, unix milliseconds.
     pub window_start_ms: i64,
     /// Window length, milliseconds.
@@ -182,6 +210,10 @@ pub struct Applied {
     pub series_limit: u64,
     /// Gauge merges whose order was ambiguous (counted once per policy).
     pub gauge_order_ambiguous: u64,
+    /// Partials naming a dictionary slot this thread never saw defined
+    /// (dropped; the decoder refuses unknown refs, so this means a sender
+    /// that broke the dictionary's rules in a way it could not see).
+    pub unknown_refs: u64,
 }
 
 /// A tile that closed, cut into wire values.
@@ -218,6 +250,8 @@ pub fn tables_per_policy(policy: &StoragePolicy, buffer_past_ms: i64, buffer_fut
 pub struct Tiler {
     policies: Vec<PolicyTiles>,
     registry: Registry,
+    /// Each connection's dictionary slots: slot → series number.
+    dictionaries: HashMap<u64, Vec<SeriesNumber>>,
     buffer_past_ms: i64,
     buffer_future_ms: i64,
     /// Table index per policy for the batch being merged.
@@ -231,6 +265,7 @@ impl Tiler {
         Tiler {
             policies,
             registry: Registry::new(settings.max_series_per_policy),
+            dictionaries: HashMap::new(),
             buffer_past_ms: settings.buffer_past_ms.max(0),
             buffer_future_ms: settings.buffer_future_ms.max(0),
             slots: Vec::with_capacity(settings.policies.len()),
@@ -293,9 +328,11 @@ impl Tiler {
     /// Forgets the series idle for long enough in every policy, counts them
     /// in the last of `closed`, and hands `closed` on.
     fn emit_expiring(&mut self, mut closed: Vec<ClosedTile>, emit: &mut dyn FnMut(ClosedTile)) {
-        let idle_before = self.policies.iter().map(PolicyTiles::idle_before_ms).try_fold(i64::MAX, |least, policy| {
-            policy.map(|idle_before| least.min(idle_before))
-        });
+        let idle_before = self
+            .policies
+            .iter()
+            .map(PolicyTiles::idle_before_ms)
+            .try_fold(i64::MAX, |least, policy| policy.map(|idle_before| least.min(idle_before)));
         if let (Some(idle_before), Some(last)) = (idle_before, closed.last_mut()) {
             let policies = &mut self.policies;
             last.expired = self.registry.expire(idle_before, |number| {
@@ -345,26 +382,54 @@ impl Tiler {
             self.slots.push(policy.open_tile(start, index, &self.registry, emit));
         }
         let mut applied = Applied { partials: batch.partials.len() as u64, ..Applied::default() };
+        let uses_dictionary = batch.partials.first().is_some_and(|partial| partial.via != Via::Id);
+        let mut dictionary =
+            if uses_dictionary { self.dictionaries.remove(&batch.connection).unwrap_or_default() } else { Vec::new() };
         for partial in &batch.partials {
-            let number = match self.registry.resolve(partial.kind, &partial.id) {
-                Ok((number, new)) => {
-                    applied.new_series += u64::from(new);
-                    number
-                }
-                Err(_) => {
-                    applied.series_limit += 1;
-                    continue;
-                }
+            let number = match partial.via {
+                Via::Ref { slot } => match dictionary.get(slot as usize) {
+                    Some(&number) if number != UNBOUND => number,
+                    _ => {
+                        applied.unknown_refs += 1;
+                        continue;
+                    }
+                },
+                Via::Id | Via::Define { .. } => match self.registry.resolve(partial.kind, &partial.id) {
+                    Ok((number, new)) => {
+                        applied.new_series += u64::from(new);
+                        if let Via::Define { slot } = partial.via {
+                            bind(&mut dictionary, slot, number, &mut self.registry);
+                        }
+                        number
+                    }
+                    Err(_) => {
+                        applied.series_limit += 1;
+                        continue;
+                    }
+                },
             };
             self.registry.touch(number, batch.window_start_ms);
             for (policy, &slot) in self.policies.iter_mut().zip(&self.slots) {
                 policy.tables[slot].merge(number, partial.kind, &partial.aggregate);
             }
         }
+        if uses_dictionary {
+            self.dictionaries.insert(batch.connection, dictionary);
+        }
         for (policy, &slot) in self.policies.iter_mut().zip(&self.slots) {
             applied.gauge_order_ambiguous += policy.tables[slot].take_ambiguous_merges();
         }
         applied
+    }
+
+    /// Forgets `connection`'s dictionary (it closed, or its sender started
+    /// a new one): its series may expire again.
+    pub fn forget_dictionary(&mut self, connection: u64) {
+        for number in self.dictionaries.remove(&connection).unwrap_or_default() {
+            if number != UNBOUND {
+                self.registry.unpin(number);
+            }
+        }
     }
 
     /// Whether a window may be merged at `now_ms`; nothing is changed.
@@ -394,6 +459,22 @@ impl Tiler {
             }
         }
         Ok(())
+    }
+}
+
+/// Binds dictionary `slot` to series `number`, pinning it there.
+fn bind(dictionary: &mut Vec<SeriesNumber>, slot: u32, number: SeriesNumber, registry: &mut Registry) {
+    let slot = slot as usize;
+    if slot >= dictionary.len() {
+        dictionary.resize(slot + 1, UNBOUND);
+    }
+    let bound = &mut dictionary[slot];
+    if *bound != number {
+        if *bound != UNBOUND {
+            registry.unpin(*bound);
+        }
+        registry.pin(number);
+        *bound = number;
     }
 }
 

@@ -20,6 +20,7 @@ const POLICIES: [&str; 2] = ["200ms:1h", "1s:1h"];
 fn window_values(series: usize) -> Vec<SeriesValue> {
     (0..series)
         .map(|route| SeriesValue {
+            r#ref: 0,
             series_id: format!("jobs.done|#queue:q{route}").into_bytes(),
             r#type: tessera_proto::MetricType::Counter as i32,
             aggregate: Some(Aggregate::Counter((route % 3 + 1) as f64).to_proto()),

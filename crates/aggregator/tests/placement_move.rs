@@ -33,6 +33,7 @@ fn window_values(sender: usize, start: i64) -> Vec<SeriesValue> {
     for route in 0..300 {
         let aggregate = Aggregate::Counter((route % 5 + 1 + sender) as f64);
         values.push(SeriesValue {
+            r#ref: 0,
             series_id: format!("hits|#route:r{route}").into_bytes(),
             r#type: tessera_proto::MetricType::Counter as i32,
             aggregate: Some(aggregate.to_proto()),
@@ -41,6 +42,7 @@ fn window_values(sender: usize, start: i64) -> Vec<SeriesValue> {
     for n in 0..20 {
         let gauge = Gauge::with_value((start / WINDOW_MS % 997 + n) as f64, start * 1_000_000);
         values.push(SeriesValue {
+            r#ref: 0,
             series_id: format!("load|#n:{n},sender:s{sender}").into_bytes(),
             r#type: tessera_proto::MetricType::Gauge as i32,
             aggregate: Some(Aggregate::Gauge(Box::new(gauge)).to_proto()),

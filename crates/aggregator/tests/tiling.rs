@@ -24,6 +24,7 @@ const NUM_SHARDS: u32 = 16;
 
 fn value(id: String, kind: MetricKind, aggregate: &Aggregate) -> SeriesValue {
     SeriesValue {
+        r#ref: 0,
         series_id: id.into_bytes(),
         r#type: tessera_core::aggregate::kind_to_proto(kind) as i32,
         aggregate: Some(aggregate.to_proto()),

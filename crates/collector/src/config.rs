@@ -195,6 +195,9 @@ pub struct ForwardConfig {
     pub reconnect_max_ms: u64,
     /// On SIGTERM, how long to keep delivering what is queued.
     pub shutdown_grace_secs: u64,
+    /// Name each series in full once per connection, then by a small
+    /// integer (the series dictionary); `false` sends every id in full.
+    pub series_dictionary: bool,
 }
 
 impl Default for ForwardConfig {
@@ -207,6 +210,7 @@ impl Default for ForwardConfig {
             reconnect_min_ms: 100,
             reconnect_max_ms: 5000,
             shutdown_grace_secs: 5,
+            series_dictionary: true,
         }
     }
 }

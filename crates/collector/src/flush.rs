@@ -29,16 +29,17 @@ use tessera_core::parse::MetricKind;
 use tessera_core::shard::shard_of;
 use tessera_core::table::{Table, TableOptions};
 use tessera_proto::PartialBatch;
-use tessera_proto::partials::{ShardSeries, encode_partials_frame};
+use tessera_proto::partials::{ShardSeries, cut_frames};
 use tessera_runtime::shutdown::Shutdown;
 use tessera_topology::{PlacementHandle, Routing};
 
-use tessera_runtime::outbound::{Batch, SenderSettings, run_sender};
+use tessera_runtime::outbound::{Batch, Refs, SenderSettings, run_sender};
 
 use crate::forward::DestinationQueue;
 use crate::intake::now_ms;
 use crate::metrics::Metrics;
 use crate::worker::{Cut, FlusherLinks};
+use dictionary::{Dictionary, DictionaryWindow};
 
 /// Settings of the flusher.
 #[derive(Clone)]
@@ -51,6 +52,8 @@ pub struct FlushSettings {
     pub max_frame_bytes: usize,
     /// Bound of each destination queue.
     pub max_queue_bytes: usize,
+    /// Name series by per-destination dictionary refs ([`dictionary`]).
+    pub series_dictionary: bool,
     /// Sender settings.
     pub sender: SenderSettings,
     /// Reader threads handing in cuts: the watermark waits until each has
@@ -85,6 +88,8 @@ struct Routes {
     routing: Arc<Routing>,
     /// Destination queues, indexed like `routing.destinations()`.
     queues: Vec<Arc<DestinationQueue>>,
+    /// Each destination's key, indexed the same way.
+    keys: Vec<DestinationKey>,
 }
 
 /// What the flusher holds for one window: the first reader's cut as is
@@ -107,6 +112,10 @@ pub struct Flusher {
     routes: Option<Routes>,
     /// Encoded series per destination of `routes`, reused window after window.
     outbound: Vec<Outbound>,
+    /// Series dictionaries per destination of `routes`.
+    dictionaries: Vec<Dictionary>,
+    /// Dictionaries of destinations the current routes do not use.
+    parked_dictionaries: HashMap<DestinationKey, Dictionary>,
     destinations: Destinations,
     runtime: tokio::runtime::Handle,
     stop_senders: Shutdown,
@@ -138,6 +147,8 @@ impl Flusher {
             placement,
             routes: None,
             outbound: Vec::new(),
+            dictionaries: Vec::new(),
+            parked_dictionaries: HashMap::new(),
             destinations,
             runtime,
             stop_senders,
@@ -298,6 +309,11 @@ impl Flusher {
         let chunk_bytes = self.settings.max_frame_bytes / 2;
         let outbound = &mut self.outbound;
         outbound.resize_with(routes.queues.len(), Outbound::default);
+        let mut windows: Vec<DictionaryWindow<'_>> = if self.settings.series_dictionary {
+            self.dictionaries.iter_mut().zip(&routes.queues).map(|(dictionary, queue)| dictionary.open(queue)).collect()
+        } else {
+            Vec::new()
+        };
         let mut unrouted = 0u64;
         let emitted = series(&mut |kind, id, aggregate| {
             let shard = shard_of(id, num_shards);
@@ -309,9 +325,18 @@ impl Flusher {
             let value = aggregate.to_proto();
             let metric_type = kind_to_proto(kind) as i32;
             for owner in owners {
-                outbound[owner].shard(shard, num_shards).push(chunk_bytes, id, metric_type, &value);
+                let shard_series = outbound[owner].shard(shard, num_shards);
+                match windows.get_mut(owner) {
+                    Some(window) => match window.name(metric_type, id) {
+                        name if name.define => shard_series.push(chunk_bytes, id, metric_type, &value, name.series_ref),
+                        name => shard_series.push(chunk_bytes, b"", 0, &value, name.series_ref),
+                    },
+                    None => shard_series.push(chunk_bytes, id, metric_type, &value, 0),
+                }
             }
         });
+        let generations: Vec<u64> = windows.iter().map(|window| window.generation).collect();
+        drop(windows);
         if unrouted > 0 {
             self.metrics.drop_partials("no_owner", unrouted);
         }
@@ -320,7 +345,23 @@ impl Flusher {
         let watermark_ms = self.watermark_ms().min(window_start_ms + self.settings.window_ms);
         for (destination, outbound) in self.outbound.iter_mut().enumerate() {
             let queue = &routes.queues[destination];
-            enqueue_batches(queue, outbound, window_start_ms, version, watermark_ms, &self.settings);
+            let refs = generations.get(destination).map(|&generation| {
+                let dictionary = &self.dictionaries[destination];
+                queue.metrics().dictionary_series.set(dictionary.len() as i64);
+                Refs { generation, expand: dictionary.ids() }
+            });
+            let header = PartialBatch {
+                source: self.settings.sender.source.clone(),
+                sequence: 0,
+                window_start_ms,
+                window_ms: self.settings.window_ms as u32,
+                placement_version: version,
+                shards: Vec::new(),
+                // 0 on the wire: no watermark yet (no reader has reported).
+                watermark_ms: watermark_ms.max(0),
+                dictionary: 0,
+            };
+            enqueue_batches(queue, outbound, header, refs, &self.settings);
             outbound.clear();
         }
         self.watermark_sent_ms = self.watermark_sent_ms.max(watermark_ms);
@@ -333,13 +374,25 @@ impl Flusher {
         if self.routes.as_ref().is_some_and(|routes| Arc::ptr_eq(&routes.routing, &routing)) {
             return;
         }
-        let queues = routing
+        let keys: Vec<DestinationKey> = routing
             .destinations()
             .iter()
-            .map(|destination| self.destination_queue(&destination.instance_id, &destination.endpoint))
-            .collect::<Vec<_>>();
-        tracing::info!(version = routing.version(), destinations = queues.len(), "routing with a new placement");
-        self.routes = Some(Routes { routing, queues });
+            .map(|destination| (destination.instance_id.clone(), destination.endpoint.clone()))
+            .collect();
+        let queues = keys.iter().map(|(instance, endpoint)| self.destination_queue(instance, endpoint)).collect();
+        // Dictionaries follow their destinations from one placement to the next.
+        if let Some(old) = self.routes.take() {
+            for (key, dictionary) in old.keys.into_iter().zip(self.dictionaries.drain(..)) {
+                self.parked_dictionaries.insert(key, dictionary);
+            }
+        }
+        let max_frame_bytes = self.settings.max_frame_bytes;
+        self.dictionaries = keys
+            .iter()
+            .map(|key| self.parked_dictionaries.remove(key).unwrap_or_else(|| Dictionary::new(max_frame_bytes)))
+            .collect();
+        tracing::info!(version = routing.version(), destinations = keys.len(), "routing with a new placement");
+        self.routes = Some(Routes { routing, queues, keys });
     }
 
     fn destination_queue(&self, instance: &str, endpoint: &str) -> Arc<DestinationQueue> {
@@ -392,51 +445,29 @@ impl Outbound {
 
 /// Cuts one destination's share of a window into frames of whole shard
 /// chunks under the size budget, shards in order, and queues them; an
-/// empty share is one frame with no shards. The last frame carries
-/// `watermark_ms`, the others at most the window's start.
+/// empty share is one frame with no shards, which uses no refs.
 fn enqueue_batches(
     queue: &DestinationQueue,
     outbound: &mut Outbound,
-    window_start_ms: i64,
-    placement_version: u64,
-    watermark_ms: i64,
+    mut header: PartialBatch,
+    refs: Option<Refs>,
     settings: &FlushSettings,
 ) {
     outbound.touched.sort_unstable();
-    let budget = settings.max_frame_bytes / 2;
-    let mut sections: Vec<(u32, &[u8])> = Vec::new();
-    let (mut pending_bytes, mut pending_partials) = (0usize, 0u64);
-    let flush = |sections: &mut Vec<(u32, &[u8])>, partials: &mut u64, bytes: &mut usize, last: bool| {
-        if sections.is_empty() && !last {
-            return;
-        }
-        let sequence = queue.next_sequence();
-        let header = PartialBatch {
-            source: settings.sender.source.clone(),
-            sequence,
-            window_start_ms,
-            window_ms: settings.window_ms as u32,
-            placement_version,
-            shards: Vec::new(),
-            // 0 on the wire: no watermark yet (no reader has reported).
-            watermark_ms: (if last { watermark_ms } else { watermark_ms.min(window_start_ms) }).max(0),
-        };
-        let frame = encode_partials_frame(&header, sections);
-        queue.push(Batch { sequence, frame, items: *partials });
-        sections.clear();
-        (*partials, *bytes) = (0, 0);
-    };
-    for &shard in &outbound.touched {
-        for (chunk, series) in outbound.shards[shard as usize].chunks() {
-            if pending_bytes + chunk.len() > budget {
-                flush(&mut sections, &mut pending_partials, &mut pending_bytes, false);
-            }
-            sections.push((shard, chunk));
-            pending_bytes += chunk.len() + 8;
-            pending_partials += series;
-        }
-    }
-    flush(&mut sections, &mut pending_partials, &mut pending_bytes, true);
+    let refs = refs.filter(|_| !outbound.touched.is_empty());
+    header.dictionary = refs.as_ref().map_or(0, |refs| refs.generation);
+    let shards = outbound.touched.iter().map(|&shard| (shard, &outbound.shards[shard as usize]));
+    let mut batches = Vec::new();
+    cut_frames(
+        &header,
+        shards,
+        settings.max_frame_bytes / 2,
+        &mut || queue.next_sequence(),
+        |sequence, frame, items| {
+            batches.push(Batch { sequence, frame, items, refs: refs.clone() });
+        },
+    );
+    queue.push_all(batches);
 }
 
 /// Folds one reader's cut into a window table.
@@ -449,5 +480,6 @@ fn merge_cut(table: &mut Table, cut: &Cut) {
     }
 }
 
+mod dictionary;
 #[cfg(test)]
 mod tests;

@@ -11,7 +11,7 @@
 
 use std::time::Duration;
 
-use tessera_runtime::outbound::{Batch, DropReason, OutboundMetrics, OutboundQueue};
+use tessera_runtime::outbound::{Batch, DropReason, GenerationEnd, OutboundMetrics, OutboundQueue};
 
 use crate::metrics::DestinationMetrics;
 
@@ -25,6 +25,7 @@ pub fn rejection_label(reason: &str) -> &'static str {
         "malformed" => "malformed",
         "too_late" => "too_late",
         "too_early" => "too_early",
+        "unknown_series_ref" => "unknown_series_ref",
         _ => "other",
     }
 }
@@ -55,6 +56,14 @@ impl OutboundMetrics for DestinationMetrics {
         DestinationMetrics::rejected(self, reason);
     }
 
+    fn dictionary_ended(&self, why: GenerationEnd) {
+        DestinationMetrics::dictionary_ended(self, why.as_str());
+    }
+
+    fn expanded(&self, result: Result<usize, ()>) {
+        DestinationMetrics::expanded(self, if result.is_ok() { "ok" } else { "error" });
+    }
+
     fn delivered(&self, batch: &Batch, latency: Duration) {
         self.ack_latency.observe(latency.as_secs_f64());
         self.batches_sent.inc();
@@ -69,7 +78,7 @@ mod tests {
     use crate::metrics::Metrics;
 
     fn batch(sequence: u64, bytes: usize, partials: u64) -> Batch {
-        Batch { sequence, frame: vec![0; bytes], items: partials }
+        Batch { sequence, frame: vec![0; bytes], items: partials, refs: None }
     }
 
     #[test]

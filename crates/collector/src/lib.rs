@@ -194,6 +194,7 @@ impl Collector {
             flush_delay_ms: config.aggregation.flush_delay_ms as i64,
             max_frame_bytes: config.forward.max_frame_bytes,
             max_queue_bytes: config.forward.max_queue_bytes,
+            series_dictionary: config.forward.series_dictionary,
             sender: SenderSettings {
                 source: instance_id.clone(),
                 role: tessera_proto::Role::Collector,

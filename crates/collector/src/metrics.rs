@@ -54,6 +54,9 @@ pub struct Metrics {
     connect_errors: Family<Labels, Counter>,
     send_errors: Family<Labels, Counter>,
     rejected_batches: Family<Labels, Counter>,
+    dictionary_series: Family<Labels, Gauge>,
+    dictionary_generations: Family<Labels, Counter>,
+    batches_expanded: Family<Labels, Counter>,
     /// Receive buffer the kernel granted each UDP socket.
     pub udp_recv_buffer_bytes: Gauge,
     /// 1 when the kernel stamps every UDP datagram with its receive time
@@ -86,6 +89,9 @@ impl Default for Metrics {
             connect_errors: Family::default(),
             send_errors: Family::default(),
             rejected_batches: Family::default(),
+            dictionary_series: Family::default(),
+            dictionary_generations: Family::default(),
+            batches_expanded: Family::default(),
             udp_recv_buffer_bytes: Gauge::default(),
             udp_receive_stamps: Gauge::default(),
         }
@@ -192,6 +198,21 @@ impl Metrics {
             self.rejected_batches.clone(),
         );
         r.register(
+            "tessera_collector_dictionary_series",
+            "Series named in the current series dictionary of each destination",
+            self.dictionary_series.clone(),
+        );
+        r.register(
+            "tessera_collector_dictionary_generations",
+            "Series dictionaries ended per destination, by why: connect (a new connection), dropped (a batch of it was dropped), rotated (too many idle series)",
+            self.dictionary_generations.clone(),
+        );
+        r.register(
+            "tessera_collector_batches_expanded",
+            "Batches encoded for an ended dictionary, re-encoded with full series ids before sending (result=ok) or dropped (result=error)",
+            self.batches_expanded.clone(),
+        );
+        r.register(
             "tessera_collector_udp_recv_buffer_bytes",
             "Receive buffer the kernel granted each UDP socket",
             self.udp_recv_buffer_bytes.clone(),
@@ -243,6 +264,9 @@ impl Metrics {
             connect_errors: self.connect_errors.get_or_create(&by_destination).clone(),
             send_errors: self.send_errors.clone(),
             rejected: self.rejected_batches.clone(),
+            dictionary_series: self.dictionary_series.get_or_create(&by_destination).clone(),
+            dictionary_generations: self.dictionary_generations.clone(),
+            batches_expanded: self.batches_expanded.clone(),
             instance: instance.to_owned(),
             drops: self.drops.clone(),
         }
@@ -343,6 +367,10 @@ pub struct DestinationMetrics {
     send_errors: Family<Labels, Counter>,
     rejected: Family<Labels, Counter>,
     drops: Family<Labels, Counter>,
+    /// Series in the destination's current dictionary.
+    pub dictionary_series: Gauge,
+    dictionary_generations: Family<Labels, Counter>,
+    batches_expanded: Family<Labels, Counter>,
     instance: String,
 }
 
@@ -355,6 +383,16 @@ impl DestinationMetrics {
     /// Counts a connection lost while sending a batch or awaiting its ack.
     pub fn send_error(&self, reason: &str) {
         self.send_errors.get_or_create(&labels(&[("destination", &self.instance), ("reason", reason)])).inc();
+    }
+
+    /// Counts the end of a dictionary generation.
+    pub fn dictionary_ended(&self, why: &str) {
+        self.dictionary_generations.get_or_create(&labels(&[("destination", &self.instance), ("reason", why)])).inc();
+    }
+
+    /// Counts a batch expanded for an ended dictionary.
+    pub fn expanded(&self, result: &str) {
+        self.batches_expanded.get_or_create(&labels(&[("destination", &self.instance), ("result", result)])).inc();
     }
 
     /// Counts partials dropped on the way to this destination.

@@ -23,6 +23,7 @@ const TILES: usize = 10_000;
 fn batch(tile_end_ms: i64) -> TileBatch {
     let tiles = (0..TILES)
         .map(|n| SeriesValue {
+            r#ref: 0,
             series_id: format!(
                 "http.server.requests|#endpoint:/api/v1/item{},host:host-{:04},series:{n}",
                 n % 50,

@@ -20,6 +20,7 @@ const SAMPLES: usize = 2_000;
 fn samples(count: usize) -> Vec<StoredSample> {
     let tiles = (0..count)
         .map(|n| SeriesValue {
+            r#ref: 0,
             series_id: format!(
                 "http.server.requests|#endpoint:/api/v1/item{},host:host-{:04},series:{n}",
                 n % 50,

@@ -81,6 +81,7 @@ fn main() {
     };
     let tiles: Vec<SeriesValue> = (0..flags.series)
         .map(|n| SeriesValue {
+            r#ref: 0,
             series_id: format!("bench.requests|#host:host-{:04},series:{n}", n % 1000).into_bytes(),
             r#type: MetricType::Counter as i32,
             aggregate: Some(Aggregate::Counter(1.0).to_proto()),

@@ -21,8 +21,10 @@ use crate::{Frame, Hello, HelloAck, Role, frame::Body};
 ///
 /// - 1: the first contract;
 /// - 2: gauges carry order stamps in nanoseconds and a delta range
-///   (`Gauge.timestamp_ns`, `has_delta`, `delta_first_ns`, `delta_last_ns`).
-pub const PROTOCOL_VERSION: u32 = 2;
+///   (`Gauge.timestamp_ns`, `has_delta`, `delta_first_ns`, `delta_last_ns`);
+/// - 3: the per-connection series dictionary (`SeriesValue.ref`,
+///   `PartialBatch.dictionary`).
+pub const PROTOCOL_VERSION: u32 = 3;
 
 /// Default maximum size of one frame's body: 64 MiB.
 ///

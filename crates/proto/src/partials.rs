@@ -19,7 +19,7 @@
 //!
 //! let mut shard = ShardSeries::default();
 //! let counter = Aggregate { value: Some(Value::Counter(3.0)) };
-//! shard.push(1 << 20, b"requests|#env:prod", MetricType::Counter as i32, &counter);
+//! shard.push(1 << 20, b"requests|#env:prod", MetricType::Counter as i32, &counter, 0);
 //! let header = PartialBatch { source: "host-1".into(), sequence: 7, ..Default::default() };
 //! let sections: Vec<(u32, &[u8])> = shard.chunks().map(|(bytes, _)| (5, bytes)).collect();
 //! let frame = encode_partials_frame(&header, &sections);
@@ -44,10 +44,13 @@ const BATCH_WATERMARK: u32 = 7;
 const SHARD_NUMBER: u32 = 1;
 /// `ShardPartials.series`.
 const SHARD_SERIES: u32 = 2;
-/// `SeriesValue.series_id`, `.type`, `.aggregate`.
+/// `PartialBatch.dictionary`.
+const BATCH_DICTIONARY: u32 = 8;
+/// `SeriesValue.series_id`, `.type`, `.aggregate`, `.ref`.
 const SERIES_ID: u32 = 1;
 const SERIES_TYPE: u32 = 2;
 const SERIES_AGGREGATE: u32 = 3;
+const SERIES_REF: u32 = 4;
 
 /// `Aggregate.counter`, a double.
 const AGGREGATE_COUNTER: u32 = 1;
@@ -91,8 +94,17 @@ struct Chunk {
 
 impl ShardSeries {
     /// Appends one `SeriesValue`, starting a new chunk when the current one
-    /// would grow past `chunk_bytes`.
-    pub fn push(&mut self, chunk_bytes: usize, series_id: &[u8], metric_type: i32, aggregate: &Aggregate) {
+    /// would grow past `chunk_bytes`. `series_ref` 0 leaves the ref out; a
+    /// series named by its ref alone has an empty `series_id` and
+    /// `metric_type` 0.
+    pub fn push(
+        &mut self,
+        chunk_bytes: usize,
+        series_id: &[u8],
+        metric_type: i32,
+        aggregate: &Aggregate,
+        series_ref: u32,
+    ) {
         // A counter (most series) is one fixed64 field, written here; the
         // other aggregates go through prost.
         let counter = match aggregate.value {
@@ -107,7 +119,9 @@ impl ShardSeries {
         } else {
             KEY_BYTES + encoded_len_varint(series_id.len() as u64) + series_id.len()
         };
-        let body_len = id_len + type_len + KEY_BYTES + encoded_len_varint(aggregate_len as u64) + aggregate_len;
+        let ref_len = if series_ref == 0 { 0 } else { KEY_BYTES + encoded_len_varint(u64::from(series_ref)) };
+        let body_len =
+            id_len + type_len + KEY_BYTES + encoded_len_varint(aggregate_len as u64) + aggregate_len + ref_len;
         let field_len = KEY_BYTES + encoded_len_varint(body_len as u64) + body_len;
         let chunk = self.chunk_with_room(chunk_bytes, field_len);
         let out = &mut chunk.bytes;
@@ -131,6 +145,10 @@ impl ShardSeries {
                 out.extend_from_slice(&sum.to_le_bytes());
             }
             None => aggregate.encode(out).expect("a Vec grows to fit"),
+        }
+        if series_ref != 0 {
+            out.push(key(SERIES_REF, WireType::Varint));
+            put_varint(out, u64::from(series_ref));
         }
         chunk.series += 1;
     }
@@ -176,13 +194,15 @@ impl ShardSeries {
 
 /// One length-prefixed `Frame { partials }`: `header` (whose `shards` must
 /// be empty) followed by one `ShardPartials` per `(shard, encoded series)`
-/// section, in the order given, and the header's `watermark_ms` last (its
-/// tag follows `shards`, which is where prost writes it).
+/// section, in the order given, and the header's `watermark_ms` and
+/// `dictionary` last (their tags follow `shards`, which is where prost
+/// writes them).
 pub fn encode_partials_frame(header: &PartialBatch, sections: &[(u32, &[u8])]) -> Vec<u8> {
     debug_assert!(header.shards.is_empty(), "sections carry the shards");
-    let watermark_ms = header.watermark_ms;
-    let header = PartialBatch { watermark_ms: 0, ..header.clone() };
-    let watermark_len = if watermark_ms == 0 { 0 } else { KEY_BYTES + encoded_len_varint(watermark_ms as u64) };
+    let (watermark_ms, dictionary) = (header.watermark_ms, header.dictionary);
+    let header = PartialBatch { watermark_ms: 0, dictionary: 0, ..header.clone() };
+    let watermark_len = if watermark_ms == 0 { 0 } else { KEY_BYTES + encoded_len_varint(watermark_ms as u64) }
+        + if dictionary == 0 { 0 } else { KEY_BYTES + encoded_len_varint(dictionary) };
     let section_body_len = |shard: u32, series: &[u8]| {
         let number_len = if shard == 0 { 0 } else { KEY_BYTES + encoded_len_varint(u64::from(shard)) };
         number_len + series.len()
@@ -214,8 +234,109 @@ pub fn encode_partials_frame(header: &PartialBatch, sections: &[(u32, &[u8])]) -
         encode_key(BATCH_WATERMARK, WireType::Varint, &mut out);
         encode_varint(watermark_ms as u64, &mut out);
     }
+    if dictionary != 0 {
+        encode_key(BATCH_DICTIONARY, WireType::Varint, &mut out);
+        encode_varint(dictionary, &mut out);
+    }
     debug_assert_eq!(out.len(), 4 + frame_len);
     out
+}
+
+/// Cuts one window's encoded shards into frames of whole chunks under
+/// `budget` bytes, shards in the order given, handing each to `out` with
+/// its sequence (from `sequences`) and series count; no shards is one frame
+/// with none. The last frame carries `header.watermark_ms`, the others at
+/// most the window's start: a receiver must not take the window as sent in
+/// full before its last frame.
+pub fn cut_frames<'s>(
+    header: &PartialBatch,
+    shards: impl IntoIterator<Item = (u32, &'s ShardSeries)>,
+    budget: usize,
+    sequences: &mut dyn FnMut() -> u64,
+    mut out: impl FnMut(u64, Vec<u8>, u64),
+) {
+    let mut sections: Vec<(u32, &[u8])> = Vec::new();
+    let (mut pending_bytes, mut pending_series) = (0usize, 0u64);
+    let mut cut = |sections: &mut Vec<(u32, &[u8])>, series: &mut u64, bytes: &mut usize, last: bool| {
+        if sections.is_empty() && !last {
+            return;
+        }
+        let watermark_ms = if last { header.watermark_ms } else { header.watermark_ms.min(header.window_start_ms) };
+        let sequence = sequences();
+        let frame = encode_partials_frame(&PartialBatch { sequence, watermark_ms, ..header.clone() }, sections);
+        out(sequence, frame, *series);
+        sections.clear();
+        (*series, *bytes) = (0, 0);
+    };
+    for (shard, series) in shards {
+        for (chunk, count) in series.chunks() {
+            if pending_bytes + chunk.len() > budget {
+                cut(&mut sections, &mut pending_series, &mut pending_bytes, false);
+            }
+            sections.push((shard, chunk));
+            pending_bytes += chunk.len() + 8;
+            pending_series += count;
+        }
+    }
+    cut(&mut sections, &mut pending_series, &mut pending_bytes, true);
+}
+
+/// Why a batch's refs could not be expanded.
+#[derive(Debug, thiserror::Error)]
+pub enum ExpandError {
+    /// The frame is not a partial batch that decodes.
+    #[error("not a partial batch frame: {0}")]
+    Frame(String),
+    /// A ref the dictionary does not hold.
+    #[error("ref {0} is not in the dictionary")]
+    UnknownRef(u32),
+}
+
+/// Rewrites a partial batch frame that names series by ref into frames
+/// that name every series in full and carry no dictionary, for a
+/// connection that never saw the refs' definitions (the batch was encoded
+/// for a connection or dictionary that is gone). `lookup` gives a ref's
+/// `(metric type, series id)`.
+///
+/// Ids are longer than refs, so the batch is split, by whole shard groups
+/// and within them, into frames of at most `budget` encoded series bytes
+/// each; every frame but the last carries a watermark no later than the
+/// window's start (as the sender's own split does). `sequences` numbers
+/// the frames.
+pub fn expand_refs<'d>(
+    frame: &[u8],
+    max_frame_bytes: usize,
+    budget: usize,
+    mut sequences: impl FnMut() -> u64,
+    lookup: impl Fn(u32) -> Option<(i32, &'d [u8])>,
+) -> Result<Vec<(u64, Vec<u8>, u64)>, ExpandError> {
+    let batch = match crate::framing::decode_frame(frame, max_frame_bytes) {
+        Ok(Some((crate::Frame { body: Some(crate::frame::Body::Partials(batch)) }, _))) => batch,
+        Ok(_) => return Err(ExpandError::Frame("not a partial batch".into())),
+        Err(error) => return Err(ExpandError::Frame(error.to_string())),
+    };
+    let mut shards: Vec<ShardSeries> = Vec::new();
+    for group in &batch.shards {
+        let mut series = ShardSeries::default();
+        for value in &group.series {
+            let empty = Aggregate::default();
+            let aggregate = value.aggregate.as_ref().unwrap_or(&empty);
+            if value.r#ref != 0 && value.series_id.is_empty() {
+                let (metric_type, id) = lookup(value.r#ref).ok_or(ExpandError::UnknownRef(value.r#ref))?;
+                series.push(budget, id, metric_type, aggregate, 0);
+            } else {
+                series.push(budget, &value.series_id, value.r#type, aggregate, 0);
+            }
+        }
+        shards.push(series);
+    }
+    let header = PartialBatch { shards: Vec::new(), dictionary: 0, ..batch.clone() };
+    let mut frames = Vec::new();
+    let groups = batch.shards.iter().map(|group| group.shard).zip(&shards);
+    cut_frames(&header, groups, budget, &mut sequences, |sequence, frame, series| {
+        frames.push((sequence, frame, series));
+    });
+    Ok(frames)
 }
 
 #[cfg(test)]
@@ -227,6 +348,7 @@ mod tests {
     fn series(n: usize) -> Vec<SeriesValue> {
         (0..n)
             .map(|i| SeriesValue {
+                r#ref: 0,
                 series_id: format!("metric.{i}|#host:h{}", i % 7).into_bytes(),
                 r#type: if i % 3 == 0 { MetricType::Gauge as i32 } else { MetricType::Counter as i32 },
                 aggregate: Some(Aggregate {
@@ -242,6 +364,7 @@ mod tests {
 
     fn header(sequence: u64) -> PartialBatch {
         PartialBatch {
+            dictionary: 0,
             source: "collector-a".into(),
             sequence,
             window_start_ms: 1_700_000_000_000,
@@ -267,13 +390,13 @@ mod tests {
     fn frames_are_byte_for_byte_what_prost_writes() {
         // Shard 0 (whose number prost omits), a big shard number, an empty id.
         let mut values = series(40);
-        values.push(SeriesValue { series_id: Vec::new(), r#type: 0, aggregate: Some(Aggregate::default()) });
+        values.push(SeriesValue { r#ref: 0, series_id: Vec::new(), r#type: 0, aggregate: Some(Aggregate::default()) });
         let shards = [(0u32, &values[..10]), (7, &values[10..30]), (300_000, &values[30..])];
         let mut encoded: Vec<(u32, ShardSeries)> = Vec::new();
         for (shard, values) in shards {
             let mut buffer = ShardSeries::default();
             for value in values {
-                buffer.push(1 << 20, &value.series_id, value.r#type, value.aggregate.as_ref().unwrap());
+                buffer.push(1 << 20, &value.series_id, value.r#type, value.aggregate.as_ref().unwrap(), value.r#ref);
             }
             assert_eq!(buffer.series(), values.len() as u64);
             encoded.push((shard, buffer));
@@ -294,7 +417,7 @@ mod tests {
         let values = series(1000);
         let mut buffer = ShardSeries::default();
         for value in &values {
-            buffer.push(2048, &value.series_id, value.r#type, value.aggregate.as_ref().unwrap());
+            buffer.push(2048, &value.series_id, value.r#type, value.aggregate.as_ref().unwrap(), value.r#ref);
         }
         let chunks: Vec<(&[u8], u64)> = buffer.chunks().collect();
         assert!(chunks.len() > 5, "{} chunks", chunks.len());
@@ -313,7 +436,7 @@ mod tests {
         buffer.clear();
         assert!(buffer.is_empty());
         assert_eq!(buffer.chunks().count(), 0);
-        buffer.push(2048, b"x", MetricType::Counter as i32, &Aggregate { value: Some(Value::Counter(1.0)) });
+        buffer.push(2048, b"x", MetricType::Counter as i32, &Aggregate { value: Some(Value::Counter(1.0)) }, 0);
         assert_eq!(buffer.series(), 1);
     }
 
@@ -321,9 +444,9 @@ mod tests {
     fn one_series_larger_than_the_chunk_bound_gets_a_chunk_of_its_own() {
         let mut buffer = ShardSeries::default();
         let counter = Aggregate { value: Some(Value::Counter(1.0)) };
-        buffer.push(64, b"a", 1, &counter);
-        buffer.push(64, &[b'x'; 200], 1, &counter);
-        buffer.push(64, b"b", 1, &counter);
+        buffer.push(64, b"a", 1, &counter, 0);
+        buffer.push(64, &[b'x'; 200], 1, &counter, 0);
+        buffer.push(64, b"b", 1, &counter, 0);
         let counts: Vec<u64> = buffer.chunks().map(|(_, n)| n).collect();
         assert_eq!(counts, vec![1, 1, 1]);
     }

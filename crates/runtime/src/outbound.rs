@@ -15,6 +15,16 @@
 //!   reason. A broken connection or a missing ack puts the batch back at
 //!   the head and reconnects.
 //!
+//! **Series dictionaries.** A batch may name series by refs of its sender's
+//! dictionary ([`Refs`]); refs mean something only on the connection that
+//! saw their definitions, in order. The queue keeps a dictionary
+//! *generation*: a sender starts a new one with every connection, and the
+//! queue with every drop of a batch of the current one (its definitions
+//! never arrive). The encoder starts an empty dictionary whenever the
+//! generation it reads has changed. A batch of an older generation is
+//! expanded ([`Expand`]) into batches that name every series in full before
+//! it is sent.
+//!
 //! What differs between hops (metric names and units, the handshake role,
 //! which rejection reasons are known) comes in through [`OutboundMetrics`]
 //! and [`SenderSettings`].
@@ -40,6 +50,61 @@ pub struct Batch {
     pub frame: Vec<u8>,
     /// Items (partials, series values) in the batch, for counts.
     pub items: u64,
+    /// The dictionary whose refs the frame uses, if any.
+    pub refs: Option<Refs>,
+}
+
+/// Turns a frame that names series by refs into frames that name them in
+/// full (each with a fresh sequence from `sequences`), for a connection that
+/// never saw the refs' definitions.
+pub trait Expand: Send + Sync {
+    /// The expanded batches, in order, or why the frame cannot be expanded.
+    fn expand(&self, frame: &[u8], sequences: &mut dyn FnMut() -> u64) -> Result<Vec<Batch>, String>;
+}
+
+/// The dictionary a batch's refs belong to.
+#[derive(Clone)]
+pub struct Refs {
+    /// The queue's dictionary generation the batch was encoded for.
+    pub generation: u64,
+    /// How to name its series in full when that generation is gone.
+    pub expand: Arc<dyn Expand>,
+}
+
+impl std::fmt::Debug for Refs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Refs").field("generation", &self.generation).finish_non_exhaustive()
+    }
+}
+
+impl PartialEq for Refs {
+    fn eq(&self, other: &Refs) -> bool {
+        self.generation == other.generation && Arc::ptr_eq(&self.expand, &other.expand)
+    }
+}
+
+impl Eq for Refs {}
+
+/// Why a queue's dictionary generation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GenerationEnd {
+    /// The sender opened a new connection.
+    Connect,
+    /// A batch of the generation was dropped (overflow or refusal).
+    Dropped,
+    /// The encoder started afresh (its dictionary held too many idle series).
+    Rotated,
+}
+
+impl GenerationEnd {
+    /// A stable metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GenerationEnd::Connect => "connect",
+            GenerationEnd::Dropped => "dropped",
+            GenerationEnd::Rotated => "rotated",
+        }
+    }
 }
 
 /// Why batches were dropped on the way to a destination.
@@ -65,6 +130,11 @@ pub trait OutboundMetrics: Send + Sync + 'static {
     fn rejected(&self, reason: &'static str);
     /// `batch` was acknowledged `latency` after it was sent.
     fn delivered(&self, batch: &Batch, latency: Duration);
+    /// The dictionary generation ended ([`Refs`]).
+    fn dictionary_ended(&self, _why: GenerationEnd) {}
+    /// A batch of an ended generation was expanded into `batches` batches
+    /// (or, with `Err`, could not be and was dropped).
+    fn expanded(&self, _result: Result<usize, ()>) {}
 }
 
 #[derive(Default)]
@@ -83,6 +153,8 @@ pub struct OutboundQueue<M> {
     next_sequence: AtomicU64,
     in_flight: AtomicBool,
     connected: AtomicBool,
+    /// The current dictionary generation ([`Refs`]).
+    generation: AtomicU64,
     max_bytes: usize,
     metrics: M,
 }
@@ -98,6 +170,7 @@ impl<M: OutboundMetrics> OutboundQueue<M> {
             next_sequence: AtomicU64::new(1),
             in_flight: AtomicBool::new(false),
             connected: AtomicBool::new(false),
+            generation: AtomicU64::new(1),
             max_bytes,
             metrics,
         }
@@ -108,9 +181,35 @@ impl<M: OutboundMetrics> OutboundQueue<M> {
         &self.endpoint
     }
 
+    /// The metrics the queue reports to.
+    pub fn metrics(&self) -> &M {
+        &self.metrics
+    }
+
     /// The sequence number for the next batch.
     pub fn next_sequence(&self) -> u64 {
         self.next_sequence.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// The current dictionary generation: refs of batches encoded for it
+    /// may be sent as they are.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// Ends the current dictionary generation.
+    pub fn end_generation(&self, why: GenerationEnd) {
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        self.metrics.dictionary_ended(why);
+    }
+
+    /// Ends the generation if `batch`, dropped, belonged to it.
+    fn dropped_batch(&self, batch: &Batch) -> bool {
+        let current = batch.refs.as_ref().is_some_and(|refs| refs.generation == self.generation());
+        if current {
+            self.end_generation(GenerationEnd::Dropped);
+        }
+        current
     }
 
     /// Bytes queued now.
@@ -148,7 +247,7 @@ impl<M: OutboundMetrics> OutboundQueue<M> {
                 state.bytes += batch.frame.len();
                 state.batches.push_back(batch);
             }
-            let dropped = Self::enforce_bound(&mut state, self.max_bytes, keep);
+            let dropped = self.enforce_bound(&mut state, keep);
             self.publish(&state);
             dropped
         };
@@ -166,7 +265,7 @@ impl<M: OutboundMetrics> OutboundQueue<M> {
             let mut state = self.lock();
             state.bytes += batch.frame.len();
             state.batches.push_front(batch);
-            let dropped = Self::enforce_bound(&mut state, self.max_bytes, 1);
+            let dropped = self.enforce_bound(&mut state, 1);
             self.publish(&state);
             dropped
         };
@@ -178,13 +277,14 @@ impl<M: OutboundMetrics> OutboundQueue<M> {
 
     /// Drops the oldest batches until the queue fits `max_bytes`, keeping at
     /// least `keep` batches (the newest, at least one).
-    fn enforce_bound(state: &mut State, max_bytes: usize, keep: usize) -> (u64, u64) {
+    fn enforce_bound(&self, state: &mut State, keep: usize) -> (u64, u64) {
         let (mut batches, mut items) = (0, 0);
-        while state.bytes > max_bytes && state.batches.len() > keep.max(1) {
+        while state.bytes > self.max_bytes && state.batches.len() > keep.max(1) {
             let Some(oldest) = state.batches.pop_front() else { break };
             state.bytes -= oldest.frame.len();
             batches += 1;
             items += oldest.items;
+            self.dropped_batch(&oldest);
         }
         (batches, items)
     }
@@ -279,6 +379,8 @@ pub async fn run_sender<M: OutboundMetrics>(queue: Arc<OutboundQueue<M>>, settin
             }
         };
         tracing::info!(%endpoint, peer, "connected");
+        // The peer knows none of the refs sent before.
+        queue.end_generation(GenerationEnd::Connect);
         queue.set_connected(true);
         backoff.reset();
         let mut scratch = Vec::new();
@@ -288,6 +390,10 @@ pub async fn run_sender<M: OutboundMetrics>(queue: Arc<OutboundQueue<M>>, settin
                 return;
             }
             let Some(batch) = queue.pop_front() else { continue };
+            if batch.refs.as_ref().is_some_and(|refs| refs.generation != queue.generation()) {
+                expand_stale(&queue, batch);
+                continue;
+            }
             let started = Instant::now();
             let exchanged =
                 client::exchange(&mut stream, &batch.frame, batch.sequence, &mut scratch, settings.ack_timeout);
@@ -320,11 +426,35 @@ pub async fn run_sender<M: OutboundMetrics>(queue: Arc<OutboundQueue<M>>, settin
                     tracing::warn!(%endpoint, peer, reason, message = %ack.message, items = batch.items, "batch rejected");
                     queue.metrics.rejected(reason);
                     queue.metrics.dropped(DropReason::Rejected, 1, batch.items);
+                    queue.dropped_batch(&batch);
                     queue.finish_in_flight();
                 }
             }
         }
     }
+}
+
+/// Puts the batches naming `batch`'s series in full back at the head of
+/// the queue, in its place; drops and counts it if it cannot be expanded.
+fn expand_stale<M: OutboundMetrics>(queue: &OutboundQueue<M>, batch: Batch) {
+    let Some(refs) = batch.refs.clone() else { return };
+    match refs.expand.expand(&batch.frame, &mut || queue.next_sequence()) {
+        Ok(expanded) => {
+            queue.metrics.expanded(Ok(expanded.len()));
+            let mut state = queue.lock();
+            for batch in expanded.into_iter().rev() {
+                state.bytes += batch.frame.len();
+                state.batches.push_front(batch);
+            }
+            queue.publish(&state);
+        }
+        Err(error) => {
+            queue.metrics.expanded(Err(()));
+            tracing::error!(endpoint = %queue.endpoint, %error, items = batch.items, "a batch's refs cannot be expanded; dropped");
+            queue.metrics.dropped(DropReason::Rejected, 1, batch.items);
+        }
+    }
+    queue.finish_in_flight();
 }
 
 async fn wait_for_work<M: OutboundMetrics>(queue: &OutboundQueue<M>, stop: &Shutdown) -> bool {
@@ -370,7 +500,7 @@ mod tests {
     }
 
     fn batch(sequence: u64, bytes: usize, items: u64) -> Batch {
-        Batch { sequence, frame: vec![0; bytes], items }
+        Batch { sequence, frame: vec![0; bytes], items, refs: None }
     }
 
     #[test]

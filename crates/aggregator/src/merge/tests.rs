@@ -6,7 +6,7 @@ use tessera_core::shard::shard_of;
 use tessera_proto::aggregate::Value;
 
 use super::*;
-use crate::tiler::TilerSettings;
+use crate::tiler::{TilerSettings, Via};
 
 /// A time on a minute boundary.
 const T0: i64 = 1_700_000_040_000;
@@ -30,7 +30,7 @@ fn partials(window: i64) -> Vec<(u32, Partial)> {
             let id = format!("series.{n}");
             let shard = shard_of(id.as_bytes(), SHARDS);
             let aggregate = Aggregate::Counter((window * 100 + n) as f64);
-            (shard, Partial { kind: MetricKind::Counter, id: id.into_bytes(), aggregate })
+            (shard, Partial { via: Via::Id, kind: MetricKind::Counter, id: id.into_bytes(), aggregate })
         })
         .collect()
 }
@@ -65,7 +65,7 @@ fn single_tiler() -> (Tiles, Vec<bool>) {
     let mut admitted = Vec::new();
     for (window, now) in arrivals() {
         let partials = partials(window).into_iter().map(|(_, partial)| partial).collect();
-        let batch = Batch { window_start_ms: window, window_ms: 1000, partials };
+        let batch = Batch { connection: 0, window_start_ms: window, window_ms: 1000, partials };
         admitted.push(tiler.accept(&batch, now, &mut |tile| record(&mut tiles, &tile)).is_ok());
     }
     tiler.close_all(&mut |tile| record(&mut tiles, &tile));
@@ -90,14 +90,14 @@ fn merge_tier(threads: usize) -> (Tiles, Vec<bool>) {
     let mut admitted = Vec::new();
     for (window, now) in arrivals() {
         tier.close_through(&mut shadow, now - settings().buffer_past_ms, Trigger::BufferPast, &metrics);
-        let empty = Batch { window_start_ms: window, window_ms: 1000, partials: Vec::new() };
+        let empty = Batch { connection: 0, window_start_ms: window, window_ms: 1000, partials: Vec::new() };
         let ok = shadow.accept(&empty, now, &mut |_| {}).is_ok();
         if ok {
             let mut shares = vec![Vec::new(); threads];
             for (shard, partial) in partials(window) {
                 shares[thread_of(shard, threads)].push(partial);
             }
-            tier.dispatch(window, 1000, shares);
+            tier.dispatch(0, window, 1000, shares);
         }
         admitted.push(ok);
     }

@@ -267,5 +267,5 @@ fn tile_value(
         }
         other => other.to_proto(),
     };
-    proto::SeriesValue { series_id: id.to_vec(), r#type: kind_to_proto(kind) as i32, aggregate: Some(wire) }
+    proto::SeriesValue { series_id: id.to_vec(), r#type: kind_to_proto(kind) as i32, aggregate: Some(wire), r#ref: 0 }
 }

@@ -19,15 +19,25 @@ fn settings(policies: &[&str]) -> TilerSettings {
 }
 
 fn counter(id: &str, value: f64) -> Partial {
-    Partial { kind: MetricKind::Counter, id: id.as_bytes().to_vec(), aggregate: Aggregate::Counter(value) }
+    Partial {
+        via: Via::Id,
+        kind: MetricKind::Counter,
+        id: id.as_bytes().to_vec(),
+        aggregate: Aggregate::Counter(value),
+    }
 }
 
 fn gauge(id: &str, gauge: Gauge) -> Partial {
-    Partial { kind: MetricKind::Gauge, id: id.as_bytes().to_vec(), aggregate: Aggregate::Gauge(Box::new(gauge)) }
+    Partial {
+        via: Via::Id,
+        kind: MetricKind::Gauge,
+        id: id.as_bytes().to_vec(),
+        aggregate: Aggregate::Gauge(Box::new(gauge)),
+    }
 }
 
 fn batch(window_start_ms: i64, window_ms: i64, partials: Vec<Partial>) -> Batch {
-    Batch { window_start_ms, window_ms, partials }
+    Batch { connection: 0, window_start_ms, window_ms, partials }
 }
 
 /// Non-empty closed tiles, in the order they closed.
@@ -247,8 +257,18 @@ fn distributions_and_sets_merge_exactly() {
             distinct.insert(value as u64 % 37);
         }
         let partials = vec![
-            Partial { kind: MetricKind::Timer, id: b"t".to_vec(), aggregate: Aggregate::Distribution(Box::new(timer)) },
-            Partial { kind: MetricKind::Set, id: b"s".to_vec(), aggregate: Aggregate::Set(Box::new(set)) },
+            Partial {
+                via: Via::Id,
+                kind: MetricKind::Timer,
+                id: b"t".to_vec(),
+                aggregate: Aggregate::Distribution(Box::new(timer)),
+            },
+            Partial {
+                via: Via::Id,
+                kind: MetricKind::Set,
+                id: b"s".to_vec(),
+                aggregate: Aggregate::Set(Box::new(set)),
+            },
         ];
         tiler.accept(&batch(T0, 1000, partials), T0 + 1100, &mut sink.emit()).unwrap();
     }
@@ -308,7 +328,10 @@ fn a_full_table_refuses_new_series_and_counts_them() {
     let mut sink = Sink::default();
     let partials = vec![counter("a", 1.0), counter("b", 1.0), counter("c", 1.0)];
     let applied = tiler.accept(&batch(T0, 1000, partials), T0 + 1100, &mut sink.emit()).unwrap();
-    assert_eq!(applied, Applied { partials: 3, new_series: 2, series_limit: 1, gauge_order_ambiguous: 0 });
+    assert_eq!(
+        applied,
+        Applied { partials: 3, new_series: 2, series_limit: 1, gauge_order_ambiguous: 0, unknown_refs: 0 }
+    );
 }
 
 #[test]

@@ -24,6 +24,11 @@ pub struct Received {
     pub sources: Vec<String>,
     /// Every batch in arrival order: (window start, partials, watermark).
     pub batch_log: Vec<(i64, u64, i64)>,
+    /// Partials named by a ref (series dictionary) and by a full id.
+    pub by_ref: u64,
+    pub by_id: u64,
+    /// Refs that the connection's dictionary did not hold.
+    pub unknown_refs: u64,
 }
 
 #[derive(Clone)]
@@ -51,6 +56,8 @@ impl Receiver {
                     let Ok(hello) = framing::server_handshake(&mut stream, "test-receiver").await else { return };
                     state.received.lock().unwrap().sources.push(hello.instance_id);
                     let mut scratch = Vec::new();
+                    // This connection's series dictionary: generation, ref → (type, id).
+                    let mut dictionary: (u64, HashMap<u32, (i32, Vec<u8>)>) = (0, HashMap::new());
                     while let Ok(frame) = framing::read_frame(&mut stream, &mut scratch, DEFAULT_MAX_FRAME_BYTES).await
                     {
                         let Some(Body::Partials(batch)) = frame.body else { return };
@@ -60,9 +67,25 @@ impl Receiver {
                             received.batches += 1;
                             let partials = batch.shards.iter().map(|shard| shard.series.len() as u64).sum();
                             received.batch_log.push((batch.window_start_ms, partials, batch.watermark_ms));
+                            if batch.dictionary != 0 && batch.dictionary != dictionary.0 {
+                                dictionary = (batch.dictionary, HashMap::new());
+                            }
                             for shard in batch.shards {
                                 *received.shards.entry(shard.shard).or_default() += shard.series.len() as u64;
-                                for value in shard.series {
+                                for mut value in shard.series {
+                                    if value.r#ref != 0 && value.series_id.is_empty() {
+                                        let Some((metric_type, id)) = dictionary.1.get(&value.r#ref) else {
+                                            received.unknown_refs += 1;
+                                            continue;
+                                        };
+                                        (value.r#type, value.series_id) = (*metric_type, id.clone());
+                                        received.by_ref += 1;
+                                    } else {
+                                        if value.r#ref != 0 {
+                                            dictionary.1.insert(value.r#ref, (value.r#type, value.series_id.clone()));
+                                        }
+                                        received.by_id += 1;
+                                    }
                                     let kind = kind_from_proto(value.r#type).unwrap();
                                     let aggregate = Aggregate::from_proto(&value.aggregate.unwrap()).unwrap();
                                     let window = batch.window_start_ms;

@@ -11,7 +11,12 @@ fn labels_text(sample: &StoredSample) -> String {
 }
 
 fn tile(id: &str, metric_type: MetricType, aggregate: Aggregate) -> SeriesValue {
-    SeriesValue { series_id: id.as_bytes().to_vec(), r#type: metric_type as i32, aggregate: Some(aggregate.to_proto()) }
+    SeriesValue {
+        r#ref: 0,
+        series_id: id.as_bytes().to_vec(),
+        r#type: metric_type as i32,
+        aggregate: Some(aggregate.to_proto()),
+    }
 }
 
 fn batch(tile_end_ms: i64, tiles: Vec<SeriesValue>) -> TileBatch {
@@ -254,6 +259,7 @@ fn bad_tiles_are_skipped_and_counted_and_bad_batches_refused() {
     let mut empty = tile("y", MetricType::Counter, Aggregate::Counter(1.0));
     empty.aggregate = None;
     let nan = SeriesValue {
+        r#ref: 0,
         series_id: b"n".to_vec(),
         r#type: MetricType::Counter as i32,
         aggregate: Some(tessera_proto::Aggregate { value: Some(tessera_proto::aggregate::Value::Counter(f64::NAN)) }),

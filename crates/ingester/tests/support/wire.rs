@@ -107,7 +107,12 @@ pub fn batch(sequence: u64, policy: &str, tile_end_ms: i64, tiles: Vec<SeriesVal
 }
 
 fn tile(id: &str, metric_type: MetricType, aggregate: Aggregate) -> SeriesValue {
-    SeriesValue { series_id: id.as_bytes().to_vec(), r#type: metric_type as i32, aggregate: Some(aggregate.to_proto()) }
+    SeriesValue {
+        r#ref: 0,
+        series_id: id.as_bytes().to_vec(),
+        r#type: metric_type as i32,
+        aggregate: Some(aggregate.to_proto()),
+    }
 }
 
 pub fn counter(id: &str, delta: f64) -> SeriesValue {
