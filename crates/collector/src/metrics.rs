@@ -272,6 +272,11 @@ impl Metrics {
         }
     }
 
+    /// Dictionary generations of `destination` ended for `reason` so far.
+    pub fn dictionary_generations_ended(&self, destination: &str, reason: &str) -> u64 {
+        self.dictionary_generations.get_or_create(&labels(&[("destination", destination), ("reason", reason)])).get()
+    }
+
     /// Counts series partials dropped for `reason`.
     pub fn drop_partials(&self, reason: &str, partials: u64) {
         self.drops.get_or_create(&labels(&[("reason", reason), ("unit", "partials")])).inc_by(partials);

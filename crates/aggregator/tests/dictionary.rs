@@ -1,0 +1,226 @@
+//! The series dictionary between a real collector and a real aggregator:
+//! series go by ref once named, and every tile stays exact when the
+//! connection breaks mid-stream (queued batches of the old dictionary are
+//! re-sent with full ids) and when the aggregator restarts.
+
+mod support;
+
+use std::net::{SocketAddr, UdpSocket};
+use std::sync::Arc;
+use std::time::Duration;
+
+use support::{TileReceiver, test_config, wait_until};
+use tessera_aggregator::Aggregator;
+use tessera_aggregator::metrics::Reason;
+use tessera_collector::Collector;
+use tessera_core::parse::MetricKind;
+use tessera_proto::aggregate::Value;
+use tessera_runtime::{Shutdown, Telemetry};
+use tessera_topology::{Placement, PlacementHandle};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Notify;
+
+const POLICIES: [&str; 2] = ["500ms:1h", "1s:1h"];
+const SERIES: usize = 200;
+
+fn collector_config() -> tessera_collector::Config {
+    let mut config: tessera_collector::Config = toml::from_str(
+        r#"
+        [udp]
+        listen = "127.0.0.1:0"
+        reader_threads = 1
+        recv_buffer_bytes = 4194304
+        [aggregation]
+        interval_ms = 100
+        flush_delay_ms = 30
+        [placement]
+        kind = "static"
+        path = "unused-in-tests"
+        [forward]
+        reconnect_min_ms = 20
+        reconnect_max_ms = 100
+        shutdown_grace_secs = 5
+        "#,
+    )
+    .unwrap();
+    config.telemetry.listen = None;
+    config
+}
+
+/// A TCP relay whose connections can all be cut at once.
+struct Relay {
+    address: SocketAddr,
+    cut: Arc<Notify>,
+}
+
+impl Relay {
+    async fn start(target: SocketAddr) -> Relay {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let cut = Arc::new(Notify::new());
+        let cuts = cut.clone();
+        tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                let cut = cuts.clone();
+                tokio::spawn(async move {
+                    let Ok(mut outbound) = TcpStream::connect(target).await else { return };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                        () = cut.notified() => {}
+                    }
+                });
+            }
+        });
+        Relay { address, cut }
+    }
+
+    /// Drops every connection open now.
+    fn cut(&self) {
+        self.cut.notify_waiters();
+    }
+}
+
+/// Sum of every tile value of `policy` for counter `id`, over every receiver.
+fn totals(receivers: &[&TileReceiver], policy: &str, id: &str) -> f64 {
+    receivers.iter().map(|receiver| receiver_totals(receiver, policy, id)).sum()
+}
+
+fn receiver_totals(receiver: &TileReceiver, policy: &str, id: &str) -> f64 {
+    receiver
+        .values()
+        .iter()
+        .filter(|((tile_policy, _, kind, series), _)| {
+            tile_policy == policy && *kind == MetricKind::Counter && series == id.as_bytes()
+        })
+        .flat_map(|(_, flushed)| flushed.iter())
+        .map(|flushed| match flushed.value {
+            Value::Counter(sum) => sum,
+            _ => 0.0,
+        })
+        .sum()
+}
+
+async fn start_aggregator(receiver: &TileReceiver, listen: &str, shutdown: &Shutdown) -> Aggregator {
+    let mut config = test_config("agg-1", &receiver.address.to_string(), &POLICIES, 4);
+    config.listen = listen.parse().unwrap();
+    config.buffer_past_ms = 500;
+    config.max_buffer_past_ms = Some(3_000);
+    let own = PlacementHandle::fixed(Placement::init(&[("agg-1", "127.0.0.1:1")], 8, 1, 0).unwrap());
+    Aggregator::start_with_placement(config, own, Telemetry::new("aggregator", "test"), shutdown.clone()).await.unwrap()
+}
+
+async fn start_collector(endpoint: String) -> (Collector, Shutdown) {
+    let routed = Placement::init(&[("agg-1", endpoint)], 8, 1, 0).unwrap();
+    let shutdown = Shutdown::new();
+    let collector = Collector::start(
+        collector_config(),
+        PlacementHandle::fixed(routed),
+        Telemetry::new("collector", "test"),
+        shutdown.clone(),
+    )
+    .await
+    .unwrap();
+    (collector, shutdown)
+}
+
+/// Sends one line to each of `SERIES` counters per round, `rounds` rounds
+/// 20 ms apart, calling `between(round)` after each.
+async fn send_rounds(collector: &Collector, rounds: usize, mut between: impl AsyncFnMut(usize)) {
+    let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let target = collector.udp_addr().unwrap();
+    for round in 0..rounds {
+        for chunk in (0..SERIES).collect::<Vec<_>>().chunks(20) {
+            let datagram: String = chunk.iter().map(|series| format!("dict.hits:1|c|#series:s{series}\n")).collect();
+            socket.send_to(datagram.as_bytes(), target).unwrap();
+        }
+        between(round).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn assert_exact(receiver: &[&TileReceiver], rounds: usize) {
+    let expected = rounds as f64;
+    let complete = || {
+        (0..SERIES).all(|series| {
+            let id = format!("dict.hits|#series:s{series}");
+            POLICIES.iter().all(|policy| totals(receiver, policy, &id) >= expected)
+        })
+    };
+    wait_until("every line in the tiles of both policies", Duration::from_secs(20), complete).await;
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    for series in 0..SERIES {
+        let id = format!("dict.hits|#series:s{series}");
+        for policy in POLICIES {
+            assert_eq!(totals(receiver, policy, &id), expected, "{policy} {id}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tiles_stay_exact_when_the_connection_breaks_mid_stream() {
+    let receiver = TileReceiver::start().await;
+    let shutdown = Shutdown::new();
+    let aggregator = start_aggregator(&receiver, "127.0.0.1:0", &shutdown).await;
+    let relay = Relay::start(aggregator.listen_addr()).await;
+    let (collector, collector_shutdown) = start_collector(relay.address.to_string()).await;
+    let metrics = aggregator.metrics().clone();
+    let mut refs_seen = 0;
+    let rounds = 120;
+    send_rounds(&collector, rounds, async |round| {
+        refs_seen = refs_seen.max(metrics.dictionary_refs.get());
+        // Three breaks, each while batches of the old dictionary may be queued or in flight.
+        if round % 30 == 29 {
+            relay.cut();
+        }
+    })
+    .await;
+    assert_exact(&[&receiver], rounds).await;
+    assert!(refs_seen >= SERIES as i64, "the aggregator's dictionary named {refs_seen} series");
+    for reason in [Reason::TooLate, Reason::Malformed, Reason::UnknownSeriesRef] {
+        assert_eq!(metrics.rejected_batches(reason), 0, "{reason:?}");
+    }
+    let connects = collector.metrics().dictionary_generations_ended("agg-1", "connect");
+    assert!(connects >= 4, "a new dictionary per connection: {connects}");
+    collector_shutdown.trigger();
+    collector.wait().await;
+    shutdown.trigger();
+    aggregator.wait().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tiles_stay_exact_across_an_aggregator_restart() {
+    // The restarted aggregator numbers its tile batches from 1 again: it
+    // flushes to a receiver of its own, which would otherwise take them
+    // for duplicates.
+    let (receiver, after_restart) = (TileReceiver::start().await, TileReceiver::start().await);
+    let listen = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
+    let mut shutdown = Shutdown::new();
+    let mut aggregator = Some(start_aggregator(&receiver, &listen, &shutdown).await);
+    let (collector, collector_shutdown) = start_collector(listen.clone()).await;
+    let rounds = 100;
+    let mut restarted = None;
+    send_rounds(&collector, rounds, async |round| {
+        if round == 50 {
+            let refs = aggregator.as_ref().unwrap().metrics().dictionary_refs.get();
+            assert!(refs >= SERIES as i64, "series went by ref before the restart ({refs})");
+            shutdown.trigger();
+            aggregator.take().unwrap().wait().await;
+            shutdown = Shutdown::new();
+            aggregator = Some(start_aggregator(&after_restart, &listen, &shutdown).await);
+        }
+        if round == rounds - 1 {
+            restarted = Some(aggregator.as_ref().unwrap().metrics().dictionary_refs.get());
+        }
+    })
+    .await;
+    assert_exact(&[&receiver, &after_restart], rounds).await;
+    let aggregator = aggregator.unwrap();
+    assert!(restarted >= Some(SERIES as i64), "a new dictionary on the new connection: {restarted:?}");
+    for reason in [Reason::TooLate, Reason::Malformed, Reason::UnknownSeriesRef] {
+        assert_eq!(aggregator.metrics().rejected_batches(reason), 0, "{reason:?}");
+    }
+    collector_shutdown.trigger();
+    collector.wait().await;
+    shutdown.trigger();
+    aggregator.wait().await;
+}
