@@ -4,7 +4,8 @@
 //! Puts `SERIES` counters (default 10 000) in the default policies' tables,
 //! then merges every series `ROUNDS` times (default 20) in batches of
 //! 10 000. The difference between a run with `ROUNDS=20` and one with
-//! `ROUNDS=0`, divided by `20 * SERIES`, is the cost of one partial:
+//! `ROUNDS=0`, divided by `20 * SERIES`, is the cost of one partial named
+//! by id; with `REFS=1`, of one named by a connection dictionary's slot:
 //!
 //! ```text
 //! cargo build --release -p tessera-aggregator --example merge_rounds
@@ -27,14 +28,17 @@ fn main() {
     let variable =
         |name: &str, default: usize| std::env::var(name).ok().and_then(|text| text.parse().ok()).unwrap_or(default);
     let (series, rounds) = (variable("SERIES", 10_000), variable("ROUNDS", 20));
+    // REFS=1: the first round names every series by id with a dictionary
+    // slot, the others by the slot alone, as a collector's dictionary does.
+    let by_ref = variable("REFS", 0) != 0;
     let batches: Vec<Batch> = (0..series.div_ceil(BATCH))
         .map(|index| Batch {
-            connection: 0,
+            connection: 1,
             window_start_ms: WINDOW,
             window_ms: 1000,
             partials: (index * BATCH..((index + 1) * BATCH).min(series))
                 .map(|n| Partial {
-                    via: Via::Id,
+                    via: if by_ref { Via::Define { slot: n as u32 } } else { Via::Id },
                     kind: MetricKind::Counter,
                     id: format!(
                         "http.server.requests|#endpoint:/api/v1/item{},host:host-{:04},series:{n}",
@@ -49,10 +53,27 @@ fn main() {
         .collect();
     let policies = DEFAULT_POLICIES.iter().map(|text| text.parse().expect("default policies parse")).collect();
     let mut tiler = Tiler::new(TilerSettings::new(policies), NOW);
-    for _ in 0..=rounds {
+    for batch in &batches {
+        tiler.accept(batch, NOW, &mut |_| {}).expect("the window is open");
+    }
+    let batches: Vec<Batch> = if by_ref {
+        let by_slot = |partial: &Partial| match partial.via {
+            Via::Define { slot } => Partial { via: Via::Ref { slot }, id: Vec::new(), ..partial.clone() },
+            _ => partial.clone(),
+        };
+        batches
+            .iter()
+            .map(|batch| Batch { partials: batch.partials.iter().map(by_slot).collect(), ..batch.clone() })
+            .collect()
+    } else {
+        batches
+    };
+    let mut unknown = 0;
+    for _ in 0..rounds {
         for batch in &batches {
-            tiler.accept(batch, NOW, &mut |_| {}).expect("the window is open");
+            unknown += tiler.accept(batch, NOW, &mut |_| {}).expect("the window is open").unknown_refs;
         }
     }
+    assert_eq!(unknown, 0, "every slot was defined in the first round");
     println!("{} series held, {} merges", tiler.series_held(0), (rounds + 1) * series);
 }
