@@ -313,6 +313,7 @@ mod tests {
     use tessera_proto::{Frame, ShardPartials};
 
     use super::*;
+    use crate::tiler::Via;
 
     fn placement() -> PlacementHandle {
         PlacementHandle::fixed(Placement::init(&[("a", "h:1"), ("b", "h:2")], 8, 1, 0).unwrap())
@@ -411,5 +412,55 @@ mod tests {
         assert!(matches!(decoder.decode(1, &garbage), Decoded::Protocol { reason: "malformed_frame", .. }));
         let ack = framing::encode_frame(&Frame { body: Some(Body::Ack(Default::default())) }, 1024).unwrap();
         assert!(matches!(decoder.decode(1, &ack), Decoded::Protocol { reason: "unexpected_frame", .. }));
+    }
+
+    #[test]
+    fn refs_resolve_through_the_connections_dictionary_and_unknown_ones_refuse_the_batch() {
+        let mut decoder = Decoder::new("a".into(), placement(), 1 << 20, 2);
+        let framed = |dictionary: u64, shard: u32, series: Vec<SeriesValue>| {
+            let batch = PartialBatch {
+                sequence: 9,
+                window_start_ms: 1000,
+                window_ms: 1000,
+                shards: vec![ShardPartials { shard, series }],
+                dictionary,
+                ..Default::default()
+            };
+            framing::encode_frame(&Frame { body: Some(Body::Partials(batch)) }, 1 << 20).unwrap()
+        };
+        let define = |series_ref: u32| SeriesValue { r#ref: series_ref, ..series_of_shard(2) };
+        let by_ref = |series_ref: u32| SeriesValue {
+            r#ref: series_ref,
+            series_id: Vec::new(),
+            r#type: 0,
+            aggregate: Some(Aggregate::Counter(2.0).to_proto()),
+        };
+        let vias = |decoded: Decoded| match decoded {
+            Decoded::Batch { batch, .. } => {
+                batch.shares.concat().iter().map(|partial| (partial.via, partial.kind, partial.id.len())).collect()
+            }
+            other => panic!("{other:?}"),
+        };
+        let id_len = series_of_shard(2).series_id.len();
+        let vias_1: Vec<(Via, MetricKind, usize)> = vias(decoder.decode(1, &framed(5, 2, vec![define(7), by_ref(7)])));
+        assert_eq!(
+            vias_1,
+            [(Via::Define { slot: 0 }, MetricKind::Counter, id_len), (Via::Ref { slot: 0 }, MetricKind::Counter, 0)]
+        );
+        assert_eq!((decoder.take_forgotten(), decoder.dictionary_refs()), (None, 1));
+        // Another connection knows nothing of connection 1's refs.
+        let (reason, message) = refused(decoder.decode(2, &framed(5, 2, vec![by_ref(7)])));
+        assert_eq!(reason, Reason::UnknownSeriesRef);
+        assert!(message.contains("series ref 7 is not in dictionary 5"), "{message}");
+        // A ref without a dictionary, or in another shard than its definition, is malformed.
+        assert_eq!(refused(decoder.decode(1, &framed(0, 2, vec![by_ref(7)]))).0, Reason::Malformed);
+        let (reason, message) = refused(decoder.decode(1, &framed(5, 4, vec![by_ref(7)])));
+        assert_eq!(reason, Reason::Malformed);
+        assert!(message.contains("belongs to shard 2, not 4"), "{message}");
+        // A new dictionary on connection 1 forgets the old one, here and on the merge threads.
+        assert_eq!(refused(decoder.decode(1, &framed(6, 2, vec![by_ref(7)]))).0, Reason::UnknownSeriesRef);
+        assert_eq!(decoder.take_forgotten(), Some(1));
+        decoder.closed(1);
+        assert_eq!(decoder.dictionary_refs(), 0);
     }
 }

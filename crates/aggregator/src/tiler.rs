@@ -382,7 +382,7 @@ impl Tiler {
             self.slots.push(policy.open_tile(start, index, &self.registry, emit));
         }
         let mut applied = Applied { partials: batch.partials.len() as u64, ..Applied::default() };
-        let uses_dictionary = batch.partials.first().is_some_and(|partial| partial.via != Via::Id);
+        let uses_dictionary = batch.partials.iter().any(|partial| partial.via != Via::Id);
         let mut dictionary =
             if uses_dictionary { self.dictionaries.remove(&batch.connection).unwrap_or_default() } else { Vec::new() };
         for partial in &batch.partials {

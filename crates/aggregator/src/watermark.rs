@@ -246,7 +246,7 @@ mod tests {
         marks.advance(1, Some(NOW), NOW);
         marks.advance(2, Some(NOW - 1_000), NOW);
         marks.closed(2, NOW);
-        // b's last watermark is behind now - buffer_past? No: 99 s > 98 s, so it holds at 99 s.
+        // b's last watermark (99 s) is after now - buffer_past (98 s): it holds the horizon there.
         assert_eq!(marks.horizon(NOW), (99_000, Trigger::Watermark));
         // Later, b's grace is buffer_past: tiles ending after now - 2 s wait for it.
         marks.advance(1, Some(NOW + 5_000), NOW + 5_000);

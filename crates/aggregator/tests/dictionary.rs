@@ -9,7 +9,7 @@ use std::net::{SocketAddr, UdpSocket};
 use std::sync::Arc;
 use std::time::Duration;
 
-use support::{TileReceiver, test_config, wait_until};
+use support::{TileReceiver, collector_config, test_config, wait_until};
 use tessera_aggregator::Aggregator;
 use tessera_aggregator::metrics::Reason;
 use tessera_collector::Collector;
@@ -22,30 +22,6 @@ use tokio::sync::Notify;
 
 const POLICIES: [&str; 2] = ["500ms:1h", "1s:1h"];
 const SERIES: usize = 200;
-
-fn collector_config() -> tessera_collector::Config {
-    let mut config: tessera_collector::Config = toml::from_str(
-        r#"
-        [udp]
-        listen = "127.0.0.1:0"
-        reader_threads = 1
-        recv_buffer_bytes = 4194304
-        [aggregation]
-        interval_ms = 100
-        flush_delay_ms = 30
-        [placement]
-        kind = "static"
-        path = "unused-in-tests"
-        [forward]
-        reconnect_min_ms = 20
-        reconnect_max_ms = 100
-        shutdown_grace_secs = 5
-        "#,
-    )
-    .unwrap();
-    config.telemetry.listen = None;
-    config
-}
 
 /// A TCP relay whose connections can all be cut at once.
 struct Relay {

@@ -33,7 +33,7 @@ use tessera_proto::partials::{ShardSeries, cut_frames};
 use tessera_runtime::shutdown::Shutdown;
 use tessera_topology::{PlacementHandle, Routing};
 
-use tessera_runtime::outbound::{Batch, Refs, SenderSettings, run_sender};
+use tessera_runtime::outbound::{Batch, GenerationEnd, Refs, SenderSettings, run_sender};
 
 use crate::forward::DestinationQueue;
 use crate::intake::now_ms;
@@ -114,8 +114,6 @@ pub struct Flusher {
     outbound: Vec<Outbound>,
     /// Series dictionaries per destination of `routes`.
     dictionaries: Vec<Dictionary>,
-    /// Dictionaries of destinations the current routes do not use.
-    parked_dictionaries: HashMap<DestinationKey, Dictionary>,
     destinations: Destinations,
     runtime: tokio::runtime::Handle,
     stop_senders: Shutdown,
@@ -148,7 +146,6 @@ impl Flusher {
             routes: None,
             outbound: Vec::new(),
             dictionaries: Vec::new(),
-            parked_dictionaries: HashMap::new(),
             destinations,
             runtime,
             stop_senders,
@@ -381,16 +378,18 @@ impl Flusher {
             .collect();
         let queues = keys.iter().map(|(instance, endpoint)| self.destination_queue(instance, endpoint)).collect();
         // Dictionaries follow their destinations from one placement to the next.
-        if let Some(old) = self.routes.take() {
-            for (key, dictionary) in old.keys.into_iter().zip(self.dictionaries.drain(..)) {
-                self.parked_dictionaries.insert(key, dictionary);
-            }
-        }
+        let mut previous: HashMap<DestinationKey, Dictionary> = match self.routes.take() {
+            Some(old) => old.keys.into_iter().zip(self.dictionaries.drain(..)).collect(),
+            None => HashMap::new(),
+        };
         let max_frame_bytes = self.settings.max_frame_bytes;
-        self.dictionaries = keys
-            .iter()
-            .map(|key| self.parked_dictionaries.remove(key).unwrap_or_else(|| Dictionary::new(max_frame_bytes)))
-            .collect();
+        self.dictionaries =
+            keys.iter().map(|key| previous.remove(key).unwrap_or_else(|| Dictionary::new(max_frame_bytes))).collect();
+        // A destination that left takes its dictionary (and its memory) with it;
+        // should it come back, its refs start over in a new generation.
+        for (instance, endpoint) in previous.into_keys() {
+            self.destination_queue(&instance, &endpoint).end_generation(GenerationEnd::Rotated);
+        }
         tracing::info!(version = routing.version(), destinations = keys.len(), "routing with a new placement");
         self.routes = Some(Routes { routing, queues, keys });
     }

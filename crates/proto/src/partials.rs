@@ -310,16 +310,18 @@ pub fn expand_refs<'d>(
     mut sequences: impl FnMut() -> u64,
     lookup: impl Fn(u32) -> Option<(i32, &'d [u8])>,
 ) -> Result<Vec<(u64, Vec<u8>, u64)>, ExpandError> {
-    let batch = match crate::framing::decode_frame(frame, max_frame_bytes) {
+    let mut header = match crate::framing::decode_frame(frame, max_frame_bytes) {
         Ok(Some((crate::Frame { body: Some(crate::frame::Body::Partials(batch)) }, _))) => batch,
         Ok(_) => return Err(ExpandError::Frame("not a partial batch".into())),
         Err(error) => return Err(ExpandError::Frame(error.to_string())),
     };
-    let mut shards: Vec<ShardSeries> = Vec::new();
-    for group in &batch.shards {
+    let groups = std::mem::take(&mut header.shards);
+    header.dictionary = 0;
+    let empty = Aggregate::default();
+    let mut shards: Vec<(u32, ShardSeries)> = Vec::with_capacity(groups.len());
+    for group in &groups {
         let mut series = ShardSeries::default();
         for value in &group.series {
-            let empty = Aggregate::default();
             let aggregate = value.aggregate.as_ref().unwrap_or(&empty);
             if value.r#ref != 0 && value.series_id.is_empty() {
                 let (metric_type, id) = lookup(value.r#ref).ok_or(ExpandError::UnknownRef(value.r#ref))?;
@@ -328,12 +330,11 @@ pub fn expand_refs<'d>(
                 series.push(budget, &value.series_id, value.r#type, aggregate, 0);
             }
         }
-        shards.push(series);
+        shards.push((group.shard, series));
     }
-    let header = PartialBatch { shards: Vec::new(), dictionary: 0, ..batch.clone() };
     let mut frames = Vec::new();
-    let groups = batch.shards.iter().map(|group| group.shard).zip(&shards);
-    cut_frames(&header, groups, budget, &mut sequences, |sequence, frame, series| {
+    let sections = shards.iter().map(|(shard, series)| (*shard, series));
+    cut_frames(&header, sections, budget, &mut sequences, |sequence, frame, series| {
         frames.push((sequence, frame, series));
     });
     Ok(frames)
@@ -449,5 +450,47 @@ mod tests {
         buffer.push(64, b"b", 1, &counter, 0);
         let counts: Vec<u64> = buffer.chunks().map(|(_, n)| n).collect();
         assert_eq!(counts, vec![1, 1, 1]);
+    }
+
+    #[test]
+    fn expanded_refs_are_split_to_the_budget_with_the_watermark_on_the_last_frame() {
+        let ids: Vec<Vec<u8>> = (0..40).map(|n| format!("a.long.series.name.{n}|#host:h{n}").into_bytes()).collect();
+        let mut by_ref = ShardSeries::default();
+        let counter = Aggregate { value: Some(Value::Counter(1.0)) };
+        for n in 0..40u32 {
+            by_ref.push(1 << 20, b"", 0, &counter, n + 1);
+        }
+        let header = PartialBatch { window_start_ms: 5_000, watermark_ms: 6_000, dictionary: 3, ..Default::default() };
+        let mut frame = Vec::new();
+        cut_frames(&header, [(2, &by_ref)], 1 << 20, &mut || 1, |_, bytes, _| frame = bytes);
+        let mut next = 100;
+        let lookup = |series_ref: u32| Some((MetricType::Counter as i32, &ids[series_ref as usize - 1][..]));
+        let frames = expand_refs(
+            &frame,
+            1 << 20,
+            512,
+            || {
+                next += 1;
+                next
+            },
+            lookup,
+        )
+        .unwrap();
+        assert!(frames.len() > 2, "{} frames", frames.len());
+        let mut named = Vec::new();
+        for (index, (sequence, bytes, count)) in frames.iter().enumerate() {
+            let (decoded, _) = crate::framing::decode_frame(bytes, DEFAULT_MAX_FRAME_BYTES).unwrap().unwrap();
+            let Some(Body::Partials(batch)) = decoded.body else { panic!("{decoded:?}") };
+            let last = index == frames.len() - 1;
+            assert_eq!(
+                (batch.sequence, batch.dictionary, batch.watermark_ms),
+                (*sequence, 0, if last { 6_000 } else { 5_000 })
+            );
+            assert_eq!(*count, batch.shards[0].series.len() as u64);
+            named.extend(batch.shards[0].series.iter().map(|value| (value.series_id.clone(), value.r#ref)));
+        }
+        assert_eq!(named, ids.iter().map(|id| (id.clone(), 0)).collect::<Vec<_>>());
+        let unknown = expand_refs(&frame, 1 << 20, 512, || 0, |_| None).unwrap_err();
+        assert_eq!(unknown.to_string(), "ref 1 is not in the dictionary");
     }
 }

@@ -92,7 +92,8 @@ pub enum GenerationEnd {
     Connect,
     /// A batch of the generation was dropped (overflow or refusal).
     Dropped,
-    /// The encoder started afresh (its dictionary held too many idle series).
+    /// The encoder started afresh: its dictionary held too many idle
+    /// series, or the destination left the placement and its dictionary went.
     Rotated,
 }
 
@@ -203,13 +204,12 @@ impl<M: OutboundMetrics> OutboundQueue<M> {
         self.metrics.dictionary_ended(why);
     }
 
-    /// Ends the generation if `batch`, dropped, belonged to it.
-    fn dropped_batch(&self, batch: &Batch) -> bool {
-        let current = batch.refs.as_ref().is_some_and(|refs| refs.generation == self.generation());
-        if current {
+    /// Ends the generation if `batch`, dropped, belonged to it: the
+    /// definitions it carried never arrive.
+    fn dropped_batch(&self, batch: &Batch) {
+        if batch.refs.as_ref().is_some_and(|refs| refs.generation == self.generation()) {
             self.end_generation(GenerationEnd::Dropped);
         }
-        current
     }
 
     /// Bytes queued now.
@@ -484,6 +484,8 @@ mod tests {
     struct Recorded {
         dropped: StdMutex<Vec<(DropReason, u64, u64)>>,
         queued: StdMutex<(usize, usize)>,
+        ended: StdMutex<Vec<GenerationEnd>>,
+        expanded: StdMutex<Vec<Result<usize, ()>>>,
     }
 
     impl OutboundMetrics for Arc<Recorded> {
@@ -497,6 +499,58 @@ mod tests {
         fn send_error(&self, _: &'static str) {}
         fn rejected(&self, _: &'static str) {}
         fn delivered(&self, _: &Batch, _: Duration) {}
+        fn dictionary_ended(&self, why: GenerationEnd) {
+            self.ended.lock().unwrap().push(why);
+        }
+        fn expanded(&self, result: Result<usize, ()>) {
+            self.expanded.lock().unwrap().push(result);
+        }
+    }
+
+    /// Expands a frame into two batches naming `items` each, or fails.
+    struct Halves(bool);
+
+    impl Expand for Halves {
+        fn expand(&self, frame: &[u8], sequences: &mut dyn FnMut() -> u64) -> Result<Vec<Batch>, String> {
+            if !self.0 {
+                return Err("no ids for this generation".into());
+            }
+            let half = frame.len() / 2;
+            Ok((0..2).map(|_| Batch { sequence: sequences(), frame: vec![1; half], items: 1, refs: None }).collect())
+        }
+    }
+
+    fn with_refs(sequence: u64, bytes: usize, generation: u64, expand: bool) -> Batch {
+        Batch { refs: Some(Refs { generation, expand: Arc::new(Halves(expand)) }), ..batch(sequence, bytes, 2) }
+    }
+
+    #[test]
+    fn dropping_a_batch_of_the_current_dictionary_ends_it_and_stale_batches_are_expanded() {
+        let recorded = Arc::new(Recorded::default());
+        let queue = OutboundQueue::new("i:1".into(), 250, recorded.clone());
+        assert_eq!(queue.generation(), 1);
+        // An overflow drop of a batch of generation 1: its definitions never arrive.
+        queue.push_all(vec![with_refs(1, 100, 1, true), with_refs(2, 100, 1, true)]);
+        queue.push(with_refs(3, 100, 1, true));
+        assert_eq!((queue.generation(), recorded.ended.lock().unwrap().clone()), (2, vec![GenerationEnd::Dropped]));
+        // A drop of a batch of an ended generation ends nothing more.
+        queue.push(with_refs(4, 100, 1, true));
+        assert_eq!(queue.generation(), 2);
+
+        // Batch 3 is stale now: it goes back as two batches naming series in full, in its place.
+        let stale = queue.pop_front().unwrap();
+        assert_eq!(stale.sequence, 3);
+        expand_stale(&queue, stale);
+        let expanded: Vec<Batch> = std::iter::from_fn(|| queue.pop_front()).collect();
+        let order: Vec<(u64, bool)> = expanded.iter().map(|batch| (batch.sequence, batch.refs.is_some())).collect();
+        assert_eq!(order, [(1, false), (2, false), (4, true)], "sequences 1 and 2 were free in this queue");
+        assert_eq!(*recorded.expanded.lock().unwrap(), vec![Ok(2)]);
+
+        // One that cannot be expanded is dropped and counted.
+        expand_stale(&queue, with_refs(5, 100, 1, false));
+        assert!(queue.pop_front().is_none());
+        assert_eq!(recorded.expanded.lock().unwrap().last(), Some(&Err(())));
+        assert_eq!(recorded.dropped.lock().unwrap().last(), Some(&(DropReason::Rejected, 1, 2)));
     }
 
     fn batch(sequence: u64, bytes: usize, items: u64) -> Batch {

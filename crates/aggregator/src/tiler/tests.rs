@@ -366,3 +366,26 @@ fn tables_cover_every_tile_that_can_be_open_at_once() {
         }
     }
 }
+
+#[test]
+fn dictionary_slots_reach_their_series_and_pin_them_until_forgotten() {
+    let mut tiler = Tiler::new(TilerSettings { expire_after_empty_tiles: Some(2), ..settings(&["1s:1h"]) }, T0);
+    let mut sink = Sink::default();
+    let with_via = |via, partial: Partial| Partial { via, ..partial };
+    let by_slot = |slot, value| Partial { id: Vec::new(), ..with_via(Via::Ref { slot }, counter("", value)) };
+    // A batch may name some series by id alone before it defines slots.
+    let first = vec![counter("plain", 1.0), with_via(Via::Define { slot: 0 }, counter("named", 2.0))];
+    tiler.accept(&Batch { connection: 7, ..batch(T0, 1000, first) }, T0 + 1100, &mut sink.emit()).unwrap();
+    let by_ref = Batch { connection: 7, ..batch(T0 + 1000, 1000, vec![by_slot(0, 3.0), by_slot(1, 4.0)]) };
+    let applied = tiler.accept(&by_ref, T0 + 2100, &mut sink.emit()).unwrap();
+    assert_eq!((applied.partials, applied.unknown_refs), (2, 1), "slot 1 was never defined");
+    tiler.close_due(T0 + 3_000, &mut sink.emit());
+    assert_eq!(sink.counter(0, T0 + 1000, "named"), Some(2.0));
+    assert_eq!(sink.counter(0, T0 + 2000, "named"), Some(3.0));
+    // Idle for long enough, `plain` expires; `named` stays while connection 7 names it.
+    tiler.close_due(T0 + 10_000, &mut sink.emit());
+    assert_eq!((tiler.series_held(0), sink.expired), (1, 1));
+    tiler.forget_dictionary(7);
+    tiler.close_due(T0 + 11_000, &mut sink.emit());
+    assert_eq!((tiler.series_held(0), sink.expired), (0, 2));
+}

@@ -51,6 +51,33 @@ pub fn test_config(instance_id: &str, ingester: &str, policies: &[&str], merge_t
     config
 }
 
+/// A real collector's config for tests: one UDP reader on an ephemeral
+/// port, 100 ms windows, fast reconnects, no telemetry endpoint; the
+/// placement is given to `Collector::start` directly.
+pub fn collector_config() -> tessera_collector::Config {
+    let mut config: tessera_collector::Config = toml::from_str(
+        r#"
+        [udp]
+        listen = "127.0.0.1:0"
+        reader_threads = 1
+        recv_buffer_bytes = 4194304
+        [aggregation]
+        interval_ms = 100
+        flush_delay_ms = 30
+        [placement]
+        kind = "static"
+        path = "unused-in-tests"
+        [forward]
+        reconnect_min_ms = 20
+        reconnect_max_ms = 200
+        shutdown_grace_secs = 5
+        "#,
+    )
+    .expect("test collector config parses");
+    config.telemetry.listen = None;
+    config
+}
+
 /// Polls `done` every 20 ms until it holds, failing after `timeout`.
 pub async fn wait_until(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
     let deadline = Instant::now() + timeout;

@@ -174,3 +174,86 @@ impl DictionaryWindow<'_> {
         Name { series_ref, define: true }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use tessera_proto::{Aggregate, MetricType, aggregate::Value};
+
+    use super::*;
+    use crate::metrics::Metrics;
+
+    const COUNTER: i32 = MetricType::Counter as i32;
+
+    fn queue() -> DestinationQueue {
+        DestinationQueue::new("a:1".into(), 1 << 20, Metrics::default().destination("a"))
+    }
+
+    fn names(dictionary: &mut Dictionary, queue: &DestinationQueue, ids: &[&str]) -> Vec<(u32, bool)> {
+        let mut window = dictionary.open(queue);
+        ids.iter()
+            .map(|id| {
+                let name = window.name(COUNTER, id.as_bytes());
+                (name.series_ref, name.define)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_series_is_defined_once_per_generation_then_named_by_ref() {
+        let (queue, mut dictionary) = (queue(), Dictionary::new(1 << 20));
+        assert_eq!(names(&mut dictionary, &queue, &["a", "b", "a"]), [(1, true), (2, true), (1, false)]);
+        assert_eq!(names(&mut dictionary, &queue, &["b", "c"]), [(2, false), (3, true)]);
+        let mut window = dictionary.open(&queue);
+        assert!(window.name(MetricType::Gauge as i32, b"a").define, "the type is part of the series");
+        drop(window);
+        // A new connection: everything is defined again, from ref 1.
+        queue.end_generation(GenerationEnd::Connect);
+        assert_eq!(names(&mut dictionary, &queue, &["c", "a"]), [(1, true), (2, true)]);
+        assert_eq!(dictionary.len(), 2);
+    }
+
+    #[test]
+    fn the_ids_of_an_ended_generation_still_expand_its_batches() {
+        let (queue, mut dictionary) = (queue(), Dictionary::new(1 << 20));
+        names(&mut dictionary, &queue, &["x|#k:v", "y"]);
+        let ids = dictionary.ids();
+        queue.end_generation(GenerationEnd::Connect);
+        names(&mut dictionary, &queue, &["z"]);
+        let mut series = tessera_proto::partials::ShardSeries::default();
+        let counter = Aggregate { value: Some(Value::Counter(2.0)) };
+        series.push(1 << 20, b"", 0, &counter, 2);
+        series.push(1 << 20, b"", 0, &counter, 1);
+        let header = tessera_proto::PartialBatch { dictionary: 1, window_start_ms: 1000, ..Default::default() };
+        let mut frame = Vec::new();
+        tessera_proto::partials::cut_frames(&header, [(3, &series)], 1 << 19, &mut || 9, |_, bytes, _| frame = bytes);
+        let expanded = ids.expand(&frame, &mut || 10).unwrap();
+        let decoded = tessera_proto::framing::decode_frame(&expanded[0].frame, 1 << 20).unwrap().unwrap().0;
+        let Some(tessera_proto::frame::Body::Partials(batch)) = decoded.body else { panic!("{decoded:?}") };
+        let named: Vec<(&[u8], i32, u32)> =
+            batch.shards[0].series.iter().map(|value| (&value.series_id[..], value.r#type, value.r#ref)).collect();
+        assert_eq!(named, [(&b"y"[..], COUNTER, 0), (&b"x|#k:v"[..], COUNTER, 0)]);
+        assert_eq!((batch.dictionary, batch.sequence, expanded[0].sequence), (0, 10, 10));
+        // A ref the generation never had cannot be expanded.
+        series.clear();
+        series.push(1 << 20, b"", 0, &counter, 3);
+        tessera_proto::partials::cut_frames(&header, [(3, &series)], 1 << 19, &mut || 9, |_, bytes, _| frame = bytes);
+        assert!(ids.expand(&frame, &mut || 11).unwrap_err().contains("ref 3"));
+    }
+
+    #[test]
+    fn a_dictionary_mostly_idle_rotates() {
+        let (queue, mut dictionary) = (queue(), Dictionary::new(1 << 20));
+        let many: Vec<String> = (0..ROTATION_MIN_SERIES).map(|n| format!("s{n}")).collect();
+        let many: Vec<&str> = many.iter().map(String::as_str).collect();
+        names(&mut dictionary, &queue, &many);
+        // Only one series stays in use; the check comes every ROTATION_CHECK_WINDOWS windows.
+        let mut windows = 1;
+        while queue.generation() == 1 && windows < 4 * ROTATION_CHECK_WINDOWS {
+            names(&mut dictionary, &queue, &["s0"]);
+            windows += 1;
+        }
+        assert_eq!(queue.generation(), 2, "rotated after {windows} windows");
+        assert!(windows > IDLE_WINDOWS, "not before the series were idle: {windows}");
+        assert_eq!(dictionary.len(), 1, "only s0 is named in the new generation");
+    }
+}
