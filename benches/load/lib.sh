@@ -18,6 +18,8 @@ wait_ready() {
 
 # write_collector_config DIR UDP_PORT TELEMETRY_PORT READER_THREADS AGGREGATOR
 # writes DIR/placement.toml (one aggregator owning 64 shards) and DIR/collector.toml.
+# SERIES_DICTIONARY=true|false sets `[forward] series_dictionary` (left out
+# when unset, for binaries that predate it).
 write_collector_config() {
     cat > "$1/placement.toml" <<TOML
 num_shards = 64
@@ -36,6 +38,9 @@ listen = "127.0.0.1:$3"
 kind = "static"
 path = "$1/placement.toml"
 TOML
+    if [ -n "${SERIES_DICTIONARY:-}" ]; then
+        printf '[forward]\nseries_dictionary = %s\n' "$SERIES_DICTIONARY" >> "$1/collector.toml"
+    fi
 }
 
 # metric_sum PORT NAME [FILTER]: the sum of the samples of NAME (every label

@@ -88,14 +88,12 @@ async fn start_aggregator(receiver: &TileReceiver, listen: &str, shutdown: &Shut
 async fn start_collector(endpoint: String) -> (Collector, Shutdown) {
     let routed = Placement::init(&[("agg-1", endpoint)], 8, 1, 0).unwrap();
     let shutdown = Shutdown::new();
-    let collector = Collector::start(
-        collector_config(),
-        PlacementHandle::fixed(routed),
-        Telemetry::new("collector", "test"),
-        shutdown.clone(),
-    )
-    .await
-    .unwrap();
+    let mut config = collector_config();
+    config.forward.series_dictionary = true;
+    let collector =
+        Collector::start(config, PlacementHandle::fixed(routed), Telemetry::new("collector", "test"), shutdown.clone())
+            .await
+            .unwrap();
     (collector, shutdown)
 }
 

@@ -196,7 +196,10 @@ pub struct ForwardConfig {
     /// On SIGTERM, how long to keep delivering what is queued.
     pub shutdown_grace_secs: u64,
     /// Name each series in full once per connection, then by a small
-    /// integer (the series dictionary); `false` sends every id in full.
+    /// integer (the series dictionary). Off by default: naming a series
+    /// costs the collector a lookup in a per-destination table that, at a
+    /// million series, costs more than it saves the aggregator (see
+    /// BENCHMARKS.md, *Series dictionary*).
     pub series_dictionary: bool,
 }
 
@@ -210,7 +213,7 @@ impl Default for ForwardConfig {
             reconnect_min_ms: 100,
             reconnect_max_ms: 5000,
             shutdown_grace_secs: 5,
-            series_dictionary: true,
+            series_dictionary: false,
         }
     }
 }

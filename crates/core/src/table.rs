@@ -74,15 +74,34 @@ pub struct CutStats {
 /// Longest key stored inside the table's bucket rather than on the heap.
 const INLINE_KEY_BYTES: usize = 46;
 
-/// A table key: short keys (most statsd series) live inside the hash
-/// table's bucket, so a lookup compares them without another cache miss.
+/// A key kept in a hash table's bucket: short keys (most statsd series)
+/// live inside the bucket, so a lookup compares them without another cache
+/// miss; longer ones go to the heap.
 #[derive(Clone)]
-enum KeyBytes {
-    Inline { len: u8, bytes: [u8; INLINE_KEY_BYTES] },
+pub enum KeyBytes {
+    /// Up to 46 bytes, in place.
+    Inline {
+        /// Bytes used.
+        len: u8,
+        /// The key, then zeros.
+        bytes: [u8; INLINE_KEY_BYTES],
+    },
+    /// Longer keys.
     Heap(Box<[u8]>),
 }
 
 impl KeyBytes {
+    /// A key holding a copy of `key`.
+    pub fn copy_of(key: &[u8]) -> KeyBytes {
+        if key.len() <= INLINE_KEY_BYTES {
+            let mut bytes = [0u8; INLINE_KEY_BYTES];
+            bytes[..key.len()].copy_from_slice(key);
+            KeyBytes::Inline { len: key.len() as u8, bytes }
+        } else {
+            KeyBytes::Heap(key.into())
+        }
+    }
+
     /// The key of `parts`: kind byte, name, and `|#` and the tags if any.
     fn new(parts: &KeyParts<'_>) -> KeyBytes {
         let len = parts.len();
@@ -108,15 +127,17 @@ impl KeyBytes {
         }
     }
 
+    /// The key's bytes.
     #[inline]
-    fn as_slice(&self) -> &[u8] {
+    pub fn as_slice(&self) -> &[u8] {
         match self {
             KeyBytes::Inline { len, bytes } => &bytes[..*len as usize],
             KeyBytes::Heap(bytes) => bytes,
         }
     }
 
-    fn heap_len(&self) -> usize {
+    /// Bytes held on the heap (0 for an inline key).
+    pub fn heap_len(&self) -> usize {
         match self {
             KeyBytes::Inline { .. } => 0,
             KeyBytes::Heap(bytes) => bytes.len(),

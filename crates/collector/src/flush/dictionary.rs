@@ -17,6 +17,7 @@ use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use hashbrown::HashTable;
+use tessera_core::table::KeyBytes;
 use tessera_proto::partials::expand_refs;
 use tessera_runtime::outbound::{Batch, Expand, GenerationEnd};
 
@@ -31,14 +32,29 @@ const ROTATION_MIN_SERIES: usize = 4096;
 /// Most refs in one generation.
 const MAX_REFS: usize = 1 << 31;
 
-/// The ids of one generation, by ref - 1: what expanding its batches needs.
+/// One named series. The id lives in the hash table's bucket (inline when
+/// short), so naming a known series is one probe with no further cache miss.
+struct Entry {
+    id: KeyBytes,
+    metric_type: i32,
+    series_ref: u32,
+    /// The window the series was last named in.
+    last_used: u32,
+}
+
+/// The series of one generation: the flusher names series through it
+/// window by window, and expanding the generation's batches reads it.
 pub struct GenerationIds {
-    entries: Mutex<Vec<(i32, Box<[u8]>)>>,
+    entries: Mutex<HashTable<Entry>>,
     max_frame_bytes: usize,
 }
 
 impl GenerationIds {
-    fn lock(&self) -> MutexGuard<'_, Vec<(i32, Box<[u8]>)>> {
+    fn new(max_frame_bytes: usize) -> GenerationIds {
+        GenerationIds { entries: Mutex::default(), max_frame_bytes }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashTable<Entry>> {
         self.entries.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
@@ -46,10 +62,14 @@ impl GenerationIds {
 impl Expand for GenerationIds {
     fn expand(&self, frame: &[u8], sequences: &mut dyn FnMut() -> u64) -> Result<Vec<Batch>, String> {
         let entries = self.lock();
-        let lookup = |series_ref: u32| {
-            let (metric_type, id) = entries.get((series_ref as usize).checked_sub(1)?)?;
-            Some((*metric_type, &**id))
-        };
+        // By ref; built per expansion, which only batches caught by a new connection need.
+        let mut by_ref: Vec<Option<(i32, &[u8])>> = vec![None; entries.len() + 1];
+        for entry in entries.iter() {
+            if let Some(slot) = by_ref.get_mut(entry.series_ref as usize) {
+                *slot = Some((entry.metric_type, entry.id.as_slice()));
+            }
+        }
+        let lookup = |series_ref: u32| by_ref.get(series_ref as usize).copied().flatten();
         let frames = expand_refs(frame, self.max_frame_bytes, self.max_frame_bytes / 2, sequences, lookup)
             .map_err(|error| error.to_string())?;
         Ok(frames.into_iter().map(|(sequence, frame, items)| Batch { sequence, frame, items, refs: None }).collect())
@@ -67,11 +87,8 @@ pub struct Name {
 /// One destination's dictionary; see the [module docs](self).
 pub struct Dictionary {
     generation: u64,
-    index: HashTable<u32>,
     hasher: foldhash::fast::RandomState,
     ids: Arc<GenerationIds>,
-    /// The window each ref was last used in, by ref - 1.
-    last_used: Vec<u32>,
     /// Windows encoded, for idleness.
     window: u32,
     max_frame_bytes: usize,
@@ -82,17 +99,15 @@ impl Dictionary {
     pub fn new(max_frame_bytes: usize) -> Dictionary {
         Dictionary {
             generation: 0,
-            index: HashTable::new(),
             hasher: foldhash::fast::RandomState::default(),
-            ids: Arc::new(GenerationIds { entries: Mutex::default(), max_frame_bytes }),
-            last_used: Vec::new(),
+            ids: Arc::new(GenerationIds::new(max_frame_bytes)),
             window: 0,
             max_frame_bytes,
         }
     }
 
     /// Starts encoding one window for `queue`: rotates or starts afresh if
-    /// the queue's generation moved on. Returns the generation to stamp.
+    /// the queue's generation moved on.
     pub fn open(&mut self, queue: &DestinationQueue) -> DictionaryWindow<'_> {
         self.window = self.window.wrapping_add(1);
         if self.window.is_multiple_of(ROTATION_CHECK_WINDOWS) && self.should_rotate() {
@@ -101,30 +116,22 @@ impl Dictionary {
         let generation = queue.generation();
         if generation != self.generation {
             self.generation = generation;
-            self.index.clear();
-            self.last_used.clear();
-            self.ids = Arc::new(GenerationIds { entries: Mutex::default(), max_frame_bytes: self.max_frame_bytes });
+            // Batches of the old generation keep its ids for expansion.
+            self.ids = Arc::new(GenerationIds::new(self.max_frame_bytes));
         }
-        let entries = self.ids.lock();
-        DictionaryWindow {
-            generation,
-            index: &mut self.index,
-            hasher: &self.hasher,
-            entries,
-            last_used: &mut self.last_used,
-            window: self.window,
-        }
+        DictionaryWindow { generation, hasher: &self.hasher, entries: self.ids.lock(), window: self.window }
     }
 
     fn should_rotate(&self) -> bool {
-        let len = self.last_used.len();
+        let entries = self.ids.lock();
+        let len = entries.len();
         if len >= MAX_REFS {
             return true;
         }
         if len < ROTATION_MIN_SERIES {
             return false;
         }
-        let idle = self.last_used.iter().filter(|&&used| self.window.wrapping_sub(used) > IDLE_WINDOWS).count();
+        let idle = entries.iter().filter(|entry| self.window.wrapping_sub(entry.last_used) > IDLE_WINDOWS).count();
         idle * 2 > len
     }
 
@@ -135,7 +142,7 @@ impl Dictionary {
 
     /// Series named in the current generation.
     pub fn len(&self) -> usize {
-        self.last_used.len()
+        self.ids.lock().len()
     }
 }
 
@@ -143,34 +150,26 @@ impl Dictionary {
 pub struct DictionaryWindow<'d> {
     /// The generation the window's batches belong to.
     pub generation: u64,
-    index: &'d mut HashTable<u32>,
     hasher: &'d foldhash::fast::RandomState,
-    entries: MutexGuard<'d, Vec<(i32, Box<[u8]>)>>,
-    last_used: &'d mut Vec<u32>,
+    entries: MutexGuard<'d, HashTable<Entry>>,
     window: u32,
 }
 
 impl DictionaryWindow<'_> {
-    /// The name of the series of `metric_type` (wire type) and `id`, giving it a ref if it has none.
+    /// The name of the series of `metric_type` (wire type) and `id`, giving
+    /// it a ref if it has none.
     #[inline]
     pub fn name(&mut self, metric_type: i32, id: &[u8]) -> Name {
         let hash = self.hasher.hash_one((metric_type, id));
-        let entries = &self.entries;
-        if let Some(&series_ref) = self.index.find(hash, |&r| {
-            let (existing_type, existing) = &entries[r as usize - 1];
-            *existing_type == metric_type && **existing == *id
-        }) {
-            self.last_used[series_ref as usize - 1] = self.window;
-            return Name { series_ref, define: false };
+        let found = self.entries.find_mut(hash, |entry| entry.metric_type == metric_type && entry.id.as_slice() == id);
+        if let Some(entry) = found {
+            entry.last_used = self.window;
+            return Name { series_ref: entry.series_ref, define: false };
         }
-        self.entries.push((metric_type, id.into()));
-        self.last_used.push(self.window);
-        let series_ref = self.entries.len() as u32;
-        let (hasher, entries) = (self.hasher, &self.entries);
-        self.index.insert_unique(hash, series_ref, |&r| {
-            let (metric_type, id) = &entries[r as usize - 1];
-            hasher.hash_one((*metric_type, &**id))
-        });
+        let series_ref = self.entries.len() as u32 + 1;
+        let entry = Entry { id: KeyBytes::copy_of(id), metric_type, series_ref, last_used: self.window };
+        let hasher = self.hasher;
+        self.entries.insert_unique(hash, entry, |entry| hasher.hash_one((entry.metric_type, entry.id.as_slice())));
         Name { series_ref, define: true }
     }
 }
