@@ -1,21 +1,64 @@
-//! Fuzzes frame decoding and aggregate validation on arbitrary bytes.
+//! Fuzzes frame decoding, aggregate validation, and the aggregator's
+//! decoder and merge threads on arbitrary bytes.
+//!
+//! The input is read as a stream of frames on two connections (the first
+//! byte of each step picks one), so series dictionaries carry over from
+//! frame to frame: definitions, refs, unknown refs, new dictionaries and
+//! frames without one all reach the decoder and the tilers in any order.
+//! Nothing may panic, and a ref the decoder let through must reach a slot
+//! its merge thread knows.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
+use tessera_aggregator::decode::{Decoded, Decoder};
+use tessera_aggregator::tiler::{Batch, Tiler, TilerSettings};
 use tessera_core::aggregate::Aggregate;
 use tessera_proto::{frame::Body, framing};
+use tessera_topology::{Placement, PlacementHandle};
+
+const MAX_FRAME_BYTES: usize = 1 << 20;
+const MERGE_THREADS: usize = 2;
+const T0: i64 = 1_700_000_040_000;
 
 fuzz_target!(|data: &[u8]| {
-    if let Ok(Some((frame, used))) = framing::decode_frame(data, 1 << 20) {
-        assert!(used <= data.len());
-        if let Some(Body::Partials(batch)) = frame.body {
-            for shard in &batch.shards {
-                for series in &shard.series {
-                    if let Some(aggregate) = &series.aggregate {
-                        let _ = Aggregate::from_proto(aggregate);
-                    }
+    let placement = Placement::init(&[("a", "h:1")], 8, 1, 0).expect("a valid placement");
+    let mut decoder = Decoder::new("a".to_owned(), PlacementHandle::fixed(placement), MAX_FRAME_BYTES, MERGE_THREADS);
+    let settings = TilerSettings::new(vec!["10s:2d".parse().expect("policy")]);
+    let mut tilers: Vec<Tiler> = (0..MERGE_THREADS).map(|_| Tiler::new(settings.clone(), T0)).collect();
+    let mut rest = data;
+    while let Some((&connection, after)) = rest.split_first() {
+        let connection = u64::from(connection & 1);
+        let Ok(Some((frame, used))) = framing::decode_frame(after, MAX_FRAME_BYTES) else { break };
+        assert!(used <= after.len());
+        if let Some(Body::Partials(batch)) = &frame.body {
+            for series in batch.shards.iter().flat_map(|shard| &shard.series) {
+                if let Some(aggregate) = &series.aggregate {
+                    let _ = Aggregate::from_proto(aggregate);
                 }
             }
         }
+        if let Decoded::Batch { batch, .. } = decoder.decode(connection, &after[..used]) {
+            if let Some(forgotten) = decoder.take_forgotten() {
+                tilers.iter_mut().for_each(|tiler| tiler.forget_dictionary(forgotten));
+            }
+            // Windows within a minute of T0, admitted or refused as the
+            // admission thread would (refused: definitions bound only).
+            let window_start_ms = T0 + batch.window_start_ms.rem_euclid(60_000) / 1_000 * 1_000;
+            let admitted = tilers[0].check(window_start_ms, 1_000, window_start_ms + 1_000).is_ok();
+            for (tiler, partials) in tilers.iter_mut().zip(batch.shares) {
+                let batch = Batch { connection, window_start_ms, window_ms: 1_000, partials };
+                if !admitted {
+                    tiler.bind_definitions(&batch);
+                    continue;
+                }
+                let applied = tiler.apply(&batch, &mut |_| {});
+                assert_eq!(applied.unknown_refs, 0, "the decoder let through a ref its merge thread never saw");
+            }
+        }
+        rest = &after[used..];
+    }
+    if decoder.dictionary_refs() > 0 {
+        decoder.closed(0);
+        decoder.closed(1);
     }
 });

@@ -196,6 +196,7 @@ impl Decoder {
             }
             dictionary.restart(batch.dictionary);
         }
+        dictionary.begin();
         let mut shares: Vec<Vec<Partial>> = vec![Vec::new(); self.merge_threads];
         for group in batch.shards {
             let thread = thread_of(group.shard, self.merge_threads);
@@ -218,6 +219,7 @@ impl Decoder {
                                 "series ref {series_ref} is not in dictionary {} of this connection",
                                 batch.dictionary
                             );
+                            dictionary.rollback();
                             return refuse(Reason::UnknownSeriesRef, message);
                         };
                         if entry.shard != group.shard {
@@ -238,7 +240,10 @@ impl Decoder {
                 };
                 match named {
                     Ok(partial) => share.push(partial),
-                    Err(message) => return refuse(Reason::Malformed, message),
+                    Err(message) => {
+                        dictionary.rollback();
+                        return refuse(Reason::Malformed, message);
+                    }
                 }
             }
         }
@@ -462,5 +467,12 @@ mod tests {
         assert_eq!(decoder.take_forgotten(), Some(1));
         decoder.closed(1);
         assert_eq!(decoder.dictionary_refs(), 0);
+        // A refused batch defines nothing: a malformed series after a
+        // definition leaves the ref unknown to the next batch.
+        let mut malformed = series_of_shard(2);
+        malformed.aggregate = None;
+        assert_eq!(refused(decoder.decode(3, &framed(1, 2, vec![define(4), malformed]))).0, Reason::Malformed);
+        assert_eq!(decoder.dictionary_refs(), 0);
+        assert_eq!(refused(decoder.decode(3, &framed(1, 2, vec![by_ref(4)]))).0, Reason::UnknownSeriesRef);
     }
 }

@@ -16,6 +16,13 @@
 //! - A ref the dictionary does not hold refuses its batch
 //!   (`unknown_series_ref`, for good: the sender then starts a new
 //!   dictionary). Nothing of the batch is applied.
+//! - A batch the decoder refuses defines nothing: its definitions are
+//!   rolled back ([`ConnectionDictionary::rollback`]). A batch refused
+//!   after decoding (too late, buffers full) still has its definitions
+//!   bound on the merge threads
+//!   ([`Tiler::bind_definitions`](crate::tiler::Tiler::bind_definitions)),
+//!   because later batches of the same dictionary may already be on their
+//!   way naming those series by ref.
 //! - While a connection's dictionary names a series, the series is not
 //!   expired; when the connection closes, its dictionaries go.
 
@@ -43,6 +50,9 @@ pub struct ConnectionDictionary {
     next_slot: Vec<u32>,
     /// Refs defined.
     defined: usize,
+    /// What the batch being decoded changed: each ref it defined, with
+    /// what it meant before.
+    journal: Vec<(u32, Option<RefEntry>)>,
 }
 
 impl ConnectionDictionary {
@@ -52,6 +62,23 @@ impl ConnectionDictionary {
         self.entries.clear();
         self.next_slot.clear();
         self.defined = 0;
+        self.journal.clear();
+    }
+
+    /// Starts decoding a batch: [`rollback`](Self::rollback) undoes what
+    /// is defined from here on.
+    pub fn begin(&mut self) {
+        self.journal.clear();
+    }
+
+    /// Undoes every definition since [`begin`](Self::begin) (the batch was
+    /// refused). Slots handed out are not reused.
+    pub fn rollback(&mut self) {
+        while let Some((series_ref, previous)) = self.journal.pop() {
+            let entry = &mut self.entries[series_ref as usize];
+            self.defined = self.defined + usize::from(previous.is_some()) - usize::from(entry.is_some());
+            *entry = previous;
+        }
     }
 
     /// What `series_ref` means, if defined.
@@ -82,7 +109,8 @@ impl ConnectionDictionary {
         if self.entries[index].is_none() {
             self.defined += 1;
         }
-        self.entries[index] = Some(RefEntry { kind, shard, slot });
+        let previous = self.entries[index].replace(RefEntry { kind, shard, slot });
+        self.journal.push((series_ref, previous));
         slot
     }
 
@@ -98,21 +126,4 @@ impl ConnectionDictionary {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn slots_are_dense_per_thread_and_kept_for_a_repeated_definition() {
-        let mut dictionary = ConnectionDictionary::default();
-        dictionary.restart(7);
-        assert_eq!(dictionary.define(1, MetricKind::Counter, 4, 0), 0);
-        assert_eq!(dictionary.define(2, MetricKind::Counter, 5, 1), 0);
-        assert_eq!(dictionary.define(9, MetricKind::Gauge, 6, 0), 1);
-        assert_eq!(dictionary.define(1, MetricKind::Counter, 4, 0), 0, "sent again: same slot");
-        assert_eq!(dictionary.define(1, MetricKind::Gauge, 4, 0), 2, "redefined as another series: a new slot");
-        assert_eq!((dictionary.len(), dictionary.get(9).map(|entry| entry.shard)), (3, Some(6)));
-        assert!(dictionary.get(3).is_none() && dictionary.get(1000).is_none());
-        dictionary.restart(8);
-        assert!(dictionary.is_empty() && dictionary.get(1).is_none());
-    }
-}
+mod tests;

@@ -32,7 +32,7 @@ use std::time::Instant;
 use crossbeam_channel::{Receiver, Sender};
 
 use crate::metrics::Metrics;
-use crate::tiler::{Batch, ClosedTile, Partial, Tiler};
+use crate::tiler::{Batch, ClosedTile, Partial, Tiler, Via};
 use crate::watermark::Trigger;
 
 /// Jobs queued on each merge thread before admission waits.
@@ -43,6 +43,9 @@ pub const MERGE_QUEUE_JOBS: usize = 64;
 pub enum MergeJob {
     /// Merge this share of an admitted batch.
     Apply(Batch),
+    /// Bind the dictionary slots this share of a refused batch defines,
+    /// merging nothing ([`Tiler::bind_definitions`]).
+    Bind(Batch),
     /// Close every tile ending at or before `horizon_ms`, then report
     /// `round` done.
     CloseThrough {
@@ -98,6 +101,9 @@ pub fn run_merge_thread(mut tiler: Tiler, jobs: Receiver<MergeJob>, out: Sender<
                 metrics.gauge_order_ambiguous.inc_by(applied.gauge_order_ambiguous);
                 metrics.dropped("series_limit", "series", applied.series_limit);
                 metrics.dropped("unknown_series_ref", "series", applied.unknown_refs);
+            }
+            MergeJob::Bind(batch) => {
+                metrics.dropped("series_limit", "series", tiler.bind_definitions(&batch));
             }
             MergeJob::Forget { connection } => tiler.forget_dictionary(connection),
             MergeJob::CloseThrough { round: next, horizon_ms } => {
@@ -158,6 +164,17 @@ impl MergeTier {
         for (jobs, partials) in self.jobs.iter().zip(shares) {
             if !partials.is_empty() {
                 let _ = jobs.send(MergeJob::Apply(Batch { connection, window_start_ms, window_ms, partials }));
+            }
+        }
+    }
+
+    /// Hands each thread the dictionary definitions in its share of a
+    /// refused batch, if it has any.
+    pub fn bind(&self, connection: u64, window_start_ms: i64, window_ms: i64, shares: Vec<Vec<Partial>>) {
+        for (jobs, mut partials) in self.jobs.iter().zip(shares) {
+            partials.retain(|partial| matches!(partial.via, Via::Define { .. }));
+            if !partials.is_empty() {
+                let _ = jobs.send(MergeJob::Bind(Batch { connection, window_start_ms, window_ms, partials }));
             }
         }
     }

@@ -278,6 +278,7 @@ impl Admission {
         }
         self.close_due();
         if !self.ingesters.has_room() {
+            self.tier.bind(connection, batch.window_start_ms, batch.window_ms, batch.shares);
             self.metrics.rejected(Reason::BufferFull, partials);
             return refusal(sequence, Reason::BufferFull, "every ingester buffer is full".into());
         }
@@ -298,6 +299,9 @@ impl Admission {
                 ack(sequence, AckStatus::Ok, "", String::new())
             }
             Err(refused) => {
+                // What the decoder learned of the connection's dictionary
+                // from this batch must hold on the merge threads too.
+                self.tier.bind(connection, batch.window_start_ms, batch.window_ms, batch.shares);
                 let reason = refused.reason();
                 self.metrics.rejected(reason, partials);
                 if REFUSAL_LOG.allow() {

@@ -422,6 +422,25 @@ impl Tiler {
         applied
     }
 
+    /// Binds the dictionary slots that `batch` defines, merging none of its
+    /// values: the batch was refused after the decoder had learned its
+    /// definitions, and a later batch of the same dictionary (already sent,
+    /// or a retry) may name those series by ref alone. Returns how many
+    /// definitions the series cap refused.
+    pub fn bind_definitions(&mut self, batch: &Batch) -> u64 {
+        let mut refused = 0;
+        let mut dictionary = self.dictionaries.remove(&batch.connection).unwrap_or_default();
+        for partial in &batch.partials {
+            let Via::Define { slot } = partial.via else { continue };
+            match self.registry.resolve(partial.kind, &partial.id) {
+                Ok((number, _)) => bind(&mut dictionary, slot, number, &mut self.registry),
+                Err(_) => refused += 1,
+            }
+        }
+        self.dictionaries.insert(batch.connection, dictionary);
+        refused
+    }
+
     /// Forgets `connection`'s dictionary (it closed, or its sender started
     /// a new one): its series may expire again.
     pub fn forget_dictionary(&mut self, connection: u64) {

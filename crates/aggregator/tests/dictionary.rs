@@ -1,7 +1,9 @@
 //! The series dictionary between a real collector and a real aggregator:
 //! series go by ref once named, and every tile stays exact when the
 //! connection breaks mid-stream (queued batches of the old dictionary are
-//! re-sent with full ids) and when the aggregator restarts.
+//! re-sent with full ids), when the aggregator restarts, and when shards
+//! move to another aggregator (placement in a real etcd) while the
+//! dictionaries are live.
 
 mod support;
 
@@ -10,13 +12,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use support::{TileReceiver, collector_config, test_config, wait_until};
-use tessera_aggregator::Aggregator;
 use tessera_aggregator::metrics::Reason;
+use tessera_aggregator::{Aggregator, now_ms};
 use tessera_collector::Collector;
 use tessera_core::parse::MetricKind;
 use tessera_proto::aggregate::Value;
 use tessera_runtime::{Shutdown, Telemetry};
-use tessera_topology::{Placement, PlacementHandle};
+use tessera_topology::testing::EtcdServer;
+use tessera_topology::{MoveTiming, Placement, PlacementHandle, PlacementSource, PlacementStore};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
 
@@ -77,23 +80,36 @@ fn receiver_totals(receiver: &TileReceiver, policy: &str, id: &str) -> f64 {
 }
 
 async fn start_aggregator(receiver: &TileReceiver, listen: &str, shutdown: &Shutdown) -> Aggregator {
-    let mut config = test_config("agg-1", &receiver.address.to_string(), &POLICIES, 4);
+    let own = PlacementHandle::fixed(Placement::init(&[("agg-1", "127.0.0.1:1")], 8, 1, 0).unwrap());
+    start_aggregator_on("agg-1", own, receiver, listen, shutdown).await
+}
+
+async fn start_aggregator_on(
+    id: &str,
+    placement: PlacementHandle,
+    receiver: &TileReceiver,
+    listen: &str,
+    shutdown: &Shutdown,
+) -> Aggregator {
+    let mut config = test_config(id, &receiver.address.to_string(), &POLICIES, 4);
     config.listen = listen.parse().unwrap();
     config.buffer_past_ms = 500;
     config.max_buffer_past_ms = Some(3_000);
-    let own = PlacementHandle::fixed(Placement::init(&[("agg-1", "127.0.0.1:1")], 8, 1, 0).unwrap());
-    Aggregator::start_with_placement(config, own, Telemetry::new("aggregator", "test"), shutdown.clone()).await.unwrap()
+    Aggregator::start_with_placement(config, placement, Telemetry::new("aggregator", "test"), shutdown.clone())
+        .await
+        .unwrap()
 }
 
 async fn start_collector(endpoint: String) -> (Collector, Shutdown) {
-    let routed = Placement::init(&[("agg-1", endpoint)], 8, 1, 0).unwrap();
+    start_collector_on(PlacementHandle::fixed(Placement::init(&[("agg-1", endpoint)], 8, 1, 0).unwrap())).await
+}
+
+async fn start_collector_on(routed: PlacementHandle) -> (Collector, Shutdown) {
     let shutdown = Shutdown::new();
     let mut config = collector_config();
     config.forward.series_dictionary = true;
     let collector =
-        Collector::start(config, PlacementHandle::fixed(routed), Telemetry::new("collector", "test"), shutdown.clone())
-            .await
-            .unwrap();
+        Collector::start(config, routed, Telemetry::new("collector", "test"), shutdown.clone()).await.unwrap();
     (collector, shutdown)
 }
 
@@ -197,4 +213,62 @@ async fn tiles_stay_exact_across_an_aggregator_restart() {
     collector.wait().await;
     shutdown.trigger();
     aggregator.wait().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tiles_stay_exact_when_shards_move_while_dictionaries_are_live() {
+    let etcd = tokio::task::block_in_place(EtcdServer::start).expect("starting etcd");
+    let etcd_config = etcd.config("dictionary-move");
+    let store = PlacementStore::connect(etcd_config.clone()).await.unwrap();
+    let free_address = || std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
+    let (address_1, address_2) = (free_address(), free_address());
+    let initial = Placement::init(&[("agg-1", address_1.as_str())], 8, 1, now_ms()).unwrap();
+    store.compare_and_swap(None, &initial).await.unwrap();
+    let watched = || async { PlacementSource::Etcd(etcd_config.clone()).start().await.unwrap() };
+    let receiver = TileReceiver::start().await;
+    let shutdown = Shutdown::new();
+    let aggregator_1 = start_aggregator_on("agg-1", watched().await, &receiver, &address_1, &shutdown).await;
+    // agg-2 runs from the start and owns nothing until the move.
+    let aggregator_2 = start_aggregator_on("agg-2", watched().await, &receiver, &address_2, &shutdown).await;
+    let (collector, collector_shutdown) = start_collector_on(watched().await).await;
+
+    let rounds = 200;
+    let mut moved_at = None;
+    let mut refs_before_move = 0;
+    send_rounds(&collector, rounds, async |round| {
+        // Half the shards move while every series already goes by ref to agg-1.
+        if round == 40 {
+            refs_before_move = aggregator_1.metrics().dictionary_refs.get();
+            let timing = MoveTiming::new(now_ms()).with_delay_ms(1_000).with_boundary_ms(1_000);
+            let (current, revision) = store.get().await.unwrap();
+            let moved = current.add_instance("agg-2", &address_2, timing).unwrap();
+            store.compare_and_swap(Some(revision), &moved).await.unwrap();
+            moved_at = Some(timing.cutover_ms().unwrap());
+        }
+    })
+    .await;
+    let cutover = moved_at.expect("the move was made");
+    assert!(now_ms() > cutover + 1_000, "traffic flowed past the cutover");
+    assert!(refs_before_move >= SERIES as i64, "series went by ref before the move ({refs_before_move})");
+    assert_exact(&[&receiver], rounds).await;
+
+    let flushed_by_2 = receiver
+        .values()
+        .values()
+        .flat_map(|flushed| flushed.iter())
+        .filter(|flushed| flushed.source == "agg-2")
+        .count();
+    assert!(flushed_by_2 > 100, "agg-2 flushed {flushed_by_2} tile values after the move");
+    let refs_2 = aggregator_2.metrics().dictionary_refs.get();
+    assert!(refs_2 > 0, "the collector named series to agg-2 by ref ({refs_2})");
+    for aggregator in [&aggregator_1, &aggregator_2] {
+        for reason in [Reason::TooLate, Reason::Malformed, Reason::UnknownSeriesRef, Reason::NotOwner] {
+            assert_eq!(aggregator.metrics().rejected_batches(reason), 0, "{reason:?}");
+        }
+    }
+    collector_shutdown.trigger();
+    collector.wait().await;
+    shutdown.trigger();
+    aggregator_1.wait().await;
+    aggregator_2.wait().await;
 }
