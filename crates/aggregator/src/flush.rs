@@ -5,9 +5,10 @@
 //! (their parts of each tile joined by a [`Gatherer`]), so that encoding a
 //! large tile never holds up merging nor a tokio worker.
 
-use std::time::Instant;
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
 
-use crossbeam_channel::Receiver;
+use crossbeam_channel::{Receiver, RecvTimeoutError};
 use prost::Message;
 use tessera_proto::framing;
 use tessera_proto::{Frame, SeriesValue, TileBatch, frame::Body};
@@ -15,6 +16,7 @@ use tessera_proto::{Frame, SeriesValue, TileBatch, frame::Body};
 use tessera_runtime::outbound::Batch;
 
 use crate::ingester::Ingesters;
+use crate::leadership::Leadership;
 use crate::merge::{Gatherer, MergeOutput};
 use crate::metrics::{Metrics, PolicyMetrics};
 use crate::now_ms;
@@ -86,47 +88,117 @@ pub struct FlushSettings {
     pub max_frame_bytes: usize,
 }
 
+/// Longest the flusher waits for a tile part before it looks at the
+/// leadership and the flush marks again.
+const RELEASE_TICK: Duration = Duration::from_millis(50);
+
+/// Most series values held unflushed (a follower, or a leader fenced off
+/// from etcd); past it the oldest held tiles are let go and counted
+/// (`tiles_discarded{reason="held_limit"}`).
+pub const MAX_HELD_SERIES: usize = 20_000_000;
+
 /// Receives the merge threads' parts of closed tiles until every merge
-/// thread hangs up; queues each whole tile's batches on one ingester and
-/// records the flush metrics.
-pub fn run_flusher(
-    parts: Receiver<MergeOutput>,
-    mut gatherer: Gatherer,
-    ingesters: Ingesters,
-    settings: FlushSettings,
-    metrics: Metrics,
-    policies: Vec<PolicyMetrics>,
-) {
-    while let Ok(part) = parts.recv() {
-        gatherer.add(part, &mut |tile| flush_tile(tile, &ingesters, &settings, &metrics, &policies));
+/// thread hangs up; flushes each whole tile when [`Leadership`] allows
+/// (always, without replicas), holds it otherwise until the shard set
+/// leader's flush mark passes it ([`crate::leadership`]).
+pub fn run_flusher(parts: Receiver<MergeOutput>, mut gatherer: Gatherer, flusher: Flusher) {
+    let mut held = Held::default();
+    loop {
+        match parts.recv_timeout(RELEASE_TICK) {
+            Ok(part) => gatherer.add(part, &mut |tile| held.push(tile, &flusher)),
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => break,
+        }
+        held.release(&flusher, false);
+    }
+    held.release(&flusher, true);
+}
+
+/// What the flusher thread flushes with.
+pub struct Flusher {
+    /// The ingester queues.
+    pub ingesters: Ingesters,
+    /// Settings.
+    pub settings: FlushSettings,
+    /// The aggregator's metrics.
+    pub metrics: Metrics,
+    /// Per-policy handles, indexed like the policies.
+    pub policies: Vec<PolicyMetrics>,
+    /// Whether to flush or hold.
+    pub leadership: Leadership,
+}
+
+/// Closed tiles not flushed yet, oldest first.
+#[derive(Default)]
+struct Held {
+    tiles: VecDeque<ClosedTile>,
+    series: usize,
+}
+
+impl Held {
+    fn push(&mut self, tile: ClosedTile, flusher: &Flusher) {
+        let Some(policy) = flusher.policies.get(tile.policy_index) else { return };
+        policy.active_series.set(tile.series_held as i64);
+        if tile.expired > 0 {
+            policy.series_expired.inc_by(tile.expired as u64);
+        }
+        if !tile.values.is_empty() {
+            self.series += tile.values.len();
+            self.tiles.push_back(tile);
+        }
+    }
+
+    /// Lets go of what the leader flushed, then flushes what may be
+    /// flushed; at shutdown, whatever is left is flushed or let go.
+    fn release(&mut self, flusher: &Flusher, at_shutdown: bool) {
+        let (leadership, metrics) = (&flusher.leadership, &flusher.metrics);
+        let before = self.tiles.len();
+        self.tiles.retain(|tile| tile.tile_end_ms > leadership.mark(tile.policy_index));
+        metrics.tiles_discarded("flushed_by_leader", (before - self.tiles.len()) as u64);
+        let flush = leadership.may_flush() || (at_shutdown && leadership.may_flush_at_shutdown());
+        if flush {
+            while let Some(tile) = self.tiles.pop_front() {
+                if leadership.counts_incomplete(tile.tile_start_ms) {
+                    metrics.incomplete_tiles.inc();
+                }
+                flush_tile(tile, flusher);
+            }
+        } else if at_shutdown {
+            metrics.tiles_discarded("shutdown", self.tiles.len() as u64);
+            self.tiles.clear();
+        } else {
+            let mut series: usize = self.tiles.iter().map(|tile| tile.values.len()).sum();
+            while series > MAX_HELD_SERIES && self.tiles.len() > 1 {
+                let oldest = self.tiles.pop_front().expect("more than one tile held");
+                series -= oldest.values.len();
+                metrics.tiles_discarded("held_limit", 1);
+            }
+        }
+        self.series = self.tiles.iter().map(|tile| tile.values.len()).sum();
+        metrics.held_tiles.set(self.tiles.len() as i64);
+        metrics.held_series.set(self.series as i64);
+        leadership.holding(self.tiles.front().map(|tile| tile.tile_start_ms));
     }
 }
 
-fn flush_tile(
-    tile: ClosedTile,
-    ingesters: &Ingesters,
-    settings: &FlushSettings,
-    metrics: &Metrics,
-    policies: &[PolicyMetrics],
-) {
+fn flush_tile(tile: ClosedTile, flusher: &Flusher) {
+    let Flusher { ingesters, settings, metrics, policies, leadership } = flusher;
     let Some(policy) = policies.get(tile.policy_index) else { return };
-    policy.active_series.set(tile.series_held as i64);
-    if tile.expired > 0 {
-        policy.series_expired.inc_by(tile.expired as u64);
-    }
-    if tile.values.is_empty() {
-        return;
-    }
     let started = Instant::now();
-    let cut_duration = tile.cut_duration;
+    let (cut_duration, policy_index) = (tile.cut_duration, tile.policy_index);
     let tile_end_ms = tile.tile_end_ms;
     let series = tile.values.len() as u64;
-    let queue = ingesters.pick();
+    let queue_index = ingesters.pick_index();
+    let queue = &ingesters.queues()[queue_index];
     let flushed_at_ms = now_ms();
     let (batches, too_large) =
         encode_tile(tile, &settings.source, settings.max_frame_bytes, flushed_at_ms, &mut || queue.next_sequence());
     metrics.dropped("too_large", "series", too_large);
+    let last_sequence = batches.last().map(|batch| batch.sequence);
     queue.push_all(batches);
+    if let Some(last_sequence) = last_sequence {
+        leadership.flushed(policy_index, queue_index, last_sequence, tile_end_ms);
+    }
     policy.tiles_flushed.inc();
     policy.series_flushed.inc_by(series);
     policy.flush_duration.observe((cut_duration + started.elapsed()).as_secs_f64());

@@ -111,11 +111,16 @@ impl Ingesters {
     /// The queue the next tile goes to: connected first, then fewest bytes,
     /// ties taken in turn.
     pub fn pick(&self) -> &Arc<OutboundQueue> {
+        &self.queues[self.pick_index()]
+    }
+
+    /// The index in [`queues`](Self::queues) of the queue [`pick`](Self::pick) would give.
+    pub fn pick_index(&self) -> usize {
         let start = self.next.fetch_add(1, Ordering::Relaxed);
         let count = self.queues.len();
         (0..count)
-            .map(|offset| &self.queues[(start + offset) % count])
-            .min_by_key(|queue| (!queue.is_connected(), queue.queued_bytes()))
+            .map(|offset| (start + offset) % count)
+            .min_by_key(|&index| (!self.queues[index].is_connected(), self.queues[index].queued_bytes()))
             .expect("config validation requires at least one ingester endpoint")
     }
 

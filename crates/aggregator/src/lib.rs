@@ -15,8 +15,11 @@
 //! joins the merge threads' parts, splits the tile into tile batches and
 //! queues them on one ingester endpoint, whose sender task delivers them
 //! with acknowledgements, retries and a bounded buffer ([`ingester`]).
-//! [`pipeline`] wires the threads; [`ownership`] tracks the placement and
-//! the etcd liveness lease; [`metrics`] declares every metric.
+//! With replicas, one leader per shard set flushes and the others hold
+//! their copies until its flush marks pass them ([`leadership`]: etcd
+//! election on the liveness lease, fencing, takeover).
+//! [`pipeline`] wires the threads; [`ownership`] tracks the placement;
+//! [`metrics`] declares every metric.
 //!
 //! [`Aggregator::start`] is the one entry point: the binary, `tessera
 //! local` and the tests all run it.
@@ -40,6 +43,7 @@ pub mod decode;
 pub mod dictionary;
 pub mod flush;
 pub mod ingester;
+pub mod leadership;
 pub mod merge;
 pub mod metrics;
 pub mod ownership;
@@ -59,6 +63,7 @@ pub use config::{Config, ConfigError};
 use decode::Decoder;
 use flush::FlushSettings;
 use ingester::Ingesters;
+use leadership::Leadership;
 pub use metrics::Metrics;
 use server::ServerSettings;
 use tessera_runtime::outbound::SenderSettings;
@@ -96,6 +101,8 @@ pub struct Aggregator {
     telemetry_addr: Option<SocketAddr>,
     metrics: Metrics,
     placement: PlacementHandle,
+    ingesters: Ingesters,
+    leadership: Leadership,
     supervisor: tokio::task::JoinHandle<()>,
 }
 
@@ -111,8 +118,26 @@ impl Aggregator {
         let placement = source.start().await?;
         let aggregator = Self::start_with_placement(config.clone(), placement, telemetry, shutdown.clone()).await?;
         if let PlacementSource::Etcd(etcd) = source {
-            let ttl = Duration::from_secs(config.liveness_ttl_secs);
-            tokio::spawn(ownership::keep_registered(etcd, config.instance_id().to_owned(), ttl, shutdown));
+            let settings = leadership::ElectionSettings {
+                etcd,
+                instance_id: config.instance_id().to_owned(),
+                ttl: Duration::from_secs(config.liveness_ttl_secs),
+                max_buffer_past_ms: config.max_buffer_past_ms() as i64,
+            };
+            tokio::spawn(leadership::run_election(
+                settings,
+                aggregator.leadership.clone(),
+                aggregator.placement.clone(),
+                aggregator.ingesters.clone(),
+                aggregator.metrics.clone(),
+                shutdown,
+            ));
+        } else if aggregator.placement.current().replication_factor() > 1 {
+            tracing::warn!(
+                "the placement replicates shard sets but is not in etcd: no leader can be elected, so every replica \
+                 flushes (the ingester skips the second copy of a tile, but a replica that restarted mid-tile may \
+                 write its partial copy first); use an etcd placement for replicas"
+            );
         }
         Ok(aggregator)
     }
@@ -178,6 +203,7 @@ impl Aggregator {
         let decoder = Decoder::new(instance_id.clone(), placement.clone(), config.max_frame_bytes, merge_threads);
         let flush_settings =
             FlushSettings { source: instance_id.clone(), max_frame_bytes: config.ingester.max_frame_bytes };
+        let leadership = Leadership::new(config.policies.clone(), started_ms);
         // Shutdown joins the threads in this order: each one's exit closes the next one's input.
         let mut threads = vec![spawn_thread("decoder", {
             let metrics = metrics.clone();
@@ -204,9 +230,15 @@ impl Aggregator {
         })?);
         threads.extend(merge_handles);
         threads.push(spawn_thread("flusher", {
-            let (ingesters, metrics) = (ingesters.clone(), metrics.clone());
+            let flusher = flush::Flusher {
+                ingesters: ingesters.clone(),
+                settings: flush_settings,
+                metrics: metrics.clone(),
+                policies: policy_metrics,
+                leadership: leadership.clone(),
+            };
             let gatherer = merge::Gatherer::new(merge_threads);
-            move || flush::run_flusher(part_receiver, gatherer, ingesters, flush_settings, metrics, policy_metrics)
+            move || flush::run_flusher(part_receiver, gatherer, flusher)
         })?);
 
         tokio::spawn(ownership::watch_ownership(
@@ -244,14 +276,14 @@ impl Aggregator {
 
         let drain = Drain {
             threads,
-            ingesters,
+            ingesters: ingesters.clone(),
             stop_senders,
             grace: Duration::from_secs(config.ingester.shutdown_grace_secs),
             metrics: metrics.clone(),
             server,
         };
         let supervisor = tokio::spawn(drain.after(shutdown));
-        Ok(Aggregator { listen_addr, telemetry_addr, metrics, placement, supervisor })
+        Ok(Aggregator { listen_addr, telemetry_addr, metrics, placement, ingesters, leadership, supervisor })
     }
 
     /// The bound wire listener address (useful with port 0).
@@ -272,6 +304,12 @@ impl Aggregator {
     /// The placement in use.
     pub fn placement(&self) -> &PlacementHandle {
         &self.placement
+    }
+
+    /// Whether this replica flushes: it leads its shard set, or the shard
+    /// set has no replicas ([`leadership`]).
+    pub fn is_leader(&self) -> bool {
+        self.leadership.is_leader()
     }
 
     /// Waits until the aggregator has shut down and drained.

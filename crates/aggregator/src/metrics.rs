@@ -121,6 +121,23 @@ pub struct Metrics {
     pub shards_owned: Gauge,
     /// Version of the placement in use.
     pub placement_version: Gauge,
+    leader: Family<Labels, Gauge>,
+    leader_shard_set: std::sync::Arc<std::sync::Mutex<Option<u32>>>,
+    elections: Family<Labels, Counter>,
+    /// etcd requests of the election that failed.
+    pub election_errors: Counter,
+    /// From first seeing the shard set leaderless to winning its election.
+    pub takeover_duration: Histogram,
+    /// Flush marks written to etcd.
+    pub flush_marks_recorded: Counter,
+    flush_mark_lag: Family<Labels, Gauge<f64, AtomicU64>>,
+    /// Tiles this replica flushed although it did not see them whole.
+    pub incomplete_tiles: Counter,
+    /// Closed tiles held unflushed (follower, or a leader fenced off).
+    pub held_tiles: Gauge,
+    /// Series values in the held tiles.
+    pub held_series: Gauge,
+    tiles_discarded: Family<Labels, Counter>,
 }
 
 impl Default for Metrics {
@@ -159,6 +176,17 @@ impl Default for Metrics {
             watermark_lag: Family::default(),
             shards_owned: Gauge::default(),
             placement_version: Gauge::default(),
+            leader: Family::default(),
+            leader_shard_set: std::sync::Arc::default(),
+            elections: Family::default(),
+            election_errors: Counter::default(),
+            takeover_duration: lag_histogram(),
+            flush_marks_recorded: Counter::default(),
+            flush_mark_lag: Family::default(),
+            incomplete_tiles: Counter::default(),
+            held_tiles: Gauge::default(),
+            held_series: Gauge::default(),
+            tiles_discarded: Family::default(),
         }
     }
 }
@@ -302,7 +330,92 @@ impl Metrics {
             self.dictionaries_restarted.clone(),
         );
         r.register(format!("{p}shards_owned"), "Shards this instance owns now", self.shards_owned.clone());
+        r.register(
+            format!("{p}leader"),
+            "1 while this replica leads its shard set (and flushes), 0 while it follows; absent without replicas",
+            self.leader.clone(),
+        );
+        r.register(
+            format!("{p}elections"),
+            "Campaigns for the shard set's leader key, by result (won, lost)",
+            self.elections.clone(),
+        );
+        r.register(
+            format!("{p}election_errors"),
+            "etcd requests of the election that failed",
+            self.election_errors.clone(),
+        );
+        r.register(
+            format!("{p}takeover_duration_seconds"),
+            "From first seeing the shard set without a leader to winning its election",
+            self.takeover_duration.clone(),
+        );
+        r.register(
+            format!("{p}flush_marks_recorded"),
+            "Flush marks written to etcd by the leader",
+            self.flush_marks_recorded.clone(),
+        );
+        r.register(
+            format!("{p}flush_mark_lag_seconds"),
+            "Now minus the shard set leader's flush mark (end of the last tile acknowledged), per policy",
+            self.flush_mark_lag.clone(),
+        );
+        r.register(
+            format!("{p}incomplete_tiles"),
+            "Tiles flushed by a replica that started after they began (the only replica left to flush them)",
+            self.incomplete_tiles.clone(),
+        );
+        r.register(
+            format!("{p}held_tiles"),
+            "Closed tiles held unflushed until the leader's flush mark passes them",
+            self.held_tiles.clone(),
+        );
+        r.register(format!("{p}held_series"), "Series values in the held tiles", self.held_series.clone());
+        r.register(
+            format!("{p}tiles_discarded"),
+            "Held tiles let go without flushing, by reason: flushed_by_leader (the normal case), held_limit, shutdown",
+            self.tiles_discarded.clone(),
+        );
         r.register(format!("{p}placement_version"), "Version of the placement in use", self.placement_version.clone());
+    }
+
+    /// Exports whether this replica leads `shard_set` (`None`: not replicated).
+    pub fn set_leader(&self, state: Option<(u32, bool)>) {
+        let mut shown = self.leader_shard_set.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(previous) = *shown
+            && state.is_none_or(|(shard_set, _)| shard_set != previous)
+        {
+            self.leader.remove(&labels(&[("shard_set", &previous.to_string())]));
+        }
+        *shown = state.map(|(shard_set, _)| shard_set);
+        if let Some((shard_set, leads)) = state {
+            self.leader.get_or_create(&labels(&[("shard_set", &shard_set.to_string())])).set(i64::from(leads));
+        }
+    }
+
+    /// Whether this replica leads, as exported (for tests).
+    pub fn is_leader(&self) -> Option<bool> {
+        let shard_set = (*self.leader_shard_set.lock().unwrap_or_else(|poisoned| poisoned.into_inner()))?;
+        Some(self.leader.get_or_create(&labels(&[("shard_set", &shard_set.to_string())])).get() == 1)
+    }
+
+    /// Counts a campaign by `result` (`won`, `lost`).
+    pub fn election(&self, result: &'static str) {
+        self.elections.get_or_create(&labels(&[("result", result)])).inc();
+    }
+
+    /// Exports the flush mark lag of each policy that has a mark.
+    pub fn set_flush_mark_lags(&self, lags: &[(String, f64)]) {
+        for (policy, lag) in lags {
+            self.flush_mark_lag.get_or_create(&labels(&[("policy", policy)])).set(*lag);
+        }
+    }
+
+    /// Counts `tiles` held tiles let go unflushed for `reason`.
+    pub fn tiles_discarded(&self, reason: &'static str, tiles: u64) {
+        if tiles > 0 {
+            self.tiles_discarded.get_or_create(&labels(&[("reason", reason)])).inc_by(tiles);
+        }
     }
 
     /// Counts a refused batch of `partials` series partials.

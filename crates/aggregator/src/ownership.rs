@@ -1,6 +1,6 @@
 //! Keeping an eye on the placement: the shards this instance owns now, the
-//! placement version, and warnings an operator should see; plus the etcd
-//! liveness lease that `tessera placement show` reads.
+//! placement version, and warnings an operator should see. (The etcd
+//! liveness lease is kept by [`crate::leadership`].)
 //!
 //! Ownership itself is decided per batch by the decoder
 //! ([`Placement::owns`](tessera_topology::Placement::owns) at the window
@@ -10,7 +10,7 @@
 use std::time::Duration;
 
 use tessera_runtime::{ReadinessCondition, Shutdown};
-use tessera_topology::{EtcdConfig, Placement, PlacementHandle, PlacementStore};
+use tessera_topology::{Placement, PlacementHandle};
 
 use crate::metrics::Metrics;
 use crate::now_ms;
@@ -83,41 +83,5 @@ fn describe(placement: &Placement, instance_id: &str, policies: &[StoragePolicy]
                 }
             }
         }
-    }
-}
-
-/// Holds this instance's liveness lease in etcd until `shutdown`, then
-/// revokes it. Retries registering while etcd is unreachable; once
-/// registered, the lease is kept alive (and granted again after an etcd
-/// outage) by the registration itself.
-pub async fn keep_registered(config: EtcdConfig, instance_id: String, ttl: Duration, shutdown: Shutdown) {
-    let mut wait = Duration::from_millis(200);
-    let registration = loop {
-        let attempt = async {
-            let store = PlacementStore::connect(config.clone()).await?;
-            store.register_instance(&instance_id, ttl).await
-        };
-        let error = tokio::select! {
-            () = shutdown.wait() => return,
-            result = attempt => match result {
-                Ok(registration) => break registration,
-                Err(error) => error,
-            },
-        };
-        tracing::warn!(error = %tessera_runtime::logging::error_chain(&error), "cannot register liveness in etcd; will retry");
-        tokio::select! {
-            () = shutdown.wait() => return,
-            () = tokio::time::sleep(wait) => {}
-        }
-        wait = (wait * 2).min(Duration::from_secs(10));
-    };
-    tracing::info!(key = registration.key(), "liveness lease registered");
-    shutdown.wait().await;
-    match tokio::time::timeout(Duration::from_secs(2), registration.revoke()).await {
-        Ok(Ok(())) => tracing::info!("liveness lease revoked"),
-        Ok(Err(error)) => {
-            tracing::warn!(error = %tessera_runtime::logging::error_chain(&error), "revoking the liveness lease")
-        }
-        Err(_) => tracing::warn!("revoking the liveness lease timed out; it expires with its TTL"),
     }
 }

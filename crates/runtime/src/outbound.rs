@@ -153,6 +153,8 @@ pub struct OutboundQueue<M> {
     notify: Notify,
     next_sequence: AtomicU64,
     in_flight: AtomicBool,
+    /// Sequence of the batch in flight (meaningful while `in_flight`).
+    in_flight_sequence: AtomicU64,
     connected: AtomicBool,
     /// The current dictionary generation ([`Refs`]).
     generation: AtomicU64,
@@ -170,6 +172,7 @@ impl<M: OutboundMetrics> OutboundQueue<M> {
             notify: Notify::new(),
             next_sequence: AtomicU64::new(1),
             in_flight: AtomicBool::new(false),
+            in_flight_sequence: AtomicU64::new(0),
             connected: AtomicBool::new(false),
             generation: AtomicU64::new(1),
             max_bytes,
@@ -294,6 +297,7 @@ impl<M: OutboundMetrics> OutboundQueue<M> {
         let mut state = self.lock();
         let batch = state.batches.pop_front()?;
         state.bytes -= batch.frame.len();
+        self.in_flight_sequence.store(batch.sequence, Ordering::Relaxed);
         self.in_flight.store(true, Ordering::Release);
         self.publish(&state);
         Some(batch)
@@ -302,6 +306,21 @@ impl<M: OutboundMetrics> OutboundQueue<M> {
     /// The batch in flight is done with (acknowledged or dropped).
     pub fn finish_in_flight(&self) {
         self.in_flight.store(false, Ordering::Release);
+    }
+
+    /// The highest sequence below which every batch is done with
+    /// (acknowledged, or dropped and counted): for queues whose batches
+    /// are numbered in the order they are pushed (tile batches; not the
+    /// collector's, whose stale batches are renumbered when expanded).
+    /// A sequence handed out but not pushed yet counts as done; callers
+    /// record what they pushed after pushing it.
+    pub fn resolved_through(&self) -> u64 {
+        let state = self.lock();
+        let mut unresolved = state.batches.front().map_or(u64::MAX, |batch| batch.sequence);
+        if self.in_flight.load(Ordering::Acquire) {
+            unresolved = unresolved.min(self.in_flight_sequence.load(Ordering::Relaxed));
+        }
+        if unresolved == u64::MAX { self.next_sequence.load(Ordering::Relaxed) - 1 } else { unresolved - 1 }
     }
 
     /// Whether nothing is queued or in flight.
@@ -522,6 +541,28 @@ mod tests {
 
     fn with_refs(sequence: u64, bytes: usize, generation: u64, expand: bool) -> Batch {
         Batch { refs: Some(Refs { generation, expand: Arc::new(Halves(expand)) }), ..batch(sequence, bytes, 2) }
+    }
+
+    #[test]
+    fn resolved_through_stops_below_the_oldest_batch_queued_or_in_flight() {
+        let queue = OutboundQueue::new("i:1".into(), 1 << 20, Arc::new(Recorded::default()));
+        assert_eq!(queue.resolved_through(), 0);
+        let sequences: Vec<u64> = (0..3).map(|_| queue.next_sequence()).collect();
+        queue.push_all(sequences.iter().map(|&sequence| batch(sequence, 10, 1)).collect());
+        assert_eq!(queue.resolved_through(), 0);
+        let first = queue.pop_front().unwrap();
+        assert_eq!(queue.resolved_through(), 0, "batch 1 is in flight");
+        queue.push_front(first);
+        assert_eq!(queue.resolved_through(), 0, "batch 1 is back for a retry");
+        queue.pop_front().unwrap();
+        queue.finish_in_flight();
+        assert_eq!(queue.resolved_through(), 1);
+        queue.pop_front().unwrap();
+        queue.finish_in_flight();
+        queue.pop_front().unwrap();
+        assert_eq!(queue.resolved_through(), 2);
+        queue.finish_in_flight();
+        assert_eq!(queue.resolved_through(), 3);
     }
 
     #[test]

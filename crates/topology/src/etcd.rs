@@ -10,7 +10,9 @@
 //! - `/tessera/<env>/placement`: the [`Placement`](crate::Placement),
 //!   protobuf-encoded;
 //! - `/tessera/<env>/alive/<instance id>`: one key per live instance,
-//!   attached to a lease that the instance keeps alive.
+//!   attached to a lease that the instance keeps alive;
+//! - `/tessera/<env>/leader/<shard set>` and `/tessera/<env>/flushed/<shard set>`:
+//!   each replicated shard set's leader and its flush marks ([`election`]).
 
 use std::hash::BuildHasher;
 use std::path::PathBuf;
@@ -21,11 +23,13 @@ use serde::Deserialize;
 
 use crate::error::StoreError;
 
+pub mod election;
 pub mod liveness;
 pub mod store;
 pub mod watch;
 
-pub use liveness::Registration;
+pub use election::{Election, FlushMarks, Leader};
+pub use liveness::{LeaseDeadline, Registration};
 pub use store::PlacementStore;
 pub use watch::Watcher;
 
@@ -153,6 +157,21 @@ impl EtcdConfig {
         format!("{}{instance_id}", self.alive_prefix())
     }
 
+    /// `/tessera/<env>/leader/`.
+    pub fn leader_prefix(&self) -> String {
+        format!("{KEY_ROOT}/{}/leader/", self.env)
+    }
+
+    /// `/tessera/<env>/leader/<shard_set>`.
+    pub fn leader_key(&self, shard_set: u32) -> String {
+        format!("{}{shard_set}", self.leader_prefix())
+    }
+
+    /// `/tessera/<env>/flushed/<shard_set>`.
+    pub fn flushed_key(&self, shard_set: u32) -> String {
+        format!("{KEY_ROOT}/{}/flushed/{shard_set}", self.env)
+    }
+
     pub(crate) fn request_timeout(&self) -> Duration {
         Duration::from_millis(self.request_timeout_ms)
     }
@@ -246,6 +265,8 @@ mod tests {
         let config = EtcdConfig::new(["http://127.0.0.1:2379"], "prod");
         assert_eq!(config.placement_key(), "/tessera/prod/placement");
         assert_eq!(config.alive_key("agg-1"), "/tessera/prod/alive/agg-1");
+        assert_eq!(config.leader_key(3), "/tessera/prod/leader/3");
+        assert_eq!(config.flushed_key(3), "/tessera/prod/flushed/3");
         config.validate().unwrap();
     }
 

@@ -1,9 +1,9 @@
 //! Instance liveness: a key per instance attached to an etcd lease that a
 //! background task keeps alive.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use etcd_client::{Client, PutOptions};
 use tokio::sync::oneshot;
@@ -26,6 +26,7 @@ type StopRequest = Option<oneshot::Sender<Result<(), StoreError>>>;
 pub struct Registration {
     key: String,
     lease_id: Arc<AtomicI64>,
+    valid_until: LeaseDeadline,
     stop: Option<oneshot::Sender<StopRequest>>,
     task: Option<JoinHandle<()>>,
 }
@@ -39,6 +40,11 @@ impl Registration {
     /// The current lease id (it changes when the lease had to be granted again).
     pub fn lease_id(&self) -> i64 {
         self.lease_id.load(Ordering::Relaxed)
+    }
+
+    /// A handle on the time before which the lease cannot have expired.
+    pub fn deadline(&self) -> LeaseDeadline {
+        self.valid_until.clone()
     }
 
     /// Stops the keep-alive and revokes the lease, so the key goes away now.
@@ -64,6 +70,31 @@ impl Drop for Registration {
     }
 }
 
+/// The time before which a lease cannot have expired in etcd: the moment
+/// the last successful grant or keep-alive was *sent*, plus the TTL etcd
+/// answered with. etcd starts the TTL when it receives the request, later
+/// than that, so the deadline errs on the early side; a process paused past
+/// it (or cut off from etcd) sees it passed as soon as it runs again.
+/// This is what fencing rests on ([`Election`](super::election)).
+#[derive(Debug, Clone, Default)]
+pub struct LeaseDeadline(Arc<Mutex<Option<Instant>>>);
+
+impl LeaseDeadline {
+    /// When the lease may expire; `None` before the first grant.
+    pub fn get(&self) -> Option<Instant> {
+        *self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// How long the lease is certainly still alive from now (zero if it may have expired).
+    pub fn remaining(&self) -> Duration {
+        self.get().map_or(Duration::ZERO, |deadline| deadline.saturating_duration_since(Instant::now()))
+    }
+
+    fn set(&self, deadline: Instant) {
+        *self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(deadline);
+    }
+}
+
 /// Grants a lease, puts the key, and starts the keep-alive task.
 pub(crate) async fn register(
     mut client: Client,
@@ -78,7 +109,10 @@ pub(crate) async fn register(
     }
     let ttl_secs = ttl.as_secs_f64().ceil().max(1.0) as i64;
     let key = config.alive_key(instance_id);
+    let valid_until = LeaseDeadline::default();
+    let sent = Instant::now();
     let lease_id = grant_and_put(&config, &mut client, &key, instance_id, ttl_secs).await?;
+    valid_until.set(sent + Duration::from_secs(ttl_secs as u64));
     let lease = Arc::new(AtomicI64::new(lease_id));
     let (stop, stop_requests) = oneshot::channel();
     let keeper = KeepAlive {
@@ -88,10 +122,11 @@ pub(crate) async fn register(
         value: instance_id.to_owned(),
         ttl_secs,
         lease_id: lease.clone(),
+        valid_until: valid_until.clone(),
         needs_lease: false,
     };
     let task = tokio::spawn(keeper.run(stop_requests));
-    Ok(Registration { key, lease_id: lease, stop: Some(stop), task: Some(task) })
+    Ok(Registration { key, lease_id: lease, valid_until, stop: Some(stop), task: Some(task) })
 }
 
 async fn grant_and_put(
@@ -115,6 +150,7 @@ struct KeepAlive {
     value: String,
     ttl_secs: i64,
     lease_id: Arc<AtomicI64>,
+    valid_until: LeaseDeadline,
     /// The lease expired (etcd was gone longer than the TTL): grant a new one.
     needs_lease: bool,
 }
@@ -144,9 +180,11 @@ impl KeepAlive {
         let config = self.config.clone();
         let key = self.key.clone();
         if self.needs_lease {
+            let sent = Instant::now();
             match grant_and_put(&config, &mut self.client, &key, &self.value, self.ttl_secs).await {
                 Ok(lease_id) => {
                     self.lease_id.store(lease_id, Ordering::Relaxed);
+                    self.valid_until.set(sent + Duration::from_secs(self.ttl_secs as u64));
                     self.needs_lease = false;
                     tracing::info!(%key, lease_id, "liveness lease granted again");
                 }
@@ -161,6 +199,7 @@ impl KeepAlive {
             };
         let interval = Duration::from_millis((self.ttl_secs as u64 * 1_000 / 3).max(100));
         loop {
+            let sent = Instant::now();
             if let Err(error) = request(&config, "lease keep-alive", &key, keeper.keep_alive()).await {
                 return error;
             }
@@ -179,6 +218,7 @@ impl KeepAlive {
                 self.needs_lease = true;
                 return StoreError::StreamEnded { operation: "lease keep-alive", key, reason: "lease expired".into() };
             }
+            self.valid_until.set(sent + Duration::from_secs(response.ttl() as u64));
             backoff.reset();
             tokio::time::sleep(interval).await;
         }

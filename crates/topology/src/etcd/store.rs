@@ -105,6 +105,16 @@ impl PlacementStore {
         liveness::register(self.client.clone(), self.config.clone(), instance_id, ttl).await
     }
 
+    /// The election of `shard_set`, as seen by replica `instance_id`.
+    pub fn election(&self, shard_set: u32, instance_id: &str) -> super::Election {
+        super::Election::new(self.client.clone(), self.config.clone(), shard_set, instance_id)
+    }
+
+    /// Every replicated shard set's leader: shard set id → instance id.
+    pub async fn leaders(&self) -> Result<std::collections::BTreeMap<u32, String>, StoreError> {
+        super::election::leaders(&self.client, &self.config).await
+    }
+
     /// Ids of the instances with a live registration, sorted.
     pub async fn alive_instances(&self) -> Result<Vec<String>, StoreError> {
         let prefix = self.config.alive_prefix();

@@ -1,0 +1,501 @@
+//! High availability: one leader per shard set flushes; the other replicas
+//! hold their copy of each closed tile until the leader's flush of it is
+//! recorded, and take over from that record if the leader goes.
+//!
+//! With a replication factor above 1 (and a placement in etcd), the
+//! replicas of a shard set receive the same partials from every collector
+//! and merge the same tiles. [`run_election`] (a tokio task, one tick every
+//! [`TICK`]) keeps this instance's liveness lease, campaigns for the shard
+//! set's leader key on that lease
+//! ([`Election`](tessera_topology::Election)), and, as leader, records the
+//! flush marks: per policy, the end of the last tile every batch of which
+//! the ingester acknowledged (with every tile before it). As follower it
+//! reads them. The flusher ([`crate::flush`]) asks [`Leadership`] before
+//! each flush:
+//!
+//! - **leader**, lease certainly alive for more than [`FENCE_MARGIN`]:
+//!   flush every held tile after the marks, oldest first;
+//! - **otherwise** (follower, or a leader that lost etcd or was paused past
+//!   its lease): hold the tile; drop held tiles once the marks pass them.
+//!
+//! # Timing (fencing)
+//!
+//! The lease deadline is the moment the last successful keep-alive was
+//! *sent* plus the TTL ([`LeaseDeadline`]); keep-alives go every TTL/3.
+//! etcd expires the lease no sooner than TTL after it *received* that
+//! keep-alive, and only then can another replica take the key. A leader
+//! stops flushing [`FENCE_MARGIN`] before its deadline, so it has stopped
+//! before anyone else can start, whatever held it up (etcd away, the
+//! process paused: a paused process finds its deadline passed the moment it
+//! runs again, before it flushes anything). A tile already queued for the
+//! ingester may still go out after that; the ingester treats a second copy
+//! of a written tile as a duplicate. Failover after a crash takes the TTL
+//! (10 s by default) plus a tick; the tiles that closed meanwhile are held
+//! by the new leader and flushed at once.
+//!
+//! # Incomplete tiles
+//!
+//! A replica that started after a tile began did not see all of it. It does
+//! not campaign while another replica of its shard set is alive and one of
+//! its own unflushed or open tiles began before it started: a replica that
+//! saw the tile whole leads. If it leads anyway (it is the only one left),
+//! it flushes such a tile, which holds what reached it, and counts it in
+//! `tessera_aggregator_incomplete_tiles_total`.
+//!
+//! # Shutdown
+//!
+//! A leader stopped with SIGTERM while another replica is alive stops
+//! flushing, resigns (the other takes over within a tick) and leaves its
+//! open tiles to it; alone, it flushes everything, as without replicas.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use tessera_runtime::Shutdown;
+use tessera_runtime::logging::{RateLimitedLog, error_chain};
+use tessera_topology::{
+    Election, EtcdConfig, FlushMarks, Leader, LeaseDeadline, PlacementHandle, PlacementStore, Registration,
+};
+
+use crate::ingester::Ingesters;
+use crate::metrics::Metrics;
+use crate::now_ms;
+use crate::policy::StoragePolicy;
+
+/// How often the election task looks at the leader key and the marks.
+pub const TICK: Duration = Duration::from_millis(200);
+
+/// A leader stops flushing this long before its lease could expire.
+pub const FENCE_MARGIN: Duration = Duration::from_secs(1);
+
+/// What the flusher and the election task share.
+#[derive(Clone)]
+pub struct Leadership {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    /// Storage policies, indexed as the tiler indexes them.
+    policies: Vec<StoragePolicy>,
+    /// When this process started, unix ms: tiles that began before are incomplete.
+    started_ms: i64,
+    /// Replicated shard set with an election running; when false, flush freely.
+    replicated: AtomicBool,
+    leader: AtomicBool,
+    /// Another replica of the shard set holds a live lease.
+    others_alive: AtomicBool,
+    deadline: Mutex<Option<LeaseDeadline>>,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    /// Per policy: the marks the shard set's leader recorded.
+    marks: Vec<i64>,
+    /// Per policy: tiles this replica flushed, oldest first, until acknowledged.
+    ledger: Vec<VecDeque<Flushed>>,
+    /// Per policy: the end of the last tile acknowledged with all before it.
+    acknowledged: Vec<i64>,
+    /// Oldest tile start held unflushed (the flusher says), if any.
+    oldest_held_start_ms: Option<i64>,
+}
+
+/// One flushed tile awaiting its acknowledgement.
+#[derive(Debug, Clone, Copy)]
+struct Flushed {
+    queue: usize,
+    last_sequence: u64,
+    tile_end_ms: i64,
+}
+
+impl Leadership {
+    /// Flushes everything until an election says otherwise.
+    pub fn new(policies: Vec<StoragePolicy>, started_ms: i64) -> Leadership {
+        let count = policies.len();
+        let state = State {
+            marks: vec![i64::MIN; count],
+            ledger: vec![VecDeque::new(); count],
+            acknowledged: vec![i64::MIN; count],
+            oldest_held_start_ms: None,
+        };
+        Leadership {
+            inner: Arc::new(Inner {
+                policies,
+                started_ms,
+                replicated: AtomicBool::new(false),
+                leader: AtomicBool::new(false),
+                others_alive: AtomicBool::new(false),
+                deadline: Mutex::new(None),
+                state: Mutex::new(state),
+            }),
+        }
+    }
+
+    /// Whether this replica may flush now.
+    pub fn may_flush(&self) -> bool {
+        if !self.inner.replicated.load(Ordering::Acquire) {
+            return true;
+        }
+        self.inner.leader.load(Ordering::Acquire) && self.lease_remaining() > FENCE_MARGIN
+    }
+
+    /// At shutdown: whether to flush what is left (every open tile, closed
+    /// early). Not when another replica is alive to flush it whole.
+    pub fn may_flush_at_shutdown(&self) -> bool {
+        !self.inner.replicated.load(Ordering::Acquire) || !self.inner.others_alive.load(Ordering::Acquire)
+    }
+
+    /// Whether this replica leads its shard set (always, without replicas).
+    pub fn is_leader(&self) -> bool {
+        !self.inner.replicated.load(Ordering::Acquire) || self.inner.leader.load(Ordering::Acquire)
+    }
+
+    /// The shard set leader's mark for policy `index`: tiles ending at or
+    /// before it were flushed.
+    pub fn mark(&self, index: usize) -> i64 {
+        self.state().marks.get(index).copied().unwrap_or(i64::MIN)
+    }
+
+    /// Whether a tile that began at `tile_start_ms` began before this
+    /// process, in a replicated shard set (where another replica may have
+    /// seen it whole).
+    pub fn counts_incomplete(&self, tile_start_ms: i64) -> bool {
+        self.inner.replicated.load(Ordering::Acquire) && tile_start_ms < self.inner.started_ms
+    }
+
+    /// The flusher flushed a tile of policy `index` ending at `tile_end_ms`,
+    /// whose last batch has `last_sequence` on ingester queue `queue`.
+    pub fn flushed(&self, index: usize, queue: usize, last_sequence: u64, tile_end_ms: i64) {
+        if !self.inner.replicated.load(Ordering::Acquire) {
+            return;
+        }
+        if let Some(ledger) = self.state().ledger.get_mut(index) {
+            ledger.push_back(Flushed { queue, last_sequence, tile_end_ms });
+        }
+    }
+
+    /// The flusher holds tiles, the oldest of which began at `start_ms`.
+    pub fn holding(&self, start_ms: Option<i64>) {
+        self.state().oldest_held_start_ms = start_ms;
+    }
+
+    fn lease_remaining(&self) -> Duration {
+        let deadline = self.inner.deadline.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        deadline.as_ref().map_or(Duration::ZERO, LeaseDeadline::remaining)
+    }
+
+    /// Whether every tile this replica may still flush began after it started.
+    fn complete(&self, max_buffer_past_ms: i64) -> bool {
+        let started_ms = self.inner.started_ms;
+        let now = now_ms();
+        let held_complete = self.state().oldest_held_start_ms.is_none_or(|start| start >= started_ms);
+        held_complete
+            && self.inner.policies.iter().all(|policy| policy.tile_start_ms(now - max_buffer_past_ms) >= started_ms)
+    }
+
+    /// Moves the acknowledged marks on from the ingester queues; returns
+    /// them if any moved.
+    fn acknowledge(&self, ingesters: &Ingesters) -> Option<Vec<i64>> {
+        let mut state = self.state();
+        let mut moved = false;
+        let State { ledger, acknowledged, .. } = &mut *state;
+        for (flushed, mark) in ledger.iter_mut().zip(acknowledged.iter_mut()) {
+            while let Some(oldest) = flushed.front() {
+                let resolved = ingesters
+                    .queues()
+                    .get(oldest.queue)
+                    .is_none_or(|queue| queue.resolved_through() >= oldest.last_sequence);
+                if !resolved {
+                    break;
+                }
+                *mark = (*mark).max(oldest.tile_end_ms);
+                moved = true;
+                flushed.pop_front();
+            }
+        }
+        moved.then(|| state.acknowledged.clone())
+    }
+
+    fn set_marks(&self, marks: &FlushMarks) {
+        let mut state = self.state();
+        for (index, policy) in self.inner.policies.iter().enumerate() {
+            if let Some(&end) = marks.0.get(&policy.to_string()) {
+                state.marks[index] = state.marks[index].max(end);
+                state.acknowledged[index] = state.acknowledged[index].max(end);
+            }
+        }
+    }
+
+    fn marks_text(&self, acknowledged: &[i64]) -> FlushMarks {
+        let marks = self
+            .inner
+            .policies
+            .iter()
+            .zip(acknowledged)
+            .filter(|(_, end)| **end != i64::MIN)
+            .map(|(policy, end)| (policy.to_string(), *end))
+            .collect();
+        FlushMarks(marks)
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        // Every critical section leaves the state consistent, so a poisoned lock is usable.
+        self.inner.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// What the election task needs.
+pub struct ElectionSettings {
+    /// etcd.
+    pub etcd: EtcdConfig,
+    /// This instance.
+    pub instance_id: String,
+    /// Liveness lease TTL.
+    pub ttl: Duration,
+    /// The aggregator's `max_buffer_past`, ms: how long a tile may stay open after its end.
+    pub max_buffer_past_ms: i64,
+}
+
+/// Keeps this instance's liveness lease and, when its shard set is
+/// replicated, runs its side of the election until `shutdown`.
+pub async fn run_election(
+    settings: ElectionSettings,
+    leadership: Leadership,
+    placement: PlacementHandle,
+    ingesters: Ingesters,
+    metrics: Metrics,
+    shutdown: Shutdown,
+) {
+    let Some((store, registration)) = register(&settings, &shutdown).await else { return };
+    *leadership.inner.deadline.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(registration.deadline());
+    let mut task = ElectionTask {
+        settings,
+        leadership,
+        store,
+        registration,
+        ingesters,
+        metrics,
+        election: None,
+        leaderless_since: None,
+        recorded: Vec::new(),
+    };
+    loop {
+        if let Err(error) = task.tick(&placement).await {
+            if ELECTION_LOG.allow() {
+                tracing::warn!(error = %error_chain(&error), "leader election: etcd request failed");
+            }
+            task.metrics.election_errors.inc();
+        }
+        tokio::select! {
+            () = shutdown.wait() => break,
+            () = tokio::time::sleep(TICK) => {}
+        }
+    }
+    task.stop().await;
+}
+
+static ELECTION_LOG: RateLimitedLog = RateLimitedLog::new("aggregator.election", 1);
+
+struct ElectionTask {
+    settings: ElectionSettings,
+    leadership: Leadership,
+    store: PlacementStore,
+    registration: Registration,
+    ingesters: Ingesters,
+    metrics: Metrics,
+    /// The shard set's election, once the placement names one.
+    election: Option<(u32, Election)>,
+    /// When this replica first saw no leader, for the takeover time.
+    leaderless_since: Option<Instant>,
+    /// The marks last recorded.
+    recorded: Vec<i64>,
+}
+
+impl ElectionTask {
+    async fn tick(&mut self, placement: &PlacementHandle) -> Result<(), tessera_topology::StoreError> {
+        let inner = &self.leadership.inner;
+        let current = placement.current();
+        let instance_id = self.settings.instance_id.as_str();
+        let Some(instance) = current.instance(instance_id).filter(|_| current.replication_factor() > 1) else {
+            inner.replicated.store(false, Ordering::Release);
+            self.metrics.set_leader(None);
+            return Ok(());
+        };
+        let shard_set = instance.shard_set_id;
+        if self.election.as_ref().is_none_or(|(set, _)| *set != shard_set) {
+            self.election = Some((shard_set, self.store.election(shard_set, instance_id)));
+            inner.leader.store(false, Ordering::Release);
+        }
+        let Some((_, election)) = &self.election else { return Ok(()) };
+        let election = election.clone();
+        inner.replicated.store(true, Ordering::Release);
+
+        let alive = self.store.alive_instances().await?;
+        let peers = current.shard_sets().remove(&shard_set).unwrap_or_default();
+        let others_alive = peers.iter().any(|peer| peer.id != instance_id && alive.contains(&peer.id));
+        inner.others_alive.store(others_alive, Ordering::Release);
+
+        let lease_id = self.registration.lease_id();
+        let mut leader = election.leader(lease_id).await?;
+        if leader == Leader::Nobody {
+            let since = *self.leaderless_since.get_or_insert_with(Instant::now);
+            if !others_alive || self.leadership.complete(self.settings.max_buffer_past_ms) {
+                leader = election.campaign(lease_id).await?;
+                if leader == Leader::Us {
+                    // Take over from the last leader's marks before flushing anything.
+                    self.leadership.set_marks(&election.flushed().await?);
+                    self.metrics.election("won");
+                    self.metrics.takeover_duration.observe(since.elapsed().as_secs_f64());
+                    tracing::info!(shard_set, "elected leader of the shard set");
+                } else {
+                    self.metrics.election("lost");
+                }
+            }
+        }
+        if leader != Leader::Nobody {
+            self.leaderless_since = None;
+        }
+        let was_leader = inner.leader.swap(leader == Leader::Us, Ordering::AcqRel);
+        if was_leader && leader != Leader::Us {
+            tracing::warn!(shard_set, ?leader, "no longer leader of the shard set; holding tiles");
+        }
+        self.metrics.set_leader(Some((shard_set, leader == Leader::Us)));
+        match leader {
+            Leader::Us => {
+                if let Some(acknowledged) = self.leadership.acknowledge(&self.ingesters)
+                    && acknowledged != self.recorded
+                {
+                    let marks = self.leadership.marks_text(&acknowledged);
+                    if election.record_flushed(lease_id, &marks).await? {
+                        self.metrics.flush_marks_recorded.inc();
+                        self.leadership.set_marks(&marks);
+                        self.recorded = acknowledged;
+                    } else {
+                        inner.leader.store(false, Ordering::Release);
+                    }
+                }
+            }
+            Leader::Other(_) | Leader::Nobody => self.leadership.set_marks(&election.flushed().await?),
+        }
+        let now = now_ms();
+        let marks: Vec<(String, f64)> = (0..inner.policies.len())
+            .filter(|&index| self.leadership.mark(index) != i64::MIN)
+            .map(|index| {
+                (inner.policies[index].to_string(), (now - self.leadership.mark(index)).max(0) as f64 / 1000.0)
+            })
+            .collect();
+        self.metrics.set_flush_mark_lags(&marks);
+        Ok(())
+    }
+
+    /// Resigns (when another replica can take over) and revokes the lease.
+    async fn stop(self) {
+        let inner = &self.leadership.inner;
+        if inner.leader.load(Ordering::Acquire) && inner.others_alive.load(Ordering::Acquire) {
+            inner.leader.store(false, Ordering::Release);
+            if let Some((shard_set, election)) = &self.election {
+                match election.resign(self.registration.lease_id()).await {
+                    Ok(()) => tracing::info!(shard_set, "resigned as leader of the shard set"),
+                    Err(error) => tracing::warn!(error = %error_chain(&error), "resigning as leader"),
+                }
+            }
+        }
+        match tokio::time::timeout(Duration::from_secs(2), self.registration.revoke()).await {
+            Ok(Ok(())) => tracing::info!("liveness lease revoked"),
+            Ok(Err(error)) => tracing::warn!(error = %error_chain(&error), "revoking the liveness lease"),
+            Err(_) => tracing::warn!("revoking the liveness lease timed out; it expires with its TTL"),
+        }
+    }
+}
+
+/// Registers the liveness lease, retrying while etcd is unreachable.
+async fn register(settings: &ElectionSettings, shutdown: &Shutdown) -> Option<(PlacementStore, Registration)> {
+    let mut wait = Duration::from_millis(200);
+    loop {
+        let attempt = async {
+            let store = PlacementStore::connect(settings.etcd.clone()).await?;
+            let registration = store.register_instance(&settings.instance_id, settings.ttl).await?;
+            Ok::<_, tessera_topology::StoreError>((store, registration))
+        };
+        let error = tokio::select! {
+            () = shutdown.wait() => return None,
+            result = attempt => match result {
+                Ok((store, registration)) => {
+                    tracing::info!(key = registration.key(), "liveness lease registered");
+                    return Some((store, registration));
+                }
+                Err(error) => error,
+            },
+        };
+        tracing::warn!(error = %error_chain(&error), "cannot register liveness in etcd; will retry");
+        tokio::select! {
+            () = shutdown.wait() => return None,
+            () = tokio::time::sleep(wait) => {}
+        }
+        wait = (wait * 2).min(Duration::from_secs(10));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policies() -> Vec<StoragePolicy> {
+        vec!["10s:2d".parse().unwrap(), "1m:40d".parse().unwrap()]
+    }
+
+    #[test]
+    fn without_replicas_everything_flushes() {
+        let leadership = Leadership::new(policies(), 0);
+        assert!(leadership.may_flush() && leadership.may_flush_at_shutdown() && leadership.is_leader());
+        assert_eq!(leadership.mark(0), i64::MIN);
+    }
+
+    #[test]
+    fn a_replica_flushes_only_as_leader_with_a_live_lease() {
+        let leadership = Leadership::new(policies(), 0);
+        leadership.inner.replicated.store(true, Ordering::Release);
+        assert!(!leadership.may_flush(), "a follower holds");
+        leadership.inner.leader.store(true, Ordering::Release);
+        assert!(!leadership.may_flush(), "a leader without a lease deadline holds");
+        *leadership.inner.deadline.lock().unwrap() = Some(LeaseDeadline::default());
+        assert!(!leadership.may_flush(), "nor one whose lease may have expired");
+        leadership.inner.others_alive.store(true, Ordering::Release);
+        assert!(!leadership.may_flush_at_shutdown(), "another replica finishes the open tiles");
+    }
+
+    #[test]
+    fn marks_move_on_only_for_tiles_acknowledged_with_every_tile_before() {
+        let metrics = Metrics::default();
+        let ingesters = Ingesters::new(&["i:1".to_owned()], 1 << 20, &metrics);
+        let queue = &ingesters.queues()[0];
+        let leadership = Leadership::new(policies(), 0);
+        leadership.inner.replicated.store(true, Ordering::Release);
+        let push = |end: i64| {
+            let sequence = queue.next_sequence();
+            queue.push(tessera_runtime::outbound::Batch { sequence, frame: vec![0; 8], items: 1, refs: None });
+            leadership.flushed(0, 0, sequence, end);
+        };
+        push(10_000);
+        push(20_000);
+        assert_eq!(leadership.acknowledge(&ingesters), None);
+        queue.pop_front().unwrap();
+        queue.finish_in_flight();
+        assert_eq!(leadership.acknowledge(&ingesters), Some(vec![10_000, i64::MIN]));
+        assert_eq!(leadership.marks_text(&[10_000, i64::MIN]).encode(), "10s:2d 10000\n");
+        leadership.set_marks(&FlushMarks([("1m:40d".to_owned(), 60_000)].into()));
+        assert_eq!((leadership.mark(0), leadership.mark(1)), (i64::MIN, 60_000));
+    }
+
+    #[test]
+    fn tiles_that_began_before_the_process_are_incomplete() {
+        let leadership = Leadership::new(policies(), 15_000);
+        assert!(!leadership.counts_incomplete(10_000), "nobody else could have seen it");
+        leadership.inner.replicated.store(true, Ordering::Release);
+        assert!(leadership.counts_incomplete(10_000) && !leadership.counts_incomplete(20_000));
+        leadership.holding(Some(10_000));
+        assert!(!leadership.complete(0));
+    }
+}

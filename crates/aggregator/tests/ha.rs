@@ -1,0 +1,250 @@
+//! Aggregator high availability with real processes: two
+//! `tessera-aggregator` replicas of one shard set (replication factor 2,
+//! placement and election in a real etcd), a real `tessera-collector`
+//! sending to both, and an ingester stand-in that records every tile copy
+//! and who flushed it.
+//!
+//! - **Leader killed** (SIGKILL) mid-tile while traffic flows: the follower
+//!   takes over from the leader's flush marks; per policy, every tile's
+//!   copies agree and the tiles add up to exactly what was sent (none
+//!   missing, none counted twice once the ingester skips second copies).
+//! - **Leader paused** (SIGSTOP) past its lease: the follower takes over;
+//!   after SIGCONT the old leader flushes nothing (its lease deadline has
+//!   passed before it runs a single flush) and totals stay exact.
+
+mod support;
+
+use std::collections::HashMap;
+use std::net::{SocketAddr, UdpSocket};
+use std::time::{Duration, Instant};
+
+use support::{TileReceiver, wait_until};
+use tessera_aggregator::now_ms;
+use tessera_core::parse::MetricKind;
+use tessera_proto::aggregate::Value;
+use tessera_testkit::daemons::Daemon;
+use tessera_testkit::free_port;
+use tessera_topology::testing::EtcdServer;
+use tessera_topology::{Placement, PlacementStore};
+
+const POLICIES: [&str; 2] = ["1s:1h", "5s:1h"];
+const SERIES: usize = 10;
+const TTL_SECS: u64 = 2;
+
+fn loopback(port: u16) -> SocketAddr {
+    ([127, 0, 0, 1], port).into()
+}
+
+struct Replica {
+    id: &'static str,
+    daemon: Option<Daemon>,
+}
+
+impl Replica {
+    fn daemon(&self) -> &Daemon {
+        self.daemon.as_ref().expect("running")
+    }
+
+    fn is_leader(&self) -> bool {
+        self.daemon.as_ref().is_some_and(|daemon| daemon.metric("tessera_aggregator_leader", "") == 1.0)
+    }
+}
+
+fn etcd_section(etcd: &EtcdServer, env: &str) -> String {
+    format!("[placement]\nkind = \"etcd\"\nendpoints = [\"{}\"]\nenv = \"{env}\"\n", etcd.endpoint())
+}
+
+fn start_replica(id: &'static str, port: u16, placement: &str, receiver: SocketAddr) -> Daemon {
+    let telemetry = free_port();
+    let policies = POLICIES.map(|policy| format!("\"{policy}\"")).join(", ");
+    Daemon::start(
+        id,
+        "tessera-aggregator",
+        &format!(
+            "instance_id = \"{id}\"\nlisten = \"127.0.0.1:{port}\"\npolicies = [{policies}]\n\
+             buffer_past_ms = 500\nmax_buffer_past_ms = 3000\nbuffer_future_ms = 1000\nliveness_ttl_secs = {TTL_SECS}\n\
+             {placement}\
+             [ingester]\nendpoints = [\"{receiver}\"]\nreconnect_min_ms = 20\nreconnect_max_ms = 200\n\
+             [telemetry]\nlisten = \"127.0.0.1:{telemetry}\"\n"
+        ),
+        loopback(telemetry),
+    )
+}
+
+fn start_collector(placement: &str) -> (Daemon, SocketAddr) {
+    let (statsd, telemetry) = (free_port(), free_port());
+    let collector = Daemon::start(
+        "host-a",
+        "tessera-collector",
+        &format!(
+            "instance_id = \"host-a\"\n[udp]\nlisten = \"127.0.0.1:{statsd}\"\nreader_threads = 2\n\
+             {placement}\
+             [forward]\nreconnect_min_ms = 20\nreconnect_max_ms = 200\n\
+             [telemetry]\nlisten = \"127.0.0.1:{telemetry}\"\n"
+        ),
+        loopback(telemetry),
+    );
+    (collector, loopback(statsd))
+}
+
+/// Two replicas of one shard set, a collector, and the ingester stand-in.
+struct Stack {
+    receiver: TileReceiver,
+    replicas: [Replica; 2],
+    _collector: Daemon,
+    statsd: SocketAddr,
+    _etcd: EtcdServer,
+}
+
+async fn start_stack(env: &str) -> Stack {
+    let etcd = tokio::task::block_in_place(EtcdServer::start).expect("starting etcd");
+    let store = PlacementStore::connect(etcd.config(env)).await.unwrap();
+    let ports = [free_port(), free_port()];
+    let endpoints = ports.map(|port| loopback(port).to_string());
+    let placement =
+        Placement::init(&[("agg-1", endpoints[0].as_str()), ("agg-2", endpoints[1].as_str())], 8, 2, now_ms()).unwrap();
+    assert_eq!(placement.shard_sets().len(), 1, "one shard set of two replicas");
+    store.compare_and_swap(None, &placement).await.unwrap();
+    let receiver = TileReceiver::start().await;
+    let section = etcd_section(&etcd, env);
+    let replicas = [("agg-1", ports[0]), ("agg-2", ports[1])]
+        .map(|(id, port)| Replica { id, daemon: Some(start_replica(id, port, &section, receiver.address)) });
+    let (collector, statsd) = start_collector(&section);
+    let stack = Stack { receiver, replicas, _collector: collector, statsd, _etcd: etcd };
+    wait_until("one leader", Duration::from_secs(15), || stack.replicas.iter().filter(|r| r.is_leader()).count() == 1)
+        .await;
+    stack
+}
+
+impl Stack {
+    fn leader(&self) -> usize {
+        self.replicas.iter().position(Replica::is_leader).expect("a leader")
+    }
+}
+
+/// Sends one increment of each counter every 20 ms for `duration`;
+/// returns the increments sent per counter.
+async fn send_for(socket: &UdpSocket, target: SocketAddr, duration: Duration) -> u64 {
+    let deadline = Instant::now() + duration;
+    let datagram: String = (0..SERIES).map(|series| format!("ha.hits:1|c|#series:s{series}\n")).collect();
+    let mut rounds = 0;
+    while Instant::now() < deadline {
+        socket.send_to(datagram.as_bytes(), target).unwrap();
+        rounds += 1;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    rounds
+}
+
+/// Sleeps until the middle of a second (mid-tile for every policy).
+async fn sleep_until_mid_tile() {
+    let wait = (1_500 - now_ms().rem_euclid(1_000)) % 1_000;
+    tokio::time::sleep(Duration::from_millis(wait as u64)).await;
+}
+
+/// Per (policy, series): the total over distinct tiles, after checking that
+/// every copy of a tile carries the same value.
+fn totals(receiver: &TileReceiver) -> HashMap<(String, Vec<u8>), f64> {
+    let mut totals = HashMap::new();
+    for ((policy, tile_end, kind, series), copies) in receiver.values() {
+        assert_eq!(kind, MetricKind::Counter);
+        let value = |copy: &support::Flushed| match copy.value {
+            Value::Counter(sum) => sum,
+            ref other => panic!("{other:?}"),
+        };
+        let first = value(&copies[0]);
+        for copy in &copies {
+            assert_eq!(value(copy), first, "copies of the {policy} tile ending {tile_end} disagree: {copies:?}");
+        }
+        *totals.entry((policy, series)).or_insert(0.0) += first;
+    }
+    totals
+}
+
+async fn assert_exact(receiver: &TileReceiver, sent: u64) {
+    let expected = sent as f64;
+    let complete = || {
+        let totals = totals(receiver);
+        (0..SERIES).all(|series| {
+            let id = format!("ha.hits|#series:s{series}").into_bytes();
+            POLICIES.iter().all(|policy| totals.get(&((*policy).to_owned(), id.clone())) >= Some(&expected))
+        })
+    };
+    wait_until("every increment in the tiles of both policies", Duration::from_secs(30), complete).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let totals = totals(receiver);
+    for series in 0..SERIES {
+        let id = format!("ha.hits|#series:s{series}").into_bytes();
+        for policy in POLICIES {
+            assert_eq!(totals.get(&(policy.to_owned(), id.clone())), Some(&expected), "{policy} s{series}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_leader_is_replaced_and_every_tile_stays_exact() {
+    let mut stack = start_stack("ha-kill").await;
+    let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let leader = stack.leader();
+    let follower = 1 - leader;
+    let mut sent = send_for(&socket, stack.statsd, Duration::from_millis(3_000)).await;
+    sleep_until_mid_tile().await;
+    stack.replicas[leader].daemon.as_mut().unwrap().kill();
+    let killed_at = Instant::now();
+    sent += send_for(&socket, stack.statsd, Duration::from_millis(2_000)).await;
+    wait_until("the follower to take over", Duration::from_secs(15), || stack.replicas[follower].is_leader()).await;
+    let failover = killed_at.elapsed();
+    sent += send_for(&socket, stack.statsd, Duration::from_millis(2_000)).await;
+    assert_exact(&stack.receiver, sent).await;
+
+    let new_leader = stack.replicas[follower].daemon();
+    assert!(new_leader.metric("tessera_aggregator_elections_total", "result=\"won\"") >= 1.0);
+    assert!(new_leader.metric("tessera_aggregator_takeover_duration_seconds_count", "") >= 1.0);
+    assert!(new_leader.metric("tessera_aggregator_flush_marks_recorded_total", "") >= 1.0);
+    assert!(
+        failover < Duration::from_secs(TTL_SECS + 5),
+        "takeover within the lease TTL and a few ticks: {failover:?}"
+    );
+    let discarded = new_leader.metric("tessera_aggregator_tiles_discarded_total", "reason=\"flushed_by_leader\"");
+    assert!(discarded > 0.0, "as follower it let go of the tiles the leader flushed");
+    eprintln!("{} killed; {} leads after {failover:?}", stack.replicas[leader].id, stack.replicas[follower].id);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_leader_flushes_nothing_stale_when_it_wakes() {
+    let stack = start_stack("ha-pause").await;
+    let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let leader = stack.leader();
+    let follower = 1 - leader;
+    let mut sent = send_for(&socket, stack.statsd, Duration::from_millis(2_000)).await;
+    sleep_until_mid_tile().await;
+    let paused_at_ms = now_ms();
+    stack.replicas[leader].daemon().signal("STOP");
+    sent += send_for(&socket, stack.statsd, Duration::from_millis(1_000)).await;
+    // The follower cannot see the leader gone before its lease expires.
+    let follower_leads = || {
+        let daemon = stack.replicas[follower].daemon();
+        daemon.metric("tessera_aggregator_leader", "") == 1.0
+    };
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !follower_leads() && Instant::now() < deadline {
+        sent += send_for(&socket, stack.statsd, Duration::from_millis(200)).await;
+    }
+    assert!(follower_leads(), "the follower took over while the leader was stopped");
+    sent += send_for(&socket, stack.statsd, Duration::from_millis(1_000)).await;
+    stack.replicas[leader].daemon().signal("CONT");
+    sent += send_for(&socket, stack.statsd, Duration::from_millis(3_000)).await;
+    assert_exact(&stack.receiver, sent).await;
+
+    let stale: Vec<_> = stack
+        .receiver
+        .values()
+        .into_iter()
+        .flat_map(|(key, copies)| copies.into_iter().map(move |copy| (key.clone(), copy)))
+        .filter(|(_, copy)| copy.source == stack.replicas[leader].id && copy.flushed_at_ms >= paused_at_ms)
+        .collect();
+    assert!(stale.is_empty(), "the paused leader flushed after waking: {stale:?}");
+    assert!(!stack.replicas[leader].is_leader(), "the old leader follows");
+    let old = stack.replicas[leader].daemon();
+    assert!(old.metric("tessera_aggregator_tiles_discarded_total", "reason=\"flushed_by_leader\"") > 0.0);
+}

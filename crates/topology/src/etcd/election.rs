@@ -1,0 +1,212 @@
+//! One leader per shard set, elected through etcd, and the leader's flush
+//! marks.
+//!
+//! # Keys
+//!
+//! - `/tessera/<env>/leader/<shard set>`: the leader's instance id, put
+//!   with the leader's liveness lease by a transaction that succeeds only
+//!   if the key does not exist ([`Election::campaign`]). It goes away when
+//!   the leader resigns, or when its lease expires (the process died, was
+//!   paused, or lost etcd for longer than the TTL); then any replica may
+//!   take it.
+//! - `/tessera/<env>/flushed/<shard set>`: per storage policy, the end of
+//!   the last tile the leader flushed and the ingester acknowledged (all
+//!   tiles before it too), as text lines `<policy> <tile end ms>`. Written
+//!   by a transaction that succeeds only while the leader key still names
+//!   the writer with its lease ([`Election::record_flushed`]): a deposed
+//!   leader cannot move the marks. One key per shard set, written once per
+//!   flush round that moved a mark, not once per tile or series.
+//!
+//! Leadership is held with the lease: a replica is leader while the key
+//! carries its id **and** its current lease. A restarted process whose
+//! previous incarnation still holds the key (same id, older lease) is not
+//! the leader; it waits for that lease to expire like any other replica.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use etcd_client::{Client, Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse};
+
+use super::{EtcdConfig, request};
+use crate::error::StoreError;
+
+/// Who holds a shard set's leader key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Leader {
+    /// This replica, with its current lease.
+    Us,
+    /// Another instance (or an earlier incarnation of this one): its id.
+    Other(String),
+    /// Nobody.
+    Nobody,
+}
+
+/// The leader's flush marks: per storage policy, the end of the last tile
+/// flushed and acknowledged (unix milliseconds).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FlushMarks(pub BTreeMap<String, i64>);
+
+impl FlushMarks {
+    /// `<policy> <tile end ms>` lines.
+    pub fn encode(&self) -> String {
+        self.0.iter().map(|(policy, end)| format!("{policy} {end}\n")).collect()
+    }
+
+    /// Parses what [`encode`](Self::encode) wrote; lines that do not parse are skipped.
+    pub fn decode(text: &str) -> FlushMarks {
+        let marks = text
+            .lines()
+            .filter_map(|line| {
+                let (policy, end) = line.split_once(' ')?;
+                Some((policy.to_owned(), end.trim().parse().ok()?))
+            })
+            .collect();
+        FlushMarks(marks)
+    }
+}
+
+/// One replica's view of its shard set's election.
+#[derive(Clone)]
+pub struct Election {
+    client: Client,
+    config: Arc<EtcdConfig>,
+    instance_id: String,
+    leader_key: String,
+    flushed_key: String,
+}
+
+impl std::fmt::Debug for Election {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("Election")
+            .field("instance_id", &self.instance_id)
+            .field("leader_key", &self.leader_key)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Election {
+    pub(crate) fn new(client: Client, config: Arc<EtcdConfig>, shard_set: u32, instance_id: &str) -> Election {
+        Election {
+            leader_key: config.leader_key(shard_set),
+            flushed_key: config.flushed_key(shard_set),
+            client,
+            config,
+            instance_id: instance_id.to_owned(),
+        }
+    }
+
+    /// `/tessera/<env>/leader/<shard set>`.
+    pub fn leader_key(&self) -> &str {
+        &self.leader_key
+    }
+
+    /// Who leads now, as seen by this replica holding `lease_id`.
+    pub async fn leader(&self, lease_id: i64) -> Result<Leader, StoreError> {
+        let key = &self.leader_key;
+        let mut client = self.client.clone();
+        let response = request(&self.config, "get", key, client.get(key.as_str(), None)).await?;
+        Ok(self.leader_of(response.kvs().first().map(|kv| (kv.value(), kv.lease())), lease_id))
+    }
+
+    /// Takes the leader key with `lease_id` if nobody holds it; returns who
+    /// leads afterwards.
+    pub async fn campaign(&self, lease_id: i64) -> Result<Leader, StoreError> {
+        let key = self.leader_key.as_str();
+        let put = TxnOp::put(key, self.instance_id.as_str(), Some(PutOptions::new().with_lease(lease_id)));
+        let transaction = Txn::new()
+            .when([Compare::create_revision(key, CompareOp::Equal, 0)])
+            .and_then([put])
+            .or_else([TxnOp::get(key, None)]);
+        let mut client = self.client.clone();
+        let response = request(&self.config, "txn", key, client.txn(transaction)).await?;
+        if response.succeeded() {
+            return Ok(Leader::Us);
+        }
+        let held = response.op_responses().into_iter().find_map(|op| match op {
+            TxnOpResponse::Get(get) => get.kvs().first().map(|kv| (kv.value().to_vec(), kv.lease())),
+            _ => None,
+        });
+        Ok(self.leader_of(held.as_ref().map(|(value, lease)| (value.as_slice(), *lease)), lease_id))
+    }
+
+    /// Gives up the leader key if this replica holds it with `lease_id`.
+    pub async fn resign(&self, lease_id: i64) -> Result<(), StoreError> {
+        let key = self.leader_key.as_str();
+        let transaction = Txn::new().when(self.held_by_us(lease_id)).and_then([TxnOp::delete(key, None)]);
+        let mut client = self.client.clone();
+        request(&self.config, "txn", key, client.txn(transaction)).await?;
+        Ok(())
+    }
+
+    /// Records `marks` if this replica still leads with `lease_id`; returns
+    /// whether it did (false: deposed, nothing written).
+    pub async fn record_flushed(&self, lease_id: i64, marks: &FlushMarks) -> Result<bool, StoreError> {
+        let transaction = Txn::new().when(self.held_by_us(lease_id)).and_then([TxnOp::put(
+            self.flushed_key.as_str(),
+            marks.encode(),
+            None,
+        )]);
+        let mut client = self.client.clone();
+        let response = request(&self.config, "txn", &self.flushed_key, client.txn(transaction)).await?;
+        Ok(response.succeeded())
+    }
+
+    /// The marks the shard set's leaders recorded (empty before any).
+    pub async fn flushed(&self) -> Result<FlushMarks, StoreError> {
+        let key = &self.flushed_key;
+        let mut client = self.client.clone();
+        let response = request(&self.config, "get", key, client.get(key.as_str(), None)).await?;
+        Ok(response
+            .kvs()
+            .first()
+            .map(|kv| FlushMarks::decode(&String::from_utf8_lossy(kv.value())))
+            .unwrap_or_default())
+    }
+
+    fn held_by_us(&self, lease_id: i64) -> [Compare; 2] {
+        let key = self.leader_key.as_str();
+        [
+            Compare::value(key, CompareOp::Equal, self.instance_id.as_str()),
+            Compare::lease(key, CompareOp::Equal, lease_id),
+        ]
+    }
+
+    fn leader_of(&self, held: Option<(&[u8], i64)>, lease_id: i64) -> Leader {
+        match held {
+            None => Leader::Nobody,
+            Some((value, lease)) if value == self.instance_id.as_bytes() && lease == lease_id => Leader::Us,
+            Some((value, _)) => Leader::Other(String::from_utf8_lossy(value).into_owned()),
+        }
+    }
+}
+
+/// Every shard set's leader: shard set id → instance id.
+pub(crate) async fn leaders(client: &Client, config: &EtcdConfig) -> Result<BTreeMap<u32, String>, StoreError> {
+    let prefix = config.leader_prefix();
+    let mut client = client.clone();
+    let options = GetOptions::new().with_prefix();
+    let response = request(config, "get", &prefix, client.get(prefix.as_str(), Some(options))).await?;
+    Ok(response
+        .kvs()
+        .iter()
+        .filter_map(|kv| {
+            let shard_set = std::str::from_utf8(kv.key().strip_prefix(prefix.as_bytes())?).ok()?.parse().ok()?;
+            Some((shard_set, String::from_utf8_lossy(kv.value()).into_owned()))
+        })
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flush_marks_round_trip_as_text_lines() {
+        let marks =
+            FlushMarks([("10s:2d".to_owned(), 1_700_000_010_000), ("1m:40d".to_owned(), 1_700_000_040_000)].into());
+        assert_eq!(marks.encode(), "10s:2d 1700000010000\n1m:40d 1700000040000\n");
+        assert_eq!(FlushMarks::decode(&marks.encode()), marks);
+        assert_eq!(FlushMarks::decode("garbage\n10s:2d x\n1m:40d 5\n").0, [("1m:40d".to_owned(), 5)].into());
+    }
+}
