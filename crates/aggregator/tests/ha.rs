@@ -93,7 +93,7 @@ struct Stack {
     replicas: [Replica; 2],
     _collector: Daemon,
     statsd: SocketAddr,
-    _etcd: EtcdServer,
+    etcd: EtcdServer,
 }
 
 async fn start_stack(env: &str) -> Stack {
@@ -110,7 +110,7 @@ async fn start_stack(env: &str) -> Stack {
     let replicas = [("agg-1", ports[0]), ("agg-2", ports[1])]
         .map(|(id, port)| Replica { id, daemon: Some(start_replica(id, port, &section, receiver.address)) });
     let (collector, statsd) = start_collector(&section);
-    let stack = Stack { receiver, replicas, _collector: collector, statsd, _etcd: etcd };
+    let stack = Stack { receiver, replicas, _collector: collector, statsd, etcd };
     wait_until("one leader", Duration::from_secs(15), || stack.replicas.iter().filter(|r| r.is_leader()).count() == 1)
         .await;
     stack
@@ -205,6 +205,14 @@ async fn a_killed_leader_is_replaced_and_every_tile_stays_exact() {
         failover < Duration::from_secs(TTL_SECS + 5),
         "takeover within the lease TTL and a few ticks: {failover:?}"
     );
+    // `tessera placement show` names the new leader.
+    let shown = std::process::Command::new(tessera_testkit::daemons::binary("tessera"))
+        .args(["placement", "show", "--etcd", &stack.etcd.endpoint(), "--environment", "ha-kill"])
+        .output()
+        .expect("run tessera placement show");
+    let shown = String::from_utf8_lossy(&shown.stdout);
+    let leader_line = format!("1    {}", stack.replicas[follower].id);
+    assert!(shown.contains("SET  LEADER") && shown.contains(&leader_line), "{shown}");
     let discarded = new_leader.metric("tessera_aggregator_tiles_discarded_total", "reason=\"flushed_by_leader\"");
     assert!(discarded > 0.0, "as follower it let go of the tiles the leader flushed");
     eprintln!("{} killed; {} leads after {failover:?}", stack.replicas[leader].id, stack.replicas[follower].id);

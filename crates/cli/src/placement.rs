@@ -223,7 +223,14 @@ async fn show(store: &PlacementStore, now_ms: i64) -> anyhow::Result<String> {
             None
         }
     };
-    Ok(render::placement(store.placement_key(), &placement, alive.as_deref(), now_ms))
+    let mut text = render::placement(store.placement_key(), &placement, alive.as_deref(), now_ms);
+    if placement.replication_factor() > 1 {
+        match store.leaders().await {
+            Ok(leaders) => text.push_str(&render::leaders(&placement, &leaders)),
+            Err(error) => eprintln!("tessera: cannot read the shard sets' leaders: {error}"),
+        }
+    }
+    Ok(text)
 }
 
 async fn init(store: &PlacementStore, args: &InitArgs, now_ms: i64) -> anyhow::Result<Placement> {

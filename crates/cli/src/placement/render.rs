@@ -5,6 +5,17 @@ use std::fmt::Write;
 
 use tessera_topology::{Placement, ShardState};
 
+/// Each replicated shard set's leader (the instance that flushes its
+/// tiles), from `/tessera/<env>/leader/<set>`.
+pub fn leaders(placement: &Placement, leaders: &BTreeMap<u32, String>) -> String {
+    let mut out = String::from("\nSET  LEADER\n");
+    for shard_set in placement.shard_sets().keys() {
+        let leader = leaders.get(shard_set).map_or("none (no replica holds the leader key)", String::as_str);
+        let _ = writeln!(out, "{shard_set:<3}  {leader}");
+    }
+    out
+}
+
 /// The placement as a header and one row per instance.
 ///
 /// `alive` lists the instances holding a liveness lease (`None`: unknown).

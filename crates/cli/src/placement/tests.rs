@@ -16,6 +16,14 @@ fn timing() -> TimingArgs {
 }
 
 #[test]
+fn leaders_are_shown_per_shard_set() {
+    let placement = Placement::init(&[("a", "h:1"), ("b", "h:2"), ("c", "h:3"), ("d", "h:4")], 8, 2, T0).unwrap();
+    let leaders = [(1, "b".to_owned())].into();
+    let text = render::leaders(&placement, &leaders);
+    assert_eq!(text, "\nSET  LEADER\n1    b\n2    none (no replica holds the leader key)\n");
+}
+
+#[test]
 fn instances_parse_as_id_equals_endpoint() {
     assert_eq!(spec("agg-1=10.0.0.1:7400"), InstanceSpec { id: "agg-1".into(), endpoint: "10.0.0.1:7400".into() });
     assert_eq!(spec(" agg-1 = host.example:7400 ").endpoint, "host.example:7400");
