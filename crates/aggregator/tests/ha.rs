@@ -215,7 +215,12 @@ async fn a_killed_leader_is_replaced_and_every_tile_stays_exact() {
     assert!(shown.contains("SET  LEADER") && shown.contains(&leader_line), "{shown}");
     let discarded = new_leader.metric("tessera_aggregator_tiles_discarded_total", "reason=\"flushed_by_leader\"");
     assert!(discarded > 0.0, "as follower it let go of the tiles the leader flushed");
-    eprintln!("{} killed; {} leads after {failover:?}", stack.replicas[leader].id, stack.replicas[follower].id);
+    let marks = new_leader.metric("tessera_aggregator_flush_marks_recorded_total", "");
+    let led_for = killed_at.elapsed().saturating_sub(failover);
+    eprintln!(
+        "{} killed; {} leads after {failover:?}; it recorded flush marks {marks} times in {led_for:?}",
+        stack.replicas[leader].id, stack.replicas[follower].id
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
