@@ -29,6 +29,7 @@ use tessera_core::parse::MetricKind;
 use tessera_core::shard::shard_of;
 use tessera_proto::frame::Body;
 use tessera_proto::framing;
+use tessera_proto::partials::MAX_SERIES_REFS;
 use tessera_proto::{PartialBatch, SeriesValue};
 use tessera_topology::{Placement, PlacementHandle};
 
@@ -208,6 +209,10 @@ impl Decoder {
                     (series_ref, _) if batch.dictionary == 0 => {
                         Err(format!("series ref {series_ref} in a batch without a dictionary"))
                     }
+                    // Refused before it can size the dictionary's table.
+                    (series_ref, false) if series_ref > MAX_SERIES_REFS => Err(format!(
+                        "series ref {series_ref} is over the largest a dictionary holds ({MAX_SERIES_REFS})"
+                    )),
                     (series_ref, false) => partial(series, group.shard, num_shards).map(|mut partial| {
                         let slot = dictionary.define(series_ref, partial.kind, group.shard, thread);
                         partial.via = Via::Define { slot };
@@ -467,6 +472,12 @@ mod tests {
         assert_eq!(decoder.take_forgotten(), Some(1));
         decoder.closed(1);
         assert_eq!(decoder.dictionary_refs(), 0);
+        // A ref far beyond what the dictionary holds is refused before it sizes anything.
+        let (reason, message) = refused(decoder.decode(4, &framed(1, 2, vec![define(u32::MAX)])));
+        assert_eq!(reason, Reason::Malformed);
+        assert!(message.contains("series ref 4294967295 is over the largest"), "{message}");
+        assert!(matches!(decoder.decode(4, &framed(1, 2, vec![define(MAX_SERIES_REFS)])), Decoded::Batch { .. }));
+        decoder.closed(4);
         // A refused batch defines nothing: a malformed series after a
         // definition leaves the ref unknown to the next batch.
         let mut malformed = series_of_shard(2);

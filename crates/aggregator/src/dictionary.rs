@@ -75,9 +75,9 @@ impl ConnectionDictionary {
     /// refused). Slots handed out are not reused.
     pub fn rollback(&mut self) {
         while let Some((series_ref, previous)) = self.journal.pop() {
-            let entry = &mut self.entries[series_ref as usize];
-            self.defined = self.defined + usize::from(previous.is_some()) - usize::from(entry.is_some());
-            *entry = previous;
+            // The journal holds refs this batch defined, so the entry is `Some`.
+            self.defined -= usize::from(previous.is_none());
+            self.entries[series_ref as usize] = previous;
         }
     }
 

@@ -39,7 +39,7 @@ use crate::forward::DestinationQueue;
 use crate::intake::now_ms;
 use crate::metrics::Metrics;
 use crate::worker::{Cut, FlusherLinks};
-use dictionary::{Dictionary, DictionaryWindow};
+use dictionary::{Dictionary, DictionaryWindow, Name};
 
 /// Settings of the flusher.
 #[derive(Clone)]
@@ -323,11 +323,13 @@ impl Flusher {
             let metric_type = kind_to_proto(kind) as i32;
             for owner in owners {
                 let shard_series = outbound[owner].shard(shard, num_shards);
-                match windows.get_mut(owner) {
-                    Some(window) => match window.name(metric_type, id) {
-                        name if name.define => shard_series.push(chunk_bytes, id, metric_type, &value, name.series_ref),
-                        name => shard_series.push(chunk_bytes, b"", 0, &value, name.series_ref),
-                    },
+                match windows.get_mut(owner).and_then(|window| window.name(metric_type, id)) {
+                    Some(Name { series_ref, define: true }) => {
+                        shard_series.push(chunk_bytes, id, metric_type, &value, series_ref)
+                    }
+                    Some(Name { series_ref, define: false }) => {
+                        shard_series.push(chunk_bytes, b"", 0, &value, series_ref)
+                    }
                     None => shard_series.push(chunk_bytes, id, metric_type, &value, 0),
                 }
             }

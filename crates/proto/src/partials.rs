@@ -52,6 +52,10 @@ const SERIES_TYPE: u32 = 2;
 const SERIES_AGGREGATE: u32 = 3;
 const SERIES_REF: u32 = 4;
 
+/// The largest ref a series dictionary may hold (see `SeriesValue.ref`):
+/// a sender names further series in full, a receiver refuses larger refs.
+pub const MAX_SERIES_REFS: u32 = 1 << 22;
+
 /// `Aggregate.counter`, a double.
 const AGGREGATE_COUNTER: u32 = 1;
 

@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use hashbrown::HashTable;
 use tessera_core::table::KeyBytes;
-use tessera_proto::partials::expand_refs;
+use tessera_proto::partials::{MAX_SERIES_REFS, expand_refs};
 use tessera_runtime::outbound::{Batch, Expand, GenerationEnd};
 
 use crate::forward::DestinationQueue;
@@ -29,8 +29,6 @@ const ROTATION_CHECK_WINDOWS: u32 = 64;
 const IDLE_WINDOWS: u32 = 64;
 /// Dictionaries smaller than this never rotate.
 const ROTATION_MIN_SERIES: usize = 4096;
-/// Most refs in one generation.
-const MAX_REFS: usize = 1 << 31;
 
 /// One named series. The id lives in the hash table's bucket (inline when
 /// short), so naming a known series is one probe with no further cache miss.
@@ -125,7 +123,7 @@ impl Dictionary {
     fn should_rotate(&self) -> bool {
         let entries = self.ids.lock();
         let len = entries.len();
-        if len >= MAX_REFS {
+        if len >= MAX_SERIES_REFS as usize {
             return true;
         }
         if len < ROTATION_MIN_SERIES {
@@ -157,20 +155,25 @@ pub struct DictionaryWindow<'d> {
 
 impl DictionaryWindow<'_> {
     /// The name of the series of `metric_type` (wire type) and `id`, giving
-    /// it a ref if it has none.
+    /// it a ref if it has none; `None` when the dictionary is full
+    /// ([`MAX_SERIES_REFS`]): the series goes by id until the dictionary
+    /// rotates.
     #[inline]
-    pub fn name(&mut self, metric_type: i32, id: &[u8]) -> Name {
+    pub fn name(&mut self, metric_type: i32, id: &[u8]) -> Option<Name> {
         let hash = self.hasher.hash_one((metric_type, id));
         let found = self.entries.find_mut(hash, |entry| entry.metric_type == metric_type && entry.id.as_slice() == id);
         if let Some(entry) = found {
             entry.last_used = self.window;
-            return Name { series_ref: entry.series_ref, define: false };
+            return Some(Name { series_ref: entry.series_ref, define: false });
         }
         let series_ref = self.entries.len() as u32 + 1;
+        if series_ref > MAX_SERIES_REFS {
+            return None;
+        }
         let entry = Entry { id: KeyBytes::copy_of(id), metric_type, series_ref, last_used: self.window };
         let hasher = self.hasher;
         self.entries.insert_unique(hash, entry, |entry| hasher.hash_one((entry.metric_type, entry.id.as_slice())));
-        Name { series_ref, define: true }
+        Some(Name { series_ref, define: true })
     }
 }
 
@@ -191,7 +194,7 @@ mod tests {
         let mut window = dictionary.open(queue);
         ids.iter()
             .map(|id| {
-                let name = window.name(COUNTER, id.as_bytes());
+                let name = window.name(COUNTER, id.as_bytes()).expect("room for a ref");
                 (name.series_ref, name.define)
             })
             .collect()
@@ -203,7 +206,7 @@ mod tests {
         assert_eq!(names(&mut dictionary, &queue, &["a", "b", "a"]), [(1, true), (2, true), (1, false)]);
         assert_eq!(names(&mut dictionary, &queue, &["b", "c"]), [(2, false), (3, true)]);
         let mut window = dictionary.open(&queue);
-        assert!(window.name(MetricType::Gauge as i32, b"a").define, "the type is part of the series");
+        assert!(window.name(MetricType::Gauge as i32, b"a").unwrap().define, "the type is part of the series");
         drop(window);
         // A new connection: everything is defined again, from ref 1.
         queue.end_generation(GenerationEnd::Connect);
