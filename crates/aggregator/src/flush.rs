@@ -132,7 +132,6 @@ pub struct Flusher {
 #[derive(Default)]
 struct Held {
     tiles: VecDeque<ClosedTile>,
-    series: usize,
 }
 
 impl Held {
@@ -143,7 +142,6 @@ impl Held {
             policy.series_expired.inc_by(tile.expired as u64);
         }
         if !tile.values.is_empty() {
-            self.series += tile.values.len();
             self.tiles.push_back(tile);
         }
     }
@@ -153,7 +151,8 @@ impl Held {
     fn release(&mut self, flusher: &Flusher, at_shutdown: bool) {
         let (leadership, metrics) = (&flusher.leadership, &flusher.metrics);
         let before = self.tiles.len();
-        self.tiles.retain(|tile| tile.tile_end_ms > leadership.mark(tile.policy_index));
+        let marks = leadership.marks();
+        self.tiles.retain(|tile| marks.get(tile.policy_index).is_none_or(|&mark| tile.tile_end_ms > mark));
         metrics.tiles_discarded("flushed_by_leader", (before - self.tiles.len()) as u64);
         let flush = leadership.may_flush() || (at_shutdown && leadership.may_flush_at_shutdown());
         if flush {
@@ -166,17 +165,15 @@ impl Held {
         } else if at_shutdown {
             metrics.tiles_discarded("shutdown", self.tiles.len() as u64);
             self.tiles.clear();
-        } else {
-            let mut series: usize = self.tiles.iter().map(|tile| tile.values.len()).sum();
-            while series > MAX_HELD_SERIES && self.tiles.len() > 1 {
-                let oldest = self.tiles.pop_front().expect("more than one tile held");
-                series -= oldest.values.len();
-                metrics.tiles_discarded("held_limit", 1);
-            }
         }
-        self.series = self.tiles.iter().map(|tile| tile.values.len()).sum();
+        let mut series: usize = self.tiles.iter().map(|tile| tile.values.len()).sum();
+        while series > MAX_HELD_SERIES && self.tiles.len() > 1 {
+            let oldest = self.tiles.pop_front().expect("more than one tile held");
+            series -= oldest.values.len();
+            metrics.tiles_discarded("held_limit", 1);
+        }
         metrics.held_tiles.set(self.tiles.len() as i64);
-        metrics.held_series.set(self.series as i64);
+        metrics.held_series.set(series as i64);
         leadership.holding(self.tiles.front().map(|tile| tile.tile_start_ms));
     }
 }

@@ -50,7 +50,7 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use tessera_runtime::Shutdown;
@@ -86,7 +86,8 @@ struct Inner {
     leader: AtomicBool,
     /// Another replica of the shard set holds a live lease.
     others_alive: AtomicBool,
-    deadline: Mutex<Option<LeaseDeadline>>,
+    /// The liveness lease's deadline, once registered.
+    deadline: OnceLock<LeaseDeadline>,
     state: Mutex<State>,
 }
 
@@ -127,7 +128,7 @@ impl Leadership {
                 replicated: AtomicBool::new(false),
                 leader: AtomicBool::new(false),
                 others_alive: AtomicBool::new(false),
-                deadline: Mutex::new(None),
+                deadline: OnceLock::new(),
                 state: Mutex::new(state),
             }),
         }
@@ -147,15 +148,10 @@ impl Leadership {
         !self.inner.replicated.load(Ordering::Acquire) || !self.inner.others_alive.load(Ordering::Acquire)
     }
 
-    /// Whether this replica leads its shard set (always, without replicas).
-    pub fn is_leader(&self) -> bool {
-        !self.inner.replicated.load(Ordering::Acquire) || self.inner.leader.load(Ordering::Acquire)
-    }
-
-    /// The shard set leader's mark for policy `index`: tiles ending at or
-    /// before it were flushed.
-    pub fn mark(&self, index: usize) -> i64 {
-        self.state().marks.get(index).copied().unwrap_or(i64::MIN)
+    /// The shard set leader's marks, per policy: tiles ending at or before
+    /// a policy's mark were flushed (`i64::MIN`: none recorded).
+    pub fn marks(&self) -> Vec<i64> {
+        self.state().marks.clone()
     }
 
     /// Whether a tile that began at `tile_start_ms` began before this
@@ -182,8 +178,7 @@ impl Leadership {
     }
 
     fn lease_remaining(&self) -> Duration {
-        let deadline = self.inner.deadline.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        deadline.as_ref().map_or(Duration::ZERO, LeaseDeadline::remaining)
+        self.inner.deadline.get().map_or(Duration::ZERO, LeaseDeadline::remaining)
     }
 
     /// Whether every tile this replica may still flush began after it started.
@@ -195,11 +190,9 @@ impl Leadership {
             && self.inner.policies.iter().all(|policy| policy.tile_start_ms(now - max_buffer_past_ms) >= started_ms)
     }
 
-    /// Moves the acknowledged marks on from the ingester queues; returns
-    /// them if any moved.
-    fn acknowledge(&self, ingesters: &Ingesters) -> Option<Vec<i64>> {
+    /// Moves the acknowledged marks on from the ingester queues; returns them.
+    fn acknowledge(&self, ingesters: &Ingesters) -> Vec<i64> {
         let mut state = self.state();
-        let mut moved = false;
         let State { ledger, acknowledged, .. } = &mut *state;
         for (flushed, mark) in ledger.iter_mut().zip(acknowledged.iter_mut()) {
             while let Some(oldest) = flushed.front() {
@@ -211,11 +204,17 @@ impl Leadership {
                     break;
                 }
                 *mark = (*mark).max(oldest.tile_end_ms);
-                moved = true;
                 flushed.pop_front();
             }
         }
-        moved.then(|| state.acknowledged.clone())
+        state.acknowledged.clone()
+    }
+
+    /// This replica, leading, recorded `acknowledged` as the marks.
+    fn recorded(&self, acknowledged: &[i64]) {
+        for (mark, &end) in self.state().marks.iter_mut().zip(acknowledged) {
+            *mark = (*mark).max(end);
+        }
     }
 
     fn set_marks(&self, marks: &FlushMarks) {
@@ -269,7 +268,7 @@ pub async fn run_election(
     shutdown: Shutdown,
 ) {
     let Some((store, registration)) = register(&settings, &shutdown).await else { return };
-    *leadership.inner.deadline.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(registration.deadline());
+    let _ = leadership.inner.deadline.set(registration.deadline());
     let mut task = ElectionTask {
         settings,
         leadership,
@@ -332,20 +331,20 @@ impl ElectionTask {
         let election = election.clone();
         inner.replicated.store(true, Ordering::Release);
 
-        let alive = self.store.alive_instances().await?;
+        let lease_id = self.registration.lease_id();
+        let observed = election.observe(lease_id).await?;
         let peers = current.shard_sets().remove(&shard_set).unwrap_or_default();
-        let others_alive = peers.iter().any(|peer| peer.id != instance_id && alive.contains(&peer.id));
+        let others_alive = peers.iter().any(|peer| peer.id != instance_id && observed.alive.contains(&peer.id));
         inner.others_alive.store(others_alive, Ordering::Release);
 
-        let lease_id = self.registration.lease_id();
-        let mut leader = election.leader(lease_id).await?;
+        let mut leader = observed.leader;
         if leader == Leader::Nobody {
             let since = *self.leaderless_since.get_or_insert_with(Instant::now);
             if !others_alive || self.leadership.complete(self.settings.max_buffer_past_ms) {
                 leader = election.campaign(lease_id).await?;
                 if leader == Leader::Us {
                     // Take over from the last leader's marks before flushing anything.
-                    self.leadership.set_marks(&election.flushed().await?);
+                    self.leadership.set_marks(&observed.marks);
                     self.metrics.election("won");
                     self.metrics.takeover_duration.observe(since.elapsed().as_secs_f64());
                     tracing::info!(shard_set, "elected leader of the shard set");
@@ -364,29 +363,31 @@ impl ElectionTask {
         self.metrics.set_leader(Some((shard_set, leader == Leader::Us)));
         match leader {
             Leader::Us => {
-                if let Some(acknowledged) = self.leadership.acknowledge(&self.ingesters)
-                    && acknowledged != self.recorded
-                {
+                // Compared with what was recorded, not with the last tick:
+                // a write that failed is made again on the next one.
+                let acknowledged = self.leadership.acknowledge(&self.ingesters);
+                if acknowledged != self.recorded {
                     let marks = self.leadership.marks_text(&acknowledged);
                     if election.record_flushed(lease_id, &marks).await? {
                         self.metrics.flush_marks_recorded.inc();
-                        self.leadership.set_marks(&marks);
+                        self.leadership.recorded(&acknowledged);
                         self.recorded = acknowledged;
                     } else {
                         inner.leader.store(false, Ordering::Release);
                     }
                 }
             }
-            Leader::Other(_) | Leader::Nobody => self.leadership.set_marks(&election.flushed().await?),
+            Leader::Other(_) | Leader::Nobody => self.leadership.set_marks(&observed.marks),
         }
         let now = now_ms();
-        let marks: Vec<(String, f64)> = (0..inner.policies.len())
-            .filter(|&index| self.leadership.mark(index) != i64::MIN)
-            .map(|index| {
-                (inner.policies[index].to_string(), (now - self.leadership.mark(index)).max(0) as f64 / 1000.0)
-            })
+        let lags: Vec<(String, f64)> = inner
+            .policies
+            .iter()
+            .zip(self.leadership.marks())
+            .filter(|(_, mark)| *mark != i64::MIN)
+            .map(|(policy, mark)| (policy.to_string(), (now - mark).max(0) as f64 / 1000.0))
             .collect();
-        self.metrics.set_flush_mark_lags(&marks);
+        self.metrics.set_flush_mark_lags(&lags);
         Ok(())
     }
 
@@ -449,8 +450,8 @@ mod tests {
     #[test]
     fn without_replicas_everything_flushes() {
         let leadership = Leadership::new(policies(), 0);
-        assert!(leadership.may_flush() && leadership.may_flush_at_shutdown() && leadership.is_leader());
-        assert_eq!(leadership.mark(0), i64::MIN);
+        assert!(leadership.may_flush() && leadership.may_flush_at_shutdown());
+        assert_eq!(leadership.marks()[0], i64::MIN);
     }
 
     #[test]
@@ -460,7 +461,7 @@ mod tests {
         assert!(!leadership.may_flush(), "a follower holds");
         leadership.inner.leader.store(true, Ordering::Release);
         assert!(!leadership.may_flush(), "a leader without a lease deadline holds");
-        *leadership.inner.deadline.lock().unwrap() = Some(LeaseDeadline::default());
+        leadership.inner.deadline.set(LeaseDeadline::default()).unwrap();
         assert!(!leadership.may_flush(), "nor one whose lease may have expired");
         leadership.inner.others_alive.store(true, Ordering::Release);
         assert!(!leadership.may_flush_at_shutdown(), "another replica finishes the open tiles");
@@ -480,13 +481,16 @@ mod tests {
         };
         push(10_000);
         push(20_000);
-        assert_eq!(leadership.acknowledge(&ingesters), None);
+        assert_eq!(leadership.acknowledge(&ingesters), vec![i64::MIN, i64::MIN]);
         queue.pop_front().unwrap();
         queue.finish_in_flight();
-        assert_eq!(leadership.acknowledge(&ingesters), Some(vec![10_000, i64::MIN]));
+        assert_eq!(leadership.acknowledge(&ingesters), vec![10_000, i64::MIN]);
+        assert_eq!(leadership.acknowledge(&ingesters), vec![10_000, i64::MIN], "until a write of them succeeds");
         assert_eq!(leadership.marks_text(&[10_000, i64::MIN]).encode(), "10s:2d 10000\n");
         leadership.set_marks(&FlushMarks([("1m:40d".to_owned(), 60_000)].into()));
-        assert_eq!((leadership.mark(0), leadership.mark(1)), (i64::MIN, 60_000));
+        assert_eq!(leadership.marks(), [i64::MIN, 60_000], "marks move only once written");
+        leadership.recorded(&[10_000, i64::MIN]);
+        assert_eq!(leadership.marks(), [10_000, 60_000]);
     }
 
     #[test]

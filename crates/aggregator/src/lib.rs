@@ -306,12 +306,6 @@ impl Aggregator {
         &self.placement
     }
 
-    /// Whether this replica flushes: it leads its shard set, or the shard
-    /// set has no replicas ([`leadership`]).
-    pub fn is_leader(&self) -> bool {
-        self.leadership.is_leader()
-    }
-
     /// Waits until the aggregator has shut down and drained.
     pub async fn wait(self) {
         if let Err(error) = self.supervisor.await {

@@ -393,12 +393,6 @@ impl Metrics {
         }
     }
 
-    /// Whether this replica leads, as exported (for tests).
-    pub fn is_leader(&self) -> Option<bool> {
-        let shard_set = (*self.leader_shard_set.lock().unwrap_or_else(|poisoned| poisoned.into_inner()))?;
-        Some(self.leader.get_or_create(&labels(&[("shard_set", &shard_set.to_string())])).get() == 1)
-    }
-
     /// Counts a campaign by `result` (`won`, `lost`).
     pub fn election(&self, result: &'static str) {
         self.elections.get_or_create(&labels(&[("result", result)])).inc();

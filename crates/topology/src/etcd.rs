@@ -28,7 +28,7 @@ pub mod liveness;
 pub mod store;
 pub mod watch;
 
-pub use election::{Election, FlushMarks, Leader};
+pub use election::{Election, FlushMarks, Leader, Observed};
 pub use liveness::{LeaseDeadline, Registration};
 pub use store::PlacementStore;
 pub use watch::Watcher;

@@ -65,6 +65,17 @@ impl FlushMarks {
     }
 }
 
+/// What [`Election::observe`] saw.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Observed {
+    /// Who leads.
+    pub leader: Leader,
+    /// The marks the shard set's leaders recorded (empty before any).
+    pub marks: FlushMarks,
+    /// Instances holding a liveness lease, in key order.
+    pub alive: Vec<String>,
+}
+
 /// One replica's view of its shard set's election.
 #[derive(Clone)]
 pub struct Election {
@@ -101,12 +112,38 @@ impl Election {
         &self.leader_key
     }
 
-    /// Who leads now, as seen by this replica holding `lease_id`.
-    pub async fn leader(&self, lease_id: i64) -> Result<Leader, StoreError> {
-        let key = &self.leader_key;
+    /// One look at the shard set, in one request: who leads (as seen by
+    /// this replica holding `lease_id`), the recorded marks, and which
+    /// instances hold a liveness lease.
+    pub async fn observe(&self, lease_id: i64) -> Result<Observed, StoreError> {
+        let alive_prefix = self.config.alive_prefix();
+        let transaction = Txn::new().and_then([
+            TxnOp::get(self.leader_key.as_str(), None),
+            TxnOp::get(self.flushed_key.as_str(), None),
+            TxnOp::get(alive_prefix.as_str(), Some(GetOptions::new().with_prefix().with_keys_only())),
+        ]);
         let mut client = self.client.clone();
-        let response = request(&self.config, "get", key, client.get(key.as_str(), None)).await?;
-        Ok(self.leader_of(response.kvs().first().map(|kv| (kv.value(), kv.lease())), lease_id))
+        let response = request(&self.config, "txn", &self.leader_key, client.txn(transaction)).await?;
+        let mut gets = response.op_responses().into_iter().filter_map(|op| match op {
+            TxnOpResponse::Get(get) => Some(get),
+            _ => None,
+        });
+        let (Some(leader), Some(flushed), Some(alive)) = (gets.next(), gets.next(), gets.next()) else {
+            return Err(StoreError::StreamEnded {
+                operation: "txn",
+                key: self.leader_key.clone(),
+                reason: "fewer answers than requests".into(),
+            });
+        };
+        let leader = self.leader_of(leader.kvs().first().map(|kv| (kv.value(), kv.lease())), lease_id);
+        let marks = flushed.kvs().first().map(|kv| FlushMarks::decode(&String::from_utf8_lossy(kv.value())));
+        let alive = alive
+            .kvs()
+            .iter()
+            .filter_map(|kv| kv.key().strip_prefix(alive_prefix.as_bytes()))
+            .map(|id| String::from_utf8_lossy(id).into_owned())
+            .collect();
+        Ok(Observed { leader, marks: marks.unwrap_or_default(), alive })
     }
 
     /// Takes the leader key with `lease_id` if nobody holds it; returns who
@@ -150,18 +187,6 @@ impl Election {
         let mut client = self.client.clone();
         let response = request(&self.config, "txn", &self.flushed_key, client.txn(transaction)).await?;
         Ok(response.succeeded())
-    }
-
-    /// The marks the shard set's leaders recorded (empty before any).
-    pub async fn flushed(&self) -> Result<FlushMarks, StoreError> {
-        let key = &self.flushed_key;
-        let mut client = self.client.clone();
-        let response = request(&self.config, "get", key, client.get(key.as_str(), None)).await?;
-        Ok(response
-            .kvs()
-            .first()
-            .map(|kv| FlushMarks::decode(&String::from_utf8_lossy(kv.value())))
-            .unwrap_or_default())
     }
 
     fn held_by_us(&self, lease_id: i64) -> [Compare; 2] {
