@@ -48,6 +48,7 @@ impl OutboundMetrics for DestinationMetrics {
         let reason = match reason {
             DropReason::Overflow => "buffer_full",
             DropReason::Rejected => "rejected",
+            DropReason::Unexpandable => "expansion_failed",
         };
         DestinationMetrics::dropped(self, reason, batches, series);
     }

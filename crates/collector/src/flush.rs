@@ -334,7 +334,6 @@ impl Flusher {
                 }
             }
         });
-        let generations: Vec<u64> = windows.iter().map(|window| window.generation).collect();
         drop(windows);
         if unrouted > 0 {
             self.metrics.drop_partials("no_owner", unrouted);
@@ -344,10 +343,10 @@ impl Flusher {
         let watermark_ms = self.watermark_ms().min(window_start_ms + self.settings.window_ms);
         for (destination, outbound) in self.outbound.iter_mut().enumerate() {
             let queue = &routes.queues[destination];
-            let refs = generations.get(destination).map(|&generation| {
-                let dictionary = &self.dictionaries[destination];
+            // Dictionaries exist only with `series_dictionary` on.
+            let refs = self.dictionaries.get(destination).map(|dictionary| {
                 queue.metrics().dictionary_series.set(dictionary.len() as i64);
-                Refs { generation, expand: dictionary.ids() }
+                Refs { generation: dictionary.generation(), expand: dictionary.ids() }
             });
             let header = PartialBatch {
                 source: self.settings.sender.source.clone(),
@@ -379,18 +378,25 @@ impl Flusher {
             .map(|destination| (destination.instance_id.clone(), destination.endpoint.clone()))
             .collect();
         let queues = keys.iter().map(|(instance, endpoint)| self.destination_queue(instance, endpoint)).collect();
-        // Dictionaries follow their destinations from one placement to the next.
-        let mut previous: HashMap<DestinationKey, Dictionary> = match self.routes.take() {
-            Some(old) => old.keys.into_iter().zip(self.dictionaries.drain(..)).collect(),
-            None => HashMap::new(),
-        };
-        let max_frame_bytes = self.settings.max_frame_bytes;
-        self.dictionaries =
-            keys.iter().map(|key| previous.remove(key).unwrap_or_else(|| Dictionary::new(max_frame_bytes))).collect();
-        // A destination that left takes its dictionary (and its memory) with it;
-        // should it come back, its refs start over in a new generation.
-        for (instance, endpoint) in previous.into_keys() {
-            self.destination_queue(&instance, &endpoint).end_generation(GenerationEnd::Rotated);
+        let old = self.routes.take();
+        if self.settings.series_dictionary {
+            // Dictionaries follow their destinations from one placement to the next.
+            let mut previous: HashMap<DestinationKey, Dictionary> = match old {
+                Some(old) => old.keys.into_iter().zip(self.dictionaries.drain(..)).collect(),
+                None => HashMap::new(),
+            };
+            let max_frame_bytes = self.settings.max_frame_bytes;
+            self.dictionaries = keys
+                .iter()
+                .map(|key| previous.remove(key).unwrap_or_else(|| Dictionary::new(max_frame_bytes)))
+                .collect();
+            // A destination that left takes its dictionary (and its memory) with it;
+            // should it come back, its refs start over in a new generation.
+            for (instance, endpoint) in previous.into_keys() {
+                let queue = self.destination_queue(&instance, &endpoint);
+                queue.end_generation(GenerationEnd::Rotated);
+                queue.metrics().dictionary_series.set(0);
+            }
         }
         tracing::info!(version = routing.version(), destinations = keys.len(), "routing with a new placement");
         self.routes = Some(Routes { routing, queues, keys });

@@ -40,6 +40,7 @@ impl OutboundMetrics for DestinationMetrics {
         let reason = match reason {
             DropReason::Overflow => "queue_full",
             DropReason::Rejected => "rejected",
+            DropReason::Unexpandable => "expansion_failed",
         };
         self.dropped_partials(reason, partials);
     }

@@ -204,7 +204,7 @@ impl Metrics {
         );
         r.register(
             "tessera_collector_dictionary_generations",
-            "Series dictionaries ended per destination, by why: connect (a new connection), dropped (a batch of it was dropped), rotated (too many idle series)",
+            "Series dictionaries ended per destination, by why: connect (a new connection), dropped (a batch of it was dropped), rotated (too many idle series, a full dictionary, or the destination left the placement)",
             self.dictionary_generations.clone(),
         );
         r.register(

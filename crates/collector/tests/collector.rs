@@ -76,11 +76,21 @@ fn metric_value(telemetry: &Telemetry, name: &str, labels: &str) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_listener_delivers_exact_values_series_by_series() {
+    every_listener_delivers_exact_values(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_listener_delivers_exact_values_series_by_series_through_the_dictionary() {
+    every_listener_delivers_exact_values(true).await;
+}
+
+async fn every_listener_delivers_exact_values(series_dictionary: bool) {
     let receiver = Receiver::start("127.0.0.1:0").await;
     let dir = tempfile::tempdir().unwrap();
     let unix_path = dir.path().join("statsd.sock");
-    let (collector, telemetry, shutdown) =
-        start(config(Some(unix_path.clone())), &receiver.address.to_string(), 8).await;
+    let mut config = config(Some(unix_path.clone()));
+    config.forward.series_dictionary = series_dictionary;
+    let (collector, telemetry, shutdown) = start(config, &receiver.address.to_string(), 8).await;
 
     // UDP: 40 counter series with sample rates, gauges, timers, sets; spread
     // over several windows and from several sender sockets.
@@ -164,6 +174,8 @@ async fn every_listener_delivers_exact_values_series_by_series() {
     let Some(Aggregate::Gauge(uds_gauge)) = receiver.get(MetricKind::Gauge, "uds.gauge") else { panic!() };
     assert_eq!(uds_gauge.resolve(Some(0.0)), Some(25.0), "statsd deltas sum across windows");
     assert!(receiver.received.lock().unwrap().sources.iter().all(|source| !source.is_empty()));
+    let by_ref = receiver.received.lock().unwrap().by_ref;
+    assert_eq!(by_ref > 0, series_dictionary, "{by_ref} partials named by ref");
 }
 
 fn split_at_newlines(text: &str, max: usize) -> Vec<&str> {

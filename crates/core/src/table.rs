@@ -76,16 +76,15 @@ const INLINE_KEY_BYTES: usize = 46;
 
 /// A key kept in a hash table's bucket: short keys (most statsd series)
 /// live inside the bucket, so a lookup compares them without another cache
-/// miss; longer ones go to the heap.
+/// miss; longer ones go to the heap. Built only by [`KeyBytes::copy_of`]
+/// (and the table), so its length always fits.
 #[derive(Clone)]
-pub enum KeyBytes {
-    /// Up to 46 bytes, in place.
-    Inline {
-        /// Bytes used.
-        len: u8,
-        /// The key, then zeros.
-        bytes: [u8; INLINE_KEY_BYTES],
-    },
+pub struct KeyBytes(Repr);
+
+#[derive(Clone)]
+enum Repr {
+    /// Up to 46 bytes, in place: the bytes used, then the key and zeros.
+    Inline { len: u8, bytes: [u8; INLINE_KEY_BYTES] },
     /// Longer keys.
     Heap(Box<[u8]>),
 }
@@ -96,9 +95,9 @@ impl KeyBytes {
         if key.len() <= INLINE_KEY_BYTES {
             let mut bytes = [0u8; INLINE_KEY_BYTES];
             bytes[..key.len()].copy_from_slice(key);
-            KeyBytes::Inline { len: key.len() as u8, bytes }
+            KeyBytes(Repr::Inline { len: key.len() as u8, bytes })
         } else {
-            KeyBytes::Heap(key.into())
+            KeyBytes(Repr::Heap(key.into()))
         }
     }
 
@@ -121,26 +120,26 @@ impl KeyBytes {
             bytes[name_end + 2..].copy_from_slice(parts.tags);
         }
         if len <= INLINE_KEY_BYTES {
-            KeyBytes::Inline { len: len as u8, bytes: key }
+            KeyBytes(Repr::Inline { len: len as u8, bytes: key })
         } else {
-            KeyBytes::Heap(heap.into_boxed_slice())
+            KeyBytes(Repr::Heap(heap.into_boxed_slice()))
         }
     }
 
     /// The key's bytes.
     #[inline]
     pub fn as_slice(&self) -> &[u8] {
-        match self {
-            KeyBytes::Inline { len, bytes } => &bytes[..*len as usize],
-            KeyBytes::Heap(bytes) => bytes,
+        match &self.0 {
+            Repr::Inline { len, bytes } => &bytes[..*len as usize],
+            Repr::Heap(bytes) => bytes,
         }
     }
 
     /// Bytes held on the heap (0 for an inline key).
-    pub fn heap_len(&self) -> usize {
-        match self {
-            KeyBytes::Inline { .. } => 0,
-            KeyBytes::Heap(bytes) => bytes.len(),
+    fn heap_len(&self) -> usize {
+        match &self.0 {
+            Repr::Inline { .. } => 0,
+            Repr::Heap(bytes) => bytes.len(),
         }
     }
 }

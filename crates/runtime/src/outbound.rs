@@ -42,7 +42,7 @@ use crate::backoff::{Backoff, sleep_or_stop};
 use crate::logging::error_chain;
 
 /// A framed batch waiting to be sent.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct Batch {
     /// Sequence written in the batch; the ack must carry it.
     pub sequence: u64,
@@ -77,14 +77,6 @@ impl std::fmt::Debug for Refs {
     }
 }
 
-impl PartialEq for Refs {
-    fn eq(&self, other: &Refs) -> bool {
-        self.generation == other.generation && Arc::ptr_eq(&self.expand, &other.expand)
-    }
-}
-
-impl Eq for Refs {}
-
 /// Why a queue's dictionary generation ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GenerationEnd {
@@ -115,6 +107,9 @@ pub enum DropReason {
     Overflow,
     /// Refused for good by the destination.
     Rejected,
+    /// Of an ended dictionary generation, and its refs could not be
+    /// expanded back to ids.
+    Unexpandable,
 }
 
 /// How one hop counts what its queues and senders do.
@@ -410,7 +405,13 @@ pub async fn run_sender<M: OutboundMetrics>(queue: Arc<OutboundQueue<M>>, settin
             }
             let Some(batch) = queue.pop_front() else { continue };
             if batch.refs.as_ref().is_some_and(|refs| refs.generation != queue.generation()) {
-                expand_stale(&queue, batch);
+                // Expanding reads the whole generation's ids: off the async workers.
+                let (expanding, items) = (queue.clone(), batch.items);
+                if let Err(error) = tokio::task::spawn_blocking(move || expand_stale(&expanding, batch)).await {
+                    tracing::error!(%endpoint, %error, items, "expanding a stale batch failed; it is lost");
+                    queue.metrics.dropped(DropReason::Unexpandable, 1, items);
+                    queue.finish_in_flight();
+                }
                 continue;
             }
             let started = Instant::now();
@@ -455,22 +456,31 @@ pub async fn run_sender<M: OutboundMetrics>(queue: Arc<OutboundQueue<M>>, settin
 
 /// Puts the batches naming `batch`'s series in full back at the head of
 /// the queue, in its place; drops and counts it if it cannot be expanded.
-fn expand_stale<M: OutboundMetrics>(queue: &OutboundQueue<M>, batch: Batch) {
-    let Some(refs) = batch.refs.clone() else { return };
-    match refs.expand.expand(&batch.frame, &mut || queue.next_sequence()) {
-        Ok(expanded) => {
-            queue.metrics.expanded(Ok(expanded.len()));
-            let mut state = queue.lock();
-            for batch in expanded.into_iter().rev() {
-                state.bytes += batch.frame.len();
-                state.batches.push_front(batch);
+fn expand_stale<M: OutboundMetrics>(queue: &OutboundQueue<M>, mut batch: Batch) {
+    if let Some(refs) = batch.refs.take() {
+        match refs.expand.expand(&batch.frame, &mut || queue.next_sequence()) {
+            Ok(expanded) => {
+                queue.metrics.expanded(Ok(expanded.len()));
+                let (dropped_batches, dropped_items) = {
+                    let mut state = queue.lock();
+                    for batch in expanded.into_iter().rev() {
+                        state.bytes += batch.frame.len();
+                        state.batches.push_front(batch);
+                    }
+                    // Ids take more room than refs: the queue stays within its bound.
+                    let dropped = queue.enforce_bound(&mut state, 1);
+                    queue.publish(&state);
+                    dropped
+                };
+                if dropped_batches > 0 {
+                    queue.metrics.dropped(DropReason::Overflow, dropped_batches, dropped_items);
+                }
             }
-            queue.publish(&state);
-        }
-        Err(error) => {
-            queue.metrics.expanded(Err(()));
-            tracing::error!(endpoint = %queue.endpoint, %error, items = batch.items, "a batch's refs cannot be expanded; dropped");
-            queue.metrics.dropped(DropReason::Rejected, 1, batch.items);
+            Err(error) => {
+                queue.metrics.expanded(Err(()));
+                tracing::error!(endpoint = %queue.endpoint, %error, items = batch.items, "a batch's refs cannot be expanded; dropped");
+                queue.metrics.dropped(DropReason::Unexpandable, 1, batch.items);
+            }
         }
     }
     queue.finish_in_flight();
@@ -591,7 +601,7 @@ mod tests {
         expand_stale(&queue, with_refs(5, 100, 1, false));
         assert!(queue.pop_front().is_none());
         assert_eq!(recorded.expanded.lock().unwrap().last(), Some(&Err(())));
-        assert_eq!(recorded.dropped.lock().unwrap().last(), Some(&(DropReason::Rejected, 1, 2)));
+        assert_eq!(recorded.dropped.lock().unwrap().last(), Some(&(DropReason::Unexpandable, 1, 2)));
     }
 
     fn batch(sequence: u64, bytes: usize, items: u64) -> Batch {

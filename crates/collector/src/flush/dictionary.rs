@@ -48,8 +48,10 @@ pub struct GenerationIds {
 }
 
 impl GenerationIds {
-    fn new(max_frame_bytes: usize) -> GenerationIds {
-        GenerationIds { entries: Mutex::default(), max_frame_bytes }
+    /// Room for `series` series up front, so a new generation of a busy
+    /// dictionary does not rehash as it fills again.
+    fn new(max_frame_bytes: usize, series: usize) -> GenerationIds {
+        GenerationIds { entries: Mutex::new(HashTable::with_capacity(series)), max_frame_bytes }
     }
 
     fn lock(&self) -> MutexGuard<'_, HashTable<Entry>> {
@@ -89,7 +91,6 @@ pub struct Dictionary {
     ids: Arc<GenerationIds>,
     /// Windows encoded, for idleness.
     window: u32,
-    max_frame_bytes: usize,
 }
 
 impl Dictionary {
@@ -98,9 +99,8 @@ impl Dictionary {
         Dictionary {
             generation: 0,
             hasher: foldhash::fast::RandomState::default(),
-            ids: Arc::new(GenerationIds::new(max_frame_bytes)),
+            ids: Arc::new(GenerationIds::new(max_frame_bytes, 0)),
             window: 0,
-            max_frame_bytes,
         }
     }
 
@@ -115,9 +115,10 @@ impl Dictionary {
         if generation != self.generation {
             self.generation = generation;
             // Batches of the old generation keep its ids for expansion.
-            self.ids = Arc::new(GenerationIds::new(self.max_frame_bytes));
+            let series = self.ids.lock().len();
+            self.ids = Arc::new(GenerationIds::new(self.ids.max_frame_bytes, series));
         }
-        DictionaryWindow { generation, hasher: &self.hasher, entries: self.ids.lock(), window: self.window }
+        DictionaryWindow { hasher: &self.hasher, entries: self.ids.lock(), window: self.window }
     }
 
     fn should_rotate(&self) -> bool {
@@ -133,6 +134,11 @@ impl Dictionary {
         idle * 2 > len
     }
 
+    /// The generation the last opened window's batches belong to.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
     /// What expanding this generation's batches needs.
     pub fn ids(&self) -> Arc<GenerationIds> {
         self.ids.clone()
@@ -146,8 +152,6 @@ impl Dictionary {
 
 /// A dictionary open for one window's encoding (holds its ids' lock).
 pub struct DictionaryWindow<'d> {
-    /// The generation the window's batches belong to.
-    pub generation: u64,
     hasher: &'d foldhash::fast::RandomState,
     entries: MutexGuard<'d, HashTable<Entry>>,
     window: u32,

@@ -32,7 +32,7 @@ fn harness(readers: usize) -> Harness {
         flush_delay_ms: 150,
         max_frame_bytes: 1 << 20,
         max_queue_bytes: 1 << 20,
-        series_dictionary: true,
+        series_dictionary: false,
         sender: SenderSettings {
             source: "host-1".into(),
             role: tessera_proto::Role::Collector,

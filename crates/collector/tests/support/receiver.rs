@@ -24,6 +24,8 @@ pub struct Received {
     pub sources: Vec<String>,
     /// Every batch in arrival order: (window start, partials, watermark).
     pub batch_log: Vec<(i64, u64, i64)>,
+    /// Partials that named their series by a dictionary ref alone.
+    pub by_ref: u64,
 }
 
 #[derive(Clone)]
@@ -72,6 +74,7 @@ impl Receiver {
                                         // An unknown ref leaves the partial out: the test's totals then fail.
                                         let Some((metric_type, id)) = dictionary.1.get(&value.r#ref) else { continue };
                                         (value.r#type, value.series_id) = (*metric_type, id.clone());
+                                        received.by_ref += 1;
                                     } else if value.r#ref != 0 {
                                         dictionary.1.insert(value.r#ref, (value.r#type, value.series_id.clone()));
                                     }
