@@ -23,7 +23,9 @@ const T0: i64 = 1_700_000_040_000;
 fuzz_target!(|data: &[u8]| {
     let placement = Placement::init(&[("a", "h:1")], 8, 1, 0).expect("a valid placement");
     let mut decoder = Decoder::new("a".to_owned(), PlacementHandle::fixed(placement), MAX_FRAME_BYTES, MERGE_THREADS);
-    let settings = TilerSettings::new(vec!["10s:2d".parse().expect("policy")]);
+    let mut settings = TilerSettings::new(vec!["10s:2d".parse().expect("policy")]);
+    // Series expire and their numbers are reused while dictionaries name others.
+    settings.expire_after_empty_tiles = Some(1);
     let mut tilers: Vec<Tiler> = (0..MERGE_THREADS).map(|_| Tiler::new(settings.clone(), T0)).collect();
     let mut rest = data;
     while let Some((&connection, after)) = rest.split_first() {
@@ -37,14 +39,20 @@ fuzz_target!(|data: &[u8]| {
                 }
             }
         }
-        if let Decoded::Batch { batch, .. } = decoder.decode(connection, &after[..used]) {
-            if let Some(forgotten) = decoder.take_forgotten() {
-                tilers.iter_mut().for_each(|tiler| tiler.forget_dictionary(forgotten));
-            }
+        let decoded = decoder.decode(connection, &after[..used]);
+        // As the pipeline does: after every decode, refused or not.
+        if let Some(forgotten) = decoder.take_forgotten() {
+            tilers.iter_mut().for_each(|tiler| tiler.forget_dictionary(forgotten));
+        }
+        if let Decoded::Batch { batch, .. } = decoded {
             // Windows within a minute of T0, admitted or refused as the
             // admission thread would (refused: definitions bound only).
             let window_start_ms = T0 + batch.window_start_ms.rem_euclid(60_000) / 1_000 * 1_000;
             let admitted = tilers[0].check(window_start_ms, 1_000, window_start_ms + 1_000).is_ok();
+            if admitted {
+                // Close what ended 20 s before the window, as admission would.
+                tilers.iter_mut().for_each(|tiler| tiler.close_through(window_start_ms - 20_000, &mut |_| {}));
+            }
             for (tiler, partials) in tilers.iter_mut().zip(batch.shares) {
                 let batch = Batch { connection, window_start_ms, window_ms: 1_000, partials };
                 if !admitted {
@@ -57,8 +65,9 @@ fuzz_target!(|data: &[u8]| {
         }
         rest = &after[used..];
     }
-    if decoder.dictionary_refs() > 0 {
-        decoder.closed(0);
-        decoder.closed(1);
+    for connection in 0..2 {
+        decoder.closed(connection);
+        tilers.iter_mut().for_each(|tiler| tiler.forget_dictionary(connection));
     }
+    assert_eq!(decoder.dictionary_refs(), 0, "closed connections keep no refs");
 });

@@ -136,10 +136,13 @@ struct Held {
 
 impl Held {
     fn push(&mut self, tile: ClosedTile, flusher: &Flusher) {
-        let Some(policy) = flusher.policies.get(tile.policy_index) else { return };
-        policy.active_series.set(tile.series_held as i64);
-        if tile.expired > 0 {
-            policy.series_expired.inc_by(tile.expired as u64);
+        // Every policy holds the same series, and an expired series leaves
+        // them all: the counts go to each policy, whichever tile carried them.
+        for policy in &flusher.policies {
+            policy.active_series.set(tile.series_held as i64);
+            if tile.expired > 0 {
+                policy.series_expired.inc_by(tile.expired as u64);
+            }
         }
         if !tile.values.is_empty() {
             self.tiles.push_back(tile);

@@ -102,9 +102,7 @@ pub fn run_merge_thread(mut tiler: Tiler, jobs: Receiver<MergeJob>, out: Sender<
                 metrics.dropped("series_limit", "series", applied.series_limit);
                 metrics.dropped("unknown_series_ref", "series", applied.unknown_refs);
             }
-            MergeJob::Bind(batch) => {
-                metrics.dropped("series_limit", "series", tiler.bind_definitions(&batch));
-            }
+            MergeJob::Bind(batch) => tiler.bind_definitions(&batch),
             MergeJob::Forget { connection } => tiler.forget_dictionary(connection),
             MergeJob::CloseThrough { round: next, horizon_ms } => {
                 round = next;

@@ -73,6 +73,9 @@ use series::{Registry, SeriesNumber};
 
 /// A dictionary slot bound to no series.
 const UNBOUND: SeriesNumber = SeriesNumber::MAX;
+/// A dictionary slot defined for a series the series cap refused: its refs
+/// count as `series_limit` drops, like the series' partials by id.
+const CAPPED: SeriesNumber = SeriesNumber::MAX - 1;
 
 /// One series' partial for one window, decoded and validated.
 #[derive(Debug, Clone, PartialEq)]
@@ -206,7 +209,8 @@ pub struct Applied {
     pub partials: u64,
     /// Series first seen.
     pub new_series: u64,
-    /// Partials of new series refused because the series cap was reached.
+    /// Partials of new series refused because the series cap was reached
+    /// (by id, or by a ref defined while the cap was reached).
     pub series_limit: u64,
     /// Gauge merges whose order was ambiguous (counted once per policy).
     pub gauge_order_ambiguous: u64,
@@ -280,11 +284,6 @@ impl Tiler {
     /// Series held for policy `index` (every policy holds the same series).
     pub fn series_held(&self, index: usize) -> usize {
         if index < self.policies.len() { self.registry.len() } else { 0 }
-    }
-
-    /// Bytes held for series and open tiles, estimated.
-    pub fn estimated_bytes(&self) -> usize {
-        self.registry.estimated_bytes() + self.policies.iter().map(PolicyTiles::estimated_bytes).sum::<usize>()
     }
 
     /// Tables kept by policy `index`.
@@ -382,38 +381,51 @@ impl Tiler {
             self.slots.push(policy.open_tile(start, index, &self.registry, emit));
         }
         let mut applied = Applied { partials: batch.partials.len() as u64, ..Applied::default() };
-        let uses_dictionary = batch.partials.iter().any(|partial| partial.via != Via::Id);
-        let mut dictionary =
-            if uses_dictionary { self.dictionaries.remove(&batch.connection).unwrap_or_default() } else { Vec::new() };
+        let (dictionaries, registry) = (&mut self.dictionaries, &mut self.registry);
+        // The connection's slots, taken out on the first partial that uses them.
+        let mut dictionary: Option<Vec<SeriesNumber>> = None;
         for partial in &batch.partials {
             let number = match partial.via {
-                Via::Ref { slot } => match dictionary.get(slot as usize) {
-                    Some(&number) if number != UNBOUND => number,
-                    _ => {
-                        applied.unknown_refs += 1;
-                        continue;
-                    }
-                },
-                Via::Id | Via::Define { .. } => match self.registry.resolve(partial.kind, &partial.id) {
-                    Ok((number, new)) => {
-                        applied.new_series += u64::from(new);
-                        if let Via::Define { slot } = partial.via {
-                            bind(&mut dictionary, slot, number, &mut self.registry);
+                Via::Ref { slot } => {
+                    let slots =
+                        dictionary.get_or_insert_with(|| dictionaries.remove(&batch.connection).unwrap_or_default());
+                    match slots.get(slot as usize).copied() {
+                        Some(CAPPED) => {
+                            applied.series_limit += 1;
+                            continue;
                         }
-                        number
+                        Some(number) if number != UNBOUND => number,
+                        _ => {
+                            applied.unknown_refs += 1;
+                            continue;
+                        }
                     }
-                    Err(_) => {
-                        applied.series_limit += 1;
-                        continue;
+                }
+                Via::Id | Via::Define { .. } => {
+                    let resolved = registry.resolve(partial.kind, &partial.id);
+                    if let Via::Define { slot } = partial.via {
+                        let slots = dictionary
+                            .get_or_insert_with(|| dictionaries.remove(&batch.connection).unwrap_or_default());
+                        bind(slots, slot, resolved.map_or(CAPPED, |(number, _)| number), registry);
                     }
-                },
+                    match resolved {
+                        Ok((number, new)) => {
+                            applied.new_series += u64::from(new);
+                            number
+                        }
+                        Err(_) => {
+                            applied.series_limit += 1;
+                            continue;
+                        }
+                    }
+                }
             };
-            self.registry.touch(number, batch.window_start_ms);
+            registry.touch(number, batch.window_start_ms);
             for (policy, &slot) in self.policies.iter_mut().zip(&self.slots) {
                 policy.tables[slot].merge(number, partial.kind, &partial.aggregate);
             }
         }
-        if uses_dictionary {
+        if let Some(dictionary) = dictionary {
             self.dictionaries.insert(batch.connection, dictionary);
         }
         for (policy, &slot) in self.policies.iter_mut().zip(&self.slots) {
@@ -425,27 +437,24 @@ impl Tiler {
     /// Binds the dictionary slots that `batch` defines, merging none of its
     /// values: the batch was refused after the decoder had learned its
     /// definitions, and a later batch of the same dictionary (already sent,
-    /// or a retry) may name those series by ref alone. Returns how many
-    /// definitions the series cap refused.
-    pub fn bind_definitions(&mut self, batch: &Batch) -> u64 {
-        let mut refused = 0;
+    /// or a retry) may name those series by ref alone. (Its partials were
+    /// counted as refused: a definition the series cap refuses here is not
+    /// counted again.)
+    pub fn bind_definitions(&mut self, batch: &Batch) {
         let mut dictionary = self.dictionaries.remove(&batch.connection).unwrap_or_default();
         for partial in &batch.partials {
             let Via::Define { slot } = partial.via else { continue };
-            match self.registry.resolve(partial.kind, &partial.id) {
-                Ok((number, _)) => bind(&mut dictionary, slot, number, &mut self.registry),
-                Err(_) => refused += 1,
-            }
+            let number = self.registry.resolve(partial.kind, &partial.id).map_or(CAPPED, |(number, _)| number);
+            bind(&mut dictionary, slot, number, &mut self.registry);
         }
         self.dictionaries.insert(batch.connection, dictionary);
-        refused
     }
 
     /// Forgets `connection`'s dictionary (it closed, or its sender started
     /// a new one): its series may expire again.
     pub fn forget_dictionary(&mut self, connection: u64) {
         for number in self.dictionaries.remove(&connection).unwrap_or_default() {
-            if number != UNBOUND {
+            if is_series(number) {
                 self.registry.unpin(number);
             }
         }
@@ -481,7 +490,7 @@ impl Tiler {
     }
 }
 
-/// Binds dictionary `slot` to series `number`, pinning it there.
+/// Binds dictionary `slot` to series `number` (or [`CAPPED`]), pinning it there.
 fn bind(dictionary: &mut Vec<SeriesNumber>, slot: u32, number: SeriesNumber, registry: &mut Registry) {
     let slot = slot as usize;
     if slot >= dictionary.len() {
@@ -489,15 +498,22 @@ fn bind(dictionary: &mut Vec<SeriesNumber>, slot: u32, number: SeriesNumber, reg
     }
     let bound = &mut dictionary[slot];
     if *bound != number {
-        if *bound != UNBOUND {
+        if is_series(*bound) {
             registry.unpin(*bound);
         }
-        registry.pin(number);
+        if is_series(number) {
+            registry.pin(number);
+        }
         *bound = number;
     }
 }
 
+/// Whether a dictionary slot's value is a series (not [`UNBOUND`] nor [`CAPPED`]).
+fn is_series(number: SeriesNumber) -> bool {
+    number < CAPPED
+}
+
 mod policy_tiles;
-pub mod series;
+mod series;
 #[cfg(test)]
 mod tests;

@@ -61,11 +61,11 @@ fn series(index: usize) -> (MetricKind, Vec<u8>) {
     (kind, format!("svc.metric_{index}|env=prod").into_bytes())
 }
 
-fn aggregate(kind: MetricKind, value: f64, window: usize) -> Aggregate {
+fn aggregate(kind: MetricKind, value: f64, window_start_ms: i64) -> Aggregate {
     match kind {
         MetricKind::Counter => Aggregate::Counter(value),
         MetricKind::Gauge => {
-            let stamp_ns = (T0 + window as i64 * 1_000) * 1_000_000 + value as i64;
+            let stamp_ns = window_start_ms * 1_000_000 + value as i64;
             let mut gauge = Gauge::with_value(value, stamp_ns);
             gauge.add_delta(1.5, stamp_ns + 1);
             Aggregate::Gauge(Box::new(gauge))
@@ -98,6 +98,8 @@ struct Window {
     /// Refused after decoding (too late, buffers full): nothing merged,
     /// but later batches of its dictionary may name its series by ref.
     refused: bool,
+    /// Seconds without any window before this one.
+    gap_secs: i64,
     values: Vec<(usize, f64)>,
 }
 
@@ -106,11 +108,8 @@ fn windows() -> impl Strategy<Value = Vec<Window>> {
     let values = proptest::collection::btree_map(0..SERIES, 1u32..1_000, 1..SERIES)
         .prop_map(|values| values.into_iter().map(|(series, value)| (series, f64::from(value))).collect());
     let refused = proptest::bool::weighted(0.15);
-    let window = (0u64..2, send, refused, values).prop_map(|(connection, send, refused, values)| Window {
-        connection,
-        send,
-        refused,
-        values,
+    let window = (0u64..2, send, refused, 0i64..4, values).prop_map(|(connection, send, refused, gap_secs, values)| {
+        Window { connection, send, refused, gap_secs, values }
     });
     proptest::collection::vec(window, 1..40)
 }
@@ -122,8 +121,8 @@ struct Sender {
     refs: HashMap<usize, u32>,
 }
 
-/// The frame one collector sends for `window` (window number `index`).
-fn frame(window: &Window, index: usize, senders: Option<&mut HashMap<u64, Sender>>) -> Vec<u8> {
+/// The frame one collector sends for `window` (window number `index`, starting at `start_ms`).
+fn frame(window: &Window, index: usize, start_ms: i64, senders: Option<&mut HashMap<u64, Sender>>) -> Vec<u8> {
     let mut groups: BTreeMap<u32, Vec<SeriesValue>> = BTreeMap::new();
     let mut dictionary = 0;
     let mut sender = senders.map(|senders| senders.entry(window.connection).or_default());
@@ -143,7 +142,7 @@ fn frame(window: &Window, index: usize, senders: Option<&mut HashMap<u64, Sender
             r#ref: 0,
             series_id: id,
             r#type: tessera_core::aggregate::kind_to_proto(kind) as i32,
-            aggregate: Some(aggregate(kind, value, index).to_proto()),
+            aggregate: Some(aggregate(kind, value, start_ms).to_proto()),
         };
         if let Some(sender) = sender.as_deref_mut().filter(|_| dictionary != 0) {
             let next = sender.refs.len() as u32 + 1;
@@ -163,7 +162,7 @@ fn frame(window: &Window, index: usize, senders: Option<&mut HashMap<u64, Sender
     }
     let batch = PartialBatch {
         sequence: index as u64,
-        window_start_ms: T0 + index as i64 * 1_000,
+        window_start_ms: start_ms,
         window_ms: 1_000,
         dictionary,
         shards: groups.into_iter().map(|(shard, series)| ShardPartials { shard, series }).collect(),
@@ -176,11 +175,17 @@ fn frame(window: &Window, index: usize, senders: Option<&mut HashMap<u64, Sender
 type Tiles = BTreeMap<(usize, i64, Vec<u8>), tessera_proto::SeriesValue>;
 
 /// Sends `windows` through a decoder and the merge threads' tilers, with
-/// or without dictionaries, and closes every tile.
-fn merge(windows: &[Window], with_dictionary: bool) -> Tiles {
+/// or without dictionaries, and closes every tile. With `expiring`, tiles
+/// are 1 s and 5 s, close before each later window, and a series idle for
+/// one tile expires (its number is reused, by another kind too).
+fn merge(windows: &[Window], with_dictionary: bool, expiring: bool) -> Tiles {
     let placement = PlacementHandle::fixed(Placement::init(&[("a", "h:1")], SHARDS, 1, 0).expect("a valid placement"));
     let mut decoder = Decoder::new("a".to_owned(), placement, 1 << 20, MERGE_THREADS);
-    let settings = TilerSettings::new(vec!["10s:2d".parse().expect("policy"), "1m:40d".parse().expect("policy")]);
+    let policies = if expiring { ["1s:1h", "5s:1h"] } else { ["10s:2d", "1m:40d"] };
+    let mut settings = TilerSettings::new(policies.iter().map(|policy| policy.parse().expect("policy")).collect());
+    if expiring {
+        settings.expire_after_empty_tiles = Some(1);
+    }
     let mut tilers: Vec<Tiler> = (0..MERGE_THREADS).map(|_| Tiler::new(settings.clone(), T0)).collect();
     let mut senders = HashMap::new();
     let mut tiles = Tiles::new();
@@ -190,8 +195,13 @@ fn merge(windows: &[Window], with_dictionary: bool) -> Tiles {
             assert!(previous.is_none(), "a tile closed twice");
         }
     };
+    let mut start_ms = T0;
     for (index, window) in windows.iter().enumerate() {
-        let frame = frame(window, index, with_dictionary.then_some(&mut senders));
+        start_ms += (1 + window.gap_secs) * 1_000;
+        if expiring {
+            tilers.iter_mut().for_each(|tiler| tiler.close_through(start_ms, &mut emit));
+        }
+        let frame = frame(window, index, start_ms, with_dictionary.then_some(&mut senders));
         let batch = match decoder.decode(window.connection, &frame) {
             Decoded::Batch { batch, .. } => batch,
             other => panic!("window {index} was not accepted: {other:?}"),
@@ -207,7 +217,7 @@ fn merge(windows: &[Window], with_dictionary: bool) -> Tiles {
                 partials: share,
             };
             if window.refused {
-                assert_eq!(tiler.bind_definitions(&batch), 0);
+                tiler.bind_definitions(&batch);
                 continue;
             }
             let applied = tiler.apply(&batch, &mut emit);
@@ -223,13 +233,25 @@ proptest! {
 
     #[test]
     fn the_same_partials_merge_into_the_same_tiles_with_or_without_dictionaries(windows in windows()) {
-        let by_id = merge(&windows, false);
-        let by_dictionary = merge(&windows, true);
-        let merged = windows.iter().any(|window| !window.refused);
-        prop_assert_eq!(by_id.is_empty(), !merged);
-        prop_assert_eq!(by_id.len(), by_dictionary.len());
-        for (key, value) in &by_id {
-            prop_assert_eq!(Some(value), by_dictionary.get(key), "tile {:?}", key);
-        }
+        same_tiles_with_or_without_dictionaries(&windows, false)?;
     }
+
+    #[test]
+    fn the_same_partials_merge_into_the_same_tiles_with_or_without_dictionaries_while_series_expire(
+        windows in windows()
+    ) {
+        same_tiles_with_or_without_dictionaries(&windows, true)?;
+    }
+}
+
+fn same_tiles_with_or_without_dictionaries(windows: &[Window], expiring: bool) -> Result<(), TestCaseError> {
+    let by_id = merge(windows, false, expiring);
+    let by_dictionary = merge(windows, true, expiring);
+    let merged = windows.iter().any(|window| !window.refused);
+    prop_assert_eq!(by_id.is_empty(), !merged);
+    prop_assert_eq!(by_id.len(), by_dictionary.len());
+    for (key, value) in &by_id {
+        prop_assert_eq!(Some(value), by_dictionary.get(key), "tile {:?}", key);
+    }
+    Ok(())
 }

@@ -2,7 +2,6 @@
 //! series number, which tile each holds, what is closed, and the gauges'
 //! last values.
 
-use std::collections::HashMap;
 use std::time::Instant;
 
 use tessera_core::aggregate::{Aggregate, MergeOrder, kind_to_proto};
@@ -73,13 +72,6 @@ impl DenseTable {
     pub(super) fn take_ambiguous_merges(&mut self) -> u64 {
         std::mem::take(&mut self.ambiguous_merges)
     }
-
-    fn estimated_bytes(&self) -> usize {
-        self.slots.capacity() * std::mem::size_of::<Aggregate>()
-            + self.slots.iter().map(Aggregate::heap_bytes).sum::<usize>()
-            + self.touched.capacity() * 4
-            + self.touched_bits.capacity() * 8
-    }
 }
 
 /// The open tiles of one policy.
@@ -93,12 +85,12 @@ pub(super) struct PolicyTiles {
     open_count: usize,
     /// Every tile starting before this is closed.
     pub(super) closed_through_ms: i64,
-    /// The last resolved value of each gauge series, for delta-only gauges.
-    gauges: HashMap<SeriesNumber, f64, foldhash::fast::RandomState>,
+    /// The last resolved value of each gauge series, by number (NaN: none;
+    /// values are finite), for delta-only gauges. Grows to the highest
+    /// gauge number; counters-only workloads keep it empty.
+    gauges: Vec<f64>,
     /// Series idle for this many of the policy's tiles may be forgotten.
     pub(super) expire_after_tiles: Option<i64>,
-    /// Most empty tiles one `close_until` reports (enough to expire anything).
-    max_empty_tiles: usize,
     /// Series emitted by the last cut, to size the next one.
     emitted_hint: usize,
 }
@@ -108,7 +100,6 @@ impl PolicyTiles {
         let past_ms = settings.buffer_past_ms.max(settings.max_buffer_past_ms);
         let tables_count = tables_per_policy(&policy, past_ms, settings.buffer_future_ms);
         let expire_after_tiles = settings.expire_after_empty_tiles.map(i64::from);
-        let max_empty_tiles = tables_count + expire_after_tiles.unwrap_or(0) as usize + 1;
         PolicyTiles {
             policy,
             resolution_ms: policy.resolution_ms(),
@@ -116,9 +107,8 @@ impl PolicyTiles {
             open: vec![None; tables_count],
             open_count: 0,
             closed_through_ms: policy.tile_start_ms(now_ms.saturating_sub(settings.buffer_past_ms)),
-            gauges: HashMap::default(),
+            gauges: Vec::new(),
             expire_after_tiles,
-            max_empty_tiles,
             emitted_hint: 0,
         }
     }
@@ -148,7 +138,10 @@ impl PolicyTiles {
         slot
     }
 
-    /// Closes every tile starting before `target_ms`, in order.
+    /// Closes every tile starting before `target_ms`, in order. Tiles that
+    /// received nothing are reported as one empty tile (it carries the
+    /// expiry count and the series held); after a long pause the rest are
+    /// skipped.
     pub(super) fn close_until(
         &mut self,
         target_ms: i64,
@@ -156,21 +149,21 @@ impl PolicyTiles {
         registry: &Registry,
         emit: &mut dyn FnMut(ClosedTile),
     ) {
-        let mut empty_tiles = 0;
+        let mut empty_reported = false;
         while self.closed_through_ms < target_ms {
             let start = self.closed_through_ms;
             let slot = self.slot(start);
             match self.open[slot] {
                 Some(held) if held == start => self.close_tile(slot, start, index, registry, emit),
-                None if empty_tiles < self.max_empty_tiles => {
-                    empty_tiles += 1;
+                None if !empty_reported => {
+                    empty_reported = true;
                     emit(self.closed(index, start, Vec::new(), registry, Instant::now()));
                 }
                 _ => {}
             }
             self.closed_through_ms = start.saturating_add(self.resolution_ms);
             // After a long pause nothing is left to close: jump ahead.
-            if self.open_count == 0 && empty_tiles >= self.max_empty_tiles {
+            if self.open_count == 0 && empty_reported {
                 self.closed_through_ms = self.closed_through_ms.max(target_ms);
             }
         }
@@ -223,7 +216,9 @@ impl PolicyTiles {
         for table in &mut self.tables {
             table.free(number);
         }
-        self.gauges.remove(&number);
+        if let Some(last) = self.gauges.get_mut(number as usize) {
+            *last = f64::NAN;
+        }
     }
 
     /// Windows starting before this are idle long enough to be forgotten
@@ -231,11 +226,6 @@ impl PolicyTiles {
     pub(super) fn idle_before_ms(&self) -> Option<i64> {
         let tiles = self.expire_after_tiles?;
         Some(self.closed_through_ms.saturating_sub(tiles.saturating_mul(self.resolution_ms)))
-    }
-
-    pub(super) fn estimated_bytes(&self) -> usize {
-        self.tables.iter().map(DenseTable::estimated_bytes).sum::<usize>()
-            + self.gauges.capacity() * (std::mem::size_of::<(SeriesNumber, f64)>() + 1)
     }
 }
 
@@ -246,15 +236,19 @@ fn tile_value(
     id: &[u8],
     number: SeriesNumber,
     aggregate: &Aggregate,
-    gauges: &mut HashMap<SeriesNumber, f64, foldhash::fast::RandomState>,
+    gauges: &mut Vec<f64>,
     tile_end_ms: i64,
 ) -> proto::SeriesValue {
     let wire = match aggregate {
         Aggregate::Gauge(gauge) => {
-            let previous = gauges.get(&number).copied();
+            let index = number as usize;
+            if index >= gauges.len() {
+                gauges.resize(index + 1, f64::NAN);
+            }
+            let previous = Some(gauges[index]).filter(|last| !last.is_nan());
             // No value, no delta and no history: a gauge starts at 0 (statsd).
             let value = gauge.resolve(previous).unwrap_or(0.0);
-            gauges.insert(number, value);
+            gauges[index] = value;
             let timestamp_ns = if gauge.has_value { gauge.timestamp_ns } else { tile_end_ms.saturating_mul(1_000_000) };
             proto::Aggregate {
                 value: Some(proto::aggregate::Value::Gauge(proto::Gauge {

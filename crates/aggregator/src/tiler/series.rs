@@ -45,7 +45,6 @@ pub struct Registry {
     hasher: foldhash::fast::RandomState,
     entries: Vec<Entry>,
     free: Vec<SeriesNumber>,
-    live: usize,
     max_series: Option<usize>,
 }
 
@@ -57,25 +56,13 @@ impl Registry {
             hasher: foldhash::fast::RandomState::default(),
             entries: Vec::new(),
             free: Vec::new(),
-            live: 0,
             max_series,
         }
     }
 
     /// Series registered.
     pub fn len(&self) -> usize {
-        self.live
-    }
-
-    /// Whether no series is registered.
-    pub fn is_empty(&self) -> bool {
-        self.live == 0
-    }
-
-    /// Numbers handed out so far (live or free): the length of every table
-    /// indexed by number.
-    pub fn capacity(&self) -> usize {
-        self.entries.len()
+        self.entries.len() - self.free.len()
     }
 
     fn hash(&self, kind: MetricKind, id: &[u8]) -> u64 {
@@ -91,7 +78,7 @@ impl Registry {
         {
             return Ok((number, false));
         }
-        if self.max_series.is_some_and(|max| self.live >= max) {
+        if self.max_series.is_some_and(|max| self.len() >= max) {
             return Err(RegistryFull);
         }
         let entry = Entry { hash, kind, id: id.into(), last_window_ms: i64::MIN, pins: 0, live: true };
@@ -107,7 +94,6 @@ impl Registry {
         };
         let entries = &self.entries;
         self.index.insert_unique(hash, number, |&n| entries[n as usize].hash);
-        self.live += 1;
         Ok((number, true))
     }
 
@@ -126,6 +112,7 @@ impl Registry {
     }
 
     /// Whether `number` is a live series.
+    #[cfg(test)]
     pub fn is_live(&self, number: SeriesNumber) -> bool {
         self.entries.get(number as usize).is_some_and(|entry| entry.live)
     }
@@ -160,16 +147,7 @@ impl Registry {
             count += 1;
             freed(number);
         }
-        self.live -= count;
         count
-    }
-
-    /// Bytes held per series number, estimated (for the memory example).
-    pub fn estimated_bytes(&self) -> usize {
-        let ids: usize = self.entries.iter().map(|entry| entry.id.len()).sum();
-        self.entries.capacity() * std::mem::size_of::<Entry>()
-            + self.index.capacity() * (std::mem::size_of::<SeriesNumber>() + 1)
-            + ids
     }
 }
 

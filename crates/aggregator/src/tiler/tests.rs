@@ -389,3 +389,28 @@ fn dictionary_slots_reach_their_series_and_pin_them_until_forgotten() {
     tiler.close_due(T0 + 11_000, &mut sink.emit());
     assert_eq!((tiler.series_held(0), sink.expired), (0, 2));
 }
+
+#[test]
+fn a_slot_defined_while_the_series_cap_is_reached_counts_its_refs_as_series_limit() {
+    let mut tiler = Tiler::new(TilerSettings { max_series_per_policy: Some(1), ..settings(&["1s:1h"]) }, T0);
+    let mut sink = Sink::default();
+    let with_via = |via, partial: Partial| Partial { via, ..partial };
+    let by_slot = |slot, value| Partial { id: Vec::new(), ..with_via(Via::Ref { slot }, counter("", value)) };
+    let define = vec![
+        with_via(Via::Define { slot: 0 }, counter("in", 1.0)),
+        with_via(Via::Define { slot: 1 }, counter("over", 1.0)),
+    ];
+    let applied =
+        tiler.accept(&Batch { connection: 3, ..batch(T0, 1000, define) }, T0 + 1100, &mut sink.emit()).unwrap();
+    assert_eq!((applied.series_limit, applied.unknown_refs), (1, 0));
+    let refs = Batch { connection: 3, ..batch(T0 + 1000, 1000, vec![by_slot(0, 2.0), by_slot(1, 2.0)]) };
+    let applied = tiler.accept(&refs, T0 + 2100, &mut sink.emit()).unwrap();
+    assert_eq!((applied.series_limit, applied.unknown_refs), (1, 0), "a capped slot is not an unknown ref");
+    // Definitions of a refused batch bind the same way, and count nothing more.
+    let refused =
+        Batch { connection: 4, ..batch(T0, 1000, vec![with_via(Via::Define { slot: 0 }, counter("x", 1.0))]) };
+    tiler.bind_definitions(&refused);
+    let refs = Batch { connection: 4, ..batch(T0 + 2000, 1000, vec![by_slot(0, 1.0)]) };
+    let applied = tiler.accept(&refs, T0 + 3100, &mut sink.emit()).unwrap();
+    assert_eq!((applied.series_limit, applied.unknown_refs), (1, 0));
+}
