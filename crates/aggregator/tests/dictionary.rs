@@ -79,6 +79,13 @@ fn receiver_totals(receiver: &TileReceiver, policy: &str, id: &str) -> f64 {
         .sum()
 }
 
+/// No batch was refused as too late, malformed or naming an unknown ref, nor for any of `more`.
+fn assert_none_refused(metrics: &tessera_aggregator::Metrics, more: &[Reason]) {
+    for &reason in [Reason::TooLate, Reason::Malformed, Reason::UnknownSeriesRef].iter().chain(more) {
+        assert_eq!(metrics.rejected_batches(reason), 0, "{reason:?}");
+    }
+}
+
 async fn start_aggregator(receiver: &TileReceiver, listen: &str, shutdown: &Shutdown) -> Aggregator {
     let own = PlacementHandle::fixed(Placement::init(&[("agg-1", "127.0.0.1:1")], 8, 1, 0).unwrap());
     start_aggregator_on("agg-1", own, receiver, listen, shutdown).await
@@ -166,9 +173,7 @@ async fn tiles_stay_exact_when_the_connection_breaks_mid_stream() {
     .await;
     assert_exact(&[&receiver], rounds).await;
     assert!(refs_seen >= SERIES as i64, "the aggregator's dictionary named {refs_seen} series");
-    for reason in [Reason::TooLate, Reason::Malformed, Reason::UnknownSeriesRef] {
-        assert_eq!(metrics.rejected_batches(reason), 0, "{reason:?}");
-    }
+    assert_none_refused(&metrics, &[]);
     let connects = collector.metrics().dictionary_generations_ended("agg-1", "connect");
     assert!(connects >= 4, "a new dictionary per connection: {connects}");
     collector_shutdown.trigger();
@@ -206,9 +211,7 @@ async fn tiles_stay_exact_across_an_aggregator_restart() {
     assert_exact(&[&receiver, &after_restart], rounds).await;
     let aggregator = aggregator.unwrap();
     assert!(restarted >= Some(SERIES as i64), "a new dictionary on the new connection: {restarted:?}");
-    for reason in [Reason::TooLate, Reason::Malformed, Reason::UnknownSeriesRef] {
-        assert_eq!(aggregator.metrics().rejected_batches(reason), 0, "{reason:?}");
-    }
+    assert_none_refused(aggregator.metrics(), &[]);
     collector_shutdown.trigger();
     collector.wait().await;
     shutdown.trigger();
@@ -262,9 +265,7 @@ async fn tiles_stay_exact_when_shards_move_while_dictionaries_are_live() {
     let refs_2 = aggregator_2.metrics().dictionary_refs.get();
     assert!(refs_2 > 0, "the collector named series to agg-2 by ref ({refs_2})");
     for aggregator in [&aggregator_1, &aggregator_2] {
-        for reason in [Reason::TooLate, Reason::Malformed, Reason::UnknownSeriesRef, Reason::NotOwner] {
-            assert_eq!(aggregator.metrics().rejected_batches(reason), 0, "{reason:?}");
-        }
+        assert_none_refused(aggregator.metrics(), &[Reason::NotOwner]);
     }
     collector_shutdown.trigger();
     collector.wait().await;
