@@ -9,11 +9,16 @@
 # 3. sends known statsd to the collector's published UDP port: 16 counter
 #    series, a counter with a sample rate, a timer, a gauge and a set;
 # 4. polls Prometheus's HTTP API until every expected series has its exact
-#    value, at both resolutions (10s and 1m), and checks that both aggregators
-#    flushed tiles and that the end-to-end latency histogram is exported;
-# 5. evaluates every PromQL expression of the shipped Grafana dashboards:
+#    value at 10s, and checks that one of the two aggregators (replicas of
+#    one shard set) leads;
+# 5. failover: sends a second run of the same statsd, kills the leading
+#    aggregator (SIGKILL) with it in its open tiles, sends a third; the other
+#    replica must take over, and the values of all three runs must be exact
+#    at both resolutions (10s and 1m); checks that the end-to-end latency
+#    histogram is exported;
+# 6. evaluates every PromQL expression of the shipped Grafana dashboards:
 #    each must succeed and return something;
-# 6. brings the stack down with its volumes (also on failure or interrupt,
+# 7. brings the stack down with its volumes (also on failure or interrupt,
 #    after printing the services' state and logs).
 #
 # It runs once per compose tool found: `docker-compose` (v1) and the
@@ -235,8 +240,21 @@ resolution_matches() {
 resolution_10s_matches() { resolution_matches 10s; }
 resolution_1m_matches() { resolution_matches 1m; }
 
-both_aggregators_flushed() {
-    [ "$(prometheus_value 'count(sum by (instance) (tessera_aggregator_series_flushed_total) > 0)')" = 2 ]
+# The two aggregators replicate one shard set: exactly one leads. Sets
+# `leader` to its service name (aggregator-1 or aggregator-2).
+leader=""
+one_aggregator_leads() {
+    local leaders
+    leaders=$(prometheus_query 'tessera_aggregator_leader == 1' 2>/dev/null | cut -f1 | jq -r '.instance')
+    [ "$(wc -w <<<"$leaders")" = 1 ] || return 1
+    leader=${leaders%%:*}
+}
+
+# Whether the aggregator $survivor leads now, having won an election.
+survivor=""
+survivor_took_over() {
+    [ "$(prometheus_value "tessera_aggregator_leader{instance=\"$survivor:9103\"}")" = 1 ] &&
+        [ -n "$(prometheus_value "tessera_aggregator_elections_total{instance=\"$survivor:9103\",result=\"won\"} > 0")" ]
 }
 
 end_to_end_latency_exported() {
@@ -336,9 +354,33 @@ test_with_compose_tool() {
         return 1
     fi
     log "10s resolution: every value exact"
-    if ! wait_until both_aggregators_flushed 30 "both aggregators to flush tiles"; then
+    if ! wait_until one_aggregator_leads 30 "one aggregator to lead the shard set"; then
         return 1
     fi
+
+    # Failover: a second run of statsd goes into the open tiles of both
+    # replicas, the leader is killed (SIGKILL) before it flushes them, and a
+    # third run follows. The other replica must take over and flush every
+    # tile exactly once: the 10 s and 1 m tiles of all three runs stay exact.
+    local first_run=$run_id
+    run_id="${first_run}b"
+    send_known_statsd
+    local leader_container
+    leader_container=$(compose ps -q "$leader" | awk 'NR == 1')
+    if [ "$leader" = aggregator-1 ]; then survivor=aggregator-2; else survivor=aggregator-1; fi
+    log "killing the leading aggregator ($leader) mid-tile; $survivor must take over"
+    docker kill --signal KILL "$leader_container" >/dev/null
+    run_id="${first_run}c"
+    send_known_statsd
+    if ! wait_until survivor_took_over 60 "$survivor to win the election and lead"; then
+        return 1
+    fi
+    log "$survivor leads"
+    if ! wait_until resolution_10s_matches 60 "the 10s tiles of the three runs in Prometheus"; then
+        printf '  %s\n' "${mismatches[@]}" >&2
+        return 1
+    fi
+    log "10s resolution after the failover: every value exact"
     if ! wait_until end_to_end_latency_exported 30 "the end-to-end latency histogram"; then
         return 1
     fi

@@ -49,7 +49,7 @@
 //! open tiles to it; alone, it flushes everything, as without replicas.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -83,7 +83,10 @@ struct Inner {
     started_ms: i64,
     /// Replicated shard set with an election running; when false, flush freely.
     replicated: AtomicBool,
-    leader: AtomicBool,
+    /// The lease this replica leads on (0: it follows). Leadership is tied
+    /// to the lease the leader key was put on: if that lease expired and a
+    /// new one was granted, the key is gone with the old one.
+    leader_lease: AtomicI64,
     /// Another replica of the shard set holds a live lease.
     others_alive: AtomicBool,
     /// The liveness lease's deadline, once registered.
@@ -126,7 +129,7 @@ impl Leadership {
                 policies,
                 started_ms,
                 replicated: AtomicBool::new(false),
-                leader: AtomicBool::new(false),
+                leader_lease: AtomicI64::new(0),
                 others_alive: AtomicBool::new(false),
                 deadline: OnceLock::new(),
                 state: Mutex::new(state),
@@ -139,7 +142,16 @@ impl Leadership {
         if !self.inner.replicated.load(Ordering::Acquire) {
             return true;
         }
-        self.inner.leader.load(Ordering::Acquire) && self.lease_remaining() > FENCE_MARGIN
+        self.leads() && self.lease_remaining() > FENCE_MARGIN
+    }
+
+    fn replicated(&self) -> bool {
+        self.inner.replicated.load(Ordering::Acquire)
+    }
+
+    /// Whether this replica holds the leader key (it may be fenced off).
+    fn leads(&self) -> bool {
+        self.inner.leader_lease.load(Ordering::Acquire) != 0
     }
 
     /// At shutdown: whether to flush what is left (every open tile, closed
@@ -177,8 +189,10 @@ impl Leadership {
         self.state().oldest_held_start_ms = start_ms;
     }
 
+    /// How long the lease the leader key is on certainly lives (zero when following).
     fn lease_remaining(&self) -> Duration {
-        self.inner.deadline.get().map_or(Duration::ZERO, LeaseDeadline::remaining)
+        let lease = self.inner.leader_lease.load(Ordering::Acquire);
+        self.inner.deadline.get().map_or(Duration::ZERO, |deadline| deadline.remaining(lease))
     }
 
     /// Whether every tile this replica may still flush began after it started.
@@ -279,6 +293,7 @@ pub async fn run_election(
         election: None,
         leaderless_since: None,
         recorded: Vec::new(),
+        fenced: false,
     };
     loop {
         if let Err(error) = task.tick(&placement).await {
@@ -287,6 +302,7 @@ pub async fn run_election(
             }
             task.metrics.election_errors.inc();
         }
+        task.publish_state();
         tokio::select! {
             () = shutdown.wait() => break,
             () = tokio::time::sleep(TICK) => {}
@@ -310,6 +326,8 @@ struct ElectionTask {
     leaderless_since: Option<Instant>,
     /// The marks last recorded.
     recorded: Vec<i64>,
+    /// Leading but fenced off at the last tick (for the log and the count).
+    fenced: bool,
 }
 
 impl ElectionTask {
@@ -319,13 +337,13 @@ impl ElectionTask {
         let instance_id = self.settings.instance_id.as_str();
         let Some(instance) = current.instance(instance_id).filter(|_| current.replication_factor() > 1) else {
             inner.replicated.store(false, Ordering::Release);
-            self.metrics.set_leader(None);
+            self.election = None;
             return Ok(());
         };
         let shard_set = instance.shard_set_id;
         if self.election.as_ref().is_none_or(|(set, _)| *set != shard_set) {
             self.election = Some((shard_set, self.store.election(shard_set, instance_id)));
-            inner.leader.store(false, Ordering::Release);
+            inner.leader_lease.store(0, Ordering::Release);
         }
         let Some((_, election)) = &self.election else { return Ok(()) };
         let election = election.clone();
@@ -343,8 +361,6 @@ impl ElectionTask {
             if !others_alive || self.leadership.complete(self.settings.max_buffer_past_ms) {
                 leader = election.campaign(lease_id).await?;
                 if leader == Leader::Us {
-                    // Take over from the last leader's marks before flushing anything.
-                    self.leadership.set_marks(&observed.marks);
                     self.metrics.election("won");
                     self.metrics.takeover_duration.observe(since.elapsed().as_secs_f64());
                     tracing::info!(shard_set, "elected leader of the shard set");
@@ -356,11 +372,19 @@ impl ElectionTask {
         if leader != Leader::Nobody {
             self.leaderless_since = None;
         }
-        let was_leader = inner.leader.swap(leader == Leader::Us, Ordering::AcqRel);
-        if was_leader && leader != Leader::Us {
+        let leads_on = if leader == Leader::Us { lease_id } else { 0 };
+        let led_on = inner.leader_lease.load(Ordering::Acquire);
+        if leads_on != 0 && led_on != leads_on {
+            // Take over from the last leader's marks before flushing anything.
+            // Also when the campaign's answer was lost and this tick is the
+            // first to see the key ours: only a leader writes the marks, so
+            // the ones observed are the last leader's.
+            self.leadership.set_marks(&observed.marks);
+        }
+        inner.leader_lease.store(leads_on, Ordering::Release);
+        if led_on != 0 && leads_on == 0 {
             tracing::warn!(shard_set, ?leader, "no longer leader of the shard set; holding tiles");
         }
-        self.metrics.set_leader(Some((shard_set, leader == Leader::Us)));
         match leader {
             Leader::Us => {
                 // Compared with what was recorded, not with the last tick:
@@ -373,7 +397,7 @@ impl ElectionTask {
                         self.leadership.recorded(&acknowledged);
                         self.recorded = acknowledged;
                     } else {
-                        inner.leader.store(false, Ordering::Release);
+                        inner.leader_lease.store(0, Ordering::Release);
                     }
                 }
             }
@@ -391,11 +415,36 @@ impl ElectionTask {
         Ok(())
     }
 
+    /// The leader gauge, after every tick (also one whose etcd requests
+    /// failed): 1 only while this replica may flush. A leader whose lease
+    /// etcd has not confirmed for TTL minus [`FENCE_MARGIN`] is fenced off:
+    /// logged and counted once per episode.
+    fn publish_state(&mut self) {
+        let Some((shard_set, _)) = self.election.as_ref().filter(|_| self.leadership.replicated()) else {
+            self.metrics.set_leader(None);
+            return;
+        };
+        let flushes = self.leadership.may_flush();
+        self.metrics.set_leader(Some((*shard_set, flushes)));
+        let fenced = self.leadership.leads() && !flushes;
+        if fenced && !self.fenced {
+            self.metrics.fenced.inc();
+            tracing::warn!(
+                shard_set,
+                remaining_ms = self.leadership.lease_remaining().as_millis() as u64,
+                "leader fenced off: etcd has not confirmed the lease in time; holding tiles until it does"
+            );
+        } else if !fenced && self.fenced && flushes {
+            tracing::info!(shard_set, "lease confirmed again; flushing as leader");
+        }
+        self.fenced = fenced;
+    }
+
     /// Resigns (when another replica can take over) and revokes the lease.
     async fn stop(self) {
         let inner = &self.leadership.inner;
-        if inner.leader.load(Ordering::Acquire) && inner.others_alive.load(Ordering::Acquire) {
-            inner.leader.store(false, Ordering::Release);
+        if self.leadership.leads() && inner.others_alive.load(Ordering::Acquire) {
+            inner.leader_lease.store(0, Ordering::Release);
             if let Some((shard_set, election)) = &self.election {
                 match election.resign(self.registration.lease_id()).await {
                     Ok(()) => tracing::info!(shard_set, "resigned as leader of the shard set"),
@@ -459,10 +508,16 @@ mod tests {
         let leadership = Leadership::new(policies(), 0);
         leadership.inner.replicated.store(true, Ordering::Release);
         assert!(!leadership.may_flush(), "a follower holds");
-        leadership.inner.leader.store(true, Ordering::Release);
+        leadership.inner.leader_lease.store(7, Ordering::Release);
         assert!(!leadership.may_flush(), "a leader without a lease deadline holds");
-        leadership.inner.deadline.set(LeaseDeadline::default()).unwrap();
-        assert!(!leadership.may_flush(), "nor one whose lease may have expired");
+        let deadline = LeaseDeadline::default();
+        leadership.inner.deadline.set(deadline.clone()).unwrap();
+        deadline.set(7, Instant::now() + FENCE_MARGIN / 2);
+        assert!(!leadership.may_flush(), "nor one whose lease may expire within the fence margin");
+        deadline.set(7, Instant::now() + FENCE_MARGIN * 3);
+        assert!(leadership.may_flush(), "a leader with a live lease flushes");
+        deadline.set(8, Instant::now() + FENCE_MARGIN * 3);
+        assert!(!leadership.may_flush(), "the key was on lease 7: a lease granted again does not lead");
         leadership.inner.others_alive.store(true, Ordering::Release);
         assert!(!leadership.may_flush_at_shutdown(), "another replica finishes the open tiles");
     }

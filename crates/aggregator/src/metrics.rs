@@ -130,6 +130,8 @@ pub struct Metrics {
     pub takeover_duration: Histogram,
     /// Flush marks written to etcd.
     pub flush_marks_recorded: Counter,
+    /// Times this replica, leading, stopped flushing because its lease could expire.
+    pub fenced: Counter,
     flush_mark_lag: Family<Labels, Gauge<f64, AtomicU64>>,
     /// Tiles this replica flushed although it did not see them whole.
     pub incomplete_tiles: Counter,
@@ -182,6 +184,7 @@ impl Default for Metrics {
             election_errors: Counter::default(),
             takeover_duration: lag_histogram(),
             flush_marks_recorded: Counter::default(),
+            fenced: Counter::default(),
             flush_mark_lag: Family::default(),
             incomplete_tiles: Counter::default(),
             held_tiles: Gauge::default(),
@@ -332,7 +335,8 @@ impl Metrics {
         r.register(format!("{p}shards_owned"), "Shards this instance owns now", self.shards_owned.clone());
         r.register(
             format!("{p}leader"),
-            "1 while this replica leads its shard set (and flushes), 0 while it follows; absent without replicas",
+            "1 while this replica leads its shard set with a live lease (and flushes), 0 while it follows or is \
+             fenced off; absent without replicas",
             self.leader.clone(),
         );
         r.register(
@@ -349,6 +353,12 @@ impl Metrics {
             format!("{p}takeover_duration_seconds"),
             "From first seeing the shard set without a leader to winning its election",
             self.takeover_duration.clone(),
+        );
+        r.register(
+            format!("{p}fenced"),
+            "Times this replica, leading, stopped flushing because etcd had not confirmed its lease for \
+             TTL minus the fence margin (etcd away, or the process paused)",
+            self.fenced.clone(),
         );
         r.register(
             format!("{p}flush_marks_recorded"),

@@ -11,6 +11,13 @@
 //! - **Leader paused** (SIGSTOP) past its lease: the follower takes over;
 //!   after SIGCONT the old leader flushes nothing (its lease deadline has
 //!   passed before it runs a single flush) and totals stay exact.
+//! - **Restart then kill**: a follower restarted mid-tile never flushes a
+//!   tile it saw only in part (the leader flushed it whole); when the leader
+//!   is killed after that, it takes over from the next tile, exactly.
+//! - **etcd away** (frozen with SIGSTOP for three lease TTLs): the leader
+//!   fences itself off within the TTL, the follower cannot campaign, both
+//!   hold their tiles; never two flushing replicas at once, and once etcd is
+//!   back every tile is flushed, exactly once per value.
 
 mod support;
 
@@ -51,7 +58,11 @@ impl Replica {
 }
 
 fn etcd_section(etcd: &EtcdServer, env: &str) -> String {
-    format!("[placement]\nkind = \"etcd\"\nendpoints = [\"{}\"]\nenv = \"{env}\"\n", etcd.endpoint())
+    format!(
+        "[placement]\nkind = \"etcd\"\nendpoints = [\"{}\"]\nenv = \"{env}\"\n\
+         connect_timeout_ms = 500\nrequest_timeout_ms = 1000\n",
+        etcd.endpoint()
+    )
 }
 
 fn start_replica(id: &'static str, port: u16, placement: &str, receiver: SocketAddr) -> Daemon {
@@ -91,6 +102,8 @@ fn start_collector(placement: &str) -> (Daemon, SocketAddr) {
 struct Stack {
     receiver: TileReceiver,
     replicas: [Replica; 2],
+    ports: [u16; 2],
+    section: String,
     _collector: Daemon,
     statsd: SocketAddr,
     etcd: EtcdServer,
@@ -110,7 +123,7 @@ async fn start_stack(env: &str) -> Stack {
     let replicas = [("agg-1", ports[0]), ("agg-2", ports[1])]
         .map(|(id, port)| Replica { id, daemon: Some(start_replica(id, port, &section, receiver.address)) });
     let (collector, statsd) = start_collector(&section);
-    let stack = Stack { receiver, replicas, _collector: collector, statsd, etcd };
+    let stack = Stack { receiver, replicas, ports, section, _collector: collector, statsd, etcd };
     wait_until("one leader", Duration::from_secs(15), || stack.replicas.iter().filter(|r| r.is_leader()).count() == 1)
         .await;
     stack
@@ -119,6 +132,28 @@ async fn start_stack(env: &str) -> Stack {
 impl Stack {
     fn leader(&self) -> usize {
         self.replicas.iter().position(Replica::is_leader).expect("a leader")
+    }
+
+    /// Stops replica `index` with SIGTERM and starts it again (same id and port).
+    fn restart(&mut self, index: usize) {
+        let replica = &mut self.replicas[index];
+        replica.daemon.as_mut().expect("running").terminate();
+        replica.daemon = None;
+        replica.daemon = Some(start_replica(replica.id, self.ports[index], &self.section, self.receiver.address));
+    }
+
+    /// Every tile copy flushed, with its policy and tile end, in flush order.
+    fn copies_in_flush_order(&self) -> Vec<(String, i64, support::Flushed)> {
+        let mut copies: Vec<_> = self
+            .receiver
+            .values()
+            .into_iter()
+            .flat_map(|((policy, tile_end, ..), copies)| {
+                copies.into_iter().map(move |copy| (policy.clone(), tile_end, copy))
+            })
+            .collect();
+        copies.sort_by_key(|(.., copy)| copy.flushed_at_ms);
+        copies
     }
 }
 
@@ -138,8 +173,25 @@ async fn send_for(socket: &UdpSocket, target: SocketAddr, duration: Duration) ->
 
 /// Sleeps until the middle of a second (mid-tile for every policy).
 async fn sleep_until_mid_tile() {
-    let wait = (1_500 - now_ms().rem_euclid(1_000)) % 1_000;
+    sleep_until_mid(1_000).await;
+}
+
+/// Sleeps until the middle of the next (or current) tile of `resolution_ms`.
+async fn sleep_until_mid(resolution_ms: i64) {
+    let half = resolution_ms / 2;
+    let wait = (resolution_ms + half - now_ms().rem_euclid(resolution_ms)) % resolution_ms;
     tokio::time::sleep(Duration::from_millis(wait as u64)).await;
+}
+
+/// Sends to the collector until the clock reaches `until_ms`; returns the increments sent per counter.
+async fn send_until(socket: &UdpSocket, target: SocketAddr, until_ms: i64) -> u64 {
+    let remaining = until_ms.saturating_sub(now_ms()).max(0) as u64;
+    send_for(socket, target, Duration::from_millis(remaining)).await
+}
+
+fn resolution_ms(policy: &str) -> i64 {
+    let seconds = policy.split_once("s:").and_then(|(seconds, _)| seconds.parse::<i64>().ok());
+    seconds.expect("a policy of whole seconds") * 1_000
 }
 
 /// Per (policy, series): the total over distinct tiles, after checking that
@@ -260,4 +312,116 @@ async fn a_paused_leader_flushes_nothing_stale_when_it_wakes() {
     assert!(!stack.replicas[leader].is_leader(), "the old leader follows");
     let old = stack.replicas[leader].daemon();
     assert!(old.metric("tessera_aggregator_tiles_discarded_total", "reason=\"flushed_by_leader\"") > 0.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_follower_flushes_no_partial_tile_and_takes_over_from_the_next() {
+    let mut stack = start_stack("ha-restart").await;
+    let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let leader = stack.leader();
+    let follower = 1 - leader;
+    let mut sent = send_for(&socket, stack.statsd, Duration::from_millis(2_000)).await;
+    // Mid 5 s tile: the restarted follower sees only its second half.
+    sleep_until_mid(5_000).await;
+    stack.restart(follower);
+    let restarted_at_ms = now_ms();
+    let partial_tile_end = restarted_at_ms - restarted_at_ms.rem_euclid(5_000) + 5_000;
+    // Past that tile's end, the watermark and the leader's flush mark.
+    sent += send_until(&socket, stack.statsd, partial_tile_end + 2_500).await;
+    assert!(stack.replicas[leader].is_leader(), "the leader kept its place");
+    let restarted = stack.replicas[follower].daemon();
+    wait_until("the restarted follower to let go of what the leader flushed", Duration::from_secs(10), || {
+        restarted.metric("tessera_aggregator_tiles_discarded_total", "reason=\"flushed_by_leader\"") > 0.0
+    })
+    .await;
+    sleep_until_mid_tile().await;
+    stack.replicas[leader].daemon.as_mut().unwrap().kill();
+    let killed_at_ms = now_ms();
+    sent += send_for(&socket, stack.statsd, Duration::from_millis(2_000)).await;
+    wait_until("the restarted follower to take over", Duration::from_secs(15), || stack.replicas[follower].is_leader())
+        .await;
+    sent += send_for(&socket, stack.statsd, Duration::from_millis(2_000)).await;
+    assert_exact(&stack.receiver, sent).await;
+
+    let restarted_id = stack.replicas[follower].id;
+    let restarted = stack.replicas[follower].daemon();
+    let copies = stack.copies_in_flush_order();
+    let partial: Vec<_> = copies
+        .iter()
+        .filter(|(policy, tile_end, copy)| {
+            copy.source == restarted_id && tile_end - resolution_ms(policy) < restarted_at_ms
+        })
+        .collect();
+    assert!(partial.is_empty(), "the restarted follower flushed tiles that began before it started: {partial:?}");
+    assert_eq!(restarted.metric("tessera_aggregator_incomplete_tiles_total", ""), 0.0);
+    // It took over from the tile after the last one the leader flushed, for every policy.
+    for policy in POLICIES {
+        let last_by = |source: &str| {
+            copies.iter().filter(|(p, _, copy)| p == policy && copy.source == source).map(|(_, end, _)| *end).max()
+        };
+        let first_by_restarted = copies
+            .iter()
+            .filter(|(p, _, copy)| p == policy && copy.source == restarted_id)
+            .map(|(_, end, _)| *end)
+            .min();
+        let led_until = last_by(stack.replicas[leader].id).expect("the leader flushed tiles");
+        let first = first_by_restarted.expect("the restarted follower flushed tiles after the takeover");
+        assert!(first > partial_tile_end && led_until >= partial_tile_end, "{policy}: {led_until} then {first}");
+        assert!(first <= led_until + resolution_ms(policy), "{policy}: no gap between {led_until} and {first}");
+    }
+    eprintln!("restarted at {restarted_at_ms}, leader killed at {killed_at_ms}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_etcd_away_one_replica_at_most_flushes_and_no_tile_is_lost() {
+    let stack = start_stack("ha-etcd").await;
+    let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let leader = stack.leader();
+    let mut sent = send_for(&socket, stack.statsd, Duration::from_millis(2_000)).await;
+    sleep_until_mid_tile().await;
+    let etcd_pid = stack.etcd.pid().expect("etcd runs").to_string();
+    let signal_etcd = |signal: &str| {
+        let status = std::process::Command::new("kill").args([signal, &etcd_pid]).status().unwrap();
+        assert!(status.success(), "kill {signal} etcd");
+    };
+    signal_etcd("-STOP");
+    let frozen_at = Instant::now();
+    let frozen_at_ms = now_ms();
+    // Three lease TTLs without etcd: never two replicas flushing.
+    let mut both_leading = 0;
+    while frozen_at.elapsed() < Duration::from_secs(3 * TTL_SECS) {
+        sent += send_for(&socket, stack.statsd, Duration::from_millis(100)).await;
+        both_leading += u32::from(stack.replicas.iter().all(Replica::is_leader));
+    }
+    let old_leader = stack.replicas[leader].daemon();
+    assert_eq!(old_leader.metric("tessera_aggregator_fenced_total", ""), 1.0, "the leader fenced itself off");
+    assert!(stack.replicas.iter().all(|replica| !replica.is_leader()), "nobody flushes while etcd is away");
+    let thawed_at_ms = now_ms();
+    signal_etcd("-CONT");
+    let frozen_for = frozen_at.elapsed();
+    let thawed_at = Instant::now();
+    wait_until("a leader once etcd is back", Duration::from_secs(15), || stack.replicas.iter().any(Replica::is_leader))
+        .await;
+    let leaderless_after_thaw = thawed_at.elapsed();
+    sent += send_for(&socket, stack.statsd, Duration::from_millis(3_000)).await;
+    assert_exact(&stack.receiver, sent).await;
+    assert_eq!(both_leading, 0, "two replicas showed themselves leader at once");
+
+    // In flush order, the flushing replica changes at most once (the old
+    // leader, then whoever won after etcd came back), and nothing was
+    // flushed from one TTL after etcd froze (the leader fenced itself off
+    // before that) until it was back.
+    let copies = stack.copies_in_flush_order();
+    let mut sources: Vec<&str> = copies.iter().map(|(.., copy)| copy.source.as_str()).collect();
+    sources.dedup();
+    assert!(sources.len() <= 2, "flushing replicas in turn: {sources:?}");
+    let fenced = frozen_at_ms + TTL_SECS as i64 * 1_000..thawed_at_ms;
+    let during: Vec<_> = copies.iter().filter(|(.., copy)| fenced.contains(&copy.flushed_at_ms)).collect();
+    assert!(during.is_empty(), "flushed while etcd was away: {during:?}");
+    let leaders: Vec<_> =
+        stack.replicas.iter().filter(|replica| replica.is_leader()).map(|replica| replica.id).collect();
+    eprintln!(
+        "etcd frozen for {frozen_for:?}; a leader {leaderless_after_thaw:?} after it was back; \
+         flushing replicas in turn: {sources:?}; leader now {leaders:?}"
+    );
 }

@@ -323,6 +323,23 @@ pub enum StoreError {
     },
 }
 
+impl StoreError {
+    /// etcd answered that the lease named in the request does not exist
+    /// (it expired, or was revoked): keeping it alive again cannot work, a
+    /// new one must be granted.
+    pub fn is_lease_not_found(&self) -> bool {
+        match self {
+            StoreError::Request { source, .. } => match source.as_ref() {
+                etcd_client::Error::GRpcStatus(status) => status.message().contains("lease not found"),
+                // Opening a keep-alive stream on an expired lease.
+                etcd_client::Error::LeaseKeepAliveError(message) => message.contains("lease not found"),
+                _ => false,
+            },
+            _ => false,
+        }
+    }
+}
+
 /// Starting a [`Watcher`](crate::Watcher) failed.
 #[derive(Debug, thiserror::Error)]
 pub enum WatchError {

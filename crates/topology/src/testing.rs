@@ -68,6 +68,12 @@ impl EtcdServer {
         }
     }
 
+    /// The etcd process id while it runs (to freeze it with SIGSTOP, as a
+    /// hung or partitioned etcd would be).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// Whether the etcd process is still running.
     pub fn is_running(&mut self) -> bool {
         self.child.as_mut().is_some_and(|child| matches!(child.try_wait(), Ok(None)))

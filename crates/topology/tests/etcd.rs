@@ -200,3 +200,30 @@ async fn liveness_registrations_come_and_go() {
     registration.revoke().await.unwrap();
     assert!(store.alive_instances().await.unwrap().is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_that_expired_while_etcd_was_frozen_is_granted_again() {
+    let etcd = start_etcd();
+    let store = PlacementStore::connect(etcd.config("frozen")).await.unwrap();
+    let registration = store.register_instance("agg-a", Duration::from_secs(1)).await.unwrap();
+    let (first_lease, deadline) = registration.deadline().get().expect("granted");
+    assert_eq!(first_lease, registration.lease_id());
+    assert!(registration.deadline().remaining(first_lease) > Duration::ZERO);
+
+    // Frozen (a hung or partitioned etcd) for three TTLs: etcd expires the
+    // lease when it runs again, and the keep-alive must notice and re-register.
+    let pid = etcd.pid().expect("etcd runs").to_string();
+    let signal =
+        |signal: &str| assert!(std::process::Command::new("kill").args([signal, &pid]).status().unwrap().success());
+    signal("-STOP");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(registration.deadline().remaining(first_lease), Duration::ZERO, "{deadline:?} has passed");
+    signal("-CONT");
+    eventually("a new lease holds the key", || async {
+        registration.lease_id() != first_lease && store.alive_instances().await.is_ok_and(|alive| alive == ["agg-a"])
+    })
+    .await;
+    let second_lease = registration.lease_id();
+    assert!(registration.deadline().remaining(second_lease) > Duration::ZERO);
+    assert_eq!(registration.deadline().remaining(first_lease), Duration::ZERO, "nothing lives on the old lease");
+}

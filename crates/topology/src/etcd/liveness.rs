@@ -76,22 +76,32 @@ impl Drop for Registration {
 /// than that, so the deadline errs on the early side; a process paused past
 /// it (or cut off from etcd) sees it passed as soon as it runs again.
 /// This is what fencing rests on ([`Election`](super::election)).
+///
+/// The deadline belongs to one lease: when the lease expired and a new one
+/// was granted, whatever was held on the old one (a leader key) is gone,
+/// and [`remaining`](Self::remaining) for the old id is zero.
 #[derive(Debug, Clone, Default)]
-pub struct LeaseDeadline(Arc<Mutex<Option<Instant>>>);
+pub struct LeaseDeadline(Arc<Mutex<Option<(i64, Instant)>>>);
 
 impl LeaseDeadline {
-    /// When the lease may expire; `None` before the first grant.
-    pub fn get(&self) -> Option<Instant> {
+    /// The current lease and when it may expire; `None` before the first grant.
+    pub fn get(&self) -> Option<(i64, Instant)> {
         *self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// How long the lease is certainly still alive from now (zero if it may have expired).
-    pub fn remaining(&self) -> Duration {
-        self.get().map_or(Duration::ZERO, |deadline| deadline.saturating_duration_since(Instant::now()))
+    /// How long lease `lease_id` is certainly still alive from now: zero if
+    /// it may have expired, or if the current lease is another one.
+    pub fn remaining(&self, lease_id: i64) -> Duration {
+        match self.get() {
+            Some((current, deadline)) if current == lease_id => deadline.saturating_duration_since(Instant::now()),
+            _ => Duration::ZERO,
+        }
     }
 
-    fn set(&self, deadline: Instant) {
-        *self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(deadline);
+    /// Test support: lease `lease_id` certainly lives until `deadline`.
+    #[doc(hidden)]
+    pub fn set(&self, lease_id: i64, deadline: Instant) {
+        *self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some((lease_id, deadline));
     }
 }
 
@@ -112,7 +122,7 @@ pub(crate) async fn register(
     let valid_until = LeaseDeadline::default();
     let sent = Instant::now();
     let lease_id = grant_and_put(&config, &mut client, &key, instance_id, ttl_secs).await?;
-    valid_until.set(sent + Duration::from_secs(ttl_secs as u64));
+    valid_until.set(lease_id, sent + Duration::from_secs(ttl_secs as u64));
     let lease = Arc::new(AtomicI64::new(lease_id));
     let (stop, stop_requests) = oneshot::channel();
     let keeper = KeepAlive {
@@ -163,7 +173,12 @@ impl KeepAlive {
                 stop = &mut stop_requests => return self.stop(stop.ok().flatten()).await,
                 error = self.keep_alive(&mut backoff) => error,
             };
-            tracing::warn!(key = %self.key, %error, "liveness lease keep-alive interrupted; retrying");
+            if error.is_lease_not_found() {
+                // etcd was away longer than the TTL and let the lease expire.
+                self.needs_lease = true;
+            }
+            let reason = std::error::Error::source(&error).map(ToString::to_string);
+            tracing::warn!(key = %self.key, %error, ?reason, "liveness lease keep-alive interrupted; retrying");
             tokio::select! {
                 stop = &mut stop_requests => return self.stop(stop.ok().flatten()).await,
                 () = tokio::time::sleep(backoff.next_delay()) => {}
@@ -184,7 +199,7 @@ impl KeepAlive {
             match grant_and_put(&config, &mut self.client, &key, &self.value, self.ttl_secs).await {
                 Ok(lease_id) => {
                     self.lease_id.store(lease_id, Ordering::Relaxed);
-                    self.valid_until.set(sent + Duration::from_secs(self.ttl_secs as u64));
+                    self.valid_until.set(lease_id, sent + Duration::from_secs(self.ttl_secs as u64));
                     self.needs_lease = false;
                     tracing::info!(%key, lease_id, "liveness lease granted again");
                 }
@@ -218,7 +233,7 @@ impl KeepAlive {
                 self.needs_lease = true;
                 return StoreError::StreamEnded { operation: "lease keep-alive", key, reason: "lease expired".into() };
             }
-            self.valid_until.set(sent + Duration::from_secs(response.ttl() as u64));
+            self.valid_until.set(lease_id, sent + Duration::from_secs(response.ttl() as u64));
             backoff.reset();
             tokio::time::sleep(interval).await;
         }
