@@ -2,7 +2,7 @@
 # Installs what building and testing tessera needs that a fresh Debian machine
 # lacks: protoc (prost-build and etcd-client generate code with it), etcd,
 # Prometheus and VictoriaMetrics (integration tests run against the real
-# servers), Docker, docker-compose, jq and curl (the compose stack test), and
+# servers), Chromium (the dashboard page is tested in a headless browser), Docker, docker-compose, jq and curl (the compose stack test), and
 # starts the Docker daemon when it is installed but not running. Idempotent.
 set -euo pipefail
 
@@ -16,6 +16,7 @@ if [ "${1:-}" != "--build" ]; then
     command -v victoria-metrics >/dev/null || need+=(victoria-metrics)
     command -v docker >/dev/null || need+=(docker.io)
     command -v docker-compose >/dev/null || need+=(docker-compose)
+    command -v chromium >/dev/null || need+=(chromium)
     command -v jq >/dev/null || need+=(jq)
     command -v curl >/dev/null || need+=(curl)
 fi

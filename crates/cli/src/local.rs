@@ -35,7 +35,7 @@ pub struct Args {
     /// (e.g. http://127.0.0.1:9090/api/v1/write).
     #[arg(long)]
     remote_write: Option<String>,
-    /// `/metrics`, `/healthz`, `/readyz` of all three daemons.
+    /// The dashboard page (`/`), `/metrics`, `/healthz`, `/readyz` of all three daemons.
     #[arg(long, default_value = "127.0.0.1:9100")]
     telemetry: SocketAddr,
     /// Shards in the placement.
@@ -156,7 +156,7 @@ async fn run_async(args: Args) -> anyhow::Result<ExitCode> {
     };
     let statsd = pipeline.statsd_addr().unwrap_or(args.statsd);
     println!(
-        "tessera local: statsd on udp+tcp {statsd}, telemetry on http://{}/metrics, writing {sink}. Ctrl-C drains and exits.",
+        "tessera local: statsd on udp+tcp {statsd}, dashboard on http://{}/ (metrics at /metrics), writing {sink}. Ctrl-C drains and exits.",
         args.telemetry
     );
     let mut status = Status::default();

@@ -19,11 +19,14 @@
 //!
 //! | path | answer |
 //! |---|---|
+//! | `GET /` | the live dashboard page ([`dashboard`]): charts of the last 15 minutes of this registry |
+//! | `GET /dashboard/data?since=MS` | the dashboard's points after `since` (unix ms), JSON |
 //! | `GET /metrics` | the registry in OpenMetrics text |
 //! | `GET /healthz` | 200 `ok` while the process runs |
 //! | `GET /readyz` | 200 once every [`Readiness`] condition is met, else 503 naming those that are not |
 //! | `GET /debug/pprof/profile?seconds=N&frequency=HZ&format=pprof\|flamegraph` | a CPU profile of every thread ([`profile`]) |
 //! | `GET /debug/pprof/heap` | 501: no heap profiler (see below) |
+//! | anything else | 404 |
 //!
 //! CPU profiles are sampled in process by walking frame pointers; see [`profile`] for the
 //! parameters and what it costs. Profiles taken, seconds sampled and requests refused are
@@ -50,6 +53,7 @@
 //! assert!(text.contains(r#"tessera_build_info{daemon="collector",version="0.1.0"} 1"#));
 //! ```
 
+pub mod dashboard;
 mod process;
 pub mod profile;
 mod readiness;

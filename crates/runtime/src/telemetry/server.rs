@@ -1,17 +1,18 @@
-//! The HTTP endpoint: `/metrics`, `/healthz`, `/readyz`, `/debug/pprof/profile`,
-//! `/debug/pprof/heap`.
+//! The HTTP endpoint: the dashboard page at `/` (and its assets and data),
+//! `/metrics`, `/healthz`, `/readyz`, `/debug/pprof/profile`, `/debug/pprof/heap`.
 
 use std::io;
 use std::net::SocketAddr;
 
 use axum::Router;
-use axum::extract::{RawQuery, State};
+use axum::extract::{Query, RawQuery, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
+use super::dashboard::{DASHBOARD_CSS, DASHBOARD_JS, Dashboard, INDEX_HTML};
 use super::profile::{ProfileError, ProfileRequest, take_profile};
 use super::{Readiness, Telemetry};
 use crate::Shutdown;
@@ -73,6 +74,7 @@ impl ServerHandle {
 struct Endpoint {
     telemetry: Telemetry,
     readiness: Readiness,
+    dashboard: Dashboard,
     /// A profile in progress ends early when this fires.
     shutdown: Shutdown,
 }
@@ -92,13 +94,22 @@ pub async fn serve(
 ) -> Result<ServerHandle, ServeError> {
     let listener = TcpListener::bind(address).await.map_err(|error| ServeError::Bind { address, error })?;
     let local_addr = listener.local_addr().map_err(|error| ServeError::Bind { address, error })?;
+    let dashboard = Dashboard::start(telemetry.clone(), shutdown.clone());
     let router = Router::new()
+        .route("/", get(|| async { ([(header::CONTENT_TYPE, "text/html; charset=utf-8")], INDEX_HTML) }))
+        .route(
+            "/dashboard.js",
+            get(|| async { ([(header::CONTENT_TYPE, "text/javascript; charset=utf-8")], DASHBOARD_JS) }),
+        )
+        .route("/dashboard.css", get(|| async { ([(header::CONTENT_TYPE, "text/css; charset=utf-8")], DASHBOARD_CSS) }))
+        .route("/dashboard/data", get(dashboard_data))
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/debug/pprof/profile", get(profile))
         .route("/debug/pprof/heap", get(heap))
-        .with_state(Endpoint { telemetry, readiness, shutdown: shutdown.clone() });
+        .fallback(not_found)
+        .with_state(Endpoint { telemetry, readiness, dashboard, shutdown: shutdown.clone() });
     let task = tokio::spawn(async move {
         axum::serve(listener, router).with_graceful_shutdown(async move { shutdown.wait().await }).await
     });
@@ -113,6 +124,23 @@ async fn metrics(State(endpoint): State<Endpoint>) -> Response {
             (StatusCode::INTERNAL_SERVER_ERROR, "a metric failed to encode\n").into_response()
         }
     }
+}
+
+#[derive(serde::Deserialize)]
+struct DataQuery {
+    /// Only points after this time, unix ms (the page's last point).
+    #[serde(default)]
+    since: i64,
+}
+
+async fn dashboard_data(State(endpoint): State<Endpoint>, Query(query): Query<DataQuery>) -> Response {
+    let json = endpoint.dashboard.to_json(endpoint.telemetry.daemon(), query.since);
+    ([(header::CONTENT_TYPE, "application/json"), (header::CACHE_CONTROL, "no-store")], json).into_response()
+}
+
+async fn not_found() -> Response {
+    let message = "not found; this endpoint serves / (dashboard), /metrics, /healthz, /readyz, /debug/pprof/profile\n";
+    (StatusCode::NOT_FOUND, message).into_response()
 }
 
 async fn healthz() -> &'static str {
