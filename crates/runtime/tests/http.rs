@@ -77,6 +77,22 @@ async fn serves_metrics_health_readiness_and_stops_on_shutdown() {
 
     let unknown = get(address, "/nope").await.expect("404 answer");
     assert_eq!(unknown.status, 404);
+    assert!(unknown.body.contains("/metrics"), "the 404 names the paths served: {}", unknown.body);
+
+    // The dashboard page and its assets, self-contained: nothing loaded from another origin.
+    let page = get(address, "/").await.expect("dashboard answer");
+    assert_eq!(page.status, 200);
+    assert!(page.head.to_ascii_lowercase().contains("content-type: text/html"), "{}", page.head);
+    assert!(page.body.contains("src=\"/dashboard.js\"") && page.body.contains("href=\"/dashboard.css\""));
+    for asset in ["/dashboard.js", "/dashboard.css"] {
+        let answer = get(address, asset).await.expect("asset answer");
+        assert_eq!(answer.status, 200, "{asset}");
+        let body = answer.body.replace("http://www.w3.org/2000/svg", "");
+        assert!(!body.contains("http://") && !body.contains("https://"), "{asset} loads nothing from elsewhere");
+    }
+    let data = get(address, "/dashboard/data?since=0").await.expect("dashboard data answer");
+    assert_eq!(data.status, 200);
+    assert!(data.body.contains("\"daemon\":\"testd\""), "{}", data.body);
 
     // A long profile in progress does not hold shutdown back: it ends early.
     let profiling = tokio::spawn(async move { get(address, "/debug/pprof/profile?seconds=300").await });
