@@ -163,6 +163,10 @@ pub struct IngesterConfig {
     pub reconnect_max_ms: u64,
     /// On SIGTERM, how long to keep delivering buffered tiles.
     pub shutdown_grace_secs: u64,
+    /// With nothing to send for this long, send an empty tile batch (a heartbeat) so
+    /// that the ingester's `idle_timeout_ms` (30 s by default) does not close a healthy
+    /// connection.
+    pub heartbeat_ms: u64,
 }
 
 impl Default for IngesterConfig {
@@ -176,6 +180,7 @@ impl Default for IngesterConfig {
             reconnect_min_ms: 100,
             reconnect_max_ms: 5_000,
             shutdown_grace_secs: 10,
+            heartbeat_ms: 10_000,
         }
     }
 }
@@ -312,6 +317,9 @@ impl IngesterConfig {
         }
         if self.connect_timeout_ms == 0 || self.ack_timeout_ms == 0 {
             return invalid("ingester.connect_timeout_ms", "timeouts must be at least 1 ms");
+        }
+        if self.heartbeat_ms < 100 {
+            return invalid("ingester.heartbeat_ms", "must be at least 100");
         }
         if self.reconnect_min_ms == 0 || self.reconnect_min_ms > self.reconnect_max_ms {
             return invalid("ingester.reconnect_min_ms", "must be at least 1 and at most reconnect_max_ms");

@@ -27,6 +27,15 @@ use crate::metrics::{DestinationMetrics, Metrics};
 /// One ingester endpoint's bounded buffer of framed tile batches.
 pub type OutboundQueue = outbound::OutboundQueue<DestinationMetrics>;
 
+/// A heartbeat for an idle ingester connection: an empty tile batch, sequence 0. The
+/// ingester acknowledges it without queueing anything.
+pub fn heartbeat_frame() -> Vec<u8> {
+    let frame =
+        tessera_proto::Frame { body: Some(tessera_proto::frame::Body::Tiles(tessera_proto::TileBatch::default())) };
+    tessera_proto::framing::encode_frame(&frame, tessera_proto::framing::DEFAULT_MAX_FRAME_BYTES)
+        .expect("an empty tile batch is far under the frame limit")
+}
+
 /// Keeps metric labels to a closed set whatever an ingester answers.
 pub fn rejection_label(reason: &str) -> &'static str {
     match reason {

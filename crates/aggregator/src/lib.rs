@@ -66,7 +66,7 @@ use ingester::Ingesters;
 use leadership::Leadership;
 pub use metrics::Metrics;
 use server::ServerSettings;
-use tessera_runtime::outbound::SenderSettings;
+use tessera_runtime::outbound::{Heartbeat, SenderSettings};
 use tiler::{Tiler, TilerSettings};
 
 /// Why the aggregator could not start.
@@ -182,6 +182,10 @@ impl Aggregator {
             reconnect_min: Duration::from_millis(config.ingester.reconnect_min_ms),
             reconnect_max: Duration::from_millis(config.ingester.reconnect_max_ms),
             rejection_label: ingester::rejection_label,
+            heartbeat: Some(Heartbeat {
+                after: Duration::from_millis(config.ingester.heartbeat_ms),
+                frame: ingester::heartbeat_frame,
+            }),
         };
         ingesters.spawn_senders(&sender_settings, &stop_senders);
 

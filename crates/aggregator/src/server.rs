@@ -12,10 +12,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use crossbeam_channel::Sender;
-use tessera_proto::framing::{self, FrameError, LENGTH_PREFIX_BYTES};
+use tessera_proto::framing;
 use tessera_proto::{Frame, frame::Body};
+use tessera_runtime::inbound::{self, AcceptSettings, InboundCounters, WireConnection, WireDeadlines, WireError};
 use tessera_runtime::{RateLimitedLog, Shutdown};
-use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
 
@@ -43,6 +43,21 @@ pub struct ServerSettings {
     pub idle_timeout: Duration,
 }
 
+impl InboundCounters for Metrics {
+    fn accept_error(&self) {
+        self.accept_errors.inc();
+    }
+    fn refused(&self) {
+        self.frame_error("too_many_connections");
+    }
+    fn opened(&self) {
+        self.connections.inc();
+    }
+    fn closed(&self) {
+        self.connections.dec();
+    }
+}
+
 /// Accepts connections until `shutdown` fires.
 pub async fn accept_loop(
     listener: TcpListener,
@@ -51,162 +66,81 @@ pub async fn accept_loop(
     metrics: Metrics,
     shutdown: Shutdown,
 ) {
-    loop {
-        let accepted = tokio::select! {
-            accepted = listener.accept() => accepted,
-            () = shutdown.wait() => return,
-        };
-        let (stream, peer) = match accepted {
-            Ok(accepted) => accepted,
-            Err(error) => {
-                // Out of file descriptors and the like: wait a little rather than spin.
-                metrics.accept_errors.inc();
-                tracing::warn!(%error, "accepting a connection failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        if metrics.connections.get() >= settings.max_connections as i64 {
-            metrics.frame_error("too_many_connections");
-            if CONNECTION_LOG.allow() {
-                tracing::warn!(%peer, max = settings.max_connections, "too many connections; closing a new one");
-            }
-            continue;
+    let accept = AcceptSettings { max_connections: settings.max_connections, peer: "collector" };
+    let serve = {
+        let (metrics, shutdown) = (metrics.clone(), shutdown.clone());
+        move |stream: TcpStream, peer: SocketAddr| {
+            let (jobs, settings, metrics, shutdown) =
+                (jobs.clone(), settings.clone(), metrics.clone(), shutdown.clone());
+            async move { serve_connection(stream, peer, &jobs, &settings, &metrics, &shutdown).await }
         }
-        let _ = stream.set_nodelay(true);
-        metrics.connections.inc();
-        let (jobs, settings, metrics, shutdown) = (jobs.clone(), settings.clone(), metrics.clone(), shutdown.clone());
-        tokio::spawn(async move {
-            serve_connection(stream, peer, &jobs, &settings, &metrics, &shutdown).await;
-            metrics.connections.dec();
-        });
-    }
+    };
+    inbound::accept_loop(listener, accept, metrics, &CONNECTION_LOG, shutdown, serve).await;
 }
 
 async fn serve_connection(
-    mut stream: TcpStream,
+    stream: TcpStream,
     peer: SocketAddr,
     jobs: &Sender<Inbound>,
     settings: &ServerSettings,
     metrics: &Metrics,
     shutdown: &Shutdown,
 ) {
-    let handshake =
-        tokio::time::timeout(settings.handshake_timeout, framing::server_handshake(&mut stream, &settings.instance_id));
-    let handshake = tokio::select! {
-        handshake = handshake => handshake,
-        () = shutdown.wait() => return,
+    let deadlines = WireDeadlines { handshake: settings.handshake_timeout, idle: settings.idle_timeout };
+    let accepted = WireConnection::accept(stream, &settings.instance_id, deadlines, settings.max_frame_bytes, shutdown);
+    let mut wire = match accepted.await {
+        Ok(wire) => wire,
+        Err(error) => return closed(metrics, peer, "", &error),
     };
-    let hello = match handshake {
-        Ok(Ok(hello)) => hello,
-        Ok(Err(error)) => {
-            metrics.frame_error("handshake");
-            if CONNECTION_LOG.allow() {
-                tracing::warn!(%peer, error = %error_chain(&error), "handshake failed");
-            }
-            return;
-        }
-        Err(_) => {
-            metrics.frame_error("handshake");
-            return;
-        }
-    };
-    tracing::debug!(%peer, source = %hello.instance_id, "collector connected");
+    let source = wire.hello.instance_id.clone();
+    tracing::debug!(%peer, %source, "collector connected");
     let connection = NEXT_CONNECTION.fetch_add(1, Ordering::Relaxed);
-    if jobs.send(Inbound::Opened { connection, source: hello.instance_id.clone() }).is_err() {
+    if jobs.send(Inbound::Opened { connection, source: source.clone() }).is_err() {
         return;
     }
-    serve_frames(&mut stream, peer, connection, &hello.instance_id, jobs, settings, metrics, shutdown).await;
+    if let Err(error) = serve_frames(&mut wire, connection, jobs, shutdown).await {
+        closed(metrics, peer, &source, &error);
+    }
     // Whatever ended the connection, it holds no tile back any more.
     let _ = jobs.send(Inbound::Closed { connection });
 }
 
-/// Reads frames and writes their answers until the connection ends.
-#[allow(clippy::too_many_arguments)]
-async fn serve_frames(
-    stream: &mut TcpStream,
-    peer: SocketAddr,
-    connection: u64,
-    source: &str,
-    jobs: &Sender<Inbound>,
-    settings: &ServerSettings,
-    metrics: &Metrics,
-    shutdown: &Shutdown,
-) {
-    loop {
-        let read = tokio::select! {
-            read = tokio::time::timeout(settings.idle_timeout, read_raw_frame(stream, settings.max_frame_bytes)) => read,
-            () = shutdown.wait() => return,
-        };
-        let Ok(read) = read else {
-            metrics.frame_error("idle_timeout");
-            if CONNECTION_LOG.allow() {
-                tracing::warn!(%peer, source, idle = ?settings.idle_timeout, "closing a silent connection");
-            }
-            return;
-        };
-        let frame = match read {
-            Ok(frame) => frame,
-            Err(FrameError::Closed) => return,
-            Err(error) => {
-                let reason = if matches!(error, FrameError::TooLarge { .. }) { "too_large" } else { "io" };
-                metrics.frame_error(reason);
-                if CONNECTION_LOG.allow() {
-                    tracing::warn!(%peer, source, error = %error_chain(&error), "closing connection");
-                }
-                return;
-            }
-        };
-        let (reply, answer) = oneshot::channel();
-        if jobs.send(Inbound::Frame(FrameJob { connection, frame, reply })).is_err() {
-            return;
-        }
-        let Ok(reply) = answer.await else { return };
-        match reply {
-            Reply::Ack(ack) => {
-                let frame = Frame { body: Some(Body::Ack(ack)) };
-                if framing::write_frame(stream, &frame, 1 << 20).await.is_err() {
-                    return;
-                }
-            }
-            Reply::Close { reason, message } => {
-                if CONNECTION_LOG.allow() {
-                    tracing::warn!(%peer, source, reason, %message, "closing connection");
-                }
-                return;
-            }
+/// Counts and logs (at a limited rate) why a connection ended, unless it ended cleanly.
+fn closed(metrics: &Metrics, peer: SocketAddr, source: &str, error: &WireError) {
+    if let Some(reason) = error.reason() {
+        metrics.frame_error(reason);
+        if CONNECTION_LOG.allow() {
+            tracing::warn!(%peer, source, reason, error = %error_chain(error), "closing connection");
         }
     }
 }
 
-/// Reads one frame's bytes (length prefix included) without decoding it.
-pub async fn read_raw_frame<R: AsyncRead + Unpin>(
-    reader: &mut R,
-    max_frame_bytes: usize,
-) -> Result<Vec<u8>, FrameError> {
-    let len = framing::read_length_prefix(reader, max_frame_bytes).await?;
-    let mut frame = vec![0; LENGTH_PREFIX_BYTES + len];
-    frame[..LENGTH_PREFIX_BYTES].copy_from_slice(&(len as u32).to_be_bytes());
-    reader.read_exact(&mut frame[LENGTH_PREFIX_BYTES..]).await?;
-    Ok(frame)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[tokio::test]
-    async fn raw_frames_keep_their_prefix_and_oversized_ones_are_refused_early() {
-        let ack = Frame { body: Some(Body::Ack(tessera_proto::Ack { sequence: 4, ..Default::default() })) };
-        let bytes = framing::encode_frame(&ack, 1024).unwrap();
-        let (mut a, mut b) = tokio::io::duplex(1 << 16);
-        tokio::io::AsyncWriteExt::write_all(&mut a, &bytes).await.unwrap();
-        tokio::io::AsyncWriteExt::write_all(&mut a, &(1_000_000u32).to_be_bytes()).await.unwrap();
-        drop(a);
-        let raw = read_raw_frame(&mut b, 1024).await.unwrap();
-        assert_eq!(raw, bytes);
-        assert_eq!(framing::decode_frame(&raw, 1024).unwrap().unwrap().0, ack);
-        assert!(matches!(read_raw_frame(&mut b, 1024).await, Err(FrameError::TooLarge { len: 1_000_000, .. })));
-        assert!(matches!(read_raw_frame(&mut b, 1024).await, Err(FrameError::Closed)));
+/// Reads frames and writes their answers until the connection ends; `Ok` when
+/// the pipeline closed it (it logged why) or is gone.
+async fn serve_frames(
+    wire: &mut WireConnection,
+    connection: u64,
+    jobs: &Sender<Inbound>,
+    shutdown: &Shutdown,
+) -> Result<(), WireError> {
+    loop {
+        let frame = wire.next_frame(true, shutdown).await?;
+        let (reply, answer) = oneshot::channel();
+        if jobs.send(Inbound::Frame(FrameJob { connection, frame, reply })).is_err() {
+            return Ok(());
+        }
+        let Ok(reply) = answer.await else { return Ok(()) };
+        match reply {
+            Reply::Ack(ack) => {
+                let frame = Frame { body: Some(Body::Ack(ack)) };
+                framing::write_frame(&mut wire.stream, &frame, 1 << 20).await?;
+            }
+            Reply::Close { reason, message } => {
+                if CONNECTION_LOG.allow() {
+                    tracing::warn!(source = %wire.hello.instance_id, reason, %message, "closing connection");
+                }
+                return Ok(());
+            }
+        }
     }
 }

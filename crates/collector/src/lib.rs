@@ -204,6 +204,7 @@ impl Collector {
                 reconnect_min: Duration::from_millis(config.forward.reconnect_min_ms),
                 reconnect_max: Duration::from_millis(config.forward.reconnect_max_ms),
                 rejection_label: forward::rejection_label,
+                heartbeat: None,
             },
             readers: readers.len(),
         };

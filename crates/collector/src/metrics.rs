@@ -32,6 +32,7 @@ pub struct Metrics {
     events_received: Family<Labels, Counter>,
     parse_errors: Family<Labels, Counter>,
     receive_errors: Family<Labels, Counter>,
+    connections: Family<Labels, Gauge>,
     /// Kernel receive-queue drops per UDP socket, read from `/proc/net/udp`.
     pub kernel_drops: Family<Labels, Counter>,
     drops: Family<Labels, Counter>,
@@ -73,6 +74,7 @@ impl Default for Metrics {
             events_received: Family::default(),
             parse_errors: Family::default(),
             receive_errors: Family::default(),
+            connections: Family::default(),
             kernel_drops: Family::default(),
             drops: Family::default(),
             active_series: Gauge::default(),
@@ -127,6 +129,11 @@ impl Metrics {
             "tessera_collector_receive_errors",
             "Receive (UDP, Unix) or accept (TCP) calls that failed, per listener",
             self.receive_errors.clone(),
+        );
+        r.register(
+            "tessera_collector_connections",
+            "Statsd TCP connections open, per listener",
+            self.connections.clone(),
         );
         r.register(
             "tessera_collector_kernel_drops",
@@ -245,6 +252,7 @@ impl Metrics {
             events: self.events_received.get_or_create(&by_listener).clone(),
             parse_errors,
             receive_errors: self.receive_errors.get_or_create(&by_listener).clone(),
+            connections: self.connections.get_or_create(&by_listener).clone(),
             series_limit: drops("series_limit", "lines"),
             truncated: drops("truncated", "datagrams"),
             refused_connections: drops("too_many_connections", "connections"),
@@ -302,6 +310,8 @@ pub struct ListenerMetrics {
     events: Counter,
     parse_errors: Vec<Counter>,
     receive_errors: Counter,
+    /// Connections open (TCP).
+    connections: Gauge,
     /// Lines of new series refused because a reader's table was full.
     series_limit: Counter,
     /// Datagrams the kernel cut at the buffer size (their last line is lost).
@@ -340,12 +350,24 @@ impl ListenerMetrics {
     pub fn receive_error(&self) {
         self.receive_errors.inc();
     }
+}
 
-    /// Counts a connection refused over the connection cap.
-    pub fn refused_connection(&self) {
+impl tessera_runtime::inbound::InboundCounters for ListenerMetrics {
+    fn accept_error(&self) {
+        self.receive_errors.inc();
+    }
+    fn refused(&self) {
         self.refused_connections.inc();
     }
+    fn opened(&self) {
+        self.connections.inc();
+    }
+    fn closed(&self) {
+        self.connections.dec();
+    }
+}
 
+impl ListenerMetrics {
     /// Metric lines accepted so far (for tests and the status line).
     pub fn lines(&self) -> u64 {
         self.lines.get()

@@ -12,6 +12,9 @@
 //! max_frame_bytes = 67108864
 //! # Most aggregator connections at once.
 //! max_connections = 256
+//! # An aggregator connection silent this long after its handshake is closed
+//! # (aggregators send a heartbeat when they have had nothing to send for a while).
+//! idle_timeout_ms = 30000
 //! # Queue segments (<data_dir>/queue/<target>/), file sink output
 //! # (<data_dir>/openmetrics/<target>/) and the rejected-samples log.
 //! data_dir = "./data/ingester"
@@ -85,6 +88,12 @@ pub struct Config {
     /// Most aggregator connections at once; one more is closed at once and counted
     /// (`frame_errors_total{reason="too_many_connections"}`).
     pub max_connections: usize,
+    /// After its handshake, an aggregator connection with no frame for this long is
+    /// closed and counted (`frame_errors_total{reason="idle_timeout"}`); a connection that
+    /// sent its handshake and went silent would otherwise hold a slot forever. Aggregators
+    /// send an empty tile batch (a heartbeat) after `[ingester] heartbeat_ms` (10 s by
+    /// default) with nothing to send, well within this.
+    pub idle_timeout_ms: u64,
     /// Root of the queue, the file sink output and the rejected-samples log.
     pub data_dir: PathBuf,
     /// How long in-flight storage requests may take to finish on shutdown, seconds.
@@ -114,6 +123,7 @@ impl Default for Config {
             listen: "127.0.0.1:7500".parse().expect("valid address"),
             max_frame_bytes: tessera_proto::framing::DEFAULT_MAX_FRAME_BYTES,
             max_connections: 256,
+            idle_timeout_ms: 30_000,
             data_dir: PathBuf::from("./data/ingester"),
             shutdown_grace_secs: 10,
             rejected_log_max_bytes: 64 << 20,
@@ -325,6 +335,9 @@ impl Config {
         }
         if self.max_connections == 0 {
             return invalid("max_connections", "must be at least 1");
+        }
+        if self.idle_timeout_ms < 1_000 {
+            return invalid("idle_timeout_ms", "must be at least 1000");
         }
         if self.queue.segment_max_bytes < 4096 {
             return invalid("queue.segment_max_bytes", "must be at least 4096");

@@ -8,6 +8,11 @@
 //! that aggregators hold their tiles and send them again: backpressure, never a silent
 //! drop.
 //!
+//! Connections are accepted through [`tessera_runtime::inbound`]: over `max_connections`
+//! a new one is closed at once, the handshake has a deadline, and after it a connection
+//! silent for `idle_timeout_ms` is closed (`reason="idle_timeout"`). An empty tile batch
+//! is an aggregator's heartbeat: acknowledged, nothing queued.
+//!
 //! A frame that cannot be trusted ends its connection and only its connection: a
 //! declared length over `max_frame_bytes` (refused before its body is read), bytes that
 //! are not a frame, a frame without a body, a failed handshake. Each is counted in
@@ -18,15 +23,15 @@
 pub mod writer;
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tessera_proto::framing::{self, FrameError};
 use tessera_proto::{Ack, AckStatus, Frame, frame::Body};
+use tessera_runtime::inbound::{self, AcceptSettings, InboundCounters, WireConnection, WireDeadlines, WireError};
 use tessera_runtime::{RateLimitedLog, Shutdown};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot};
 
 use crate::metrics::Metrics;
 pub use writer::{Job, Verdict};
@@ -44,9 +49,29 @@ pub struct IntakeSettings {
     pub max_connections: usize,
     /// Deadline for the client's handshake.
     pub handshake_timeout: Duration,
+    /// After the handshake, the longest silence before a connection is closed.
+    pub idle_timeout: Duration,
 }
 
-/// Accepts connections until `stop` fires.
+impl InboundCounters for Metrics {
+    fn accept_error(&self) {
+        self.accept_errors.inc();
+    }
+    fn refused(&self) {
+        self.frame_error("too_many_connections");
+    }
+    fn opened(&self) {
+        self.connections_accepted.inc();
+        self.connections.inc();
+    }
+    fn closed(&self) {
+        self.connections.dec();
+    }
+}
+
+/// Accepts connections until `stop` fires. Over the cap, a connection is refused rather
+/// than left waiting in the backlog: a silent client holding slots must not stall the
+/// aggregators behind it.
 pub async fn accept_loop(
     listener: TcpListener,
     jobs: mpsc::Sender<Job>,
@@ -54,82 +79,41 @@ pub async fn accept_loop(
     metrics: Metrics,
     stop: Shutdown,
 ) {
-    let slots = Arc::new(Semaphore::new(settings.max_connections.max(1)));
-    loop {
-        let (stream, peer) = tokio::select! {
-            () = stop.wait() => return,
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(error) => {
-                    metrics.accept_errors.inc();
-                    tracing::warn!(%error, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-        };
-        // Over the cap, refuse rather than leave the connection waiting in the backlog: a
-        // silent client holding slots must not stall the aggregators behind it.
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
-            metrics.frame_error("too_many_connections");
-            if FRAME_ERROR_LOG.allow() {
-                tracing::warn!(%peer, max = settings.max_connections, "too many connections; closing a new one");
-            }
-            drop(stream);
-            continue;
-        };
-        let _ = stream.set_nodelay(true);
-        metrics.connections_accepted.inc();
-        let (jobs, settings, metrics, stop) = (jobs.clone(), settings.clone(), metrics.clone(), stop.clone());
-        tokio::spawn(async move {
-            metrics.connections.inc();
-            connection(stream, peer, jobs, &settings, &metrics, stop).await;
-            metrics.connections.dec();
-            drop(slot);
-        });
-    }
+    let accept = AcceptSettings { max_connections: settings.max_connections, peer: "aggregator" };
+    let serve = {
+        let (metrics, stop) = (metrics.clone(), stop.clone());
+        move |stream: TcpStream, peer: SocketAddr| {
+            let (jobs, settings, metrics, stop) = (jobs.clone(), settings.clone(), metrics.clone(), stop.clone());
+            async move { connection(stream, peer, jobs, &settings, &metrics, &stop).await }
+        }
+    };
+    inbound::accept_loop(listener, accept, metrics, &FRAME_ERROR_LOG, stop, serve).await;
 }
 
 async fn connection(
-    mut stream: TcpStream,
+    stream: TcpStream,
     peer: SocketAddr,
     jobs: mpsc::Sender<Job>,
     settings: &IntakeSettings,
     metrics: &Metrics,
-    stop: Shutdown,
+    stop: &Shutdown,
 ) {
-    let hello =
-        tokio::time::timeout(settings.handshake_timeout, framing::server_handshake(&mut stream, &settings.instance_id))
-            .await;
-    let source = match hello {
-        Ok(Ok(hello)) => hello.instance_id,
-        Ok(Err(error)) => {
-            frame_error(metrics, peer, "handshake", &error.to_string());
-            return;
-        }
-        Err(_) => {
-            frame_error(metrics, peer, "handshake", "no handshake within the timeout");
-            return;
-        }
-    };
-    tracing::debug!(%peer, source, "aggregator connected");
-    loop {
-        let read = tokio::select! {
-            () = stop.wait() => return,
-            read = read_body(&mut stream, settings.max_frame_bytes) => read,
+    let deadlines = WireDeadlines { handshake: settings.handshake_timeout, idle: settings.idle_timeout };
+    let mut wire =
+        match WireConnection::accept(stream, &settings.instance_id, deadlines, settings.max_frame_bytes, stop).await {
+            Ok(wire) => wire,
+            Err(error) => return ended(metrics, peer, &error),
         };
-        let body = match read {
+    tracing::debug!(%peer, source = %wire.hello.instance_id, "aggregator connected");
+    loop {
+        let body = match wire.next_frame(false, stop).await {
             Ok(body) => body,
-            Err(FrameError::Closed) => return,
-            Err(FrameError::TooLarge { len, max }) => {
-                let message = format!("frame of {len} bytes exceeds the maximum of {max} bytes");
-                frame_error(metrics, peer, "too_large", &message);
-                refuse(&mut stream, "frame_too_large", message).await;
-                return;
-            }
             Err(error) => {
-                frame_error(metrics, peer, "io", &error.to_string());
-                return;
+                if let WireError::Frame(FrameError::TooLarge { len, max }) = error {
+                    let message = format!("frame of {len} bytes exceeds the maximum of {max} bytes");
+                    refuse(&mut wire.stream, "frame_too_large", message).await;
+                }
+                return ended(metrics, peer, &error);
             }
         };
         let (reply, verdict) = oneshot::channel();
@@ -141,17 +125,26 @@ async fn connection(
         match verdict {
             Verdict::Ack(ack) => {
                 let frame = Frame { body: Some(Body::Ack(ack)) };
-                if let Err(error) = framing::write_frame(&mut stream, &frame, framing::DEFAULT_MAX_FRAME_BYTES).await {
+                if let Err(error) =
+                    framing::write_frame(&mut wire.stream, &frame, framing::DEFAULT_MAX_FRAME_BYTES).await
+                {
                     tracing::debug!(%peer, %error, "cannot send an acknowledgement; closing");
                     return;
                 }
             }
             Verdict::Close { reason, message } => {
                 frame_error(metrics, peer, reason, &message);
-                refuse(&mut stream, "malformed_frame", message).await;
+                refuse(&mut wire.stream, "malformed_frame", message).await;
                 return;
             }
         }
+    }
+}
+
+/// Counts and logs why a connection ended, unless it ended cleanly.
+fn ended(metrics: &Metrics, peer: SocketAddr, error: &WireError) {
+    if let Some(reason) = error.reason() {
+        frame_error(metrics, peer, reason, &tessera_runtime::logging::error_chain(error));
     }
 }
 
@@ -172,13 +165,4 @@ async fn refuse(stream: &mut TcpStream, reason: &str, message: String) {
     )
     .await;
     let _ = tokio::time::timeout(Duration::from_secs(1), stream.shutdown()).await;
-}
-
-/// Reads one frame's body, refusing a declared length over `max_frame_bytes` before
-/// reading any of it. [`FrameError::Closed`] when the stream ends between frames.
-pub async fn read_body<R: AsyncRead + Unpin>(reader: &mut R, max_frame_bytes: usize) -> Result<Vec<u8>, FrameError> {
-    let len = framing::read_length_prefix(reader, max_frame_bytes).await?;
-    let mut body = vec![0u8; len];
-    reader.read_exact(&mut body).await?;
-    Ok(body)
 }

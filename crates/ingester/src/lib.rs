@@ -251,6 +251,7 @@ impl Ingester {
             max_frame_bytes: config.max_frame_bytes,
             max_connections: config.max_connections,
             handshake_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_millis(config.idle_timeout_ms),
         };
         tokio::spawn(accept_loop(listener, jobs, settings, metrics.clone(), shutdown.clone()));
 

@@ -9,6 +9,7 @@
 //! |---|---|---|
 //! | `tessera_ingester_connections_accepted_total` | counter | |
 //! | `tessera_ingester_accept_errors_total` | counter | |
+//! | `tessera_ingester_heartbeats_total` | counter | |
 //! | `tessera_ingester_connections` | gauge | |
 //! | `tessera_ingester_frame_errors_total` | counter | `reason` |
 //! | `tessera_ingester_batches_received_total`, `_bytes_received_total`, `_tiles_received_total` | counter | |
@@ -159,6 +160,8 @@ pub struct Metrics {
     pub connections_accepted: Counter,
     /// Failed `accept` calls on the wire listener (out of file descriptors and the like).
     pub accept_errors: Counter,
+    /// Empty tile batches (aggregators' heartbeats) acknowledged.
+    pub heartbeats: Counter,
     /// Connections open now.
     pub connections: Gauge,
     frame_errors: Family<Labels, Counter>,
@@ -205,6 +208,7 @@ impl Default for Metrics {
         Metrics {
             connections_accepted: Counter::default(),
             accept_errors: Counter::default(),
+            heartbeats: Counter::default(),
             connections: Gauge::default(),
             frame_errors: Family::default(),
             batches_received: Counter::default(),
@@ -254,6 +258,11 @@ impl Metrics {
             "tessera_ingester_accept_errors",
             "Failed accept calls on the wire listener",
             self.accept_errors.clone(),
+        );
+        r.register(
+            "tessera_ingester_heartbeats",
+            "Empty tile batches acknowledged without queueing (aggregators keeping an idle connection open)",
+            self.heartbeats.clone(),
         );
         r.register("tessera_ingester_connections", "Wire connections open", self.connections.clone());
         r.register(

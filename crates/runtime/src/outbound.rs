@@ -369,6 +369,20 @@ pub struct SenderSettings {
     pub reconnect_max: Duration,
     /// Maps the reason of a permanent refusal to a closed set of metric labels.
     pub rejection_label: fn(&str) -> &'static str,
+    /// Keeps an idle connection open; `None`: the sender sends often enough on its own
+    /// (a collector sends every window).
+    pub heartbeat: Option<Heartbeat>,
+}
+
+/// When connected and idle for `after`, send `frame()` (a batch with nothing in it,
+/// sequence 0), so that the receiver's idle deadline ([`crate::inbound`]) does not
+/// close a healthy connection.
+#[derive(Debug, Clone, Copy)]
+pub struct Heartbeat {
+    /// Idle time before a heartbeat.
+    pub after: Duration,
+    /// Builds the heartbeat frame, length prefix included.
+    pub frame: fn() -> Vec<u8>,
 }
 
 /// Runs the sender of `queue` until `stop` fires.
@@ -377,7 +391,7 @@ pub async fn run_sender<M: OutboundMetrics>(queue: Arc<OutboundQueue<M>>, settin
     let peer = settings.peer;
     let mut backoff = Backoff::new(settings.reconnect_min, settings.reconnect_max);
     loop {
-        if !wait_for_work(&queue, &stop).await {
+        if !matches!(wait_for_work(&queue, &stop, None).await, Wait::Work) {
             return;
         }
         let connecting = client::connect(&endpoint, settings.role, &settings.source, settings.connect_timeout);
@@ -399,9 +413,24 @@ pub async fn run_sender<M: OutboundMetrics>(queue: Arc<OutboundQueue<M>>, settin
         backoff.reset();
         let mut scratch = Vec::new();
         loop {
-            if !wait_for_work(&queue, &stop).await {
-                queue.set_connected(false);
-                return;
+            match wait_for_work(&queue, &stop, settings.heartbeat.map(|heartbeat| heartbeat.after)).await {
+                Wait::Work => {}
+                Wait::Stop => {
+                    queue.set_connected(false);
+                    return;
+                }
+                Wait::Heartbeat => {
+                    let Some(heartbeat) = settings.heartbeat else { continue };
+                    let frame = (heartbeat.frame)();
+                    let exchanged = client::exchange(&mut stream, &frame, 0, &mut scratch, settings.ack_timeout);
+                    if let Err(error) = exchanged.await {
+                        queue.metrics.send_error(error.reason());
+                        tracing::warn!(%endpoint, peer, error = %error_chain(&error), "heartbeat failed; reconnecting");
+                        queue.set_connected(false);
+                        break;
+                    }
+                    continue;
+                }
             }
             let Some(batch) = queue.pop_front() else { continue };
             if batch.refs.as_ref().is_some_and(|refs| refs.generation != queue.generation()) {
@@ -486,17 +515,35 @@ fn expand_stale<M: OutboundMetrics>(queue: &OutboundQueue<M>, mut batch: Batch) 
     queue.finish_in_flight();
 }
 
-async fn wait_for_work<M: OutboundMetrics>(queue: &OutboundQueue<M>, stop: &Shutdown) -> bool {
+/// What the sender waits for next.
+enum Wait {
+    /// A batch is queued.
+    Work,
+    /// Idle for the heartbeat interval.
+    Heartbeat,
+    /// Stop.
+    Stop,
+}
+
+async fn wait_for_work<M: OutboundMetrics>(
+    queue: &OutboundQueue<M>,
+    stop: &Shutdown,
+    heartbeat: Option<Duration>,
+) -> Wait {
+    let heartbeat_at = heartbeat.map(|after| tokio::time::Instant::now() + after);
     loop {
         if stop.is_triggered() {
-            return false;
+            return Wait::Stop;
         }
         if queue.has_batches() {
-            return true;
+            return Wait::Work;
+        }
+        if heartbeat_at.is_some_and(|at| tokio::time::Instant::now() >= at) {
+            return Wait::Heartbeat;
         }
         tokio::select! {
             () = queue.notify.notified() => {}
-            () = stop.wait() => return false,
+            () = stop.wait() => return Wait::Stop,
             // A notification can race the check above; look again now and then.
             () = tokio::time::sleep(Duration::from_millis(200)) => {}
         }

@@ -42,6 +42,7 @@ fn harness(readers: usize) -> Harness {
             reconnect_min: Duration::from_millis(100),
             reconnect_max: Duration::from_millis(100),
             rejection_label: crate::forward::rejection_label,
+            heartbeat: None,
         },
         readers,
     };

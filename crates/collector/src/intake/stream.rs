@@ -8,12 +8,12 @@
 //! last line of a connection is taken at close even without a newline.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TrySendError};
 use tessera_core::parse::RejectReason;
+use tessera_runtime::RateLimitedLog;
+use tessera_runtime::inbound::{self, AcceptSettings};
 use tessera_runtime::shutdown::Shutdown;
 use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};
@@ -35,7 +35,12 @@ pub struct StreamSettings {
     pub max_connections: usize,
 }
 
-/// Accepts connections until `shutdown`, feeding `lines`.
+static CONNECTION_LOG: RateLimitedLog = RateLimitedLog::new("collector.tcp_connection", 5);
+
+/// Accepts connections until `shutdown`, feeding `lines`; over `max_connections` a new
+/// connection is closed at once and counted (`drops_total{reason="too_many_connections"}`).
+/// Statsd clients may keep a connection idle for long, so there is no idle deadline: a
+/// connection is bounded by the cap and by the memory it may hold (`max_line_bytes`).
 pub async fn accept_loop(
     listener: TcpListener,
     lines: Sender<Vec<u8>>,
@@ -43,36 +48,20 @@ pub async fn accept_loop(
     metrics: ListenerMetrics,
     shutdown: Shutdown,
 ) {
-    let open = Arc::new(AtomicUsize::new(0));
-    loop {
-        let accepted = tokio::select! {
-            accepted = listener.accept() => accepted,
-            () = shutdown.wait() => return,
-        };
-        let (stream, peer) = match accepted {
-            Ok(accepted) => accepted,
-            Err(error) => {
-                metrics.receive_error();
-                tracing::warn!(%error, "tcp accept failed");
-                tokio::time::sleep(Duration::from_millis(10)).await;
-                continue;
+    let accept = AcceptSettings { max_connections: settings.max_connections, peer: "statsd client" };
+    let serve = {
+        let (metrics, shutdown) = (metrics.clone(), shutdown.clone());
+        move |stream: TcpStream, peer: SocketAddr| {
+            let (lines, settings, metrics, shutdown) =
+                (lines.clone(), settings.clone(), metrics.clone(), shutdown.clone());
+            async move {
+                if let Err(error) = read_connection(stream, &lines, &settings, &metrics, &shutdown).await {
+                    tracing::debug!(%peer, %error, "tcp connection ended with an error");
+                }
             }
-        };
-        if open.load(Ordering::Relaxed) >= settings.max_connections {
-            metrics.refused_connection();
-            tracing::warn!(%peer, max = settings.max_connections, "refusing tcp connection: too many open");
-            continue;
         }
-        open.fetch_add(1, Ordering::Relaxed);
-        let (lines, settings, metrics, shutdown, open) =
-            (lines.clone(), settings.clone(), metrics.clone(), shutdown.clone(), open.clone());
-        tokio::spawn(async move {
-            if let Err(error) = read_connection(stream, &lines, &settings, &metrics, &shutdown).await {
-                tracing::debug!(%peer, %error, "tcp connection ended with an error");
-            }
-            open.fetch_sub(1, Ordering::Relaxed);
-        });
-    }
+    };
+    inbound::accept_loop(listener, accept, metrics, &CONNECTION_LOG, shutdown, serve).await;
 }
 
 async fn read_connection(

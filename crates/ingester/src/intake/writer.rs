@@ -183,6 +183,12 @@ impl Writer {
     }
 
     fn batch(&mut self, batch: &TileBatch) -> Verdict {
+        if batch.tiles.is_empty() {
+            // A heartbeat (an aggregator keeping an idle connection open), or a batch
+            // with nothing to store: acknowledged, nothing queued.
+            self.metrics.heartbeats.inc();
+            return Verdict::Ack(ack(batch.sequence, AckStatus::Ok, "", String::new()));
+        }
         let received_at_ms = now_ms();
         self.metrics.batches_received.inc();
         self.metrics.tiles_received.inc_by(batch.tiles.len() as u64);

@@ -1,0 +1,251 @@
+//! The inbound side every listener shares, the mirror of [`outbound`](crate::outbound):
+//! the aggregator's and the ingester's wire listeners and the collector's statsd TCP
+//! listener all accept through [`accept_loop`], and the two wire listeners read through
+//! [`WireConnection`].
+//!
+//! - **Connection cap**: a new connection over `max_connections` is closed at once and
+//!   counted ([`InboundCounters::refused`]), never left waiting in the backlog, so a
+//!   flood of clients cannot stall the peers already connected. The cap is a semaphore:
+//!   a slot is taken before the connection's task starts and given back when it ends,
+//!   with no race between the check and the count.
+//! - **Handshake deadline** ([`WireConnection::accept`]): a wire client that does not
+//!   complete the handshake in time is closed and counted.
+//! - **Idle deadline** ([`WireConnection::next_frame`]): after the handshake, a wire
+//!   connection silent for `idle_timeout` is closed and counted. Senders keep healthy
+//!   connections alive: a collector sends a batch every window, empty or not; an
+//!   aggregator sends an empty tile batch (a heartbeat) when it has had nothing to send
+//!   for a third of the ingester's idle timeout ([`crate::outbound::SenderSettings::heartbeat`]).
+//! - Statsd TCP connections may stay idle for long (a client library keeps one open),
+//!   so they have no idle deadline; they are bounded by the cap and by the memory each
+//!   may hold (a line longer than the limit is skipped and counted).
+//! - Log lines about a peer go through a [`RateLimitedLog`] per site, so a flood of bad
+//!   clients cannot flood the log.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tessera_proto::Hello;
+use tessera_proto::framing::{self, FrameError, HandshakeError, LENGTH_PREFIX_BYTES};
+use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::logging::RateLimitedLog;
+use crate::shutdown::Shutdown;
+
+/// What an accept loop reports; each listener maps it onto its own metrics.
+pub trait InboundCounters: Clone + Send + Sync + 'static {
+    /// `accept()` failed (out of file descriptors and the like).
+    fn accept_error(&self);
+    /// A connection over the cap was closed at once.
+    fn refused(&self);
+    /// A connection was taken: it now holds a slot.
+    fn opened(&self);
+    /// A connection ended and gave its slot back.
+    fn closed(&self);
+}
+
+/// Settings of an accept loop.
+#[derive(Debug, Clone, Copy)]
+pub struct AcceptSettings {
+    /// Most connections at once.
+    pub max_connections: usize,
+    /// What connects, for logs (`collector`, `aggregator`, `statsd client`).
+    pub peer: &'static str,
+}
+
+/// Accepts connections until `shutdown`, running `serve` on each in its own task while
+/// it holds one of `max_connections` slots; refuses and counts the others.
+pub async fn accept_loop<C, S, F>(
+    listener: TcpListener,
+    settings: AcceptSettings,
+    counters: C,
+    log: &'static RateLimitedLog,
+    shutdown: Shutdown,
+    serve: S,
+) where
+    C: InboundCounters,
+    S: Fn(TcpStream, SocketAddr) -> F,
+    F: Future<Output = ()> + Send + 'static,
+{
+    let slots = Arc::new(Semaphore::new(settings.max_connections.max(1)));
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            () = shutdown.wait() => return,
+        };
+        let (stream, peer) = match accepted {
+            Ok(accepted) => accepted,
+            Err(error) => {
+                // Out of file descriptors and the like: wait a little rather than spin.
+                counters.accept_error();
+                if log.allow() {
+                    tracing::warn!(%error, "accepting a connection failed");
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            counters.refused();
+            if log.allow() {
+                tracing::warn!(%peer, max = settings.max_connections, what = settings.peer, "too many connections; closing a new one");
+            }
+            drop(stream);
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        counters.opened();
+        let (counters, connection) = (counters.clone(), serve(stream, peer));
+        tokio::spawn(async move {
+            let _slot: OwnedSemaphorePermit = slot;
+            connection.await;
+            counters.closed();
+        });
+    }
+}
+
+/// Deadlines of a wire connection.
+#[derive(Debug, Clone, Copy)]
+pub struct WireDeadlines {
+    /// Time allowed for the client's handshake.
+    pub handshake: Duration,
+    /// After the handshake, the longest silence before the connection is closed.
+    pub idle: Duration,
+}
+
+/// Why a wire connection ended or must end.
+#[derive(Debug, thiserror::Error)]
+pub enum WireError {
+    /// No handshake within the deadline.
+    #[error("no handshake within {0:?}")]
+    HandshakeTimeout(Duration),
+    /// The handshake failed (not a hello, another protocol version, i/o).
+    #[error("handshake failed")]
+    Handshake(#[source] HandshakeError),
+    /// No frame for the idle deadline.
+    #[error("no frame for {0:?}")]
+    Idle(Duration),
+    /// Reading a frame failed; [`FrameError::Closed`] is a clean end.
+    #[error(transparent)]
+    Frame(#[from] FrameError),
+    /// The process is shutting down.
+    #[error("shutting down")]
+    Shutdown,
+}
+
+impl WireError {
+    /// The `reason` label of `frame_errors_total`, or `None` for a clean end
+    /// (the peer closed between frames, or shutdown).
+    pub fn reason(&self) -> Option<&'static str> {
+        match self {
+            WireError::HandshakeTimeout(_) | WireError::Handshake(_) => Some("handshake"),
+            WireError::Idle(_) => Some("idle_timeout"),
+            WireError::Frame(FrameError::Closed) | WireError::Shutdown => None,
+            WireError::Frame(FrameError::TooLarge { .. }) => Some("too_large"),
+            WireError::Frame(_) => Some("io"),
+        }
+    }
+}
+
+/// A wire connection after its handshake: reads length-prefixed frames under the idle
+/// deadline, refusing a declared length over the maximum before reading the body.
+pub struct WireConnection {
+    /// The stream, for writing answers.
+    pub stream: TcpStream,
+    /// Who connected, from its hello.
+    pub hello: Hello,
+    deadlines: WireDeadlines,
+    max_frame_bytes: usize,
+}
+
+impl WireConnection {
+    /// Answers the client's handshake as `instance_id` within the handshake deadline.
+    ///
+    /// # Errors
+    ///
+    /// [`WireError::HandshakeTimeout`], [`WireError::Handshake`], or
+    /// [`WireError::Shutdown`] when `shutdown` fires first.
+    pub async fn accept(
+        mut stream: TcpStream,
+        instance_id: &str,
+        deadlines: WireDeadlines,
+        max_frame_bytes: usize,
+        shutdown: &Shutdown,
+    ) -> Result<WireConnection, WireError> {
+        let handshake = tokio::time::timeout(deadlines.handshake, framing::server_handshake(&mut stream, instance_id));
+        let hello = tokio::select! {
+            handshake = handshake => match handshake {
+                Ok(Ok(hello)) => hello,
+                Ok(Err(error)) => return Err(WireError::Handshake(error)),
+                Err(_) => return Err(WireError::HandshakeTimeout(deadlines.handshake)),
+            },
+            () = shutdown.wait() => return Err(WireError::Shutdown),
+        };
+        Ok(WireConnection { stream, hello, deadlines, max_frame_bytes })
+    }
+
+    /// The next frame, its length prefix included when `with_prefix`.
+    ///
+    /// # Errors
+    ///
+    /// [`WireError::Idle`] after the idle deadline with no frame begun or finished,
+    /// [`WireError::Frame`] (`Closed` when the peer ended between frames), or
+    /// [`WireError::Shutdown`].
+    pub async fn next_frame(&mut self, with_prefix: bool, shutdown: &Shutdown) -> Result<Vec<u8>, WireError> {
+        let idle = self.deadlines.idle;
+        let reading = read_frame_bytes(&mut self.stream, self.max_frame_bytes, with_prefix);
+        tokio::select! {
+            read = tokio::time::timeout(idle, reading) => match read {
+                Ok(frame) => Ok(frame?),
+                Err(_) => Err(WireError::Idle(idle)),
+            },
+            () = shutdown.wait() => Err(WireError::Shutdown),
+        }
+    }
+}
+
+/// Reads one frame's bytes without decoding them, its length prefix kept when
+/// `with_prefix`; a declared length over `max_frame_bytes` is refused before the body is
+/// read. [`FrameError::Closed`] when the stream ends between frames.
+pub async fn read_frame_bytes<R: AsyncRead + Unpin>(
+    stream: &mut R,
+    max_frame_bytes: usize,
+    with_prefix: bool,
+) -> Result<Vec<u8>, FrameError> {
+    let len = framing::read_length_prefix(stream, max_frame_bytes).await?;
+    let offset = if with_prefix { LENGTH_PREFIX_BYTES } else { 0 };
+    let mut frame = vec![0; offset + len];
+    if with_prefix {
+        frame[..LENGTH_PREFIX_BYTES].copy_from_slice(&(len as u32).to_be_bytes());
+    }
+    stream.read_exact(&mut frame[offset..]).await?;
+    Ok(frame)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tessera_proto::{Ack, Frame, frame::Body};
+
+    #[tokio::test]
+    async fn frames_keep_their_prefix_if_asked_and_oversized_ones_are_refused_early() {
+        let ack = Frame { body: Some(Body::Ack(Ack { sequence: 4, ..Default::default() })) };
+        let bytes = framing::encode_frame(&ack, 1024).unwrap();
+        let (mut a, mut b) = tokio::io::duplex(1 << 16);
+        for _ in 0..2 {
+            tokio::io::AsyncWriteExt::write_all(&mut a, &bytes).await.unwrap();
+        }
+        tokio::io::AsyncWriteExt::write_all(&mut a, &(1_000_000u32).to_be_bytes()).await.unwrap();
+        drop(a);
+        let raw = read_frame_bytes(&mut b, 1024, true).await.unwrap();
+        assert_eq!(raw, bytes);
+        assert_eq!(framing::decode_frame(&raw, 1024).unwrap().unwrap().0, ack);
+        assert_eq!(read_frame_bytes(&mut b, 1024, false).await.unwrap(), bytes[LENGTH_PREFIX_BYTES..]);
+        let too_large = read_frame_bytes(&mut b, 1024, true).await;
+        assert!(matches!(too_large, Err(FrameError::TooLarge { len: 1_000_000, .. })));
+        assert!(matches!(read_frame_bytes(&mut b, 1024, true).await, Err(FrameError::Closed)));
+    }
+}
