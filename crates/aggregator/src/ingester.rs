@@ -87,6 +87,8 @@ impl OutboundMetrics for DestinationMetrics {
 pub struct Ingesters {
     queues: Arc<[Arc<OutboundQueue>]>,
     next: Arc<AtomicUsize>,
+    /// Room a queue must have left to count as having room (one frame).
+    headroom: usize,
 }
 
 impl Ingesters {
@@ -98,7 +100,15 @@ impl Ingesters {
                 Arc::new(OutboundQueue::new(endpoint.clone(), max_buffer_bytes, metrics.destination(endpoint)))
             })
             .collect();
-        Ingesters { queues, next: Arc::default() }
+        Ingesters { queues, next: Arc::default(), headroom: 0 }
+    }
+
+    /// A queue has room only while one more batch of `bytes` fits under its bound.
+    /// Without it a queue kept just under its bound by dropping its oldest batches
+    /// would never look full, and collectors would never be pushed back.
+    pub fn reserving(mut self, bytes: usize) -> Ingesters {
+        self.headroom = bytes;
+        self
     }
 
     /// Spawns one sender per endpoint on the current runtime; they stop when `stop` fires.
@@ -113,9 +123,9 @@ impl Ingesters {
         &self.queues
     }
 
-    /// Whether some queue is below its bound.
+    /// Whether some queue has room for one more batch under its bound.
     pub fn has_room(&self) -> bool {
-        self.queues.iter().any(|queue| !queue.is_full())
+        self.queues.iter().any(|queue| queue.queued_bytes() + self.headroom < queue.max_bytes())
     }
 
     /// The queue the next tile goes to: connected first, then fewest bytes,

@@ -171,7 +171,8 @@ impl Aggregator {
         let listen_addr =
             listener.local_addr().map_err(|source| StartError::Bind { address: config.listen, source })?;
 
-        let ingesters = Ingesters::new(&config.ingester.endpoints, config.ingester.max_buffer_bytes, &metrics);
+        let ingesters = Ingesters::new(&config.ingester.endpoints, config.ingester.max_buffer_bytes, &metrics)
+            .reserving(config.ingester.max_frame_bytes.min(config.ingester.max_buffer_bytes / 2));
         let stop_senders = Shutdown::new();
         let sender_settings = SenderSettings {
             source: instance_id.clone(),

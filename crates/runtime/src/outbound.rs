@@ -215,6 +215,11 @@ impl<M: OutboundMetrics> OutboundQueue<M> {
         self.bytes.load(Ordering::Relaxed)
     }
 
+    /// The bound, bytes.
+    pub fn max_bytes(&self) -> usize {
+        self.max_bytes
+    }
+
     /// Whether the queue is at or over its bound.
     pub fn is_full(&self) -> bool {
         self.queued_bytes() >= self.max_bytes
