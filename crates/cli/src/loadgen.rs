@@ -78,6 +78,11 @@ pub struct Args {
     /// so that each gets an equal share of the lines.
     #[arg(long, value_name = "N", default_value_t = 1000)]
     series: u64,
+    /// Number the series from N: `loadgen.<type>.<N + i>`. Runs with different offsets send
+    /// different series, so a sequence of runs makes series churn (new ones appear, old ones
+    /// go idle and expire).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    series_offset: u64,
     /// Relative weights of the metric types among the series
     /// (counter, gauge, timer, histogram, distribution, set).
     #[arg(long, default_value_t = Mix::default())]
@@ -202,6 +207,7 @@ impl Config {
             values_per_series: args.values_per_series,
             seed: args.seed,
             max_datagram_bytes: args.datagram_bytes,
+            series_offset: args.series_offset,
         });
         Ok(Config {
             target,

@@ -36,6 +36,7 @@ fn workload(series: u64, mix: &str, tags: u32, sample_rate: Option<f64>, datagra
         values_per_series: 4,
         seed: 7,
         max_datagram_bytes: datagram_bytes,
+        series_offset: 0,
     }))
 }
 
@@ -440,4 +441,12 @@ fn bad_flags_are_refused_with_the_reason() {
     }
     let error = TestCli::try_parse_from(["loadgen", "--mix", "counter=1,timer"]).unwrap_err();
     assert!(error.to_string().contains("mix entry `timer` is not `type=weight`"), "{error}");
+}
+
+#[test]
+fn a_series_offset_renames_the_series_and_their_tags() {
+    let config = config(&["--series", "2", "--mix", "counter=1", "--tags", "1", "--series-offset", "1000"]);
+    let mut line = Vec::new();
+    config.workload.write_line(&mut line, 1, 0);
+    assert_eq!(String::from_utf8(line).unwrap(), "loadgen.counter.1001:1|c|#k0:v1001\n");
 }

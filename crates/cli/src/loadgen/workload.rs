@@ -43,6 +43,7 @@ pub struct Workload {
     values_per_series: u32,
     seed: u64,
     max_datagram_bytes: usize,
+    series_offset: u64,
 }
 
 #[derive(Debug)]
@@ -68,6 +69,9 @@ pub struct WorkloadConfig {
     pub seed: u64,
     /// Largest datagram payload, in bytes.
     pub max_datagram_bytes: usize,
+    /// Added to every series number in names and tags: runs with different offsets
+    /// send different series (churn).
+    pub series_offset: u64,
 }
 
 impl Workload {
@@ -80,6 +84,7 @@ impl Workload {
             values_per_series: config.values_per_series.max(1),
             seed: config.seed,
             max_datagram_bytes: config.max_datagram_bytes.max(1),
+            series_offset: config.series_offset,
         }
     }
 
@@ -140,7 +145,7 @@ impl Workload {
         out.extend_from_slice(b"loadgen.");
         out.extend_from_slice(self.kind(series).as_str().as_bytes());
         out.push(b'.');
-        push_decimal(out, series);
+        push_decimal(out, series + self.series_offset);
     }
 
     /// Appends the tags of `series`, comma-separated, without the `|#`.
@@ -152,7 +157,7 @@ impl Workload {
             out.push(b'k');
             push_decimal(out, u64::from(tag));
             out.extend_from_slice(b":v");
-            push_decimal(out, series);
+            push_decimal(out, series + self.series_offset);
         }
     }
 
