@@ -275,9 +275,9 @@ metric_is_exported() {
 }
 
 # Every `expr` of every panel of every dashboard must evaluate, non-empty, and every
-# metric it names must be one the daemons export: an expression ending in
-# `or on() vector(0)` (a drop counter with no drops yet has no series) returns data
-# whatever it names, so the names are checked on their own.
+# metric it names must be one the daemons export. No expression has an
+# `or vector(0)` fallback: the daemons export every drop and refusal reason at 0
+# from the start, so an empty answer means a wrong name or a missing metric.
 dashboard_expressions_work() {
     local dashboard expression failures=0 total=0 answer name
     exported_families=$(curl -fsS --max-time 5 "$prometheus_url/api/v1/metadata" | jq -r '.data | keys[]') || return 1
@@ -286,6 +286,9 @@ dashboard_expressions_work() {
             total=$((total + 1))
             if ! answer=$(prometheus_query "$expression"); then
                 log "dashboard $(basename "$dashboard"): query failed: $expression"
+                failures=$((failures + 1))
+            elif [[ $expression == *"vector(0)"* ]]; then
+                log "dashboard $(basename "$dashboard"): a fallback hides missing data: $expression"
                 failures=$((failures + 1))
             elif [ -z "$answer" ]; then
                 log "dashboard $(basename "$dashboard"): no result: $expression"

@@ -259,6 +259,7 @@ fn check_dashboards(prometheus: &Prometheus) {
     }
     assert!(!expressions.is_empty(), "no dashboard expressions found in {}", dir.display());
     for expr in expressions {
+        assert!(!expr.contains("vector(0)"), "a fallback would hide a missing metric: {expr}");
         let expr = expr.replace("$__rate_interval", "1m").replace("$__interval", "15s").replace("[$__range]", "[5m]");
         let result = eventually(&format!("dashboard expression `{expr}`"), Duration::from_secs(30), || {
             let result = prometheus.query(&expr, now_secs());

@@ -54,6 +54,17 @@ pub enum Reason {
 }
 
 impl Reason {
+    /// Every reason.
+    pub const ALL: [Reason; 7] = [
+        Reason::NotOwner,
+        Reason::TooLate,
+        Reason::TooEarly,
+        Reason::Malformed,
+        Reason::BufferFull,
+        Reason::ShuttingDown,
+        Reason::UnknownSeriesRef,
+    ];
+
     /// The label and ack reason.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -142,9 +153,28 @@ pub struct Metrics {
     tiles_discarded: Family<Labels, Counter>,
 }
 
+/// Every `reason` of `frame_errors_total`: the inbound side's, and the decoder's.
+pub const FRAME_ERROR_REASONS: [&str; 7] =
+    ["handshake", "idle_timeout", "too_large", "io", "too_many_connections", "malformed_frame", "unexpected_frame"];
+
+/// Every `(reason, unit)` of `drops_total`.
+pub const DROP_REASONS: [(&str, &str); 11] = [
+    ("too_large", "series"),
+    ("series_limit", "series"),
+    ("unknown_series_ref", "series"),
+    ("shutdown", "batches"),
+    ("shutdown", "series"),
+    ("buffer_full", "batches"),
+    ("buffer_full", "series"),
+    ("rejected", "batches"),
+    ("rejected", "series"),
+    ("expansion_failed", "batches"),
+    ("expansion_failed", "series"),
+];
+
 impl Default for Metrics {
     fn default() -> Self {
-        Metrics {
+        let metrics = Metrics {
             batches_received: Counter::default(),
             bytes_received: Counter::default(),
             partials_received: Counter::default(),
@@ -190,7 +220,21 @@ impl Default for Metrics {
             held_tiles: Gauge::default(),
             held_series: Gauge::default(),
             tiles_discarded: Family::default(),
+        };
+        // Every closed-set reason is exported from the start, at 0: "nothing refused"
+        // reads as 0, not as no data, so alerts and dashboards need no `or vector(0)`.
+        for reason in Reason::ALL {
+            let by_reason = labels(&[("reason", reason.as_str())]);
+            let _ = metrics.batches_rejected.get_or_create(&by_reason);
+            let _ = metrics.partials_rejected.get_or_create(&by_reason);
         }
+        for reason in FRAME_ERROR_REASONS {
+            let _ = metrics.frame_errors.get_or_create(&labels(&[("reason", reason)]));
+        }
+        for (reason, unit) in DROP_REASONS {
+            let _ = metrics.drops.get_or_create(&labels(&[("reason", reason), ("unit", unit)]));
+        }
+        metrics
     }
 }
 
@@ -495,6 +539,10 @@ impl Metrics {
     /// Handles for one ingester destination (labelled by its endpoint).
     pub fn destination(&self, endpoint: &str) -> DestinationMetrics {
         let by_destination = labels(&[("destination", endpoint)]);
+        for reason in crate::ingester::REJECTION_LABELS {
+            let _ =
+                self.ingester_rejected_batches.get_or_create(&labels(&[("destination", endpoint), ("reason", reason)]));
+        }
         DestinationMetrics {
             batches_sent: self.batches_sent.get_or_create(&by_destination).clone(),
             bytes_sent: self.bytes_sent.get_or_create(&by_destination).clone(),

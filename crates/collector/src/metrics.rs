@@ -65,9 +65,12 @@ pub struct Metrics {
     pub udp_receive_stamps: Gauge,
 }
 
+/// Why the flusher or a destination queue drops partials (`drops_total{unit="partials"}`).
+pub const PARTIAL_DROP_REASONS: [&str; 5] = ["no_owner", "queue_full", "rejected", "expansion_failed", "shutdown"];
+
 impl Default for Metrics {
     fn default() -> Self {
-        Metrics {
+        let metrics = Metrics {
             datagrams_received: Family::default(),
             bytes_received: Family::default(),
             lines_received: Family::default(),
@@ -96,7 +99,13 @@ impl Default for Metrics {
             batches_expanded: Family::default(),
             udp_recv_buffer_bytes: Gauge::default(),
             udp_receive_stamps: Gauge::default(),
+        };
+        // Every drop reason is exported from the start, at 0: "nothing dropped" reads
+        // as 0, not as no data, so alerts and dashboards need no `or vector(0)`.
+        for reason in PARTIAL_DROP_REASONS {
+            let _ = metrics.drops.get_or_create(&labels(&[("reason", reason), ("unit", "partials")]));
         }
+        metrics
     }
 }
 
@@ -262,6 +271,9 @@ impl Metrics {
     /// Handles for one destination instance.
     pub fn destination(&self, instance: &str) -> DestinationMetrics {
         let by_destination = labels(&[("destination", instance)]);
+        for reason in crate::forward::REJECTION_LABELS {
+            let _ = self.rejected_batches.get_or_create(&labels(&[("destination", instance), ("reason", reason)]));
+        }
         DestinationMetrics {
             batches_sent: self.batches_sent.get_or_create(&by_destination).clone(),
             bytes_sent: self.bytes_sent.get_or_create(&by_destination).clone(),
@@ -290,13 +302,13 @@ impl Metrics {
         self.drops.get_or_create(&labels(&[("reason", reason), ("unit", "partials")])).inc_by(partials);
     }
 
-    /// Sets the kernel drop counter of UDP socket `socket` to `total`.
+    /// Sets the kernel drop counter of UDP socket `socket` to `total` (exported from the
+    /// first poll, at 0 while nothing was dropped).
     pub fn record_kernel_drops(&self, socket: usize, previous: u64, total: u64) {
+        let socket = socket.to_string();
+        let counter = self.kernel_drops.get_or_create(&labels(&[("listener", "udp"), ("socket", &socket)]));
         if total > previous {
-            let socket = socket.to_string();
-            self.kernel_drops
-                .get_or_create(&labels(&[("listener", "udp"), ("socket", &socket)]))
-                .inc_by(total - previous);
+            counter.inc_by(total - previous);
         }
     }
 }

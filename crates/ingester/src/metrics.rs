@@ -203,9 +203,25 @@ pub struct Metrics {
     queue_time: Family<Labels, WeightedHistogram>,
 }
 
+/// Every `reason` of `frame_errors_total`: the inbound side's, and the writer's.
+pub const FRAME_ERROR_REASONS: [&str; 8] =
+    ["handshake", "idle_timeout", "too_large", "io", "too_many_connections", "malformed", "empty", "unexpected_frame"];
+
+/// Every `(status, reason)` of `batch_acks_total` other than `ok`.
+pub const REFUSING_ACKS: [(&str, &str); 4] = [
+    ("retryable", "queue_full"),
+    ("retryable", "queue_io"),
+    ("permanent", "invalid_batch"),
+    ("permanent", "unexpected_frame"),
+];
+
+/// Every `reason` of `tiles_skipped_total` (see [`crate::mapping`]).
+pub const SKIP_REASONS: [&str; 7] =
+    ["unknown_type", "invalid_aggregate", "type_mismatch", "late", "duplicate", "conflict", "name_collision"];
+
 impl Default for Metrics {
     fn default() -> Self {
-        Metrics {
+        let metrics = Metrics {
             connections_accepted: Counter::default(),
             accept_errors: Counter::default(),
             heartbeats: Counter::default(),
@@ -241,7 +257,19 @@ impl Default for Metrics {
             bad_journal_lines: Family::default(),
             end_to_end: Family::new_with_constructor(WeightedHistogram::end_to_end),
             queue_time: Family::new_with_constructor(WeightedHistogram::end_to_end),
+        };
+        // Every closed-set reason is exported from the start, at 0: "nothing refused"
+        // reads as 0, not as no data, so alerts and dashboards need no `or vector(0)`.
+        for reason in FRAME_ERROR_REASONS {
+            let _ = metrics.frame_errors.get_or_create(&labels(&[("reason", reason)]));
         }
+        for (status, reason) in REFUSING_ACKS {
+            let _ = metrics.batch_acks.get_or_create(&labels(&[("status", status), ("reason", reason)]));
+        }
+        for reason in SKIP_REASONS {
+            let _ = metrics.tiles_skipped.get_or_create(&labels(&[("reason", reason)]));
+        }
+        metrics
     }
 }
 
@@ -456,6 +484,9 @@ impl Metrics {
     /// Handles of one target's workers.
     pub fn target(&self, target: &str) -> TargetMetrics {
         let by_target = labels(&[("target", target)]);
+        // Storage refuses samples for good with 400 (Prometheus: out of order, invalid);
+        // exported at 0 from the start. Other 4xx statuses appear when they happen.
+        let _ = self.sink_rejected_samples.get_or_create(&labels(&[("target", target), ("status", "400")]));
         TargetMetrics {
             target: target.to_owned(),
             requests: self.sink_requests.clone(),

@@ -103,9 +103,16 @@
     var legend = node.querySelector(".legend");
     while (legend.firstChild) legend.removeChild(legend.firstChild);
 
+    // In a panel of many lines (drops by reason), the lines that stayed at 0 are
+    // left out of the chart and the legend, and counted in one legend entry.
+    var lines = new Map(), quiet = 0;
+    panel.lines.forEach(function (points, name) {
+      var moved = points.some(function (point) { return point[1] !== null && point[1] !== 0; });
+      if (panel.lines.size > 3 && !moved) { quiet++; } else { lines.set(name, points); }
+    });
     var start = now - spanMs;
     var max = 0, count = 0;
-    panel.lines.forEach(function (points) {
+    lines.forEach(function (points) {
       points.forEach(function (point) {
         if (point[1] !== null && point[1] > max) max = point[1];
         count++;
@@ -130,11 +137,11 @@
     });
     if (count === 0) {
       element("text", { class: "empty", x: LEFT + plotWidth / 2, y: TOP + plotHeight / 2, "text-anchor": "middle" }, svg)
-        .textContent = "no data yet";
+        .textContent = quiet > 0 ? "all at 0" : "no data yet";
     }
 
     var index = 0;
-    panel.lines.forEach(function (points, name) {
+    lines.forEach(function (points, name) {
       var color = COLORS[index++ % COLORS.length];
       // A gap of more than three steps breaks the line.
       var runs = [], run = [], last = null;
@@ -164,6 +171,13 @@
       item.appendChild(value);
       legend.appendChild(item);
     });
+    if (quiet > 0) {
+      var rest = document.createElement("li");
+      rest.className = "quiet";
+      rest.setAttribute("data-quiet", String(quiet));
+      rest.textContent = (lines.size ? quiet + " more at 0" : "all " + quiet + " at 0");
+      legend.appendChild(rest);
+    }
   }
 
   function setStatus(state, text) {
