@@ -19,11 +19,12 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tessera_testkit::daemons::Daemon;
 use tessera_testkit::free_port;
 use tessera_testkit::prometheus::Prometheus;
+use tessera_tests::{loopback, scalar, static_placement, wait_until};
 
 const SERIES: u64 = 1_500;
 
@@ -32,10 +33,6 @@ const PASS: u8 = 0;
 const UNAVAILABLE: u8 = 1;
 const TOO_MANY: u8 = 2;
 const SLOW: u8 = 3;
-
-fn loopback(port: u16) -> SocketAddr {
-    ([127, 0, 0, 1], port).into()
-}
 
 fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64
@@ -132,21 +129,6 @@ fn serve(stream: TcpStream, upstream: SocketAddr, mode: &AtomicU8, refused: &Ato
     }
 }
 
-fn scalar(prometheus: &Prometheus, promql: &str) -> Option<f64> {
-    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs_f64();
-    let result = prometheus.query(promql, now);
-    let series = result.as_array()?;
-    (series.len() == 1).then(|| series[0]["value"][1].as_str()?.parse().ok())?
-}
-
-fn wait_until(what: &str, timeout: Duration, mut check: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !check() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
-
 #[test]
 fn storage_trouble_backs_up_the_chain_and_every_loss_is_counted_where_it_happened() {
     let prometheus = Prometheus::start();
@@ -171,13 +153,7 @@ fn storage_trouble_backs_up_the_chain_and_every_loss_is_counted_where_it_happene
         ),
         loopback(telemetry[0]),
     );
-    let placement = dir.path().join("placement.toml");
-    std::fs::write(
-        &placement,
-        format!("num_shards = 8\n[[instances]]\nid = \"agg-1\"\nendpoint = \"127.0.0.1:{aggregator_port}\"\n"),
-    )
-    .unwrap();
-    let placement = format!("[placement]\nkind = \"static\"\npath = {:?}\n", placement.display().to_string());
+    let placement = static_placement(dir.path(), aggregator_port);
     let aggregator = Daemon::start(
         "aggregator",
         "tessera-aggregator",

@@ -21,6 +21,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tessera_testkit::daemons::{Daemon, binary};
 use tessera_testkit::prometheus::Prometheus;
 use tessera_testkit::{free_port, http_get};
+use tessera_tests::{loopback, scalar, wait_until};
 use tessera_topology::testing::EtcdServer;
 
 const SERIES: usize = 10;
@@ -29,19 +30,6 @@ const TTL_SECS: u64 = 2;
 
 fn now_ms() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as i64
-}
-
-fn loopback(port: u16) -> SocketAddr {
-    ([127, 0, 0, 1], port).into()
-}
-
-/// Polls `check` until it holds, or fails with `what` after `timeout`.
-fn wait_until(what: &str, timeout: Duration, mut check: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !check() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 /// Sends one increment of every counter each 20 ms for `duration`; returns the rounds sent.
@@ -85,13 +73,6 @@ fn quantile_between(before: &BTreeMap<u64, f64>, after: &BTreeMap<u64, f64>, qua
         .find(|(le, count)| **count - before.get(le).copied().unwrap_or(0.0) >= quantile * total)
         .map_or(f64::INFINITY, |(le, _)| *le as f64 / 1_000.0);
     (bound, total)
-}
-
-fn scalar(prometheus: &Prometheus, promql: &str) -> Option<f64> {
-    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs_f64();
-    let result = prometheus.query(promql, now);
-    let series = result.as_array()?;
-    (series.len() == 1).then(|| series[0]["value"][1].as_str()?.parse().ok())?
 }
 
 #[test]

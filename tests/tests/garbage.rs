@@ -8,15 +8,12 @@
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream, UdpSocket};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use tessera_testkit::daemons::Daemon;
 use tessera_testkit::prometheus::Prometheus;
 use tessera_testkit::{free_port, http_get};
-
-fn loopback(port: u16) -> SocketAddr {
-    ([127, 0, 0, 1], port).into()
-}
+use tessera_tests::{loopback, scalar, static_placement};
 
 /// Deterministic bytes (xorshift), newlines and all.
 fn noise(seed: u64, len: usize) -> Vec<u8> {
@@ -64,13 +61,6 @@ fn http_garbage(address: SocketAddr) {
     throw(address, b"GET /metrics HTTP/1.1\r\nHost: x\r\nX: ");
 }
 
-fn scalar(prometheus: &Prometheus, promql: &str) -> Option<f64> {
-    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs_f64();
-    let result = prometheus.query(promql, now);
-    let series = result.as_array()?;
-    (series.len() == 1).then(|| series[0]["value"][1].as_str()?.parse().ok())?
-}
-
 #[test]
 fn garbage_on_every_port_is_refused_and_counted_and_good_data_beside_it_arrives() {
     let prometheus = Prometheus::start();
@@ -89,13 +79,7 @@ fn garbage_on_every_port_is_refused_and_counted_and_good_data_beside_it_arrives(
         ),
         loopback(telemetry[0]),
     );
-    let placement = dir.path().join("placement.toml");
-    std::fs::write(
-        &placement,
-        format!("num_shards = 8\n[[instances]]\nid = \"agg-1\"\nendpoint = \"127.0.0.1:{aggregator_port}\"\n"),
-    )
-    .unwrap();
-    let placement = format!("[placement]\nkind = \"static\"\npath = {:?}\n", placement.display().to_string());
+    let placement = static_placement(dir.path(), aggregator_port);
     let aggregator = Daemon::start(
         "aggregator",
         "tessera-aggregator",

@@ -14,30 +14,20 @@
 
 use std::net::{SocketAddr, UdpSocket};
 use std::process::Command;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use tessera_proto::Role;
 use tessera_proto::client;
 use tessera_testkit::daemons::Daemon;
 use tessera_testkit::free_port;
 use tessera_testkit::prometheus::Prometheus;
+use tessera_tests::{loopback, scalar, static_placement};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 const SILENT: usize = 1_000;
 const FLOOD: usize = 500;
 const IDLE_MS: u64 = 3_000;
-
-fn loopback(port: u16) -> SocketAddr {
-    ([127, 0, 0, 1], port).into()
-}
-
-fn scalar(prometheus: &Prometheus, promql: &str) -> Option<f64> {
-    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs_f64();
-    let result = prometheus.query(promql, now);
-    let series = result.as_array()?;
-    (series.len() == 1).then(|| series[0]["value"][1].as_str()?.parse().ok())?
-}
 
 /// `SILENT` handshaken connections to `address`, held open and silent;
 /// those the server refused are left out.
@@ -102,13 +92,7 @@ async fn silent_slow_and_flooding_clients_do_not_hold_up_a_real_flow() {
         ),
         loopback(telemetry[0]),
     );
-    let placement = dir.path().join("placement.toml");
-    std::fs::write(
-        &placement,
-        format!("num_shards = 8\n[[instances]]\nid = \"agg-1\"\nendpoint = \"127.0.0.1:{aggregator_port}\"\n"),
-    )
-    .unwrap();
-    let placement = format!("[placement]\nkind = \"static\"\npath = {:?}\n", placement.display().to_string());
+    let placement = static_placement(dir.path(), aggregator_port);
     let aggregator = Daemon::start(
         "aggregator",
         "tessera-aggregator",

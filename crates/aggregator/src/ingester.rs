@@ -125,7 +125,7 @@ impl Ingesters {
 
     /// Whether some queue has room for one more batch under its bound.
     pub fn has_room(&self) -> bool {
-        self.queues.iter().any(|queue| queue.queued_bytes() + self.headroom < queue.max_bytes())
+        self.queues.iter().any(|queue| queue.has_room_for(self.headroom))
     }
 
     /// The queue the next tile goes to: connected first, then fewest bytes,

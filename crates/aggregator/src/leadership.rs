@@ -139,7 +139,7 @@ impl Leadership {
 
     /// Whether this replica may flush now.
     pub fn may_flush(&self) -> bool {
-        if !self.inner.replicated.load(Ordering::Acquire) {
+        if !self.replicated() {
             return true;
         }
         self.leads() && self.lease_remaining() > FENCE_MARGIN
@@ -157,7 +157,7 @@ impl Leadership {
     /// At shutdown: whether to flush what is left (every open tile, closed
     /// early). Not when another replica is alive to flush it whole.
     pub fn may_flush_at_shutdown(&self) -> bool {
-        !self.inner.replicated.load(Ordering::Acquire) || !self.inner.others_alive.load(Ordering::Acquire)
+        !self.replicated() || !self.inner.others_alive.load(Ordering::Acquire)
     }
 
     /// The shard set leader's marks, per policy: tiles ending at or before
@@ -170,13 +170,13 @@ impl Leadership {
     /// process, in a replicated shard set (where another replica may have
     /// seen it whole).
     pub fn counts_incomplete(&self, tile_start_ms: i64) -> bool {
-        self.inner.replicated.load(Ordering::Acquire) && tile_start_ms < self.inner.started_ms
+        self.replicated() && tile_start_ms < self.inner.started_ms
     }
 
     /// The flusher flushed a tile of policy `index` ending at `tile_end_ms`,
     /// whose last batch has `last_sequence` on ingester queue `queue`.
     pub fn flushed(&self, index: usize, queue: usize, last_sequence: u64, tile_end_ms: i64) {
-        if !self.inner.replicated.load(Ordering::Acquire) {
+        if !self.replicated() {
             return;
         }
         if let Some(ledger) = self.state().ledger.get_mut(index) {

@@ -215,9 +215,9 @@ impl<M: OutboundMetrics> OutboundQueue<M> {
         self.bytes.load(Ordering::Relaxed)
     }
 
-    /// The bound, bytes.
-    pub fn max_bytes(&self) -> usize {
-        self.max_bytes
+    /// Whether `bytes` more fit under the bound now.
+    pub fn has_room_for(&self, bytes: usize) -> bool {
+        self.queued_bytes() + bytes < self.max_bytes
     }
 
     /// Whether the queue is at or over its bound.

@@ -273,9 +273,7 @@ impl Dashboard {
 
     /// Takes one scrape's text, taken at `at_ms`, and adds a point to every line.
     pub fn record(&self, at_ms: i64, text: &str) {
-        let wanted: HashSet<String> =
-            PANELS.iter().flat_map(|panel| panel.lines.iter().map(|line| line.query.sample_name())).collect();
-        let (families, samples) = parse(text, &wanted);
+        let (families, samples) = parse(text, wanted());
         let mut state = self.state();
         state.shown = PANELS
             .iter()
@@ -345,6 +343,14 @@ impl Dashboard {
         // Every critical section leaves the state consistent.
         self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
+}
+
+/// The sample names some panel reads, computed once.
+fn wanted() -> &'static HashSet<String> {
+    static WANTED: std::sync::OnceLock<HashSet<String>> = std::sync::OnceLock::new();
+    WANTED.get_or_init(|| {
+        PANELS.iter().flat_map(|panel| panel.lines.iter().map(|line| line.query.sample_name())).collect()
+    })
 }
 
 fn now_ms() -> i64 {
