@@ -1,6 +1,30 @@
 # Shared by the load scripts (sourced, not run): ports, the collector's
 # config, readiness, metrics and process figures, and a CPU profile.
 
+# Sets `bin` to $BIN_DIR (default target/release) and builds the release
+# binaries when one of them is missing.
+need_binaries() {
+    bin=${BIN_DIR:-target/release}
+    local daemon
+    for daemon in tessera tessera-collector tessera-aggregator tessera-ingester; do
+        [ -x "$bin/$daemon" ] || cargo build --release --bins >&2
+    done
+}
+
+# Sets `work` to a fresh directory and `pids` to an empty list; at exit every
+# pid in `pids` is killed and the directory removed.
+make_work_dir() {
+    work=$(mktemp -d)
+    pids=()
+    trap cleanup_work EXIT
+}
+cleanup_work() {
+    local pid
+    for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    rm -rf "$work"
+}
+
 # A loopback port nobody listens on; `free_port DGRAM` for UDP.
 free_port() {
     python3 -c "import socket; s=socket.socket(socket.AF_INET, socket.SOCK_${1:-STREAM}); s.bind(('127.0.0.1',0)); print(s.getsockname()[1])"

@@ -35,20 +35,9 @@ step=$((series / 10))
 minute=60
 ((duration >= 60)) || { echo "soak: run at least 60 s" >&2; exit 64; }
 
-bin=${BIN_DIR:-target/release}
-for daemon in tessera tessera-collector tessera-aggregator tessera-ingester; do
-    [ -x "$bin/$daemon" ] || cargo build --release --bins >&2
-done
-
 . benches/load/lib.sh
-work=$(mktemp -d)
-pids=()
-cleanup() {
-    for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    rm -rf "$work"
-}
-trap cleanup EXIT
+need_binaries
+make_work_dir
 udp_port=$(free_port DGRAM)
 collector_http=$(free_port)
 aggregator_port=$(free_port)
