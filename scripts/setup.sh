@@ -2,7 +2,9 @@
 # Installs what building and testing tessera needs that a fresh Debian machine
 # lacks: protoc (prost-build and etcd-client generate code with it), etcd,
 # Prometheus and VictoriaMetrics (integration tests run against the real
-# servers), Chromium (the dashboard page is tested in a headless browser), Docker, docker-compose, jq and curl (the compose stack test), and
+# servers), Chromium (the dashboard page is tested in a headless browser), e2fsprogs,
+# losetup and fstrim (a failing disk under the ingester's queue is a loop device),
+# Docker, docker-compose, jq and curl (the compose stack test), and
 # starts the Docker daemon when it is installed but not running. Idempotent.
 set -euo pipefail
 
@@ -17,6 +19,9 @@ if [ "${1:-}" != "--build" ]; then
     command -v docker >/dev/null || need+=(docker.io)
     command -v docker-compose >/dev/null || need+=(docker-compose)
     command -v chromium >/dev/null || need+=(chromium)
+    command -v mkfs.ext2 >/dev/null || need+=(e2fsprogs)
+    command -v losetup >/dev/null || need+=(mount)
+    command -v fstrim >/dev/null || need+=(util-linux)
     command -v jq >/dev/null || need+=(jq)
     command -v curl >/dev/null || need+=(curl)
 fi

@@ -21,6 +21,7 @@
 //! | `tessera_ingester_cumulative_series` | gauge | |
 //! | `tessera_ingester_queue_bytes`, `_queue_max_bytes`, `_queue_records`, `_queue_segments` | gauge | `target` |
 //! | `tessera_ingester_queue_replayed_records_total`, `_queue_corrupt_records_total`, `_queue_fsyncs_total` | counter | `target` |
+//! | `tessera_ingester_queue_fsync_errors_total`, `_queue_records_at_risk_total` | counter | `target` |
 //! | `tessera_ingester_sink_requests_total` | counter | `target`, `outcome` |
 //! | `tessera_ingester_sink_request_duration_seconds` | histogram | `target` |
 //! | `tessera_ingester_sink_retries_total` | counter | `target` |
@@ -187,6 +188,8 @@ pub struct Metrics {
     queue_replayed: Family<Labels, Counter>,
     queue_corrupt: Family<Labels, Counter>,
     queue_fsyncs: Family<Labels, Counter>,
+    queue_fsync_errors: Family<Labels, Counter>,
+    queue_at_risk: Family<Labels, Counter>,
     sink_requests: Family<Labels, Counter>,
     sink_request_duration: Family<Labels, Histogram>,
     sink_retries: Family<Labels, Counter>,
@@ -243,6 +246,8 @@ impl Default for Metrics {
             queue_replayed: Family::default(),
             queue_corrupt: Family::default(),
             queue_fsyncs: Family::default(),
+            queue_fsync_errors: Family::default(),
+            queue_at_risk: Family::default(),
             sink_requests: Family::default(),
             sink_request_duration: Family::new_with_constructor(latency_histogram),
             sink_retries: Family::default(),
@@ -359,6 +364,16 @@ impl Metrics {
         );
         r.register("tessera_ingester_queue_fsyncs", "Fsyncs of queue segments, per target", self.queue_fsyncs.clone());
         r.register(
+            "tessera_ingester_queue_fsync_errors",
+            "Failed fsyncs of queue segments (each seals its segment), per target",
+            self.queue_fsync_errors.clone(),
+        );
+        r.register(
+            "tessera_ingester_queue_records_at_risk",
+            "Acknowledged records (fsync = interval) not known to be on disk when an fsync failed; still delivered, per target",
+            self.queue_at_risk.clone(),
+        );
+        r.register(
             "tessera_ingester_sink_requests",
             "Storage requests, per target and outcome",
             self.sink_requests.clone(),
@@ -469,6 +484,8 @@ impl Metrics {
             replayed_records: self.queue_replayed.get_or_create(&by_target).clone(),
             corrupt_records: self.queue_corrupt.get_or_create(&by_target).clone(),
             fsyncs: self.queue_fsyncs.get_or_create(&by_target).clone(),
+            fsync_errors: self.queue_fsync_errors.get_or_create(&by_target).clone(),
+            records_at_risk: self.queue_at_risk.get_or_create(&by_target).clone(),
         }
     }
 

@@ -17,6 +17,15 @@
 //! segment's done log, so that after a crash only the requests that were in flight are
 //! sent again ([`segment`]).
 //!
+//! **Failed writes and fsyncs.** A record whose write or fsync failed is not counted (and
+//! not acknowledged: the batch is answered `Retryable`) and is cut off the segment. After a
+//! failed fsync the kernel may have dropped the segment's dirty pages, so nothing more is
+//! appended to it: it is sealed at what was counted, and the next append starts a new
+//! segment. With `fsync = "interval"` the records appended since the last good fsync were
+//! already acknowledged; they stay queued and are delivered while the process lives, and are
+//! counted as at risk (a power loss before their delivery loses them). Nothing waits for a
+//! restart: once the disk takes writes again, so does the queue.
+//!
 //! **Replay.** On start every segment is scanned: whole records are counted, a torn or
 //! corrupt tail (short header, impossible length, short payload, CRC mismatch) is counted
 //! and truncated, a file with a bad header is renamed `.corrupt`. Nothing panics. All old
@@ -49,6 +58,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
+use tessera_runtime::logging::RateLimitedLog;
 
 pub use reader::QueueReader;
 pub use segment::RequestKey;
@@ -102,6 +112,11 @@ pub struct QueueMetrics {
     pub corrupt_records: Counter,
     /// Fsyncs of segment files.
     pub fsyncs: Counter,
+    /// Fsyncs that failed (each seals its segment).
+    pub fsync_errors: Counter,
+    /// Acknowledged records (`fsync = "interval"`) written since the last good fsync when an
+    /// fsync failed: still delivered, but not known to be on disk.
+    pub records_at_risk: Counter,
 }
 
 /// Why the queue could not be opened.
@@ -129,13 +144,9 @@ pub enum AppendError {
         /// The bound.
         max: u64,
     },
-    /// Writing failed; the partial write was cut off.
+    /// Writing, fsyncing or starting a segment failed; nothing of the record is counted.
     #[error("queue write failed")]
     Io(#[from] io::Error),
-    /// An earlier failure left the segment in an unknown state (a failed fsync or a
-    /// failed cut-back); appends are refused until restart.
-    #[error("queue is broken after an earlier i/o failure: {0}")]
-    Broken(String),
 }
 
 /// Where a record is: segment id and byte offset.
@@ -255,11 +266,7 @@ pub fn open_visiting(
         );
     }
     let active = ids.last().map_or(1, |last| last + 1);
-    let file = segment::create(&dir, active).map_err(io_error)?;
-    if options.fsync != FsyncPolicy::Never {
-        file.sync_all().map_err(io_error)?;
-        segment::sync_dir(&dir).map_err(io_error)?;
-    }
+    let file = segment::create(&dir, active, options.fsync != FsyncPolicy::Never).map_err(io_error)?;
     let header = segment::MAGIC.len() as u64;
     state.bytes += header;
     state.segments.insert(active, Segment { len: header, ..Segment::default() });
@@ -274,8 +281,9 @@ pub fn open_visiting(
         segment: active,
         len: header,
         unsynced: false,
+        unsynced_records: 0,
         last_sync: Instant::now(),
-        broken: None,
+        seal_pending: false,
     };
     let reader = QueueReader { shared, segment: None, file: None, offset: 0 };
     Ok((queue, writer, reader, replay))
@@ -370,11 +378,22 @@ pub struct QueueWriter {
     shared: Arc<Shared>,
     file: File,
     segment: u64,
+    /// Bytes of the active segment that are counted (records appended and, by the policy,
+    /// made durable).
     len: u64,
+    /// Bytes written since the last fsync.
     unsynced: bool,
+    /// Counted records written since the last fsync.
+    unsynced_records: u64,
     last_sync: Instant,
-    broken: Option<String>,
+    /// The active segment takes no more appends (an fsync failed, or a failed write could
+    /// not be cut off): the next append seals it and starts a new one.
+    seal_pending: bool,
 }
+
+/// Failed fsyncs and cut-backs: a failing disk fails every retry, so a few are logged and
+/// all are counted.
+static QUEUE_DISK_LOG: RateLimitedLog = RateLimitedLog::new("ingester.queue_disk", 5);
 
 impl QueueWriter {
     fn queue(&self) -> Queue {
@@ -385,9 +404,6 @@ impl QueueWriter {
     /// policy. A record larger than the bound is still taken when nothing is pending, so
     /// that no batch is refused forever.
     pub fn append(&mut self, frame: &[u8]) -> Result<Position, AppendError> {
-        if let Some(reason) = &self.broken {
-            return Err(AppendError::Broken(reason.clone()));
-        }
         let added = frame.len() as u64;
         {
             let queue = self.queue();
@@ -398,20 +414,25 @@ impl QueueWriter {
             }
         }
         let header = segment::MAGIC.len() as u64;
-        if self.len > header && self.len + added > self.shared.options.segment_max_bytes {
+        if self.seal_pending || (self.len > header && self.len + added > self.shared.options.segment_max_bytes) {
             self.rotate()?;
         }
         let offset = self.len;
-        if let Err(error) = self.file.write_all(frame) {
-            if let Err(cut) = segment::cut_back(&mut self.file, offset) {
-                self.broken = Some(format!("cutting back a failed write: {cut}"));
-            }
-            return Err(AppendError::Io(error));
+        let written = self.file.write_all(frame);
+        if written.is_ok() {
+            self.unsynced = true;
+        }
+        let durable = written.map_err(AppendError::Io).and_then(|()| match self.shared.options.fsync {
+            FsyncPolicy::Always => self.sync(),
+            _ => Ok(()),
+        });
+        if let Err(error) = durable {
+            self.cut_off_uncounted();
+            return Err(error);
         }
         self.len += added;
-        self.unsynced = true;
-        if self.shared.options.fsync == FsyncPolicy::Always {
-            self.sync()?;
+        if self.unsynced {
+            self.unsynced_records += 1;
         }
         let queue = self.queue();
         let mut state = queue.lock();
@@ -439,18 +460,36 @@ impl QueueWriter {
         if !self.unsynced {
             return Ok(());
         }
-        if let Err(error) = self.file.sync_data() {
-            // After a failed fsync the kernel may have dropped the dirty pages: nothing
-            // written since the last good fsync can be trusted to be on disk.
-            let reason = format!("fsync of segment {}: {error}", self.segment);
-            tracing::error!(reason, "queue fsync failed; refusing further appends");
-            self.broken = Some(reason);
+        let synced = self.file.sync_data();
+        self.unsynced = false;
+        let at_risk = std::mem::take(&mut self.unsynced_records);
+        if let Err(error) = synced {
+            // After a failed fsync the kernel may have dropped the dirty pages, and a retry
+            // would report success without writing them: this segment takes no more.
+            let metrics = &self.shared.metrics;
+            metrics.fsync_errors.inc();
+            metrics.records_at_risk.inc_by(at_risk);
+            if QUEUE_DISK_LOG.allow() {
+                tracing::error!(%error, segment = self.segment, at_risk, "queue fsync failed; sealing the segment");
+            }
+            self.seal_pending = true;
             return Err(AppendError::Io(error));
         }
         self.shared.metrics.fsyncs.inc();
-        self.unsynced = false;
         self.last_sync = Instant::now();
         Ok(())
+    }
+
+    /// Cuts the file back to its counted length after a failed write or fsync; if that
+    /// fails too, the uncounted tail stays past the counted end (never read) and the
+    /// segment is sealed at the next append.
+    fn cut_off_uncounted(&mut self) {
+        if let Err(error) = segment::cut_back(&mut self.file, self.len) {
+            if QUEUE_DISK_LOG.allow() {
+                tracing::error!(%error, segment = self.segment, "cannot cut a failed write off the queue segment");
+            }
+            self.seal_pending = true;
+        }
     }
 
     /// Under [`FsyncPolicy::Interval`], fsyncs if the interval has passed since the last
@@ -467,17 +506,20 @@ impl QueueWriter {
         interval.saturating_sub(elapsed).max(Duration::from_millis(1))
     }
 
+    /// Seals the active segment and starts the next. A failed fsync of the old segment is
+    /// counted and does not stop the rotation; a failure to start the new one is returned,
+    /// and the next append tries again.
     fn rotate(&mut self) -> Result<(), AppendError> {
-        if self.shared.options.fsync != FsyncPolicy::Never {
-            self.sync()?;
+        let durable = self.shared.options.fsync != FsyncPolicy::Never;
+        if durable && !self.seal_pending {
+            let _ = self.sync();
+        }
+        if self.seal_pending {
+            let _ = segment::cut_back(&mut self.file, self.len);
         }
         let next = self.segment + 1;
-        let dir = self.shared.options.dir.clone();
-        let file = segment::create(&dir, next)?;
-        if self.shared.options.fsync != FsyncPolicy::Never {
-            file.sync_all()?;
-            segment::sync_dir(&dir)?;
-        }
+        let file = segment::create(&self.shared.options.dir, next, durable)?;
+        self.seal_pending = false;
         let previous = self.segment;
         self.file = file;
         self.segment = next;

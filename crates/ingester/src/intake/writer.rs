@@ -233,7 +233,7 @@ impl Writer {
                 self.converter.rollback();
                 let reason = match error {
                     AppendError::Full { .. } => "queue_full",
-                    AppendError::Io(_) | AppendError::Broken(_) => {
+                    AppendError::Io(_) => {
                         // A full disk fails every retry: log a few, count them all (batch_acks_total).
                         if QUEUE_IO_LOG.allow() {
                             tracing::error!(error = %format!("{:#}", anyhow::Error::from(error)), "cannot append to the queue");

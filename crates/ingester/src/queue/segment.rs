@@ -57,13 +57,18 @@ pub fn list_segments(dir: &Path) -> io::Result<Vec<u64>> {
     Ok(ids)
 }
 
-/// Creates segment `id` with its header.
-pub fn create(dir: &Path, id: u64) -> io::Result<File> {
+/// Creates segment `id` with its header, fsynced with its directory when `durable`; on any
+/// failure nothing is left behind.
+pub fn create(dir: &Path, id: u64, durable: bool) -> io::Result<File> {
     let path = segment_path(dir, id);
     let mut file = OpenOptions::new().create_new(true).read(true).write(true).open(&path)?;
-    if let Err(error) = file.write_all(&MAGIC) {
-        // A full disk: leave no half-made segment behind, or the next try would find it
-        // in the way (`create_new`) and the queue could never rotate again.
+    let made = file.write_all(&MAGIC).and_then(|()| match durable {
+        true => file.sync_all().and_then(|()| sync_dir(dir)),
+        false => Ok(()),
+    });
+    if let Err(error) = made {
+        // A full or failing disk: leave no half-made segment behind, or the next try would
+        // find it in the way (`create_new`) and the queue could never rotate again.
         drop(file);
         let _ = std::fs::remove_file(&path);
         return Err(error);

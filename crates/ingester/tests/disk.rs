@@ -1,0 +1,369 @@
+//! The disk under the ingester's queue failing, for real.
+//!
+//! - **Full**: the queue lives on a small tmpfs that the test mounts and fills. While it is
+//!   full every batch is answered `Retryable` (`queue_io`) and nothing unwritten is
+//!   acknowledged; once space is back the ingester takes batches again on its own (rotating
+//!   segments included).
+//! - **Failing fsync**: the queue lives on an ext2 filesystem on a loop device whose sparse
+//!   backing file sits on a small tmpfs; once that tmpfs is full, `write` still succeeds but
+//!   writing the new blocks back fails below the filesystem and `fsync` reports it. The batch
+//!   is answered `Retryable`, the segment is sealed, and once the device takes writes again
+//!   the queue goes on in a new segment, with no restart.
+//!
+//! In every case each batch that was acknowledged reaches the sink exactly once.
+
+mod support {
+    pub mod wire;
+}
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use support::wire::{batch, counter, metric_value, recent_tile_end_ms, start_ingester, wait_until};
+use tessera_proto::{AckStatus, TileBatch};
+
+const SERIES: usize = 20;
+
+/// A tmpfs of `bytes` mounted on a fresh directory, unmounted on drop.
+struct SmallDisk {
+    dir: tempfile::TempDir,
+}
+
+impl SmallDisk {
+    fn mount(bytes: u64) -> SmallDisk {
+        let dir = tempfile::tempdir().unwrap();
+        let status = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={bytes}"), "tmpfs"])
+            .arg(dir.path())
+            .status()
+            .expect("run mount");
+        assert!(
+            status.success(),
+            "mounting a tmpfs failed: this test needs root (or CAP_SYS_ADMIN), as scripts/test.sh has"
+        );
+        SmallDisk { dir }
+    }
+
+    fn filler(&self) -> PathBuf {
+        self.path().join("filler")
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Grows a file until the disk is full (again: the ingester frees space as its queue
+    /// drains); returns its path.
+    fn fill(&self) -> PathBuf {
+        let path = self.filler();
+        let mut file = std::fs::OpenOptions::new().create(true).append(true).open(&path).unwrap();
+        let chunk = vec![0u8; 1024];
+        while file.write_all(&chunk).is_ok() {}
+        path
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(self.dir.path()).status();
+    }
+}
+
+fn run(program: &str, args: &[&str]) -> String {
+    let output = Command::new(program).args(args).output().unwrap_or_else(|error| panic!("run {program}: {error}"));
+    assert!(
+        output.status.success(),
+        "{program} {args:?} failed (this test needs root and e2fsprogs, as scripts/test.sh has): {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).trim().to_owned()
+}
+
+/// An ext2 filesystem (4 KiB blocks, `errors=continue`) on a loop device whose backing file
+/// is a sparse 64 MiB file on a 16 MiB tmpfs. The filesystem always has room; the tmpfs
+/// runs out. Unmounted and detached on drop.
+struct FailingDisk {
+    mount: tempfile::TempDir,
+    device: String,
+    back: SmallDisk,
+}
+
+impl FailingDisk {
+    fn mount() -> FailingDisk {
+        let back = SmallDisk::mount(16 << 20);
+        let image = back.path().join("disk.img");
+        std::fs::File::create(&image).unwrap().set_len(64 << 20).unwrap();
+        let device = run("losetup", &["--find", "--show", image.to_str().unwrap()]);
+        let mount = tempfile::tempdir().unwrap();
+        let disk = FailingDisk { mount, device, back };
+        run("mkfs.ext2", &["-q", "-F", "-b", "4096", "-N", "256", &disk.device]);
+        run("mount", &["-o", "errors=continue", &disk.device, disk.path().to_str().unwrap()]);
+        disk
+    }
+
+    fn path(&self) -> &Path {
+        self.mount.path()
+    }
+
+    /// From now on, until [`FailingDisk::heal`], writing back any block the filesystem
+    /// allocates fails: `fstrim` punches every free block out of the backing file, then the
+    /// tmpfs is filled, so a newly written block finds no page to land in. Writes already
+    /// made to allocated blocks (the tail of a segment's last block) still succeed.
+    fn fail_new_blocks(&self) {
+        run("fstrim", &[self.path().to_str().unwrap()]);
+        self.back.fill();
+    }
+
+    fn heal(&self) {
+        std::fs::remove_file(self.back.filler()).unwrap();
+    }
+}
+
+impl Drop for FailingDisk {
+    fn drop(&mut self) {
+        let mount = self.mount.path().to_str().unwrap_or_default();
+        let unmounted = Command::new("umount").arg(mount).status().is_ok_and(|status| status.success());
+        if !unmounted {
+            let _ = Command::new("umount").args(["-l", mount]).status();
+        }
+        // Detaches now, or when the lazy unmount lets go of it (autoclear).
+        let _ = Command::new("losetup").args(["-d", &self.device]).status();
+    }
+}
+
+fn tiles_at(sequence: u64, t0: i64) -> TileBatch {
+    let tiles = (0..SERIES).map(|n| counter(&format!("disk.full.c{n}"), 1.0)).collect();
+    batch(sequence, "10s:2d", t0 + sequence as i64 * 10_000, tiles)
+}
+
+/// Every `disk_full_c*_total` sample in the sink's closed files: series -> [(time, value)].
+fn sink_samples(dir: &Path) -> BTreeMap<String, Vec<(String, f64)>> {
+    let mut samples: BTreeMap<String, Vec<(String, f64)>> = BTreeMap::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|extension| extension != "om") {
+            continue;
+        }
+        for line in std::fs::read_to_string(&path).unwrap().lines().filter(|line| line.starts_with("disk_full_c")) {
+            let mut fields = line.rsplitn(3, ' ');
+            let (Some(time), Some(value), Some(series)) = (fields.next(), fields.next(), fields.next()) else {
+                continue;
+            };
+            samples.entry(series.to_owned()).or_default().push((time.to_owned(), value.parse().unwrap()));
+        }
+    }
+    samples
+}
+
+/// Batches `0..total` are each in the sink once: one sample per series and tile, the
+/// cumulative counters counting up by one.
+fn assert_each_batch_once(sink: &Path, total: u64) {
+    let samples = sink_samples(sink);
+    assert_eq!(samples.len(), SERIES, "{samples:?}");
+    for (series, points) in samples {
+        let values: Vec<f64> = points.iter().map(|(_, value)| *value).collect();
+        let expected: Vec<f64> = (1..=total).map(|n| n as f64).collect();
+        assert_eq!(values, expected, "{series}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_is_answered_retryable_and_the_queue_recovers_when_space_is_back() {
+    let disk = SmallDisk::mount(512 << 10);
+    let sink = tempfile::tempdir().unwrap();
+    let config = format!(
+        "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\n[queue]\nsegment_max_bytes = 4096\n\
+         [sink]\nkind = \"file\"\ndir = \"{}\"\nrotate_secs = 3600\n",
+        disk.path().display(),
+        sink.path().display()
+    );
+    let (ingester, telemetry, shutdown, mut sender) = start_ingester(&config).await;
+    let t0 = recent_tile_end_ms(10);
+
+    for sequence in 0..3 {
+        let ack = sender.send(tiles_at(sequence, t0)).await;
+        assert_eq!(ack.status, AckStatus::Ok as i32, "{ack:?}");
+    }
+    // The disk fills up. A batch that still fits in the segment's last allocated page is
+    // taken (it is written); the first that needs a new page or a new segment is refused,
+    // retryably, and so is every try while the disk stays full. Each time, the queue has
+    // drained first and holds only its active segment, so that it frees no space of its
+    // own between the filling and the try.
+    let queue = ingester.queue("default").unwrap();
+    let settled = || ingester.pending_records() == 0 && queue.segments() == 1;
+    let mut refused_at = None;
+    for sequence in 3..13 {
+        wait_until("the queue to settle", Duration::from_secs(10), settled).await;
+        disk.fill();
+        let ack = sender.send(tiles_at(sequence, t0)).await;
+        match AckStatus::try_from(ack.status) {
+            Ok(AckStatus::Ok) => {}
+            Ok(AckStatus::Retryable) => {
+                assert_eq!(ack.reason, "queue_io", "{ack:?}");
+                refused_at = Some(sequence);
+                break;
+            }
+            _ => panic!("unexpected answer on a full disk: {ack:?}"),
+        }
+    }
+    let refused_at = refused_at.expect("a batch refused while the disk is full");
+    for _ in 0..4 {
+        wait_until("the queue to settle", Duration::from_secs(10), settled).await;
+        disk.fill();
+        let ack = sender.send(tiles_at(refused_at, t0)).await;
+        assert_eq!((ack.status, ack.reason.as_str()), (AckStatus::Retryable as i32, "queue_io"), "{ack:?}");
+    }
+    let text = telemetry.encode().unwrap();
+    assert!(metric_value(&text, "tessera_ingester_batch_acks_total", r#"status="retryable",reason="queue_io""#) >= 5.0);
+
+    // Space is back: the same batch is taken, and the ones after it, with no restart.
+    std::fs::remove_file(disk.filler()).unwrap();
+    tokio::time::timeout(Duration::from_secs(30), sender.send_until_ok(tiles_at(refused_at, t0)))
+        .await
+        .expect("the queue takes batches again within 30 s of space coming back");
+    let total = refused_at + 10;
+    for sequence in refused_at + 1..total {
+        let ack = sender.send(tiles_at(sequence, t0)).await;
+        assert_eq!(ack.status, AckStatus::Ok as i32, "batch {sequence} after recovery: {ack:?}");
+    }
+    wait_until("the queue to drain", Duration::from_secs(30), || ingester.pending_records() == 0).await;
+    shutdown.trigger();
+    ingester.wait().await;
+
+    assert_each_batch_once(sink.path(), total);
+}
+
+fn ingester_config(data_dir: &Path, sink: &Path, queue: &str) -> String {
+    format!(
+        "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\n[queue]\n{queue}\n\
+         [sink]\nkind = \"file\"\ndir = \"{}\"\nrotate_secs = 3600\n",
+        data_dir.display(),
+        sink.display()
+    )
+}
+
+fn queue_counter(text: &str, name: &str) -> f64 {
+    metric_value(text, name, r#"target="default""#)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_fsync_is_answered_retryable_and_the_queue_goes_on_in_a_new_segment() {
+    let disk = FailingDisk::mount();
+    let sink = tempfile::tempdir().unwrap();
+    // fsync = "always" (the default): a batch is acknowledged only after its fsync.
+    let (ingester, telemetry, shutdown, mut sender) =
+        start_ingester(&ingester_config(disk.path(), sink.path(), "fsync = \"always\"")).await;
+    let t0 = recent_tile_end_ms(10);
+    for sequence in 0..3 {
+        let ack = sender.send(tiles_at(sequence, t0)).await;
+        assert_eq!(ack.status, AckStatus::Ok as i32, "{ack:?}");
+    }
+
+    // New blocks fail to write back. A batch that fits in the segment's last block is taken;
+    // the first that needs a new block is written, its fsync fails, and it is refused.
+    let queue = ingester.queue("default").unwrap();
+    let settled = || ingester.pending_records() == 0 && queue.segments() == 1;
+    let mut refused_at = None;
+    for sequence in 3..13 {
+        wait_until("the queue to settle", Duration::from_secs(10), settled).await;
+        disk.fail_new_blocks();
+        let ack = sender.send(tiles_at(sequence, t0)).await;
+        match AckStatus::try_from(ack.status) {
+            Ok(AckStatus::Ok) => {}
+            Ok(AckStatus::Retryable) => {
+                assert_eq!(ack.reason, "queue_io", "{ack:?}");
+                refused_at = Some(sequence);
+                break;
+            }
+            _ => panic!("unexpected answer to a failed fsync: {ack:?}"),
+        }
+    }
+    let refused_at = refused_at.expect("a batch refused when its fsync failed");
+    let text = telemetry.encode().unwrap();
+    assert_eq!(
+        queue_counter(&text, "tessera_ingester_queue_fsync_errors_total"),
+        1.0,
+        "the refusal was a failed fsync"
+    );
+    // While the device keeps failing, starting a new segment fails too: still refused.
+    for _ in 0..3 {
+        wait_until("the queue to settle", Duration::from_secs(10), settled).await;
+        disk.fail_new_blocks();
+        let ack = sender.send(tiles_at(refused_at, t0)).await;
+        assert_eq!((ack.status, ack.reason.as_str()), (AckStatus::Retryable as i32, "queue_io"), "{ack:?}");
+    }
+
+    // The device takes writes again: the same batch is taken in a new segment, and the
+    // ones after it, with no restart.
+    disk.heal();
+    tokio::time::timeout(Duration::from_secs(30), sender.send_until_ok(tiles_at(refused_at, t0)))
+        .await
+        .expect("the queue takes batches again within 30 s of the device working");
+    let total = refused_at + 10;
+    for sequence in refused_at + 1..total {
+        let ack = sender.send(tiles_at(sequence, t0)).await;
+        assert_eq!(ack.status, AckStatus::Ok as i32, "batch {sequence} after recovery: {ack:?}");
+    }
+    wait_until("the queue to drain", Duration::from_secs(30), || ingester.pending_records() == 0).await;
+    let text = telemetry.encode().unwrap();
+    assert!(metric_value(&text, "tessera_ingester_batch_acks_total", r#"status="retryable",reason="queue_io""#) >= 4.0);
+    // Nothing acknowledged was left undurable: with fsync = "always" nothing is at risk.
+    assert_eq!(queue_counter(&text, "tessera_ingester_queue_records_at_risk_total"), 0.0);
+    shutdown.trigger();
+    ingester.wait().await;
+    assert_each_batch_once(sink.path(), total);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_interval_fsync_acknowledged_records_of_a_failed_fsync_are_counted_at_risk_and_still_delivered() {
+    let disk = FailingDisk::mount();
+    let sink = tempfile::tempdir().unwrap();
+    // The interval is long enough that the only fsync is the one sealing a full segment.
+    let queue_config = "fsync = \"interval\"\nfsync_interval_ms = 600000\nsegment_max_bytes = 16384";
+    let (ingester, telemetry, shutdown, mut sender) =
+        start_ingester(&ingester_config(disk.path(), sink.path(), queue_config)).await;
+    let t0 = recent_tile_end_ms(10);
+    let queue = ingester.queue("default").unwrap();
+    wait_until("the queue to settle", Duration::from_secs(10), || queue.segments() == 1).await;
+    disk.fail_new_blocks();
+
+    // Batches are acknowledged once written; the one that fills the segment makes it rotate,
+    // the fsync sealing it fails, and the new segment cannot be made durable: refused.
+    let mut refused_at = None;
+    for sequence in 0..200 {
+        let ack = sender.send(tiles_at(sequence, t0)).await;
+        match AckStatus::try_from(ack.status) {
+            Ok(AckStatus::Ok) => {}
+            Ok(AckStatus::Retryable) => {
+                assert_eq!(ack.reason, "queue_io", "{ack:?}");
+                refused_at = Some(sequence);
+                break;
+            }
+            _ => panic!("unexpected answer to a failed fsync: {ack:?}"),
+        }
+    }
+    let refused_at = refused_at.expect("a batch refused when the segment's fsync failed");
+    assert!(refused_at >= 2, "the segment held several acknowledged batches before it filled");
+    let text = telemetry.encode().unwrap();
+    assert_eq!(queue_counter(&text, "tessera_ingester_queue_fsync_errors_total"), 1.0);
+    // Every batch acknowledged since the last good fsync (all of them: there was none).
+    assert_eq!(queue_counter(&text, "tessera_ingester_queue_records_at_risk_total"), refused_at as f64);
+
+    disk.heal();
+    tokio::time::timeout(Duration::from_secs(30), sender.send_until_ok(tiles_at(refused_at, t0)))
+        .await
+        .expect("the queue takes batches again within 30 s of the device working");
+    let total = refused_at + 5;
+    for sequence in refused_at + 1..total {
+        let ack = sender.send(tiles_at(sequence, t0)).await;
+        assert_eq!(ack.status, AckStatus::Ok as i32, "batch {sequence} after recovery: {ack:?}");
+    }
+    wait_until("the queue to drain", Duration::from_secs(30), || ingester.pending_records() == 0).await;
+    shutdown.trigger();
+    ingester.wait().await;
+    // The records at risk were still delivered: the process never lost them.
+    assert_each_batch_once(sink.path(), total);
+}
