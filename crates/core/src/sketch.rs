@@ -138,7 +138,7 @@ pub enum SketchError {
 
 /// A mergeable quantile sketch with Prometheus native-histogram buckets; see the
 /// [module docs](self).
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct Sketch {
     schema: i32,
     zero_count: f64,
@@ -149,6 +149,28 @@ pub struct Sketch {
 impl Default for Sketch {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+impl Clone for Sketch {
+    fn clone(&self) -> Self {
+        Sketch {
+            schema: self.schema,
+            zero_count: self.zero_count,
+            positive: self.positive.clone(),
+            negative: self.negative.clone(),
+        }
+    }
+
+    /// Copies `source` into the memory this sketch already holds (no allocation once it is big
+    /// enough), so a pool of sketches can be reused.
+    fn clone_from(&mut self, source: &Self) {
+        self.schema = source.schema;
+        self.zero_count = source.zero_count;
+        self.positive.counts.clone_from(&source.positive.counts);
+        self.positive.offset = source.positive.offset;
+        self.negative.counts.clone_from(&source.negative.counts);
+        self.negative.offset = source.negative.offset;
     }
 }
 
@@ -312,6 +334,13 @@ impl Sketch {
         self.negative.counts.fill(0.0);
     }
 
+    /// Empties the sketch and sets its schema (clamped into `MIN_SCHEMA..=MAX_SCHEMA`),
+    /// keeping its memory for reuse.
+    pub fn clear_with_schema(&mut self, schema: i32) {
+        self.clear();
+        self.schema = schema.clamp(MIN_SCHEMA, MAX_SCHEMA);
+    }
+
     /// The non-zero buckets of positive values as `(index, weight)`, by increasing index.
     pub fn positive_buckets(&self) -> impl Iterator<Item = (i32, f64)> + '_ {
         self.positive.buckets()
@@ -321,6 +350,11 @@ impl Sketch {
     /// magnitude (so from the values closest to zero to the most negative).
     pub fn negative_buckets(&self) -> impl Iterator<Item = (i32, f64)> + '_ {
         self.negative.buckets()
+    }
+
+    /// The number of non-zero buckets, positive and negative (the zero bucket not counted).
+    pub fn bucket_count(&self) -> usize {
+        self.positive_buckets().count() + self.negative_buckets().count()
     }
 
     /// The heap memory the sketch holds, in bytes.

@@ -73,7 +73,7 @@ fn main() {
     let options = QueueOptions::new(dir.path().to_owned(), 1 << 40, 64 << 20, FsyncPolicy::Never);
     let (queue, queue_writer, mut reader, _) = queue::open(options, Default::default()).expect("open the queue");
     let mut writer = Writer {
-        converter: Converter::new(&[0.5, 0.9, 0.99], 3_600_000),
+        converters: vec![Converter::new(&[0.5, 0.9, 0.99], 3_600_000)],
         queues: vec![queue_writer],
         routes: HashMap::new(),
         recent: RecentBatches::new(1024),

@@ -87,8 +87,10 @@ fn bodies(labels: &[Bytes], value: f64, timestamp_ms: i64, per_request: usize) -
     labels
         .chunks(per_request)
         .map(|chunk| {
-            let samples: Vec<StoredSample> =
-                chunk.iter().map(|labels| StoredSample { labels: labels.clone(), value, kind: 1 }).collect();
+            let samples: Vec<StoredSample> = chunk
+                .iter()
+                .map(|labels| StoredSample { labels: labels.clone(), value, kind: 1, ..Default::default() })
+                .collect();
             let mut body = Vec::new();
             prompb::encode_write_request(&mut body, &samples, timestamp_ms);
             Bytes::from(prompb::compress(&body).expect("snappy"))

@@ -58,6 +58,11 @@
 //! kind = "remote_write"
 //! url = "http://127.0.0.1:9090/api/v1/write"
 //! m3_headers = false             # M3-Metrics-Type / M3-Storage-Policy headers
+//! # Timers, histograms and distributions: "native" (one cumulative native histogram per
+//! # series; Prometheus with --enable-feature=native-histograms), "summary" (quantile series
+//! # with _sum and _count: VictoriaMetrics, the M3 coordinator) or "both".
+//! histograms = "native"
+//! max_buckets = 160              # a native histogram with more buckets lowers its schema
 //! request_timeout_ms = 10000
 //! connect_timeout_ms = 2000
 //!
@@ -72,7 +77,12 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+pub use crate::mapping::HistogramMode;
 use crate::queue::FsyncPolicy;
+
+/// The smallest `max_buckets`: at the coarsest schema (-4, a bucket per 2^16) every finite
+/// magnitude fits in 128 buckets a sign, and usual data in far fewer.
+pub const MIN_MAX_BUCKETS: usize = 16;
 use crate::sink::remote_write::parse_url;
 
 /// The whole configuration; see the [module docs](self).
@@ -307,6 +317,10 @@ pub struct RemoteWriteConfig {
     pub request_timeout_ms: u64,
     /// TCP connect deadline, milliseconds.
     pub connect_timeout_ms: u64,
+    /// How timers, histograms and distributions are written.
+    pub histograms: HistogramMode,
+    /// Most buckets of a native histogram; beyond, its schema is lowered.
+    pub max_buckets: usize,
 }
 
 impl Default for RemoteWriteConfig {
@@ -316,6 +330,8 @@ impl Default for RemoteWriteConfig {
             m3_headers: false,
             request_timeout_ms: 10_000,
             connect_timeout_ms: 2_000,
+            histograms: HistogramMode::Native,
+            max_buckets: 160,
         }
     }
 }
@@ -418,6 +434,9 @@ fn validate_sink(key: &str, sink: &SinkConfig) -> Result<(), ConfigError> {
             }
             if remote.request_timeout_ms == 0 || remote.connect_timeout_ms == 0 {
                 return invalid("request_timeout_ms", "timeouts must be at least 1 ms".into());
+            }
+            if remote.max_buckets < MIN_MAX_BUCKETS {
+                return invalid("max_buckets", format!("must be at least {MIN_MAX_BUCKETS}"));
             }
         }
     }

@@ -167,6 +167,7 @@ impl Ingester {
         let mut recent = RecentBatches::new(RECENT_BATCHES);
         let mut running = Vec::new();
         let mut writers: Vec<QueueWriter> = Vec::new();
+        let mut converters = Vec::new();
         let mut routes = HashMap::new();
         for (index, (name, policy, sink_config)) in config.targets().into_iter().enumerate() {
             let dir_name = target_dir_name(&name);
@@ -226,6 +227,7 @@ impl Ingester {
                 routes.insert(policy, index);
             }
             writers.push(writer);
+            converters.push(converter_for(&config, &sink_config));
             running.push(RunningTarget { name, queue, pool, sink });
         }
         tokio::spawn(measure_pace(
@@ -234,9 +236,7 @@ impl Ingester {
         ));
 
         let (jobs, job_receiver) = mpsc::channel(config.max_connections.clamp(1, 1024));
-        let converter =
-            Converter::new(&config.mapping.quantiles, config.mapping.counter_expire_after_secs as i64 * 1000);
-        let writer = Writer { converter, queues: writers, routes, recent, metrics: metrics.clone() };
+        let writer = Writer { converters, queues: writers, routes, recent, metrics: metrics.clone() };
         let writer = tessera_runtime::daemon::spawn_thread("intake-writer", move || writer.run(job_receiver))?;
         let tick = Duration::from_millis((config.queue.fsync_interval_ms / 2).clamp(5, 1000));
         tokio::spawn(tick_writer(jobs.clone(), tick, shutdown.clone()));
@@ -299,6 +299,17 @@ impl Ingester {
         if let Err(error) = self.supervisor.await {
             tracing::error!(%error, "ingester supervisor failed");
         }
+    }
+}
+
+/// The converter of one target: a remote-write target writes distributions as its
+/// `histograms` setting says, a file target as summaries (OpenMetrics text has no native
+/// histograms).
+fn converter_for(config: &Config, sink: &SinkConfig) -> Converter {
+    let converter = Converter::new(&config.mapping.quantiles, config.mapping.counter_expire_after_secs as i64 * 1000);
+    match sink {
+        SinkConfig::RemoteWrite(remote) => converter.with_histograms(remote.histograms, remote.max_buckets),
+        SinkConfig::File(_) => converter,
     }
 }
 

@@ -11,13 +11,25 @@
 //! | counter | `<name>_total`, **cumulative** (counter; a name already ending in `_total` keeps it) |
 //! | gauge | `<name>`: the tile's value; a tile holding only `+N`/`-N` deltas gives `0 + delta` (gauge) |
 //! | set | `<name>`: the estimated number of distinct members in the tile (gauge) |
-//! | timer, histogram, distribution | `<name>{quantile="0.5"\|"0.9"\|"0.99"}` per tile, `<name>_sum` and `<name>_count` cumulative (summary); `<name>_min`, `<name>_max` per tile (gauges) |
+//! | timer, histogram, distribution | by the target's `histograms` setting ([`HistogramMode`]): `native` (remote write's default), `<name>` as a cumulative native histogram; `summary` (the file sink's only choice), `<name>{quantile="0.5"\|"0.9"\|"0.99"}` per tile with `<name>_sum` and `<name>_count` cumulative; `both`; and always `<name>_min`, `<name>_max` per tile (gauges) |
 //!
 //! **Cumulative values.** Counters, `_sum` and `_count` are running totals per series
 //! (name, tags and resolution), kept in memory and added to in record order. A restart
 //! starts them from 0 again, which storage sees as a counter reset (`rate()` and
 //! `increase()` handle it); so does a series idle for longer than the expiry.
 //! Quantiles are clamped to the tile's `[min, max]`.
+//!
+//! **Native histograms.** The sketch's buckets are Prometheus' (schema 5 by default), so a
+//! histogram is the running sum of the tiles' sketches: per series the converter keeps that
+//! cumulative sketch and the running sum, and writes them at each tile (spans, integer
+//! counts, zero bucket, count and sum; [`crate::prompb::HistogramEncoder`]). Cumulative, like
+//! the counters, so that `rate()` and `sum()` across series and hosts work as for any
+//! Prometheus histogram. A series' first sample since the converter started (or since its
+//! total expired) carries the reset hint `YES`. When the cumulative histogram has more buckets
+//! than the target's `max_buckets`, its schema is lowered one step at a time (neighbouring
+//! buckets merge, exactly as Prometheus reduces a schema) until it fits; it never goes back
+//! up, so a series' schema only falls. The quantile error bound is then that of the lower
+//! schema (see the README).
 //!
 //! **Each tile counts once.** For every cumulative series the converter remembers the
 //! end of the newest tile written, what that tile added, which of the 64 tiles before it
@@ -56,7 +68,47 @@ use tessera_core::parse::MetricKind;
 use tessera_core::series::split_id;
 use tessera_proto::TileBatch;
 
+use serde::Deserialize;
+use tessera_core::sketch::{MIN_SCHEMA, Sketch};
+
+use crate::prompb::HistogramEncoder;
 use crate::record::{Record, SampleKind, StoredSample};
+
+/// How timers, histograms and distributions are written to a target.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HistogramMode {
+    /// One cumulative native histogram per series (remote write only).
+    #[default]
+    Native,
+    /// Quantile samples per tile with cumulative `_sum` and `_count`.
+    Summary,
+    /// Both: the summary's series and the native histogram (which shares the name of the
+    /// quantile series, so aggregations select it with `{quantile=""}`).
+    Both,
+}
+
+/// The running native histogram of one series.
+#[derive(Default)]
+struct Cumulative {
+    sketch: Sketch,
+    sum: f64,
+    /// A sample of it has been written (the next is not a reset).
+    written: bool,
+}
+
+/// Where a sample's bytes are in the arena, and what it is.
+#[derive(Debug, Clone, Copy)]
+struct Span {
+    labels: (usize, usize),
+    /// The encoded histogram, or an empty range.
+    histogram: (usize, usize),
+    value: f64,
+    kind: SampleKind,
+}
+
+/// Spare cumulative histograms kept for reuse (each holds its bucket memory).
+const SPARE_HISTOGRAMS: usize = 256;
 
 /// Why a whole batch was refused.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -214,6 +266,7 @@ impl Hasher for PrehashedKey {
 }
 
 type Totals = HashMap<u128, Total, BuildHasherDefault<PrehashedKey>>;
+type Histograms = HashMap<u128, Cumulative, BuildHasherDefault<PrehashedKey>>;
 
 /// Converts tile batches into records; holds the running totals. See the [module docs](self).
 pub struct Converter {
@@ -230,7 +283,15 @@ pub struct Converter {
     arena: Vec<u8>,
     /// Label bytes per tile of the last batch, to size the next arena at once.
     arena_bytes_per_tile: usize,
-    spans: Vec<(usize, usize, f64, SampleKind)>,
+    spans: Vec<Span>,
+    histogram_mode: HistogramMode,
+    max_buckets: usize,
+    /// Running native histograms, by the key of their series (whose count is in `totals`).
+    histograms: Histograms,
+    /// Histograms of the last conversion, kept at [`Converter::commit`].
+    pending: Vec<(u128, Cumulative)>,
+    spare: Vec<Cumulative>,
+    encoder: HistogramEncoder,
 }
 
 /// What one tile turns into, before the labels are encoded.
@@ -242,8 +303,8 @@ struct Emit<'a> {
 }
 
 impl Converter {
-    /// A converter emitting `quantiles` for distributions and forgetting the running total
-    /// of a series not written for `expire_after_ms`.
+    /// A converter writing distributions as summaries with `quantiles` and forgetting the
+    /// running total of a series not written for `expire_after_ms`.
     pub fn new(quantiles: &[f64], expire_after_ms: i64) -> Converter {
         Converter {
             quantiles: quantiles.iter().map(|q| (*q, q.to_string())).collect(),
@@ -258,7 +319,21 @@ impl Converter {
             arena: Vec::new(),
             arena_bytes_per_tile: 0,
             spans: Vec::new(),
+            histogram_mode: HistogramMode::Summary,
+            max_buckets: usize::MAX,
+            histograms: Histograms::default(),
+            pending: Vec::new(),
+            spare: Vec::new(),
+            encoder: HistogramEncoder::default(),
         }
+    }
+
+    /// Writes distributions as `mode` says, native histograms with at most `max_buckets`
+    /// buckets (see the [module docs](self)).
+    pub fn with_histograms(mut self, mode: HistogramMode, max_buckets: usize) -> Converter {
+        self.histogram_mode = mode;
+        self.max_buckets = max_buckets.max(1);
+        self
     }
 
     /// Series with a running total in memory.
@@ -276,6 +351,7 @@ impl Converter {
             return Err(BatchError::TileEnd { source_name: batch.source.clone(), tile_end_ms: batch.tile_end_ms });
         }
         self.undo.clear();
+        self.discard_pending();
         self.arena.clear();
         self.arena.reserve(batch.tiles.len() * self.arena_bytes_per_tile);
         self.spans.clear();
@@ -347,10 +423,11 @@ impl Converter {
         let samples = self
             .spans
             .iter()
-            .map(|&(start, end, value, kind)| StoredSample {
-                labels: arena.slice(start..end),
-                value,
-                kind: kind as i32,
+            .map(|span| StoredSample {
+                labels: arena.slice(span.labels.0..span.labels.1),
+                value: span.value,
+                kind: span.kind as i32,
+                histogram: arena.slice(span.histogram.0..span.histogram.1),
             })
             .collect();
         let record = Record {
@@ -372,10 +449,18 @@ impl Converter {
     /// tile time).
     pub fn commit(&mut self) {
         self.undo.clear();
+        for (key, histogram) in self.pending.drain(..) {
+            if let Some(previous) = self.histograms.insert(key, histogram) {
+                self.spare.push(previous);
+            }
+        }
+        self.spare.truncate(SPARE_HISTOGRAMS);
         if self.newest_tile_end_ms.saturating_sub(self.last_sweep_tile_end_ms) >= 60_000 {
             self.last_sweep_tile_end_ms = self.newest_tile_end_ms;
             let oldest_kept = self.newest_tile_end_ms.saturating_sub(self.expire_after_ms);
             self.totals.retain(|_, total| total.last_tile_end_ms >= oldest_kept);
+            let totals = &self.totals;
+            self.histograms.retain(|key, _| totals.contains_key(key));
         }
     }
 
@@ -387,6 +472,18 @@ impl Converter {
                 None => self.totals.remove(&key),
             };
         }
+        self.discard_pending();
+    }
+
+    /// Native histograms kept in memory (each holds its buckets).
+    pub fn cumulative_histograms(&self) -> usize {
+        self.histograms.len()
+    }
+
+    fn discard_pending(&mut self) {
+        let pending = self.pending.drain(..).map(|(_, histogram)| histogram);
+        self.spare.extend(pending);
+        self.spare.truncate(SPARE_HISTOGRAMS);
     }
 
     fn counter(&mut self, delta: f64, resolution: &str, at: TileRef) -> Verdict {
@@ -395,7 +492,7 @@ impl Converter {
         let key = xxhash_rust::xxh3::xxh3_128(&self.arena[span.0..span.1]);
         let verdict = self.add_to_total(key, delta, at, None);
         match verdict {
-            Verdict::Write(value) => self.spans.push((span.0, span.1, value, SampleKind::Counter)),
+            Verdict::Write(value) => self.push_span(span, value, SampleKind::Counter),
             _ => self.arena.truncate(span.0),
         }
         verdict
@@ -403,10 +500,29 @@ impl Converter {
 
     fn distribution(
         &mut self,
-        summary: &tessera_core::aggregate::Distribution,
+        distribution: &tessera_core::aggregate::Distribution,
         resolution: &str,
         at: TileRef,
     ) -> Verdict {
+        let verdict = match self.histogram_mode {
+            HistogramMode::Summary => self.summary(distribution, resolution, at),
+            HistogramMode::Native => self.native(distribution, resolution, at, None),
+            HistogramMode::Both => {
+                let verdict = self.summary(distribution, resolution, at);
+                self.native(distribution, resolution, at, Some(verdict));
+                verdict
+            }
+        };
+        let (min, max) = (distribution.min, distribution.max);
+        if matches!(verdict, Verdict::Write(_)) && min.is_finite() && max.is_finite() && min <= max {
+            self.emit(resolution, &Emit { suffix: "_min", quantile: None, value: min, kind: SampleKind::Gauge });
+            self.emit(resolution, &Emit { suffix: "_max", quantile: None, value: max, kind: SampleKind::Gauge });
+        }
+        verdict
+    }
+
+    /// The summary of a distribution: quantiles of the tile, cumulative `_count` and `_sum`.
+    fn summary(&mut self, summary: &tessera_core::aggregate::Distribution, resolution: &str, at: TileRef) -> Verdict {
         let count_span = self.encode(resolution, "_count", None);
         let count_key = xxhash_rust::xxh3::xxh3_128(&self.arena[count_span.0..count_span.1]);
         let sum_span = self.encode(resolution, "_sum", None);
@@ -418,8 +534,8 @@ impl Converter {
             self.arena.truncate(count_span.0);
             return count;
         };
-        self.spans.push((count_span.0, count_span.1, count, SampleKind::SummaryCount));
-        self.spans.push((sum_span.0, sum_span.1, sum, SampleKind::SummarySum));
+        self.push_span(count_span, count, SampleKind::SummaryCount);
+        self.push_span(sum_span, sum, SampleKind::SummarySum);
         let (min, max) = (summary.min, summary.max);
         if min.is_finite() && max.is_finite() && min <= max {
             for index in 0..self.quantiles.len() {
@@ -434,10 +550,61 @@ impl Converter {
                 self.emit(resolution, &emit);
                 self.quantiles[index].1 = quantile;
             }
-            self.emit(resolution, &Emit { suffix: "_min", quantile: None, value: min, kind: SampleKind::Gauge });
-            self.emit(resolution, &Emit { suffix: "_max", quantile: None, value: max, kind: SampleKind::Gauge });
         }
         Verdict::Write(count)
+    }
+
+    /// The cumulative native histogram of a distribution. Its count is judged like a
+    /// counter's (or follows `follow`, the summary's verdict); a written or late tile adds
+    /// its sketch to the series' histogram, kept at [`Converter::commit`].
+    fn native(
+        &mut self,
+        distribution: &tessera_core::aggregate::Distribution,
+        resolution: &str,
+        at: TileRef,
+        follow: Option<Verdict>,
+    ) -> Verdict {
+        let span = self.encode(resolution, "", None);
+        let key = xxhash_rust::xxh3::xxh3_128(&self.arena[span.0..span.1]);
+        let verdict = self.add_to_total(key, distribution.count, at, follow);
+        if !matches!(verdict, Verdict::Write(_) | Verdict::Late) {
+            self.arena.truncate(span.0);
+            return verdict;
+        }
+        let mut next = self.spare.pop().unwrap_or_default();
+        match self.histograms.get(&key) {
+            Some(previous) => {
+                next.sketch.clone_from(&previous.sketch);
+                next.sum = previous.sum;
+                next.written = previous.written;
+            }
+            None => {
+                next.sketch.clear_with_schema(distribution.sketch.schema());
+                next.sum = 0.0;
+                next.written = false;
+            }
+        }
+        next.sketch.merge(&distribution.sketch);
+        next.sum += distribution.sum;
+        while next.sketch.bucket_count() > self.max_buckets && next.sketch.schema() > MIN_SCHEMA {
+            next.sketch.downscale(next.sketch.schema() - 1);
+        }
+        match verdict {
+            Verdict::Write(count) => {
+                let start = self.arena.len();
+                self.encoder.encode(&mut self.arena, &next.sketch, next.sum, !next.written);
+                next.written = true;
+                self.spans.push(Span {
+                    labels: span,
+                    histogram: (start, self.arena.len()),
+                    value: count,
+                    kind: SampleKind::Histogram,
+                });
+            }
+            _ => self.arena.truncate(span.0),
+        }
+        self.pending.push((key, next));
+        verdict
     }
 
     /// Judges the tile against the series' running total (or takes `follow`, the verdict
@@ -483,8 +650,12 @@ impl Converter {
     }
 
     fn emit(&mut self, resolution: &str, emit: &Emit<'_>) {
-        let (start, end) = self.encode(resolution, emit.suffix, emit.quantile);
-        self.spans.push((start, end, emit.value, emit.kind));
+        let labels = self.encode(resolution, emit.suffix, emit.quantile);
+        self.push_span(labels, emit.value, emit.kind);
+    }
+
+    fn push_span(&mut self, labels: (usize, usize), value: f64, kind: SampleKind) {
+        self.spans.push(Span { labels, histogram: (0, 0), value, kind });
     }
 
     /// Encodes the labels of `<name><suffix>` into the arena; returns their span.

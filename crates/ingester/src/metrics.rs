@@ -18,7 +18,7 @@
 //! | `tessera_ingester_samples_queued_total` | counter | |
 //! | `tessera_ingester_durable_duration_seconds` | histogram | |
 //! | `tessera_ingester_intake_lag_seconds` | histogram | `resolution` |
-//! | `tessera_ingester_cumulative_series` | gauge | |
+//! | `tessera_ingester_cumulative_series`, `_cumulative_histograms` | gauge | |
 //! | `tessera_ingester_queue_bytes`, `_queue_max_bytes`, `_queue_records`, `_queue_segments` | gauge | `target` |
 //! | `tessera_ingester_queue_replayed_records_total`, `_queue_corrupt_records_total`, `_queue_fsyncs_total` | counter | `target` |
 //! | `tessera_ingester_queue_fsync_errors_total`, `_queue_records_at_risk_total` | counter | `target` |
@@ -30,7 +30,7 @@
 //! | `tessera_ingester_worker_busy_seconds_total` | counter | `target`, `worker` |
 //! | `tessera_ingester_in_flight_limit`, `_in_flight_requests` | gauge | `target` |
 //! | `tessera_ingester_pace_samples_per_second` | gauge | `target` |
-//! | `tessera_ingester_file_sink_files_closed_total`, `_file_sink_bad_journal_lines_total` | counter | `target` |
+//! | `tessera_ingester_file_sink_files_closed_total`, `_file_sink_bad_journal_lines_total`, `_file_sink_histograms_skipped_total` | counter | `target` |
 //! | `tessera_ingester_end_to_end_latency_seconds` | histogram, one observation per tile | `resolution` |
 //! | `tessera_ingester_queue_time_seconds` | histogram, one observation per tile | `resolution` |
 
@@ -181,6 +181,8 @@ pub struct Metrics {
     intake_lag: Family<Labels, Histogram>,
     /// Series with a running total in memory.
     pub cumulative_series: Gauge,
+    /// Native histograms kept in memory (each with its buckets).
+    pub cumulative_histograms: Gauge,
     queue_bytes: Family<Labels, Gauge>,
     queue_max_bytes: Family<Labels, Gauge>,
     queue_records: Family<Labels, Gauge>,
@@ -202,6 +204,7 @@ pub struct Metrics {
     pace: Family<Labels, Gauge<f64, AtomicU64>>,
     files_closed: Family<Labels, Counter>,
     bad_journal_lines: Family<Labels, Counter>,
+    histograms_skipped: Family<Labels, Counter>,
     end_to_end: Family<Labels, WeightedHistogram>,
     queue_time: Family<Labels, WeightedHistogram>,
 }
@@ -239,6 +242,7 @@ impl Default for Metrics {
             durable_duration: latency_histogram(),
             intake_lag: Family::new_with_constructor(latency_histogram),
             cumulative_series: Gauge::default(),
+            cumulative_histograms: Gauge::default(),
             queue_bytes: Family::default(),
             queue_max_bytes: Family::default(),
             queue_records: Family::default(),
@@ -260,6 +264,7 @@ impl Default for Metrics {
             pace: Family::default(),
             files_closed: Family::default(),
             bad_journal_lines: Family::default(),
+            histograms_skipped: Family::default(),
             end_to_end: Family::new_with_constructor(WeightedHistogram::end_to_end),
             queue_time: Family::new_with_constructor(WeightedHistogram::end_to_end),
         };
@@ -335,6 +340,11 @@ impl Metrics {
             "tessera_ingester_cumulative_series",
             "Series with a running total (counters, sums, counts) in memory",
             self.cumulative_series.clone(),
+        );
+        r.register(
+            "tessera_ingester_cumulative_histograms",
+            "Native histograms (cumulative sketches) in memory",
+            self.cumulative_histograms.clone(),
         );
         r.register(
             "tessera_ingester_queue_bytes",
@@ -434,6 +444,11 @@ impl Metrics {
             self.bad_journal_lines.clone(),
         );
         r.register(
+            "tessera_ingester_file_sink_histograms_skipped",
+            "Native histogram samples in a file target's queue (kept from a remote-write configuration), not written",
+            self.histograms_skipped.clone(),
+        );
+        r.register(
             "tessera_ingester_end_to_end_latency_seconds",
             "Storage acknowledgement time minus tile end, one observation per tile, per resolution",
             self.end_to_end.clone(),
@@ -495,6 +510,7 @@ impl Metrics {
         FileSinkMetrics {
             files_closed: self.files_closed.get_or_create(&by_target).clone(),
             bad_journal_lines: self.bad_journal_lines.get_or_create(&by_target).clone(),
+            histograms_skipped: self.histograms_skipped.get_or_create(&by_target).clone(),
         }
     }
 

@@ -2,8 +2,16 @@
 //! queue samples.
 //!
 //! Only the fields remote write 1.0 needs are declared: `WriteRequest { timeseries }`,
-//! `TimeSeries { labels, samples }`, `Label { name, value }`, `Sample { value, timestamp }`,
-//! with the field numbers of Prometheus' `prompb/remote.proto` and `types.proto`.
+//! `TimeSeries { labels, samples, histograms }`, `Label { name, value }`, `Sample { value,
+//! timestamp }`, and the integer native `Histogram` with its `BucketSpan`s, with the field
+//! numbers of Prometheus' `prompb/remote.proto` and `types.proto`.
+//!
+//! **Native histograms** ([`HistogramEncoder`]) are written from a [`Sketch`] as they are:
+//! its schema, its buckets as spans and delta-encoded integer counts (each count rounded to
+//! the nearest integer: statsd sample rates give fractional weights, and Prometheus before
+//! 2.45 takes only integer histograms over remote write), its zero bucket with the sketch's
+//! threshold, and the sum. The count is the zero bucket's plus every bucket's, so it always
+//! agrees with the buckets.
 //!
 //! Queue samples keep their labels pre-encoded ([`encode_labels`]), so
 //! [`encode_write_request`] writes each `TimeSeries` by copying those bytes and appending
@@ -18,7 +26,7 @@
 //!
 //! let mut labels = Vec::new();
 //! prompb::encode_labels(&mut labels, &[("__name__", "hits_total"), ("env", "prod")]);
-//! let sample = StoredSample { labels: Bytes::from(labels), value: 3.0, kind: 1 };
+//! let sample = StoredSample { labels: Bytes::from(labels), value: 3.0, kind: 1, ..Default::default() };
 //! let mut body = Vec::new();
 //! prompb::encode_write_request(&mut body, std::slice::from_ref(&sample), 10_000);
 //! let request = WriteRequest::decode(body.as_slice()).unwrap();
@@ -28,6 +36,8 @@
 
 use prost::Message;
 use prost::encoding::{encode_varint, encoded_len_varint};
+
+use tessera_core::sketch::{Sketch, ZERO_THRESHOLD};
 
 use crate::record::StoredSample;
 
@@ -48,7 +58,89 @@ pub struct TimeSeries {
     /// Samples in timestamp order.
     #[prost(message, repeated, tag = "2")]
     pub samples: Vec<Sample>,
+    /// Native histogram samples in timestamp order.
+    #[prost(message, repeated, tag = "4")]
+    pub histograms: Vec<Histogram>,
 }
+
+/// `prometheus.Histogram`, integer flavour (the float fields are not declared).
+#[derive(Clone, PartialEq, Message)]
+pub struct Histogram {
+    /// Observations, the zero bucket's included.
+    #[prost(uint64, tag = "1")]
+    pub count_int: u64,
+    /// Sum of the observations.
+    #[prost(double, tag = "3")]
+    pub sum: f64,
+    /// `2^schema` buckets per power of two.
+    #[prost(sint32, tag = "4")]
+    pub schema: i32,
+    /// Magnitudes up to this count in the zero bucket.
+    #[prost(double, tag = "5")]
+    pub zero_threshold: f64,
+    /// Observations in the zero bucket.
+    #[prost(uint64, tag = "6")]
+    pub zero_count_int: u64,
+    /// Runs of consecutive negative buckets.
+    #[prost(message, repeated, tag = "8")]
+    pub negative_spans: Vec<BucketSpan>,
+    /// Counts of the negative buckets, each as the difference to the one before.
+    #[prost(sint64, repeated, tag = "9")]
+    pub negative_deltas: Vec<i64>,
+    /// Runs of consecutive positive buckets.
+    #[prost(message, repeated, tag = "11")]
+    pub positive_spans: Vec<BucketSpan>,
+    /// Counts of the positive buckets, each as the difference to the one before.
+    #[prost(sint64, repeated, tag = "12")]
+    pub positive_deltas: Vec<i64>,
+    /// 0 unknown, 1 a counter reset, 2 no reset, 3 a gauge histogram.
+    #[prost(int32, tag = "14")]
+    pub reset_hint: i32,
+    /// Unix milliseconds.
+    #[prost(int64, tag = "15")]
+    pub timestamp: i64,
+}
+
+/// `prometheus.BucketSpan`: `length` consecutive buckets, starting `offset` buckets after
+/// the end of the span before (the first span: at bucket index `offset`).
+#[derive(Clone, PartialEq, Eq, Message)]
+pub struct BucketSpan {
+    /// Gap to the span before, or the first index.
+    #[prost(sint32, tag = "1")]
+    pub offset: i32,
+    /// Buckets in the span.
+    #[prost(uint32, tag = "2")]
+    pub length: u32,
+}
+
+impl Histogram {
+    /// The positive buckets as `(index, count)`.
+    pub fn positive_buckets(&self) -> Vec<(i32, u64)> {
+        expand_buckets(&self.positive_spans, &self.positive_deltas)
+    }
+
+    /// The negative buckets as `(index of the magnitude, count)`.
+    pub fn negative_buckets(&self) -> Vec<(i32, u64)> {
+        expand_buckets(&self.negative_spans, &self.negative_deltas)
+    }
+}
+
+fn expand_buckets(spans: &[BucketSpan], deltas: &[i64]) -> Vec<(i32, u64)> {
+    let mut buckets = Vec::with_capacity(deltas.len());
+    let (mut index, mut count, mut deltas) = (0i32, 0i64, deltas.iter());
+    for span in spans {
+        index += span.offset;
+        for step in 0..span.length {
+            count += deltas.next().copied().unwrap_or(0);
+            buckets.push((index + step as i32, count.max(0) as u64));
+        }
+        index += span.length as i32;
+    }
+    buckets
+}
+
+/// Reset hint `YES`: the histogram restarted from zero (the ingester's first sample of it).
+pub const RESET_HINT_YES: i32 = 1;
 
 /// `prometheus.Label`.
 #[derive(Clone, PartialEq, Eq, Message)]
@@ -81,6 +173,112 @@ const FIELD_2_LEN: u8 = 0x12;
 const SAMPLE_VALUE: u8 = 0x09;
 /// Wire key of `Sample.timestamp` (field 2, varint).
 const SAMPLE_TIMESTAMP: u8 = 0x10;
+/// Wire key of `TimeSeries.histograms` (field 4, length-delimited).
+const SERIES_HISTOGRAM: u8 = 0x22;
+/// Wire key of `Histogram.timestamp` (field 15, varint).
+const HISTOGRAM_TIMESTAMP: u8 = 0x78;
+
+/// `Histogram` wire keys: count_int (1), sum (3), schema (4), zero_threshold (5),
+/// zero_count_int (6), negative_spans (8), negative_deltas (9), positive_spans (11),
+/// positive_deltas (12), reset_hint (14); and `BucketSpan`'s offset (1) and length (2).
+const HISTOGRAM_COUNT: u8 = 0x08;
+const HISTOGRAM_SUM: u8 = 0x19;
+const HISTOGRAM_SCHEMA: u8 = 0x20;
+const HISTOGRAM_ZERO_THRESHOLD: u8 = 0x29;
+const HISTOGRAM_ZERO_COUNT: u8 = 0x30;
+const NEGATIVE_SPANS: u8 = 0x42;
+const NEGATIVE_DELTAS: u8 = 0x4a;
+const POSITIVE_SPANS: u8 = 0x5a;
+const POSITIVE_DELTAS: u8 = 0x62;
+const HISTOGRAM_RESET_HINT: u8 = 0x70;
+const SPAN_OFFSET: u8 = 0x08;
+const SPAN_LENGTH: u8 = 0x10;
+
+/// Writes native histograms from sketches: the [`Histogram`] message without its timestamp,
+/// which [`encode_write_request`] appends. Keeps one buffer to reuse.
+#[derive(Default)]
+pub struct HistogramEncoder {
+    deltas: Vec<u8>,
+}
+
+impl HistogramEncoder {
+    /// Appends the `Histogram` fields of `sketch` with `sum` to `out`. `reset` sets the reset
+    /// hint `YES`; otherwise it stays unknown, for storage to detect resets itself.
+    pub fn encode(&mut self, out: &mut Vec<u8>, sketch: &Sketch, sum: f64, reset: bool) {
+        let zero = round_count(sketch.zero_count());
+        out.push(HISTOGRAM_SUM);
+        out.extend_from_slice(&sum.to_le_bytes());
+        out.push(HISTOGRAM_SCHEMA);
+        encode_varint(zigzag(i64::from(sketch.schema())), out);
+        out.push(HISTOGRAM_ZERO_THRESHOLD);
+        out.extend_from_slice(&ZERO_THRESHOLD.to_le_bytes());
+        out.push(HISTOGRAM_ZERO_COUNT);
+        encode_varint(zero, out);
+        let negative = self.buckets(out, sketch.negative_buckets(), NEGATIVE_SPANS, NEGATIVE_DELTAS);
+        let positive = self.buckets(out, sketch.positive_buckets(), POSITIVE_SPANS, POSITIVE_DELTAS);
+        out.push(HISTOGRAM_COUNT);
+        encode_varint(zero + negative + positive, out);
+        if reset {
+            out.push(HISTOGRAM_RESET_HINT);
+            encode_varint(RESET_HINT_YES as u64, out);
+        }
+    }
+
+    /// Appends the spans and the packed deltas of `buckets` (by increasing index); returns
+    /// the sum of their counts.
+    fn buckets(
+        &mut self,
+        out: &mut Vec<u8>,
+        buckets: impl Iterator<Item = (i32, f64)>,
+        spans_key: u8,
+        deltas_key: u8,
+    ) -> u64 {
+        self.deltas.clear();
+        let (mut total, mut previous) = (0u64, 0i64);
+        // The open span: its offset, its length, and the index that would extend it.
+        let mut span: Option<(i32, u32, i32)> = None;
+        for (index, weight) in buckets {
+            let count = round_count(weight);
+            total += count;
+            span = match span {
+                Some((offset, length, next)) if next == index => Some((offset, length + 1, next + 1)),
+                Some((offset, length, next)) => {
+                    push_span(out, spans_key, offset, length);
+                    Some((index - next, 1, index + 1))
+                }
+                None => Some((index, 1, index + 1)),
+            };
+            encode_varint(zigzag(count as i64 - previous), &mut self.deltas);
+            previous = count as i64;
+        }
+        if let Some((offset, length, _)) = span {
+            push_span(out, spans_key, offset, length);
+            out.push(deltas_key);
+            encode_varint(self.deltas.len() as u64, out);
+            out.extend_from_slice(&self.deltas);
+        }
+        total
+    }
+}
+
+/// A bucket weight as an integer count: the nearest one.
+fn round_count(weight: f64) -> u64 {
+    weight.round().max(0.0) as u64
+}
+
+fn zigzag(value: i64) -> u64 {
+    ((value << 1) ^ (value >> 63)) as u64
+}
+
+fn push_span(out: &mut Vec<u8>, key: u8, offset: i32, length: u32) {
+    let offset = zigzag(i64::from(offset));
+    out.push(key);
+    encode_varint((2 + encoded_len_varint(offset) + encoded_len_varint(u64::from(length))) as u64, out);
+    out.push(SPAN_OFFSET);
+    encode_varint(offset, out);
+    out.push(SPAN_LENGTH);
+    encode_varint(u64::from(length), out);
+}
 
 /// Appends `labels` (already sorted by name) to `out` as repeated `TimeSeries.labels`.
 pub fn encode_labels(out: &mut Vec<u8>, labels: &[(&str, &str)]) {
@@ -143,32 +341,43 @@ pub fn decode_labels(labels: &[u8]) -> Result<Vec<Label>, prost::DecodeError> {
 }
 
 /// Bytes `sample` takes as one `TimeSeries` inside a `WriteRequest`, and the length of the
-/// `TimeSeries` and `Sample` messages.
-fn series_lengths(labels_len: usize, timestamp_ms: i64) -> (usize, usize, usize) {
-    let sample_len = 1 + 8 + 1 + encoded_len_varint(timestamp_ms as u64);
-    let series_len = labels_len + 1 + encoded_len_varint(sample_len as u64) + sample_len;
-    (1 + encoded_len_varint(series_len as u64) + series_len, series_len, sample_len)
+/// `TimeSeries` and of its one `Sample` or `Histogram`.
+fn series_lengths(sample: &StoredSample, timestamp_ms: i64) -> (usize, usize, usize) {
+    let timestamp_len = 1 + encoded_len_varint(timestamp_ms as u64);
+    let point_len = match sample.histogram.is_empty() {
+        true => 1 + 8 + timestamp_len,
+        false => sample.histogram.len() + timestamp_len,
+    };
+    let series_len = sample.labels.len() + 1 + encoded_len_varint(point_len as u64) + point_len;
+    (1 + encoded_len_varint(series_len as u64) + series_len, series_len, point_len)
 }
 
 /// Size of the uncompressed `WriteRequest` [`encode_write_request`] would write.
 pub fn write_request_len(samples: &[StoredSample], timestamp_ms: i64) -> usize {
-    samples.iter().map(|sample| series_lengths(sample.labels.len(), timestamp_ms).0).sum()
+    samples.iter().map(|sample| series_lengths(sample, timestamp_ms).0).sum()
 }
 
-/// Appends a `WriteRequest` holding one `TimeSeries` per sample, each with one sample at
-/// `timestamp_ms`, to `out`.
+/// Appends a `WriteRequest` holding one `TimeSeries` per sample, each with one sample (or,
+/// for a sample carrying a histogram, one histogram) at `timestamp_ms`, to `out`.
 pub fn encode_write_request(out: &mut Vec<u8>, samples: &[StoredSample], timestamp_ms: i64) {
     out.reserve(write_request_len(samples, timestamp_ms));
     for sample in samples {
-        let (_, series_len, sample_len) = series_lengths(sample.labels.len(), timestamp_ms);
+        let (_, series_len, point_len) = series_lengths(sample, timestamp_ms);
         out.push(FIELD_1_LEN);
         encode_varint(series_len as u64, out);
         out.extend_from_slice(&sample.labels);
-        out.push(FIELD_2_LEN);
-        encode_varint(sample_len as u64, out);
-        out.push(SAMPLE_VALUE);
-        out.extend_from_slice(&sample.value.to_le_bytes());
-        out.push(SAMPLE_TIMESTAMP);
+        if sample.histogram.is_empty() {
+            out.push(FIELD_2_LEN);
+            encode_varint(point_len as u64, out);
+            out.push(SAMPLE_VALUE);
+            out.extend_from_slice(&sample.value.to_le_bytes());
+            out.push(SAMPLE_TIMESTAMP);
+        } else {
+            out.push(SERIES_HISTOGRAM);
+            encode_varint(point_len as u64, out);
+            out.extend_from_slice(&sample.histogram);
+            out.push(HISTOGRAM_TIMESTAMP);
+        }
         encode_varint(timestamp_ms as u64, out);
     }
 }
@@ -187,7 +396,7 @@ mod tests {
     fn stored(labels: &[(&str, &str)], value: f64) -> StoredSample {
         let mut bytes = Vec::new();
         encode_labels(&mut bytes, labels);
-        StoredSample { labels: Bytes::from(bytes), value, kind: 2 }
+        StoredSample { labels: Bytes::from(bytes), value, kind: 2, ..Default::default() }
     }
 
     #[test]
@@ -207,11 +416,63 @@ mod tests {
                     .map(|sample| TimeSeries {
                         labels: decode_labels(&sample.labels).unwrap(),
                         samples: vec![Sample { value: sample.value, timestamp }],
+                        histograms: Vec::new(),
                     })
                     .collect(),
             };
             assert_eq!(WriteRequest::decode(ours.as_slice()).unwrap(), theirs, "timestamp {timestamp}");
         }
+    }
+
+    fn histogram_sample(sketch: &Sketch, sum: f64, reset: bool) -> StoredSample {
+        let mut bytes = Vec::new();
+        HistogramEncoder::default().encode(&mut bytes, sketch, sum, reset);
+        let mut sample = stored(&[("__name__", "latency"), ("resolution", "10s")], sketch.count());
+        sample.histogram = Bytes::from(bytes);
+        sample
+    }
+
+    #[test]
+    fn a_native_histogram_decodes_as_prometheus_reads_it() {
+        let mut sketch = Sketch::new();
+        // Runs of neighbouring buckets with gaps, negative values, zeros, fractional weights.
+        for (value, weight) in
+            [(1.0, 3.0), (1.03, 2.0), (1.05, 1.0), (4.0, 7.0), (1000.0, 1.0), (-2.0, 4.0), (-2.1, 1.0)]
+        {
+            sketch.insert(value, weight);
+        }
+        sketch.insert(0.0, 5.0);
+        sketch.insert(50.0, 2.6); // rounds to 3
+        sketch.insert(60.0, 0.4); // rounds to 0, still a bucket
+        let sample = histogram_sample(&sketch, 123.5, true);
+        let samples = [stored(&[("__name__", "a")], 1.0), sample.clone()];
+        let mut body = Vec::new();
+        encode_write_request(&mut body, &samples, 1_700_000_000_000);
+        assert_eq!(body.len(), write_request_len(&samples, 1_700_000_000_000));
+        let request = WriteRequest::decode(body.as_slice()).unwrap();
+        assert_eq!(request.timeseries[0].samples.len(), 1);
+        let series = &request.timeseries[1];
+        assert!(series.samples.is_empty());
+        let [histogram] = series.histograms.as_slice() else { panic!("one histogram: {series:?}") };
+        assert_eq!(histogram.timestamp, 1_700_000_000_000);
+        assert_eq!((histogram.schema, histogram.zero_threshold, histogram.zero_count_int), (5, ZERO_THRESHOLD, 5));
+        assert_eq!((histogram.sum, histogram.reset_hint), (123.5, RESET_HINT_YES));
+        let rounded = |weight: f64| weight.round() as u64;
+        let positive: Vec<(i32, u64)> =
+            sketch.positive_buckets().map(|(index, weight)| (index, rounded(weight))).collect();
+        let negative: Vec<(i32, u64)> =
+            sketch.negative_buckets().map(|(index, weight)| (index, rounded(weight))).collect();
+        assert_eq!(histogram.positive_buckets(), positive);
+        assert_eq!(histogram.negative_buckets(), negative);
+        assert!(histogram.positive_spans.len() >= 4, "gaps make spans: {:?}", histogram.positive_spans);
+        let buckets: u64 = positive.iter().chain(&negative).map(|(_, count)| count).sum();
+        assert_eq!(histogram.count_int, buckets + 5, "the count agrees with the buckets");
+        assert_eq!(histogram.count_int, 3 + 2 + 1 + 7 + 1 + 4 + 1 + 5 + 3);
+
+        // Without a reset the hint is left unknown; an empty sketch is a valid empty histogram.
+        let quiet = histogram_sample(&Sketch::new(), 0.0, false);
+        let decoded = Histogram::decode(quiet.histogram.as_ref()).unwrap();
+        assert_eq!((decoded.reset_hint, decoded.count_int, decoded.positive_spans.len()), (0, 0, 0));
     }
 
     #[test]

@@ -79,6 +79,10 @@ pub struct StoredSample {
     /// What the sample is, for writers that declare types (OpenMetrics).
     #[prost(enumeration = "SampleKind", tag = "3")]
     pub kind: i32,
+    /// A native histogram, encoded as a remote-write `Histogram` message without its
+    /// timestamp (see [`crate::prompb::HistogramEncoder`]); empty for a plain sample.
+    #[prost(bytes = "bytes", tag = "4")]
+    pub histogram: Bytes,
 }
 
 impl StoredSample {
@@ -143,6 +147,9 @@ pub enum SampleKind {
     SummarySum = 4,
     /// `<family>_count` of a summary family.
     SummaryCount = 5,
+    /// A native histogram (remote write only): the sample's `histogram` holds it, its value
+    /// is the observation count.
+    Histogram = 6,
 }
 
 /// Why a framed record could not be read.
@@ -240,8 +247,20 @@ mod tests {
                     labels: Bytes::from_static(b"\x0a\x03abc"),
                     value: 1.5,
                     kind: SampleKind::Counter as i32,
+                    histogram: Bytes::new(),
                 },
-                StoredSample { labels: Bytes::from_static(b""), value: -0.0, kind: SampleKind::Gauge as i32 },
+                StoredSample {
+                    labels: Bytes::from_static(b""),
+                    value: -0.0,
+                    kind: SampleKind::Gauge as i32,
+                    histogram: Bytes::new(),
+                },
+                StoredSample {
+                    labels: Bytes::from_static(b"\x0a\x01h"),
+                    value: 3.0,
+                    kind: SampleKind::Histogram as i32,
+                    histogram: Bytes::from_static(b"\x08\x03"),
+                },
             ],
             flushed_at_ms: 1_700_000_010_500,
         }

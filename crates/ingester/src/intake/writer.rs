@@ -98,8 +98,9 @@ impl RecentBatches {
 
 /// Everything the writer thread owns.
 pub struct Writer {
-    /// Converts batches to records.
-    pub converter: Converter,
+    /// Converts batches to records, one per target (by target index): each keeps the
+    /// running totals of the series routed to it.
+    pub converters: Vec<Converter>,
     /// One queue writer per target, by target index.
     pub queues: Vec<QueueWriter>,
     /// Target index of each storage policy with its own target; others go to target 0.
@@ -198,7 +199,7 @@ impl Writer {
             return Verdict::Ack(ack(sequence, AckStatus::Ok, "duplicate", "batch already queued".to_owned()));
         }
         let target = self.routes.get(batch.storage_policy.trim()).copied().unwrap_or(0);
-        let Some(queue) = self.queues.get_mut(target) else {
+        let (Some(queue), Some(converter)) = (self.queues.get_mut(target), self.converters.get_mut(target)) else {
             return Verdict::Ack(ack(sequence, AckStatus::Retryable, "queue_io", "no queue for the target".to_owned()));
         };
         if queue.is_full() {
@@ -209,20 +210,23 @@ impl Writer {
                 "ingester queue is full".to_owned(),
             ));
         }
-        let conversion = match self.converter.convert(batch, received_at_ms) {
+        let conversion = match converter.convert(batch, received_at_ms) {
             Ok(conversion) => conversion,
             Err(error) => return Verdict::Ack(ack(sequence, AckStatus::Permanent, "invalid_batch", error.to_string())),
         };
         let frame = record::encode(&conversion.record);
         match queue.append(&frame) {
             Ok(_) => {
-                self.converter.commit();
+                converter.commit();
                 self.recent.insert(key);
                 for (reason, tiles) in conversion.skipped.by_reason() {
                     self.metrics.tiles_skipped(reason, tiles);
                 }
                 self.metrics.samples_queued.inc_by(conversion.record.samples.len() as u64);
-                self.metrics.cumulative_series.set(self.converter.cumulative_series() as i64);
+                let series: usize = self.converters.iter().map(Converter::cumulative_series).sum();
+                self.metrics.cumulative_series.set(series as i64);
+                let histograms: usize = self.converters.iter().map(Converter::cumulative_histograms).sum();
+                self.metrics.cumulative_histograms.set(histograms as i64);
                 if batch.flushed_at_ms > 0 {
                     let lag = (received_at_ms - batch.flushed_at_ms).max(0) as f64 / 1000.0;
                     self.metrics.intake_lag(&conversion.record.resolution, lag);
@@ -230,7 +234,7 @@ impl Writer {
                 Verdict::Ack(ack(sequence, AckStatus::Ok, "", String::new()))
             }
             Err(error) => {
-                self.converter.rollback();
+                converter.rollback();
                 let reason = match error {
                     AppendError::Full { .. } => "queue_full",
                     AppendError::Io(_) => {

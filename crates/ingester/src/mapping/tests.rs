@@ -311,3 +311,112 @@ fn labels_are_strictly_sorted_by_name_for_every_sample() {
         }
     }
 }
+
+fn timer_batch(tile_end_ms: i64, values: &[f64]) -> TileBatch {
+    let mut distribution = Distribution::default();
+    for value in values {
+        distribution.insert(*value, 1.0);
+    }
+    batch(tile_end_ms, vec![tile("lat", MetricType::Timer, Aggregate::Distribution(Box::new(distribution)))])
+}
+
+/// The native histogram samples of a conversion, decoded, by their labels.
+fn histograms(converter: &mut Converter, batch: &TileBatch) -> Vec<(String, crate::prompb::Histogram)> {
+    use prost::Message;
+    let conversion = converter.convert(batch, 0).unwrap();
+    converter.commit();
+    let samples = conversion.record.samples.iter().filter(|sample| sample.sample_kind() == SampleKind::Histogram);
+    samples
+        .map(|sample| (labels_text(sample), crate::prompb::Histogram::decode(sample.histogram.as_ref()).unwrap()))
+        .collect()
+}
+
+#[test]
+fn native_histograms_are_cumulative_sketches_with_min_and_max_beside_them() {
+    let mut converter = Converter::new(&[0.5], 3_600_000).with_histograms(HistogramMode::Native, 160);
+    let first: Vec<f64> = (1..=100).map(f64::from).collect();
+    let samples = converted(&mut converter, &timer_batch(20_000, &first));
+    let names: Vec<&str> = samples.iter().map(|(labels, _)| labels.as_str()).collect();
+    assert_eq!(
+        names,
+        ["__name__=lat resolution=10s", "__name__=lat_min resolution=10s", "__name__=lat_max resolution=10s"],
+        "no quantile, _sum or _count series in native mode"
+    );
+    let [(_, histogram)] = histograms(&mut converter, &timer_batch(30_000, &[1.0, 1000.0])).try_into().unwrap();
+    // Cumulative: both tiles' observations, the first sample's buckets plus the second's.
+    assert_eq!((histogram.count_int, histogram.sum), (102, 5050.0 + 1001.0));
+    assert_eq!(histogram.reset_hint, 0, "only the first sample is a reset");
+    let mut expected = Sketch::new();
+    for value in first.iter().chain(&[1.0, 1000.0]) {
+        expected.insert(*value, 1.0);
+    }
+    let expected: Vec<(i32, u64)> = expected.positive_buckets().map(|(index, count)| (index, count as u64)).collect();
+    assert_eq!(histogram.positive_buckets(), expected);
+
+    // A duplicate adds nothing and writes nothing; a late tile adds without a sample.
+    assert!(histograms(&mut converter, &timer_batch(30_000, &[1.0, 1000.0])).is_empty());
+    assert!(histograms(&mut converter, &timer_batch(10_000, &[7.0])).is_empty());
+    let [(_, histogram)] = histograms(&mut converter, &timer_batch(40_000, &[2.0])).try_into().unwrap();
+    assert_eq!(histogram.count_int, 104);
+}
+
+#[test]
+fn the_first_native_sample_of_a_series_is_a_reset_and_a_rollback_keeps_nothing() {
+    let mut converter = Converter::new(&[0.5], 3_600_000).with_histograms(HistogramMode::Native, 160);
+    converter.convert(&timer_batch(10_000, &[5.0, 6.0]), 0).unwrap();
+    converter.rollback();
+    assert_eq!(converter.cumulative_histograms(), 0);
+    let [(labels, histogram)] = histograms(&mut converter, &timer_batch(10_000, &[5.0, 6.0])).try_into().unwrap();
+    assert_eq!(labels, "__name__=lat resolution=10s");
+    assert_eq!((histogram.count_int, histogram.reset_hint), (2, crate::prompb::RESET_HINT_YES));
+    // A refused batch leaves the running histogram as it was.
+    converter.convert(&timer_batch(20_000, &[100.0; 50]), 0).unwrap();
+    converter.rollback();
+    let [(_, histogram)] = histograms(&mut converter, &timer_batch(20_000, &[7.0])).try_into().unwrap();
+    assert_eq!((histogram.count_int, histogram.sum), (3, 18.0));
+}
+
+#[test]
+fn a_histogram_over_max_buckets_lowers_its_schema_until_it_fits() {
+    let max_buckets = 24;
+    let mut converter = Converter::new(&[0.5], 3_600_000).with_histograms(HistogramMode::Native, max_buckets);
+    // Ten decades, 20 values a decade: hundreds of buckets at schema 5.
+    let values: Vec<f64> = (0..200).map(|step| 10f64.powf(f64::from(step) / 20.0 - 3.0)).collect();
+    let [(_, histogram)] = histograms(&mut converter, &timer_batch(10_000, &values)).try_into().unwrap();
+    let buckets = histogram.positive_buckets();
+    assert!(buckets.len() <= max_buckets, "{} buckets", buckets.len());
+    assert!(histogram.schema < 5 && histogram.schema >= MIN_SCHEMA, "schema {}", histogram.schema);
+    // One schema finer would not have fitted: the schema is lowered no more than needed.
+    let mut finer = Sketch::with_schema(histogram.schema + 1);
+    for value in &values {
+        finer.insert(*value, 1.0);
+    }
+    assert!(finer.bucket_count() > max_buckets);
+    assert_eq!(histogram.count_int, 200);
+    // The schema never goes back up, even for a tile that would fit finer.
+    let [(_, next)] = histograms(&mut converter, &timer_batch(20_000, &[1.0])).try_into().unwrap();
+    assert_eq!(next.schema, histogram.schema);
+}
+
+#[test]
+fn both_writes_the_summary_and_the_histogram() {
+    let mut converter = Converter::new(&[0.5], 3_600_000).with_histograms(HistogramMode::Both, 160);
+    let samples = converted(&mut converter, &timer_batch(10_000, &[1.0, 2.0, 3.0]));
+    let names: Vec<&str> = samples.iter().map(|(labels, _)| labels.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "__name__=lat_count resolution=10s",
+            "__name__=lat_sum resolution=10s",
+            "__name__=lat quantile=0.5 resolution=10s",
+            "__name__=lat resolution=10s",
+            "__name__=lat_min resolution=10s",
+            "__name__=lat_max resolution=10s",
+        ]
+    );
+    // A duplicate is skipped once, for both.
+    let conversion = converter.convert(&timer_batch(10_000, &[1.0, 2.0, 3.0]), 0).unwrap();
+    converter.commit();
+    assert!(conversion.record.samples.is_empty());
+    assert_eq!(conversion.skipped.duplicate, 1);
+}

@@ -35,6 +35,8 @@ pub fn family(name: &str, kind: SampleKind) -> (&str, &'static str) {
         SampleKind::SummarySum => (name.strip_suffix("_sum").unwrap_or(name), "summary"),
         SampleKind::SummaryCount => (name.strip_suffix("_count").unwrap_or(name), "summary"),
         SampleKind::Gauge | SampleKind::Unspecified => (name, "gauge"),
+        // Not written by the file sink (OpenMetrics 1.0 text has no native histograms).
+        SampleKind::Histogram => (name, "unknown"),
     }
 }
 
