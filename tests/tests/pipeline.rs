@@ -167,23 +167,21 @@ fn a_known_mix_arrives_in_prometheus_exactly_and_dashboards_evaluate() {
     let gauge = scalar(&stack.prometheus, "e2e_queue_depth{queue=\"mail\",resolution=\"10s\"}");
     assert_eq!(gauge, Some(99.0));
     assert_eq!(scalar(&stack.prometheus, "e2e_users{resolution=\"10s\"}"), Some(9.0));
-    assert_eq!(scalar(&stack.prometheus, "e2e_latency_count{route=\"/all\",resolution=\"10s\"}"), Some(25.0));
-    assert_eq!(scalar(&stack.prometheus, "e2e_latency_sum{route=\"/all\",resolution=\"10s\"}"), Some(3250.0));
+    // The timer is a native histogram (the remote-write default): exact count and sum,
+    // quantiles in the bucket of the exact value.
+    let latency = "e2e_latency{route=\"/all\",resolution=\"10s\"}";
+    assert_eq!(scalar(&stack.prometheus, &format!("histogram_count({latency})")), Some(25.0));
+    assert_eq!(scalar(&stack.prometheus, &format!("histogram_sum({latency})")), Some(3250.0));
     assert_eq!(scalar(&stack.prometheus, "e2e_latency_min{route=\"/all\",resolution=\"10s\"}"), Some(10.0));
     assert_eq!(scalar(&stack.prometheus, "e2e_latency_max{route=\"/all\",resolution=\"10s\"}"), Some(250.0));
-    // Quantiles within the sketch's relative error of the exact values
-    // 10, 20, ... 250 at the quantile's rank (between the two samples around it).
-    let bound = tessera_core::sketch::relative_error(tessera_core::sketch::DEFAULT_SCHEMA) + 1e-9;
-    let samples: Vec<f64> = (1..=25).map(|i| 10.0 * i as f64).collect();
+    // Prometheus ranks at q x count and interpolates inside that bucket: within a bucket's
+    // relative width of the value at rank ceil(q x 25) of 10, 20, ... 250.
+    let width = tessera_core::sketch::bucket_relative_width(tessera_core::sketch::DEFAULT_SCHEMA) + 1e-9;
     for q in [0.5, 0.9, 0.99] {
-        let rank = q * (samples.len() - 1) as f64;
-        let (low, high) = (samples[rank.floor() as usize], samples[rank.ceil() as usize]);
-        let query = format!("e2e_latency{{route=\"/all\",quantile=\"{q}\",resolution=\"10s\"}}");
+        let exact = 10.0 * (q * 25.0_f64).ceil();
+        let query = format!("histogram_quantile({q}, {latency})");
         let value = scalar(&stack.prometheus, &query).unwrap_or_else(|| panic!("{query} missing"));
-        assert!(
-            value >= low * (1.0 - bound) && value <= high * (1.0 + bound),
-            "{query} = {value}, exact between {low} and {high}, relative bound {bound}"
-        );
+        assert!((value - exact).abs() <= exact * width, "{query} = {value}, exact {exact}, relative width {width}");
     }
 
     // The end-to-end latency histogram is exported and plausible.

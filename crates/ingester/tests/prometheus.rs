@@ -1,5 +1,6 @@
-//! The ingester against a real Prometheus (Debian's `prometheus`, remote-write receiver
-//! on): tile batches in over the wire, exact values out of Prometheus' query API.
+//! The ingester against a real Prometheus (Debian's `prometheus`, remote-write receiver and
+//! native histograms on): tile batches in over the wire, exact values out of Prometheus'
+//! query API, timers as both summaries and native histograms.
 
 mod support {
     pub use tessera_testkit::prometheus;
@@ -29,6 +30,7 @@ fn config(data_dir: &std::path::Path, url: &str) -> Config {
         kind = "remote_write"
         url = "{url}"
         m3_headers = true
+        histograms = "both"
         [policy_sinks."1m:40d"]
         kind = "file"
         rotate_secs = 3600
@@ -111,6 +113,18 @@ async fn samples_reach_prometheus_with_exact_values() {
     let p99 = value(&prometheus.query(r#"lat{quantile="0.99"}"#, at(20_000)));
     assert!((p99 - 9.0).abs() <= 9.0 * 0.011, "p99 {p99}: rank 0.99 x (10 - 1) is the 9th value");
     assert_eq!(value(&prometheus.query(r#"single{quantile="0.9"}"#, at(20_000))), 7.3, "clamped to [min, max]");
+    // histograms = "both": the native histogram beside the summary, cumulative like its _count.
+    assert_eq!(value(&prometheus.query(r#"histogram_count(lat{quantile=""})"#, at(20_000))), 30.0);
+    assert_eq!(value(&prometheus.query(r#"histogram_sum(lat{quantile=""})"#, at(20_000))), 165.0);
+    let width = tessera_core::sketch::bucket_relative_width(5);
+    for (q, exact) in [(0.5, 5.0), (0.9, 9.0)] {
+        // Rank q x 30 of three tiles of 1..=10 falls on the value `exact`, in whose bucket
+        // Prometheus interpolates.
+        let native = value(&prometheus.query(&format!(r#"histogram_quantile({q}, lat{{quantile=""}})"#), at(20_000)));
+        assert!((native - exact).abs() <= exact * width, "native q{q} {native}, exact {exact}");
+    }
+    let single = value(&prometheus.query(r#"histogram_quantile(0.9, single{quantile=""})"#, at(20_000)));
+    assert!((single - 7.3).abs() <= 7.3 * width, "native single {single}");
     assert_eq!(
         prometheus.query(r#"api_hits_total{resolution="1m"}"#, at(60_000)),
         Value::Array(vec![]),
@@ -119,8 +133,9 @@ async fn samples_reach_prometheus_with_exact_values() {
 
     let text = telemetry.encode().unwrap();
     assert_eq!(metric_value(&text, "tessera_ingester_end_to_end_latency_seconds_count", r#"resolution="10s""#), 15.0);
-    assert_eq!(metric_value(&text, "tessera_ingester_samples_written_total", r#"target="default""#), 51.0);
-    assert_eq!(metric_value(&text, "tessera_ingester_samples_queued_total", ""), 52.0);
+    // 17 samples a tile (6 of them for two timers' summaries, 2 their histograms), 3 tiles.
+    assert_eq!(metric_value(&text, "tessera_ingester_samples_written_total", r#"target="default""#), 57.0);
+    assert_eq!(metric_value(&text, "tessera_ingester_samples_queued_total", ""), 58.0);
     assert_eq!(metric_value(&text, "tessera_ingester_batch_acks_total", r#"status="ok",reason="""#), 4.0);
     assert!(
         metric_value(&text, "tessera_ingester_sink_requests_total", r#"target="default",outcome="ok""#) >= 6.0,

@@ -1,5 +1,9 @@
-//! The ingester against a real VictoriaMetrics (Debian's `victoria-metrics`): remote write
-//! to `/api/v1/write`, exact values read back through its Prometheus query API.
+//! The ingester against a real VictoriaMetrics (Debian's `victoria-metrics`, 1.79): remote
+//! write to `/api/v1/write`, exact values read back through its Prometheus query API.
+//!
+//! VictoriaMetrics takes timers as summaries (`histograms = "summary"`, its documented
+//! setting). With `"both"` it still stores the summaries exactly and drops the native
+//! histograms it cannot read without failing the request (also tested).
 
 mod support {
     pub use tessera_testkit::{prometheus, victoria};
@@ -32,12 +36,22 @@ fn points(result: &Value) -> Vec<(f64, f64)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn samples_reach_victoria_metrics_with_exact_values() {
+    samples_reach_victoria_metrics_with_timers_as("summary").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_histograms_both_victoria_metrics_keeps_the_summaries_and_drops_the_native_histograms() {
+    samples_reach_victoria_metrics_with_timers_as("both").await;
+}
+
+async fn samples_reach_victoria_metrics_with_timers_as(histograms: &str) {
     let victoria = tokio::task::spawn_blocking(VictoriaMetrics::start).await.unwrap();
     let data = tempfile::tempdir().unwrap();
     let mut config: Config = toml::from_str(&format!(
-        "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\n[pool]\nworkers = 2\n[sink]\nkind = \"remote_write\"\nurl = \"{}\"\n",
+        "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\n[pool]\nworkers = 2\n[sink]\nkind = \"remote_write\"\nurl = \"{}\"\nhistograms = \"{}\"\n",
         data.path().display(),
-        victoria.remote_write_url()
+        victoria.remote_write_url(),
+        histograms
     ))
     .unwrap();
     config.telemetry.listen = None;
@@ -84,6 +98,9 @@ async fn samples_reach_victoria_metrics_with_exact_values() {
         }
         assert_eq!(got, expected, "{promql}\n{}", victoria.log());
     }
+    // No series but the summary's under the timer's name: the histograms were not stored.
+    let series = query(victoria.address, r#"count({__name__="vm_lat"})"#, end);
+    assert_eq!(series[0]["value"][1], "3", "three quantile series and nothing else: {series}");
     shutdown.trigger();
     ingester.wait().await;
 }

@@ -1,5 +1,5 @@
 //! A real Prometheus for tests: Debian's `prometheus` binary started as a child process
-//! on a free loopback port, with the remote-write receiver on, its TSDB in a temporary
+//! on a free loopback port, with the remote-write receiver and native histograms on, its TSDB in a temporary
 //! directory, readiness polled on `/-/ready`, and killed when dropped.
 //!
 //! ```no_run
@@ -65,6 +65,8 @@ impl Prometheus {
             .arg(format!("--storage.tsdb.path={}", dir.path().join("data").display()))
             .arg(format!("--web.listen-address={address}"))
             .arg("--web.enable-remote-write-receiver")
+            // Timers arrive as native histograms (the remote-write default).
+            .arg("--enable-feature=native-histograms")
             .arg("--log.level=warn");
         let mut server =
             Server::spawn("prometheus", command, dir, "; install Debian's `prometheus` (scripts/setup.sh)");

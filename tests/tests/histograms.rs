@@ -1,0 +1,269 @@
+//! Timers as Prometheus native histograms, end to end on the real binaries: collectors (one
+//! per host) → aggregator (1 s tiles) → ingester (remote write, `histograms = "native"`) → a
+//! real Prometheus with `--enable-feature=native-histograms`. What an SRE asks of it:
+//!
+//! - **across hosts**: `histogram_quantile(q, sum(rate(x[1m])))` over three hosts' overlapping
+//!   distributions is within a bucket's width of the exact quantile of their union, and
+//!   `histogram_count` / `histogram_sum` are exact;
+//! - **bucket limit**: ten decades of values with a small `max_buckets` stay under the limit,
+//!   at a lower schema, and within that schema's (wider) bound;
+//! - **restart**: the ingester restarts between tiles; its first sample after the restart
+//!   starts from zero (reset hint `YES`, and a smaller count), and rates across the restart
+//!   are those of every observation, as for a counter reset.
+//!
+//! Each series' first sample is a primer (one observation before the data): Prometheus' `rate`
+//! is the difference between the first and the last sample in the window, so the primer is what
+//! the data is measured from.
+
+use std::net::{SocketAddr, UdpSocket};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tessera_core::sketch::bucket_relative_width;
+use tessera_testkit::daemons::Daemon;
+use tessera_testkit::free_port;
+use tessera_testkit::prometheus::Prometheus;
+use tessera_tests::{loopback, static_placement, wait_until};
+
+fn now_secs() -> f64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs_f64()
+}
+
+struct Stack {
+    prometheus: Prometheus,
+    ingester: Daemon,
+    ingester_config: String,
+    ingester_telemetry: SocketAddr,
+    _aggregator: Daemon,
+    /// (collector, its statsd address), one per host.
+    collectors: Vec<(Daemon, SocketAddr)>,
+    socket: UdpSocket,
+    _dir: tempfile::TempDir,
+}
+
+impl Stack {
+    fn start(hosts: usize, max_buckets: usize) -> Stack {
+        let prometheus = Prometheus::start();
+        let dir = tempfile::tempdir().unwrap();
+        let (ingester_port, aggregator_port) = (free_port(), free_port());
+        let ingester_telemetry = loopback(free_port());
+        let ingester_config = format!(
+            "listen = \"127.0.0.1:{ingester_port}\"\ndata_dir = {:?}\n\
+             [sink]\nkind = \"remote_write\"\nurl = \"{}\"\nhistograms = \"native\"\nmax_buckets = {max_buckets}\n\
+             [telemetry]\nlisten = \"{ingester_telemetry}\"\n",
+            dir.path().join("ingester").display().to_string(),
+            prometheus.remote_write_url(),
+        );
+        let ingester = Daemon::start("ingester", "tessera-ingester", &ingester_config, ingester_telemetry);
+        let placement = static_placement(dir.path(), aggregator_port);
+        let aggregator_telemetry = loopback(free_port());
+        let aggregator = Daemon::start(
+            "aggregator",
+            "tessera-aggregator",
+            &format!(
+                "instance_id = \"agg-1\"\nlisten = \"127.0.0.1:{aggregator_port}\"\npolicies = [\"1s:1h\"]\n{placement}\
+                 [ingester]\nendpoints = [\"127.0.0.1:{ingester_port}\"]\nreconnect_min_ms = 20\nreconnect_max_ms = 200\n\
+                 [telemetry]\nlisten = \"{aggregator_telemetry}\"\n"
+            ),
+            aggregator_telemetry,
+        );
+        let collectors = (1..=hosts)
+            .map(|host| {
+                let (statsd, telemetry) = (loopback(free_port()), loopback(free_port()));
+                let collector = Daemon::start(
+                    &format!("collector-{host}"),
+                    "tessera-collector",
+                    &format!(
+                        "instance_id = \"host-{host}\"\n[udp]\nlisten = \"{statsd}\"\n{placement}\
+                         [forward]\nreconnect_min_ms = 20\nreconnect_max_ms = 200\n[telemetry]\nlisten = \"{telemetry}\"\n"
+                    ),
+                    telemetry,
+                );
+                (collector, statsd)
+            })
+            .collect();
+        let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+        Stack {
+            prometheus,
+            ingester,
+            ingester_config,
+            ingester_telemetry,
+            _aggregator: aggregator,
+            collectors,
+            socket,
+            _dir: dir,
+        }
+    }
+
+    /// Sends `name:value|ms|#host:h<host>` for every value to host `host`'s collector (from 1).
+    fn send(&self, host: usize, name: &str, values: &[f64]) {
+        let statsd = self.collectors[host - 1].1;
+        let mut datagram = String::new();
+        for value in values {
+            datagram.push_str(&format!("{name}:{value}|ms|#host:h{host}\n"));
+            if datagram.len() > 1_300 {
+                self.socket.send_to(datagram.as_bytes(), statsd).unwrap();
+                datagram.clear();
+            }
+        }
+        if !datagram.is_empty() {
+            self.socket.send_to(datagram.as_bytes(), statsd).unwrap();
+        }
+    }
+
+    /// The single value of an instant query now, if there is exactly one series.
+    fn scalar(&self, promql: &str) -> Option<f64> {
+        tessera_tests::scalar(&self.prometheus, promql)
+    }
+
+    /// Waits until `promql` answers `expected`, then returns the time it did (unix seconds).
+    fn wait_for(&self, promql: &str, expected: f64) -> f64 {
+        let mut last = None;
+        wait_until(&format!("{promql} == {expected}"), Duration::from_secs(40), || {
+            last = self.scalar(promql);
+            last == Some(expected)
+        });
+        now_secs()
+    }
+
+    fn restart_ingester(&mut self) {
+        assert_eq!(self.ingester.terminate(), Some(0), "ingester exits cleanly:\n{}", self.ingester.log());
+        self.ingester = Daemon::start("ingester", "tessera-ingester", &self.ingester_config, self.ingester_telemetry);
+    }
+}
+
+/// The value Prometheus' `histogram_quantile(q, ...)` ranks to: the ceil(q × n)-th smallest.
+fn exact_quantile(sorted: &[f64], q: f64) -> f64 {
+    let rank = (q * sorted.len() as f64).ceil().max(1.0) as usize;
+    sorted[rank - 1]
+}
+
+fn assert_within(what: &str, got: f64, exact: f64, width: f64) {
+    let error = (got - exact).abs() / exact;
+    assert!(error <= width + 1e-9, "{what} = {got}, exact {exact}: relative error {error:.5} > {width:.5}");
+    eprintln!("{what} = {got:.4}, exact {exact}, relative error {error:.5} (bound {width:.5})");
+}
+
+/// The buckets of the one native histogram an instant query returns: (lower, upper, count).
+fn native_buckets(result: &serde_json::Value) -> Vec<(f64, f64, f64)> {
+    let series = result.as_array().expect("a result array");
+    assert_eq!(series.len(), 1, "one series: {result}");
+    let number = |value: &serde_json::Value| value.as_str().unwrap().parse::<f64>().unwrap();
+    series[0]["histogram"][1]["buckets"]
+        .as_array()
+        .unwrap_or_else(|| panic!("a native histogram: {result}"))
+        .iter()
+        .map(|bucket| (number(&bucket[1]), number(&bucket[2]), number(&bucket[3])))
+        .collect()
+}
+
+#[test]
+fn a_fleet_wide_quantile_of_three_hosts_is_within_a_bucket_of_the_exact_one() {
+    let stack = Stack::start(3, 160);
+    let x = r#"svc_latency{resolution="1s"}"#;
+    for host in 1..=3 {
+        stack.send(host, "svc.latency", &[1.0]);
+    }
+    stack.wait_for(&format!("histogram_count(sum({x}))"), 3.0);
+
+    // Overlapping distributions of integers (sums exact in any order): 10..109, 50..249 and a
+    // long tail from 5 to about 4 000.
+    let hosts: [Vec<f64>; 3] = [
+        (0..2_000).map(|i| f64::from(10 + i / 20)).collect(),
+        (0..2_000).map(|i| f64::from(50 + i / 10)).collect(),
+        (0..2_000).map(|i| (5.0 * 1.0034f64.powi(i)).round()).collect(),
+    ];
+    for (host, values) in hosts.iter().enumerate() {
+        stack.send(host + 1, "svc.latency", values);
+    }
+    let mut union: Vec<f64> = hosts.iter().flatten().copied().collect();
+    union.sort_by(f64::total_cmp);
+    let sum: f64 = union.iter().sum::<f64>() + 3.0;
+    stack.wait_for(&format!("histogram_count(sum({x}))"), 6_003.0);
+    assert_eq!(stack.scalar(&format!("histogram_sum(sum({x}))")), Some(sum), "the sum is exact");
+    for host in 1..=3 {
+        let one = format!(r#"histogram_count(svc_latency{{host="h{host}",resolution="1s"}})"#);
+        assert_eq!(stack.scalar(&one), Some(2_001.0), "{one}");
+    }
+
+    // The rate over the last minute is every observation since the primers: its quantiles are
+    // the union's, within a bucket's relative width (Prometheus interpolates inside the bucket
+    // the rank falls in).
+    let width = bucket_relative_width(5);
+    for q in [0.5, 0.9, 0.99] {
+        let query = format!("histogram_quantile({q}, sum(rate({x}[1m])))");
+        let got = stack.scalar(&query).unwrap_or_else(|| panic!("{query}: no answer"));
+        assert_within(&query, got, exact_quantile(&union, q), width);
+    }
+    // The mean from the rates is the exact mean.
+    let mean = stack.scalar(&format!("histogram_sum(sum(rate({x}[1m]))) / histogram_count(sum(rate({x}[1m])))"));
+    let exact_mean = (sum - 3.0) / 6_000.0;
+    assert!(mean.is_some_and(|mean| (mean - exact_mean).abs() <= exact_mean * 1e-9), "{mean:?} vs {exact_mean}");
+}
+
+#[test]
+fn ten_decades_under_a_small_bucket_limit_lower_the_schema_and_stay_within_its_bound() {
+    let max_buckets = 20;
+    let stack = Stack::start(1, max_buckets);
+    let x = r#"wide_latency{resolution="1s"}"#;
+    // 200 values from 0.001 to 10^7, 20 a decade.
+    let mut values: Vec<f64> = (0..200)
+        .map(|k| format!("{:.6e}", 10f64.powf(f64::from(k) / 20.0 - 3.0)))
+        .map(|text| text.parse().unwrap())
+        .collect();
+    stack.send(1, "wide.latency", &values);
+    stack.wait_for(&format!("histogram_count({x})"), 200.0);
+
+    let buckets = native_buckets(&stack.prometheus.query(x, now_secs()));
+    assert!(buckets.len() <= max_buckets, "{} buckets: {buckets:?}", buckets.len());
+    assert_eq!(buckets.iter().map(|bucket| bucket.2).sum::<f64>(), 200.0);
+    // Bucket bounds grow by base = 2^(2^-schema): read the schema back from them.
+    let (lower, upper, _) = buckets[buckets.len() / 2];
+    let schema = -(upper / lower).log2().log2().round() as i32;
+    assert!(schema < 5, "the schema was lowered from 5, to {schema}");
+    let finer = bucket_relative_width(schema + 1);
+    let mut sketch = tessera_core::sketch::Sketch::with_schema(schema + 1);
+    values.iter().for_each(|value| sketch.insert(*value, 1.0));
+    assert!(sketch.bucket_count() > max_buckets, "no lower than needed: schema {} would not fit", schema + 1);
+
+    values.sort_by(f64::total_cmp);
+    let width = bucket_relative_width(schema);
+    eprintln!("schema {schema}: {} buckets, bound {width:.4} (one finer: {finer:.4})", buckets.len());
+    for q in [0.5, 0.9, 0.99] {
+        let query = format!("histogram_quantile({q}, {x})");
+        let got = stack.scalar(&query).unwrap_or_else(|| panic!("{query}: no answer"));
+        assert_within(&query, got, exact_quantile(&values, q), width);
+    }
+}
+
+#[test]
+fn rates_across_an_ingester_restart_count_every_observation_once() {
+    let mut stack = Stack::start(1, 160);
+    let x = r#"restart_latency{resolution="1s"}"#;
+    stack.send(1, "restart.latency", &[1.0]);
+    stack.wait_for(&format!("histogram_count({x})"), 1.0);
+    // Before the restart: 1 000 observations from 100 to 199.
+    let before: Vec<f64> = (0..1_000).map(|i| f64::from(100 + i % 100)).collect();
+    stack.send(1, "restart.latency", &before);
+    stack.wait_for(&format!("histogram_count({x})"), 1_001.0);
+
+    stack.restart_ingester();
+    // After it the histogram starts from zero: 300 observations from 1 000 to 1 299.
+    let after: Vec<f64> = (0..300).map(|i| f64::from(1_000 + i)).collect();
+    stack.send(1, "restart.latency", &after);
+    stack.wait_for(&format!("histogram_count({x})"), 300.0);
+
+    // The rate over the minute counts both runs: the drop is taken as a reset, not a
+    // negative rate.
+    let mut all: Vec<f64> = before.iter().chain(&after).copied().collect();
+    all.sort_by(f64::total_cmp);
+    let width = bucket_relative_width(5);
+    for q in [0.5, 0.75, 0.9] {
+        let query = format!("histogram_quantile({q}, rate({x}[1m]))");
+        let got = stack.scalar(&query).unwrap_or_else(|| panic!("{query}: no answer"));
+        assert_within(&query, got, exact_quantile(&all, q), width);
+    }
+    let mean = stack.scalar(&format!("histogram_sum(rate({x}[1m])) / histogram_count(rate({x}[1m]))"));
+    let exact_mean = all.iter().sum::<f64>() / all.len() as f64;
+    assert!(mean.is_some_and(|mean| (mean - exact_mean).abs() <= exact_mean * 1e-9), "{mean:?} vs {exact_mean}");
+    // (`resets()` is not asked: Prometheus 2.42 counts float resets only.)
+}
