@@ -177,6 +177,26 @@ send_statsd() {
     printf '%s\n' "$payload" >"/dev/udp/127.0.0.1/$TESSERA_STATSD_PORT"
 }
 
+# A timer from three hosts, once a second for the whole test, for the
+# application-timers dashboard (its rates need several tiles).
+background_timer=""
+start_background_timer() {
+    (
+        while :; do
+            send_statsd "ci.app.latency:$((RANDOM % 200 + 1))|ms|#host:h$((RANDOM % 3))" 2>/dev/null || true
+            sleep 1
+        done
+    ) &
+    background_timer=$!
+}
+stop_background_timer() {
+    if [ -n "$background_timer" ]; then
+        kill "$background_timer" 2>/dev/null || true
+        wait "$background_timer" 2>/dev/null || true
+        background_timer=""
+    fi
+}
+
 # --- what is sent and what Prometheus must then hold ------------------------
 
 run_id=""
@@ -216,8 +236,9 @@ send_known_statsd() {
         expected["count(ci_requests_total{$match})"]=$counter_series
         expected["sum(ci_requests_total{$match})"]=$((counter_series * counter_datagrams))
         expected["sum(ci_bytes_total{$match})"]=$((rated_lines * 12))
-        expected["sum(ci_latency_count{$match})"]=$timer_lines
-        expected["sum(ci_latency_sum{$match})"]=$timer_sum
+        # Timers are native histograms (the ingester's remote-write default).
+        expected["histogram_count(sum(ci_latency{$match}))"]=$timer_lines
+        expected["histogram_sum(sum(ci_latency{$match}))"]=$timer_sum
         expected["sum(ci_temperature{$match})"]=21.5
         expected["sum(ci_users{$match})"]=3
     done
@@ -278,11 +299,22 @@ metric_is_exported() {
 # metric it names must be one the daemons export. No expression has an
 # `or vector(0)` fallback: the daemons export every drop and refusal reason at 0
 # from the start, so an empty answer means a wrong name or a missing metric.
+# Template variables take their default values, except the application-timers
+# dashboard's `timer`, which is the background timer this test sends.
 dashboard_expressions_work() {
-    local dashboard expression failures=0 total=0 answer name
+    local dashboard expression failures=0 total=0 answer name variable value
     exported_families=$(curl -fsS --max-time 5 "$prometheus_url/api/v1/metadata" | jq -r '.data | keys[]') || return 1
     for dashboard in "$deploy_dir"/grafana/dashboards/*.json; do
+        local -A variables=()
+        while IFS=$'\t' read -r variable value; do
+            [ -n "$variable" ] && variables[$variable]=$value
+        done < <(jq -r '.templating.list[]? | "\(.name)\t\(.current.value)"' "$dashboard")
+        [ -n "${variables[timer]:-}" ] && variables[timer]=ci_app_latency
         while IFS= read -r expression; do
+            for variable in "${!variables[@]}"; do
+                expression=${expression//"\${$variable}"/${variables[$variable]}}
+                expression=${expression//"\$$variable"/${variables[$variable]}}
+            done
             total=$((total + 1))
             if ! answer=$(prometheus_query "$expression"); then
                 log "dashboard $(basename "$dashboard"): query failed: $expression"
@@ -300,7 +332,8 @@ dashboard_expressions_work() {
                     failures=$((failures + 1))
                 fi
             done
-        done < <(jq -r '.. | objects | select(has("expr")) | .expr' "$dashboard")
+        done < <(jq -r '.panels | .. | objects | select(has("expr")) | .expr' "$dashboard")
+        unset variables
     done
     log "dashboards: $((total - failures)) of $total expressions return data and name exported metrics"
     ((failures == 0 && total > 0))
@@ -316,6 +349,7 @@ show_state_and_logs() {
 }
 
 bring_down() {
+    stop_background_timer
     if [ -z "$compose_tool" ]; then return; fi
     log "$compose_tool down -v"
     compose down -v --remove-orphans >/dev/null 2>&1 || compose down -v --remove-orphans >&2 || true
@@ -351,6 +385,7 @@ test_with_compose_tool() {
     fi
 
     log "sending statsd (run tag $run_id) to udp 127.0.0.1:$TESSERA_STATSD_PORT"
+    start_background_timer
     send_known_statsd
     if ! wait_until resolution_10s_matches 60 "the 10s tiles in Prometheus"; then
         printf '  %s\n' "${mismatches[@]}" >&2

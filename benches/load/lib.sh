@@ -67,6 +67,33 @@ TOML
     fi
 }
 
+# Sets the loopback ports of a one-collector, one-aggregator, one-ingester
+# pipeline (udp_port, collector_http, aggregator_port, aggregator_http,
+# ingester_port, ingester_http) and writes the collector's config and
+# $work/aggregator.toml; $1: more top-level aggregator lines (e.g.
+# `merge_threads = 2`). The ingester's config is the caller's.
+write_pipeline_configs() {
+    udp_port=$(free_port DGRAM)
+    collector_http=$(free_port)
+    aggregator_port=$(free_port)
+    aggregator_http=$(free_port)
+    ingester_port=$(free_port)
+    ingester_http=$(free_port)
+    write_collector_config "$work" "$udp_port" "$collector_http" 1 "127.0.0.1:$aggregator_port"
+    cat > "$work/aggregator.toml" <<TOML
+instance_id = "aggregator"
+listen = "127.0.0.1:$aggregator_port"
+${1:-}
+[placement]
+kind = "static"
+path = "$work/placement.toml"
+[ingester]
+endpoints = ["127.0.0.1:$ingester_port"]
+[telemetry]
+listen = "127.0.0.1:$aggregator_http"
+TOML
+}
+
 # metric_sum PORT NAME [FILTER]: the sum of the samples of NAME (every label
 # set whose line contains FILTER) at a telemetry port.
 metric_sum() {

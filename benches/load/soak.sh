@@ -38,25 +38,7 @@ minute=60
 . benches/load/lib.sh
 need_binaries
 make_work_dir
-udp_port=$(free_port DGRAM)
-collector_http=$(free_port)
-aggregator_port=$(free_port)
-aggregator_http=$(free_port)
-ingester_port=$(free_port)
-ingester_http=$(free_port)
-
-write_collector_config "$work" "$udp_port" "$collector_http" 1 "127.0.0.1:$aggregator_port"
-cat > "$work/aggregator.toml" <<TOML
-instance_id = "aggregator"
-listen = "127.0.0.1:$aggregator_port"
-[placement]
-kind = "static"
-path = "$work/placement.toml"
-[ingester]
-endpoints = ["127.0.0.1:$ingester_port"]
-[telemetry]
-listen = "127.0.0.1:$aggregator_http"
-TOML
+write_pipeline_configs
 cat > "$work/ingester.toml" <<TOML
 instance_id = "ingester"
 listen = "127.0.0.1:$ingester_port"

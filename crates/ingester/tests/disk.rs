@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use support::wire::{batch, counter, metric_value, recent_tile_end_ms, start_ingester, wait_until};
+use support::wire::{Sender, batch, counter, metric_value, recent_tile_end_ms, start_ingester, wait_until};
 use tessera_proto::{AckStatus, TileBatch};
 
 const SERIES: usize = 20;
@@ -170,6 +170,52 @@ fn assert_each_batch_once(sink: &Path, total: u64) {
     }
 }
 
+/// Sends batches `sequences` in turn until one is refused (`Retryable`/`queue_io`) and
+/// returns its sequence; before each, waits for `settled` and runs `break_disk`.
+async fn first_refused(
+    sender: &mut Sender,
+    t0: i64,
+    sequences: std::ops::Range<u64>,
+    settled: impl Fn() -> bool,
+    mut break_disk: impl FnMut(),
+) -> u64 {
+    for sequence in sequences {
+        wait_until("the queue to settle", Duration::from_secs(10), &settled).await;
+        break_disk();
+        let ack = sender.send(tiles_at(sequence, t0)).await;
+        match AckStatus::try_from(ack.status) {
+            Ok(AckStatus::Ok) => {}
+            Ok(AckStatus::Retryable) => {
+                assert_eq!(ack.reason, "queue_io", "{ack:?}");
+                return sequence;
+            }
+            _ => panic!("unexpected answer while the disk fails: {ack:?}"),
+        }
+    }
+    panic!("no batch was refused while the disk failed");
+}
+
+/// Once the disk works again: the refused batch is taken within 30 s (no restart), then
+/// `more` batches after it; waits for the queue to drain; returns how many batches there were.
+async fn recover(
+    sender: &mut Sender,
+    t0: i64,
+    refused_at: u64,
+    more: u64,
+    ingester: &tessera_ingester::Ingester,
+) -> u64 {
+    tokio::time::timeout(Duration::from_secs(30), sender.send_until_ok(tiles_at(refused_at, t0)))
+        .await
+        .expect("the queue takes batches again within 30 s of the disk working");
+    let total = refused_at + 1 + more;
+    for sequence in refused_at + 1..total {
+        let ack = sender.send(tiles_at(sequence, t0)).await;
+        assert_eq!(ack.status, AckStatus::Ok as i32, "batch {sequence} after recovery: {ack:?}");
+    }
+    wait_until("the queue to drain", Duration::from_secs(30), || ingester.pending_records() == 0).await;
+    total
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_disk_is_answered_retryable_and_the_queue_recovers_when_space_is_back() {
     let disk = SmallDisk::mount(512 << 10);
@@ -194,22 +240,10 @@ async fn a_full_disk_is_answered_retryable_and_the_queue_recovers_when_space_is_
     // own between the filling and the try.
     let queue = ingester.queue("default").unwrap();
     let settled = || ingester.pending_records() == 0 && queue.segments() == 1;
-    let mut refused_at = None;
-    for sequence in 3..13 {
-        wait_until("the queue to settle", Duration::from_secs(10), settled).await;
+    let refused_at = first_refused(&mut sender, t0, 3..13, settled, || {
         disk.fill();
-        let ack = sender.send(tiles_at(sequence, t0)).await;
-        match AckStatus::try_from(ack.status) {
-            Ok(AckStatus::Ok) => {}
-            Ok(AckStatus::Retryable) => {
-                assert_eq!(ack.reason, "queue_io", "{ack:?}");
-                refused_at = Some(sequence);
-                break;
-            }
-            _ => panic!("unexpected answer on a full disk: {ack:?}"),
-        }
-    }
-    let refused_at = refused_at.expect("a batch refused while the disk is full");
+    })
+    .await;
     for _ in 0..4 {
         wait_until("the queue to settle", Duration::from_secs(10), settled).await;
         disk.fill();
@@ -221,15 +255,7 @@ async fn a_full_disk_is_answered_retryable_and_the_queue_recovers_when_space_is_
 
     // Space is back: the same batch is taken, and the ones after it, with no restart.
     std::fs::remove_file(disk.filler()).unwrap();
-    tokio::time::timeout(Duration::from_secs(30), sender.send_until_ok(tiles_at(refused_at, t0)))
-        .await
-        .expect("the queue takes batches again within 30 s of space coming back");
-    let total = refused_at + 10;
-    for sequence in refused_at + 1..total {
-        let ack = sender.send(tiles_at(sequence, t0)).await;
-        assert_eq!(ack.status, AckStatus::Ok as i32, "batch {sequence} after recovery: {ack:?}");
-    }
-    wait_until("the queue to drain", Duration::from_secs(30), || ingester.pending_records() == 0).await;
+    let total = recover(&mut sender, t0, refused_at, 9, &ingester).await;
     shutdown.trigger();
     ingester.wait().await;
 
@@ -266,22 +292,7 @@ async fn a_failed_fsync_is_answered_retryable_and_the_queue_goes_on_in_a_new_seg
     // the first that needs a new block is written, its fsync fails, and it is refused.
     let queue = ingester.queue("default").unwrap();
     let settled = || ingester.pending_records() == 0 && queue.segments() == 1;
-    let mut refused_at = None;
-    for sequence in 3..13 {
-        wait_until("the queue to settle", Duration::from_secs(10), settled).await;
-        disk.fail_new_blocks();
-        let ack = sender.send(tiles_at(sequence, t0)).await;
-        match AckStatus::try_from(ack.status) {
-            Ok(AckStatus::Ok) => {}
-            Ok(AckStatus::Retryable) => {
-                assert_eq!(ack.reason, "queue_io", "{ack:?}");
-                refused_at = Some(sequence);
-                break;
-            }
-            _ => panic!("unexpected answer to a failed fsync: {ack:?}"),
-        }
-    }
-    let refused_at = refused_at.expect("a batch refused when its fsync failed");
+    let refused_at = first_refused(&mut sender, t0, 3..13, settled, || disk.fail_new_blocks()).await;
     let text = telemetry.encode().unwrap();
     assert_eq!(
         queue_counter(&text, "tessera_ingester_queue_fsync_errors_total"),
@@ -299,15 +310,7 @@ async fn a_failed_fsync_is_answered_retryable_and_the_queue_goes_on_in_a_new_seg
     // The device takes writes again: the same batch is taken in a new segment, and the
     // ones after it, with no restart.
     disk.heal();
-    tokio::time::timeout(Duration::from_secs(30), sender.send_until_ok(tiles_at(refused_at, t0)))
-        .await
-        .expect("the queue takes batches again within 30 s of the device working");
-    let total = refused_at + 10;
-    for sequence in refused_at + 1..total {
-        let ack = sender.send(tiles_at(sequence, t0)).await;
-        assert_eq!(ack.status, AckStatus::Ok as i32, "batch {sequence} after recovery: {ack:?}");
-    }
-    wait_until("the queue to drain", Duration::from_secs(30), || ingester.pending_records() == 0).await;
+    let total = recover(&mut sender, t0, refused_at, 9, &ingester).await;
     let text = telemetry.encode().unwrap();
     assert!(metric_value(&text, "tessera_ingester_batch_acks_total", r#"status="retryable",reason="queue_io""#) >= 4.0);
     // Nothing acknowledged was left undurable: with fsync = "always" nothing is at risk.
@@ -332,20 +335,7 @@ async fn with_interval_fsync_acknowledged_records_of_a_failed_fsync_are_counted_
 
     // Batches are acknowledged once written; the one that fills the segment makes it rotate,
     // the fsync sealing it fails, and the new segment cannot be made durable: refused.
-    let mut refused_at = None;
-    for sequence in 0..200 {
-        let ack = sender.send(tiles_at(sequence, t0)).await;
-        match AckStatus::try_from(ack.status) {
-            Ok(AckStatus::Ok) => {}
-            Ok(AckStatus::Retryable) => {
-                assert_eq!(ack.reason, "queue_io", "{ack:?}");
-                refused_at = Some(sequence);
-                break;
-            }
-            _ => panic!("unexpected answer to a failed fsync: {ack:?}"),
-        }
-    }
-    let refused_at = refused_at.expect("a batch refused when the segment's fsync failed");
+    let refused_at = first_refused(&mut sender, t0, 0..200, || true, || {}).await;
     assert!(refused_at >= 2, "the segment held several acknowledged batches before it filled");
     let text = telemetry.encode().unwrap();
     assert_eq!(queue_counter(&text, "tessera_ingester_queue_fsync_errors_total"), 1.0);
@@ -353,15 +343,7 @@ async fn with_interval_fsync_acknowledged_records_of_a_failed_fsync_are_counted_
     assert_eq!(queue_counter(&text, "tessera_ingester_queue_records_at_risk_total"), refused_at as f64);
 
     disk.heal();
-    tokio::time::timeout(Duration::from_secs(30), sender.send_until_ok(tiles_at(refused_at, t0)))
-        .await
-        .expect("the queue takes batches again within 30 s of the device working");
-    let total = refused_at + 5;
-    for sequence in refused_at + 1..total {
-        let ack = sender.send(tiles_at(sequence, t0)).await;
-        assert_eq!(ack.status, AckStatus::Ok as i32, "batch {sequence} after recovery: {ack:?}");
-    }
-    wait_until("the queue to drain", Duration::from_secs(30), || ingester.pending_records() == 0).await;
+    let total = recover(&mut sender, t0, refused_at, 4, &ingester).await;
     shutdown.trigger();
     ingester.wait().await;
     // The records at risk were still delivered: the process never lost them.
