@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use support::wire::{Sender, batch, counter, gauge, recent_tile_end_ms, set, timer};
+use support::wire::{Sender, batch, counter, gauge, metric_value, recent_tile_end_ms, set, timer};
 use tessera_ingester::{Config, Ingester};
 use tessera_proto::AckStatus;
 use tessera_runtime::{Shutdown, Telemetry};
@@ -116,4 +116,51 @@ async fn promtool_imports_the_files_with_the_right_values() {
     expect(r#"{__name__="job_seconds_max", resolution="10s"}"#, vec![(at(0), 1.5), (at(1), 1.5), (at(2), 1.5)]);
     expect(r#"{__name__="workers", resolution="10s"}"#, vec![(at(0), 2.0), (at(1), 2.0), (at(2), 2.0)]);
     assert!(series.contains_key(r#"{__name__="job_seconds", quantile="0.99", resolution="10s"}"#), "{series:#?}");
+}
+
+/// A target reconfigured from remote write (native histograms) to files keeps its queue: the
+/// file sink writes what OpenMetrics text can hold and skips the native histograms, counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn native_histograms_left_in_a_file_targets_queue_are_skipped_and_counted() {
+    let data = tempfile::tempdir().unwrap();
+    let start = |sink: &str| {
+        let mut config: Config = toml::from_str(&format!(
+            "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\nshutdown_grace_secs = 1\n[sink]\n{sink}\n",
+            data.path().display()
+        ))
+        .unwrap();
+        config.telemetry.listen = None;
+        let (telemetry, shutdown) = (Telemetry::new("ingester", "test"), Shutdown::new());
+        async move {
+            let ingester = Ingester::start(config, telemetry.clone(), shutdown.clone()).await.unwrap();
+            (ingester, telemetry, shutdown)
+        }
+    };
+    // Remote write to a port nobody listens on: the record stays queued.
+    let (ingester, _, shutdown) =
+        start("kind = \"remote_write\"\nurl = \"http://127.0.0.1:1/api/v1/write\"\nhistograms = \"native\"").await;
+    let mut sender = Sender::connect(ingester.listen_addr()).await;
+    let t0 = recent_tile_end_ms(5);
+    let tiles = vec![counter("jobs", 3.0), timer("job.seconds", &[0.5, 1.5])];
+    let ack = sender.send(batch(0, "10s:2d", t0, tiles)).await;
+    assert_eq!(ack.status, AckStatus::Ok as i32, "{ack:?}");
+    shutdown.trigger();
+    ingester.wait().await;
+
+    let (ingester, telemetry, shutdown) = start("kind = \"file\"\nrotate_secs = 3600").await;
+    support::wire::wait_until("the queue to drain", std::time::Duration::from_secs(30), || {
+        ingester.pending_records() == 0
+    })
+    .await;
+    let text = telemetry.encode().unwrap();
+    let skipped = metric_value(&text, "tessera_ingester_file_sink_histograms_skipped_total", r#"target="default""#);
+    assert_eq!(skipped, 1.0, "{text}");
+    shutdown.trigger();
+    ingester.wait().await;
+    let files = closed_files(&data.path().join("openmetrics/default"));
+    let written: String = files.iter().map(|file| std::fs::read_to_string(file).unwrap()).collect();
+    assert!(written.contains("jobs_total{resolution=\"10s\"} 3.0"), "{written}");
+    assert!(written.contains("job_seconds_min{resolution=\"10s\"} 0.5"), "{written}");
+    assert!(written.contains("job_seconds_max{resolution=\"10s\"} 1.5"), "{written}");
+    assert!(!written.contains("job_seconds{"), "no histogram line: {written}");
 }
