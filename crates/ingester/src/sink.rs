@@ -87,6 +87,27 @@ pub enum SinkError {
         /// The storage's explanation, shortened.
         message: String,
     },
+    /// The storage takes no native histograms (a Prometheus without
+    /// `--enable-feature=native-histograms` refuses the whole request, with a 500): the
+    /// request's histogram samples will never be taken, the others are to be sent alone.
+    #[error("native histograms refused with status {status}: {message}")]
+    HistogramsRefused {
+        /// HTTP status.
+        status: u16,
+        /// The storage's explanation, shortened.
+        message: String,
+    },
+}
+
+impl SinkRequest {
+    /// The same request holding only the samples for which `keep` holds.
+    pub fn only(&self, keep: impl Fn(&StoredSample) -> bool) -> SinkRequest {
+        SinkRequest {
+            record: self.record.clone(),
+            samples: self.samples.iter().filter(|sample| keep(sample)).cloned().collect(),
+            key: self.key,
+        }
+    }
 }
 
 /// A storage target.

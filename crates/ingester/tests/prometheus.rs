@@ -159,3 +159,44 @@ async fn samples_reach_prometheus_with_exact_values() {
     );
     assert_eq!(text, expected);
 }
+
+/// A Prometheus without `--enable-feature=native-histograms` refuses every request holding a
+/// native histogram, whole, with a 500 that retrying never mends. The histograms are refused
+/// for good (counted, logged with the fix), and everything beside them is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_native_histograms_in_prometheus_the_histograms_are_refused_and_the_rest_written() {
+    let prometheus = tokio::task::spawn_blocking(Prometheus::start_without_native_histograms).await.unwrap();
+    let data = tempfile::tempdir().unwrap();
+    let mut config: Config = toml::from_str(&format!(
+        "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\n[sink]\nkind = \"remote_write\"\nurl = \"{}\"\n",
+        data.path().display(),
+        prometheus.remote_write_url()
+    ))
+    .unwrap();
+    config.telemetry.listen = None;
+    let telemetry = Telemetry::new("ingester", "test");
+    let shutdown = Shutdown::new();
+    let ingester = Ingester::start(config, telemetry.clone(), shutdown.clone()).await.unwrap();
+    let mut sender = Sender::connect(ingester.listen_addr()).await;
+    let t0 = recent_tile_end_ms(10);
+    let tiles = vec![counter("jobs", 2.0), timer("lat", &[1.0, 3.0]), timer("only", &[5.0])];
+    let ack = sender.send(batch(0, "10s:2d", t0, tiles)).await;
+    assert_eq!(ack.status, AckStatus::Ok as i32, "{ack:?}");
+    wait_until("the queue to drain", Duration::from_secs(30), || ingester.pending_records() == 0).await;
+
+    let at = t0 as f64 / 1000.0;
+    assert_eq!(value(&prometheus.query(r#"jobs_total{resolution="10s"}"#, at)), 2.0);
+    assert_eq!(value(&prometheus.query(r#"lat_max{resolution="10s"}"#, at)), 3.0);
+    assert_eq!(value(&prometheus.query(r#"only_min{resolution="10s"}"#, at)), 5.0);
+    let text = telemetry.encode().unwrap();
+    let refused =
+        metric_value(&text, "tessera_ingester_sink_rejected_samples_total", r#"target="default",status="500""#);
+    assert_eq!(refused, 2.0, "the two histograms: {text}");
+    // jobs_total, and _min and _max of each timer.
+    assert_eq!(metric_value(&text, "tessera_ingester_samples_written_total", r#"target="default""#), 5.0);
+    let log = std::fs::read_to_string(data.path().join("rejected-samples.log")).unwrap();
+    assert_eq!(log.lines().count(), 2, "{log}");
+    assert!(log.contains("--enable-feature=native-histograms"), "{log}");
+    shutdown.trigger();
+    ingester.wait().await;
+}

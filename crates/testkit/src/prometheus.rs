@@ -40,7 +40,7 @@ impl Prometheus {
     pub fn start_with_config(config: &str) -> Prometheus {
         // A port found free can be taken before Prometheus binds it: try a few.
         for _ in 0..3 {
-            if let Some(prometheus) = Prometheus::try_start(free_port(), config, Duration::from_secs(60)) {
+            if let Some(prometheus) = Prometheus::try_start(free_port(), config, true, Duration::from_secs(60)) {
                 return prometheus;
             }
         }
@@ -50,11 +50,18 @@ impl Prometheus {
     /// Starts Prometheus on `port` (for tests that need the address before the server
     /// exists) and waits until it is ready.
     pub fn start_on(port: u16) -> Prometheus {
-        Prometheus::try_start(port, NO_SCRAPES, Duration::from_secs(60))
+        Prometheus::try_start(port, NO_SCRAPES, true, Duration::from_secs(60))
             .unwrap_or_else(|| panic!("prometheus did not become ready on port {port}"))
     }
 
-    fn try_start(port: u16, config_text: &str, timeout: Duration) -> Option<Prometheus> {
+    /// Starts Prometheus as above but without `--enable-feature=native-histograms`, as
+    /// Prometheus runs by default.
+    pub fn start_without_native_histograms() -> Prometheus {
+        Prometheus::try_start(free_port(), NO_SCRAPES, false, Duration::from_secs(60))
+            .expect("prometheus did not become ready")
+    }
+
+    fn try_start(port: u16, config_text: &str, native_histograms: bool, timeout: Duration) -> Option<Prometheus> {
         let dir = Server::directory();
         let config = dir.path().join("prometheus.yml");
         std::fs::write(&config, config_text).expect("write prometheus.yml");
@@ -65,9 +72,11 @@ impl Prometheus {
             .arg(format!("--storage.tsdb.path={}", dir.path().join("data").display()))
             .arg(format!("--web.listen-address={address}"))
             .arg("--web.enable-remote-write-receiver")
-            // Timers arrive as native histograms (the remote-write default).
-            .arg("--enable-feature=native-histograms")
             .arg("--log.level=warn");
+        if native_histograms {
+            // Timers arrive as native histograms (the remote-write default).
+            command.arg("--enable-feature=native-histograms");
+        }
         let mut server =
             Server::spawn("prometheus", command, dir, "; install Debian's `prometheus` (scripts/setup.sh)");
         match server.wait_ready(address, "/-/ready", timeout) {

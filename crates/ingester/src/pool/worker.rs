@@ -19,7 +19,8 @@ use tokio::sync::mpsc;
 
 use super::{PoolSettings, Target, WorkItem};
 use crate::pacing::Outcome;
-use crate::sink::{Sink, SinkError};
+use crate::record::StoredSample;
+use crate::sink::{Sink, SinkError, SinkRequest};
 
 static RETRY_LOG: RateLimitedLog = RateLimitedLog::new("ingester.sink_retry", 2);
 static REJECT_LOG: RateLimitedLog = RateLimitedLog::new("ingester.sink_rejected", 2);
@@ -68,16 +69,16 @@ async fn send<S: Sink>(
     stop: &Shutdown,
     rng: &mut SmallRng,
 ) {
-    let request = &item.request;
-    let record = &request.record;
+    let mut request = std::borrow::Cow::Borrowed(&item.request);
+    let record = &item.request.record;
     let metrics = &target.metrics;
     if !item.ticket.started.swap(true, Ordering::AcqRel) {
         let waited = (now_ms() - record.received_at_ms).max(0) as f64 / 1000.0;
         metrics.all().queue_time(&record.resolution).observe_n(waited, u64::from(record.tiles));
     }
-    let samples = request.samples.len();
     let mut attempt = 0u32;
     loop {
+        let samples = request.samples.len();
         let permit = tokio::select! {
             biased;
             () = stop.wait() => return,
@@ -89,7 +90,7 @@ async fn send<S: Sink>(
             () = target.pace.wait(samples) => {}
         }
         let started = Instant::now();
-        let result = target.sink.write(request).await;
+        let result = target.sink.write(&request).await;
         metrics.request_duration.observe(started.elapsed().as_secs_f64());
         match result {
             Ok(()) => {
@@ -102,13 +103,25 @@ async fn send<S: Sink>(
             Err(SinkError::Permanent { status, message }) => {
                 permit.finish(Outcome::Neutral);
                 metrics.request("rejected");
-                metrics.rejected(status, samples as u64);
-                target.rejected.write(&target.name, request, status, &message);
-                if REJECT_LOG.allow() {
-                    tracing::warn!(target = target.name, status, samples, message, log = %target.rejected.path().display(), "storage refused samples for good; logged them");
-                }
+                reject(target, &request, status, &message);
                 complete(target, item);
                 return;
+            }
+            Err(SinkError::HistogramsRefused { status, message }) => {
+                // Refused for good, but only for the histograms: they are rejected, and the
+                // rest goes again alone, at once.
+                permit.finish(Outcome::Neutral);
+                metrics.request("histograms_refused");
+                let is_histogram = |sample: &StoredSample| !sample.histogram.is_empty();
+                let message = format!(
+                    "{message} (start Prometheus with --enable-feature=native-histograms, or set histograms = \"summary\" for this target)"
+                );
+                reject(target, &request.only(is_histogram), status, &message);
+                request = std::borrow::Cow::Owned(request.only(|sample| !is_histogram(sample)));
+                if request.samples.is_empty() {
+                    complete(target, item);
+                    return;
+                }
             }
             Err(SinkError::Retryable { reason, message, overloaded }) => {
                 permit.finish(if overloaded { Outcome::Overloaded } else { Outcome::Neutral });
@@ -141,6 +154,17 @@ async fn send<S: Sink>(
                 }
             }
         }
+    }
+}
+
+/// Counts `request`'s samples as refused for good with `status` and logs them (see the
+/// rejected-samples log).
+fn reject<S: Sink>(target: &Target<S>, request: &SinkRequest, status: u16, message: &str) {
+    let samples = request.samples.len();
+    target.metrics.rejected(status, samples as u64);
+    target.rejected.write(&target.name, request, status, message);
+    if REJECT_LOG.allow() {
+        tracing::warn!(target = target.name, status, samples, message, log = %target.rejected.path().display(), "storage refused samples for good; logged them");
     }
 }
 

@@ -15,7 +15,11 @@
 //! aggregated namespace of that policy.
 //!
 //! Answers: 2xx is written; 429 and 5xx are retryable and say storage is overloaded; any
-//! other status is permanent. A network error is retryable; a request that takes longer
+//! other status is permanent. One 500 is not: Prometheus without
+//! `--enable-feature=native-histograms` refuses a whole request holding a native histogram
+//! with "native histograms are disabled", and would refuse it forever; that answer is
+//! [`SinkError::HistogramsRefused`] (the pool refuses the histograms, counted and logged,
+//! and sends the rest alone). A network error is retryable; a request that takes longer
 //! than `request_timeout` is abandoned as retryable and overloaded. The client is hyper
 //! 1 over plain HTTP/1.1 with a connection pool; TLS is not built in (put a local proxy in
 //! front of a TLS endpoint).
@@ -33,6 +37,10 @@ use hyper_util::rt::TokioExecutor;
 use super::{Sink, SinkError, SinkRequest, shorten};
 use crate::prompb;
 use tessera_runtime::logging::error_chain;
+
+/// What Prometheus answers (a 500, refusing the whole request) to native histograms when it
+/// runs without `--enable-feature=native-histograms`.
+const HISTOGRAMS_DISABLED: &str = "native histograms are disabled";
 
 /// Most bytes of an error body kept for logs.
 const MAX_ERROR_BODY_BYTES: usize = 64 << 10;
@@ -124,6 +132,9 @@ impl RemoteWriteSink {
             Err(error) => format!("(body unreadable: {error})"),
         };
         let code = status.as_u16();
+        if message.contains(HISTOGRAMS_DISABLED) {
+            return Err(SinkError::HistogramsRefused { status: code, message });
+        }
         Err(match code {
             429 => SinkError::Retryable { reason: "status_429", message, overloaded: true },
             500..=599 => {
