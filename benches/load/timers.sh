@@ -87,6 +87,5 @@ rss() { echo $(( $(peak_rss_kib "$1") / 1024 )); }
 samples=$(metric_sum "$ingester_http" tessera_ingester_samples_written_total)
 
 echo "histograms=$histograms rate=$rate series=$series duration=${duration}s sent=$sent stored=${stored%.*} lost=$((sent - ${stored%.*}))"
-echo "  ingester: samples_written=$samples cpu=${ingester_cpu}s peak_rss=$(rss $ingester)MB"
+echo "  ingester: samples_written=$samples cpu=${ingester_cpu}s peak_rss=$(rss $ingester)MB queued_records=$(metric_sum "$ingester_http" tessera_ingester_queue_records) rejected_samples=$(metric_sum "$ingester_http" tessera_ingester_sink_rejected_samples_total) retries=$(metric_sum "$ingester_http" tessera_ingester_sink_retries_total)"
 echo "  prometheus: cpu=${prometheus_cpu}s peak_rss=$(rss $prometheus)MB"
-echo "  ingester: queued_records=$(metric_sum "$ingester_http" tessera_ingester_queue_records) rejected_samples=$(metric_sum "$ingester_http" tessera_ingester_sink_rejected_samples_total) retries=$(metric_sum "$ingester_http" tessera_ingester_sink_retries_total) requests_failed=$(metric_sum "$ingester_http" tessera_ingester_sink_requests_total outcome=\"retryable)"

@@ -125,6 +125,22 @@ impl Stack {
         now_secs()
     }
 
+    /// Asserts that `histogram_quantile(q, over)` is within `width` (relative) of the exact
+    /// quantile of `sorted`, for each of `quantiles`.
+    fn assert_quantiles(&self, over: &str, sorted: &[f64], quantiles: &[f64], width: f64) {
+        for q in quantiles {
+            let query = format!("histogram_quantile({q}, {over})");
+            let got = self.scalar(&query).unwrap_or_else(|| panic!("{query}: no answer"));
+            assert_within(&query, got, exact_quantile(sorted, *q), width);
+        }
+    }
+
+    /// Asserts that `histogram_sum(over) / histogram_count(over)` is `exact` (to rounding).
+    fn assert_mean(&self, over: &str, exact: f64) {
+        let mean = self.scalar(&format!("histogram_sum({over}) / histogram_count({over})"));
+        assert!(mean.is_some_and(|mean| (mean - exact).abs() <= exact * 1e-9), "{mean:?} vs {exact}");
+    }
+
     fn restart_ingester(&mut self) {
         assert_eq!(self.ingester.terminate(), Some(0), "ingester exits cleanly:\n{}", self.ingester.log());
         self.ingester = Daemon::start("ingester", "tessera-ingester", &self.ingester_config, self.ingester_telemetry);
@@ -188,16 +204,10 @@ fn a_fleet_wide_quantile_of_three_hosts_is_within_a_bucket_of_the_exact_one() {
     // The rate over the last minute is every observation since the primers: its quantiles are
     // the union's, within a bucket's relative width (Prometheus interpolates inside the bucket
     // the rank falls in).
-    let width = bucket_relative_width(5);
-    for q in [0.5, 0.9, 0.99] {
-        let query = format!("histogram_quantile({q}, sum(rate({x}[1m])))");
-        let got = stack.scalar(&query).unwrap_or_else(|| panic!("{query}: no answer"));
-        assert_within(&query, got, exact_quantile(&union, q), width);
-    }
+    let rate = format!("sum(rate({x}[1m]))");
+    stack.assert_quantiles(&rate, &union, &[0.5, 0.9, 0.99], bucket_relative_width(5));
     // The mean from the rates is the exact mean.
-    let mean = stack.scalar(&format!("histogram_sum(sum(rate({x}[1m]))) / histogram_count(sum(rate({x}[1m])))"));
-    let exact_mean = (sum - 3.0) / 6_000.0;
-    assert!(mean.is_some_and(|mean| (mean - exact_mean).abs() <= exact_mean * 1e-9), "{mean:?} vs {exact_mean}");
+    stack.assert_mean(&rate, (sum - 3.0) / 6_000.0);
 }
 
 #[test]
@@ -228,11 +238,7 @@ fn ten_decades_under_a_small_bucket_limit_lower_the_schema_and_stay_within_its_b
     values.sort_by(f64::total_cmp);
     let width = bucket_relative_width(schema);
     eprintln!("schema {schema}: {} buckets, bound {width:.4} (one finer: {finer:.4})", buckets.len());
-    for q in [0.5, 0.9, 0.99] {
-        let query = format!("histogram_quantile({q}, {x})");
-        let got = stack.scalar(&query).unwrap_or_else(|| panic!("{query}: no answer"));
-        assert_within(&query, got, exact_quantile(&values, q), width);
-    }
+    stack.assert_quantiles(x, &values, &[0.5, 0.9, 0.99], width);
 }
 
 #[test]
@@ -256,14 +262,8 @@ fn rates_across_an_ingester_restart_count_every_observation_once() {
     // negative rate.
     let mut all: Vec<f64> = before.iter().chain(&after).copied().collect();
     all.sort_by(f64::total_cmp);
-    let width = bucket_relative_width(5);
-    for q in [0.5, 0.75, 0.9] {
-        let query = format!("histogram_quantile({q}, rate({x}[1m]))");
-        let got = stack.scalar(&query).unwrap_or_else(|| panic!("{query}: no answer"));
-        assert_within(&query, got, exact_quantile(&all, q), width);
-    }
-    let mean = stack.scalar(&format!("histogram_sum(rate({x}[1m])) / histogram_count(rate({x}[1m]))"));
-    let exact_mean = all.iter().sum::<f64>() / all.len() as f64;
-    assert!(mean.is_some_and(|mean| (mean - exact_mean).abs() <= exact_mean * 1e-9), "{mean:?} vs {exact_mean}");
+    let rate = format!("rate({x}[1m])");
+    stack.assert_quantiles(&rate, &all, &[0.5, 0.75, 0.9], bucket_relative_width(5));
+    stack.assert_mean(&rate, all.iter().sum::<f64>() / all.len() as f64);
     // (`resets()` is not asked: Prometheus 2.42 counts float resets only.)
 }

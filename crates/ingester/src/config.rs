@@ -79,11 +79,11 @@ use serde::Deserialize;
 
 pub use crate::mapping::HistogramMode;
 use crate::queue::FsyncPolicy;
+use crate::sink::remote_write::parse_url;
 
 /// The smallest `max_buckets`: at the coarsest schema (-4, a bucket per 2^16) every finite
 /// magnitude fits in 128 buckets a sign, and usual data in far fewer.
 pub const MIN_MAX_BUCKETS: usize = 16;
-use crate::sink::remote_write::parse_url;
 
 /// The whole configuration; see the [module docs](self).
 #[derive(Debug, Clone, Deserialize)]

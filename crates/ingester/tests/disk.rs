@@ -170,6 +170,14 @@ fn assert_each_batch_once(sink: &Path, total: u64) {
     }
 }
 
+/// Sends batches `sequences` in turn, each acknowledged `Ok`.
+async fn send_all_ok(sender: &mut Sender, t0: i64, sequences: std::ops::Range<u64>) {
+    for sequence in sequences {
+        let ack = sender.send(tiles_at(sequence, t0)).await;
+        assert_eq!(ack.status, AckStatus::Ok as i32, "batch {sequence}: {ack:?}");
+    }
+}
+
 /// Sends batches `sequences` in turn until one is refused (`Retryable`/`queue_io`) and
 /// returns its sequence; before each, waits for `settled` and runs `break_disk`.
 async fn first_refused(
@@ -208,10 +216,7 @@ async fn recover(
         .await
         .expect("the queue takes batches again within 30 s of the disk working");
     let total = refused_at + 1 + more;
-    for sequence in refused_at + 1..total {
-        let ack = sender.send(tiles_at(sequence, t0)).await;
-        assert_eq!(ack.status, AckStatus::Ok as i32, "batch {sequence} after recovery: {ack:?}");
-    }
+    send_all_ok(sender, t0, refused_at + 1..total).await;
     wait_until("the queue to drain", Duration::from_secs(30), || ingester.pending_records() == 0).await;
     total
 }
@@ -220,19 +225,10 @@ async fn recover(
 async fn a_full_disk_is_answered_retryable_and_the_queue_recovers_when_space_is_back() {
     let disk = SmallDisk::mount(512 << 10);
     let sink = tempfile::tempdir().unwrap();
-    let config = format!(
-        "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\n[queue]\nsegment_max_bytes = 4096\n\
-         [sink]\nkind = \"file\"\ndir = \"{}\"\nrotate_secs = 3600\n",
-        disk.path().display(),
-        sink.path().display()
-    );
-    let (ingester, telemetry, shutdown, mut sender) = start_ingester(&config).await;
+    let (ingester, telemetry, shutdown, mut sender) =
+        start_ingester(&ingester_config(disk.path(), sink.path(), "segment_max_bytes = 4096")).await;
     let t0 = recent_tile_end_ms(10);
-
-    for sequence in 0..3 {
-        let ack = sender.send(tiles_at(sequence, t0)).await;
-        assert_eq!(ack.status, AckStatus::Ok as i32, "{ack:?}");
-    }
+    send_all_ok(&mut sender, t0, 0..3).await;
     // The disk fills up. A batch that still fits in the segment's last allocated page is
     // taken (it is written); the first that needs a new page or a new segment is refused,
     // retryably, and so is every try while the disk stays full. Each time, the queue has
@@ -283,10 +279,7 @@ async fn a_failed_fsync_is_answered_retryable_and_the_queue_goes_on_in_a_new_seg
     let (ingester, telemetry, shutdown, mut sender) =
         start_ingester(&ingester_config(disk.path(), sink.path(), "fsync = \"always\"")).await;
     let t0 = recent_tile_end_ms(10);
-    for sequence in 0..3 {
-        let ack = sender.send(tiles_at(sequence, t0)).await;
-        assert_eq!(ack.status, AckStatus::Ok as i32, "{ack:?}");
-    }
+    send_all_ok(&mut sender, t0, 0..3).await;
 
     // New blocks fail to write back. A batch that fits in the segment's last block is taken;
     // the first that needs a new block is written, its fsync fails, and it is refused.
