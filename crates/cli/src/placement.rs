@@ -1,4 +1,5 @@
-//! `tessera placement`: read and change the aggregator placement in etcd.
+//! `tessera placement`: read and change the aggregators' or the ingesters'
+//! placement in etcd.
 //!
 //! ```text
 //! tessera placement --etcd http://127.0.0.1:2379 --environment prod init \
@@ -8,7 +9,14 @@
 //! tessera placement remove --instance agg-1
 //! tessera placement replace --old agg-2 --new agg-4=10.0.0.4:7400
 //! tessera placement finalize
+//! tessera placement --tier ingesters init --instance ing-1=10.0.1.1:7500 --instance ing-2=10.0.1.2:7500 --shards 64
+//! tessera placement --tier ingesters show
 //! ```
+//!
+//! `--tier ingesters` works on the ingesters' placement
+//! (`/tessera/<env>/ingesters/placement`): replication factor 1, every
+//! series written by the one ingester owning its shard. Ingesters also fail
+//! dead instances over and join by themselves (see the ingester's README).
 //!
 //! Every change reads the placement with its etcd revision, computes the
 //! next one with `tessera_topology` (which validates it: every shard owned
@@ -30,7 +38,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, bail};
 use clap::{Args as ClapArgs, Subcommand};
-use tessera_topology::{EtcdConfig, MoveTiming, Placement, PlacementStore, StoreError};
+use tessera_topology::{EtcdConfig, MoveTiming, Placement, PlacementStore, StoreError, Tier};
 
 /// Flags of `tessera placement`.
 #[derive(Debug, ClapArgs)]
@@ -44,6 +52,10 @@ pub struct Args {
     /// Time allowed for each etcd request, milliseconds.
     #[arg(long, default_value_t = 5_000, global = true)]
     timeout_ms: u64,
+    /// Whose placement: `aggregators` (`/tessera/<environment>/placement`) or
+    /// `ingesters` (`/tessera/<environment>/ingesters/placement`).
+    #[arg(long, default_value = "aggregators", value_parser = parse_tier, global = true)]
+    tier: Tier,
     #[command(subcommand)]
     command: Command,
 }
@@ -74,6 +86,14 @@ enum Command {
 struct InstanceSpec {
     id: String,
     endpoint: String,
+}
+
+fn parse_tier(text: &str) -> Result<Tier, String> {
+    match text {
+        "aggregators" | "aggregator" => Ok(Tier::Aggregators),
+        "ingesters" | "ingester" => Ok(Tier::Ingesters),
+        other => Err(format!("unknown tier `{other}`: `aggregators` or `ingesters`")),
+    }
 }
 
 fn parse_instance(text: &str) -> Result<InstanceSpec, String> {
@@ -174,8 +194,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 }
 
 async fn run_async(args: Args) -> anyhow::Result<ExitCode> {
-    let config =
-        EtcdConfig { request_timeout_ms: args.timeout_ms.max(1), ..EtcdConfig::new(args.etcd, args.environment) };
+    let config = EtcdConfig {
+        request_timeout_ms: args.timeout_ms.max(1),
+        ..EtcdConfig::new(args.etcd, args.environment).for_tier(args.tier)
+    };
     let store = PlacementStore::connect(config).await.context("connecting to etcd")?;
     let now = now_ms();
     let written = match args.command {
@@ -236,6 +258,9 @@ async fn show(store: &PlacementStore, now_ms: i64) -> anyhow::Result<String> {
 async fn init(store: &PlacementStore, args: &InitArgs, now_ms: i64) -> anyhow::Result<Placement> {
     let pairs: Vec<(&str, &str)> =
         args.instances.iter().map(|spec| (spec.id.as_str(), spec.endpoint.as_str())).collect();
+    if store.config().tier == Tier::Ingesters && args.replication_factor != 1 {
+        bail!("the ingesters' placement has replication factor 1: every series has one writer");
+    }
     let placement =
         Placement::init(&pairs, args.shards, args.replication_factor, now_ms).context("invalid placement")?;
     match store.compare_and_swap(None, &placement).await {

@@ -151,6 +151,12 @@ pub enum PlacementError {
     /// Removing the instances would leave no shard set to own the shards.
     #[error("cannot remove every shard set of the placement")]
     NoShardSetsLeft,
+    /// Failing over is for placements whose shards have one owner each.
+    #[error("failing instances over needs replication factor 1, the placement has {replication_factor}")]
+    FailOverReplicated {
+        /// The replication factor.
+        replication_factor: u32,
+    },
     /// A change was asked for while shards are still moving.
     #[error("shards are still moving until {until_ms} (unix ms); finalize the placement after that first")]
     MovesPending {

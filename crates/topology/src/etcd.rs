@@ -7,8 +7,10 @@
 //!
 //! Everything of one environment lives under `/tessera/<env>/`:
 //!
-//! - `/tessera/<env>/placement`: the [`Placement`](crate::Placement),
+//! - `/tessera/<env>/placement`: the aggregators' [`Placement`](crate::Placement),
 //!   protobuf-encoded;
+//! - `/tessera/<env>/ingesters/placement`: the ingesters' placement, same
+//!   encoding, its own instances and shards ([`Tier::Ingesters`]);
 //! - `/tessera/<env>/alive/<instance id>`: one key per live instance,
 //!   attached to a lease that the instance keeps alive;
 //! - `/tessera/<env>/leader/<shard set>` and `/tessera/<env>/flushed/<shard set>`:
@@ -73,6 +75,33 @@ pub struct EtcdConfig {
     /// the cache file) before giving up.
     #[serde(default = "default_start_timeout_ms")]
     pub start_timeout_ms: u64,
+    /// Whose placement this reads and writes: set by the daemon, not in a
+    /// config file (an aggregator's `[placement]` is the aggregators', its
+    /// `[ingester.placement]` the ingesters').
+    #[serde(skip)]
+    pub tier: Tier,
+}
+
+/// Which instance set a placement places: each tier has its own placement
+/// key, instances and shards; liveness keys are shared (instance ids must
+/// differ across tiers).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Tier {
+    /// The aggregators (`/tessera/<env>/placement`).
+    #[default]
+    Aggregators,
+    /// The ingesters (`/tessera/<env>/ingesters/placement`).
+    Ingesters,
+}
+
+impl Tier {
+    /// A stable name, for flags and logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Tier::Aggregators => "aggregators",
+            Tier::Ingesters => "ingesters",
+        }
+    }
 }
 
 fn default_connect_timeout_ms() -> u64 {
@@ -103,7 +132,13 @@ impl EtcdConfig {
             retry_initial_backoff_ms: default_retry_initial_backoff_ms(),
             retry_max_backoff_ms: default_retry_max_backoff_ms(),
             start_timeout_ms: default_start_timeout_ms(),
+            tier: Tier::Aggregators,
         }
+    }
+
+    /// The same etcd, reading and writing `tier`'s placement.
+    pub fn for_tier(self, tier: Tier) -> Self {
+        Self { tier, ..self }
     }
 
     /// Sets `cache_path`.
@@ -142,9 +177,12 @@ impl EtcdConfig {
         Ok(())
     }
 
-    /// `/tessera/<env>/placement`.
+    /// `/tessera/<env>/placement` (aggregators) or `/tessera/<env>/ingesters/placement`.
     pub fn placement_key(&self) -> String {
-        format!("{KEY_ROOT}/{}/placement", self.env)
+        match self.tier {
+            Tier::Aggregators => format!("{KEY_ROOT}/{}/placement", self.env),
+            Tier::Ingesters => format!("{KEY_ROOT}/{}/ingesters/placement", self.env),
+        }
     }
 
     /// `/tessera/<env>/alive/`.

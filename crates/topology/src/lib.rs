@@ -67,7 +67,7 @@ pub mod telemetry;
 pub mod testing;
 
 pub use error::{CacheError, PlacementError, SourceError, StaticFileError, StoreError, WatchError};
-pub use etcd::{Election, EtcdConfig, FlushMarks, Leader, LeaseDeadline, PlacementStore, Registration, Watcher};
+pub use etcd::{Election, EtcdConfig, FlushMarks, Leader, LeaseDeadline, PlacementStore, Registration, Tier, Watcher};
 pub use etcd_client;
 pub use placement::ops::MoveTiming;
 pub use placement::{Instance, Placement, Shard, ShardState, shard_owned_at};

@@ -392,6 +392,70 @@ impl Placement {
         Some(Placement::from_proto(next))
     }
 
+    /// Fails dead instances over at once, for a placement of replication
+    /// factor 1 (the ingesters'): every shard a dead instance owned goes to
+    /// a live instance with no time bound, and the dead instances leave.
+    ///
+    /// A shard in the middle of a move keeps its live side (a live giver
+    /// keeps it, a live receiver takes it now); any other shard goes to the
+    /// live instance owning the fewest shards. Moves between live instances
+    /// are left as they are. Unlike the other changes this may run while
+    /// moves are pending: a dead owner cannot wait for a cutover.
+    ///
+    /// ```
+    /// use tessera_topology::Placement;
+    ///
+    /// let placement = Placement::init(&[("a", "a:1"), ("b", "b:1"), ("c", "c:1")], 6, 1, 0).unwrap();
+    /// let next = placement.fail_over(&["b"], 1_000).unwrap();
+    /// assert!(next.instance("b").is_none());
+    /// assert_eq!(next.shards_of("a").len() + next.shards_of("c").len(), 6);
+    /// ```
+    pub fn fail_over<S: AsRef<str>>(&self, dead_ids: &[S], now_ms: i64) -> Result<Placement, PlacementError> {
+        self.validate()?;
+        let dead: HashSet<&str> = dead_ids.iter().map(|id| id.as_ref()).collect();
+        for id in &dead {
+            if self.instance(id).is_none() {
+                return Err(PlacementError::UnknownInstance { instance: (*id).to_owned() });
+            }
+        }
+        let mut next = self.inner.clone();
+        if next.replication_factor != 1 {
+            return Err(PlacementError::FailOverReplicated { replication_factor: next.replication_factor });
+        }
+        let orphans: BTreeSet<u32> = next
+            .instances
+            .iter()
+            .filter(|instance| dead.contains(instance.id.as_str()))
+            .flat_map(|instance| instance.shards.iter().map(|entry| entry.id))
+            .collect();
+        next.instances.retain(|instance| !dead.contains(instance.id.as_str()));
+        if next.instances.is_empty() {
+            return Err(PlacementError::NoShardSetsLeft);
+        }
+        let mut homeless = Vec::new();
+        for shard in orphans {
+            let mut kept = false;
+            for entry in next.instances.iter_mut().flat_map(|instance| instance.shards.iter_mut()) {
+                if entry.id == shard {
+                    *entry = available(shard);
+                    kept = true;
+                }
+            }
+            if !kept {
+                homeless.push(shard);
+            }
+        }
+        for shard in homeless {
+            let least = next
+                .instances
+                .iter_mut()
+                .min_by_key(|instance| instance.shards.len())
+                .expect("checked that an instance remains");
+            least.shards.push(available(shard));
+        }
+        finish_change(next, now_ms)
+    }
+
     /// Checks that a change may start and returns the message to change.
     fn start_change(&self) -> Result<proto::Placement, PlacementError> {
         self.validate()?;

@@ -442,3 +442,47 @@ fn finalize_waits_for_every_side_of_a_shard() {
     assert_eq!(ids(&done, "a"), [0]);
     assert_eq!(ids(&done, "b"), [1]);
 }
+
+#[test]
+fn fail_over_hands_a_dead_instances_shards_to_the_least_loaded_live_ones() {
+    let before = Placement::init(&instances(3), 9, 1, 0).unwrap();
+    let dead = before.instances()[1].id.clone();
+    let after = before.fail_over(&[dead.as_str()], 5_000).unwrap();
+    after.validate().unwrap();
+    assert!(after.instance(&dead).is_none());
+    assert_eq!((after.version(), after.updated_at_ms()), (before.version() + 1, 5_000));
+    let counts: Vec<usize> = after.instances().iter().map(|instance| instance.shards.len()).collect();
+    assert_eq!(counts.iter().sum::<usize>(), 9);
+    assert!(counts.iter().all(|count| (4..=5).contains(count)), "{counts:?}");
+    for instance in after.instances() {
+        for shard in &instance.shards {
+            assert_eq!((shard.cutover_ms, shard.cutoff_ms), (0, 0), "owned at once, for every tile");
+        }
+    }
+    let kept: Vec<u32> = ids(&before, &before.instances()[0].id);
+    assert!(kept.iter().all(|shard| ids(&after, &before.instances()[0].id).contains(shard)), "live shards stay");
+}
+
+#[test]
+fn fail_over_mid_move_keeps_the_live_side() {
+    use ShardState::{Available, Initializing, Leaving};
+    let moving = placement(
+        2,
+        1,
+        vec![
+            instance("a", 1, vec![entry(0, Available, 0, 0), entry(1, Leaving, 0, 120_000)]),
+            instance("b", 2, vec![entry(1, Initializing, 120_000, 0)]),
+        ],
+    );
+    let receiver_dead = moving.fail_over(&["b"], 1).unwrap();
+    assert_eq!(ids(&receiver_dead, "a"), [0, 1]);
+    assert!(!receiver_dead.has_pending_moves());
+    let giver_dead = moving.fail_over(&["a"], 1).unwrap();
+    assert_eq!(ids(&giver_dead, "b"), [0, 1]);
+    assert!(!giver_dead.has_pending_moves());
+    assert!(matches!(moving.fail_over(&["a", "b"], 1), Err(PlacementError::NoShardSetsLeft)));
+    assert!(matches!(moving.fail_over(&["zed"], 1), Err(PlacementError::UnknownInstance { .. })));
+    let replicated = Placement::init(&instances(4), 4, 2, 0).unwrap();
+    let one = replicated.instances()[0].id.clone();
+    assert!(matches!(replicated.fail_over(&[one], 1), Err(PlacementError::FailOverReplicated { .. })));
+}
