@@ -1,7 +1,8 @@
 //! The aggregator's configuration file (TOML).
 //!
-//! `instance_id`, `[placement]` and `ingester.endpoints` must be set; every
-//! other key has a default. Unknown keys are rejected.
+//! `instance_id`, `[placement]` and either `ingester.endpoints` or
+//! `[ingester.placement]` must be set; every other key has a default.
+//! Unknown keys are rejected.
 //!
 //! ```toml
 //! # This instance's id, exactly as the placement lists it.
@@ -30,6 +31,13 @@
 //!
 //! [ingester]
 //! endpoints = ["10.0.0.9:7500"]
+//! # or, several ingesters each owning a share of the series (the
+//! # ingesters' own placement, at /tessera/<env>/ingesters/placement):
+//! # [ingester.placement]
+//! # kind = "etcd"
+//! # endpoints = ["http://127.0.0.1:2379"]
+//! # env = "prod"
+//! # cache_path = "/var/lib/tessera/ingester-placement.pb"
 //!
 //! [telemetry]
 //! listen = "0.0.0.0:9103"
@@ -142,10 +150,15 @@ impl Default for Config {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct IngesterConfig {
-    /// Ingester wire endpoints, `host:port` (at least one). All the batches
-    /// of one tile go to one endpoint: the connected one with the least
-    /// queued.
+    /// Ingester wire endpoints, `host:port`. All the batches of one tile go
+    /// to one endpoint: the connected one with the least queued. Set this
+    /// or `placement`, not both.
     pub endpoints: Vec<String>,
+    /// The ingesters' placement (a static file, or etcd: the key
+    /// `/tessera/<env>/ingesters/placement`): each series goes to the one
+    /// ingester owning its shard, and batches queued for an ingester that
+    /// leaves it go to the new owners. Set this or `endpoints`.
+    pub placement: Option<PlacementSource>,
     /// Bound of each endpoint's buffer, bytes. While every buffer is full,
     /// collectors' batches are refused with `retryable` (`buffer_full`); a
     /// tile that closes into a full buffer pushes out the oldest batches,
@@ -173,6 +186,7 @@ impl Default for IngesterConfig {
     fn default() -> Self {
         IngesterConfig {
             endpoints: Vec::new(),
+            placement: None,
             max_buffer_bytes: 512 << 20,
             max_frame_bytes: 16 << 20,
             connect_timeout_ms: 2_000,
@@ -306,8 +320,24 @@ impl Config {
 impl IngesterConfig {
     fn validate(&self) -> Result<(), ConfigError> {
         let invalid = |key, reason: &str| Err(ConfigError::new(key, reason));
-        if self.endpoints.is_empty() || self.endpoints.iter().any(|endpoint| endpoint.trim().is_empty()) {
-            return invalid("ingester.endpoints", "list at least one `host:port`, none empty");
+        match (&self.placement, self.endpoints.is_empty()) {
+            (Some(_), false) => {
+                return invalid("ingester.endpoints", "set `endpoints` or `[ingester.placement]`, not both");
+            }
+            (Some(PlacementSource::Etcd(etcd)), true) => {
+                if let Err(error) = etcd.validate() {
+                    return Err(ConfigError::new("ingester.placement", &error.to_string()));
+                }
+            }
+            (Some(PlacementSource::Static { .. }), true) => {}
+            (None, _) => {
+                if self.endpoints.is_empty() || self.endpoints.iter().any(|endpoint| endpoint.trim().is_empty()) {
+                    return invalid(
+                        "ingester.endpoints",
+                        "list at least one `host:port`, none empty (or set `[ingester.placement]`)",
+                    );
+                }
+            }
         }
         if !(1024..=u32::MAX as usize).contains(&self.max_frame_bytes) {
             return invalid("ingester.max_frame_bytes", "must be between 1024 and 4294967295");

@@ -1,5 +1,6 @@
-//! Flushing closed tiles: split each into [`TileBatch`]es under the frame
-//! bound, frame them, and hand them to one ingester queue in one burst.
+//! Flushing closed tiles: split each by the ingester owning each series
+//! ([`Ingesters::assign`]), cut each share into [`TileBatch`]es under the
+//! frame bound, frame them, and hand them to the ingester queues in one burst.
 //!
 //! Runs on its own thread ([`run_flusher`]), fed by the merge threads
 //! (their parts of each tile joined by a [`Gatherer`]), so that encoding a
@@ -25,6 +26,19 @@ use crate::tiler::ClosedTile;
 /// Per-value overhead of the repeated field (tag and length prefix), bytes, at most.
 const VALUE_OVERHEAD_BYTES: usize = 6;
 
+/// What every batch of one tile says about the tile.
+#[derive(Debug, Clone, Copy)]
+pub struct TileHead<'a> {
+    /// The storage policy, e.g. `10s:2d`.
+    pub storage_policy: &'a str,
+    /// The policy's resolution, milliseconds.
+    pub resolution_ms: u32,
+    /// The tile's end, unix milliseconds.
+    pub tile_end_ms: i64,
+    /// When the aggregator flushed the tile, unix milliseconds.
+    pub flushed_at_ms: i64,
+}
+
 /// Splits `tile` into framed batches of at most half of `max_frame_bytes`
 /// each (the other half is headroom), numbered by `next_sequence`.
 ///
@@ -37,9 +51,25 @@ pub fn encode_tile(
     flushed_at_ms: i64,
     next_sequence: &mut dyn FnMut() -> u64,
 ) -> (Vec<Batch>, u64) {
-    let budget = (max_frame_bytes / 2).max(1);
     let storage_policy = tile.policy.to_string();
-    let resolution_ms = u32::try_from(tile.policy.resolution_ms()).unwrap_or(u32::MAX);
+    let head = TileHead {
+        storage_policy: &storage_policy,
+        resolution_ms: u32::try_from(tile.policy.resolution_ms()).unwrap_or(u32::MAX),
+        tile_end_ms: tile.tile_end_ms,
+        flushed_at_ms,
+    };
+    encode_values(&head, tile.values, source, max_frame_bytes, next_sequence)
+}
+
+/// [`encode_tile`] for some of a tile's values (one ingester's share).
+pub fn encode_values(
+    head: &TileHead<'_>,
+    values: Vec<SeriesValue>,
+    source: &str,
+    max_frame_bytes: usize,
+    next_sequence: &mut dyn FnMut() -> u64,
+) -> (Vec<Batch>, u64) {
+    let budget = (max_frame_bytes / 2).max(1);
     let mut batches = Vec::new();
     let mut too_large = 0u64;
     let mut pending: Vec<SeriesValue> = Vec::new();
@@ -50,11 +80,11 @@ pub fn encode_tile(
         let batch = TileBatch {
             source: source.to_owned(),
             sequence,
-            storage_policy: storage_policy.clone(),
-            resolution_ms,
-            tile_end_ms: tile.tile_end_ms,
+            storage_policy: head.storage_policy.to_owned(),
+            resolution_ms: head.resolution_ms,
+            tile_end_ms: head.tile_end_ms,
             tiles: values,
-            flushed_at_ms,
+            flushed_at_ms: head.flushed_at_ms,
         };
         match framing::encode_frame(&Frame { body: Some(Body::Tiles(batch)) }, max_frame_bytes) {
             Ok(frame) => batches.push(Batch { sequence, frame, items: series, refs: None }),
@@ -64,7 +94,7 @@ pub fn encode_tile(
             }
         }
     };
-    for value in tile.values {
+    for value in values {
         let value_bytes = value.encoded_len() + VALUE_OVERHEAD_BYTES;
         if pending_bytes + value_bytes > budget && !pending.is_empty() {
             seal(std::mem::take(&mut pending), &mut batches, &mut too_large);
@@ -185,19 +215,33 @@ fn flush_tile(tile: ClosedTile, flusher: &Flusher) {
     let Flusher { ingesters, settings, metrics, policies, leadership } = flusher;
     let Some(policy) = policies.get(tile.policy_index) else { return };
     let started = Instant::now();
-    let (cut_duration, policy_index) = (tile.cut_duration, tile.policy_index);
-    let tile_end_ms = tile.tile_end_ms;
-    let series = tile.values.len() as u64;
-    let queue_index = ingesters.pick_index();
-    let queue = &ingesters.queues()[queue_index];
-    let flushed_at_ms = now_ms();
-    let (batches, too_large) =
-        encode_tile(tile, &settings.source, settings.max_frame_bytes, flushed_at_ms, &mut || queue.next_sequence());
-    metrics.dropped("too_large", "series", too_large);
-    let last_sequence = batches.last().map(|batch| batch.sequence);
-    queue.push_all(batches);
-    if let Some(last_sequence) = last_sequence {
-        leadership.flushed(policy_index, queue_index, last_sequence, tile_end_ms);
+    let ClosedTile { policy_index, policy: storage_policy, tile_start_ms, tile_end_ms, values, cut_duration, .. } =
+        tile;
+    let series = values.len() as u64;
+    let (shares, unowned) = ingesters.assign(values, tile_start_ms);
+    metrics.dropped("no_ingester", "series", unowned);
+    let storage_policy = storage_policy.to_string();
+    let head = TileHead {
+        storage_policy: &storage_policy,
+        resolution_ms: u32::try_from(tile_end_ms - tile_start_ms).unwrap_or(u32::MAX),
+        tile_end_ms,
+        flushed_at_ms: now_ms(),
+    };
+    let mut sent = Vec::with_capacity(shares.len());
+    for share in shares {
+        let Some(queue) = ingesters.queue(share.queue) else { continue };
+        let (batches, too_large) =
+            encode_values(&head, share.values, &settings.source, settings.max_frame_bytes, &mut || {
+                queue.next_sequence()
+            });
+        metrics.dropped("too_large", "series", too_large);
+        if let Some(last) = batches.last() {
+            sent.push((share.queue, last.sequence));
+        }
+        queue.push_all(batches);
+    }
+    if !sent.is_empty() {
+        leadership.flushed(policy_index, sent, tile_end_ms);
     }
     policy.tiles_flushed.inc();
     policy.series_flushed.inc_by(series);

@@ -1,27 +1,50 @@
 //! The ingester client: one bounded [`OutboundQueue`] and one long-lived
-//! sender task ([`sender::run_sender`]) per configured endpoint.
+//! sender task ([`outbound::run_sender`]) per ingester.
 //!
-//! Every batch of one closed tile goes to the same endpoint, chosen when
-//! the tile is flushed: the connected endpoint with the fewest bytes
-//! queued (any endpoint when none is connected). The tile goes out in one
-//! burst; pacing writes to storage is the ingester's job.
+//! Where tiles go depends on `[ingester]` in the config:
 //!
-//! Backpressure: [`Ingesters::has_room`] is false once every queue is at
-//! its bound, and the tiler then refuses collectors' batches as
-//! `retryable` (`buffer_full`) instead of accepting data it could not
-//! deliver. A tile that closes into a full queue still goes in, pushing out
-//! the oldest batches (dropped and counted).
+//! - **`placement`** (the ingesters' own placement, static or in etcd):
+//!   every series value of a tile goes to the one ingester owning the
+//!   series' shard (`murmur3(series id) % num_shards` over the ingesters'
+//!   shards, at the tile's start, cutover and cutoff applied), so one tile's
+//!   batches may go to several ingesters and a series always has one writer.
+//!   Queues are made as destinations appear. When a destination leaves the
+//!   placement (an operator removed it, or the ingesters failed it over when
+//!   its lease expired), [`run_rerouter`] takes the batches still queued for
+//!   it, splits their series by the current placement and queues them for
+//!   the new owners, so nothing that was not acknowledged is lost.
+//! - **`endpoints`** (a fixed list): every batch of one tile goes to one
+//!   endpoint, the connected one with the fewest bytes queued.
+//!
+//! ```text
+//!  closed tile ──assign──▶ shard → owner ──▶ queue ing-1 ──▶ sender ──▶ ing-1
+//!                                       └──▶ queue ing-2 ──▶ sender ──▶ ing-2
+//!  ing-2 leaves the placement: queue ing-2 ──rerouter──▶ split ──▶ queues of the new owners
+//! ```
+//!
+//! Backpressure: [`Ingesters::has_room`] is false once a queue that tiles
+//! go to is at its bound (with a fixed list: once every queue is), and the
+//! tiler then refuses collectors' batches as `retryable` (`buffer_full`)
+//! instead of accepting data it could not deliver. A tile that closes into
+//! a full queue still goes in, pushing out the oldest batches (dropped and
+//! counted).
 //!
 //! The queue and sender are the shared sending side
 //! ([`tessera_runtime::outbound`]), as in the collector's forwarding.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::Duration;
 
+use tessera_core::shard::shard_of;
+use tessera_proto::{Frame, SeriesValue, TileBatch, frame::Body, framing};
 use tessera_runtime::Shutdown;
 use tessera_runtime::outbound::{self, Batch, DropReason, OutboundMetrics, SenderSettings};
+use tessera_topology::{Destination, PlacementHandle, Routing};
 
+use crate::flush::{TileHead, encode_values};
+use crate::leadership::Leadership;
 use crate::metrics::{DestinationMetrics, Metrics};
 
 /// One ingester endpoint's bounded buffer of framed tile batches.
@@ -82,129 +105,313 @@ impl OutboundMetrics for DestinationMetrics {
     }
 }
 
-/// The queues of every ingester endpoint.
+/// One destination's queue, and whether the destination left the placement.
+struct Entry {
+    destination: Destination,
+    queue: Arc<OutboundQueue>,
+    departed: AtomicBool,
+}
+
+/// How senders are started for queues made after start.
+struct Senders {
+    settings: SenderSettings,
+    stop: Shutdown,
+    runtime: tokio::runtime::Handle,
+}
+
+struct Inner {
+    /// The ingesters' placement; `None`: a fixed list of endpoints.
+    placement: Option<PlacementHandle>,
+    /// Every queue ever made, in order: an index stays valid for the process' life.
+    entries: RwLock<Vec<Arc<Entry>>>,
+    /// Serializes making queues (index by destination).
+    index: Mutex<HashMap<Destination, usize>>,
+    next: AtomicUsize,
+    /// Room a queue must have left to count as having room (one frame).
+    headroom: AtomicUsize,
+    max_buffer_bytes: usize,
+    metrics: Metrics,
+    senders: OnceLock<Senders>,
+}
+
+/// The queues of every ingester, and where each tile's series go.
 #[derive(Clone)]
 pub struct Ingesters {
-    queues: Arc<[Arc<OutboundQueue>]>,
-    next: Arc<AtomicUsize>,
-    /// Room a queue must have left to count as having room (one frame).
-    headroom: usize,
+    inner: Arc<Inner>,
+}
+
+/// A tile's series values for one queue.
+pub struct Share {
+    /// Index of the queue (see [`Ingesters::queue`]).
+    pub queue: usize,
+    /// The values.
+    pub values: Vec<SeriesValue>,
 }
 
 impl Ingesters {
-    /// One queue per endpoint, each bounded at `max_buffer_bytes`.
+    /// One queue per endpoint, each bounded at `max_buffer_bytes`; a tile goes to one of them.
     pub fn new(endpoints: &[String], max_buffer_bytes: usize, metrics: &Metrics) -> Ingesters {
-        let queues = endpoints
-            .iter()
-            .map(|endpoint| {
-                Arc::new(OutboundQueue::new(endpoint.clone(), max_buffer_bytes, metrics.destination(endpoint)))
-            })
-            .collect();
-        Ingesters { queues, next: Arc::default(), headroom: 0 }
+        let ingesters = Ingesters::with(None, max_buffer_bytes, metrics);
+        for endpoint in endpoints {
+            ingesters.queue_for(&Destination { instance_id: endpoint.clone(), endpoint: endpoint.clone() });
+        }
+        ingesters
+    }
+
+    /// Queues made as the ingesters' `placement` names them; each series goes to its owner.
+    pub fn placed(placement: PlacementHandle, max_buffer_bytes: usize, metrics: &Metrics) -> Ingesters {
+        let routing = placement.routing();
+        let ingesters = Ingesters::with(Some(placement), max_buffer_bytes, metrics);
+        ingesters.refresh(&routing);
+        ingesters
+    }
+
+    fn with(placement: Option<PlacementHandle>, max_buffer_bytes: usize, metrics: &Metrics) -> Ingesters {
+        Ingesters {
+            inner: Arc::new(Inner {
+                placement,
+                entries: RwLock::default(),
+                index: Mutex::default(),
+                next: AtomicUsize::default(),
+                headroom: AtomicUsize::default(),
+                max_buffer_bytes,
+                metrics: metrics.clone(),
+                senders: OnceLock::new(),
+            }),
+        }
     }
 
     /// A queue has room only while one more batch of `bytes` fits under its bound.
     /// Without it a queue kept just under its bound by dropping its oldest batches
     /// would never look full, and collectors would never be pushed back.
-    pub fn reserving(mut self, bytes: usize) -> Ingesters {
-        self.headroom = bytes;
+    pub fn reserving(self, bytes: usize) -> Ingesters {
+        self.inner.headroom.store(bytes, Ordering::Relaxed);
         self
     }
 
-    /// Spawns one sender per endpoint on the current runtime; they stop when `stop` fires.
+    /// Spawns one sender per queue on the current runtime, and later one per queue
+    /// made; they stop when `stop` fires.
     pub fn spawn_senders(&self, settings: &SenderSettings, stop: &Shutdown) {
-        for queue in self.queues.iter() {
-            tokio::spawn(outbound::run_sender(queue.clone(), settings.clone(), stop.clone()));
+        let senders =
+            Senders { settings: settings.clone(), stop: stop.clone(), runtime: tokio::runtime::Handle::current() };
+        if self.inner.senders.set(senders).is_err() {
+            return;
+        }
+        for entry in self.entries().iter() {
+            self.spawn_sender(&entry.queue);
         }
     }
 
-    /// Every queue.
-    pub fn queues(&self) -> &[Arc<OutboundQueue>] {
-        &self.queues
+    fn spawn_sender(&self, queue: &Arc<OutboundQueue>) {
+        if let Some(senders) = self.inner.senders.get() {
+            let sender = outbound::run_sender(queue.clone(), senders.settings.clone(), senders.stop.clone());
+            senders.runtime.spawn(sender);
+        }
     }
 
-    /// Whether some queue has room for one more batch under its bound.
+    fn entries(&self) -> std::sync::RwLockReadGuard<'_, Vec<Arc<Entry>>> {
+        self.inner.entries.read().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The queue of `destination`, made (with its sender) if new; returns its index.
+    fn queue_for(&self, destination: &Destination) -> usize {
+        let mut index = self.inner.index.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(&known) = index.get(destination) {
+            return known;
+        }
+        let metrics = self.inner.metrics.destination(&destination.endpoint);
+        let queue = Arc::new(OutboundQueue::new(destination.endpoint.clone(), self.inner.max_buffer_bytes, metrics));
+        let entry = Arc::new(Entry { destination: destination.clone(), queue: queue.clone(), departed: false.into() });
+        let mut entries = self.inner.entries.write().unwrap_or_else(|poisoned| poisoned.into_inner());
+        entries.push(entry);
+        let position = entries.len() - 1;
+        drop(entries);
+        index.insert(destination.clone(), position);
+        drop(index);
+        self.spawn_sender(&queue);
+        tracing::info!(instance = %destination.instance_id, endpoint = %destination.endpoint, "new ingester destination");
+        position
+    }
+
+    /// Marks which queues' destinations are in `routing` and makes queues for new ones.
+    fn refresh(&self, routing: &Routing) {
+        for destination in routing.destinations() {
+            self.queue_for(destination);
+        }
+        let mut current = 0;
+        for entry in self.entries().iter() {
+            let departed = !routing.destinations().contains(&entry.destination);
+            current += usize::from(!departed);
+            if entry.departed.swap(departed, Ordering::AcqRel) != departed {
+                tracing::info!(
+                    instance = %entry.destination.instance_id,
+                    endpoint = %entry.destination.endpoint,
+                    departed,
+                    "ingester destination {}",
+                    if departed { "left the placement" } else { "is back in the placement" }
+                );
+            }
+        }
+        self.inner.metrics.ingester_destinations.set(current as i64);
+        self.inner.metrics.ingester_placement_version.set(routing.version() as i64);
+    }
+
+    /// Every queue, by index.
+    pub fn queues(&self) -> Vec<Arc<OutboundQueue>> {
+        self.entries().iter().map(|entry| entry.queue.clone()).collect()
+    }
+
+    /// The queue at `index`.
+    pub fn queue(&self, index: usize) -> Option<Arc<OutboundQueue>> {
+        self.entries().get(index).map(|entry| entry.queue.clone())
+    }
+
+    /// Whether the next tile can be taken: with a placement, every queue of a
+    /// destination in it has room for one more batch; with a fixed list, some queue has.
     pub fn has_room(&self) -> bool {
-        self.queues.iter().any(|queue| queue.has_room_for(self.headroom))
+        let headroom = self.inner.headroom.load(Ordering::Relaxed);
+        let entries = self.entries();
+        let mut live = entries.iter().filter(|entry| !entry.departed.load(Ordering::Relaxed));
+        match self.inner.placement {
+            Some(_) => live.all(|entry| entry.queue.has_room_for(headroom)),
+            None => live.any(|entry| entry.queue.has_room_for(headroom)),
+        }
     }
 
-    /// The queue the next tile goes to: connected first, then fewest bytes,
-    /// ties taken in turn.
-    pub fn pick(&self) -> &Arc<OutboundQueue> {
-        &self.queues[self.pick_index()]
+    /// Splits a tile's `values` by the queue each goes to; returns the shares and
+    /// the values no ingester owns (placement without an owner for their shard).
+    pub fn assign(&self, values: Vec<SeriesValue>, tile_start_ms: i64) -> (Vec<Share>, u64) {
+        let Some(placement) = &self.inner.placement else {
+            return (vec![Share { queue: self.pick_index(), values }], 0);
+        };
+        let routing = placement.routing();
+        self.refresh(&routing);
+        self.split(&routing, values, tile_start_ms)
     }
 
-    /// The index in [`queues`](Self::queues) of the queue [`pick`](Self::pick) would give.
+    fn split(&self, routing: &Routing, values: Vec<SeriesValue>, tile_start_ms: i64) -> (Vec<Share>, u64) {
+        let num_shards = routing.num_shards();
+        let mut by_destination: Vec<Vec<SeriesValue>> = vec![Vec::new(); routing.destinations().len()];
+        let mut unowned = 0u64;
+        for value in values {
+            let shard = shard_of(&value.series_id, num_shards);
+            match routing.owners(shard, tile_start_ms).next() {
+                Some(owner) => by_destination[owner].push(value),
+                None => unowned += 1,
+            }
+        }
+        let shares = by_destination
+            .into_iter()
+            .enumerate()
+            .filter(|(_, values)| !values.is_empty())
+            .map(|(destination, values)| Share { queue: self.queue_for(&routing.destinations()[destination]), values })
+            .collect();
+        (shares, unowned)
+    }
+
+    /// With a fixed list: the queue the next tile goes to, connected first, then
+    /// fewest bytes, ties taken in turn.
     pub fn pick_index(&self) -> usize {
-        let start = self.next.fetch_add(1, Ordering::Relaxed);
-        let count = self.queues.len();
+        let start = self.inner.next.fetch_add(1, Ordering::Relaxed);
+        let entries = self.entries();
+        let count = entries.len();
         (0..count)
             .map(|offset| (start + offset) % count)
-            .min_by_key(|&index| (!self.queues[index].is_connected(), self.queues[index].queued_bytes()))
+            .min_by_key(|&index| (!entries[index].queue.is_connected(), entries[index].queue.queued_bytes()))
             .expect("config validation requires at least one ingester endpoint")
     }
 
     /// Whether every queue is empty with nothing in flight.
     pub fn all_idle(&self) -> bool {
-        self.queues.iter().all(|queue| queue.is_idle())
+        self.entries().iter().all(|entry| entry.queue.is_idle())
     }
 
     /// Drops what is still queued; returns the batches and series dropped.
     pub fn abandon_all(&self) -> (u64, u64) {
-        self.queues.iter().map(|queue| queue.abandon()).fold((0, 0), |sum, one| (sum.0 + one.0, sum.1 + one.1))
+        self.entries().iter().map(|entry| entry.queue.abandon()).fold((0, 0), |sum, one| (sum.0 + one.0, sum.1 + one.1))
+    }
+
+    /// Moves the batches queued for destinations that left the placement to the
+    /// current owners of their series; returns the batches moved.
+    pub fn reroute_departed(&self, reroute: &Reroute) -> u64 {
+        let Some(placement) = &self.inner.placement else { return 0 };
+        let routing = placement.routing();
+        self.refresh(&routing);
+        let departed: Vec<Arc<Entry>> =
+            self.entries().iter().filter(|entry| entry.departed.load(Ordering::Acquire)).cloned().collect();
+        let mut moved = 0;
+        for entry in departed {
+            for batch in entry.queue.take_queued() {
+                moved += 1;
+                self.reroute_batch(&routing, batch, reroute);
+            }
+        }
+        moved
+    }
+
+    fn reroute_batch(&self, routing: &Routing, batch: Batch, reroute: &Reroute) {
+        let metrics = &self.inner.metrics;
+        let tiles = match framing::decode_frame(&batch.frame, usize::MAX) {
+            Ok(Some((Frame { body: Some(Body::Tiles(tiles)) }, _))) => tiles,
+            _ => {
+                // Only this process encodes these frames: this is a bug, counted, not a peer's fault.
+                tracing::error!(series = batch.items, "a queued tile batch does not decode; dropped");
+                metrics.dropped("unroutable", "series", batch.items);
+                return;
+            }
+        };
+        let TileBatch { storage_policy, resolution_ms, tile_end_ms, tiles: values, flushed_at_ms, .. } = tiles;
+        let series = values.len() as u64;
+        let tile_start_ms = tile_end_ms - i64::from(resolution_ms);
+        let (shares, unowned) = self.split(routing, values, tile_start_ms);
+        metrics.dropped("no_ingester", "series", unowned);
+        let head = TileHead { storage_policy: &storage_policy, resolution_ms, tile_end_ms, flushed_at_ms };
+        for share in shares {
+            let Some(queue) = self.queue(share.queue) else { continue };
+            let (batches, too_large) =
+                encode_values(&head, share.values, &reroute.source, reroute.max_frame_bytes, &mut || {
+                    queue.next_sequence()
+                });
+            metrics.dropped("too_large", "series", too_large);
+            if let Some(last) = batches.last() {
+                reroute.leadership.rerouted(&storage_policy, tile_end_ms, share.queue, last.sequence);
+            }
+            queue.push_all(batches);
+        }
+        metrics.rerouted("batches", 1);
+        metrics.rerouted("series", series);
+    }
+}
+
+/// What re-routing encodes with.
+#[derive(Clone)]
+pub struct Reroute {
+    /// This aggregator's id, written in every tile batch.
+    pub source: String,
+    /// Largest frame sent to an ingester.
+    pub max_frame_bytes: usize,
+    /// Told where re-routed tiles went, for the flush marks.
+    pub leadership: Leadership,
+}
+
+/// How often the re-router looks for departed destinations.
+pub const REROUTE_TICK: Duration = Duration::from_millis(250);
+
+/// Re-routes departed destinations' batches every [`REROUTE_TICK`] until `stop` fires.
+pub async fn run_rerouter(ingesters: Ingesters, reroute: Reroute, stop: Shutdown) {
+    loop {
+        tokio::select! {
+            () = stop.wait() => return,
+            () = tokio::time::sleep(REROUTE_TICK) => {}
+        }
+        let (ingesters, reroute) = (ingesters.clone(), reroute.clone());
+        // Decoding and encoding a departed ingester's backlog is CPU work: off the async workers.
+        let moved = tokio::task::spawn_blocking(move || ingesters.reroute_departed(&reroute)).await.unwrap_or(0);
+        if moved > 0 {
+            tracing::info!(batches = moved, "re-routed tile batches of a departed ingester to the new owners");
+        }
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn batch(sequence: u64, bytes: usize, series: u64) -> Batch {
-        Batch { sequence, frame: vec![0; bytes], items: series, refs: None }
-    }
-
-    #[test]
-    fn overflow_drops_the_oldest_batches_and_counts_them() {
-        let metrics = Metrics::default();
-        let queue = OutboundQueue::new("i:1".into(), 250, metrics.destination("i:1"));
-        assert_eq!(queue.push_all(vec![batch(1, 100, 10), batch(2, 100, 20)]), 0);
-        assert!(!queue.is_full());
-        assert_eq!(queue.push_all(vec![batch(3, 100, 30)]), 10, "batch 1 dropped");
-        assert_eq!((metrics.drops("buffer_full", "batches"), metrics.drops("buffer_full", "series")), (1, 10));
-        assert_eq!(queue.pop_front().unwrap().sequence, 2);
-        assert!(!queue.is_idle(), "a batch is in flight");
-        queue.push_front(batch(2, 100, 20));
-        assert_eq!(queue.pop_front().unwrap().sequence, 2);
-        queue.finish_in_flight();
-        assert_eq!(queue.pop_front().unwrap().sequence, 3);
-        queue.finish_in_flight();
-        assert!(queue.is_idle());
-    }
-
-    #[test]
-    fn a_tile_bigger_than_the_bound_is_kept_whole() {
-        let queue = OutboundQueue::new("i:1".into(), 150, Metrics::default().destination("i:1"));
-        queue.push_all(vec![batch(1, 100, 1)]);
-        assert_eq!(queue.push_all(vec![batch(2, 100, 2), batch(3, 100, 3)]), 1);
-        assert!(queue.is_full());
-        assert_eq!(queue.abandon(), (2, 5));
-        assert_eq!(queue.queued_bytes(), 0);
-    }
-
-    #[test]
-    fn tiles_go_to_the_connected_endpoint_with_the_least_queued() {
-        let ingesters = Ingesters::new(&["a:1".into(), "b:1".into()], 1000, &Metrics::default());
-        let [a, b] = [&ingesters.queues()[0], &ingesters.queues()[1]];
-        a.set_connected(true);
-        assert_eq!(ingesters.pick().endpoint(), "a:1");
-        a.push_all(vec![batch(1, 600, 1)]);
-        assert_eq!(ingesters.pick().endpoint(), "a:1", "b is not connected");
-        b.set_connected(true);
-        assert_eq!(ingesters.pick().endpoint(), "b:1");
-        assert!(ingesters.has_room());
-        a.push_all(vec![batch(2, 1000, 1)]);
-        b.push_all(vec![batch(1, 1000, 1)]);
-        assert!(!ingesters.has_room());
-        assert_eq!(ingesters.abandon_all(), (2, 2));
-    }
-}
+mod tests;

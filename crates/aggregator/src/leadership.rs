@@ -106,11 +106,11 @@ struct State {
     oldest_held_start_ms: Option<i64>,
 }
 
-/// One flushed tile awaiting its acknowledgement.
-#[derive(Debug, Clone, Copy)]
+/// One flushed tile awaiting its acknowledgement: the last batch on each
+/// ingester queue it went to.
+#[derive(Debug, Clone)]
 struct Flushed {
-    queue: usize,
-    last_sequence: u64,
+    sent: Vec<(usize, u64)>,
     tile_end_ms: i64,
 }
 
@@ -174,13 +174,30 @@ impl Leadership {
     }
 
     /// The flusher flushed a tile of policy `index` ending at `tile_end_ms`,
-    /// whose last batch has `last_sequence` on ingester queue `queue`.
-    pub fn flushed(&self, index: usize, queue: usize, last_sequence: u64, tile_end_ms: i64) {
+    /// whose last batch on each ingester queue it went to is `sent` (queue, sequence).
+    pub fn flushed(&self, index: usize, sent: Vec<(usize, u64)>, tile_end_ms: i64) {
         if !self.replicated() {
             return;
         }
         if let Some(ledger) = self.state().ledger.get_mut(index) {
-            ledger.push_back(Flushed { queue, last_sequence, tile_end_ms });
+            ledger.push_back(Flushed { sent, tile_end_ms });
+        }
+    }
+
+    /// Batches of the tile of `storage_policy` ending at `tile_end_ms` were
+    /// re-routed to queue `queue`, the last with `last_sequence`: the tile is
+    /// acknowledged only once they are too.
+    pub fn rerouted(&self, storage_policy: &str, tile_end_ms: i64, queue: usize, last_sequence: u64) {
+        if !self.replicated() {
+            return;
+        }
+        let Some(index) = self.inner.policies.iter().position(|policy| policy.to_string() == storage_policy) else {
+            return;
+        };
+        let mut state = self.state();
+        let Some(ledger) = state.ledger.get_mut(index) else { return };
+        if let Some(flushed) = ledger.iter_mut().find(|flushed| flushed.tile_end_ms == tile_end_ms) {
+            flushed.sent.push((queue, last_sequence));
         }
     }
 
@@ -210,10 +227,9 @@ impl Leadership {
         let State { ledger, acknowledged, .. } = &mut *state;
         for (flushed, mark) in ledger.iter_mut().zip(acknowledged.iter_mut()) {
             while let Some(oldest) = flushed.front() {
-                let resolved = ingesters
-                    .queues()
-                    .get(oldest.queue)
-                    .is_none_or(|queue| queue.resolved_through() >= oldest.last_sequence);
+                let resolved = oldest.sent.iter().all(|&(queue, last_sequence)| {
+                    ingesters.queue(queue).is_none_or(|queue| queue.resolved_through() >= last_sequence)
+                });
                 if !resolved {
                     break;
                 }
@@ -526,13 +542,14 @@ mod tests {
     fn marks_move_on_only_for_tiles_acknowledged_with_every_tile_before() {
         let metrics = Metrics::default();
         let ingesters = Ingesters::new(&["i:1".to_owned()], 1 << 20, &metrics);
-        let queue = &ingesters.queues()[0];
+        let queues = ingesters.queues();
+        let queue = &queues[0];
         let leadership = Leadership::new(policies(), 0);
         leadership.inner.replicated.store(true, Ordering::Release);
         let push = |end: i64| {
             let sequence = queue.next_sequence();
             queue.push(tessera_runtime::outbound::Batch { sequence, frame: vec![0; 8], items: 1, refs: None });
-            leadership.flushed(0, 0, sequence, end);
+            leadership.flushed(0, vec![(0, sequence)], end);
         };
         push(10_000);
         push(20_000);
@@ -546,6 +563,34 @@ mod tests {
         assert_eq!(leadership.marks(), [i64::MIN, 60_000], "marks move only once written");
         leadership.recorded(&[10_000, i64::MIN]);
         assert_eq!(leadership.marks(), [10_000, 60_000]);
+    }
+
+    #[test]
+    fn a_tile_sent_to_several_ingesters_is_acknowledged_once_every_share_is() {
+        let ingesters = Ingesters::new(&["i:1".to_owned(), "i:2".to_owned()], 1 << 20, &Metrics::default());
+        let queues = ingesters.queues();
+        let leadership = Leadership::new(policies(), 0);
+        leadership.inner.replicated.store(true, Ordering::Release);
+        let push = |index: usize| {
+            let sequence = queues[index].next_sequence();
+            queues[index].push(tessera_runtime::outbound::Batch { sequence, frame: vec![0; 8], items: 1, refs: None });
+            sequence
+        };
+        let deliver = |index: usize| {
+            queues[index].pop_front().unwrap();
+            queues[index].finish_in_flight();
+        };
+        let (first, second) = (push(0), push(1));
+        leadership.flushed(0, vec![(0, first), (1, second)], 10_000);
+        deliver(0);
+        assert_eq!(leadership.acknowledge(&ingesters), vec![i64::MIN, i64::MIN], "one share is still queued");
+        // Re-routed: the second share's batch moved to queue 0.
+        let moved = push(0);
+        leadership.rerouted("10s:2d", 10_000, 0, moved);
+        deliver(1);
+        assert_eq!(leadership.acknowledge(&ingesters), vec![i64::MIN, i64::MIN], "the re-routed copy is queued");
+        deliver(0);
+        assert_eq!(leadership.acknowledge(&ingesters), vec![10_000, i64::MIN]);
     }
 
     #[test]

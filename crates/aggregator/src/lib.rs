@@ -57,7 +57,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tessera_runtime::{Readiness, ServerHandle, Shutdown, Telemetry};
-use tessera_topology::{PlacementHandle, PlacementSource};
+use tessera_topology::{PlacementHandle, PlacementSource, Tier};
 
 pub use config::{Config, ConfigError};
 use decode::Decoder;
@@ -78,6 +78,9 @@ pub enum StartError {
     /// No placement could be loaded.
     #[error("cannot load the placement")]
     Placement(#[from] tessera_topology::SourceError),
+    /// The ingesters' placement could not be loaded.
+    #[error("cannot load the ingesters' placement")]
+    IngesterPlacement(#[source] tessera_topology::SourceError),
     /// The wire listener could not bind.
     #[error("cannot listen on {address}")]
     Bind {
@@ -171,8 +174,11 @@ impl Aggregator {
         let listen_addr =
             listener.local_addr().map_err(|source| StartError::Bind { address: config.listen, source })?;
 
-        let ingesters = Ingesters::new(&config.ingester.endpoints, config.ingester.max_buffer_bytes, &metrics)
-            .reserving(config.ingester.max_frame_bytes.min(config.ingester.max_buffer_bytes / 2));
+        let ingesters = match ingester_placement(&config).await? {
+            Some(placement) => Ingesters::placed(placement, config.ingester.max_buffer_bytes, &metrics),
+            None => Ingesters::new(&config.ingester.endpoints, config.ingester.max_buffer_bytes, &metrics),
+        }
+        .reserving(config.ingester.max_frame_bytes.min(config.ingester.max_buffer_bytes / 2));
         let stop_senders = Shutdown::new();
         let sender_settings = SenderSettings {
             source: instance_id.clone(),
@@ -209,6 +215,14 @@ impl Aggregator {
         let flush_settings =
             FlushSettings { source: instance_id.clone(), max_frame_bytes: config.ingester.max_frame_bytes };
         let leadership = Leadership::new(config.policies.clone(), started_ms);
+        if config.ingester.placement.is_some() {
+            let reroute = ingester::Reroute {
+                source: instance_id.clone(),
+                max_frame_bytes: config.ingester.max_frame_bytes,
+                leadership: leadership.clone(),
+            };
+            tokio::spawn(ingester::run_rerouter(ingesters.clone(), reroute, stop_senders.clone()));
+        }
         // Shutdown joins the threads in this order: each one's exit closes the next one's input.
         let mut threads = vec![spawn_thread("decoder", {
             let metrics = metrics.clone();
@@ -357,6 +371,31 @@ impl Drain {
         }
         tracing::info!("aggregator stopped");
     }
+}
+
+/// The ingesters' placement, when `[ingester.placement]` names one (etcd: the
+/// ingesters' key, `/tessera/<env>/ingesters/placement`).
+async fn ingester_placement(config: &Config) -> Result<Option<PlacementHandle>, StartError> {
+    let source = match &config.ingester.placement {
+        None => return Ok(None),
+        Some(PlacementSource::Etcd(etcd)) => PlacementSource::Etcd(etcd.clone().for_tier(Tier::Ingesters)),
+        Some(other) => other.clone(),
+    };
+    let placement = source.start().await.map_err(StartError::IngesterPlacement)?;
+    let current = placement.current();
+    if current.replication_factor() != 1 {
+        tracing::warn!(
+            replication_factor = current.replication_factor(),
+            "the ingesters' placement replicates shards; each series goes to its first owner only"
+        );
+    }
+    tracing::info!(
+        version = current.version(),
+        ingesters = current.instances().len(),
+        shards = current.num_shards(),
+        "routing tiles by the ingesters' placement"
+    );
+    Ok(Some(placement))
 }
 
 /// Spawns a pipeline thread named `agg-<stage>` (`agg-decoder`, `agg-merge-0`, ...): Linux

@@ -28,7 +28,9 @@ fn main() -> ExitCode {
             }
             Err(error) => {
                 let code = match error {
-                    StartError::Config(_) | StartError::Placement(_) => ExitCode::from(EXIT_CONFIG),
+                    StartError::Config(_) | StartError::Placement(_) | StartError::IngesterPlacement(_) => {
+                        ExitCode::from(EXIT_CONFIG)
+                    }
                     _ => ExitCode::FAILURE,
                 };
                 tracing::error!(error = %format!("{:#}", anyhow::Error::from(error)), "aggregator failed to start");

@@ -151,6 +151,11 @@ pub struct Metrics {
     /// Series values in the held tiles.
     pub held_series: Gauge,
     tiles_discarded: Family<Labels, Counter>,
+    /// Version of the ingesters' placement in use (0 with a fixed endpoint list).
+    pub ingester_placement_version: Gauge,
+    /// Ingesters in the ingesters' placement that tiles go to.
+    pub ingester_destinations: Gauge,
+    rerouted: Family<Labels, Counter>,
 }
 
 /// Every `reason` of `frame_errors_total`: the inbound side's, and the decoder's.
@@ -158,7 +163,9 @@ pub const FRAME_ERROR_REASONS: [&str; 7] =
     ["handshake", "idle_timeout", "too_large", "io", "too_many_connections", "malformed_frame", "unexpected_frame"];
 
 /// Every `(reason, unit)` of `drops_total`.
-pub const DROP_REASONS: [(&str, &str); 11] = [
+pub const DROP_REASONS: [(&str, &str); 13] = [
+    ("no_ingester", "series"),
+    ("unroutable", "series"),
     ("too_large", "series"),
     ("series_limit", "series"),
     ("unknown_series_ref", "series"),
@@ -220,6 +227,9 @@ impl Default for Metrics {
             held_tiles: Gauge::default(),
             held_series: Gauge::default(),
             tiles_discarded: Family::default(),
+            ingester_placement_version: Gauge::default(),
+            ingester_destinations: Gauge::default(),
+            rerouted: Family::default(),
         };
         // Every closed-set reason is exported from the start, at 0: "nothing refused"
         // reads as 0, not as no data, so alerts and dashboards need no `or vector(0)`.
@@ -233,6 +243,9 @@ impl Default for Metrics {
         }
         for (reason, unit) in DROP_REASONS {
             let _ = metrics.drops.get_or_create(&labels(&[("reason", reason), ("unit", unit)]));
+        }
+        for unit in ["batches", "series"] {
+            let _ = metrics.rerouted.get_or_create(&labels(&[("unit", unit)]));
         }
         metrics
     }
@@ -355,6 +368,22 @@ impl Metrics {
             self.ingester_rejected_batches.clone(),
         );
         r.register(format!("{p}drops"), "Data dropped by the aggregator, per reason and unit", self.drops.clone());
+        r.register(
+            format!("{p}ingester_placement_version"),
+            "Version of the ingesters' placement in use (0 with a fixed endpoint list)",
+            self.ingester_placement_version.clone(),
+        );
+        r.register(
+            format!("{p}ingester_destinations"),
+            "Ingesters of the ingesters' placement that tiles go to",
+            self.ingester_destinations.clone(),
+        );
+        r.register(
+            format!("{p}rerouted"),
+            "Tile batches (and their series) queued for an ingester that left the placement, sent to the new \
+             owners of their series instead, per unit",
+            self.rerouted.clone(),
+        );
         r.register(
             format!("{p}tile_closes"),
             "Tiles closed (per policy, empty ones included), by what closed them: every collector's watermark, \
@@ -498,6 +527,18 @@ impl Metrics {
     /// Dropped so far for `reason` in `unit`.
     pub fn drops(&self, reason: &'static str, unit: &'static str) -> u64 {
         self.drops.get_or_create(&labels(&[("reason", reason), ("unit", unit)])).get()
+    }
+
+    /// Counts `count` re-routed `unit`s (`batches` or `series`).
+    pub fn rerouted(&self, unit: &'static str, count: u64) {
+        if count > 0 {
+            self.rerouted.get_or_create(&labels(&[("unit", unit)])).inc_by(count);
+        }
+    }
+
+    /// Re-routed `unit`s so far.
+    pub fn rerouted_count(&self, unit: &'static str) -> u64 {
+        self.rerouted.get_or_create(&labels(&[("unit", unit)])).get()
     }
 
     /// Counts `tiles` closed by `trigger`.

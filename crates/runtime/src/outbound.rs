@@ -340,6 +340,17 @@ impl<M: OutboundMetrics> OutboundQueue<M> {
         (batches, items)
     }
 
+    /// Takes every queued batch (not the one in flight), oldest first, to
+    /// send elsewhere: the destination left and its batches go to the new
+    /// owners of their contents. They count as done with here.
+    pub fn take_queued(&self) -> Vec<Batch> {
+        let mut state = self.lock();
+        let batches: Vec<Batch> = state.batches.drain(..).collect();
+        state.bytes = 0;
+        self.publish(&state);
+        batches
+    }
+
     fn has_batches(&self) -> bool {
         !self.lock().batches.is_empty()
     }

@@ -138,6 +138,12 @@ impl PlacementHandle {
         Self { published: Arc::new(Published::new(placement, Arc::default())), _task: None }
     }
 
+    /// Swaps in `placement` as if a watch had seen it (a [`fixed`](Self::fixed) handle in
+    /// tests and tools; an etcd watch overwrites it at its next change).
+    pub fn replace(&self, placement: Placement) {
+        self.published.publish(placement);
+    }
+
     pub(crate) fn watched(published: Arc<Published>, task: Arc<AbortOnDrop>) -> Self {
         Self { published, _task: Some(task) }
     }

@@ -1,0 +1,180 @@
+use tessera_core::aggregate::Aggregate;
+use tessera_proto::MetricType;
+use tessera_topology::Placement;
+
+use super::*;
+
+fn batch(sequence: u64, bytes: usize, series: u64) -> Batch {
+    Batch { sequence, frame: vec![0; bytes], items: series, refs: None }
+}
+
+fn values(count: usize) -> Vec<SeriesValue> {
+    (0..count)
+        .map(|index| SeriesValue {
+            r#ref: 0,
+            series_id: format!("series.{index:05}|#host:h1").into_bytes(),
+            r#type: MetricType::Counter as i32,
+            aggregate: Some(Aggregate::Counter(index as f64).to_proto()),
+        })
+        .collect()
+}
+
+fn decoded(batch: &Batch) -> TileBatch {
+    match framing::decode_frame(&batch.frame, usize::MAX) {
+        Ok(Some((Frame { body: Some(Body::Tiles(tiles)) }, _))) => tiles,
+        other => panic!("not a tile batch: {other:?}"),
+    }
+}
+
+#[test]
+fn overflow_drops_the_oldest_batches_and_counts_them() {
+    let metrics = Metrics::default();
+    let queue = OutboundQueue::new("i:1".into(), 250, metrics.destination("i:1"));
+    assert_eq!(queue.push_all(vec![batch(1, 100, 10), batch(2, 100, 20)]), 0);
+    assert!(!queue.is_full());
+    assert_eq!(queue.push_all(vec![batch(3, 100, 30)]), 10, "batch 1 dropped");
+    assert_eq!((metrics.drops("buffer_full", "batches"), metrics.drops("buffer_full", "series")), (1, 10));
+    assert_eq!(queue.pop_front().unwrap().sequence, 2);
+    assert!(!queue.is_idle(), "a batch is in flight");
+    queue.push_front(batch(2, 100, 20));
+    assert_eq!(queue.pop_front().unwrap().sequence, 2);
+    queue.finish_in_flight();
+    assert_eq!(queue.pop_front().unwrap().sequence, 3);
+    queue.finish_in_flight();
+    assert!(queue.is_idle());
+}
+
+#[test]
+fn a_tile_bigger_than_the_bound_is_kept_whole() {
+    let queue = OutboundQueue::new("i:1".into(), 150, Metrics::default().destination("i:1"));
+    queue.push_all(vec![batch(1, 100, 1)]);
+    assert_eq!(queue.push_all(vec![batch(2, 100, 2), batch(3, 100, 3)]), 1);
+    assert!(queue.is_full());
+    assert_eq!(queue.abandon(), (2, 5));
+    assert_eq!(queue.queued_bytes(), 0);
+}
+
+#[test]
+fn tiles_go_to_the_connected_endpoint_with_the_least_queued() {
+    let ingesters = Ingesters::new(&["a:1".into(), "b:1".into()], 1000, &Metrics::default());
+    let queues = ingesters.queues();
+    let [a, b] = [&queues[0], &queues[1]];
+    a.set_connected(true);
+    assert_eq!(ingesters.pick_index(), 0);
+    a.push_all(vec![batch(1, 600, 1)]);
+    assert_eq!(ingesters.pick_index(), 0, "b is not connected");
+    b.set_connected(true);
+    assert_eq!(ingesters.pick_index(), 1);
+    assert!(ingesters.has_room());
+    a.push_all(vec![batch(2, 1000, 1)]);
+    b.push_all(vec![batch(1, 1000, 1)]);
+    assert!(!ingesters.has_room());
+    assert_eq!(ingesters.abandon_all(), (2, 2));
+}
+
+fn three_ingesters() -> Placement {
+    Placement::init(&[("ing-1", "127.0.0.1:1"), ("ing-2", "127.0.0.1:2"), ("ing-3", "127.0.0.1:3")], 16, 1, 0).unwrap()
+}
+
+#[test]
+fn with_a_placement_every_series_goes_to_the_one_owner_of_its_shard() {
+    let placement = three_ingesters();
+    let metrics = Metrics::default();
+    let ingesters = Ingesters::placed(PlacementHandle::fixed(placement.clone()), 1 << 20, &metrics);
+    assert_eq!(ingesters.queues().len(), 3, "a queue per destination from the start");
+    let (shares, unowned) = ingesters.assign(values(3_000), 10_000);
+    assert_eq!(unowned, 0);
+    assert_eq!(shares.len(), 3, "every ingester gets a share");
+    let queues = ingesters.queues();
+    let mut seen = std::collections::HashSet::new();
+    for share in &shares {
+        assert!(share.values.len() > 500, "{} values", share.values.len());
+        let endpoint = queues[share.queue].endpoint();
+        let owner = placement.instances().iter().find(|instance| instance.endpoint == endpoint).unwrap();
+        for value in &share.values {
+            let shard = shard_of(&value.series_id, 16);
+            assert!(placement.owns(&owner.id, shard, 10_000), "{owner:?} does not own shard {shard}");
+            assert!(seen.insert(value.series_id.clone()), "a series in two shares");
+        }
+    }
+    assert_eq!(seen.len(), 3_000);
+    assert_eq!(metrics.ingester_destinations.get(), 3);
+}
+
+#[test]
+fn a_pending_move_routes_by_the_tile_start() {
+    let before = three_ingesters();
+    let timing = tessera_topology::MoveTiming::new(0).with_delay_ms(60_000);
+    let moved = before.add_instance("ing-4", "127.0.0.1:4", timing).unwrap();
+    let cutover = timing.cutover_ms().unwrap();
+    let ingesters = Ingesters::placed(PlacementHandle::fixed(moved), 1 << 20, &Metrics::default());
+    let queues = ingesters.queues();
+    let (shares, _) = ingesters.assign(values(2_000), cutover - 10_000);
+    assert!(shares.iter().all(|share| queues[share.queue].endpoint() != "127.0.0.1:4"));
+    let (shares, _) = ingesters.assign(values(2_000), cutover);
+    assert!(shares.iter().any(|share| queues[share.queue].endpoint() == "127.0.0.1:4"));
+}
+
+#[test]
+fn a_full_queue_pushes_back_until_its_ingester_leaves_the_placement() {
+    let placement = three_ingesters();
+    let handle = PlacementHandle::fixed(placement.clone());
+    let ingesters = Ingesters::placed(handle.clone(), 1000, &Metrics::default()).reserving(100);
+    assert!(ingesters.has_room());
+    let dead = ingesters.queues().into_iter().find(|queue| queue.endpoint() == "127.0.0.1:2").unwrap();
+    dead.push_all(vec![batch(1, 950, 1)]);
+    assert!(!ingesters.has_room(), "one full destination pushes back");
+    handle.replace(placement.fail_over(&["ing-2"], 5).unwrap());
+    let _ = ingesters.assign(Vec::new(), 0);
+    assert!(ingesters.has_room(), "a departed destination's queue no longer counts");
+}
+
+#[test]
+fn a_departed_ingesters_queue_goes_to_the_new_owners_of_its_series() {
+    let placement = three_ingesters();
+    let handle = PlacementHandle::fixed(placement.clone());
+    let metrics = Metrics::default();
+    let ingesters = Ingesters::placed(handle.clone(), 1 << 20, &metrics);
+    let reroute = Reroute {
+        source: "agg-1".into(),
+        max_frame_bytes: 64 << 10,
+        leadership: Leadership::new(vec!["10s:2d".parse().unwrap()], 0),
+    };
+    let head = TileHead { storage_policy: "10s:2d", resolution_ms: 10_000, tile_end_ms: 20_000, flushed_at_ms: 1 };
+    let (shares, _) = ingesters.assign(values(3_000), 10_000);
+    let mut dead_share = 0;
+    for share in shares {
+        let queue = ingesters.queue(share.queue).unwrap();
+        if queue.endpoint() == "127.0.0.1:2" {
+            dead_share = share.values.len();
+        }
+        let (batches, _) = encode_values(&head, share.values, "agg-1", 4096, &mut || queue.next_sequence());
+        queue.push_all(batches);
+    }
+    assert_eq!(ingesters.reroute_departed(&reroute), 0, "nobody left");
+
+    handle.replace(placement.fail_over(&["ing-2"], 5).unwrap());
+    let moved = ingesters.reroute_departed(&reroute);
+    assert!(moved > 1, "{moved} batches");
+    let queues = ingesters.queues();
+    let dead = queues.iter().find(|queue| queue.endpoint() == "127.0.0.1:2").unwrap();
+    assert!(dead.is_idle(), "nothing left for the departed ingester");
+    let routing = handle.routing();
+    let mut delivered = std::collections::HashSet::new();
+    for queue in queues.iter().filter(|queue| queue.endpoint() != "127.0.0.1:2") {
+        let owner = &routing.destinations().iter().find(|d| d.endpoint == queue.endpoint()).unwrap().instance_id;
+        while let Some(batch) = queue.pop_front() {
+            queue.finish_in_flight();
+            let tiles = decoded(&batch);
+            assert_eq!((tiles.tile_end_ms, tiles.resolution_ms), (20_000, 10_000));
+            assert_eq!(tiles.storage_policy, "10s:2d");
+            for value in tiles.tiles {
+                let shard = shard_of(&value.series_id, 16);
+                assert!(handle.current().owns(owner, shard, 10_000), "{owner} got shard {shard}");
+                assert!(delivered.insert(value.series_id), "a series delivered twice");
+            }
+        }
+    }
+    assert_eq!(delivered.len(), 3_000, "every series once, the departed one's included");
+    assert_eq!(metrics.rerouted_count("series"), dead_share as u64);
+}
