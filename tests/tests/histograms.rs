@@ -7,9 +7,10 @@
 //!   `histogram_count` / `histogram_sum` are exact;
 //! - **bucket limit**: ten decades of values with a small `max_buckets` stay under the limit,
 //!   at a lower schema, and within that schema's (wider) bound;
-//! - **restart**: the ingester restarts between tiles; its first sample after the restart
-//!   starts from zero (reset hint `YES`, and a smaller count), and rates across the restart
-//!   are those of every observation, as for a counter reset.
+//! - **restart**: the ingester restarts between tiles, with SIGTERM and then with SIGKILL;
+//!   each time the histogram goes on from where it was (its checkpoint, and the queued
+//!   records after it): the count never falls, `resets()` finds none, and rates across the
+//!   restarts are those of every observation, once.
 //!
 //! Each series' first sample is a primer (one observation before the data): Prometheus' `rate`
 //! is the difference between the first and the last sample in the window, so the primer is what
@@ -141,8 +142,13 @@ impl Stack {
         assert!(mean.is_some_and(|mean| (mean - exact).abs() <= exact * 1e-9), "{mean:?} vs {exact}");
     }
 
-    fn restart_ingester(&mut self) {
-        assert_eq!(self.ingester.terminate(), Some(0), "ingester exits cleanly:\n{}", self.ingester.log());
+    /// Restarts the ingester after a SIGTERM (`graceful`) or a SIGKILL.
+    fn restart_ingester(&mut self, graceful: bool) {
+        if graceful {
+            assert_eq!(self.ingester.terminate(), Some(0), "ingester exits cleanly:\n{}", self.ingester.log());
+        } else {
+            self.ingester.kill();
+        }
         self.ingester = Daemon::start("ingester", "tessera-ingester", &self.ingester_config, self.ingester_telemetry);
     }
 }
@@ -252,18 +258,29 @@ fn rates_across_an_ingester_restart_count_every_observation_once() {
     stack.send(1, "restart.latency", &before);
     stack.wait_for(&format!("histogram_count({x})"), 1_001.0);
 
-    stack.restart_ingester();
-    // After it the histogram starts from zero: 300 observations from 1 000 to 1 299.
+    stack.restart_ingester(true);
+    // After a SIGTERM the histogram goes on: 300 observations from 1 000 to 1 299.
     let after: Vec<f64> = (0..300).map(|i| f64::from(1_000 + i)).collect();
     stack.send(1, "restart.latency", &after);
-    stack.wait_for(&format!("histogram_count({x})"), 300.0);
+    stack.wait_for(&format!("histogram_count({x})"), 1_301.0);
+    assert_eq!(
+        stack.ingester.metric("tessera_ingester_checkpoint_restored_series", r#"target="default""#),
+        1.0,
+        "the histogram's count total, from the checkpoint written at shutdown"
+    );
 
-    // The rate over the minute counts both runs: the drop is taken as a reset, not a
-    // negative rate.
-    let mut all: Vec<f64> = before.iter().chain(&after).copied().collect();
+    stack.restart_ingester(false);
+    // After a SIGKILL too: 200 observations from 2 000 to 2 199.
+    let last: Vec<f64> = (0..200).map(|i| f64::from(2_000 + i)).collect();
+    stack.send(1, "restart.latency", &last);
+    stack.wait_for(&format!("histogram_count({x})"), 1_501.0);
+
+    // The count never fell (Prometheus 2.42's `resets()` takes floats: the count is one),
+    // and the rate over the minute counts every observation once.
+    assert_eq!(stack.scalar(&format!("resets(histogram_count({x})[2m:200ms])")), Some(0.0));
+    let mut all: Vec<f64> = before.iter().chain(&after).chain(&last).copied().collect();
     all.sort_by(f64::total_cmp);
     let rate = format!("rate({x}[1m])");
     stack.assert_quantiles(&rate, &all, &[0.5, 0.75, 0.9], bucket_relative_width(5));
     stack.assert_mean(&rate, all.iter().sum::<f64>() / all.len() as f64);
-    // (`resets()` is not asked: Prometheus 2.42 counts float resets only.)
 }

@@ -78,6 +78,7 @@ fn main() {
         routes: HashMap::new(),
         recent: RecentBatches::new(1024),
         metrics: Metrics::default(),
+        checkpoints: None,
     };
     let tiles: Vec<SeriesValue> = (0..flags.series)
         .map(|n| SeriesValue {

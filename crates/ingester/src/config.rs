@@ -28,6 +28,10 @@
 //! segment_max_bytes = 67108864   # segment files are sealed past this size
 //! fsync = "always"               # "always" (before each ack), "interval" or "never"
 //! fsync_interval_ms = 1000       # with fsync = "interval"
+//! # Checkpoint the running totals (counters, _sum, _count, native histograms) this often,
+//! # into <queue dir>/checkpoint: a restart continues them from it and the records queued
+//! # after it, which are kept on disk until the next checkpoint (delivered or not).
+//! checkpoint_interval_secs = 10
 //!
 //! [pool]                      # per sink target
 //! workers = 8                    # long-lived workers, each with its own channel
@@ -173,6 +177,11 @@ pub struct QueueConfig {
     pub fsync: FsyncConfig,
     /// Fsync interval with `fsync = "interval"`, milliseconds.
     pub fsync_interval_ms: u64,
+    /// How often each target's running totals are checkpointed, seconds. A restart continues
+    /// them from the checkpoint and the records queued after it, which stay on disk until
+    /// the next checkpoint, delivered or not: a longer interval keeps more of them and makes
+    /// the roll-forward at start longer.
+    pub checkpoint_interval_secs: u64,
 }
 
 impl Default for QueueConfig {
@@ -182,6 +191,7 @@ impl Default for QueueConfig {
             segment_max_bytes: 64 << 20,
             fsync: FsyncConfig::Always,
             fsync_interval_ms: 1000,
+            checkpoint_interval_secs: 10,
         }
     }
 }
@@ -364,6 +374,9 @@ impl Config {
         if self.queue.fsync == FsyncConfig::Interval && self.queue.fsync_interval_ms == 0 {
             return invalid("queue.fsync_interval_ms", "must be at least 1 with fsync = \"interval\"");
         }
+        if !(1..=3600).contains(&self.queue.checkpoint_interval_secs) {
+            return invalid("queue.checkpoint_interval_secs", "must be between 1 and 3600");
+        }
         if self.pool.workers == 0 || self.pool.workers > 1024 {
             return invalid("pool.workers", "must be between 1 and 1024");
         }
@@ -499,6 +512,8 @@ mod tests {
             ("[pacing]\nmin_in_flight = 4\nmax_in_flight = 2", "pacing.min_in_flight"),
             ("[mapping]\nquantiles = [1.5]", "mapping.quantiles"),
             ("[queue]\nmax_queue_bytes = 10", "queue.max_queue_bytes"),
+            ("[queue]\ncheckpoint_interval_secs = 0", "queue.checkpoint_interval_secs"),
+            ("[queue]\ncheckpoint_interval_secs = 3601", "queue.checkpoint_interval_secs"),
             ("[policy_sinks.\"1m:40d\"]\nkind = \"remote_write\"", "policy_sinks.\"1m:40d\".url"),
         ];
         for (text, key) in cases {

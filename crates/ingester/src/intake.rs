@@ -20,6 +20,7 @@
 //! when the stream still allows it, by an `Ack` with status `Permanent`, sequence 0 and
 //! the reason (`frame_too_large`, `malformed_frame`) before the connection is closed.
 
+pub mod checkpoint;
 pub mod writer;
 
 use std::net::SocketAddr;

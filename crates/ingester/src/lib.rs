@@ -21,7 +21,9 @@
 //! ```
 //!
 //! - [`intake`]: the wire listener and the [`intake::writer`] thread that decides acks.
-//! - [`mapping`]: tiles to Prometheus samples (names, labels, cumulative counters).
+//! - [`mapping`]: tiles to Prometheus samples (names, labels, cumulative counters), and
+//!   the checkpoints that carry the running totals across a restart
+//!   ([`mapping::checkpoint`], taken by [`intake::checkpoint`]).
 //! - [`record`], [`queue`]: the durable queue of checksummed records and its replay.
 //! - [`pool`], [`pacing`]: the fixed worker pool and how it paces writes.
 //! - [`sink`]: remote write ([`sink::remote_write`]), OpenMetrics files ([`sink::file`]).
@@ -39,10 +41,10 @@
 //! duration in `tessera_ingester_sink_request_duration_seconds`.
 //!
 //! **Shutdown.** When `shutdown` fires the listener stops, connections finish the batch
-//! in hand, the writer fsyncs and exits, workers finish the request they are sending (up
-//! to `shutdown_grace_secs`) and take no new one, the file sink closes its journal into
-//! an `.om` file. Whatever was not written stays in the queue and is sent after the next
-//! start.
+//! in hand, the writer fsyncs, writes each target's final checkpoint and exits, workers
+//! finish the request they are sending (up to `shutdown_grace_secs`) and take no new one,
+//! the file sink closes its journal into an `.om` file. Whatever was not written stays in
+//! the queue and is sent after the next start.
 //!
 //! ```no_run
 //! # async fn example() -> Result<(), tessera_ingester::StartError> {
@@ -81,14 +83,15 @@ use tokio::sync::mpsc;
 
 pub use config::Config;
 use config::{SinkConfig, target_dir_name};
+use intake::checkpoint::{CheckpointTarget, Checkpoints};
 use intake::writer::{Job, RecentBatches, Writer};
 use intake::{IntakeSettings, accept_loop};
 use mapping::Converter;
 use metrics::Metrics;
 use pacing::{AdaptiveLimit, Aimd, Pace};
 use pool::{Pool, PoolSettings, Target};
-use queue::{Queue, QueueOptions, QueueWriter};
-use record::RecordHead;
+use queue::{Position, Queue, QueueOptions, QueueWriter};
+use record::{Record, RecordHead};
 use sink::file::{FileSink, FileSinkSettings};
 use sink::rejected::RejectedLog;
 use sink::remote_write::{RemoteWriteSettings, RemoteWriteSink, parse_url};
@@ -169,21 +172,52 @@ impl Ingester {
         let mut writers: Vec<QueueWriter> = Vec::new();
         let mut converters = Vec::new();
         let mut routes = HashMap::new();
+        let mut checkpoint_targets = Vec::new();
         for (index, (name, policy, sink_config)) in config.targets().into_iter().enumerate() {
-            let dir_name = target_dir_name(&name);
-            let options = QueueOptions::new(
-                config.data_dir.join("queue").join(&dir_name),
+            let dir = config.data_dir.join("queue").join(target_dir_name(&name));
+            let checkpoint_metrics = metrics.checkpoint(&name);
+            let mut converter = converter_for(&config, &sink_config);
+            let covers = intake::checkpoint::load(&dir, &name, &checkpoint_metrics, &mut converter);
+            let from_checkpoint = converter.cumulative_series();
+            let mut options = QueueOptions::new(
+                dir.clone(),
                 config.queue.max_queue_bytes,
                 config.queue.segment_max_bytes,
                 config.queue.fsync_policy(),
             );
-            let mut remember = |payload: &[u8]| {
+            options.checkpointed = Some(covers);
+            let mut rolled_forward = 0u64;
+            let mut replay_record = |position: Position, payload: &[u8]| {
                 if let Ok(head) = RecordHead::decode(payload) {
                     recent.insert(head.batch_key());
                 }
+                if position < covers {
+                    return;
+                }
+                match Record::decode(payload) {
+                    Ok(record) => {
+                        converter.roll_forward(&record);
+                        rolled_forward += 1;
+                    }
+                    Err(error) => {
+                        tracing::warn!(target = name, %error, "a queued record does not decode; not rolled forward")
+                    }
+                }
             };
             let (queue, writer, reader, replay) =
-                queue::open_visiting(options, metrics.queue(&name, config.queue.max_queue_bytes), &mut remember)?;
+                queue::open_visiting(options, metrics.queue(&name, config.queue.max_queue_bytes), &mut replay_record)?;
+            let restored = converter.cumulative_series();
+            checkpoint_metrics.restored_series.set(restored as i64);
+            if restored > 0 || rolled_forward > 0 {
+                tracing::info!(
+                    target = name,
+                    series = restored,
+                    from_checkpoint,
+                    rolled_forward_records = rolled_forward,
+                    histograms = converter.cumulative_histograms(),
+                    "running totals restored from the checkpoint and the records queued after it"
+                );
+            }
             if replay.records > 0 || replay.corrupt > 0 {
                 tracing::info!(
                     target = name,
@@ -227,7 +261,13 @@ impl Ingester {
                 routes.insert(policy, index);
             }
             writers.push(writer);
-            converters.push(converter_for(&config, &sink_config));
+            converters.push(converter);
+            checkpoint_targets.push(CheckpointTarget {
+                name: name.clone(),
+                dir,
+                queue: queue.clone(),
+                metrics: checkpoint_metrics,
+            });
             running.push(RunningTarget { name, queue, pool, sink });
         }
         tokio::spawn(measure_pace(
@@ -236,7 +276,20 @@ impl Ingester {
         ));
 
         let (jobs, job_receiver) = mpsc::channel(config.max_connections.clamp(1, 1024));
-        let writer = Writer { converters, queues: writers, routes, recent, metrics: metrics.clone() };
+        metrics.cumulative_series.set(converters.iter().map(Converter::cumulative_series).sum::<usize>() as i64);
+        metrics
+            .cumulative_histograms
+            .set(converters.iter().map(Converter::cumulative_histograms).sum::<usize>() as i64);
+        let checkpoints =
+            Checkpoints::start(checkpoint_targets, Duration::from_secs(config.queue.checkpoint_interval_secs))?;
+        let writer = Writer {
+            converters,
+            queues: writers,
+            routes,
+            recent,
+            metrics: metrics.clone(),
+            checkpoints: Some(checkpoints),
+        };
         let writer = tessera_runtime::daemon::spawn_thread("intake-writer", move || writer.run(job_receiver))?;
         let tick = Duration::from_millis((config.queue.fsync_interval_ms / 2).clamp(5, 1000));
         tokio::spawn(tick_writer(jobs.clone(), tick, shutdown.clone()));

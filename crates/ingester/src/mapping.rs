@@ -14,22 +14,27 @@
 //! | timer, histogram, distribution | by the target's `histograms` setting ([`HistogramMode`]): `native` (remote write's default), `<name>` as a cumulative native histogram; `summary` (the file sink's only choice), `<name>{quantile="0.5"\|"0.9"\|"0.99"}` per tile with `<name>_sum` and `<name>_count` cumulative; `both`; and always `<name>_min`, `<name>_max` per tile (gauges) |
 //!
 //! **Cumulative values.** Counters, `_sum` and `_count` are running totals per series
-//! (name, tags and resolution), kept in memory and added to in record order. A restart
-//! starts them from 0 again, which storage sees as a counter reset (`rate()` and
-//! `increase()` handle it); so does a series idle for longer than the expiry.
-//! Quantiles are clamped to the tile's `[min, max]`.
+//! (name, tags and resolution), kept in memory and added to in record order. They go on
+//! across a restart, a crash included: the intake writer checkpoints them beside the
+//! target's queue every `checkpoint_interval_secs` and at shutdown, and a start restores the
+//! checkpoint and rolls forward through the records queued after it ([`checkpoint`]). What a
+//! restart still loses: the checkpoint itself when its disk is lost (with the queue), and a
+//! late tile folded in after the last checkpoint without a sample of its own. A series idle
+//! for longer than the expiry starts from 0 again, which storage sees as a counter reset
+//! (`rate()` and `increase()` handle it). Quantiles are clamped to the tile's `[min, max]`.
 //!
 //! **Native histograms.** The sketch's buckets are Prometheus' (schema 5 by default), so a
 //! histogram is the running sum of the tiles' sketches: per series the converter keeps that
 //! cumulative sketch and the running sum, and writes them at each tile (spans, integer
 //! counts, zero bucket, count and sum; [`crate::prompb::HistogramEncoder`]). Cumulative, like
 //! the counters, so that `rate()` and `sum()` across series and hosts work as for any
-//! Prometheus histogram. A series' first sample since the converter started (or since its
-//! total expired) carries the reset hint `YES`. When the cumulative histogram has more buckets
-//! than the target's `max_buckets`, its schema is lowered one step at a time (neighbouring
-//! buckets merge, exactly as Prometheus reduces a schema) until it fits; it never goes back
-//! up, so a series' schema only falls. The quantile error bound is then that of the lower
-//! schema (see the README).
+//! Prometheus histogram. A series' first sample (or its first since its total expired)
+//! carries the reset hint `YES`; the cumulative histograms are checkpointed with the totals,
+//! so the first sample after a restart carries none. When the cumulative histogram has more
+//! buckets than the target's `max_buckets`, its schema is lowered one step at a time
+//! (neighbouring buckets merge, exactly as Prometheus reduces a schema) until it fits; it
+//! never goes back up, so a series' schema only falls. The quantile error bound is then that
+//! of the lower schema (see the README).
 //!
 //! **Each tile counts once.** For every cumulative series the converter remembers the
 //! end of the newest tile written, what that tile added, which of the 64 tiles before it
@@ -44,15 +49,16 @@
 //! | older, never written (**late**: its tile was written elsewhere or not at all) | late | adds, no sample of its own (storage would refuse it as out of order): it shows in the next sample | `reason="late"` |
 //! | another statsd series with the same Prometheus name (`a.b` and `a_b` both become `a_b`) | name collision | unchanged: the first series keeps the name | `reason="name_collision"`, logged |
 //!
-//! Whoever sends a tile, it is never added twice to a total while the converter remembers
-//! it: a restart of the ingester forgets, and a duplicate of an older tile than 64 tiles
-//! back is taken as late. Gauges, sets and the quantiles of a tile that was written are
-//! written again when a duplicate arrives (same timestamp: storage keeps one sample when
-//! the values agree).
+//! Whoever sends a tile, it is never added twice to a total: what the converter remembers is
+//! checkpointed with the totals (the roll-forward rebuilds it from the records' tile ends),
+//! and only a duplicate of a tile more than 64 tiles back is taken as late. Gauges, sets
+//! and the quantiles of a tile that was written are written again when a duplicate arrives
+//! (same timestamp: storage keeps one sample when the values agree).
 //!
 //! The conversion is transactional: [`Converter::commit`] keeps the new totals once the
 //! record is durable, [`Converter::rollback`] restores them when it could not be queued.
 
+pub mod checkpoint;
 pub mod names;
 
 use tessera_runtime::RateLimitedLog;
@@ -206,7 +212,9 @@ pub struct Conversion {
     pub skipped: SkippedTiles,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// The running total of one cumulative series. Its fields are written to checkpoints by
+/// [`checkpoint`]'s `total_fields`: a field added here is one line there.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
 struct Total {
     value: f64,
     /// Tile end of the last sample written for the series.
@@ -215,9 +223,14 @@ struct Total {
     last_delta: f64,
     /// Bit `k`: the tile ending `k` resolutions before `last_tile_end_ms` was written.
     written: u64,
-    /// Hash of the statsd series (kind and id) the total belongs to.
+    /// Hash of the statsd series (kind and id) the total belongs to; [`UNKNOWN_ORIGIN`]
+    /// when rolled forward from the queue at start, until a tile adopts it.
     origin: u64,
 }
+
+/// The origin of a total rolled forward from a queued sample, which does not say which
+/// statsd series it came from: the first tile to reach the total adopts it.
+const UNKNOWN_ORIGIN: u64 = 0;
 
 impl Total {
     fn verdict(&self, delta: f64, tile: TileRef) -> Verdict {
@@ -622,6 +635,9 @@ impl Converter {
             self.totals.insert(key, total);
             return Verdict::Write(delta);
         };
+        if total.origin == UNKNOWN_ORIGIN {
+            total.origin = at.origin;
+        }
         let verdict = match follow {
             Some(Verdict::Write(_)) if at.end_ms > total.last_tile_end_ms => Verdict::Write(total.value + delta),
             Some(Verdict::Write(_) | Verdict::Late) => Verdict::Late,

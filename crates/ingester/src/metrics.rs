@@ -31,10 +31,15 @@
 //! | `tessera_ingester_in_flight_limit`, `_in_flight_requests` | gauge | `target` |
 //! | `tessera_ingester_pace_samples_per_second` | gauge | `target` |
 //! | `tessera_ingester_file_sink_files_closed_total`, `_file_sink_bad_journal_lines_total`, `_file_sink_histograms_skipped_total` | counter | `target` |
+//! | `tessera_ingester_checkpoint_age_seconds` | gauge, computed when scraped | `target` |
+//! | `tessera_ingester_checkpoints_total` | counter | `target` |
+//! | `tessera_ingester_checkpoint_errors_total` | counter | `target`, `reason` (`write`, `read`, `corrupt`) |
+//! | `tessera_ingester_checkpoint_duration_seconds` | histogram | `target` |
+//! | `tessera_ingester_checkpoint_series`, `_checkpoint_restored_series` | gauge | `target` |
 //! | `tessera_ingester_end_to_end_latency_seconds` | histogram, one observation per tile | `resolution` |
 //! | `tessera_ingester_queue_time_seconds` | histogram, one observation per tile | `resolution` |
 
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use prometheus_client::encoding::{EncodeMetric, MetricEncoder, NoLabelSet};
@@ -45,6 +50,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::Registry;
 
+use crate::pool::worker::now_ms;
 use crate::queue::QueueMetrics;
 use crate::sink::file::FileSinkMetrics;
 
@@ -154,6 +160,45 @@ impl EncodeMetric for WeightedHistogram {
     }
 }
 
+/// A gauge of the seconds since a moment, computed when scraped (so it grows between
+/// updates): the age of the last checkpoint. Starts at its creation.
+#[derive(Clone, Debug)]
+pub struct AgeGauge {
+    since_ms: Arc<AtomicI64>,
+}
+
+impl Default for AgeGauge {
+    fn default() -> Self {
+        AgeGauge { since_ms: Arc::new(AtomicI64::new(now_ms())) }
+    }
+}
+
+impl AgeGauge {
+    /// Counts the age from `unix_ms`.
+    pub fn set(&self, unix_ms: i64) {
+        self.since_ms.store(unix_ms, Ordering::Relaxed);
+    }
+
+    /// Seconds since then (0 for a moment in the future).
+    pub fn seconds(&self) -> f64 {
+        (now_ms() - self.since_ms.load(Ordering::Relaxed)).max(0) as f64 / 1000.0
+    }
+}
+
+impl TypedMetric for AgeGauge {
+    const TYPE: MetricType = MetricType::Gauge;
+}
+
+impl EncodeMetric for AgeGauge {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        encoder.encode_gauge(&self.seconds())
+    }
+
+    fn metric_type(&self) -> MetricType {
+        Self::TYPE
+    }
+}
+
 /// The ingester's metrics.
 #[derive(Clone)]
 pub struct Metrics {
@@ -207,6 +252,12 @@ pub struct Metrics {
     histograms_skipped: Family<Labels, Counter>,
     end_to_end: Family<Labels, WeightedHistogram>,
     queue_time: Family<Labels, WeightedHistogram>,
+    checkpoint_age: Family<Labels, AgeGauge>,
+    checkpoints: Family<Labels, Counter>,
+    checkpoint_errors: Family<Labels, Counter>,
+    checkpoint_duration: Family<Labels, Histogram>,
+    checkpoint_series: Family<Labels, Gauge>,
+    checkpoint_restored_series: Family<Labels, Gauge>,
 }
 
 /// Every `reason` of `frame_errors_total`: the inbound side's, and the writer's.
@@ -220,6 +271,32 @@ pub const REFUSING_ACKS: [(&str, &str); 4] = [
     ("permanent", "invalid_batch"),
     ("permanent", "unexpected_frame"),
 ];
+
+/// The `reason` of `checkpoint_errors_total` (see [`crate::intake::checkpoint`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CheckpointFailure {
+    /// A checkpoint could not be written (the previous one stays).
+    Write = 0,
+    /// The checkpoint found at start could not be read.
+    Read = 1,
+    /// The checkpoint found at start was read and refused.
+    Corrupt = 2,
+}
+
+impl CheckpointFailure {
+    /// Every reason, in label order.
+    pub const ALL: [CheckpointFailure; 3] =
+        [CheckpointFailure::Write, CheckpointFailure::Read, CheckpointFailure::Corrupt];
+
+    /// The label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            CheckpointFailure::Write => "write",
+            CheckpointFailure::Read => "read",
+            CheckpointFailure::Corrupt => "corrupt",
+        }
+    }
+}
 
 /// Every `reason` of `tiles_skipped_total` (see [`crate::mapping`]).
 pub const SKIP_REASONS: [&str; 7] =
@@ -267,6 +344,12 @@ impl Default for Metrics {
             histograms_skipped: Family::default(),
             end_to_end: Family::new_with_constructor(WeightedHistogram::end_to_end),
             queue_time: Family::new_with_constructor(WeightedHistogram::end_to_end),
+            checkpoint_age: Family::default(),
+            checkpoints: Family::default(),
+            checkpoint_errors: Family::default(),
+            checkpoint_duration: Family::new_with_constructor(latency_histogram),
+            checkpoint_series: Family::default(),
+            checkpoint_restored_series: Family::default(),
         };
         // Every closed-set reason is exported from the start, at 0: "nothing refused"
         // reads as 0, not as no data, so alerts and dashboards need no `or vector(0)`.
@@ -454,6 +537,36 @@ impl Metrics {
             self.end_to_end.clone(),
         );
         r.register("tessera_ingester_queue_time_seconds", "Time from receipt to the first storage request of a tile's record, one observation per tile, per resolution", self.queue_time.clone());
+        r.register(
+            "tessera_ingester_checkpoint_age_seconds",
+            "Time since the last checkpoint of the running totals was made durable (or since start, without one), per target",
+            self.checkpoint_age.clone(),
+        );
+        r.register(
+            "tessera_ingester_checkpoints",
+            "Checkpoints of the running totals made durable, per target",
+            self.checkpoints.clone(),
+        );
+        r.register(
+            "tessera_ingester_checkpoint_errors",
+            "Checkpoints not written, or not read or refused at start (totals then start from the queued records), per target and reason",
+            self.checkpoint_errors.clone(),
+        );
+        r.register(
+            "tessera_ingester_checkpoint_duration_seconds",
+            "Time to take one checkpoint: encoding on the intake writer thread and the durable file write, per target",
+            self.checkpoint_duration.clone(),
+        );
+        r.register(
+            "tessera_ingester_checkpoint_series",
+            "Running totals in the last checkpoint written, per target",
+            self.checkpoint_series.clone(),
+        );
+        r.register(
+            "tessera_ingester_checkpoint_restored_series",
+            "Running totals restored at start (from the checkpoint and the queued records after it), per target",
+            self.checkpoint_restored_series.clone(),
+        );
     }
 
     /// Counts a refused frame.
@@ -514,6 +627,22 @@ impl Metrics {
         }
     }
 
+    /// Handles of one target's checkpoints; every error reason is exported at 0.
+    pub fn checkpoint(&self, target: &str) -> CheckpointMetrics {
+        let by_target = labels(&[("target", target)]);
+        let errors = CheckpointFailure::ALL.map(|failure| {
+            self.checkpoint_errors.get_or_create(&labels(&[("target", target), ("reason", failure.label())])).clone()
+        });
+        CheckpointMetrics {
+            age: self.checkpoint_age.get_or_create(&by_target).clone(),
+            taken: self.checkpoints.get_or_create(&by_target).clone(),
+            errors,
+            duration: self.checkpoint_duration.get_or_create(&by_target).clone(),
+            series: self.checkpoint_series.get_or_create(&by_target).clone(),
+            restored_series: self.checkpoint_restored_series.get_or_create(&by_target).clone(),
+        }
+    }
+
     /// Handles of one target's workers.
     pub fn target(&self, target: &str) -> TargetMetrics {
         let by_target = labels(&[("target", target)]);
@@ -534,6 +663,35 @@ impl Metrics {
             pace: self.pace.get_or_create(&by_target).clone(),
             metrics: self.clone(),
         }
+    }
+}
+
+/// Handles of one target's checkpoints.
+#[derive(Clone, Debug)]
+pub struct CheckpointMetrics {
+    /// Time since the last durable checkpoint.
+    pub age: AgeGauge,
+    /// Checkpoints made durable.
+    pub taken: Counter,
+    /// Errors, by [`CheckpointFailure`].
+    errors: [Counter; 3],
+    /// Encoding plus writing one checkpoint.
+    pub duration: Histogram,
+    /// Running totals in the last checkpoint written.
+    pub series: Gauge,
+    /// Running totals restored at start.
+    pub restored_series: Gauge,
+}
+
+impl CheckpointMetrics {
+    /// Counts an error.
+    pub fn error(&self, failure: CheckpointFailure) {
+        self.errors[failure as usize].inc();
+    }
+
+    /// Errors counted for `failure`.
+    pub fn errors(&self, failure: CheckpointFailure) -> u64 {
+        self.errors[failure as usize].get()
     }
 }
 

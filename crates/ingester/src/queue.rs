@@ -12,10 +12,13 @@
 //!   ([`Queue::request_done`]), from any worker, in any order.
 //!
 //! A segment is deleted once it is sealed (the writer moved on), the reader has read all
-//! of it, and every record in it is done; records complete out of order, so segments may
-//! be deleted out of order too. Sink requests that reached storage are appended to the
-//! segment's done log, so that after a crash only the requests that were in flight are
-//! sent again ([`segment`]).
+//! of it, every record in it is done, and (with [`QueueOptions::checkpointed`]) the newest
+//! checkpoint of the running totals covers all of it ([`Queue::checkpointed`]): records
+//! appended after that checkpoint stay on disk, delivered or not, so that a restart can roll
+//! the totals forward through them ([`crate::mapping::checkpoint`]). Records complete out
+//! of order, so segments may be deleted out of order too. Sink requests that reached
+//! storage are appended to the segment's done log, so that after a crash only the requests
+//! that were in flight are sent again ([`segment`]).
 //!
 //! **Failed writes and fsyncs.** A record whose write or fsync failed is not counted (and
 //! not acknowledged: the batch is answered `Retryable`) and is cut off the segment. After a
@@ -88,12 +91,17 @@ pub struct QueueOptions {
     pub max_record_bytes: usize,
     /// When appends are fsynced.
     pub fsync: FsyncPolicy,
+    /// `Some`: a segment is also kept until a checkpoint covers it, starting from this
+    /// position (that of the checkpoint found at start, or the default for none) and moved
+    /// on by [`Queue::checkpointed`]; new segments are numbered after it. `None`: a segment
+    /// goes once it is done.
+    pub checkpointed: Option<Position>,
 }
 
 impl QueueOptions {
-    /// Options with `max_record_bytes` at 1 GiB.
+    /// Options with `max_record_bytes` at 1 GiB and no checkpoint to wait for.
     pub fn new(dir: PathBuf, max_queue_bytes: u64, segment_max_bytes: u64, fsync: FsyncPolicy) -> Self {
-        QueueOptions { dir, max_queue_bytes, segment_max_bytes, max_record_bytes: 1 << 30, fsync }
+        QueueOptions { dir, max_queue_bytes, segment_max_bytes, max_record_bytes: 1 << 30, fsync, checkpointed: None }
     }
 }
 
@@ -149,8 +157,10 @@ pub enum AppendError {
     Io(#[from] io::Error),
 }
 
-/// Where a record is: segment id and byte offset.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+/// Where a record is: segment id and byte offset. Positions order as the records were
+/// appended (segment ids only grow). As the end of what a checkpoint covers, every record
+/// before the position is covered.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Position {
     /// Segment id.
     pub segment: u64,
@@ -201,6 +211,8 @@ struct State {
     bytes: u64,
     pending_records: u64,
     closed: bool,
+    /// What the newest durable checkpoint covers (see [`QueueOptions::checkpointed`]).
+    checkpointed: Option<Position>,
 }
 
 #[derive(Default)]
@@ -220,24 +232,25 @@ pub type Opened = (Queue, QueueWriter, QueueReader, Replay);
 
 /// Opens (replaying) the queue in `options.dir`.
 pub fn open(options: QueueOptions, metrics: QueueMetrics) -> Result<Opened, OpenError> {
-    open_visiting(options, metrics, &mut |_| {})
+    open_visiting(options, metrics, &mut |_, _| {})
 }
 
-/// Like [`open`], showing the payload of every record the replay keeps to `visit` (to
-/// rebuild state that depends on what is queued).
+/// Like [`open`], showing the position and payload of every record the replay keeps to
+/// `visit`, in append order (to rebuild state that depends on what is queued).
 pub fn open_visiting(
     options: QueueOptions,
     metrics: QueueMetrics,
-    visit: &mut dyn FnMut(&[u8]),
+    visit: &mut dyn FnMut(Position, &[u8]),
 ) -> Result<Opened, OpenError> {
     let dir = options.dir.clone();
     let io_error = |source| OpenError::Io { dir: dir.clone(), source };
     std::fs::create_dir_all(&dir).map_err(io_error)?;
-    let mut state = State::default();
+    let mut state = State { checkpointed: options.checkpointed, ..State::default() };
     let mut replay = Replay::default();
     let ids = segment::list_segments(&dir).map_err(io_error)?;
     for &id in &ids {
-        let scan = segment::scan(&dir, id, options.max_record_bytes, visit).map_err(io_error)?;
+        let mut visit_in_segment = |offset, payload: &[u8]| visit(Position { segment: id, offset }, payload);
+        let scan = segment::scan(&dir, id, options.max_record_bytes, &mut visit_in_segment).map_err(io_error)?;
         if scan.corrupt {
             replay.corrupt += 1;
             replay.truncated_bytes += scan.truncated_bytes;
@@ -265,7 +278,9 @@ pub fn open_visiting(
             Segment { len: scan.len, records: scan.records, sealed: true, replayed_done, ..Segment::default() },
         );
     }
-    let active = ids.last().map_or(1, |last| last + 1);
+    // After every segment, and after what the checkpoint covers (its segments may be gone).
+    let after_checkpoint = options.checkpointed.map_or(1, |covered| covered.segment + 1);
+    let active = ids.last().map_or(1, |last| last + 1).max(after_checkpoint);
     let file = segment::create(&dir, active, options.fsync != FsyncPolicy::Never).map_err(io_error)?;
     let header = segment::MAGIC.len() as u64;
     state.bytes += header;
@@ -359,9 +374,35 @@ impl Queue {
         self.shared.wakeup.notify_all();
     }
 
+    /// What the newest durable checkpoint covers, when the queue waits for checkpoints.
+    pub fn checkpoint_covers(&self) -> Option<Position> {
+        self.lock().checkpointed
+    }
+
+    /// A checkpoint covering every record before `covers` is durable: segments it covers
+    /// that are done may go now. A position older than the one known is ignored.
+    pub fn checkpointed(&self, covers: Position) {
+        let mut state = self.lock();
+        let Some(known) = state.checkpointed else { return };
+        if covers <= known {
+            return;
+        }
+        state.checkpointed = Some(covers);
+        let covered: Vec<u64> = state.segments.range(..=covers.segment).map(|(id, _)| *id).collect();
+        for id in covered {
+            self.maybe_delete(&mut state, id);
+        }
+        self.publish(&state);
+    }
+
     fn maybe_delete(&self, state: &mut State, id: u64) {
         let Some(segment) = state.segments.get(&id) else { return };
         if !(segment.sealed && segment.read_all && segment.done >= segment.records) {
+            return;
+        }
+        let end = Position { segment: id, offset: segment.len };
+        if state.checkpointed.is_some_and(|covered| end > covered) {
+            // Records after the newest checkpoint: kept for the roll-forward at start.
             return;
         }
         let len = segment.len;
@@ -446,6 +487,12 @@ impl QueueWriter {
         drop(state);
         self.shared.wakeup.notify_all();
         Ok(Position { segment: self.segment, offset })
+    }
+
+    /// The position after the last record appended: a checkpoint taken now covers every
+    /// record before it.
+    pub fn appended_through(&self) -> Position {
+        Position { segment: self.segment, offset: self.len }
     }
 
     /// Whether an append would be refused as full now (checked before converting a batch).

@@ -5,16 +5,17 @@
 
 mod support {
     pub use tessera_testkit::prometheus;
+    pub mod binary;
     pub mod wire;
 }
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use support::prometheus::{Prometheus, free_port, http_get};
-use support::wire::{Sender, batch, counter, gauge, metric_value, recent_tile_end_ms};
+use support::binary::Process;
+use support::prometheus::{Prometheus, free_port};
+use support::wire::{Sender, batch, counter, gauge, recent_tile_end_ms};
 use tessera_proto::AckStatus;
 
 const BATCHES: u64 = 30;
@@ -23,46 +24,6 @@ const GAUGES: usize = 200;
 const SAMPLES: u64 = BATCHES * (COUNTERS + GAUGES) as u64;
 const WORKERS: u64 = 4;
 const MAX_SAMPLES_PER_REQUEST: u64 = 250;
-
-/// The binary, killed on drop.
-struct Process {
-    child: Child,
-    telemetry: SocketAddr,
-}
-
-impl Process {
-    fn start(config: &Path, telemetry: SocketAddr, log: &Path) -> Process {
-        let log = std::fs::OpenOptions::new().create(true).append(true).open(log).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_tessera-ingester"))
-            .arg("--config")
-            .arg(config)
-            .args(["--log-level", "warn"])
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .expect("run tessera-ingester");
-        let process = Process { child, telemetry };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !matches!(http_get(telemetry, "/readyz"), Ok((200, _))) {
-            assert!(Instant::now() < deadline, "tessera-ingester did not become ready");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        process
-    }
-
-    fn metric(&self, name: &str, labels: &str) -> f64 {
-        let (_, text) = http_get(self.telemetry, "/metrics").expect("scrape the ingester");
-        metric_value(&text, name, labels)
-    }
-}
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 fn write_config(path: &Path, data: &Path, wire: u16, telemetry: u16, url: &str, pace: Option<f64>) {
     let pacing = pace.map_or(String::new(), |rate| format!("[pacing]\nmax_samples_per_sec = {rate:.1}\n"));
@@ -95,7 +56,7 @@ async fn sigkill_mid_drain_loses_nothing_and_writes_nothing_twice() {
     let telemetry_addr: SocketAddr = ([127, 0, 0, 1], telemetry).into();
     // A low ceiling keeps the first run draining for seconds.
     write_config(&config, &data, wire, telemetry, &prometheus.remote_write_url(), Some(6000.0));
-    let first = Process::start(&config, telemetry_addr, &log);
+    let first = Process::start(&config, telemetry_addr, &log, "warn");
 
     let mut sender = Sender::connect(([127, 0, 0, 1], wire).into()).await;
     let t0 = recent_tile_end_ms(10);
@@ -121,7 +82,7 @@ async fn sigkill_mid_drain_loses_nothing_and_writes_nothing_twice() {
     drop(first); // SIGKILL
 
     write_config(&config, &data, wire, telemetry, &prometheus.remote_write_url(), None);
-    let second = Process::start(&config, telemetry_addr, &log);
+    let second = Process::start(&config, telemetry_addr, &log, "warn");
     assert!(second.metric("tessera_ingester_queue_replayed_records_total", r#"target="default""#) > 0.0);
     let deadline = Instant::now() + Duration::from_secs(60);
     while second.metric("tessera_ingester_queue_records", r#"target="default""#) > 0.0 {

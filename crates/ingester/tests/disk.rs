@@ -260,7 +260,7 @@ async fn a_full_disk_is_answered_retryable_and_the_queue_recovers_when_space_is_
 
 fn ingester_config(data_dir: &Path, sink: &Path, queue: &str) -> String {
     format!(
-        "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\n[queue]\n{queue}\n\
+        "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\n[queue]\ncheckpoint_interval_secs = 1\n{queue}\n\
          [sink]\nkind = \"file\"\ndir = \"{}\"\nrotate_secs = 3600\n",
         data_dir.display(),
         sink.display()

@@ -5,7 +5,8 @@
 //! one order: running totals advance in queue order, and a batch's conversion is undone
 //! if its record could not be queued. The thread owns the [`Converter`] and every
 //! [`QueueWriter`]; connections hand it [`Job`]s through a bounded channel and wait for
-//! the [`Verdict`].
+//! the [`Verdict`]. Between two jobs it takes the converters' checkpoints when they are
+//! due, and the final ones at shutdown ([`super::checkpoint`]).
 //!
 //! | situation | answer |
 //! |---|---|
@@ -25,8 +26,10 @@ use tessera_proto::frame::Body;
 use tessera_proto::framing::body_kind;
 use tessera_proto::{Ack, AckStatus, Frame, TileBatch};
 use tessera_runtime::RateLimitedLog;
+use tokio::sync::mpsc::error::TryRecvError;
 use tokio::sync::{mpsc, oneshot};
 
+use super::checkpoint::Checkpoints;
 use crate::mapping::Converter;
 use crate::metrics::Metrics;
 use crate::pool::worker::now_ms;
@@ -46,7 +49,7 @@ pub enum Job {
         /// Where the verdict goes.
         reply: oneshot::Sender<Verdict>,
     },
-    /// Time passed: fsync if the interval policy says so.
+    /// Time passed: fsync if the interval policy says so, checkpoint if one is due.
     Tick,
 }
 
@@ -109,6 +112,8 @@ pub struct Writer {
     pub recent: RecentBatches,
     /// Metric handles.
     pub metrics: Metrics,
+    /// Takes the converters' checkpoints (`None`: none, as in benchmarks).
+    pub checkpoints: Option<Checkpoints>,
 }
 
 /// The `status` label of an acknowledgement.
@@ -126,9 +131,20 @@ fn ack(sequence: u64, status: AckStatus, reason: &str, message: String) -> Ack {
 }
 
 impl Writer {
-    /// Runs until every sender of `jobs` is gone, then fsyncs every queue.
+    /// Runs until every sender of `jobs` is gone, then fsyncs every queue and writes the
+    /// final checkpoints.
     pub fn run(mut self, mut jobs: mpsc::Receiver<Job>) {
-        while let Some(job) = jobs.blocking_recv() {
+        loop {
+            let job = match jobs.try_recv() {
+                Ok(job) => job,
+                Err(TryRecvError::Disconnected) => break,
+                // Nothing waits: a checkpoint being encoded goes on, else wait for a job.
+                Err(TryRecvError::Empty) if self.checkpoint_step() => continue,
+                Err(TryRecvError::Empty) => match jobs.blocking_recv() {
+                    Some(job) => job,
+                    None => break,
+                },
+            };
             match job {
                 Job::Tick => {
                     for queue in &mut self.queues {
@@ -144,11 +160,25 @@ impl Writer {
                     let _ = reply.send(verdict);
                 }
             }
+            // One step after every job too, so that a checkpoint progresses under a steady
+            // flow (when ticks may not get through), a batch waiting at most one step.
+            self.checkpoint_step();
         }
         for queue in &mut self.queues {
             if let Err(error) = queue.sync() {
                 tracing::error!(%error, "final queue fsync failed");
             }
+        }
+        if let Some(checkpoints) = self.checkpoints.take() {
+            checkpoints.finish(&self.converters, &self.queues);
+        }
+    }
+
+    /// Starts or continues the checkpoints, if any are due; returns whether it did.
+    fn checkpoint_step(&mut self) -> bool {
+        match &mut self.checkpoints {
+            Some(checkpoints) => checkpoints.step(&self.converters, &self.queues),
+            None => false,
         }
     }
 

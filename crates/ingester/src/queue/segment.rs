@@ -91,9 +91,10 @@ pub struct Scan {
     pub bad_header: bool,
 }
 
-/// Scans segment `id`: counts its whole records, shows each checked payload to `visit`,
-/// and truncates the file after the last whole record. Never panics on bad content.
-pub fn scan(dir: &Path, id: u64, max_record_bytes: usize, visit: &mut dyn FnMut(&[u8])) -> io::Result<Scan> {
+/// Scans segment `id`: counts its whole records, shows each checked payload with its offset
+/// to `visit`, and truncates the file after the last whole record. Never panics on bad
+/// content.
+pub fn scan(dir: &Path, id: u64, max_record_bytes: usize, visit: &mut dyn FnMut(u64, &[u8])) -> io::Result<Scan> {
     let path = segment_path(dir, id);
     let mut file = OpenOptions::new().read(true).write(true).open(&path)?;
     let file_len = file.metadata()?.len();
@@ -123,7 +124,7 @@ pub fn scan(dir: &Path, id: u64, max_record_bytes: usize, visit: &mut dyn FnMut(
         if read_full(&mut reader, &mut payload)? < len || record::verify(&payload, crc).is_err() {
             break true;
         }
-        visit(&payload);
+        visit(offset, &payload);
         offset += (record::HEADER_BYTES + len) as u64;
         records += 1;
     };

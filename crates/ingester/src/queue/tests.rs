@@ -202,3 +202,42 @@ fn the_reader_waits_for_appends_and_stops_when_closed() {
     queue.close();
     assert_eq!(consumer.join().unwrap(), vec![0, 1, 2, 3, 4]);
 }
+
+#[test]
+fn done_segments_stay_until_a_checkpoint_covers_them_and_new_ones_are_numbered_after_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let with_checkpoint = |covers| QueueOptions { checkpointed: Some(covers), ..options(dir.path(), 1 << 20, 250) };
+    let (queue, mut writer, mut reader, _) =
+        open(with_checkpoint(Position::default()), QueueMetrics::default()).unwrap();
+    let mut marks = Vec::new();
+    for i in 0..6 {
+        writer.append(&frame(i, 100)).unwrap();
+        marks.push(writer.appended_through());
+    }
+    writer.append(&frame(6, 100)).unwrap(); // seals segment 3
+    for _ in 0..7 {
+        let record = reader.next_record().unwrap().unwrap();
+        queue.complete(record.position);
+    }
+    assert_eq!(queue.pending_records(), 0);
+    assert_eq!(files(dir.path(), "seg"), 4, "done, but after the checkpoint (none yet): kept");
+
+    // A checkpoint taken after the third record covers segment 1 and half of segment 2.
+    queue.checkpointed(marks[2]);
+    assert_eq!(files(dir.path(), "seg"), 3);
+    assert!(!segment::segment_path(dir.path(), 1).exists());
+    queue.checkpointed(marks[1]);
+    assert_eq!(files(dir.path(), "seg"), 3, "an older checkpoint changes nothing");
+    // One after the sixth covers segments 2 and 3 whole.
+    queue.checkpointed(marks[5]);
+    assert_eq!(files(dir.path(), "seg"), 1);
+    drop((queue, writer, reader));
+
+    // Restarted with a checkpoint whose segments are gone: new ones come after it.
+    for id in segment::list_segments(dir.path()).unwrap() {
+        segment::remove(dir.path(), id).unwrap();
+    }
+    let covers = Position { segment: 9, offset: 500 };
+    let (_queue, mut writer, _reader, _) = open(with_checkpoint(covers), QueueMetrics::default()).unwrap();
+    assert_eq!(writer.append(&frame(7, 10)).unwrap().segment, 10);
+}
