@@ -9,7 +9,8 @@
 # 3. sends known statsd to the collector's published UDP port: 16 counter
 #    series, a counter with a sample rate, a timer, a gauge and a set;
 # 4. polls Prometheus's HTTP API until every expected series has its exact
-#    value at 10s, and checks that one of the two aggregators (replicas of
+#    value at 10s, that both ingesters write a share of the series (the
+#    ingesters' placement), and that one of the two aggregators (replicas of
 #    one shard set) leads;
 # 5. failover: sends a second run of the same statsd, kills the leading
 #    aggregator (SIGKILL) with it in its open tiles, sends a third; the other
@@ -49,7 +50,7 @@ export TESSERA_PROMETHEUS_PORT=${TESSERA_PROMETHEUS_PORT:-19090}
 prometheus_url="http://127.0.0.1:$TESSERA_PROMETHEUS_PORT"
 
 # Long-running services, each of which has a healthcheck.
-services=(etcd prometheus ingester aggregator-1 aggregator-2 collector)
+services=(etcd prometheus ingester-1 ingester-2 aggregator-1 aggregator-2 collector)
 
 log() {
     echo "test-compose: $*" >&2
@@ -167,7 +168,13 @@ all_scrape_targets_up() {
         <<<"$answer" | tr '\n' ' ')
     local up
     up=$(jq '[.data.activeTargets[] | select(.health == "up")] | length' <<<"$answer")
-    [ -z "$scrape_targets_down" ] && ((up >= 6))
+    [ -z "$scrape_targets_down" ] && ((up >= 7))
+}
+
+# Both ingesters write a share of the series (each owns half of the
+# ingesters' shards).
+both_ingesters_write() {
+    [ "$(prometheus_value 'count(sum by (instance) (tessera_ingester_samples_written_total) > 0)')" = 2 ]
 }
 
 # Sends one datagram of statsd lines (one per argument) to the collector.
@@ -392,6 +399,10 @@ test_with_compose_tool() {
         return 1
     fi
     log "10s resolution: every value exact"
+    if ! wait_until both_ingesters_write 30 "both ingesters to write a share of the series"; then
+        return 1
+    fi
+    log "both ingesters write"
     if ! wait_until one_aggregator_leads 30 "one aggregator to lead the shard set"; then
         return 1
     fi

@@ -326,7 +326,7 @@ impl IngesterConfig {
             }
             (Some(PlacementSource::Etcd(etcd)), true) => {
                 if let Err(error) = etcd.validate() {
-                    return Err(ConfigError::new("ingester.placement", &error.to_string()));
+                    return Err(ConfigError::new("ingester.placement", error.to_string()));
                 }
             }
             (Some(PlacementSource::Static { .. }), true) => {}
@@ -430,5 +430,25 @@ mod tests {
             let err = config.validate().unwrap_err();
             assert!(err.to_string().starts_with(&format!("invalid `{key}`")), "{key}: {err}");
         }
+    }
+
+    #[test]
+    fn the_ingesters_placement_replaces_the_endpoints() {
+        let text = MINIMAL.replace(
+            "endpoints = [\"127.0.0.1:7500\"]",
+            "[ingester.placement]\nkind = \"etcd\"\nendpoints = [\"http://127.0.0.1:2379\"]\nenv = \"prod\"",
+        );
+        let config: Config = toml::from_str(&text).unwrap();
+        config.validate().unwrap();
+        assert!(matches!(config.ingester.placement, Some(PlacementSource::Etcd(_))));
+        let both = Config {
+            ingester: IngesterConfig { endpoints: vec!["127.0.0.1:7500".into()], ..config.ingester.clone() },
+            ..config.clone()
+        };
+        let err = both.validate().unwrap_err().to_string();
+        assert!(err.contains("not both"), "{err}");
+        let bad_env = text.replace("env = \"prod\"", "env = \"a/b\"");
+        let err = toml::from_str::<Config>(&bad_env).unwrap().validate().unwrap_err().to_string();
+        assert!(err.starts_with("invalid `ingester.placement`"), "{err}");
     }
 }

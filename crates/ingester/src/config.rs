@@ -72,6 +72,19 @@
 //!
 //! [telemetry]
 //! listen = "127.0.0.1:9104"      # /metrics, /healthz, /readyz; absent = off
+//!
+//! [placement]                 # optional: one of several ingesters, each owning a share of
+//!                             # the series (the ingesters' placement in etcd; see crate::tier)
+//! advertise = "10.0.1.1:7500"    # where aggregators reach this one (default: listen)
+//! liveness_ttl_secs = 10         # a crashed ingester's shards move this long after it died
+//! num_shards = 64                # shards of a placement this ingester creates
+//! join = true                    # add itself when it is not in the placement
+//! move_delay_secs = 30           # a join moves shards at least this long from now,
+//! move_boundary_secs = 60        #   on a multiple of this
+//! settle_secs = 90               # moves are finalized this long after their cutover
+//! [placement.etcd]
+//! endpoints = ["http://127.0.0.1:2379"]
+//! env = "prod"
 //! ```
 
 use std::collections::BTreeMap;
@@ -128,6 +141,8 @@ pub struct Config {
     pub policy_sinks: BTreeMap<String, SinkConfig>,
     /// `[telemetry]`
     pub telemetry: TelemetryConfig,
+    /// `[placement]`: one of several ingesters in the ingesters' placement (optional).
+    pub placement: Option<crate::tier::PlacementConfig>,
 }
 
 impl Default for Config {
@@ -148,6 +163,7 @@ impl Default for Config {
             sink: SinkConfig::default(),
             policy_sinks: BTreeMap::new(),
             telemetry: TelemetryConfig::default(),
+            placement: None,
         }
     }
 }
@@ -364,6 +380,12 @@ impl Config {
         }
         if self.idle_timeout_ms < 1_000 {
             return invalid("idle_timeout_ms", "must be at least 1000");
+        }
+        if let Some(placement) = &self.placement {
+            placement.validate(self.listen)?;
+            if self.instance_id.as_deref().is_none_or(str::is_empty) {
+                return invalid("instance_id", "must be set with [placement]: it names this ingester in it");
+            }
         }
         if self.queue.segment_max_bytes < 4096 {
             return invalid("queue.segment_max_bytes", "must be at least 4096");

@@ -69,6 +69,7 @@ pub mod prompb;
 pub mod queue;
 pub mod record;
 pub mod sink;
+pub mod tier;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -173,10 +174,16 @@ impl Ingester {
         let mut converters = Vec::new();
         let mut routes = HashMap::new();
         let mut checkpoint_targets = Vec::new();
+        // One of an ingesters' placement: which shards this one owns, for the converters.
+        let tier = config.placement.as_ref().map(|_| {
+            let tier_metrics = tier::TierMetrics::new();
+            telemetry.with_registry(|registry| tier_metrics.register(registry));
+            (Arc::new(tier::Ownership::default()), tier_metrics)
+        });
         for (index, (name, policy, sink_config)) in config.targets().into_iter().enumerate() {
             let dir = config.data_dir.join("queue").join(target_dir_name(&name));
             let checkpoint_metrics = metrics.checkpoint(&name);
-            let mut converter = converter_for(&config, &sink_config);
+            let mut converter = converter_for(&config, &sink_config, &tier);
             let covers = intake::checkpoint::load(&dir, &name, &checkpoint_metrics, &mut converter);
             let from_checkpoint = converter.cumulative_series();
             let mut options = QueueOptions::new(
@@ -307,6 +314,11 @@ impl Ingester {
             idle_timeout: Duration::from_millis(config.idle_timeout_ms),
         };
         tokio::spawn(accept_loop(listener, jobs, settings, metrics.clone(), shutdown.clone()));
+        if let (Some(placement), Some((ownership, tier_metrics))) = (&config.placement, tier) {
+            let settings = placement.settings(&instance_id, listen_addr);
+            tracing::info!(instance_id, endpoint = settings.endpoint, "joining the ingesters' placement");
+            tokio::spawn(tier::run_tier(settings, ownership, tier_metrics, shutdown.clone()));
+        }
 
         let server = match config.telemetry.listen {
             Some(address) => Some(tessera_runtime::serve(address, telemetry, readiness, shutdown.clone()).await?),
@@ -358,8 +370,16 @@ impl Ingester {
 /// The converter of one target: a remote-write target writes distributions as its
 /// `histograms` setting says, a file target as summaries (OpenMetrics text has no native
 /// histograms).
-fn converter_for(config: &Config, sink: &SinkConfig) -> Converter {
-    let converter = Converter::new(&config.mapping.quantiles, config.mapping.counter_expire_after_secs as i64 * 1000);
+fn converter_for(
+    config: &Config,
+    sink: &SinkConfig,
+    tier: &Option<(Arc<tier::Ownership>, tier::TierMetrics)>,
+) -> Converter {
+    let mut converter =
+        Converter::new(&config.mapping.quantiles, config.mapping.counter_expire_after_secs as i64 * 1000);
+    if let Some((ownership, metrics)) = tier {
+        converter = converter.with_ownership(ownership.clone(), metrics.series_adopted.clone());
+    }
     match sink {
         SinkConfig::RemoteWrite(remote) => converter.with_histograms(remote.histograms, remote.max_buckets),
         SinkConfig::File(_) => converter,

@@ -67,6 +67,7 @@ static COLLISION_LOG: RateLimitedLog = RateLimitedLog::new("ingester.name_collis
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use tessera_core::aggregate::{Aggregate, kind_from_proto};
@@ -79,6 +80,7 @@ use tessera_core::sketch::{MIN_SCHEMA, Sketch};
 
 use crate::prompb::HistogramEncoder;
 use crate::record::{Record, SampleKind, StoredSample};
+use crate::tier::Ownership;
 
 /// How timers, histograms and distributions are written to a target.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
@@ -107,6 +109,8 @@ struct Cumulative {
 #[derive(Debug, Clone, Copy)]
 struct Span {
     labels: (usize, usize),
+    /// An explicit reset (a 0 just before) precedes the sample: its series was adopted.
+    reset_before: bool,
     /// The encoded histogram, or an empty range.
     histogram: (usize, usize),
     value: f64,
@@ -201,6 +205,10 @@ struct TileRef {
     end_ms: i64,
     resolution_ms: i64,
     origin: u64,
+    /// The ownership epoch of the series' shard (0 without an ingesters' placement).
+    epoch: u32,
+    /// The series' shard plus one (0 without an ingesters' placement).
+    shard: u32,
 }
 
 /// The result of converting one batch.
@@ -226,6 +234,14 @@ struct Total {
     /// Hash of the statsd series (kind and id) the total belongs to; [`UNKNOWN_ORIGIN`]
     /// when rolled forward from the queue at start, until a tile adopts it.
     origin: u64,
+    /// The ownership epoch of the series' shard when the total was made: a total of an
+    /// older epoch is stale (the shard went to another ingester and came back). Local to
+    /// the process, so not in checkpoints: what a restart restores is epoch 0, and a
+    /// checkpoint holds only current totals ([`Converter::total_is_current`]).
+    epoch: u32,
+    /// The series' shard in the ingesters' placement, plus one; 0 when unknown (no
+    /// placement, or rolled forward from a queued sample until a tile reaches it).
+    shard: u32,
 }
 
 /// The origin of a total rolled forward from a queued sample, which does not say which
@@ -305,6 +321,21 @@ pub struct Converter {
     pending: Vec<(u128, Cumulative)>,
     spare: Vec<Cumulative>,
     encoder: HistogramEncoder,
+    /// Which shards this ingester owns, when it is one of an ingesters' placement.
+    ownership: Option<Arc<Ownership>>,
+    ownership_seen: u64,
+    /// Per shard of the ingesters' placement: owned now, and the ownership epoch
+    /// (bumped each time the shard is gained).
+    owned: Vec<bool>,
+    epochs: Vec<u32>,
+    /// A shard was gained or lost since this process started: a total whose shard is
+    /// unknown may be stale.
+    ownership_changed: bool,
+    /// A total was just made fresh for an adopted series: its sample gets a reset before it.
+    adopted_marker: bool,
+    /// Series adopted by the last conversion, counted at [`Converter::commit`].
+    adopted_pending: u64,
+    adopted: Option<prometheus_client::metrics::counter::Counter>,
 }
 
 /// What one tile turns into, before the labels are encoded.
@@ -338,6 +369,82 @@ impl Converter {
             pending: Vec::new(),
             spare: Vec::new(),
             encoder: HistogramEncoder::default(),
+            ownership: None,
+            ownership_seen: 0,
+            owned: Vec::new(),
+            epochs: Vec::new(),
+            ownership_changed: false,
+            adopted_marker: false,
+            adopted_pending: 0,
+            adopted: None,
+        }
+    }
+
+    /// Makes this converter one of an ingesters' placement: totals belong to the epoch
+    /// of their shard's ownership, and a series whose shard this ingester gained starts
+    /// over with an explicit reset (see the [module docs](self)); `adopted` counts them.
+    pub fn with_ownership(
+        mut self,
+        ownership: Arc<Ownership>,
+        adopted: prometheus_client::metrics::counter::Counter,
+    ) -> Converter {
+        self.ownership = Some(ownership);
+        self.adopted = Some(adopted);
+        self
+    }
+
+    /// Takes in a new ownership view, if there is one: a shard owned now and not
+    /// before starts a new epoch. The first view counts as owned all along, so that a
+    /// restart keeps the totals it restored.
+    fn refresh_ownership(&mut self) {
+        let Some(ownership) = &self.ownership else { return };
+        let Some(view) = ownership.changed_since(&mut self.ownership_seen) else { return };
+        if self.owned.len() != view.owned.len() {
+            let first = self.owned.is_empty();
+            self.owned = view.owned.clone();
+            let epoch = if first { 0 } else { self.epochs.iter().copied().max().unwrap_or(0) + 1 };
+            // A shard this ingester is joining (it takes it at a cutover) was not owned all along.
+            self.epochs = view.joining.iter().map(|joining| epoch + u32::from(*joining)).collect();
+            self.ownership_changed |= !first || view.joining.iter().any(|joining| *joining);
+            return;
+        }
+        for ((owned, epoch), now) in self.owned.iter_mut().zip(self.epochs.iter_mut()).zip(&view.owned) {
+            if *now && !*owned {
+                *epoch += 1;
+            }
+            self.ownership_changed |= *now != *owned;
+            *owned = *now;
+        }
+    }
+
+    /// The ownership epoch of `series_id`'s shard. A tile for a shard the view does not
+    /// give this ingester (an aggregator saw the change first) gains the shard now.
+    /// Returns the epoch and the shard plus one (0, 0 without an ingesters' placement).
+    fn epoch_of(&mut self, series_id: &[u8]) -> (u32, u32) {
+        if self.owned.is_empty() {
+            return (0, 0);
+        }
+        let shard = tessera_core::shard::shard_of(series_id, self.owned.len() as u32) as usize;
+        if !self.owned[shard] {
+            self.owned[shard] = true;
+            self.epochs[shard] += 1;
+            self.ownership_changed = true;
+        }
+        (self.epochs[shard], shard as u32 + 1)
+    }
+
+    /// Whether `total` belongs to the current ownership of its shard: a checkpoint
+    /// keeps only those (a restart restores every total at epoch 0).
+    fn total_is_current(&self, total: &Total) -> bool {
+        if self.owned.is_empty() {
+            return true;
+        }
+        match total.shard.checked_sub(1) {
+            None => !self.ownership_changed,
+            Some(shard) => {
+                let shard = shard as usize;
+                self.owned.get(shard).is_some_and(|owned| *owned) && self.epochs.get(shard) == Some(&total.epoch)
+            }
         }
     }
 
@@ -365,6 +472,8 @@ impl Converter {
         }
         self.undo.clear();
         self.discard_pending();
+        self.adopted_pending = 0;
+        self.refresh_ownership();
         self.arena.clear();
         self.arena.reserve(batch.tiles.len() * self.arena_bytes_per_tile);
         self.spans.clear();
@@ -391,7 +500,8 @@ impl Converter {
             }
             names::tag_labels(raw_tags, &mut self.tags);
             let origin = xxhash_rust::xxh3::xxh3_64_with_seed(&tile.series_id, kind as u64);
-            let at = TileRef { end_ms: tile_end_ms, resolution_ms, origin };
+            let (epoch, shard) = self.epoch_of(&tile.series_id);
+            let at = TileRef { end_ms: tile_end_ms, resolution_ms, origin, epoch, shard };
             let verdict = match (kind, &aggregate) {
                 (MetricKind::Counter, Aggregate::Counter(delta)) => self.counter(*delta, &resolution, at),
                 (MetricKind::Gauge, Aggregate::Gauge(gauge)) => {
@@ -441,6 +551,7 @@ impl Converter {
                 value: span.value,
                 kind: span.kind as i32,
                 histogram: arena.slice(span.histogram.0..span.histogram.1),
+                reset_before: span.reset_before,
             })
             .collect();
         let record = Record {
@@ -462,6 +573,9 @@ impl Converter {
     /// tile time).
     pub fn commit(&mut self) {
         self.undo.clear();
+        if let Some(adopted) = &self.adopted {
+            adopted.inc_by(std::mem::take(&mut self.adopted_pending));
+        }
         for (key, histogram) in self.pending.drain(..) {
             if let Some(previous) = self.histograms.insert(key, histogram) {
                 self.spare.push(previous);
@@ -479,6 +593,7 @@ impl Converter {
 
     /// Restores the running totals from before the last conversion (its record was not queued).
     pub fn rollback(&mut self) {
+        self.adopted_pending = 0;
         while let Some((key, previous)) = self.undo.pop() {
             match previous {
                 Some(total) => self.totals.insert(key, total),
@@ -504,8 +619,15 @@ impl Converter {
         let span = self.encode(resolution, suffix, None);
         let key = xxhash_rust::xxh3::xxh3_128(&self.arena[span.0..span.1]);
         let verdict = self.add_to_total(key, delta, at, None);
+        let reset_before = std::mem::take(&mut self.adopted_marker);
         match verdict {
-            Verdict::Write(value) => self.push_span(span, value, SampleKind::Counter),
+            Verdict::Write(value) => self.spans.push(Span {
+                labels: span,
+                reset_before,
+                histogram: (0, 0),
+                value,
+                kind: SampleKind::Counter,
+            }),
             _ => self.arena.truncate(span.0),
         }
         verdict
@@ -541,14 +663,21 @@ impl Converter {
         let sum_span = self.encode(resolution, "_sum", None);
         let sum_key = xxhash_rust::xxh3::xxh3_128(&self.arena[sum_span.0..sum_span.1]);
         let count = self.add_to_total(count_key, summary.count, at, None);
+        let count_reset = std::mem::take(&mut self.adopted_marker);
         // The sum follows the count's verdict, so the two stay in step.
         let sum = self.add_to_total(sum_key, summary.sum, at, Some(count));
+        let sum_reset = std::mem::take(&mut self.adopted_marker);
         let (Verdict::Write(count), Verdict::Write(sum)) = (count, sum) else {
             self.arena.truncate(count_span.0);
             return count;
         };
-        self.push_span(count_span, count, SampleKind::SummaryCount);
-        self.push_span(sum_span, sum, SampleKind::SummarySum);
+        let kinds = [
+            (count_span, count, count_reset, SampleKind::SummaryCount),
+            (sum_span, sum, sum_reset, SampleKind::SummarySum),
+        ];
+        for (labels, value, reset_before, kind) in kinds {
+            self.spans.push(Span { labels, reset_before, histogram: (0, 0), value, kind });
+        }
         let (min, max) = (summary.min, summary.max);
         if min.is_finite() && max.is_finite() && min <= max {
             for index in 0..self.quantiles.len() {
@@ -580,6 +709,8 @@ impl Converter {
         let span = self.encode(resolution, "", None);
         let key = xxhash_rust::xxh3::xxh3_128(&self.arena[span.0..span.1]);
         let verdict = self.add_to_total(key, distribution.count, at, follow);
+        // A fresh histogram carries the reset hint: no explicit reset needed.
+        self.adopted_marker = false;
         if !matches!(verdict, Verdict::Write(_) | Verdict::Late) {
             self.arena.truncate(span.0);
             return verdict;
@@ -609,6 +740,7 @@ impl Converter {
                 next.written = true;
                 self.spans.push(Span {
                     labels: span,
+                    reset_before: false,
                     histogram: (start, self.arena.len()),
                     value: count,
                     kind: SampleKind::Histogram,
@@ -625,18 +757,39 @@ impl Converter {
     /// due a sample, a late one adds silently, the others change nothing.
     fn add_to_total(&mut self, key: u128, delta: f64, at: TileRef, follow: Option<Verdict>) -> Verdict {
         let previous = self.totals.get(&key).copied();
-        let Some(mut total) = previous else {
+        let current = previous.filter(|total| total.epoch == at.epoch);
+        let Some(mut total) = current else {
             if matches!(follow, Some(Verdict::Duplicate | Verdict::Conflict | Verdict::Collision)) {
                 return follow.expect("matched");
             }
-            self.undo.push((key, None));
-            let total =
-                Total { value: delta, last_tile_end_ms: at.end_ms, last_delta: delta, written: 1, origin: at.origin };
+            if previous.is_some() {
+                // Stale: made before this ingester last gained the shard.
+                if let Some(histogram) = self.histograms.remove(&key) {
+                    self.spare.push(histogram);
+                }
+            }
+            if at.epoch > 0 {
+                self.adopted_marker = true;
+                self.adopted_pending += 1;
+            }
+            self.undo.push((key, previous));
+            let total = Total {
+                value: delta,
+                last_tile_end_ms: at.end_ms,
+                last_delta: delta,
+                written: 1,
+                origin: at.origin,
+                epoch: at.epoch,
+                shard: at.shard,
+            };
             self.totals.insert(key, total);
             return Verdict::Write(delta);
         };
         if total.origin == UNKNOWN_ORIGIN {
             total.origin = at.origin;
+        }
+        if total.shard == 0 {
+            total.shard = at.shard;
         }
         let verdict = match follow {
             Some(Verdict::Write(_)) if at.end_ms > total.last_tile_end_ms => Verdict::Write(total.value + delta),
@@ -671,7 +824,7 @@ impl Converter {
     }
 
     fn push_span(&mut self, labels: (usize, usize), value: f64, kind: SampleKind) {
-        self.spans.push(Span { labels, histogram: (0, 0), value, kind });
+        self.spans.push(Span { labels, reset_before: false, histogram: (0, 0), value, kind });
     }
 
     /// Encodes the labels of `<name><suffix>` into the arena; returns their span.
@@ -746,3 +899,6 @@ fn push_varint(out: &mut Vec<u8>, mut value: usize) {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod ownership_tests;

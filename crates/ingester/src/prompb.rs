@@ -340,16 +340,22 @@ pub fn decode_labels(labels: &[u8]) -> Result<Vec<Label>, prost::DecodeError> {
     TimeSeries::decode(labels).map(|series| series.labels)
 }
 
-/// Bytes `sample` takes as one `TimeSeries` inside a `WriteRequest`, and the length of the
-/// `TimeSeries` and of its one `Sample` or `Histogram`.
-fn series_lengths(sample: &StoredSample, timestamp_ms: i64) -> (usize, usize, usize) {
+/// Bytes `sample` takes as one `TimeSeries` inside a `WriteRequest`, the length of the
+/// `TimeSeries`, of its `Sample` or `Histogram`, and of the reset marker's `Sample`
+/// before it (0 without one).
+fn series_lengths(sample: &StoredSample, timestamp_ms: i64) -> (usize, usize, usize, usize) {
     let timestamp_len = 1 + encoded_len_varint(timestamp_ms as u64);
     let point_len = match sample.histogram.is_empty() {
         true => 1 + 8 + timestamp_len,
         false => sample.histogram.len() + timestamp_len,
     };
-    let series_len = sample.labels.len() + 1 + encoded_len_varint(point_len as u64) + point_len;
-    (1 + encoded_len_varint(series_len as u64) + series_len, series_len, point_len)
+    let marker_len = match sample.reset_before && sample.histogram.is_empty() {
+        true => 1 + 8 + 1 + encoded_len_varint((timestamp_ms - 1) as u64),
+        false => 0,
+    };
+    let marker_field = if marker_len > 0 { 1 + encoded_len_varint(marker_len as u64) + marker_len } else { 0 };
+    let series_len = sample.labels.len() + marker_field + 1 + encoded_len_varint(point_len as u64) + point_len;
+    (1 + encoded_len_varint(series_len as u64) + series_len, series_len, point_len, marker_len)
 }
 
 /// Size of the uncompressed `WriteRequest` [`encode_write_request`] would write.
@@ -358,14 +364,23 @@ pub fn write_request_len(samples: &[StoredSample], timestamp_ms: i64) -> usize {
 }
 
 /// Appends a `WriteRequest` holding one `TimeSeries` per sample, each with one sample (or,
-/// for a sample carrying a histogram, one histogram) at `timestamp_ms`, to `out`.
+/// for a sample carrying a histogram, one histogram) at `timestamp_ms`, to `out`. A plain
+/// sample marked `reset_before` is preceded in its series by a 0 at `timestamp_ms - 1`.
 pub fn encode_write_request(out: &mut Vec<u8>, samples: &[StoredSample], timestamp_ms: i64) {
     out.reserve(write_request_len(samples, timestamp_ms));
     for sample in samples {
-        let (_, series_len, point_len) = series_lengths(sample, timestamp_ms);
+        let (_, series_len, point_len, marker_len) = series_lengths(sample, timestamp_ms);
         out.push(FIELD_1_LEN);
         encode_varint(series_len as u64, out);
         out.extend_from_slice(&sample.labels);
+        if marker_len > 0 {
+            out.push(FIELD_2_LEN);
+            encode_varint(marker_len as u64, out);
+            out.push(SAMPLE_VALUE);
+            out.extend_from_slice(&0f64.to_le_bytes());
+            out.push(SAMPLE_TIMESTAMP);
+            encode_varint((timestamp_ms - 1) as u64, out);
+        }
         if sample.histogram.is_empty() {
             out.push(FIELD_2_LEN);
             encode_varint(point_len as u64, out);
@@ -405,6 +420,7 @@ mod tests {
             stored(&[("__name__", "a"), ("env", "prod")], 1.25),
             stored(&[("__name__", &"b".repeat(300)), ("x", "é\"\n")], -3.0),
             stored(&[("__name__", "zero")], 0.0),
+            StoredSample { reset_before: true, ..stored(&[("__name__", "adopted_total")], 42.0) },
         ];
         for timestamp in [0, 1, 1_700_000_000_000, -5] {
             let mut ours = Vec::new();
@@ -415,7 +431,13 @@ mod tests {
                     .iter()
                     .map(|sample| TimeSeries {
                         labels: decode_labels(&sample.labels).unwrap(),
-                        samples: vec![Sample { value: sample.value, timestamp }],
+                        samples: match sample.reset_before {
+                            true => vec![
+                                Sample { value: 0.0, timestamp: timestamp - 1 },
+                                Sample { value: sample.value, timestamp },
+                            ],
+                            false => vec![Sample { value: sample.value, timestamp }],
+                        },
                         histograms: Vec::new(),
                     })
                     .collect(),

@@ -83,6 +83,11 @@ pub struct StoredSample {
     /// timestamp (see [`crate::prompb::HistogramEncoder`]); empty for a plain sample.
     #[prost(bytes = "bytes", tag = "4")]
     pub histogram: Bytes,
+    /// Write a 0 one millisecond before this sample, in the same series: the explicit
+    /// counter reset of a cumulative series this ingester adopted from another one (see
+    /// [`crate::mapping`]). Remote write only; the file sink writes the sample alone.
+    #[prost(bool, tag = "5")]
+    pub reset_before: bool,
 }
 
 impl StoredSample {
@@ -248,18 +253,21 @@ mod tests {
                     value: 1.5,
                     kind: SampleKind::Counter as i32,
                     histogram: Bytes::new(),
+                    reset_before: true,
                 },
                 StoredSample {
                     labels: Bytes::from_static(b""),
                     value: -0.0,
                     kind: SampleKind::Gauge as i32,
                     histogram: Bytes::new(),
+                    reset_before: false,
                 },
                 StoredSample {
                     labels: Bytes::from_static(b"\x0a\x01h"),
                     value: 3.0,
                     kind: SampleKind::Histogram as i32,
                     histogram: Bytes::from_static(b"\x08\x03"),
+                    reset_before: false,
                 },
             ],
             flushed_at_ms: 1_700_000_010_500,

@@ -10,7 +10,8 @@
 //!
 //! Sinks: a Prometheus-compatible query API (`--verify prometheus=URL`), or
 //! the file sink's directory of OpenMetrics files (`--verify files=DIR`; only
-//! files the ingester has closed are read).
+//! files the ingester has closed are read, in DIR and in its subdirectories
+//! one level down, e.g. one per ingester of a tier).
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -130,16 +131,28 @@ fn prometheus_scalar(authority: &str, query: &str) -> anyhow::Result<f64> {
         .with_context(|| format!("unexpected sample in {body}"))
 }
 
+/// The closed OpenMetrics files in `dir` and in its subdirectories one level down.
+fn om_files(dir: &std::path::Path) -> anyhow::Result<Vec<PathBuf>> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
+        let path = entry?.path();
+        if path.is_dir() {
+            for inner in std::fs::read_dir(&path).with_context(|| format!("reading {}", path.display()))? {
+                files.push(inner?.path());
+            }
+        } else {
+            files.push(path);
+        }
+    }
+    files.retain(|path| path.extension().is_some_and(|extension| extension == "om"));
+    Ok(files)
+}
+
 /// Last value of every loadgen counter series in the closed OpenMetrics files, summed.
 fn file_total(dir: &std::path::Path, resolution: &str) -> anyhow::Result<f64> {
     let mut last: HashMap<String, (f64, f64)> = HashMap::new();
-    let entries = std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))?;
     let wanted = format!("resolution=\"{resolution}\"");
-    for entry in entries {
-        let path = entry?.path();
-        if path.extension().is_none_or(|extension| extension != "om") {
-            continue;
-        }
+    for path in om_files(dir)? {
         let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
         for line in text.lines().filter(|line| line.starts_with("loadgen_counter_") && line.contains(&wanted)) {
             let mut fields = line.rsplitn(3, ' ');

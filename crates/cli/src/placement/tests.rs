@@ -132,3 +132,25 @@ async fn commands_change_the_placement_in_etcd_with_compare_and_swap() {
     assert_eq!(ids, ["agg-a", "agg-d", "agg-x"]);
     last.validate().unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ingesters_placement_is_its_own_key_with_one_owner_per_shard() {
+    assert_eq!(parse_tier("ingesters"), Ok(Tier::Ingesters));
+    assert_eq!(parse_tier("aggregators"), Ok(Tier::Aggregators));
+    assert!(parse_tier("collectors").unwrap_err().contains("aggregators` or `ingesters"));
+    let etcd = tokio::task::block_in_place(EtcdServer::start).expect("starting etcd");
+    let aggregators = PlacementStore::connect(etcd.config("tiers")).await.unwrap();
+    let ingesters = PlacementStore::connect(etcd.config("tiers").for_tier(Tier::Ingesters)).await.unwrap();
+    assert_eq!(ingesters.placement_key(), "/tessera/tiers/ingesters/placement");
+
+    let replicated =
+        InitArgs { instances: vec![spec("ing-a=h1:7500"), spec("ing-b=h2:7500")], shards: 8, replication_factor: 2 };
+    let err = init(&ingesters, &replicated, T0).await.unwrap_err();
+    assert!(err.to_string().contains("replication factor 1"), "{err}");
+    let args = InitArgs { replication_factor: 1, ..replicated };
+    init(&ingesters, &args, T0).await.unwrap();
+    let err = show(&aggregators, T0).await.unwrap_err();
+    assert!(err.to_string().contains("tessera placement init"), "the aggregators' key is untouched: {err}");
+    let text = show(&ingesters, T0).await.unwrap();
+    assert!(text.contains("/tessera/tiers/ingesters/placement") && text.contains("ing-b"), "{text}");
+}

@@ -91,7 +91,7 @@ pub const FILE_NAME: &str = "checkpoint";
 pub const MAGIC: [u8; 8] = *b"TSCKPT\x00\x00";
 
 /// The format version this build writes; it reads every version up to it.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 
 /// Magic, version and CRC.
 const HEADER_BYTES: usize = MAGIC.len() + 8;
@@ -115,6 +115,8 @@ fn total_fields(total: &mut Total, fields: &mut impl Fields) {
     fields.field(&mut total.last_delta);
     fields.field(&mut total.written);
     fields.field(&mut total.origin);
+    // Version 2: the shard (plus one) of the ingesters' placement; 0, unknown, in version 1.
+    fields.field(&mut total.shard);
 }
 
 /// What a checkpoint says beside the converter's state.
@@ -313,8 +315,9 @@ impl Converter {
     pub fn continue_checkpoint(&self, encoder: &mut CheckpointEncoder, series: usize) -> bool {
         let end = encoder.next.saturating_add(series).min(encoder.keys.len());
         for key in &encoder.keys[encoder.next..end] {
-            // Gone since it began: it expired.
-            let Some(total) = self.totals.get(key) else { continue };
+            // Gone since it began: it expired. Stale (made before this ingester last lost
+            // or gained its shard): a restart would take it for current.
+            let Some(total) = self.totals.get(key).filter(|total| self.total_is_current(total)) else { continue };
             let out = encoder.totals.out();
             key.put(out);
             let mut fields = *total;

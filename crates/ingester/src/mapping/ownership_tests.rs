@@ -1,0 +1,163 @@
+//! Running totals in an ingesters' placement: epochs per shard, explicit resets for
+//! adopted series.
+
+use prometheus_client::metrics::counter::Counter;
+use tessera_proto::{MetricType, SeriesValue, TileBatch};
+use tessera_topology::Placement;
+
+use super::*;
+use crate::tier::OwnershipView;
+
+const SHARDS: u32 = 4;
+
+fn counter(id: &str, delta: f64) -> SeriesValue {
+    SeriesValue {
+        r#ref: 0,
+        series_id: id.as_bytes().to_vec(),
+        r#type: MetricType::Counter as i32,
+        aggregate: Some(Aggregate::Counter(delta).to_proto()),
+    }
+}
+
+fn batch(tile_end_ms: i64, tiles: Vec<SeriesValue>) -> TileBatch {
+    TileBatch {
+        source: "agg-1".into(),
+        sequence: 1,
+        storage_policy: "10s:2d".into(),
+        resolution_ms: 10_000,
+        tile_end_ms,
+        tiles,
+        flushed_at_ms: tile_end_ms,
+    }
+}
+
+/// (value, reset_before) of the one sample of a one-counter batch.
+fn one(converter: &mut Converter, tile_end_ms: i64, id: &str, delta: f64) -> (f64, bool) {
+    let conversion = converter.convert(&batch(tile_end_ms, vec![counter(id, delta)]), 0).unwrap();
+    converter.commit();
+    let sample = &conversion.record.samples[0];
+    (sample.value, sample.reset_before)
+}
+
+fn view(owned: &[bool], version: u64) -> OwnershipView {
+    OwnershipView { num_shards: owned.len() as u32, owned: owned.to_vec(), joining: vec![false; owned.len()], version }
+}
+
+fn setup() -> (Converter, Arc<Ownership>, Counter, String, usize) {
+    let ownership = Arc::new(Ownership::default());
+    let adopted = Counter::default();
+    let converter = Converter::new(&[0.5], 3_600_000).with_ownership(ownership.clone(), adopted.clone());
+    let id = "hits|#series:a".to_owned();
+    let shard = tessera_core::shard::shard_of(id.as_bytes(), SHARDS) as usize;
+    (converter, ownership, adopted, id, shard)
+}
+
+#[test]
+fn the_first_view_counts_as_owned_all_along() {
+    let (mut converter, ownership, adopted, id, _) = setup();
+    assert_eq!(one(&mut converter, 10_000, &id, 2.0), (2.0, false), "no view yet: as a single ingester");
+    ownership.publish(view(&[true; SHARDS as usize], 1));
+    assert_eq!(one(&mut converter, 20_000, &id, 3.0), (5.0, false), "the restored total goes on");
+    assert_eq!(adopted.get(), 0);
+}
+
+#[test]
+fn a_shard_lost_and_gained_again_starts_its_series_over_with_a_reset() {
+    let (mut converter, ownership, adopted, id, shard) = setup();
+    ownership.publish(view(&[true; SHARDS as usize], 1));
+    assert_eq!(one(&mut converter, 10_000, &id, 2.0), (2.0, false));
+    let mut lost = [true; SHARDS as usize];
+    lost[shard] = false;
+    ownership.publish(view(&lost, 2));
+    let other = (0..100)
+        .map(|n| format!("other|#n:{n}"))
+        .find(|other| tessera_core::shard::shard_of(other.as_bytes(), SHARDS) as usize != shard);
+    let other = other.expect("a series in another shard");
+    assert_eq!(one(&mut converter, 20_000, &other, 1.0), (1.0, false), "other shards are not touched");
+    ownership.publish(view(&[true; SHARDS as usize], 3));
+    assert_eq!(one(&mut converter, 60_000, &id, 4.0), (4.0, true), "the stale total of 2 is dropped, reset first");
+    assert_eq!(one(&mut converter, 70_000, &id, 1.0), (5.0, false), "then cumulative again");
+    assert_eq!(adopted.get(), 1);
+}
+
+#[test]
+fn a_tile_ahead_of_the_view_gains_the_shard_once() {
+    let (mut converter, ownership, adopted, id, shard) = setup();
+    let mut none = [false; SHARDS as usize];
+    ownership.publish(view(&none, 1));
+    assert_eq!(one(&mut converter, 10_000, &id, 2.0), (2.0, true), "an aggregator saw the move first");
+    none[shard] = true;
+    ownership.publish(view(&none, 2));
+    assert_eq!(one(&mut converter, 20_000, &id, 1.0), (3.0, false), "the view catching up is not a second move");
+    assert_eq!(adopted.get(), 1);
+}
+
+#[test]
+fn an_adopted_series_refused_by_the_queue_is_not_counted() {
+    let (mut converter, ownership, adopted, id, _) = setup();
+    ownership.publish(view(&[false; SHARDS as usize], 1));
+    let conversion = converter.convert(&batch(10_000, vec![counter(&id, 2.0)]), 0).unwrap();
+    assert!(conversion.record.samples[0].reset_before);
+    converter.rollback();
+    assert_eq!(adopted.get(), 0);
+    assert_eq!(one(&mut converter, 10_000, &id, 2.0), (2.0, true), "the retry is adopted again");
+    assert_eq!(adopted.get(), 1);
+}
+
+#[test]
+fn views_follow_the_placement() {
+    let placement = Placement::init(&[("a", "a:1"), ("b", "b:1")], SHARDS, 1, 0).unwrap();
+    let a = OwnershipView::of(&placement, "a");
+    assert_eq!(a.owned.iter().filter(|owned| **owned).count(), 2);
+}
+
+#[test]
+fn a_first_view_that_joins_a_shard_makes_its_restored_totals_stale() {
+    let (mut converter, ownership, adopted, id, shard) = setup();
+    assert_eq!(one(&mut converter, 10_000, &id, 2.0), (2.0, false), "restored before the first view");
+    let mut joining = view(&[true; SHARDS as usize], 1);
+    joining.joining[shard] = true;
+    ownership.publish(joining);
+    assert_eq!(one(&mut converter, 60_000, &id, 4.0), (4.0, true), "taken back at a cutover: starts over");
+    assert_eq!(adopted.get(), 1);
+}
+
+#[test]
+fn only_current_totals_are_checkpointed() {
+    let (mut converter, ownership, _, id, shard) = setup();
+    ownership.publish(view(&[true; SHARDS as usize], 1));
+    one(&mut converter, 10_000, &id, 2.0);
+    let current = *converter.totals.values().next().unwrap();
+    assert!(converter.total_is_current(&current));
+    let mut lost = [true; SHARDS as usize];
+    lost[shard] = false;
+    ownership.publish(view(&lost, 2));
+    converter.convert(&batch(20_000, Vec::new()), 0).unwrap();
+    converter.commit();
+    assert!(!converter.total_is_current(&current), "a lost shard's totals are not kept");
+    let unknown = Total { shard: 0, ..current };
+    assert!(!converter.total_is_current(&unknown), "an unknown shard after a change may be stale");
+}
+
+#[test]
+fn a_checkpoint_leaves_out_the_totals_of_a_lost_shard_and_keeps_the_shard_of_the_rest() {
+    let (mut converter, ownership, _, id, shard) = setup();
+    ownership.publish(view(&[true; SHARDS as usize], 1));
+    let other = (0..100)
+        .map(|n| format!("other|#n:{n}"))
+        .find(|other| tessera_core::shard::shard_of(other.as_bytes(), SHARDS) as usize != shard)
+        .expect("a series in another shard");
+    one(&mut converter, 10_000, &id, 2.0);
+    one(&mut converter, 10_000, &other, 5.0);
+    let mut lost = [true; SHARDS as usize];
+    lost[shard] = false;
+    ownership.publish(view(&lost, 2));
+    converter.convert(&batch(20_000, Vec::new()), 0).unwrap();
+    converter.commit();
+    let bytes = converter.encode_checkpoint(checkpoint::CheckpointMeta::default()).to_bytes();
+    let mut restarted = Converter::new(&[0.5], 3_600_000);
+    restarted.restore_checkpoint(&bytes).unwrap();
+    assert_eq!(restarted.cumulative_series(), 1, "only the series of the shard still owned");
+    let kept = restarted.totals.values().next().unwrap();
+    assert_eq!((kept.value, kept.shard), (5.0, tessera_core::shard::shard_of(other.as_bytes(), SHARDS) + 1));
+}
