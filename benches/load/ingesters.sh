@@ -119,23 +119,17 @@ if [ -n "${FAILOVER:-}" ]; then
         victim=${ingester_pids[$((count - 1))]}
         kill -9 "$victim"
         killed=$(date +%s.%N)
-        owned_by_survivors() {
+        # The sum of a metric over the surviving ingesters.
+        survivors_sum() {
             local sum=0 index
             for index in $(seq $((count - 1))); do
-                sum=$((sum + $(metric_sum "${ingester_https[$((index - 1))]}" tessera_ingester_owned_shards)))
+                sum=$((sum + $(metric_sum "${ingester_https[$((index - 1))]}" "$1")))
             done
             echo "$sum"
         }
-        adopted() {
-            local sum=0 index
-            for index in $(seq $((count - 1))); do
-                sum=$((sum + $(metric_sum "${ingester_https[$((index - 1))]}" tessera_ingester_series_adopted_total)))
-            done
-            echo "$sum"
-        }
-        until [ "$(owned_by_survivors)" = 64 ]; do sleep 0.05; done
+        until [ "$(survivors_sum tessera_ingester_owned_shards)" = 64 ]; do sleep 0.05; done
         owned=$(date +%s.%N)
-        until [ "$(adopted)" != 0 ]; do sleep 0.05; done
+        until [ "$(survivors_sum tessera_ingester_series_adopted_total)" != 0 ]; do sleep 0.05; done
         writing=$(date +%s.%N)
         echo "failover (TTL ${ttl}s): survivors own every shard after $(echo "$owned - $killed" | bc) s, write adopted series after $(echo "$writing - $killed" | bc) s" \
             >"$work/failover.txt"

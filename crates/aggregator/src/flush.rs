@@ -227,19 +227,10 @@ fn flush_tile(tile: ClosedTile, flusher: &Flusher) {
         tile_end_ms,
         flushed_at_ms: now_ms(),
     };
-    let mut sent = Vec::with_capacity(shares.len());
-    for share in shares {
-        let Some(queue) = ingesters.queue(share.queue) else { continue };
-        let (batches, too_large) =
-            encode_values(&head, share.values, &settings.source, settings.max_frame_bytes, &mut || {
-                queue.next_sequence()
-            });
-        metrics.dropped("too_large", "series", too_large);
-        if let Some(last) = batches.last() {
-            sent.push((share.queue, last.sequence));
-        }
-        queue.push_all(batches);
-    }
+    let sent: Vec<(usize, u64)> = shares
+        .into_iter()
+        .filter_map(|share| ingesters.queue_share(&head, share, &settings.source, settings.max_frame_bytes))
+        .collect();
     if !sent.is_empty() {
         leadership.flushed(policy_index, sent, tile_end_ms);
     }

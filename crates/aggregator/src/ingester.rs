@@ -309,6 +309,25 @@ impl Ingesters {
         (shares, unowned)
     }
 
+    /// Encodes `share` of the tile `head` describes into batches under `max_frame_bytes`
+    /// and queues them; returns the queue and the last batch's sequence (`None` when
+    /// nothing was queued). A value over the frame bound is dropped and counted.
+    pub fn queue_share(
+        &self,
+        head: &TileHead<'_>,
+        share: Share,
+        source: &str,
+        max_frame_bytes: usize,
+    ) -> Option<(usize, u64)> {
+        let queue = self.queue(share.queue)?;
+        let (batches, too_large) =
+            encode_values(head, share.values, source, max_frame_bytes, &mut || queue.next_sequence());
+        self.inner.metrics.dropped("too_large", "series", too_large);
+        let last_sequence = batches.last()?.sequence;
+        queue.push_all(batches);
+        Some((share.queue, last_sequence))
+    }
+
     /// With a fixed list: the queue the next tile goes to, connected first, then
     /// fewest bytes, ties taken in turn.
     pub fn pick_index(&self) -> usize {
@@ -367,16 +386,11 @@ impl Ingesters {
         metrics.dropped("no_ingester", "series", unowned);
         let head = TileHead { storage_policy: &storage_policy, resolution_ms, tile_end_ms, flushed_at_ms };
         for share in shares {
-            let Some(queue) = self.queue(share.queue) else { continue };
-            let (batches, too_large) =
-                encode_values(&head, share.values, &reroute.source, reroute.max_frame_bytes, &mut || {
-                    queue.next_sequence()
-                });
-            metrics.dropped("too_large", "series", too_large);
-            if let Some(last) = batches.last() {
-                reroute.leadership.rerouted(&storage_policy, tile_end_ms, share.queue, last.sequence);
+            if let Some((queue, last_sequence)) =
+                self.queue_share(&head, share, &reroute.source, reroute.max_frame_bytes)
+            {
+                reroute.leadership.rerouted(&storage_policy, tile_end_ms, queue, last_sequence);
             }
-            queue.push_all(batches);
         }
         metrics.rerouted("batches", 1);
         metrics.rerouted("series", series);

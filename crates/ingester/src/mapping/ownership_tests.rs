@@ -2,33 +2,17 @@
 //! adopted series.
 
 use prometheus_client::metrics::counter::Counter;
-use tessera_proto::{MetricType, SeriesValue, TileBatch};
+use tessera_proto::{MetricType, SeriesValue};
 use tessera_topology::Placement;
 
+use super::tests::{batch, tile};
 use super::*;
 use crate::tier::OwnershipView;
 
 const SHARDS: u32 = 4;
 
 fn counter(id: &str, delta: f64) -> SeriesValue {
-    SeriesValue {
-        r#ref: 0,
-        series_id: id.as_bytes().to_vec(),
-        r#type: MetricType::Counter as i32,
-        aggregate: Some(Aggregate::Counter(delta).to_proto()),
-    }
-}
-
-fn batch(tile_end_ms: i64, tiles: Vec<SeriesValue>) -> TileBatch {
-    TileBatch {
-        source: "agg-1".into(),
-        sequence: 1,
-        storage_policy: "10s:2d".into(),
-        resolution_ms: 10_000,
-        tile_end_ms,
-        tiles,
-        flushed_at_ms: tile_end_ms,
-    }
+    tile(id, MetricType::Counter, Aggregate::Counter(delta))
 }
 
 /// (value, reset_before) of the one sample of a one-counter batch.

@@ -10,7 +10,7 @@ fn labels_text(sample: &StoredSample) -> String {
     labels.iter().map(|label| format!("{}={}", label.name, label.value)).collect::<Vec<_>>().join(" ")
 }
 
-fn tile(id: &str, metric_type: MetricType, aggregate: Aggregate) -> SeriesValue {
+pub(super) fn tile(id: &str, metric_type: MetricType, aggregate: Aggregate) -> SeriesValue {
     SeriesValue {
         r#ref: 0,
         series_id: id.as_bytes().to_vec(),
@@ -19,7 +19,7 @@ fn tile(id: &str, metric_type: MetricType, aggregate: Aggregate) -> SeriesValue 
     }
 }
 
-fn batch(tile_end_ms: i64, tiles: Vec<SeriesValue>) -> TileBatch {
+pub(super) fn batch(tile_end_ms: i64, tiles: Vec<SeriesValue>) -> TileBatch {
     TileBatch {
         source: "agg-1".into(),
         sequence: 1,
