@@ -35,8 +35,8 @@ use tessera_topology::{Placement, PlacementHandle};
 
 use crate::dictionary::ConnectionDictionary;
 use crate::merge::thread_of;
-use crate::metrics::Reason;
 use crate::tiler::{Partial, Via};
+use tessera_proto::AckReason;
 use tessera_runtime::logging::error_chain;
 
 /// What became of one frame.
@@ -54,7 +54,7 @@ pub enum Decoded {
         /// The sender's sequence.
         sequence: u64,
         /// Why.
-        reason: Reason,
+        reason: AckReason,
         /// Details for the ack message and logs.
         message: String,
         /// Series partials in the batch.
@@ -176,7 +176,7 @@ impl Decoder {
         for group in &batch.shards {
             if group.shard >= num_shards {
                 let message = format!("shard {} is out of range (the placement has {num_shards} shards)", group.shard);
-                return refuse(Reason::Malformed, message);
+                return refuse(AckReason::Malformed, message);
             }
             if !self.owns(&placement, group.shard, batch.window_start_ms) {
                 let message = format!(
@@ -186,7 +186,7 @@ impl Decoder {
                     batch.window_start_ms,
                     placement.version()
                 );
-                return refuse(Reason::NotOwner, message);
+                return refuse(AckReason::NotOwner, message);
             }
         }
         let window_ms = i64::from(batch.window_ms);
@@ -225,7 +225,7 @@ impl Decoder {
                                 batch.dictionary
                             );
                             dictionary.rollback();
-                            return refuse(Reason::UnknownSeriesRef, message);
+                            return refuse(AckReason::UnknownSeriesRef, message);
                         };
                         if entry.shard != group.shard {
                             Err(format!(
@@ -247,7 +247,7 @@ impl Decoder {
                     Ok(partial) => share.push(partial),
                     Err(message) => {
                         dictionary.rollback();
-                        return refuse(Reason::Malformed, message);
+                        return refuse(AckReason::Malformed, message);
                     }
                 }
             }
@@ -344,7 +344,7 @@ mod tests {
         framing::encode_frame(&Frame { body: Some(Body::Partials(batch)) }, 1 << 20).unwrap()
     }
 
-    fn refused(decoded: Decoded) -> (Reason, String) {
+    fn refused(decoded: Decoded) -> (AckReason, String) {
         match decoded {
             Decoded::Refused { reason, message, sequence: 9, .. } => (reason, message),
             other => panic!("expected a refusal, got {other:?}"),
@@ -388,10 +388,10 @@ mod tests {
             ShardPartials { shard: 1, series: vec![series_of_shard(1)] },
         ];
         let (reason, message) = refused(decoder.decode(1, &frame(shards)));
-        assert_eq!(reason, Reason::NotOwner);
+        assert_eq!(reason, AckReason::NotOwner);
         assert!(message.contains("shard 1 is not owned by `a`"), "{message}");
         let (reason, _) = refused(decoder.decode(1, &frame(vec![ShardPartials { shard: 99, series: vec![] }])));
-        assert_eq!(reason, Reason::Malformed);
+        assert_eq!(reason, AckReason::Malformed);
     }
 
     #[test]
@@ -414,7 +414,7 @@ mod tests {
         ] {
             let (reason, message) =
                 refused(decoder.decode(1, &frame(vec![ShardPartials { shard, series: vec![series] }])));
-            assert_eq!(reason, Reason::Malformed);
+            assert_eq!(reason, AckReason::Malformed);
             assert!(message.contains(fragment), "{fragment}: {message}");
         }
         let mut garbage = vec![0, 0, 0, 4];
@@ -460,21 +460,21 @@ mod tests {
         assert_eq!((decoder.take_forgotten(), decoder.dictionary_refs()), (None, 1));
         // Another connection knows nothing of connection 1's refs.
         let (reason, message) = refused(decoder.decode(2, &framed(5, 2, vec![by_ref(7)])));
-        assert_eq!(reason, Reason::UnknownSeriesRef);
+        assert_eq!(reason, AckReason::UnknownSeriesRef);
         assert!(message.contains("series ref 7 is not in dictionary 5"), "{message}");
         // A ref without a dictionary, or in another shard than its definition, is malformed.
-        assert_eq!(refused(decoder.decode(1, &framed(0, 2, vec![by_ref(7)]))).0, Reason::Malformed);
+        assert_eq!(refused(decoder.decode(1, &framed(0, 2, vec![by_ref(7)]))).0, AckReason::Malformed);
         let (reason, message) = refused(decoder.decode(1, &framed(5, 4, vec![by_ref(7)])));
-        assert_eq!(reason, Reason::Malformed);
+        assert_eq!(reason, AckReason::Malformed);
         assert!(message.contains("belongs to shard 2, not 4"), "{message}");
         // A new dictionary on connection 1 forgets the old one, here and on the merge threads.
-        assert_eq!(refused(decoder.decode(1, &framed(6, 2, vec![by_ref(7)]))).0, Reason::UnknownSeriesRef);
+        assert_eq!(refused(decoder.decode(1, &framed(6, 2, vec![by_ref(7)]))).0, AckReason::UnknownSeriesRef);
         assert_eq!(decoder.take_forgotten(), Some(1));
         decoder.closed(1);
         assert_eq!(decoder.dictionary_refs(), 0);
         // A ref far beyond what the dictionary holds is refused before it sizes anything.
         let (reason, message) = refused(decoder.decode(4, &framed(1, 2, vec![define(u32::MAX)])));
-        assert_eq!(reason, Reason::Malformed);
+        assert_eq!(reason, AckReason::Malformed);
         assert!(message.contains("series ref 4294967295 is over the largest"), "{message}");
         assert!(matches!(decoder.decode(4, &framed(1, 2, vec![define(MAX_SERIES_REFS)])), Decoded::Batch { .. }));
         decoder.closed(4);
@@ -482,8 +482,8 @@ mod tests {
         // definition leaves the ref unknown to the next batch.
         let mut malformed = series_of_shard(2);
         malformed.aggregate = None;
-        assert_eq!(refused(decoder.decode(3, &framed(1, 2, vec![define(4), malformed]))).0, Reason::Malformed);
+        assert_eq!(refused(decoder.decode(3, &framed(1, 2, vec![define(4), malformed]))).0, AckReason::Malformed);
         assert_eq!(decoder.dictionary_refs(), 0);
-        assert_eq!(refused(decoder.decode(3, &framed(1, 2, vec![by_ref(4)]))).0, Reason::UnknownSeriesRef);
+        assert_eq!(refused(decoder.decode(3, &framed(1, 2, vec![by_ref(4)]))).0, AckReason::UnknownSeriesRef);
     }
 }

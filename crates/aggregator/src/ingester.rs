@@ -38,7 +38,7 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::Duration;
 
 use tessera_core::shard::shard_of;
-use tessera_proto::{Frame, SeriesValue, TileBatch, frame::Body, framing};
+use tessera_proto::{AckReason, Frame, SeriesValue, TileBatch, frame::Body, framing};
 use tessera_runtime::Shutdown;
 use tessera_runtime::outbound::{self, Batch, DropReason, OutboundMetrics, SenderSettings};
 use tessera_topology::{Destination, PlacementHandle, Routing};
@@ -59,16 +59,12 @@ pub fn heartbeat_frame() -> Vec<u8> {
         .expect("an empty tile batch is far under the frame limit")
 }
 
-/// Keeps metric labels to a closed set whatever an ingester answers.
-pub fn rejection_label(reason: &str) -> &'static str {
-    match reason {
-        "" => "unspecified",
-        _ => REJECTION_LABELS.iter().find(|label| **label == reason).copied().unwrap_or("other"),
-    }
+/// Every `reason` of `ingester_rejected_batches_total`, exported at 0 for each destination:
+/// the permanent refusals an ingester answers with, `unspecified` and `other`
+/// ([`AckReason::label`] keeps whatever arrives to these).
+pub fn rejection_labels() -> Vec<&'static str> {
+    AckReason::refusal_labels(&AckReason::FROM_INGESTER)
 }
-
-/// Every `reason` of `ingester_rejected_batches_total`, exported at 0 for each destination.
-pub const REJECTION_LABELS: [&str; 5] = ["malformed", "too_old", "too_large", "unspecified", "other"];
 
 impl OutboundMetrics for DestinationMetrics {
     fn queued(&self, batches: usize, bytes: usize) {

@@ -188,7 +188,7 @@ impl Aggregator {
             ack_timeout: Duration::from_millis(config.ingester.ack_timeout_ms),
             reconnect_min: Duration::from_millis(config.ingester.reconnect_min_ms),
             reconnect_max: Duration::from_millis(config.ingester.reconnect_max_ms),
-            rejection_label: ingester::rejection_label,
+            rejection_label: tessera_proto::AckReason::label,
             heartbeat: Some(Heartbeat {
                 after: Duration::from_millis(config.ingester.heartbeat_ms),
                 frame: ingester::heartbeat_frame,

@@ -1,6 +1,6 @@
 //! Every metric the aggregator exports, declared once.
 //!
-//! Labels come from closed sets: `reason` (see [`Reason`]), `policy` and
+//! Labels come from closed sets: `reason` (see [`AckReason`]), `policy` and
 //! `destination` (both from the configuration), `unit`, `trigger`, and
 //! `source`: the instance ids of connected collectors (bounded by
 //! `max_connections`, removed when they disconnect). Hot paths hold
@@ -13,6 +13,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use std::sync::atomic::AtomicU64;
+
+use tessera_proto::AckReason;
 
 use crate::watermark::Trigger;
 
@@ -30,58 +32,6 @@ fn latency_histogram() -> Histogram {
 fn lag_histogram() -> Histogram {
     // 10 ms .. ~164 s
     Histogram::new(exponential_buckets(0.01, 2.0, 15))
-}
-
-/// Why a partial batch was refused: the `reason` of an ack and of the
-/// rejection counters.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Reason {
-    /// A shard in the batch is not owned by this instance for its window (permanent).
-    NotOwner,
-    /// The window's tile has already been flushed (permanent).
-    TooLate,
-    /// The window ends too far in the future (permanent).
-    TooEarly,
-    /// The batch or one of its aggregates is invalid (permanent).
-    Malformed,
-    /// Every ingester buffer is full (retryable).
-    BufferFull,
-    /// The aggregator is shutting down (retryable).
-    ShuttingDown,
-    /// A series ref the connection's dictionary does not hold (permanent:
-    /// the sender starts a new dictionary).
-    UnknownSeriesRef,
-}
-
-impl Reason {
-    /// Every reason.
-    pub const ALL: [Reason; 7] = [
-        Reason::NotOwner,
-        Reason::TooLate,
-        Reason::TooEarly,
-        Reason::Malformed,
-        Reason::BufferFull,
-        Reason::ShuttingDown,
-        Reason::UnknownSeriesRef,
-    ];
-
-    /// The label and ack reason.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Reason::NotOwner => "not_owner",
-            Reason::TooLate => "too_late",
-            Reason::TooEarly => "too_early",
-            Reason::Malformed => "malformed",
-            Reason::BufferFull => "buffer_full",
-            Reason::ShuttingDown => "shutting_down",
-            Reason::UnknownSeriesRef => "unknown_series_ref",
-        }
-    }
-
-    /// Whether the sender may try the batch again later.
-    pub fn is_retryable(self) -> bool {
-        matches!(self, Reason::BufferFull | Reason::ShuttingDown)
-    }
 }
 
 /// The aggregator's metrics.
@@ -233,7 +183,7 @@ impl Default for Metrics {
         };
         // Every closed-set reason is exported from the start, at 0: "nothing refused"
         // reads as 0, not as no data, so alerts and dashboards need no `or vector(0)`.
-        for reason in Reason::ALL {
+        for reason in AckReason::FROM_AGGREGATOR {
             let by_reason = labels(&[("reason", reason.as_str())]);
             let _ = metrics.batches_rejected.get_or_create(&by_reason);
             let _ = metrics.partials_rejected.get_or_create(&by_reason);
@@ -496,19 +446,19 @@ impl Metrics {
     }
 
     /// Counts a refused batch of `partials` series partials.
-    pub fn rejected(&self, reason: Reason, partials: u64) {
+    pub fn rejected(&self, reason: AckReason, partials: u64) {
         let by_reason = labels(&[("reason", reason.as_str())]);
         self.batches_rejected.get_or_create(&by_reason).inc();
         self.partials_rejected.get_or_create(&by_reason).inc_by(partials);
     }
 
     /// Batches refused so far for `reason` (for tests and status lines).
-    pub fn rejected_batches(&self, reason: Reason) -> u64 {
+    pub fn rejected_batches(&self, reason: AckReason) -> u64 {
         self.batches_rejected.get_or_create(&labels(&[("reason", reason.as_str())])).get()
     }
 
     /// Partials in batches refused so far for `reason`.
-    pub fn rejected_partials(&self, reason: Reason) -> u64 {
+    pub fn rejected_partials(&self, reason: AckReason) -> u64 {
         self.partials_rejected.get_or_create(&labels(&[("reason", reason.as_str())])).get()
     }
 
@@ -580,7 +530,7 @@ impl Metrics {
     /// Handles for one ingester destination (labelled by its endpoint).
     pub fn destination(&self, endpoint: &str) -> DestinationMetrics {
         let by_destination = labels(&[("destination", endpoint)]);
-        for reason in crate::ingester::REJECTION_LABELS {
+        for reason in crate::ingester::rejection_labels() {
             let _ =
                 self.ingester_rejected_batches.get_or_create(&labels(&[("destination", endpoint), ("reason", reason)]));
         }

@@ -21,14 +21,14 @@
 use std::time::Duration;
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
-use tessera_proto::{Ack, AckStatus};
+use tessera_proto::{Ack, AckReason, AckStatus};
 use tessera_runtime::RateLimitedLog;
 use tokio::sync::oneshot;
 
 use crate::decode::{Decoded, Decoder, SplitBatch};
 use crate::ingester::Ingesters;
 use crate::merge::MergeTier;
-use crate::metrics::{Metrics, Reason};
+use crate::metrics::Metrics;
 use crate::now_ms;
 use crate::tiler::{Batch, Tiler};
 use crate::watermark::Watermarks;
@@ -123,13 +123,13 @@ pub enum AdmissionJob {
     },
 }
 
-fn ack(sequence: u64, status: AckStatus, reason: &str, message: String) -> Reply {
-    Reply::Ack(Ack { sequence, status: status as i32, message, reason: reason.to_owned() })
+/// Taken: acknowledged with no reason.
+fn taken(sequence: u64) -> Reply {
+    Reply::Ack(Ack { sequence, status: AckStatus::Ok as i32, ..Ack::default() })
 }
 
-fn refusal(sequence: u64, reason: Reason, message: String) -> Reply {
-    let status = if reason.is_retryable() { AckStatus::Retryable } else { AckStatus::Permanent };
-    ack(sequence, status, reason.as_str(), message)
+fn refusal(sequence: u64, reason: AckReason, message: String) -> Reply {
+    Reply::Ack(reason.ack(sequence, message))
 }
 
 /// The decoder thread: decodes and checks frames until every connection
@@ -168,8 +168,8 @@ pub fn run_decoder(jobs: Receiver<Inbound>, mut decoder: Decoder, admission: Sen
                     Err(crossbeam_channel::SendError(job)) => {
                         let AdmissionJob::Batch { batch, reply, .. } = job else { unreachable!("sent a batch") };
                         let partials = batch.partials();
-                        metrics.rejected(Reason::ShuttingDown, partials);
-                        let _ = reply.send(refusal(sequence, Reason::ShuttingDown, "shutting down".into()));
+                        metrics.rejected(AckReason::ShuttingDown, partials);
+                        let _ = reply.send(refusal(sequence, AckReason::ShuttingDown, "shutting down".into()));
                         continue;
                     }
                 }
@@ -274,13 +274,13 @@ impl Admission {
         // A batch with nothing in it (a heartbeat) only moves the watermark.
         if partials == 0 {
             self.advance(connection, batch.watermark_ms);
-            return ack(sequence, AckStatus::Ok, "", String::new());
+            return taken(sequence);
         }
         self.close_due();
         if !self.ingesters.has_room() {
             self.tier.bind(connection, batch.window_start_ms, batch.window_ms, batch.shares);
-            self.metrics.rejected(Reason::BufferFull, partials);
-            return refusal(sequence, Reason::BufferFull, "every ingester buffer is full".into());
+            self.metrics.rejected(AckReason::BufferFull, partials);
+            return refusal(sequence, AckReason::BufferFull, "every ingester buffer is full".into());
         }
         // The shadow holds no series: applying the empty batch opens its
         // tiles, as the merge threads will.
@@ -296,7 +296,7 @@ impl Admission {
             Ok(()) => {
                 self.shadow.apply(&window, &mut |_| {});
                 self.tier.dispatch(connection, batch.window_start_ms, batch.window_ms, batch.shares);
-                ack(sequence, AckStatus::Ok, "", String::new())
+                taken(sequence)
             }
             Err(refused) => {
                 // What the decoder learned of the connection's dictionary

@@ -66,10 +66,10 @@ use tessera_core::aggregate::Aggregate;
 use tessera_core::parse::MetricKind;
 use tessera_proto as proto;
 
-use crate::metrics::Reason;
 use crate::policy::StoragePolicy;
 use policy_tiles::PolicyTiles;
 use series::{Registry, SeriesNumber};
+use tessera_proto::AckReason;
 
 /// A dictionary slot bound to no series.
 const UNBOUND: SeriesNumber = SeriesNumber::MAX;
@@ -193,11 +193,11 @@ pub enum Refusal {
 
 impl Refusal {
     /// The ack reason and metrics label.
-    pub fn reason(&self) -> Reason {
+    pub fn reason(&self) -> AckReason {
         match self {
-            Refusal::Misaligned { .. } => Reason::Malformed,
-            Refusal::TooEarly { .. } => Reason::TooEarly,
-            Refusal::TooLate { .. } => Reason::TooLate,
+            Refusal::Misaligned { .. } => AckReason::Malformed,
+            Refusal::TooEarly { .. } => AckReason::TooEarly,
+            Refusal::TooLate { .. } => AckReason::TooLate,
         }
     }
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use support::{TileReceiver, collector_config, test_config, wait_until};
 use tessera_aggregator::Aggregator;
-use tessera_aggregator::metrics::Reason;
+use tessera_proto::AckReason;
 use tessera_collector::Collector;
 use tessera_core::parse::MetricKind;
 use tessera_proto::aggregate::Value;
@@ -89,7 +89,7 @@ async fn a_real_collector_feeds_exact_totals_through_the_aggregator(merge_thread
         }
     }
     let metrics = aggregator.metrics();
-    for reason in [Reason::TooLate, Reason::NotOwner, Reason::Malformed, Reason::TooEarly] {
+    for reason in [AckReason::TooLate, AckReason::NotOwner, AckReason::Malformed, AckReason::TooEarly] {
         assert_eq!(metrics.rejected_batches(reason), 0, "{reason:?}");
     }
     shutdown.trigger();

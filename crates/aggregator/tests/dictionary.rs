@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use support::{TileReceiver, collector_config, test_config, wait_until};
-use tessera_aggregator::metrics::Reason;
+use tessera_proto::AckReason;
 use tessera_aggregator::{Aggregator, now_ms};
 use tessera_collector::Collector;
 use tessera_core::parse::MetricKind;
@@ -80,8 +80,8 @@ fn receiver_totals(receiver: &TileReceiver, policy: &str, id: &str) -> f64 {
 }
 
 /// No batch was refused as too late, malformed or naming an unknown ref, nor for any of `more`.
-fn assert_none_refused(metrics: &tessera_aggregator::Metrics, more: &[Reason]) {
-    for &reason in [Reason::TooLate, Reason::Malformed, Reason::UnknownSeriesRef].iter().chain(more) {
+fn assert_none_refused(metrics: &tessera_aggregator::Metrics, more: &[AckReason]) {
+    for &reason in [AckReason::TooLate, AckReason::Malformed, AckReason::UnknownSeriesRef].iter().chain(more) {
         assert_eq!(metrics.rejected_batches(reason), 0, "{reason:?}");
     }
 }
@@ -265,7 +265,7 @@ async fn tiles_stay_exact_when_shards_move_while_dictionaries_are_live() {
     let refs_2 = aggregator_2.metrics().dictionary_refs.get();
     assert!(refs_2 > 0, "the collector named series to agg-2 by ref ({refs_2})");
     for aggregator in [&aggregator_1, &aggregator_2] {
-        assert_none_refused(aggregator.metrics(), &[Reason::NotOwner]);
+        assert_none_refused(aggregator.metrics(), &[AckReason::NotOwner]);
     }
     collector_shutdown.trigger();
     collector.wait().await;

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use support::{Model, RoutingSender, TileReceiver, WINDOW_MS, metric_value, sleep_until_ms, test_config, wait_until};
-use tessera_aggregator::metrics::Reason;
+use tessera_proto::AckReason;
 use tessera_aggregator::{Aggregator, Config, now_ms};
 use tessera_core::aggregate::Aggregate;
 use tessera_proto::{AckStatus, SeriesValue};
@@ -109,7 +109,7 @@ async fn past_the_buffer_bound_senders_are_pushed_back_and_drops_are_counted(mer
     let (model, refused) = send(routed, first, 12, 300, 2).await;
     let metrics = aggregator.metrics();
     assert!(metrics.drops("buffer_full", "series") > 0, "tiles pushed out of the full buffer are counted");
-    assert!(metrics.rejected_batches(Reason::BufferFull) > 0, "collectors were pushed back");
+    assert!(metrics.rejected_batches(AckReason::BufferFull) > 0, "collectors were pushed back");
     assert!(refused.get("buffer_full").copied().unwrap_or(0) >= 5, "{refused:?}");
 
     receiver.restart().await;

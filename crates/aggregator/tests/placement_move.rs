@@ -11,7 +11,7 @@ use std::time::Duration;
 use support::{
     Model, RoutingSender, TileReceiver, WINDOW_MS, sleep_until_ms, test_config, wait_until, wait_until_async,
 };
-use tessera_aggregator::metrics::Reason;
+use tessera_proto::AckReason;
 use tessera_aggregator::{Aggregator, now_ms};
 use tessera_core::aggregate::{Aggregate, Gauge};
 use tessera_core::shard::shard_of;
@@ -136,8 +136,8 @@ async fn shards_move_between_running_aggregators_without_loss_or_double_count(me
     assert!(first + 40 * WINDOW_MS > cutover + 1_000, "traffic flowed well past the cutover");
     // A sender that saw the move late would be refused `not_owner` (counted, never merged);
     // with a 1 s delay, nobody is.
-    let not_owner = aggregator_a.metrics().rejected_batches(Reason::NotOwner)
-        + aggregator_b.metrics().rejected_batches(Reason::NotOwner);
+    let not_owner = aggregator_a.metrics().rejected_batches(AckReason::NotOwner)
+        + aggregator_b.metrics().rejected_batches(AckReason::NotOwner);
     assert_eq!(not_owner, 0, "refusals: {refused:?}");
     assert!(refused.values().sum::<u64>() <= 8, "refusals: {refused:?}");
 

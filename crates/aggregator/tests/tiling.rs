@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use support::sender::WireClient;
 use support::{Model, RoutingSender, TileReceiver, WINDOW_MS, metric_value, sleep_until_ms, test_config, wait_until};
-use tessera_aggregator::metrics::Reason;
+use tessera_proto::AckReason;
 use tessera_aggregator::{Aggregator, now_ms};
 use tessera_core::aggregate::{Aggregate, Distribution};
 use tessera_core::hll::HyperLogLog;
@@ -128,7 +128,7 @@ async fn tiles_are_exact_across_many_series_tiles_and_senders(merge_threads: usi
     let late = refused.get("too_late").copied().unwrap_or(0);
     assert_eq!(refused.len(), usize::from(late > 0), "unexpected refusals: {refused:?}");
     assert!(late <= 7, "{late} of 75 windows too late");
-    assert_eq!(aggregator.metrics().rejected_batches(Reason::TooLate), late);
+    assert_eq!(aggregator.metrics().rejected_batches(AckReason::TooLate), late);
 
     wait_until("every expected tile", Duration::from_secs(10), || {
         let values = receiver.values();
@@ -147,7 +147,7 @@ async fn tiles_are_exact_across_many_series_tiles_and_senders(merge_threads: usi
     let merged = aggregator.metrics().partials_merged.get();
     assert_eq!(
         merged,
-        aggregator.metrics().partials_received.get() - aggregator.metrics().rejected_partials(Reason::TooLate)
+        aggregator.metrics().partials_received.get() - aggregator.metrics().rejected_partials(AckReason::TooLate)
     );
     assert!(metric_value(&telemetry, "tessera_aggregator_tiles_flushed_total", "policy=\"200ms:1h\"").unwrap() >= 10.0);
     assert!(metric_value(&telemetry, "tessera_aggregator_flush_lag_seconds_count", "policy=\"1s:1h\"").unwrap() >= 2.0);
@@ -205,11 +205,11 @@ async fn refused_batches_are_refused_whole_and_counted_by_reason(merge_threads: 
     }
     let metrics = aggregator.metrics();
     for (reason, batches) in
-        [(Reason::TooLate, 1), (Reason::TooEarly, 1), (Reason::NotOwner, 1), (Reason::Malformed, 2)]
+        [(AckReason::TooLate, 1), (AckReason::TooEarly, 1), (AckReason::NotOwner, 1), (AckReason::Malformed, 2)]
     {
         assert_eq!(metrics.rejected_batches(reason), batches, "{reason:?}");
     }
-    assert_eq!(metrics.rejected_partials(Reason::NotOwner), 2);
+    assert_eq!(metrics.rejected_partials(AckReason::NotOwner), 2);
     let exported = metric_value(&telemetry, "tessera_aggregator_partials_rejected_total", "reason=\"not_owner\"");
     assert_eq!(exported, Some(2.0));
     assert_eq!(metric_value(&telemetry, "tessera_aggregator_shards_owned", ""), Some(4.0));

@@ -11,6 +11,7 @@
 
 use std::time::Duration;
 
+use tessera_proto::AckReason;
 use tessera_runtime::outbound::{Batch, DropReason, GenerationEnd, OutboundMetrics, OutboundQueue};
 
 use crate::metrics::DestinationMetrics;
@@ -18,14 +19,12 @@ use crate::metrics::DestinationMetrics;
 /// One destination aggregator's bounded queue.
 pub type DestinationQueue = OutboundQueue<DestinationMetrics>;
 
-/// Keeps metric labels to a closed set whatever an aggregator answers.
-pub fn rejection_label(reason: &str) -> &'static str {
-    REJECTION_LABELS.iter().find(|label| **label == reason).copied().unwrap_or("other")
+/// Every `reason` of `rejected_batches_total`, exported at 0 for each destination: the
+/// permanent refusals an aggregator answers with, `unspecified` and `other`
+/// ([`AckReason::label`] keeps whatever arrives to these).
+pub fn rejection_labels() -> Vec<&'static str> {
+    AckReason::refusal_labels(&AckReason::FROM_AGGREGATOR)
 }
-
-/// Every `reason` of `rejected_batches_total`, exported at 0 for each destination.
-pub const REJECTION_LABELS: [&str; 6] =
-    ["not_owner", "malformed", "too_late", "too_early", "unknown_series_ref", "other"];
 
 impl OutboundMetrics for DestinationMetrics {
     fn queued(&self, batches: usize, bytes: usize) {
@@ -88,6 +87,36 @@ mod tests {
         assert_eq!(queue.pop_front().unwrap().sequence, 2);
         assert_eq!(queue.pop_front().unwrap().sequence, 3);
         assert!(queue.pop_front().is_none());
+    }
+
+    #[test]
+    fn every_refusal_an_aggregator_answers_is_counted_under_its_own_reason() {
+        let telemetry = tessera_runtime::Telemetry::new("collector", "test");
+        let metrics = Metrics::default();
+        telemetry.with_registry(|registry| metrics.register(registry));
+        let destination = metrics.destination("agg-1");
+        let count = |text: &str, reason: &str| {
+            let labels = format!("reason=\"{reason}\"");
+            text.lines()
+                .filter(|line| line.starts_with("tessera_collector_rejected_batches_total") && line.contains(&labels))
+                .find_map(|line| line.rsplit_once(' ')?.1.parse::<f64>().ok())
+        };
+        let permanent: Vec<AckReason> = AckReason::FROM_AGGREGATOR
+            .into_iter()
+            .filter(|reason| reason.status() == tessera_proto::AckStatus::Permanent)
+            .collect();
+        let text = telemetry.encode().unwrap();
+        for reason in &permanent {
+            assert_eq!(count(&text, reason.as_str()), Some(0.0), "{} exported at 0", reason.as_str());
+        }
+        for reason in &permanent {
+            OutboundMetrics::rejected(&destination, AckReason::label(&reason.ack(1, String::new()).reason));
+        }
+        let text = telemetry.encode().unwrap();
+        for reason in &permanent {
+            assert_eq!(count(&text, reason.as_str()), Some(1.0), "{}", reason.as_str());
+        }
+        assert_eq!(count(&text, "other"), Some(0.0));
     }
 
     #[test]

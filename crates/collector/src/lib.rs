@@ -203,7 +203,7 @@ impl Collector {
                 ack_timeout: Duration::from_millis(config.forward.ack_timeout_ms),
                 reconnect_min: Duration::from_millis(config.forward.reconnect_min_ms),
                 reconnect_max: Duration::from_millis(config.forward.reconnect_max_ms),
-                rejection_label: forward::rejection_label,
+                rejection_label: tessera_proto::AckReason::label,
                 heartbeat: None,
             },
             readers: readers.len(),

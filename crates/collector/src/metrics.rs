@@ -271,7 +271,7 @@ impl Metrics {
     /// Handles for one destination instance.
     pub fn destination(&self, instance: &str) -> DestinationMetrics {
         let by_destination = labels(&[("destination", instance)]);
-        for reason in crate::forward::REJECTION_LABELS {
+        for reason in crate::forward::rejection_labels() {
             let _ = self.rejected_batches.get_or_create(&labels(&[("destination", instance), ("reason", reason)]));
         }
         DestinationMetrics {

@@ -27,7 +27,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use tessera_proto::framing::{self, FrameError};
-use tessera_proto::{Ack, AckStatus, Frame, frame::Body};
+use tessera_proto::{AckReason, Frame, frame::Body};
 use tessera_runtime::inbound::{self, AcceptSettings, InboundCounters, WireConnection, WireDeadlines, WireError};
 use tessera_runtime::{RateLimitedLog, Shutdown};
 use tokio::io::AsyncWriteExt;
@@ -112,7 +112,7 @@ async fn connection(
             Err(error) => {
                 if let WireError::Frame(FrameError::TooLarge { len, max }) = error {
                     let message = format!("frame of {len} bytes exceeds the maximum of {max} bytes");
-                    refuse(&mut wire.stream, "frame_too_large", message).await;
+                    refuse(&mut wire.stream, AckReason::FrameTooLarge, message).await;
                 }
                 return ended(metrics, peer, &error);
             }
@@ -135,7 +135,7 @@ async fn connection(
             }
             Verdict::Close { reason, message } => {
                 frame_error(metrics, peer, reason, &message);
-                refuse(&mut wire.stream, "malformed_frame", message).await;
+                refuse(&mut wire.stream, AckReason::MalformedFrame, message).await;
                 return;
             }
         }
@@ -157,9 +157,8 @@ fn frame_error(metrics: &Metrics, peer: SocketAddr, reason: &'static str, messag
 }
 
 /// Tells the peer why its connection is closed (best effort, bounded in time).
-async fn refuse(stream: &mut TcpStream, reason: &str, message: String) {
-    let ack = Ack { sequence: 0, status: AckStatus::Permanent as i32, message, reason: reason.to_owned() };
-    let frame = Frame { body: Some(Body::Ack(ack)) };
+async fn refuse(stream: &mut TcpStream, reason: AckReason, message: String) {
+    let frame = Frame { body: Some(Body::Ack(reason.ack(0, message))) };
     let _ = tokio::time::timeout(
         Duration::from_secs(1),
         framing::write_frame(stream, &frame, framing::DEFAULT_MAX_FRAME_BYTES),

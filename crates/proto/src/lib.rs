@@ -7,7 +7,8 @@
 //!   grouped by shard;
 //! - [`TileBatch`]: aggregator → ingester, closed tiles of one storage policy;
 //! - [`Ack`]: the answer to either, with an [`AckStatus`] that tells the
-//!   sender to forget the batch, retry it later, or give up on it;
+//!   sender to forget the batch, retry it later, or give up on it, and an
+//!   [`AckReason`] both sides share ([`ack`]);
 //! - [`Placement`]: which aggregator instance owns which shard, kept in etcd.
 //!
 //! On a byte stream every message travels inside a [`Frame`]; [`framing`]
@@ -31,6 +32,9 @@ mod generated {
 
 pub use generated::*;
 
+pub mod ack;
 pub mod client;
 pub mod framing;
 pub mod partials;
+
+pub use ack::AckReason;

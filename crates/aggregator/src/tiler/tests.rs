@@ -134,7 +134,7 @@ fn a_tile_closes_at_end_plus_buffer_past_and_late_windows_are_refused_whole() {
     // Too late for the 1 s tile, though its 5 s tile is open: refused as a whole.
     let late = batch(T0 + 750, 250, vec![counter("a", 100.0), counter("new", 1.0)]);
     let refusal = tiler.accept(&late, T0 + 1600, &mut sink.emit()).unwrap_err();
-    assert_eq!(refusal.reason(), Reason::TooLate);
+    assert_eq!(refusal.reason(), AckReason::TooLate);
     assert!(refusal.to_string().contains("`1s:1h` tile ending at"), "{refusal}");
     tiler.close_all(&mut sink.emit());
     assert_eq!(sink.counter(1, T0 + 5000, "a"), Some(3.0), "nothing of the refused batch was merged");
@@ -149,10 +149,10 @@ fn windows_too_far_ahead_or_across_a_boundary_are_refused() {
     // Ends exactly at now + buffer_future: accepted; 1 ms more: too early.
     tiler.accept(&batch(T0 + 350, 250, vec![counter("a", 1.0)]), now, &mut sink.emit()).unwrap();
     let refusal = tiler.accept(&batch(T0 + 351, 250, vec![counter("a", 1.0)]), now, &mut sink.emit()).unwrap_err();
-    assert_eq!(refusal.reason(), Reason::TooEarly);
+    assert_eq!(refusal.reason(), AckReason::TooEarly);
     for (start, length) in [(T0 + 900, 200), (T0, 0), (T0, -5), (i64::MAX - 10, 100)] {
         let refusal = tiler.check(start, length, now).unwrap_err();
-        assert_eq!(refusal.reason(), Reason::Malformed, "{start} +{length}");
+        assert_eq!(refusal.reason(), AckReason::Malformed, "{start} +{length}");
     }
 }
 
@@ -309,7 +309,7 @@ fn shutdown_flushes_open_tiles_and_a_clock_jump_does_not_spin() {
 
     // Closed by the shutdown flush: its tiles take nothing more.
     let refused = tiler.accept(&batch(T0 + 2000, 500, vec![counter("b", 1.0)]), T0 + 2100, &mut sink.emit());
-    assert_eq!(refused.unwrap_err().reason(), Reason::TooLate);
+    assert_eq!(refused.unwrap_err().reason(), AckReason::TooLate);
 
     let mut tiler = Tiler::new(settings(&["1s:1h", "1m:1d"]), T0);
     let year_ms = 365 * 86_400_000;

@@ -41,7 +41,7 @@ fn harness(readers: usize) -> Harness {
             ack_timeout: Duration::from_millis(100),
             reconnect_min: Duration::from_millis(100),
             reconnect_max: Duration::from_millis(100),
-            rejection_label: crate::forward::rejection_label,
+            rejection_label: tessera_proto::AckReason::label,
             heartbeat: None,
         },
         readers,

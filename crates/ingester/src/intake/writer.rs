@@ -24,7 +24,7 @@ use std::time::Instant;
 use prost::Message;
 use tessera_proto::frame::Body;
 use tessera_proto::framing::body_kind;
-use tessera_proto::{Ack, AckStatus, Frame, TileBatch};
+use tessera_proto::{Ack, AckReason, AckStatus, Frame, TileBatch};
 use tessera_runtime::RateLimitedLog;
 use tokio::sync::mpsc::error::TryRecvError;
 use tokio::sync::{mpsc, oneshot};
@@ -126,8 +126,9 @@ pub fn status_label(status: i32) -> &'static str {
     }
 }
 
-fn ack(sequence: u64, status: AckStatus, reason: &str, message: String) -> Ack {
-    Ack { sequence, status: status as i32, message, reason: reason.to_owned() }
+/// Taken: acknowledged with no reason.
+fn taken(sequence: u64) -> Ack {
+    Ack { sequence, status: AckStatus::Ok as i32, ..Ack::default() }
 }
 
 impl Writer {
@@ -203,12 +204,8 @@ impl Writer {
                     Body::Partials(partials) => partials.sequence,
                     _ => 0,
                 };
-                Verdict::Ack(ack(
-                    sequence,
-                    AckStatus::Permanent,
-                    "unexpected_frame",
-                    format!("an ingester takes tile batches, not `{kind}` frames"),
-                ))
+                let message = format!("an ingester takes tile batches, not `{kind}` frames");
+                Verdict::Ack(AckReason::UnexpectedFrame.ack(sequence, message))
             }
         }
     }
@@ -218,7 +215,7 @@ impl Writer {
             // A heartbeat (an aggregator keeping an idle connection open), or a batch
             // with nothing to store: acknowledged, nothing queued.
             self.metrics.heartbeats.inc();
-            return Verdict::Ack(ack(batch.sequence, AckStatus::Ok, "", String::new()));
+            return Verdict::Ack(taken(batch.sequence));
         }
         let received_at_ms = now_ms();
         self.metrics.batches_received.inc();
@@ -226,23 +223,18 @@ impl Writer {
         let sequence = batch.sequence;
         let key = batch_key(&batch.source, &batch.storage_policy, batch.tile_end_ms, sequence);
         if self.recent.contains(key) {
-            return Verdict::Ack(ack(sequence, AckStatus::Ok, "duplicate", "batch already queued".to_owned()));
+            return Verdict::Ack(AckReason::Duplicate.ack(sequence, "batch already queued".to_owned()));
         }
         let target = self.routes.get(batch.storage_policy.trim()).copied().unwrap_or(0);
         let (Some(queue), Some(converter)) = (self.queues.get_mut(target), self.converters.get_mut(target)) else {
-            return Verdict::Ack(ack(sequence, AckStatus::Retryable, "queue_io", "no queue for the target".to_owned()));
+            return Verdict::Ack(AckReason::QueueIo.ack(sequence, "no queue for the target".to_owned()));
         };
         if queue.is_full() {
-            return Verdict::Ack(ack(
-                sequence,
-                AckStatus::Retryable,
-                "queue_full",
-                "ingester queue is full".to_owned(),
-            ));
+            return Verdict::Ack(AckReason::QueueFull.ack(sequence, "ingester queue is full".to_owned()));
         }
         let conversion = match converter.convert(batch, received_at_ms) {
             Ok(conversion) => conversion,
-            Err(error) => return Verdict::Ack(ack(sequence, AckStatus::Permanent, "invalid_batch", error.to_string())),
+            Err(error) => return Verdict::Ack(AckReason::InvalidBatch.ack(sequence, error.to_string())),
         };
         let frame = record::encode(&conversion.record);
         match queue.append(&frame) {
@@ -261,21 +253,21 @@ impl Writer {
                     let lag = (received_at_ms - batch.flushed_at_ms).max(0) as f64 / 1000.0;
                     self.metrics.intake_lag(&conversion.record.resolution, lag);
                 }
-                Verdict::Ack(ack(sequence, AckStatus::Ok, "", String::new()))
+                Verdict::Ack(taken(sequence))
             }
             Err(error) => {
                 converter.rollback();
                 let reason = match error {
-                    AppendError::Full { .. } => "queue_full",
+                    AppendError::Full { .. } => AckReason::QueueFull,
                     AppendError::Io(_) => {
                         // A full disk fails every retry: log a few, count them all (batch_acks_total).
                         if QUEUE_IO_LOG.allow() {
                             tracing::error!(error = %format!("{:#}", anyhow::Error::from(error)), "cannot append to the queue");
                         }
-                        "queue_io"
+                        AckReason::QueueIo
                     }
                 };
-                Verdict::Ack(ack(sequence, AckStatus::Retryable, reason, format!("batch not queued: {reason}")))
+                Verdict::Ack(reason.ack(sequence, format!("batch not queued: {}", reason.as_str())))
             }
         }
     }
