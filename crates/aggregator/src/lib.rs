@@ -56,6 +56,7 @@ pub mod watermark;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+pub use tessera_runtime::StartError;
 use tessera_runtime::{Readiness, ServerHandle, Shutdown, Telemetry};
 use tessera_topology::{PlacementHandle, PlacementSource, Tier};
 
@@ -68,35 +69,6 @@ pub use metrics::Metrics;
 use server::ServerSettings;
 use tessera_runtime::outbound::{Heartbeat, SenderSettings};
 use tiler::{Tiler, TilerSettings};
-
-/// Why the aggregator could not start.
-#[derive(Debug, thiserror::Error)]
-pub enum StartError {
-    /// The configuration is invalid.
-    #[error(transparent)]
-    Config(#[from] ConfigError),
-    /// No placement could be loaded.
-    #[error("cannot load the placement")]
-    Placement(#[from] tessera_topology::SourceError),
-    /// The ingesters' placement could not be loaded.
-    #[error("cannot load the ingesters' placement")]
-    IngesterPlacement(#[source] tessera_topology::SourceError),
-    /// The wire listener could not bind.
-    #[error("cannot listen on {address}")]
-    Bind {
-        /// The configured address.
-        address: SocketAddr,
-        /// The OS error.
-        #[source]
-        source: std::io::Error,
-    },
-    /// A thread could not start.
-    #[error(transparent)]
-    Thread(#[from] tessera_runtime::daemon::ThreadError),
-    /// The telemetry endpoint could not start.
-    #[error("cannot serve telemetry")]
-    Telemetry(#[from] tessera_runtime::ServeError),
-}
 
 /// A running aggregator.
 pub struct Aggregator {
@@ -118,7 +90,7 @@ impl Aggregator {
         let Some(source) = config.placement.clone() else {
             return Err(ConfigError::new("placement", "must be set").into());
         };
-        let placement = source.start().await?;
+        let placement = source.start().await.map_err(|error| StartError::setup("cannot load the placement", error))?;
         let aggregator = Self::start_with_placement(config.clone(), placement, telemetry, shutdown.clone()).await?;
         if let PlacementSource::Etcd(etcd) = source {
             let settings = leadership::ElectionSettings {
@@ -170,9 +142,8 @@ impl Aggregator {
 
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await
-            .map_err(|source| StartError::Bind { address: config.listen, source })?;
-        let listen_addr =
-            listener.local_addr().map_err(|source| StartError::Bind { address: config.listen, source })?;
+            .map_err(|source| StartError::bind(config.listen, source))?;
+        let listen_addr = listener.local_addr().map_err(|source| StartError::bind(config.listen, source))?;
 
         let ingesters = match ingester_placement(&config).await? {
             Some(placement) => Ingesters::placed(placement, config.ingester.max_buffer_bytes, &metrics),
@@ -381,7 +352,8 @@ async fn ingester_placement(config: &Config) -> Result<Option<PlacementHandle>, 
         Some(PlacementSource::Etcd(etcd)) => PlacementSource::Etcd(etcd.clone().for_tier(Tier::Ingesters)),
         Some(other) => other.clone(),
     };
-    let placement = source.start().await.map_err(StartError::IngesterPlacement)?;
+    let placement =
+        source.start().await.map_err(|error| StartError::setup("cannot load the ingesters' placement", error))?;
     let current = placement.current();
     if current.replication_factor() != 1 {
         tracing::warn!(

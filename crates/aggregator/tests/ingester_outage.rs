@@ -8,9 +8,9 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use support::{Model, RoutingSender, TileReceiver, WINDOW_MS, metric_value, sleep_until_ms, test_config, wait_until};
-use tessera_proto::AckReason;
 use tessera_aggregator::{Aggregator, Config, now_ms};
 use tessera_core::aggregate::Aggregate;
+use tessera_proto::AckReason;
 use tessera_proto::{AckStatus, SeriesValue};
 use tessera_runtime::{Shutdown, Telemetry};
 use tessera_topology::{Placement, PlacementHandle};

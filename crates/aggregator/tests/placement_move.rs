@@ -11,10 +11,10 @@ use std::time::Duration;
 use support::{
     Model, RoutingSender, TileReceiver, WINDOW_MS, sleep_until_ms, test_config, wait_until, wait_until_async,
 };
-use tessera_proto::AckReason;
 use tessera_aggregator::{Aggregator, now_ms};
 use tessera_core::aggregate::{Aggregate, Gauge};
 use tessera_core::shard::shard_of;
+use tessera_proto::AckReason;
 use tessera_proto::{AckStatus, SeriesValue};
 use tessera_runtime::{Shutdown, Telemetry};
 use tessera_topology::testing::EtcdServer;

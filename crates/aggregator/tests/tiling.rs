@@ -9,12 +9,12 @@ use std::time::Duration;
 
 use support::sender::WireClient;
 use support::{Model, RoutingSender, TileReceiver, WINDOW_MS, metric_value, sleep_until_ms, test_config, wait_until};
-use tessera_proto::AckReason;
 use tessera_aggregator::{Aggregator, now_ms};
 use tessera_core::aggregate::{Aggregate, Distribution};
 use tessera_core::hll::HyperLogLog;
 use tessera_core::parse::MetricKind;
 use tessera_core::shard::shard_of;
+use tessera_proto::AckReason;
 use tessera_proto::{AckStatus, MetricType, SeriesValue};
 use tessera_runtime::{Shutdown, Telemetry};
 use tessera_topology::{Placement, PlacementHandle, PlacementSource};

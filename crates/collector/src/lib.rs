@@ -45,28 +45,7 @@ use tessera_runtime::outbound::SenderSettings;
 pub use tessera_topology::{PlacementHandle, PlacementSource};
 use worker::{Worker, WorkerSettings};
 
-/// Why the collector could not start.
-#[derive(Debug, thiserror::Error)]
-pub enum StartError {
-    /// The configuration is invalid.
-    #[error(transparent)]
-    Config(#[from] config::ConfigError),
-    /// A listener could not bind.
-    #[error("cannot listen on {what}")]
-    Bind {
-        /// Which listener and address.
-        what: String,
-        /// The OS error.
-        #[source]
-        source: std::io::Error,
-    },
-    /// A thread could not start.
-    #[error(transparent)]
-    Thread(#[from] tessera_runtime::daemon::ThreadError),
-    /// The telemetry endpoint could not start.
-    #[error("cannot serve telemetry")]
-    Telemetry(#[from] tessera_runtime::telemetry::ServeError),
-}
+pub use tessera_runtime::StartError;
 
 /// A running collector.
 pub struct Collector {
@@ -129,7 +108,7 @@ impl Collector {
             let threads = config.udp_reader_threads();
             let what = format!("udp {}", config.udp.listen);
             let (sockets, stamped) =
-                intake::udp::bind(&config.udp, threads).map_err(|source| StartError::Bind { what, source })?;
+                intake::udp::bind(&config.udp, threads).map_err(|source| StartError::bind(what, source))?;
             metrics.udp_receive_stamps.set(i64::from(stamped));
             udp_addr = sockets.first().and_then(|socket| socket.local_addr().ok());
             let granted = intake::udp::granted_recv_buffer(&sockets[0]);
@@ -155,7 +134,7 @@ impl Collector {
         let mut unix_path = None;
         if let Some(path) = &config.unix.path {
             let what = format!("unix {}", path.display());
-            let socket = intake::unix::bind(path).map_err(|source| StartError::Bind { what, source })?;
+            let socket = intake::unix::bind(path).map_err(|source| StartError::bind(what, source))?;
             let worker = new_worker("unix", config.unix.gauge_deltas);
             let (max_bytes, stop) = (config.udp.max_datagram_bytes, shutdown.clone());
             readers
@@ -166,7 +145,7 @@ impl Collector {
         let mut tcp_addr = None;
         if let Some(address) = config.tcp.listen {
             let what = format!("tcp {address}");
-            let listener = intake::stream::bind(address).await.map_err(|source| StartError::Bind { what, source })?;
+            let listener = intake::stream::bind(address).await.map_err(|source| StartError::bind(what, source))?;
             tcp_addr = listener.local_addr().ok();
             let (line_sender, line_receiver) = bounded(intake::stream::CHANNEL_CHUNKS);
             let worker = new_worker("tcp", config.tcp.gauge_deltas);

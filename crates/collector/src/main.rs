@@ -3,8 +3,8 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use tessera_collector::{Collector, Config};
-use tessera_runtime::{DaemonFlags, EXIT_CONFIG, Telemetry, run_daemon};
+use tessera_collector::{Collector, Config, StartError};
+use tessera_runtime::{DaemonFlags, Telemetry, run_daemon};
 
 /// tessera-collector: receives statsd / DogStatsD on this host, pre-aggregates
 /// every second and forwards partials to the aggregators that own each shard.
@@ -19,23 +19,11 @@ struct Flags {
 fn main() -> ExitCode {
     let flags = Flags::parse();
     run_daemon("tessera-collector", &flags.daemon, Config::validate, |config: Config, shutdown| async move {
-        let placement = match tessera_collector::start_placement(&config).await {
-            Ok(placement) => placement,
-            Err(error) => {
-                tracing::error!(error = %format!("{:#}", anyhow::Error::from(error)), "cannot load the placement");
-                return ExitCode::from(EXIT_CONFIG);
-            }
-        };
+        let placement = tessera_collector::start_placement(&config)
+            .await
+            .map_err(|error| StartError::setup("cannot load the placement", error))?;
         let telemetry = Telemetry::new("collector", env!("CARGO_PKG_VERSION"));
-        match Collector::start(config, placement, telemetry, shutdown).await {
-            Ok(collector) => {
-                collector.wait().await;
-                ExitCode::SUCCESS
-            }
-            Err(error) => {
-                tracing::error!(error = %format!("{:#}", anyhow::Error::from(error)), "collector failed to start");
-                ExitCode::FAILURE
-            }
-        }
+        Collector::start(config, placement, telemetry, shutdown).await?.wait().await;
+        Ok(())
     })
 }

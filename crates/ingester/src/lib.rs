@@ -101,39 +101,13 @@ use sink::{AnySink, Sink};
 /// Batches remembered to answer a resent batch `Ok` without queueing it twice.
 const RECENT_BATCHES: usize = 65_536;
 
-/// Why the ingester could not start.
-#[derive(Debug, thiserror::Error)]
-pub enum StartError {
-    /// The configuration is invalid.
-    #[error(transparent)]
-    Config(#[from] config::ConfigError),
-    /// A queue could not be opened.
-    #[error(transparent)]
-    Queue(#[from] queue::OpenError),
-    /// A sink could not be set up.
-    #[error("cannot set up the sink of target `{target}`")]
-    Sink {
-        /// The target.
-        target: String,
-        /// The cause.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The listener could not bind.
-    #[error("cannot listen on {address}")]
-    Bind {
-        /// The address.
-        address: SocketAddr,
-        /// The OS error.
-        #[source]
-        source: std::io::Error,
-    },
-    /// A thread could not start.
-    #[error(transparent)]
-    Thread(#[from] tessera_runtime::daemon::ThreadError),
-    /// The telemetry endpoint could not start.
-    #[error("cannot serve telemetry")]
-    Telemetry(#[from] tessera_runtime::ServeError),
+pub use tessera_runtime::StartError;
+
+/// A queue that cannot be opened stops the ingester from starting.
+impl From<queue::OpenError> for StartError {
+    fn from(error: queue::OpenError) -> StartError {
+        StartError::failed("cannot open the queue", error)
+    }
 }
 
 /// A running ingester.
@@ -301,11 +275,9 @@ impl Ingester {
         let tick = Duration::from_millis((config.queue.fsync_interval_ms / 2).clamp(5, 1000));
         tokio::spawn(tick_writer(jobs.clone(), tick, shutdown.clone()));
 
-        let listener = TcpListener::bind(config.listen)
-            .await
-            .map_err(|source| StartError::Bind { address: config.listen, source })?;
-        let listen_addr =
-            listener.local_addr().map_err(|source| StartError::Bind { address: config.listen, source })?;
+        let listener =
+            TcpListener::bind(config.listen).await.map_err(|source| StartError::bind(config.listen, source))?;
+        let listen_addr = listener.local_addr().map_err(|source| StartError::bind(config.listen, source))?;
         let settings = IntakeSettings {
             instance_id: instance_id.clone(),
             max_frame_bytes: config.max_frame_bytes,
@@ -387,7 +359,8 @@ fn converter_for(
 }
 
 fn build_sink(config: &Config, name: &str, sink: &SinkConfig, metrics: &Metrics) -> Result<AnySink, StartError> {
-    let sink_error = |source| StartError::Sink { target: name.to_owned(), source };
+    let sink_error =
+        |source: std::io::Error| StartError::failed(format!("cannot set up the sink of target `{name}`"), source);
     match sink {
         SinkConfig::File(file) => {
             let dir = file.dir.clone().unwrap_or_else(|| default_file_sink_dir(&config.data_dir, name));

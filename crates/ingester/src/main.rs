@@ -20,15 +20,7 @@ fn main() -> ExitCode {
     let flags = Flags::parse();
     run_daemon("tessera-ingester", &flags.daemon, Config::validate, |config: Config, shutdown| async move {
         let telemetry = Telemetry::new("ingester", env!("CARGO_PKG_VERSION"));
-        match Ingester::start(config, telemetry, shutdown).await {
-            Ok(ingester) => {
-                ingester.wait().await;
-                ExitCode::SUCCESS
-            }
-            Err(error) => {
-                tracing::error!(error = %format!("{:#}", anyhow::Error::from(error)), "ingester failed to start");
-                ExitCode::FAILURE
-            }
-        }
+        Ingester::start(config, telemetry, shutdown).await?.wait().await;
+        Ok(())
     })
 }

@@ -6,7 +6,10 @@
 //! [`run_daemon`] loads and validates the configuration (exit code 64 with
 //! the file, key and reason when it is bad), answers `--check-config`,
 //! starts logging and the async runtime, installs the SIGTERM/SIGINT
-//! [`Shutdown`], and runs the daemon.
+//! [`Shutdown`], and runs the daemon. A daemon that cannot start says why
+//! with one [`StartError`], whose [`exit_code`](StartError::exit_code) is 64
+//! when the configuration, or what it names (a placement), is at fault, and 1
+//! otherwise: the same in every daemon.
 //!
 //! ```no_run
 //! use std::process::ExitCode;
@@ -27,7 +30,7 @@
 //!     let validate = |_: &Config| Ok::<(), String>(());
 //!     run_daemon("tessera-example", &flags.daemon, validate, |_config, shutdown| async move {
 //!         shutdown.wait().await;
-//!         ExitCode::SUCCESS
+//!         Ok(())
 //!     })
 //! }
 //! ```
@@ -39,7 +42,7 @@ use std::process::ExitCode;
 
 use serde::de::DeserializeOwned;
 
-use crate::config::{EXIT_CONFIG, load_toml};
+use crate::config::{EXIT_CONFIG, InvalidSetting, load_toml};
 use crate::logging::{self, LogFormat};
 use crate::shutdown::Shutdown;
 
@@ -66,9 +69,77 @@ pub struct DaemonFlags {
     pub worker_threads: usize,
 }
 
+/// Why a daemon could not start: the same kinds in every daemon.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The configuration cannot work (exit 64).
+    #[error(transparent)]
+    Config(#[from] InvalidSetting),
+    /// What the configuration names could not be had, e.g. a placement (exit 64).
+    #[error("{what}")]
+    Setup {
+        /// What was being set up.
+        what: String,
+        /// Why not.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// A listener could not bind.
+    #[error("cannot listen on {what}")]
+    Bind {
+        /// Which listener and address.
+        what: String,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A thread could not start.
+    #[error(transparent)]
+    Thread(#[from] ThreadError),
+    /// The telemetry endpoint could not start.
+    #[error("cannot serve telemetry")]
+    Telemetry(#[from] crate::telemetry::ServeError),
+    /// A part of the daemon's own could not start (a queue, a sink).
+    #[error("{what}")]
+    Failed {
+        /// What failed.
+        what: String,
+        /// Why.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+}
+
+impl StartError {
+    /// What the configuration names could not be had.
+    pub fn setup(what: impl Into<String>, source: impl std::error::Error + Send + Sync + 'static) -> StartError {
+        StartError::Setup { what: what.into(), source: Box::new(source) }
+    }
+
+    /// A part of the daemon's own failed.
+    pub fn failed(what: impl Into<String>, source: impl std::error::Error + Send + Sync + 'static) -> StartError {
+        StartError::Failed { what: what.into(), source: Box::new(source) }
+    }
+
+    /// A listener at `address` could not bind.
+    pub fn bind(what: impl Display, source: std::io::Error) -> StartError {
+        StartError::Bind { what: what.to_string(), source }
+    }
+
+    /// 64 when the configuration, or what it names, is at fault; 1 otherwise.
+    pub fn exit_code(&self) -> ExitCode {
+        match self {
+            StartError::Config(_) | StartError::Setup { .. } => ExitCode::from(EXIT_CONFIG),
+            _ => ExitCode::FAILURE,
+        }
+    }
+}
+
 /// Loads and validates the configuration, answers `--check-config`, starts
 /// logging and the async runtime, and runs `run(config, shutdown)` with a
-/// [`Shutdown`] wired to SIGTERM and SIGINT. `name` prefixes error messages.
+/// [`Shutdown`] wired to SIGTERM and SIGINT: it returns once the daemon has
+/// stopped, or why it could not start (logged, and the exit code from
+/// [`StartError::exit_code`]). `name` prefixes error messages.
 pub fn run_daemon<C, E, Run, Fut>(
     name: &str,
     flags: &DaemonFlags,
@@ -79,7 +150,7 @@ where
     C: DeserializeOwned,
     E: Display,
     Run: FnOnce(C, Shutdown) -> Fut,
-    Fut: Future<Output = ExitCode>,
+    Fut: Future<Output = Result<(), StartError>>,
 {
     let config: C = match load_toml(flags.config.as_deref()) {
         Ok(config) => config,
@@ -123,7 +194,13 @@ where
                 return ExitCode::FAILURE;
             }
         };
-        run(config, shutdown).await
+        match run(config, shutdown).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(error) => {
+                tracing::error!(error = %crate::logging::error_chain(&error), "{name} failed to start");
+                error.exit_code()
+            }
+        }
     })
 }
 

@@ -1,0 +1,74 @@
+//! The three daemons fail the same way: a configuration that cannot work,
+//! found when it is read or when the daemon starts (a placement file that is
+//! not there), exits 64 naming the problem; `--help` exits 0.
+
+use std::process::Command;
+
+use tessera_testkit::daemons::binary;
+
+const DAEMONS: [&str; 3] = ["tessera-collector", "tessera-aggregator", "tessera-ingester"];
+
+fn run(daemon: &str, config_text: &str, check_only: bool) -> (Option<i32>, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("config.toml");
+    std::fs::write(&path, config_text).unwrap();
+    let mut command = Command::new(binary(daemon));
+    command.arg("--config").arg(&path);
+    if check_only {
+        command.arg("--check-config");
+    }
+    let output = command.output().unwrap();
+    (output.status.code(), String::from_utf8_lossy(&output.stderr).into_owned())
+}
+
+#[test]
+fn bad_configurations_exit_64_in_every_daemon() {
+    for daemon in DAEMONS {
+        let (code, stderr) = run(daemon, "no_such_key = 1\n", true);
+        assert_eq!(code, Some(64), "{daemon}: {stderr}");
+        assert!(stderr.contains("no_such_key"), "{daemon}: {stderr}");
+        let missing = Command::new(binary(daemon)).args(["--config", "/nonexistent/tessera.toml"]).output().unwrap();
+        assert_eq!(missing.status.code(), Some(64), "{daemon}");
+        assert!(String::from_utf8_lossy(&missing.stderr).contains("/nonexistent/tessera.toml"), "{daemon}");
+        let help = Command::new(binary(daemon)).arg("--help").output().unwrap();
+        assert!(help.status.success() && String::from_utf8_lossy(&help.stdout).contains("--check-config"));
+    }
+}
+
+#[test]
+fn a_placement_missing_at_start_exits_64_in_every_daemon_that_reads_one() {
+    let placement = "[placement]\nkind = \"static\"\npath = \"/nonexistent/placement.toml\"\n";
+    let dir = tempfile::tempdir().unwrap();
+    let aggregators = dir.path().join("aggregators.toml");
+    std::fs::write(&aggregators, "num_shards = 4\n[[instances]]\nid = \"agg-1\"\nendpoint = \"127.0.0.1:1\"\n")
+        .unwrap();
+    let cases = [
+        (
+            "tessera-collector",
+            "/nonexistent/placement.toml",
+            format!("[udp]\nlisten = \"127.0.0.1:0\"\n[telemetry]\n{placement}"),
+        ),
+        (
+            "tessera-aggregator",
+            "/nonexistent/placement.toml",
+            format!(
+                "instance_id = \"agg-1\"\nlisten = \"127.0.0.1:0\"\n{placement}[ingester]\nendpoints = [\"127.0.0.1:1\"]\n"
+            ),
+        ),
+        (
+            "tessera-aggregator",
+            "cannot load the ingesters' placement",
+            format!(
+                "instance_id = \"agg-1\"\nlisten = \"127.0.0.1:0\"\n[placement]\nkind = \"static\"\npath = {:?}\n\
+                 [ingester.placement]\nkind = \"static\"\npath = \"/nonexistent/ingesters.toml\"\n",
+                aggregators.display().to_string()
+            ),
+        ),
+    ];
+    for (daemon, expected, text) in cases {
+        let (code, stderr) = run(daemon, &text, false);
+        assert_eq!(code, Some(64), "{daemon}: {stderr}");
+        assert!(stderr.contains("failed to start"), "{daemon}: {stderr}");
+        assert!(stderr.contains(expected), "{daemon}: {stderr}");
+    }
+}
