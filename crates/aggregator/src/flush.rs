@@ -20,8 +20,8 @@ use crate::ingester::Ingesters;
 use crate::leadership::Leadership;
 use crate::merge::{Gatherer, MergeOutput};
 use crate::metrics::{Metrics, PolicyMetrics};
-use crate::now_ms;
 use crate::tiler::ClosedTile;
+use tessera_core::clock::now_ms;
 
 /// Per-value overhead of the repeated field (tag and length prefix), bytes, at most.
 const VALUE_OVERHEAD_BYTES: usize = 6;

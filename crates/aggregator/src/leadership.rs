@@ -61,8 +61,8 @@ use tessera_topology::{
 
 use crate::ingester::Ingesters;
 use crate::metrics::Metrics;
-use crate::now_ms;
 use crate::policy::StoragePolicy;
+use tessera_core::clock::now_ms;
 
 /// How often the election task looks at the leader key and the marks.
 pub const TICK: Duration = Duration::from_millis(200);

@@ -54,7 +54,9 @@ pub mod tiler;
 pub mod watermark;
 
 use std::net::SocketAddr;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
+
+use tessera_core::clock::now_ms;
 
 pub use tessera_runtime::StartError;
 use tessera_runtime::{Readiness, ServerHandle, Shutdown, Telemetry};
@@ -374,10 +376,4 @@ async fn ingester_placement(config: &Config) -> Result<Option<PlacementHandle>, 
 /// keeps 15 bytes of a thread's name, and CPU profiles group samples by it.
 fn spawn_thread(name: &str, body: impl FnOnce() + Send + 'static) -> Result<std::thread::JoinHandle<()>, StartError> {
     Ok(tessera_runtime::daemon::spawn_thread(format!("agg-{name}"), body)?)
-}
-
-/// Wall clock, unix milliseconds.
-#[inline]
-pub fn now_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |elapsed| elapsed.as_millis() as i64)
 }

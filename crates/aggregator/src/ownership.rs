@@ -13,8 +13,8 @@ use tessera_runtime::{ReadinessCondition, Shutdown};
 use tessera_topology::{Placement, PlacementHandle};
 
 use crate::metrics::Metrics;
-use crate::now_ms;
 use crate::policy::StoragePolicy;
+use tessera_core::clock::now_ms;
 
 /// How often the owned-shard gauge is refreshed (ownership changes with time at cutovers).
 const REFRESH: Duration = Duration::from_secs(1);

@@ -29,9 +29,9 @@ use crate::decode::{Decoded, Decoder, SplitBatch};
 use crate::ingester::Ingesters;
 use crate::merge::MergeTier;
 use crate::metrics::Metrics;
-use crate::now_ms;
 use crate::tiler::{Batch, Tiler};
 use crate::watermark::Watermarks;
+use tessera_core::clock::now_ms;
 
 /// Longest admission sleeps without looking at the clock.
 const MAX_ADMISSION_SLEEP: Duration = Duration::from_millis(100);

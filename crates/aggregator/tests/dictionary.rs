@@ -12,8 +12,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use support::{TileReceiver, collector_config, test_config, wait_until};
-use tessera_aggregator::{Aggregator, now_ms};
+use tessera_aggregator::Aggregator;
 use tessera_collector::Collector;
+use tessera_core::clock::now_ms;
 use tessera_core::parse::MetricKind;
 use tessera_proto::AckReason;
 use tessera_proto::aggregate::Value;

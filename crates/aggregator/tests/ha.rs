@@ -26,7 +26,7 @@ use std::net::{SocketAddr, UdpSocket};
 use std::time::{Duration, Instant};
 
 use support::{TileReceiver, wait_until};
-use tessera_aggregator::now_ms;
+use tessera_core::clock::now_ms;
 use tessera_core::parse::MetricKind;
 use tessera_proto::aggregate::Value;
 use tessera_testkit::daemons::Daemon;

@@ -38,7 +38,7 @@ async fn a_silent_connection_is_closed_and_counted_and_a_heartbeating_one_stays(
     // The live one sends an empty batch (what an idle collector sends every window)
     // every 300 ms for 2.5 s, and each is acknowledged.
     for sequence in 1..=8u64 {
-        let window_start_ms = tessera_aggregator::now_ms() / 1000 * 1000 - 1000;
+        let window_start_ms = tessera_core::clock::now_ms() / 1000 * 1000 - 1000;
         let batch = PartialBatch {
             source: "busy-host".into(),
             sequence,

@@ -8,8 +8,9 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use support::{Model, RoutingSender, TileReceiver, WINDOW_MS, metric_value, sleep_until_ms, test_config, wait_until};
-use tessera_aggregator::{Aggregator, Config, now_ms};
+use tessera_aggregator::{Aggregator, Config};
 use tessera_core::aggregate::Aggregate;
+use tessera_core::clock::now_ms;
 use tessera_proto::AckReason;
 use tessera_proto::{AckStatus, SeriesValue};
 use tessera_runtime::{Shutdown, Telemetry};

@@ -11,8 +11,9 @@ use std::time::Duration;
 use support::{
     Model, RoutingSender, TileReceiver, WINDOW_MS, sleep_until_ms, test_config, wait_until, wait_until_async,
 };
-use tessera_aggregator::{Aggregator, now_ms};
+use tessera_aggregator::Aggregator;
 use tessera_core::aggregate::{Aggregate, Gauge};
+use tessera_core::clock::now_ms;
 use tessera_core::shard::shard_of;
 use tessera_proto::AckReason;
 use tessera_proto::{AckStatus, SeriesValue};

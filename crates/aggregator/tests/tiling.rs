@@ -9,8 +9,9 @@ use std::time::Duration;
 
 use support::sender::WireClient;
 use support::{Model, RoutingSender, TileReceiver, WINDOW_MS, metric_value, sleep_until_ms, test_config, wait_until};
-use tessera_aggregator::{Aggregator, now_ms};
+use tessera_aggregator::Aggregator;
 use tessera_core::aggregate::{Aggregate, Distribution};
+use tessera_core::clock::now_ms;
 use tessera_core::hll::HyperLogLog;
 use tessera_core::parse::MetricKind;
 use tessera_core::shard::shard_of;

@@ -147,9 +147,9 @@ async fn a_stopped_collector_holds_a_tile_for_max_buffer_past_at_most() {
 
     // host-b freezes with its connection open; host-a goes on.
     host_b.signal("STOP");
-    let stopped_ms = tessera_aggregator::now_ms();
+    let stopped_ms = tessera_core::clock::now_ms();
     sent_a += send_for(&socket, statsd_a, "wm.a:1|c", Duration::from_secs(8)).await;
-    let before_resume_ms = tessera_aggregator::now_ms();
+    let before_resume_ms = tessera_core::clock::now_ms();
     assert!(lag("host-b") * 1000.0 >= MAX_BUFFER_PAST_MS as f64, "host-b's lag: {} s", lag("host-b"));
 
     // Every tile of host-a that ended at least max_buffer_past (and a

@@ -38,6 +38,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, bail};
 use clap::{Args as ClapArgs, Subcommand};
+use tessera_core::clock::now_ms;
 use tessera_topology::{EtcdConfig, MoveTiming, Placement, PlacementStore, StoreError, Tier};
 
 /// Flags of `tessera placement`.
@@ -319,10 +320,6 @@ fn explain(error: StoreError, store: &PlacementStore) -> anyhow::Error {
         }
         other => anyhow::Error::new(other).context(format!("etcd at {}", store.config().endpoints.join(","))),
     }
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |elapsed| elapsed.as_millis() as i64)
 }
 
 #[cfg(test)]

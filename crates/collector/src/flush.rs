@@ -36,10 +36,10 @@ use tessera_topology::{PlacementHandle, Routing};
 use tessera_runtime::outbound::{Batch, GenerationEnd, Refs, SenderSettings, run_sender};
 
 use crate::forward::DestinationQueue;
-use crate::intake::now_ms;
 use crate::metrics::Metrics;
 use crate::worker::{Cut, FlusherLinks};
 use dictionary::{Dictionary, DictionaryWindow, Name};
+use tessera_core::clock::now_ms;
 
 /// Settings of the flusher.
 #[derive(Clone)]

@@ -14,18 +14,3 @@ pub mod stream;
 pub mod sys;
 pub mod udp;
 pub mod unix;
-
-use std::time::{SystemTime, UNIX_EPOCH};
-
-/// Wall clock, unix milliseconds.
-#[inline]
-pub fn now_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |elapsed| elapsed.as_millis() as i64)
-}
-
-/// Wall clock, unix nanoseconds: the receive stamp of what stream and Unix
-/// intake read, and of a datagram the kernel gave no stamp.
-#[inline]
-pub fn now_ns() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |elapsed| elapsed.as_nanos() as i64)
-}

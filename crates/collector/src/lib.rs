@@ -79,7 +79,7 @@ impl Collector {
         let readiness = Readiness::new();
         let listening = readiness.condition("listening");
 
-        let instance_id = config.instance_id.clone().unwrap_or_else(hostname);
+        let instance_id = config.instance_id.clone().unwrap_or_else(|| tessera_runtime::daemon::hostname("collector"));
         let window_ms = config.aggregation.interval_ms as i64;
         let expire_windows =
             (config.aggregation.expire_after_idle_secs * 1000 / config.aggregation.interval_ms).max(1) as u32;
@@ -305,14 +305,6 @@ async fn supervise(
         let _ = server.stopped().await;
     }
     tracing::info!("collector stopped");
-}
-
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|name| name.trim().to_owned())
-        .ok()
-        .filter(|name| !name.is_empty())
-        .unwrap_or_else(|| "collector".to_owned())
 }
 
 /// Starts the placement source the configuration names (a static file, or

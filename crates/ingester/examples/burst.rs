@@ -26,11 +26,12 @@ mod wire;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use clap::Parser;
 use prometheus::{Prometheus, free_port, http_get};
 use tessera_core::aggregate::Aggregate;
+use tessera_core::clock::now_ms;
 use tessera_proto::framing::{DEFAULT_MAX_FRAME_BYTES, encode_frame};
 use tessera_proto::{AckStatus, Frame, MetricType, SeriesValue, frame::Body};
 use wire::Sender;
@@ -143,10 +144,6 @@ fn quantile(before: &[(f64, f64)], after: &[(f64, f64)], q: f64) -> Option<f64> 
         lower = (le, count);
     }
     None
-}
-
-fn now_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).expect("clock after 1970").as_millis() as i64
 }
 
 fn tiles(series: usize) -> Vec<SeriesValue> {

@@ -138,7 +138,7 @@ impl Ingester {
         telemetry.with_registry(|registry| metrics.register(registry));
         let readiness = Readiness::new();
         let listening = readiness.condition("listening");
-        let instance_id = config.instance_id.clone().unwrap_or_else(hostname);
+        let instance_id = config.instance_id.clone().unwrap_or_else(|| tessera_runtime::daemon::hostname("ingester"));
 
         let rejected =
             Arc::new(RejectedLog::new(config.data_dir.join("rejected-samples.log"), config.rejected_log_max_bytes));
@@ -454,14 +454,6 @@ async fn supervise(
         let _ = server.stopped().await;
     }
     tracing::info!("ingester stopped");
-}
-
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|name| name.trim().to_owned())
-        .ok()
-        .filter(|name| !name.is_empty())
-        .unwrap_or_else(|| "ingester".to_owned())
 }
 
 /// Where `Config::data_dir` puts the file sink output of `target` by default.

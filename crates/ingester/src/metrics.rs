@@ -50,9 +50,9 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::Registry;
 
-use crate::pool::worker::now_ms;
 use crate::queue::QueueMetrics;
 use crate::sink::file::FileSinkMetrics;
+use tessera_core::clock::now_ms;
 
 type Labels = Vec<(&'static str, String)>;
 

@@ -45,6 +45,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
+use tessera_core::clock::now_ms;
 use tessera_runtime::Shutdown;
 use tessera_runtime::logging::error_chain;
 use tessera_topology::{EtcdConfig, MoveTiming, Placement, PlacementStore, StoreError, Tier, Watcher};
@@ -543,10 +544,6 @@ where
         }
         delay = (delay * 2).min(Duration::from_secs(5));
     }
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |elapsed| elapsed.as_millis() as i64)
 }
 
 #[cfg(test)]

@@ -204,6 +204,15 @@ where
     })
 }
 
+/// This host's name, for a default instance id; `fallback` when it cannot be read.
+pub fn hostname(fallback: &str) -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|name| name.trim().to_owned())
+        .ok()
+        .filter(|name| !name.is_empty())
+        .unwrap_or_else(|| fallback.to_owned())
+}
+
 /// A daemon's named thread could not start.
 #[derive(Debug, thiserror::Error)]
 #[error("cannot start thread {name}")]

@@ -102,7 +102,7 @@ where
 
 /// Sleeps until the wall clock reaches `time_ms`.
 pub async fn sleep_until_ms(time_ms: i64) {
-    let wait = time_ms - tessera_aggregator::now_ms();
+    let wait = time_ms - tessera_core::clock::now_ms();
     if wait > 0 {
         tokio::time::sleep(Duration::from_millis(wait as u64)).await;
     }

@@ -8,9 +8,9 @@ use socket2::{Domain, Protocol, Socket, Type};
 use tessera_runtime::shutdown::Shutdown;
 
 use super::sys::{RecvBatch, attach_random_reuseport_program, enable_receive_stamps};
-use super::{now_ms, now_ns};
 use crate::config::{Distribution, UdpConfig};
 use crate::worker::Worker;
+use tessera_core::clock::{now_ms, now_ns};
 
 /// How long a blocked receive waits before the reader checks its window
 /// and the shutdown flag.

@@ -7,8 +7,8 @@ use std::path::Path;
 use tessera_runtime::shutdown::Shutdown;
 
 use super::udp::RECV_TIMEOUT;
-use super::{now_ms, now_ns};
 use crate::worker::Worker;
+use tessera_core::clock::{now_ms, now_ns};
 
 /// Binds the socket at `path`, replacing a stale socket file left by a
 /// previous run.

@@ -37,8 +37,8 @@ use tessera_runtime::daemon::{ThreadError, spawn_thread};
 use crate::mapping::Converter;
 use crate::mapping::checkpoint::{CheckpointEncoder, CheckpointError, CheckpointMeta, EncodedCheckpoint, FILE_NAME};
 use crate::metrics::{CheckpointFailure, CheckpointMetrics};
-use crate::pool::worker::now_ms;
 use crate::queue::{Position, Queue, QueueWriter, segment};
+use tessera_core::clock::now_ms;
 
 /// The file a checkpoint is written to before it is renamed over [`FILE_NAME`].
 pub const TEMPORARY_NAME: &str = "checkpoint.tmp";

@@ -32,7 +32,7 @@ use tokio::sync::{mpsc, oneshot};
 use super::checkpoint::Checkpoints;
 use crate::mapping::Converter;
 use crate::metrics::Metrics;
-use crate::pool::worker::now_ms;
+use tessera_core::clock::now_ms;
 
 static QUEUE_IO_LOG: RateLimitedLog = RateLimitedLog::new("ingester.queue_io", 5);
 use crate::queue::{AppendError, QueueWriter};

@@ -10,7 +10,9 @@
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
+
+use tessera_core::clock::now_ms;
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -24,11 +26,6 @@ use crate::sink::{Sink, SinkError, SinkRequest};
 
 static RETRY_LOG: RateLimitedLog = RateLimitedLog::new("ingester.sink_retry", 2);
 static REJECT_LOG: RateLimitedLog = RateLimitedLog::new("ingester.sink_rejected", 2);
-
-/// Unix milliseconds now.
-pub fn now_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |elapsed| elapsed.as_millis() as i64)
-}
 
 /// The delay before retry number `attempt` (0-based): `initial × 2^attempt` capped at
 /// `max`, scaled by `jitter` in `[0.5, 1]`.

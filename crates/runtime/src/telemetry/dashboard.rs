@@ -23,7 +23,9 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
+
+use tessera_core::clock::now_ms;
 
 use super::Telemetry;
 use crate::Shutdown;
@@ -351,10 +353,6 @@ fn wanted() -> &'static HashSet<String> {
     WANTED.get_or_init(|| {
         PANELS.iter().flat_map(|panel| panel.lines.iter().map(|line| line.query.sample_name())).collect()
     })
-}
-
-fn now_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |elapsed| elapsed.as_millis() as i64)
 }
 
 /// The metric family a query reads (the name in `# TYPE` lines).
