@@ -68,7 +68,6 @@ use flush::FlushSettings;
 use ingester::Ingesters;
 use leadership::Leadership;
 pub use metrics::Metrics;
-use server::ServerSettings;
 use tessera_runtime::outbound::{Heartbeat, SenderSettings};
 use tiler::{Tiler, TilerSettings};
 
@@ -241,7 +240,7 @@ impl Aggregator {
             placement_ready,
             shutdown.clone(),
         ));
-        let server_settings = ServerSettings {
+        let server_settings = tessera_runtime::inbound::ListenerSettings {
             instance_id: instance_id.clone(),
             max_frame_bytes: config.max_frame_bytes,
             max_connections: config.max_connections,

@@ -9,12 +9,11 @@
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
 
 use crossbeam_channel::Sender;
 use tessera_proto::framing;
 use tessera_proto::{Frame, frame::Body};
-use tessera_runtime::inbound::{self, AcceptSettings, InboundCounters, WireConnection, WireDeadlines, WireError};
+use tessera_runtime::inbound::{self, AcceptSettings, InboundCounters, ListenerSettings, WireConnection, WireError};
 use tessera_runtime::{RateLimitedLog, Shutdown};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
@@ -27,21 +26,6 @@ static CONNECTION_LOG: RateLimitedLog = RateLimitedLog::new("aggregator.connecti
 
 /// Connection numbers, unique in the process (watermarks are kept per connection).
 static NEXT_CONNECTION: AtomicU64 = AtomicU64::new(1);
-
-/// Settings of the listener.
-#[derive(Debug, Clone)]
-pub struct ServerSettings {
-    /// This instance's id, sent in the handshake answer.
-    pub instance_id: String,
-    /// Largest frame accepted.
-    pub max_frame_bytes: usize,
-    /// Most open connections.
-    pub max_connections: usize,
-    /// Time allowed for the handshake.
-    pub handshake_timeout: Duration,
-    /// A connection with no frame for this long is closed.
-    pub idle_timeout: Duration,
-}
 
 impl InboundCounters for Metrics {
     fn accept_error(&self) {
@@ -62,7 +46,7 @@ impl InboundCounters for Metrics {
 pub async fn accept_loop(
     listener: TcpListener,
     jobs: Sender<Inbound>,
-    settings: ServerSettings,
+    settings: ListenerSettings,
     metrics: Metrics,
     shutdown: Shutdown,
 ) {
@@ -82,11 +66,11 @@ async fn serve_connection(
     stream: TcpStream,
     peer: SocketAddr,
     jobs: &Sender<Inbound>,
-    settings: &ServerSettings,
+    settings: &ListenerSettings,
     metrics: &Metrics,
     shutdown: &Shutdown,
 ) {
-    let deadlines = WireDeadlines { handshake: settings.handshake_timeout, idle: settings.idle_timeout };
+    let deadlines = settings.deadlines();
     let accepted = WireConnection::accept(stream, &settings.instance_id, deadlines, settings.max_frame_bytes, shutdown);
     let mut wire = match accepted.await {
         Ok(wire) => wire,

@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use tessera_proto::framing::{self, FrameError};
 use tessera_proto::{AckReason, Frame, frame::Body};
-use tessera_runtime::inbound::{self, AcceptSettings, InboundCounters, WireConnection, WireDeadlines, WireError};
+use tessera_runtime::inbound::{self, AcceptSettings, InboundCounters, ListenerSettings, WireConnection, WireError};
 use tessera_runtime::{RateLimitedLog, Shutdown};
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
@@ -38,21 +38,6 @@ use crate::metrics::Metrics;
 pub use writer::{Job, Verdict};
 
 static FRAME_ERROR_LOG: RateLimitedLog = RateLimitedLog::new("ingester.frame_error", 5);
-
-/// Settings of the listener.
-#[derive(Debug, Clone)]
-pub struct IntakeSettings {
-    /// This ingester's id, sent in the handshake.
-    pub instance_id: String,
-    /// Largest frame body accepted.
-    pub max_frame_bytes: usize,
-    /// Most connections at once; a connection over the cap is closed at once and counted.
-    pub max_connections: usize,
-    /// Deadline for the client's handshake.
-    pub handshake_timeout: Duration,
-    /// After the handshake, the longest silence before a connection is closed.
-    pub idle_timeout: Duration,
-}
 
 impl InboundCounters for Metrics {
     fn accept_error(&self) {
@@ -76,7 +61,7 @@ impl InboundCounters for Metrics {
 pub async fn accept_loop(
     listener: TcpListener,
     jobs: mpsc::Sender<Job>,
-    settings: IntakeSettings,
+    settings: ListenerSettings,
     metrics: Metrics,
     stop: Shutdown,
 ) {
@@ -95,11 +80,11 @@ async fn connection(
     stream: TcpStream,
     peer: SocketAddr,
     jobs: mpsc::Sender<Job>,
-    settings: &IntakeSettings,
+    settings: &ListenerSettings,
     metrics: &Metrics,
     stop: &Shutdown,
 ) {
-    let deadlines = WireDeadlines { handshake: settings.handshake_timeout, idle: settings.idle_timeout };
+    let deadlines = settings.deadlines();
     let mut wire =
         match WireConnection::accept(stream, &settings.instance_id, deadlines, settings.max_frame_bytes, stop).await {
             Ok(wire) => wire,

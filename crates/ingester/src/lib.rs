@@ -84,9 +84,9 @@ use tokio::sync::mpsc;
 
 pub use config::Config;
 use config::{SinkConfig, target_dir_name};
+use intake::accept_loop;
 use intake::checkpoint::{CheckpointTarget, Checkpoints};
 use intake::writer::{Job, RecentBatches, Writer};
-use intake::{IntakeSettings, accept_loop};
 use mapping::Converter;
 use metrics::Metrics;
 use pacing::{AdaptiveLimit, Aimd, Pace};
@@ -278,7 +278,7 @@ impl Ingester {
         let listener =
             TcpListener::bind(config.listen).await.map_err(|source| StartError::bind(config.listen, source))?;
         let listen_addr = listener.local_addr().map_err(|source| StartError::bind(config.listen, source))?;
-        let settings = IntakeSettings {
+        let settings = tessera_runtime::inbound::ListenerSettings {
             instance_id: instance_id.clone(),
             max_frame_bytes: config.max_frame_bytes,
             max_connections: config.max_connections,

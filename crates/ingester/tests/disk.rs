@@ -331,6 +331,15 @@ async fn with_interval_fsync_acknowledged_records_of_a_failed_fsync_are_counted_
     let refused_at = first_refused(&mut sender, t0, 0..200, || true, || {}).await;
     assert!(refused_at >= 2, "the segment held several acknowledged batches before it filled");
     let text = telemetry.encode().unwrap();
+    eprintln!("DIAG refused_at={refused_at}");
+    for line in text.lines().filter(|l| !l.starts_with('#') && (l.contains("queue_fsync") || l.contains("at_risk") || l.contains("checkpoints_total") || l.contains("checkpoint_errors"))) {
+        eprintln!("DIAG {line}");
+    }
+    let _ = Command::new("sh")
+        .arg("-c")
+        .arg(format!("ls -li {0}/queue/default >&2; filefrag -v {0}/queue/default/* 2>&1 | grep -E '^ +[0-9]+:|^File size|^Filesystem' >&2", disk.path().display()))
+        .status();
+    let _ = Command::new("sh").arg("-c").arg("dmesg | tail -5 >&2").status();
     assert_eq!(queue_counter(&text, "tessera_ingester_queue_fsync_errors_total"), 1.0);
     // Every batch acknowledged since the last good fsync (all of them: there was none).
     assert_eq!(queue_counter(&text, "tessera_ingester_queue_records_at_risk_total"), refused_at as f64);

@@ -47,6 +47,30 @@ pub trait InboundCounters: Clone + Send + Sync + 'static {
     fn closed(&self);
 }
 
+/// Settings of a wire listener (an aggregator's for collectors, an ingester's for
+/// aggregators): the handshake answer, the frame bound, the connection cap and the
+/// connection deadlines.
+#[derive(Debug, Clone)]
+pub struct ListenerSettings {
+    /// This instance's id, sent in the handshake answer.
+    pub instance_id: String,
+    /// Largest frame body accepted.
+    pub max_frame_bytes: usize,
+    /// Most connections at once; one more is closed at once and counted.
+    pub max_connections: usize,
+    /// Deadline for the client's handshake.
+    pub handshake_timeout: std::time::Duration,
+    /// After the handshake, the longest silence before a connection is closed.
+    pub idle_timeout: std::time::Duration,
+}
+
+impl ListenerSettings {
+    /// The connection deadlines.
+    pub fn deadlines(&self) -> WireDeadlines {
+        WireDeadlines { handshake: self.handshake_timeout, idle: self.idle_timeout }
+    }
+}
+
 /// Settings of an accept loop.
 #[derive(Debug, Clone, Copy)]
 pub struct AcceptSettings {
