@@ -224,8 +224,15 @@ fn a_known_mix_arrives_in_prometheus_exactly_and_dashboards_evaluate() {
         let datagram: String = (0..series).map(|i| format!("e2e.after_kill:1|c|#route:/r{i}\n")).collect();
         send(&datagram);
     }
+    // The ingester writes a tile's series in several requests at once: the count is read
+    // once it has stopped moving (the same in two reads a second apart), not at its first value.
+    let mut last_count = 0.0;
     let survivors = eventually("the surviving aggregator's series", Duration::from_secs(40), || {
-        scalar(&stack.prometheus, "count(e2e_after_kill_total{resolution=\"10s\"})").filter(|count| *count > 0.0)
+        std::thread::sleep(Duration::from_millis(800));
+        let count = scalar(&stack.prometheus, "count(e2e_after_kill_total{resolution=\"10s\"})")?;
+        let settled = count > 0.0 && count == last_count;
+        last_count = count;
+        settled.then_some(count)
     });
     assert!(survivors < 40.0, "some routes belong to the dead aggregator's shards");
     eventually("connect errors to the dead aggregator", Duration::from_secs(20), || {
