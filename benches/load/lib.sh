@@ -94,6 +94,37 @@ listen = "127.0.0.1:$aggregator_http"
 TOML
 }
 
+# write_ingester_config LINES: $work/ingester.toml of the one-ingester pipeline
+# (write_pipeline_configs sets its ports), with LINES after the common keys: its
+# [sink] and any other table.
+write_ingester_config() {
+    cat > "$work/ingester.toml" <<TOML
+instance_id = "ingester"
+listen = "127.0.0.1:$ingester_port"
+data_dir = "$work/ingester"
+[telemetry]
+listen = "127.0.0.1:$ingester_http"
+$1
+TOML
+}
+
+# start_pipeline: starts the ingester and the aggregator on CPU 1 and the collector on
+# CPU 0 from the configs in $work, sets `ingester`, `aggregator` and `collector` to
+# their pids, and waits until all three are ready.
+start_pipeline() {
+    taskset -c 1 "$bin/tessera-ingester" --config "$work/ingester.toml" --log-level warn 2>"$work/ingester.log" &
+    pids+=($!)
+    ingester=$!
+    taskset -c 1 "$bin/tessera-aggregator" --config "$work/aggregator.toml" --log-level warn 2>"$work/aggregator.log" &
+    pids+=($!)
+    aggregator=$!
+    taskset -c 0 "$bin/tessera-collector" --config "$work/collector.toml" --log-level warn 2>"$work/collector.log" &
+    pids+=($!)
+    collector=$!
+    local port
+    for port in $ingester_http $aggregator_http $collector_http; do wait_ready "$port"; done
+}
+
 # metric_sum PORT NAME [FILTER]: the sum of the samples of NAME (every label
 # set whose line contains FILTER) at a telemetry port.
 metric_sum() {

@@ -35,28 +35,9 @@ make_work_dir
 merge_threads_line=""
 [ -n "${MERGE_THREADS:-}" ] && merge_threads_line="merge_threads = $MERGE_THREADS"
 write_pipeline_configs "$merge_threads_line"
-cat > "$work/ingester.toml" <<TOML
-instance_id = "ingester"
-listen = "127.0.0.1:$ingester_port"
-data_dir = "$work/ingester"
-[sink]
-kind = "file"
-dir = "$work/sink"
-rotate_secs = 2
-[telemetry]
-listen = "127.0.0.1:$ingester_http"
-TOML
-
+write_ingester_config $'[sink]\nkind = "file"\n'"dir = \"$work/sink\""$'\nrotate_secs = 2'
 mkdir -p "$work/sink"
-taskset -c 1 "$bin/tessera-ingester" --config "$work/ingester.toml" --log-level warn 2>"$work/ingester.log" &
-pids+=($!)
-taskset -c 1 "$bin/tessera-aggregator" --config "$work/aggregator.toml" --log-level warn 2>"$work/aggregator.log" &
-pids+=($!)
-aggregator=$!
-taskset -c 0 "$bin/tessera-collector" --config "$work/collector.toml" --log-level warn 2>"$work/collector.log" &
-pids+=($!)
-collector=$!
-for port in $ingester_http $aggregator_http $collector_http; do wait_ready "$port"; done
+start_pipeline
 
 # Non-zero samples of a metric family, `labels=value` joined by spaces.
 nonzero() {

@@ -39,31 +39,9 @@ minute=60
 need_binaries
 make_work_dir
 write_pipeline_configs
-cat > "$work/ingester.toml" <<TOML
-instance_id = "ingester"
-listen = "127.0.0.1:$ingester_port"
-data_dir = "$work/ingester"
-[mapping]
-counter_expire_after_secs = 120
-[sink]
-kind = "file"
-dir = "$work/sink"
-rotate_secs = 2
-[telemetry]
-listen = "127.0.0.1:$ingester_http"
-TOML
-
+write_ingester_config $'[mapping]\ncounter_expire_after_secs = 120\n[sink]\nkind = "file"\n'"dir = \"$work/sink\""$'\nrotate_secs = 2'
 mkdir -p "$work/sink"
-taskset -c 1 "$bin/tessera-ingester" --config "$work/ingester.toml" --log-level warn 2>"$work/ingester.log" &
-pids+=($!)
-ingester=$!
-taskset -c 1 "$bin/tessera-aggregator" --config "$work/aggregator.toml" --log-level warn 2>"$work/aggregator.log" &
-pids+=($!)
-aggregator=$!
-taskset -c 0 "$bin/tessera-collector" --config "$work/collector.toml" --log-level warn 2>"$work/collector.log" &
-pids+=($!)
-collector=$!
-for port in $ingester_http $aggregator_http $collector_http; do wait_ready "$port"; done
+start_pipeline
 
 # The sum of the last value of every loadgen counter in the closed files.
 sink_total() {

@@ -27,17 +27,10 @@ need_binaries
 make_work_dir
 prometheus_port=$(free_port)
 write_pipeline_configs 'policies = ["10s:2d"]'
-cat > "$work/ingester.toml" <<TOML
-instance_id = "ingester"
-listen = "127.0.0.1:$ingester_port"
-data_dir = "$work/ingester"
-[sink]
-kind = "remote_write"
-url = "http://127.0.0.1:$prometheus_port/api/v1/write"
-histograms = "$histograms"
-[telemetry]
-listen = "127.0.0.1:$ingester_http"
-TOML
+write_ingester_config "[sink]
+kind = \"remote_write\"
+url = \"http://127.0.0.1:$prometheus_port/api/v1/write\"
+histograms = \"$histograms\""
 printf 'global:\n  scrape_interval: 1h\n' > "$work/prometheus.yml"
 
 taskset -c 1 prometheus --config.file="$work/prometheus.yml" --storage.tsdb.path="$work/prometheus" \
@@ -49,14 +42,7 @@ for _ in $(seq 300); do
     curl -sf "http://127.0.0.1:$prometheus_port/-/ready" >/dev/null && break
     sleep 0.1
 done
-taskset -c 1 "$bin/tessera-ingester" --config "$work/ingester.toml" --log-level warn 2>"$work/ingester.log" &
-pids+=($!)
-ingester=$!
-taskset -c 1 "$bin/tessera-aggregator" --config "$work/aggregator.toml" --log-level warn 2>"$work/aggregator.log" &
-pids+=($!)
-taskset -c 0 "$bin/tessera-collector" --config "$work/collector.toml" --log-level warn 2>"$work/collector.log" &
-pids+=($!)
-for port in $ingester_http $aggregator_http $collector_http; do wait_ready "$port"; done
+start_pipeline
 
 # The single value of an instant query, or 0.
 promql() {
