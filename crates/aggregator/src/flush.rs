@@ -1,5 +1,5 @@
 //! Flushing closed tiles: split each by the ingester owning each series
-//! ([`Ingesters::assign`]), cut each share into [`TileBatch`]es under the
+//! ([`Ingesters::assign`]), cut each share into tile batches under the
 //! frame bound, frame them, and hand them to the ingester queues in one burst.
 //!
 //! Runs on its own thread ([`run_flusher`]), fed by the merge threads
@@ -10,104 +10,13 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError};
-use prost::Message;
-use tessera_proto::framing;
-use tessera_proto::{Frame, SeriesValue, TileBatch, frame::Body};
 
-use tessera_runtime::outbound::Batch;
-
-use crate::ingester::Ingesters;
+use crate::ingester::{Ingesters, TileHead};
 use crate::leadership::Leadership;
 use crate::merge::{Gatherer, MergeOutput};
 use crate::metrics::{Metrics, PolicyMetrics};
 use crate::tiler::ClosedTile;
 use tessera_core::clock::now_ms;
-
-/// Per-value overhead of the repeated field (tag and length prefix), bytes, at most.
-const VALUE_OVERHEAD_BYTES: usize = 6;
-
-/// What every batch of one tile says about the tile.
-#[derive(Debug, Clone, Copy)]
-pub struct TileHead<'a> {
-    /// The storage policy, e.g. `10s:2d`.
-    pub storage_policy: &'a str,
-    /// The policy's resolution, milliseconds.
-    pub resolution_ms: u32,
-    /// The tile's end, unix milliseconds.
-    pub tile_end_ms: i64,
-    /// When the aggregator flushed the tile, unix milliseconds.
-    pub flushed_at_ms: i64,
-}
-
-/// Splits `tile` into framed batches of at most half of `max_frame_bytes`
-/// each (the other half is headroom), numbered by `next_sequence`.
-///
-/// Returns the batches and the series values that could not be sent
-/// because a single value exceeds the frame bound.
-pub fn encode_tile(
-    tile: ClosedTile,
-    source: &str,
-    max_frame_bytes: usize,
-    flushed_at_ms: i64,
-    next_sequence: &mut dyn FnMut() -> u64,
-) -> (Vec<Batch>, u64) {
-    let storage_policy = tile.policy.to_string();
-    let head = TileHead {
-        storage_policy: &storage_policy,
-        resolution_ms: u32::try_from(tile.policy.resolution_ms()).unwrap_or(u32::MAX),
-        tile_end_ms: tile.tile_end_ms,
-        flushed_at_ms,
-    };
-    encode_values(&head, tile.values, source, max_frame_bytes, next_sequence)
-}
-
-/// [`encode_tile`] for some of a tile's values (one ingester's share).
-pub fn encode_values(
-    head: &TileHead<'_>,
-    values: Vec<SeriesValue>,
-    source: &str,
-    max_frame_bytes: usize,
-    next_sequence: &mut dyn FnMut() -> u64,
-) -> (Vec<Batch>, u64) {
-    let budget = (max_frame_bytes / 2).max(1);
-    let mut batches = Vec::new();
-    let mut too_large = 0u64;
-    let mut pending: Vec<SeriesValue> = Vec::new();
-    let mut pending_bytes = 0usize;
-    let mut seal = |values: Vec<SeriesValue>, batches: &mut Vec<Batch>, too_large: &mut u64| {
-        let series = values.len() as u64;
-        let sequence = next_sequence();
-        let batch = TileBatch {
-            source: source.to_owned(),
-            sequence,
-            storage_policy: head.storage_policy.to_owned(),
-            resolution_ms: head.resolution_ms,
-            tile_end_ms: head.tile_end_ms,
-            tiles: values,
-            flushed_at_ms: head.flushed_at_ms,
-        };
-        match framing::encode_frame(&Frame { body: Some(Body::Tiles(batch)) }, max_frame_bytes) {
-            Ok(frame) => batches.push(Batch { sequence, frame, items: series, refs: None }),
-            Err(error) => {
-                tracing::warn!(%error, series, "a tile batch exceeds the frame bound; dropped");
-                *too_large += series;
-            }
-        }
-    };
-    for value in values {
-        let value_bytes = value.encoded_len() + VALUE_OVERHEAD_BYTES;
-        if pending_bytes + value_bytes > budget && !pending.is_empty() {
-            seal(std::mem::take(&mut pending), &mut batches, &mut too_large);
-            pending_bytes = 0;
-        }
-        pending_bytes += value_bytes;
-        pending.push(value);
-    }
-    if !pending.is_empty() {
-        seal(pending, &mut batches, &mut too_large);
-    }
-    (batches, too_large)
-}
 
 /// Settings of the flusher thread.
 #[derive(Debug, Clone)]
@@ -245,9 +154,10 @@ mod tests {
     use std::time::Duration;
 
     use tessera_core::aggregate::Aggregate;
-    use tessera_proto::MetricType;
+    use tessera_proto::{Frame, MetricType, SeriesValue, frame::Body, framing};
 
     use super::*;
+    use crate::ingester::encode_tile;
 
     fn tile(series: usize) -> ClosedTile {
         let values = (0..series)

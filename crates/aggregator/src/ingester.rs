@@ -38,14 +38,16 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::Duration;
 
 use tessera_core::shard::shard_of;
-use tessera_proto::{AckReason, Frame, SeriesValue, TileBatch, frame::Body, framing};
+use tessera_proto::{Frame, SeriesValue, TileBatch, frame::Body, framing};
 use tessera_runtime::Shutdown;
 use tessera_runtime::outbound::{self, Batch, DropReason, OutboundMetrics, SenderSettings};
 use tessera_topology::{Destination, PlacementHandle, Routing};
 
-use crate::flush::{TileHead, encode_values};
-use crate::leadership::Leadership;
 use crate::metrics::{DestinationMetrics, Metrics};
+
+mod encode;
+
+pub use encode::{TileHead, encode_tile, encode_values};
 
 /// One ingester endpoint's bounded buffer of framed tile batches.
 pub type OutboundQueue = outbound::OutboundQueue<DestinationMetrics>;
@@ -57,13 +59,6 @@ pub fn heartbeat_frame() -> Vec<u8> {
         tessera_proto::Frame { body: Some(tessera_proto::frame::Body::Tiles(tessera_proto::TileBatch::default())) };
     tessera_proto::framing::encode_frame(&frame, tessera_proto::framing::DEFAULT_MAX_FRAME_BYTES)
         .expect("an empty tile batch is far under the frame limit")
-}
-
-/// Every `reason` of `ingester_rejected_batches_total`, exported at 0 for each destination:
-/// the permanent refusals an ingester answers with, `unspecified` and `other`
-/// ([`AckReason::label`] keeps whatever arrives to these).
-pub fn rejection_labels() -> Vec<&'static str> {
-    AckReason::refusal_labels(&AckReason::FROM_INGESTER)
 }
 
 impl OutboundMetrics for DestinationMetrics {
@@ -385,13 +380,16 @@ impl Ingesters {
             if let Some((queue, last_sequence)) =
                 self.queue_share(&head, share, &reroute.source, reroute.max_frame_bytes)
             {
-                reroute.leadership.rerouted(&storage_policy, tile_end_ms, queue, last_sequence);
+                (reroute.on_rerouted)(&storage_policy, tile_end_ms, queue, last_sequence);
             }
         }
         metrics.rerouted("batches", 1);
         metrics.rerouted("series", series);
     }
 }
+
+/// Told of each re-routed share: storage policy, tile end, queue, last sequence.
+pub type OnRerouted = Arc<dyn Fn(&str, i64, usize, u64) + Send + Sync>;
 
 /// What re-routing encodes with.
 #[derive(Clone)]
@@ -400,8 +398,9 @@ pub struct Reroute {
     pub source: String,
     /// Largest frame sent to an ingester.
     pub max_frame_bytes: usize,
-    /// Told where re-routed tiles went, for the flush marks.
-    pub leadership: Leadership,
+    /// Told where re-routed tiles went (storage policy, tile end, queue, last sequence),
+    /// for the flush marks ([`crate::leadership::Leadership::rerouted`]).
+    pub on_rerouted: OnRerouted,
 }
 
 /// How often the re-router looks for departed destinations.

@@ -191,7 +191,12 @@ impl Aggregator {
             let reroute = ingester::Reroute {
                 source: instance_id.clone(),
                 max_frame_bytes: config.ingester.max_frame_bytes,
-                leadership: leadership.clone(),
+                on_rerouted: {
+                    let leadership = leadership.clone();
+                    std::sync::Arc::new(move |policy: &str, tile_end_ms, queue, last_sequence| {
+                        leadership.rerouted(policy, tile_end_ms, queue, last_sequence)
+                    })
+                },
             };
             tokio::spawn(ingester::run_rerouter(ingesters.clone(), reroute, stop_senders.clone()));
         }

@@ -530,7 +530,7 @@ impl Metrics {
     /// Handles for one ingester destination (labelled by its endpoint).
     pub fn destination(&self, endpoint: &str) -> DestinationMetrics {
         let by_destination = labels(&[("destination", endpoint)]);
-        for reason in crate::ingester::rejection_labels() {
+        for reason in AckReason::refusal_labels(&AckReason::FROM_INGESTER) {
             let _ =
                 self.ingester_rejected_batches.get_or_create(&labels(&[("destination", endpoint), ("reason", reason)]));
         }

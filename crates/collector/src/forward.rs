@@ -11,20 +11,12 @@
 
 use std::time::Duration;
 
-use tessera_proto::AckReason;
 use tessera_runtime::outbound::{Batch, DropReason, GenerationEnd, OutboundMetrics, OutboundQueue};
 
 use crate::metrics::DestinationMetrics;
 
 /// One destination aggregator's bounded queue.
 pub type DestinationQueue = OutboundQueue<DestinationMetrics>;
-
-/// Every `reason` of `rejected_batches_total`, exported at 0 for each destination: the
-/// permanent refusals an aggregator answers with, `unspecified` and `other`
-/// ([`AckReason::label`] keeps whatever arrives to these).
-pub fn rejection_labels() -> Vec<&'static str> {
-    AckReason::refusal_labels(&AckReason::FROM_AGGREGATOR)
-}
 
 impl OutboundMetrics for DestinationMetrics {
     fn queued(&self, batches: usize, bytes: usize) {
@@ -71,6 +63,8 @@ impl OutboundMetrics for DestinationMetrics {
 
 #[cfg(test)]
 mod tests {
+    use tessera_proto::AckReason;
+
     use super::*;
     use crate::metrics::Metrics;
 

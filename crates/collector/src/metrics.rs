@@ -10,8 +10,6 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use tessera_core::parse::RejectReason;
 
-use crate::worker::BatchCounts;
-
 type Labels = Vec<(&'static str, String)>;
 
 fn labels(pairs: &[(&'static str, &str)]) -> Labels {
@@ -271,7 +269,7 @@ impl Metrics {
     /// Handles for one destination instance.
     pub fn destination(&self, instance: &str) -> DestinationMetrics {
         let by_destination = labels(&[("destination", instance)]);
-        for reason in crate::forward::rejection_labels() {
+        for reason in tessera_proto::AckReason::refusal_labels(&tessera_proto::AckReason::FROM_AGGREGATOR) {
             let _ = self.rejected_batches.get_or_create(&labels(&[("destination", instance), ("reason", reason)]));
         }
         DestinationMetrics {
@@ -438,4 +436,23 @@ impl DestinationMetrics {
     pub fn dropped_partials(&self, reason: &str, partials: u64) {
         self.drops.get_or_create(&labels(&[("reason", reason), ("unit", "partials")])).inc_by(partials);
     }
+}
+/// Counts kept in locals while a batch is processed, added to the shared
+/// metrics once per batch.
+#[derive(Debug, Default)]
+pub struct BatchCounts {
+    /// Datagrams (or stream chunks) received.
+    pub datagrams: u64,
+    /// Bytes received.
+    pub bytes: u64,
+    /// Metric lines accepted.
+    pub lines: u64,
+    /// Events and service checks.
+    pub events: u64,
+    /// Lines rejected, per reason.
+    pub rejected: [u64; RejectReason::ALL.len()],
+    /// Lines of new series refused because the table is full.
+    pub series_limit: u64,
+    /// Datagrams the kernel truncated.
+    pub truncated: u64,
 }

@@ -20,10 +20,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crossbeam_channel::{Receiver, Sender};
 use tessera_core::aggregate::{Aggregate, GaugeDeltas};
-use tessera_core::parse::{MetricKind, ParseOptions, RejectReason};
+use tessera_core::parse::{MetricKind, ParseOptions};
 use tessera_core::table::{Folded, Table, TableOptions};
 
-use crate::metrics::{ListenerMetrics, Metrics};
+use crate::metrics::{BatchCounts, ListenerMetrics, Metrics};
 
 /// The partials one worker held for one window, and how far it has got.
 #[derive(Debug, Default)]
@@ -87,26 +87,6 @@ pub fn cut_links(capacity: usize) -> (CutLinks, FlusherLinks) {
     let (cuts, cut_receiver) = crossbeam_channel::bounded(capacity);
     let (spare_sender, spares) = crossbeam_channel::bounded(capacity);
     (CutLinks { cuts, spares }, FlusherLinks { cuts: cut_receiver, spares: spare_sender })
-}
-
-/// Counts kept in locals while a batch is processed, added to the shared
-/// metrics once per batch.
-#[derive(Debug, Default)]
-pub struct BatchCounts {
-    /// Datagrams (or stream chunks) received.
-    pub datagrams: u64,
-    /// Bytes received.
-    pub bytes: u64,
-    /// Metric lines accepted.
-    pub lines: u64,
-    /// Events and service checks.
-    pub events: u64,
-    /// Lines rejected, per reason.
-    pub rejected: [u64; RejectReason::ALL.len()],
-    /// Lines of new series refused because the table is full.
-    pub series_limit: u64,
-    /// Datagrams the kernel truncated.
-    pub truncated: u64,
 }
 
 /// What every worker of a collector shares.

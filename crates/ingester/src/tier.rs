@@ -122,8 +122,8 @@ fn default_settle_secs() -> u64 {
 
 impl PlacementConfig {
     /// Checks values that parse but cannot work; `listen` is the wire listener.
-    pub fn validate(&self, listen: std::net::SocketAddr) -> Result<(), crate::config::ConfigError> {
-        let invalid = |key: &str, reason: &str| Err(crate::config::ConfigError::new(key, reason));
+    pub fn validate(&self, listen: std::net::SocketAddr) -> Result<(), tessera_runtime::config::InvalidSetting> {
+        let invalid = |key: &str, reason: &str| Err(tessera_runtime::config::InvalidSetting::new(key, reason));
         if let Err(error) = self.etcd.validate() {
             return invalid("placement.etcd", &error.to_string());
         }

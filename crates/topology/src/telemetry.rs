@@ -12,7 +12,7 @@ use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 
-use crate::source::PlacementHandle;
+use crate::handle::PlacementHandle;
 use crate::stats::WatchStats;
 
 /// A scrape-time view of a placement source's counters and version.

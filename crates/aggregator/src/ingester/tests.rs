@@ -1,5 +1,5 @@
 use tessera_core::aggregate::Aggregate;
-use tessera_proto::MetricType;
+use tessera_proto::{AckReason, MetricType};
 use tessera_topology::Placement;
 
 use super::*;
@@ -126,11 +126,8 @@ fn a_departed_ingesters_queue_goes_to_the_new_owners_of_its_series() {
     let handle = PlacementHandle::fixed(placement.clone());
     let metrics = Metrics::default();
     let ingesters = Ingesters::placed(handle.clone(), 1 << 20, &metrics);
-    let reroute = Reroute {
-        source: "agg-1".into(),
-        max_frame_bytes: 64 << 10,
-        leadership: Leadership::new(vec!["10s:2d".parse().unwrap()], 0),
-    };
+    let reroute =
+        Reroute { source: "agg-1".into(), max_frame_bytes: 64 << 10, on_rerouted: Arc::new(|_: &str, _, _, _| {}) };
     let head = TileHead { storage_policy: "10s:2d", resolution_ms: 10_000, tile_end_ms: 20_000, flushed_at_ms: 1 };
     let (shares, _) = ingesters.assign(values(3_000), 10_000);
     let mut dead_share = 0;

@@ -19,8 +19,9 @@ use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};
 
 use super::udp::RECV_TIMEOUT;
+use crate::metrics::BatchCounts;
 use crate::metrics::ListenerMetrics;
-use crate::worker::{BatchCounts, Worker};
+use crate::worker::Worker;
 use tessera_core::clock::{now_ms, now_ns};
 
 /// Chunks of whole lines waiting for the line thread.

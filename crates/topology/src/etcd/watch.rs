@@ -18,9 +18,9 @@ use tokio::sync::watch;
 use super::{Backoff, EtcdConfig, connect, request};
 use crate::cache::{read_cache, write_cache};
 use crate::error::{StoreError, WatchError};
+use crate::handle::{AbortOnDrop, PlacementHandle, Published};
 use crate::placement::Placement;
 use crate::routing::Routing;
-use crate::source::{AbortOnDrop, PlacementHandle, Published};
 use crate::stats::{WatchStats, bump};
 
 /// Keeps the current placement of one environment, watched in etcd.
