@@ -306,7 +306,7 @@ impl TierMetrics {
             self.owned_shards.clone(),
         );
         registry.register(
-            format!("{p}ingester_placement_version"),
+            format!("{p}tier_placement_version"),
             "Version of the ingesters' placement this ingester saw last",
             self.placement_version.clone(),
         );

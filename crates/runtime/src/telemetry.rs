@@ -54,6 +54,7 @@
 //! ```
 
 pub mod dashboard;
+pub mod naming;
 mod process;
 pub mod profile;
 mod readiness;
