@@ -17,11 +17,11 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use tessera_proto::Role;
-use tessera_proto::client;
 use tessera_testkit::daemons::Daemon;
 use tessera_testkit::free_port;
 use tessera_testkit::prometheus::Prometheus;
 use tessera_tests::{loopback, scalar, static_placement};
+use tessera_wire::client;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 

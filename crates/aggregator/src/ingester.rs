@@ -30,7 +30,7 @@
 //! counted).
 //!
 //! The queue and sender are the shared sending side
-//! ([`tessera_runtime::outbound`]), as in the collector's forwarding.
+//! ([`tessera_wire::outbound`]), as in the collector's forwarding.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -40,8 +40,8 @@ use std::time::Duration;
 use tessera_core::shard::shard_of;
 use tessera_proto::{Frame, SeriesValue, TileBatch, frame::Body, framing};
 use tessera_runtime::Shutdown;
-use tessera_runtime::outbound::{self, Batch, DropReason, OutboundMetrics, SenderSettings};
 use tessera_topology::{Destination, PlacementHandle, Routing};
+use tessera_wire::outbound::{self, Batch, DropReason, OutboundMetrics, SenderSettings};
 
 use crate::metrics::{DestinationMetrics, Metrics};
 

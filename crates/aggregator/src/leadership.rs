@@ -548,7 +548,7 @@ mod tests {
         leadership.inner.replicated.store(true, Ordering::Release);
         let push = |end: i64| {
             let sequence = queue.next_sequence();
-            queue.push(tessera_runtime::outbound::Batch { sequence, frame: vec![0; 8], items: 1, refs: None });
+            queue.push(tessera_wire::outbound::Batch { sequence, frame: vec![0; 8], items: 1, refs: None });
             leadership.flushed(0, vec![(0, sequence)], end);
         };
         push(10_000);
@@ -573,7 +573,7 @@ mod tests {
         leadership.inner.replicated.store(true, Ordering::Release);
         let push = |index: usize| {
             let sequence = queues[index].next_sequence();
-            queues[index].push(tessera_runtime::outbound::Batch { sequence, frame: vec![0; 8], items: 1, refs: None });
+            queues[index].push(tessera_wire::outbound::Batch { sequence, frame: vec![0; 8], items: 1, refs: None });
             sequence
         };
         let deliver = |index: usize| {

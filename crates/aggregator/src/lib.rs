@@ -68,7 +68,7 @@ use flush::FlushSettings;
 use ingester::Ingesters;
 use leadership::Leadership;
 pub use metrics::Metrics;
-use tessera_runtime::outbound::{Heartbeat, SenderSettings};
+use tessera_wire::outbound::{Heartbeat, SenderSettings};
 use tiler::{Tiler, TilerSettings};
 
 /// A running aggregator.
@@ -245,7 +245,7 @@ impl Aggregator {
             placement_ready,
             shutdown.clone(),
         ));
-        let server_settings = tessera_runtime::inbound::ListenerSettings {
+        let server_settings = tessera_wire::inbound::ListenerSettings {
             instance_id: instance_id.clone(),
             max_frame_bytes: config.max_frame_bytes,
             max_connections: config.max_connections,

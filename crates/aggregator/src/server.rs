@@ -13,8 +13,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use crossbeam_channel::Sender;
 use tessera_proto::framing;
 use tessera_proto::{Frame, frame::Body};
-use tessera_runtime::inbound::{self, AcceptSettings, InboundCounters, ListenerSettings, WireConnection, WireError};
 use tessera_runtime::{RateLimitedLog, Shutdown};
+use tessera_wire::inbound::{self, AcceptSettings, InboundCounters, ListenerSettings, WireConnection, WireError};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
 

@@ -33,7 +33,7 @@ use tessera_proto::partials::{ShardSeries, cut_frames};
 use tessera_runtime::shutdown::Shutdown;
 use tessera_topology::{PlacementHandle, Routing};
 
-use tessera_runtime::outbound::{Batch, GenerationEnd, Refs, SenderSettings, run_sender};
+use tessera_wire::outbound::{Batch, GenerationEnd, Refs, SenderSettings, run_sender};
 
 use crate::forward::DestinationQueue;
 use crate::metrics::Metrics;

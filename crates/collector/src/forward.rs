@@ -1,5 +1,5 @@
 //! Forwarding: one bounded queue and one sender task per destination
-//! aggregator, the shared sending side of [`tessera_runtime::outbound`].
+//! aggregator, the shared sending side of [`tessera_wire::outbound`].
 //!
 //! The flusher encodes each destination's share of a window into framed
 //! batches and pushes them onto that destination's [`DestinationQueue`].
@@ -11,7 +11,7 @@
 
 use std::time::Duration;
 
-use tessera_runtime::outbound::{Batch, DropReason, GenerationEnd, OutboundMetrics, OutboundQueue};
+use tessera_wire::outbound::{Batch, DropReason, GenerationEnd, OutboundMetrics, OutboundQueue};
 
 use crate::metrics::DestinationMetrics;
 

@@ -41,8 +41,8 @@ pub use config::Config;
 use flush::{Destinations, FlushSettings, Flusher};
 use metrics::Metrics;
 use tessera_runtime::daemon::spawn_thread;
-use tessera_runtime::outbound::SenderSettings;
 pub use tessera_topology::{PlacementHandle, PlacementSource};
+use tessera_wire::outbound::SenderSettings;
 use worker::{Worker, WorkerSettings};
 
 pub use tessera_runtime::StartError;

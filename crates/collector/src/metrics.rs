@@ -362,7 +362,7 @@ impl ListenerMetrics {
     }
 }
 
-impl tessera_runtime::inbound::InboundCounters for ListenerMetrics {
+impl tessera_wire::inbound::InboundCounters for ListenerMetrics {
     fn accept_error(&self) {
         self.receive_errors.inc();
     }

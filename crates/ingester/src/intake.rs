@@ -8,7 +8,7 @@
 //! that aggregators hold their tiles and send them again: backpressure, never a silent
 //! drop.
 //!
-//! Connections are accepted through [`tessera_runtime::inbound`]: over `max_connections`
+//! Connections are accepted through [`tessera_wire::inbound`]: over `max_connections`
 //! a new one is closed at once, the handshake has a deadline, and after it a connection
 //! silent for `idle_timeout_ms` is closed (`reason="idle_timeout"`). An empty tile batch
 //! is an aggregator's heartbeat: acknowledged, nothing queued.
@@ -28,8 +28,8 @@ use std::time::{Duration, Instant};
 
 use tessera_proto::framing::{self, FrameError};
 use tessera_proto::{AckReason, Frame, frame::Body};
-use tessera_runtime::inbound::{self, AcceptSettings, InboundCounters, ListenerSettings, WireConnection, WireError};
 use tessera_runtime::{RateLimitedLog, Shutdown};
+use tessera_wire::inbound::{self, AcceptSettings, InboundCounters, ListenerSettings, WireConnection, WireError};
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot};

@@ -278,7 +278,7 @@ impl Ingester {
         let listener =
             TcpListener::bind(config.listen).await.map_err(|source| StartError::bind(config.listen, source))?;
         let listen_addr = listener.local_addr().map_err(|source| StartError::bind(config.listen, source))?;
-        let settings = tessera_runtime::inbound::ListenerSettings {
+        let settings = tessera_wire::inbound::ListenerSettings {
             instance_id: instance_id.clone(),
             max_frame_bytes: config.max_frame_bytes,
             max_connections: config.max_connections,

@@ -33,7 +33,6 @@ mod generated {
 pub use generated::*;
 
 pub mod ack;
-pub mod client;
 pub mod framing;
 pub mod partials;
 

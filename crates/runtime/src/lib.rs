@@ -5,14 +5,15 @@
 //!   `tessera_build_info`, `tessera_<daemon>_up` and the `process_*` metrics already in it),
 //!   a [`Readiness`] flag made of named conditions, and [`serve`], the HTTP endpoint with
 //!   `/metrics`, `/healthz`, `/readyz` and `/debug/pprof/profile`.
-//! - [`inbound`] and [`outbound`]: the two sides of every wire connection. Inbound: an
-//!   accept loop whose connection cap refuses and counts, handshake and idle deadlines.
-//!   Outbound: bounded, acknowledged queues with reconnects, backoff and heartbeats.
+//! - [`daemon`]: [`run_daemon`] with [`DaemonFlags`], and the one [`StartError`].
 //! - [`logging`]: [`logging::init`] (text or JSON to stderr, `RUST_LOG` overrides the
 //!   default level) and [`RateLimitedLog`] for bad input on hot paths.
 //! - [`shutdown`]: [`Shutdown`], one cloneable signal triggered by SIGTERM / SIGINT or by
 //!   code, awaited by tasks and polled by plain threads.
 //! - [`config`]: [`config::load_toml`] and [`EXIT_CONFIG`], the exit code for bad config.
+//!
+//! The wire between daemons (inbound and outbound sides, the exchange, the backoff) is
+//! its own crate, `tessera-wire`.
 //!
 //! # Example
 //!
@@ -56,12 +57,9 @@
 //! }
 //! ```
 
-pub mod backoff;
 pub mod config;
 pub mod daemon;
-pub mod inbound;
 pub mod logging;
-pub mod outbound;
 pub mod shutdown;
 pub mod telemetry;
 

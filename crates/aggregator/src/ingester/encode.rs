@@ -5,7 +5,7 @@
 use prost::Message;
 use tessera_proto::framing;
 use tessera_proto::{Frame, SeriesValue, TileBatch, frame::Body};
-use tessera_runtime::outbound::Batch;
+use tessera_wire::outbound::Batch;
 
 use crate::tiler::ClosedTile;
 

@@ -7,8 +7,8 @@ use tessera_core::aggregate::Aggregate;
 use tessera_core::parse::MetricKind;
 use tessera_proto::frame::Body;
 use tessera_proto::framing;
-use tessera_runtime::outbound::SenderSettings;
 use tessera_topology::{Placement, PlacementHandle};
+use tessera_wire::outbound::SenderSettings;
 
 use super::*;
 use crate::worker::{Cut, CutEntry, cut_links};

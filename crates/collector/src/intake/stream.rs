@@ -13,8 +13,8 @@ use std::time::Duration;
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TrySendError};
 use tessera_core::parse::RejectReason;
 use tessera_runtime::RateLimitedLog;
-use tessera_runtime::inbound::{self, AcceptSettings};
 use tessera_runtime::shutdown::Shutdown;
+use tessera_wire::inbound::{self, AcceptSettings};
 use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};
 

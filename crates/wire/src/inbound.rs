@@ -32,8 +32,8 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::logging::RateLimitedLog;
-use crate::shutdown::Shutdown;
+use tessera_runtime::Shutdown;
+use tessera_runtime::logging::RateLimitedLog;
 
 /// What an accept loop reports; each listener maps it onto its own metrics.
 pub trait InboundCounters: Clone + Send + Sync + 'static {

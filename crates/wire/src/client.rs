@@ -5,15 +5,15 @@
 //! Collectors (to aggregators) and aggregators (to ingesters) both send
 //! one batch at a time over a long-lived connection; this module is that
 //! shared exchange, so each sender only decides what to do with the
-//! [`Ack`](crate::Ack).
+//! [`Ack`](tessera_proto::Ack).
 
 use std::time::Duration;
 
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
-use crate::framing::{self, FrameError, HandshakeError};
-use crate::{Ack, Role, frame::Body};
+use tessera_proto::framing::{self, FrameError, HandshakeError};
+use tessera_proto::{Ack, Role, frame::Body};
 
 /// Largest acknowledgement frame accepted.
 const MAX_ACK_FRAME_BYTES: usize = 1 << 20;
@@ -111,7 +111,7 @@ pub async fn exchange(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{AckStatus, Frame};
+    use tessera_proto::{AckStatus, Frame};
 
     async fn server(answer: Option<u64>) -> String {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

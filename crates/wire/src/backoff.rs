@@ -3,7 +3,7 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use tessera_runtime::backoff::Backoff;
+//! use tessera_wire::backoff::Backoff;
 //!
 //! let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
 //! let first = backoff.next_delay();
@@ -16,7 +16,7 @@ use std::time::Duration;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use crate::shutdown::Shutdown;
+use tessera_runtime::Shutdown;
 
 /// Doubling delays from `min` to `max`, each drawn in `[delay / 2, delay]`
 /// so that many clients retrying together spread out.

@@ -34,12 +34,14 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use tessera_proto::{AckStatus, Role, client};
+use tessera_proto::{AckStatus, Role};
+
+use crate::client;
 use tokio::sync::Notify;
 
-use crate::Shutdown;
 use crate::backoff::{Backoff, sleep_or_stop};
-use crate::logging::error_chain;
+use tessera_runtime::Shutdown;
+use tessera_runtime::logging::error_chain;
 
 /// A framed batch waiting to be sent.
 #[derive(Debug, Clone)]
