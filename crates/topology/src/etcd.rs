@@ -16,7 +16,6 @@
 //! - `/tessera/<env>/leader/<shard set>` and `/tessera/<env>/flushed/<shard set>`:
 //!   each replicated shard set's leader and its flush marks ([`election`]).
 
-use std::hash::BuildHasher;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -258,40 +257,19 @@ pub(crate) async fn request<T>(
     })
 }
 
-/// Exponential backoff with "equal jitter": each wait is half the current
-/// step plus a random part of the other half.
-#[derive(Debug, Clone)]
-pub(crate) struct Backoff {
-    initial_ms: u64,
-    max_ms: u64,
-    step_ms: u64,
-}
+/// The retry backoff of every etcd request loop: `tessera-wire`'s one backoff, from
+/// `retry_initial_backoff_ms` doubling to `retry_max_backoff_ms`, with jitter.
+pub(crate) type Backoff = tessera_wire::backoff::Backoff;
 
-impl Backoff {
-    pub(crate) fn new(config: &EtcdConfig) -> Self {
-        let initial_ms = config.retry_initial_backoff_ms.max(1);
-        Self { initial_ms, max_ms: config.retry_max_backoff_ms.max(initial_ms), step_ms: initial_ms }
+impl EtcdConfig {
+    /// A fresh retry backoff for this config.
+    pub(crate) fn backoff(&self) -> Backoff {
+        let initial_ms = self.retry_initial_backoff_ms.max(1);
+        Backoff::new(
+            Duration::from_millis(initial_ms),
+            Duration::from_millis(self.retry_max_backoff_ms.max(initial_ms)),
+        )
     }
-
-    /// The next wait; the step doubles each time.
-    pub(crate) fn next_delay(&mut self) -> Duration {
-        let step = self.step_ms;
-        self.step_ms = (self.step_ms.saturating_mul(2)).min(self.max_ms);
-        let half = step / 2;
-        Duration::from_millis(step - half + random_below(half + 1))
-    }
-
-    /// Back to the initial step (after a success).
-    pub(crate) fn reset(&mut self) {
-        self.step_ms = self.initial_ms;
-    }
-}
-
-/// A random number in `0..bound` (for jitter; not for anything secret).
-fn random_below(bound: u64) -> u64 {
-    // Every RandomState is seeded afresh, so hashing anything gives a new value.
-    let random = std::collections::hash_map::RandomState::new().hash_one(std::time::Instant::now());
-    random % bound.max(1)
 }
 
 #[cfg(test)]
@@ -334,7 +312,7 @@ mod tests {
     fn backoff_grows_with_jitter_and_resets() {
         let config =
             EtcdConfig { retry_initial_backoff_ms: 100, retry_max_backoff_ms: 400, ..EtcdConfig::new(["x"], "e") };
-        let mut backoff = Backoff::new(&config);
+        let mut backoff = config.backoff();
         let waits: Vec<u64> = (0..5).map(|_| backoff.next_delay().as_millis() as u64).collect();
         for (wait, step) in waits.iter().zip([100, 200, 400, 400, 400]) {
             assert!((step / 2..=step).contains(wait), "{waits:?}");

@@ -3,20 +3,20 @@
 //!
 //! Per attempt: wait for a slot under the adaptive limit, wait for the samples/s ceiling,
 //! send, report the outcome to the limit (which frees the slot). A retryable error waits
-//! `initial × 2^attempt` (capped, with jitter between half and all of it) and tries
+//! `initial × 2^attempt` (capped, with jitter between half and all of it: the one
+//! [`Backoff`] of `tessera-wire`) and tries
 //! again, without a slot held. On shutdown a worker finishes the request it is sending
 //! but starts no new attempt and takes no new request; what it did not finish stays in
 //! the queue for the next start.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use tessera_core::clock::now_ms;
 
-use rand::rngs::SmallRng;
-use rand::{Rng, SeedableRng};
 use tessera_runtime::{RateLimitedLog, Shutdown};
+use tessera_wire::backoff::Backoff;
 use tokio::sync::mpsc;
 
 use super::{PoolSettings, Target, WorkItem};
@@ -27,13 +27,6 @@ use crate::sink::{Sink, SinkError, SinkRequest};
 static RETRY_LOG: RateLimitedLog = RateLimitedLog::new("ingester.sink_retry", 2);
 static REJECT_LOG: RateLimitedLog = RateLimitedLog::new("ingester.sink_rejected", 2);
 
-/// The delay before retry number `attempt` (0-based): `initial × 2^attempt` capped at
-/// `max`, scaled by `jitter` in `[0.5, 1]`.
-pub fn backoff(attempt: u32, initial: Duration, max: Duration, jitter: f64) -> Duration {
-    let exponential = initial.saturating_mul(1u32 << attempt.min(20));
-    exponential.min(max).mul_f64(jitter.clamp(0.5, 1.0))
-}
-
 /// The worker loop; see the [module docs](self).
 pub async fn run<S: Sink>(
     index: usize,
@@ -43,7 +36,6 @@ pub async fn run<S: Sink>(
     stop: Shutdown,
 ) {
     let busy = target.metrics.worker_busy(index);
-    let mut rng = SmallRng::from_os_rng();
     loop {
         let item = tokio::select! {
             biased;
@@ -54,18 +46,12 @@ pub async fn run<S: Sink>(
             },
         };
         let began = Instant::now();
-        send(&target, &item, &settings, &stop, &mut rng).await;
+        send(&target, &item, &settings, &stop).await;
         busy.inc_by(began.elapsed().as_secs_f64());
     }
 }
 
-async fn send<S: Sink>(
-    target: &Target<S>,
-    item: &WorkItem,
-    settings: &PoolSettings,
-    stop: &Shutdown,
-    rng: &mut SmallRng,
-) {
+async fn send<S: Sink>(target: &Target<S>, item: &WorkItem, settings: &PoolSettings, stop: &Shutdown) {
     let mut request = std::borrow::Cow::Borrowed(&item.request);
     let record = &item.request.record;
     let metrics = &target.metrics;
@@ -74,6 +60,7 @@ async fn send<S: Sink>(
         metrics.all().queue_time(&record.resolution).observe_n(waited, u64::from(record.tiles));
     }
     let mut attempt = 0u32;
+    let mut backoff = Backoff::new(settings.retry_initial_backoff, settings.retry_max_backoff);
     loop {
         let samples = request.samples.len();
         let permit = tokio::select! {
@@ -127,12 +114,7 @@ async fn send<S: Sink>(
                     return;
                 }
                 metrics.retries.inc();
-                let delay = backoff(
-                    attempt,
-                    settings.retry_initial_backoff,
-                    settings.retry_max_backoff,
-                    rng.random_range(0.5..=1.0),
-                );
+                let delay = backoff.next_delay();
                 attempt = attempt.saturating_add(1);
                 if RETRY_LOG.allow() {
                     tracing::warn!(
@@ -184,20 +166,5 @@ fn complete<S: Sink>(target: &Target<S>, item: &WorkItem) {
     if last {
         target.queue.complete(record.position);
         target.metrics.records_written.inc();
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn backoff_doubles_caps_and_jitters() {
-        let (initial, max) = (Duration::from_millis(100), Duration::from_secs(5));
-        let delays: Vec<_> = (0..8).map(|attempt| backoff(attempt, initial, max, 1.0).as_millis()).collect();
-        assert_eq!(delays, vec![100, 200, 400, 800, 1600, 3200, 5000, 5000]);
-        assert_eq!(backoff(1, initial, max, 0.5), Duration::from_millis(100));
-        assert_eq!(backoff(1, initial, max, 0.1), Duration::from_millis(100), "jitter never below half");
-        assert_eq!(backoff(u32::MAX, initial, max, 1.0), max);
     }
 }

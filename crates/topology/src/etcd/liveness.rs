@@ -167,7 +167,7 @@ struct KeepAlive {
 
 impl KeepAlive {
     async fn run(mut self, mut stop_requests: oneshot::Receiver<StopRequest>) {
-        let mut backoff = Backoff::new(&self.config);
+        let mut backoff = self.config.backoff();
         loop {
             let error = tokio::select! {
                 stop = &mut stop_requests => return self.stop(stop.ok().flatten()).await,

@@ -46,7 +46,7 @@ impl Watcher {
         let stats = Arc::new(WatchStats::default());
         let started = Instant::now();
         let deadline = started + Duration::from_millis(config.start_timeout_ms);
-        let mut backoff = Backoff::new(&config);
+        let mut backoff = config.backoff();
         let mut cache_tried = false;
         let (placement, from_etcd) = loop {
             let last_error = match read_once(&config, &key).await {
@@ -148,7 +148,7 @@ fn decode_valid(bytes: &[u8]) -> Result<Placement, String> {
 
 /// Watches until the task is aborted, reconnecting after every failure.
 async fn watch_forever(config: Arc<EtcdConfig>, key: String, published: Arc<Published>) {
-    let mut backoff = Backoff::new(&config);
+    let mut backoff = config.backoff();
     loop {
         let error = watch_session(&config, &key, &published, &mut backoff).await;
         bump(&published.stats().etcd_errors);
