@@ -78,7 +78,7 @@ use tessera_proto::TileBatch;
 use serde::Deserialize;
 use tessera_core::sketch::{MIN_SCHEMA, Sketch};
 
-use crate::prompb::HistogramEncoder;
+use crate::prompb::{HistogramEncoder, encode_label};
 use crate::record::{Record, SampleKind, StoredSample};
 use crate::tier::Ownership;
 
@@ -854,7 +854,7 @@ impl Converter {
                 (Some((label, parts)), Some((tag, _))) if tag.as_str() < label => {
                     extras[extra_index] = Some((label, parts));
                     let (tag, value) = tags.next().expect("peeked");
-                    encode_label(&mut self.arena, tag, &[value, ""]);
+                    encode_label(&mut self.arena, tag, &[value]);
                 }
                 (Some((label, parts)), _) => {
                     encode_label(&mut self.arena, label, parts);
@@ -862,39 +862,12 @@ impl Converter {
                 }
                 (None, Some(_)) => {
                     let (tag, value) = tags.next().expect("peeked");
-                    encode_label(&mut self.arena, tag, &[value, ""]);
+                    encode_label(&mut self.arena, tag, &[value]);
                 }
             }
         }
         (start, self.arena.len())
     }
-}
-
-/// Appends one `TimeSeries.labels` entry whose value is the concatenation of `value`.
-fn encode_label(out: &mut Vec<u8>, name: &str, value: &[&str; 2]) {
-    use prost::encoding::encoded_len_varint;
-    let value_len = value[0].len() + value[1].len();
-    let inner =
-        1 + encoded_len_varint(name.len() as u64) + name.len() + 1 + encoded_len_varint(value_len as u64) + value_len;
-    out.reserve(1 + encoded_len_varint(inner as u64) + inner);
-    out.push(0x0a);
-    push_varint(out, inner);
-    out.push(0x0a);
-    push_varint(out, name.len());
-    out.extend_from_slice(name.as_bytes());
-    out.push(0x12);
-    push_varint(out, value_len);
-    out.extend_from_slice(value[0].as_bytes());
-    out.extend_from_slice(value[1].as_bytes());
-}
-
-/// Appends `value` as a protobuf varint (labels are short: one byte is the common case).
-fn push_varint(out: &mut Vec<u8>, mut value: usize) {
-    while value >= 0x80 {
-        out.push((value as u8) | 0x80);
-        value >>= 7;
-    }
-    out.push(value as u8);
 }
 
 #[cfg(test)]

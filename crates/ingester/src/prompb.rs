@@ -283,20 +283,26 @@ fn push_span(out: &mut Vec<u8>, key: u8, offset: i32, length: u32) {
 /// Appends `labels` (already sorted by name) to `out` as repeated `TimeSeries.labels`.
 pub fn encode_labels(out: &mut Vec<u8>, labels: &[(&str, &str)]) {
     for (name, value) in labels {
-        let inner = 1
-            + encoded_len_varint(name.len() as u64)
-            + name.len()
-            + 1
-            + encoded_len_varint(value.len() as u64)
-            + value.len();
-        out.push(FIELD_1_LEN);
-        encode_varint(inner as u64, out);
-        out.push(FIELD_1_LEN);
-        encode_varint(name.len() as u64, out);
-        out.extend_from_slice(name.as_bytes());
-        out.push(FIELD_2_LEN);
-        encode_varint(value.len() as u64, out);
-        out.extend_from_slice(value.as_bytes());
+        encode_label(out, name, &[value]);
+    }
+}
+
+/// Appends one `Label` (field 1 of a `TimeSeries`) whose value is `value`'s parts joined:
+/// the one label encoder, for requests and for the converter's label arena alike.
+pub fn encode_label(out: &mut Vec<u8>, name: &str, value: &[&str]) {
+    let value_len: usize = value.iter().map(|part| part.len()).sum();
+    let inner =
+        1 + encoded_len_varint(name.len() as u64) + name.len() + 1 + encoded_len_varint(value_len as u64) + value_len;
+    out.reserve(1 + encoded_len_varint(inner as u64) + inner);
+    out.push(FIELD_1_LEN);
+    encode_varint(inner as u64, out);
+    out.push(FIELD_1_LEN);
+    encode_varint(name.len() as u64, out);
+    out.extend_from_slice(name.as_bytes());
+    out.push(FIELD_2_LEN);
+    encode_varint(value_len as u64, out);
+    for part in value {
+        out.extend_from_slice(part.as_bytes());
     }
 }
 
