@@ -7,8 +7,9 @@
 //! 1. Three ingesters: each writes a share, and no series has two writers
 //!    (`resets()` is 0 for every series).
 //! 2. One ingester is killed (SIGKILL) mid-run: its shards fail over to the
-//!    live ones once its lease expires, and the batches the aggregator had
-//!    queued for it go to the new owners.
+//!    live ones once its lease expires (8 s, longer than a tile, so that the
+//!    aggregator has queued batches for it meanwhile), and those batches go to
+//!    the new owners.
 //! 3. A fourth ingester starts and joins: shards move to it at a boundary.
 //! 4. The killed one restarts on its data directory, writes what it had
 //!    acknowledged and not written, and joins again.
@@ -38,7 +39,9 @@ use tessera_tests::{loopback, static_placement, wait_until};
 use tessera_topology::testing::EtcdServer;
 
 const SERIES: usize = 10_000;
-const TTL_SECS: u64 = 2;
+/// Longer than a tile (5 s) plus the keep-alive interval (TTL/3): at least one tile closes
+/// between the kill and the failover, so the dead ingester has batches queued to re-route.
+const TTL_SECS: u64 = 8;
 const ENV: &str = "tier";
 
 fn now_secs() -> f64 {
