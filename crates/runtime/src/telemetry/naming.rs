@@ -59,3 +59,15 @@ pub fn naming_violations(exposition: &str, daemon: &str) -> Vec<String> {
     }
     violations
 }
+
+/// For a daemon's tests: the families `telemetry` exports for `daemon`, or every family
+/// that breaks the rule (see [`naming_violations`]).
+pub fn check_registry(telemetry: &crate::Telemetry, daemon: &str) -> Result<usize, Vec<String>> {
+    let text = telemetry.encode().map_err(|error| vec![format!("cannot encode the registry: {error}")])?;
+    let violations = naming_violations(&text, daemon);
+    if !violations.is_empty() {
+        return Err(violations);
+    }
+    let prefix = format!("# TYPE tessera_{daemon}_");
+    Ok(text.lines().filter(|line| line.starts_with(&prefix)).count())
+}
