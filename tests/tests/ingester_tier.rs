@@ -80,8 +80,13 @@ impl Sender {
                 let datagrams = round_datagrams();
                 while !stop.load(Ordering::Relaxed) {
                     let started = Instant::now();
-                    for datagram in &datagrams {
-                        socket.send_to(datagram, target).unwrap();
+                    // In bursts of 20 datagrams (28 KB): a round at once could outrun the
+                    // collector's receive buffer where `net.core.rmem_max` is the default.
+                    for burst in datagrams.chunks(20) {
+                        for datagram in burst {
+                            socket.send_to(datagram, target).unwrap();
+                        }
+                        std::thread::sleep(Duration::from_micros(500));
                     }
                     rounds.fetch_add(1, Ordering::Relaxed);
                     std::thread::sleep(Duration::from_millis(500).saturating_sub(started.elapsed()));
