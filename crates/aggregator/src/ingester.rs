@@ -33,7 +33,7 @@
 //! ([`tessera_wire::outbound`]), as in the collector's forwarding.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::Duration;
 
@@ -120,6 +120,8 @@ struct Inner {
     next: AtomicUsize,
     /// Room a queue must have left to count as having room (one frame).
     headroom: AtomicUsize,
+    /// The placement generation the queues were last matched against.
+    seen_generation: AtomicU64,
     max_buffer_bytes: usize,
     metrics: Metrics,
     senders: OnceLock<Senders>,
@@ -151,9 +153,8 @@ impl Ingesters {
 
     /// Queues made as the ingesters' `placement` names them; each series goes to its owner.
     pub fn placed(placement: PlacementHandle, max_buffer_bytes: usize, metrics: &Metrics) -> Ingesters {
-        let routing = placement.routing();
-        let ingesters = Ingesters::with(Some(placement), max_buffer_bytes, metrics);
-        ingesters.refresh(&routing);
+        let ingesters = Ingesters::with(Some(placement.clone()), max_buffer_bytes, metrics);
+        ingesters.current_routing(&placement);
         ingesters
     }
 
@@ -165,6 +166,7 @@ impl Ingesters {
                 index: Mutex::default(),
                 next: AtomicUsize::default(),
                 headroom: AtomicUsize::default(),
+                seen_generation: AtomicU64::default(),
                 max_buffer_bytes,
                 metrics: metrics.clone(),
                 senders: OnceLock::new(),
@@ -224,6 +226,18 @@ impl Ingesters {
         position
     }
 
+    /// The placement's routing table; when the placement changed since the last look (one
+    /// atomic load when it did not), the queues are matched against it first.
+    fn current_routing(&self, placement: &PlacementHandle) -> Arc<Routing> {
+        // The generation is read first: a change in between is taken in now and again next time.
+        let generation = placement.generation();
+        let routing = placement.routing();
+        if self.inner.seen_generation.swap(generation, Ordering::AcqRel) != generation {
+            self.refresh(&routing);
+        }
+        routing
+    }
+
     /// Marks which queues' destinations are in `routing` and makes queues for new ones.
     fn refresh(&self, routing: &Routing) {
         for destination in routing.destinations() {
@@ -275,8 +289,7 @@ impl Ingesters {
         let Some(placement) = &self.inner.placement else {
             return (vec![Share { queue: self.pick_index(), values }], 0);
         };
-        let routing = placement.routing();
-        self.refresh(&routing);
+        let routing = self.current_routing(placement);
         self.split(&routing, values, tile_start_ms)
     }
 
@@ -345,8 +358,7 @@ impl Ingesters {
     /// current owners of their series; returns the batches moved.
     pub fn reroute_departed(&self, reroute: &Reroute) -> u64 {
         let Some(placement) = &self.inner.placement else { return 0 };
-        let routing = placement.routing();
-        self.refresh(&routing);
+        let routing = self.current_routing(placement);
         let departed: Vec<Arc<Entry>> =
             self.entries().iter().filter(|entry| entry.departed.load(Ordering::Acquire)).cloned().collect();
         let mut moved = 0;
