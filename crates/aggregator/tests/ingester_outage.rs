@@ -7,12 +7,14 @@ mod support;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use support::{Model, RoutingSender, TileReceiver, WINDOW_MS, metric_value, sleep_until_ms, test_config, wait_until};
+use support::{
+    RoutingSender, Sent, TileReceiver, WINDOW_MS, metric_value, send_windows, sleep_until_ms, test_config, wait_until,
+};
 use tessera_aggregator::{Aggregator, Config};
 use tessera_core::aggregate::Aggregate;
 use tessera_core::clock::now_ms;
 use tessera_proto::AckReason;
-use tessera_proto::{AckStatus, SeriesValue};
+use tessera_proto::SeriesValue;
 use tessera_runtime::{Shutdown, Telemetry};
 use tessera_topology::{Placement, PlacementHandle};
 
@@ -40,28 +42,11 @@ async fn start(config: Config, telemetry: &Telemetry) -> (Aggregator, PlacementH
     (aggregator, PlacementHandle::fixed(routed), shutdown)
 }
 
-async fn send(
-    placement: PlacementHandle,
-    first: i64,
-    windows: i64,
-    series: usize,
-    attempts: u32,
-) -> (Model, HashMap<String, u64>) {
+/// Sends `windows` windows of `series` counters from `first`, each as it
+/// ends, giving a `retryable` answer `attempts` tries.
+async fn send(placement: PlacementHandle, first: i64, windows: i64, series: usize, attempts: u32) -> Sent {
     let mut wire = RoutingSender::new("sender", placement).with_attempts(attempts);
-    let mut model = Model::new(&POLICIES);
-    let mut refused: HashMap<String, u64> = HashMap::new();
-    for index in 0..windows {
-        let start = first + index * WINDOW_MS;
-        sleep_until_ms(start + WINDOW_MS).await;
-        for delivery in wire.send_window(start, WINDOW_MS as u32, &window_values(series)).await {
-            if delivery.status() == AckStatus::Ok {
-                model.accept(start, &delivery.values);
-            } else {
-                *refused.entry(delivery.ack.reason.clone()).or_default() += 1;
-            }
-        }
-    }
-    (model, refused)
+    send_windows(&mut wire, &POLICIES, first, windows, 0, |_| (window_values(series), HashMap::new())).await
 }
 
 async fn nothing_is_lost_while_the_ingester_is_away_within_the_buffer_bound(merge_threads: usize) {
@@ -77,16 +62,11 @@ async fn nothing_is_lost_while_the_ingester_is_away_within_the_buffer_bound(merg
     sleep_until_ms(first + 2_000).await;
     let batches_while_down = receiver.batches();
     receiver.restart().await;
-    let (model, refused) = sender.await.unwrap();
-    assert!(refused.get("too_late").copied().unwrap_or(0) <= 3, "{refused:?}");
-    assert_eq!(refused.keys().filter(|reason| *reason != "too_late").count(), 0, "{refused:?}");
+    let sent = sender.await.unwrap();
+    assert!(sent.refused("too_late") <= 3, "{:?}", sent.refused);
+    assert_eq!(sent.refused.keys().filter(|(_, reason)| reason != "too_late").count(), 0, "{:?}", sent.refused);
 
-    wait_until("every expected tile", Duration::from_secs(10), || {
-        let values = receiver.values();
-        model.tiles.keys().all(|key| values.contains_key(key))
-    })
-    .await;
-    model.assert_matches(&receiver.values());
+    sent.model.assert_received(&receiver).await;
     assert!(receiver.batches() > batches_while_down, "buffered tiles were delivered after the outage");
     let destination = format!("destination=\"{}\"", receiver.address);
     let connect_errors = metric_value(&telemetry, "tessera_aggregator_connect_errors_total", &destination).unwrap();
@@ -107,11 +87,12 @@ async fn past_the_buffer_bound_senders_are_pushed_back_and_drops_are_counted(mer
 
     // 300 counters make a tile of about 10 kB: every tile overflows the buffer.
     let first = (now_ms() / WINDOW_MS + 1) * WINDOW_MS;
-    let (model, refused) = send(routed, first, 12, 300, 2).await;
+    let sent = send(routed, first, 12, 300, 2).await;
     let metrics = aggregator.metrics();
     assert!(metrics.drops("buffer_full", "series") > 0, "tiles pushed out of the full buffer are counted");
     assert!(metrics.rejected_batches(AckReason::BufferFull) > 0, "collectors were pushed back");
-    assert!(refused.get("buffer_full").copied().unwrap_or(0) >= 5, "{refused:?}");
+    assert!(sent.refused("buffer_full") >= 5, "{:?}", sent.refused);
+    let model = sent.model;
 
     receiver.restart().await;
     // The books balance: every tile value of an accepted partial is delivered or

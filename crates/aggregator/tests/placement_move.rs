@@ -9,17 +9,18 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use support::{
-    Model, RoutingSender, TileReceiver, WINDOW_MS, sleep_until_ms, test_config, wait_until, wait_until_async,
+    TileReceiver, WINDOW_MS, Window, join_senders, sleep_until_ms, spawn_senders, test_config, wait_until,
+    wait_until_async,
 };
 use tessera_aggregator::Aggregator;
 use tessera_core::aggregate::{Aggregate, Gauge};
 use tessera_core::clock::now_ms;
 use tessera_core::shard::shard_of;
 use tessera_proto::AckReason;
-use tessera_proto::{AckStatus, SeriesValue};
+use tessera_proto::SeriesValue;
 use tessera_runtime::{Shutdown, Telemetry};
 use tessera_topology::testing::EtcdServer;
-use tessera_topology::{EtcdConfig, MoveTiming, Placement, PlacementHandle, PlacementSource, PlacementStore};
+use tessera_topology::{EtcdConfig, MoveTiming, Placement, PlacementSource, PlacementStore};
 
 const POLICIES: [&str; 2] = ["200ms:1h", "1s:1h"];
 const NUM_SHARDS: u32 = 8;
@@ -29,7 +30,7 @@ fn free_address() -> String {
     listener.local_addr().unwrap().to_string()
 }
 
-fn window_values(sender: usize, start: i64) -> Vec<SeriesValue> {
+fn window_values(sender: usize, start: i64) -> Window {
     let mut values = Vec::new();
     for route in 0..300 {
         let aggregate = Aggregate::Counter((route % 5 + 1 + sender) as f64);
@@ -49,30 +50,7 @@ fn window_values(sender: usize, start: i64) -> Vec<SeriesValue> {
             aggregate: Some(Aggregate::Gauge(Box::new(gauge)).to_proto()),
         });
     }
-    values
-}
-
-async fn run_sender(
-    sender: usize,
-    placement: PlacementHandle,
-    first: i64,
-    windows: i64,
-) -> (Model, HashMap<String, u64>) {
-    let mut wire = RoutingSender::new(&format!("sender-{sender}"), placement);
-    let mut model = Model::new(&POLICIES);
-    let mut refused: HashMap<String, u64> = HashMap::new();
-    for index in 0..windows {
-        let start = first + index * WINDOW_MS;
-        sleep_until_ms(start + WINDOW_MS + 3 * sender as i64).await;
-        for delivery in wire.send_window(start, WINDOW_MS as u32, &window_values(sender, start)).await {
-            if delivery.status() == AckStatus::Ok {
-                model.accept(start, &delivery.values);
-            } else {
-                *refused.entry(format!("{}:{}", delivery.instance_id, delivery.ack.reason)).or_default() += 1;
-            }
-        }
-    }
-    (model, refused)
+    (values, HashMap::new())
 }
 
 async fn start_aggregator(
@@ -113,7 +91,7 @@ async fn shards_move_between_running_aggregators_without_loss_or_double_count(me
 
     let routed = PlacementSource::Etcd(etcd_config.clone()).start().await.unwrap();
     let first = (now_ms() / WINDOW_MS + 1) * WINDOW_MS;
-    let senders: Vec<_> = (0..2).map(|sender| tokio::spawn(run_sender(sender, routed.clone(), first, 40))).collect();
+    let senders = spawn_senders(2, &routed, &POLICIES, first, 40, window_values);
 
     // Half the shards move to agg-b at the first whole second at least 1 s from now.
     sleep_until_ms(first + 600).await;
@@ -125,30 +103,16 @@ async fn shards_move_between_running_aggregators_without_loss_or_double_count(me
     let moved_shards: Vec<u32> = moved.owned_shards("agg-b", cutover).collect();
     assert_eq!(moved_shards.len(), 4);
 
-    let mut model = Model::new(&POLICIES);
-    let mut refused: HashMap<String, u64> = HashMap::new();
-    for sender in senders {
-        let (one, refusals) = sender.await.unwrap();
-        model.absorb(one);
-        for (reason, count) in refusals {
-            *refused.entry(reason).or_default() += count;
-        }
-    }
+    let sent = join_senders(senders, &POLICIES).await;
     assert!(first + 40 * WINDOW_MS > cutover + 1_000, "traffic flowed well past the cutover");
     // A sender that saw the move late would be refused `not_owner` (counted, never merged);
     // with a 1 s delay, nobody is.
     let not_owner = aggregator_a.metrics().rejected_batches(AckReason::NotOwner)
         + aggregator_b.metrics().rejected_batches(AckReason::NotOwner);
-    assert_eq!(not_owner, 0, "refusals: {refused:?}");
-    assert!(refused.values().sum::<u64>() <= 8, "refusals: {refused:?}");
+    assert_eq!(not_owner, 0, "refusals: {:?}", sent.refused);
+    assert!(sent.refused.values().sum::<u64>() <= 8, "refusals: {:?}", sent.refused);
 
-    wait_until("every expected tile", Duration::from_secs(10), || {
-        let values = receiver.values();
-        model.tiles.keys().all(|key| values.contains_key(key))
-    })
-    .await;
-    let received = receiver.values();
-    model.assert_matches(&received);
+    let received = sent.model.assert_received(&receiver).await;
 
     // Moved shards: agg-a flushed every tile before the cutover, agg-b every tile from it.
     let mut flushed_by_b = 0;

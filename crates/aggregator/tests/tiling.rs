@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use support::sender::WireClient;
-use support::{Model, RoutingSender, TileReceiver, WINDOW_MS, metric_value, sleep_until_ms, test_config, wait_until};
+use support::{TileReceiver, WINDOW_MS, Window, join_senders, metric_value, spawn_senders, test_config, wait_until};
 use tessera_aggregator::Aggregator;
 use tessera_core::aggregate::{Aggregate, Distribution};
 use tessera_core::clock::now_ms;
@@ -16,7 +16,7 @@ use tessera_core::hll::HyperLogLog;
 use tessera_core::parse::MetricKind;
 use tessera_core::shard::shard_of;
 use tessera_proto::AckReason;
-use tessera_proto::{AckStatus, MetricType, SeriesValue};
+use tessera_proto::{AckStatus, SeriesValue};
 use tessera_runtime::{Shutdown, Telemetry};
 use tessera_topology::{Placement, PlacementHandle, PlacementSource};
 
@@ -33,7 +33,7 @@ fn value(id: String, kind: MetricKind, aggregate: &Aggregate) -> SeriesValue {
 }
 
 /// Sender `sender`'s values for the window at `start`, and the raw samples behind its timers.
-fn window_values(sender: usize, start: i64) -> (Vec<SeriesValue>, HashMap<Vec<u8>, Vec<f64>>) {
+fn window_values(sender: usize, start: i64) -> Window {
     let window = start / WINDOW_MS;
     let mut values = Vec::new();
     let mut samples = HashMap::new();
@@ -71,35 +71,6 @@ fn window_values(sender: usize, start: i64) -> (Vec<SeriesValue>, HashMap<Vec<u8
     (values, samples)
 }
 
-/// Sends `windows` consecutive windows from `first`, each just after it ends;
-/// returns the model of what was acknowledged and the refusals by reason.
-async fn run_sender(
-    sender: usize,
-    placement: PlacementHandle,
-    first: i64,
-    windows: i64,
-) -> (Model, HashMap<String, u64>) {
-    let mut wire = RoutingSender::new(&format!("sender-{sender}"), placement);
-    let mut model = Model::new(&POLICIES);
-    let mut refused: HashMap<String, u64> = HashMap::new();
-    for index in 0..windows {
-        let start = first + index * WINDOW_MS;
-        sleep_until_ms(start + WINDOW_MS + 3 * sender as i64).await;
-        let (values, samples) = window_values(sender, start);
-        for delivery in wire.send_window(start, WINDOW_MS as u32, &values).await {
-            if delivery.status() != AckStatus::Ok {
-                *refused.entry(delivery.ack.reason.clone()).or_default() += 1;
-                continue;
-            }
-            model.accept(start, &delivery.values);
-            for value in delivery.values.iter().filter(|value| value.r#type == MetricType::Timer as i32) {
-                model.samples(start, MetricKind::Timer, &value.series_id, &samples[&value.series_id]);
-            }
-        }
-    }
-    (model, refused)
-}
-
 async fn tiles_are_exact_across_many_series_tiles_and_senders(merge_threads: usize) {
     let receiver = TileReceiver::start().await;
     let shutdown = Shutdown::new();
@@ -115,30 +86,16 @@ async fn tiles_are_exact_across_many_series_tiles_and_senders(merge_threads: usi
     let routed = PlacementHandle::fixed(routed);
 
     let first = (now_ms() / WINDOW_MS + 1) * WINDOW_MS;
-    let senders: Vec<_> = (0..3).map(|sender| tokio::spawn(run_sender(sender, routed.clone(), first, 25))).collect();
-    let mut model = Model::new(&POLICIES);
-    let mut refused: HashMap<String, u64> = HashMap::new();
-    for sender in senders {
-        let (one, refusals) = sender.await.unwrap();
-        model.absorb(one);
-        for (reason, count) in refusals {
-            *refused.entry(reason).or_default() += count;
-        }
-    }
+    let senders = spawn_senders(3, &routed, &POLICIES, first, 25, window_values);
+    let sent = join_senders(senders, &POLICIES).await;
     // On a loaded machine a window can miss its tile; what is refused is counted, the rest is exact.
-    let late = refused.get("too_late").copied().unwrap_or(0);
-    assert_eq!(refused.len(), usize::from(late > 0), "unexpected refusals: {refused:?}");
+    let late = sent.refused("too_late");
+    assert_eq!(sent.refused.len(), usize::from(late > 0), "unexpected refusals: {:?}", sent.refused);
     assert!(late <= 7, "{late} of 75 windows too late");
     assert_eq!(aggregator.metrics().rejected_batches(AckReason::TooLate), late);
 
-    wait_until("every expected tile", Duration::from_secs(10), || {
-        let values = receiver.values();
-        model.tiles.keys().all(|key| values.contains_key(key))
-    })
-    .await;
-    let received = receiver.values();
-    model.assert_matches(&received);
-    assert!(model.len() > 4_000, "{} tile values", model.len());
+    let received = sent.model.assert_received(&receiver).await;
+    assert!(sent.model.len() > 4_000, "{} tile values", sent.model.len());
     for (policy, tile_end, _, _) in received.keys() {
         let resolution = policy.split(':').next().unwrap();
         let resolution_ms = if resolution == "200ms" { 200 } else { 1000 };

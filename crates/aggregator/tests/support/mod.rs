@@ -19,7 +19,7 @@ use tessera_runtime::Telemetry;
 
 pub use ingester::{Flushed, TileKey, TileReceiver};
 #[allow(unused_imports)]
-pub use sender::RoutingSender;
+pub use sender::{RoutingSender, Sent, Window, join_senders, send_windows, spawn_senders};
 
 /// Window length the test senders use.
 pub const WINDOW_MS: i64 = 100;
@@ -177,6 +177,19 @@ impl Model {
     /// Tiles the model expects.
     pub fn len(&self) -> usize {
         self.tiles.len()
+    }
+
+    /// Waits until `receiver` has every tile the model expects, checks them
+    /// (see [`Model::assert_matches`]) and returns what it received.
+    pub async fn assert_received(&self, receiver: &TileReceiver) -> HashMap<TileKey, Vec<Flushed>> {
+        wait_until("every expected tile", Duration::from_secs(10), || {
+            let values = receiver.values();
+            self.tiles.keys().all(|key| values.contains_key(key))
+        })
+        .await;
+        let received = receiver.values();
+        self.assert_matches(&received);
+        received
     }
 
     /// Checks every received tile value against the model: nothing missing,

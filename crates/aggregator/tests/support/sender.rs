@@ -1,15 +1,21 @@
 //! A wire sender standing in for collectors: routes each window's values
 //! to the owners of their shards (with `Routing`, as the collector does),
-//! sends one partial batch per destination and waits for its ack.
+//! sends one partial batch per destination and waits for its ack. Senders
+//! that send a run of windows, one as each ends, and model what was
+//! acknowledged.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
 
+use tessera_core::parse::MetricKind;
 use tessera_core::shard::shard_of;
 use tessera_proto::framing::{self, DEFAULT_MAX_FRAME_BYTES};
-use tessera_proto::{Ack, AckStatus, Frame, PartialBatch, Role, SeriesValue, ShardPartials, frame::Body};
+use tessera_proto::{Ack, AckStatus, Frame, MetricType, PartialBatch, Role, SeriesValue, ShardPartials, frame::Body};
 use tessera_topology::PlacementHandle;
 use tokio::net::TcpStream;
+use tokio::task::JoinHandle;
+
+use super::{Model, WINDOW_MS, sleep_until_ms};
 
 /// One connection to an aggregator.
 pub struct WireClient {
@@ -122,4 +128,94 @@ impl RoutingSender {
         }
         deliveries
     }
+}
+
+/// A window's values, and the raw samples behind its timers by series id.
+pub type Window = (Vec<SeriesValue>, HashMap<Vec<u8>, Vec<f64>>);
+
+/// What senders sent: the model of what was acknowledged, and the refused
+/// deliveries counted by (aggregator, reason).
+pub struct Sent {
+    pub model: Model,
+    pub refused: HashMap<(String, String), u64>,
+}
+
+impl Sent {
+    pub fn new(policies: &[&str]) -> Sent {
+        Sent { model: Model::new(policies), refused: HashMap::new() }
+    }
+
+    /// Refusals for `reason`, by every aggregator.
+    pub fn refused(&self, reason: &str) -> u64 {
+        self.refused.iter().filter(|((_, refused_for), _)| refused_for == reason).map(|(_, count)| count).sum()
+    }
+
+    /// Adds what another sender sent.
+    pub fn absorb(&mut self, other: Sent) {
+        self.model.absorb(other.model);
+        for (key, count) in other.refused {
+            *self.refused.entry(key).or_default() += count;
+        }
+    }
+}
+
+/// Sends `windows` consecutive windows of `WINDOW_MS` from `first` through
+/// `wire`, each `delay_ms` after it ends; `values(start)` makes the window
+/// at `start`.
+pub async fn send_windows(
+    wire: &mut RoutingSender,
+    policies: &[&str],
+    first: i64,
+    windows: i64,
+    delay_ms: i64,
+    values: impl Fn(i64) -> Window,
+) -> Sent {
+    let mut sent = Sent::new(policies);
+    for index in 0..windows {
+        let start = first + index * WINDOW_MS;
+        sleep_until_ms(start + WINDOW_MS + delay_ms).await;
+        let (values, samples) = values(start);
+        for delivery in wire.send_window(start, WINDOW_MS as u32, &values).await {
+            if delivery.status() != AckStatus::Ok {
+                *sent.refused.entry((delivery.instance_id, delivery.ack.reason)).or_default() += 1;
+                continue;
+            }
+            sent.model.accept(start, &delivery.values);
+            for value in delivery.values.iter().filter(|value| value.r#type == MetricType::Timer as i32) {
+                sent.model.samples(start, MetricKind::Timer, &value.series_id, &samples[&value.series_id]);
+            }
+        }
+    }
+    sent
+}
+
+/// Starts `count` senders (`sender-0`, ...) routing by `placement`, each
+/// sending `windows` windows from `first`, sender n n × 3 ms after each
+/// window ends; `values(n, start)` makes sender n's window at `start`.
+pub fn spawn_senders(
+    count: usize,
+    placement: &PlacementHandle,
+    policies: &'static [&'static str],
+    first: i64,
+    windows: i64,
+    values: fn(usize, i64) -> Window,
+) -> Vec<JoinHandle<Sent>> {
+    (0..count)
+        .map(|sender| {
+            let mut wire = RoutingSender::new(&format!("sender-{sender}"), placement.clone());
+            tokio::spawn(async move {
+                let delay_ms = 3 * sender as i64;
+                send_windows(&mut wire, policies, first, windows, delay_ms, |start| values(sender, start)).await
+            })
+        })
+        .collect()
+}
+
+/// Waits for `senders` and adds up what they sent.
+pub async fn join_senders(senders: Vec<JoinHandle<Sent>>, policies: &[&str]) -> Sent {
+    let mut sent = Sent::new(policies);
+    for sender in senders {
+        sent.absorb(sender.await.expect("sender task"));
+    }
+    sent
 }
