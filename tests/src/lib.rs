@@ -4,6 +4,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use tessera_testkit::daemons::Daemon;
 use tessera_testkit::prometheus::Prometheus;
 
 /// `127.0.0.1:port`.
@@ -17,6 +18,16 @@ pub fn scalar(prometheus: &Prometheus, promql: &str) -> Option<f64> {
     let result = prometheus.query(promql, now);
     let series = result.as_array()?;
     (series.len() == 1).then(|| series[0]["value"][1].as_str()?.parse().ok())?
+}
+
+/// Polls `promql` every 200 ms until its single value is `expected`; fails after
+/// `timeout` with the value it last had.
+pub fn wait_for_scalar(prometheus: &Prometheus, promql: &str, expected: f64, timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    while scalar(prometheus, promql) != Some(expected) {
+        assert!(Instant::now() < deadline, "{promql} = {:?}, expected {expected}", scalar(prometheus, promql));
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }
 
 /// Polls `check` every 200 ms until it holds; fails with `what` after `timeout`.
@@ -38,4 +49,55 @@ pub fn static_placement(dir: &Path, aggregator_port: u16) -> String {
     )
     .unwrap();
     format!("[placement]\nkind = \"static\"\npath = {:?}\n", path.display().to_string())
+}
+
+/// Starts the binary `binary` as `name` with `config` and a `[telemetry]` table
+/// listening on `telemetry_port`; waits until it is ready.
+pub fn start_daemon(name: &str, binary: &str, config: &str, telemetry_port: u16) -> Daemon {
+    let telemetry = loopback(telemetry_port);
+    Daemon::start(name, binary, &format!("{config}[telemetry]\nlisten = \"{telemetry}\"\n"), telemetry)
+}
+
+/// An ingester's config: it listens on `port`, queues in `data_dir` and writes
+/// to `remote_write_url`. `settings` (top-level keys, then tables) come before
+/// the `[sink]` table, `sink_settings` go into it.
+pub fn ingester_config(
+    port: u16,
+    data_dir: &Path,
+    remote_write_url: &str,
+    settings: &str,
+    sink_settings: &str,
+) -> String {
+    format!(
+        "listen = \"127.0.0.1:{port}\"\ndata_dir = {:?}\n{settings}\
+         [sink]\nkind = \"remote_write\"\nurl = \"{remote_write_url}\"\n{sink_settings}",
+        data_dir.display().to_string()
+    )
+}
+
+/// Aggregator `id`'s config: it listens on `port` with `settings` (top-level
+/// keys, `policies` among them), finds its shards in `placement` and sends to
+/// the ingester on `ingester_port`; `ingester_settings` go into `[ingester]`.
+pub fn aggregator_config(
+    id: &str,
+    port: u16,
+    settings: &str,
+    placement: &str,
+    ingester_port: u16,
+    ingester_settings: &str,
+) -> String {
+    format!(
+        "instance_id = \"{id}\"\nlisten = \"127.0.0.1:{port}\"\n{settings}{placement}\
+         [ingester]\nendpoints = [\"127.0.0.1:{ingester_port}\"]\n{ingester_settings}"
+    )
+}
+
+/// Collector `id`'s config: statsd on UDP `statsd_port`, aggregators found in
+/// `placement`, reconnecting to them after 20 ms to 200 ms; `forward_settings`
+/// go into `[forward]`, which comes last.
+pub fn collector_config(id: &str, statsd_port: u16, placement: &str, forward_settings: &str) -> String {
+    format!(
+        "instance_id = \"{id}\"\n[udp]\nlisten = \"127.0.0.1:{statsd_port}\"\n{placement}\
+         [forward]\nreconnect_min_ms = 20\nreconnect_max_ms = 200\n{forward_settings}"
+    )
 }

@@ -21,10 +21,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use tessera_testkit::daemons::Daemon;
 use tessera_testkit::free_port;
 use tessera_testkit::prometheus::Prometheus;
-use tessera_tests::{loopback, scalar, static_placement, wait_until};
+use tessera_tests::{
+    aggregator_config, collector_config, ingester_config, loopback, start_daemon, static_placement, wait_for_scalar,
+    wait_until,
+};
 
 const SERIES: u64 = 1_500;
 
@@ -137,47 +139,28 @@ fn storage_trouble_backs_up_the_chain_and_every_loss_is_counted_where_it_happene
     let front = StorageFront::start(prometheus_address);
     let dir = tempfile::tempdir().unwrap();
     let (ingester_port, aggregator_port, statsd_port) = (free_port(), free_port(), free_port());
-    let telemetry = [free_port(), free_port(), free_port()];
-    let ingester = Daemon::start(
-        "ingester",
-        "tessera-ingester",
-        &format!(
-            "listen = \"127.0.0.1:{ingester_port}\"\ndata_dir = {:?}\n\
-             [queue]\nmax_queue_bytes = 262144\nsegment_max_bytes = 65536\n\
-             [pool]\nretry_initial_backoff_ms = 50\nretry_max_backoff_ms = 500\n\
-             [sink]\nkind = \"remote_write\"\nurl = \"http://{}/api/v1/write\"\n\
-             [telemetry]\nlisten = \"127.0.0.1:{}\"\n",
-            dir.path().join("ingester").display().to_string(),
-            front.address,
-            telemetry[0]
-        ),
-        loopback(telemetry[0]),
+    let ingester_text = ingester_config(
+        ingester_port,
+        &dir.path().join("ingester"),
+        &format!("http://{}/api/v1/write", front.address),
+        "[queue]\nmax_queue_bytes = 262144\nsegment_max_bytes = 65536\n\
+         [pool]\nretry_initial_backoff_ms = 50\nretry_max_backoff_ms = 500\n",
+        "",
     );
+    let ingester = start_daemon("ingester", "tessera-ingester", &ingester_text, free_port());
     let placement = static_placement(dir.path(), aggregator_port);
-    let aggregator = Daemon::start(
-        "aggregator",
-        "tessera-aggregator",
-        &format!(
-            "instance_id = \"agg-1\"\nlisten = \"127.0.0.1:{aggregator_port}\"\npolicies = [\"1s:1h\"]\n\
-             max_buffer_past_ms = 8000\n{placement}\
-             [ingester]\nendpoints = [\"127.0.0.1:{ingester_port}\"]\nmax_frame_bytes = 32768\n\
-             max_buffer_bytes = 131072\nreconnect_min_ms = 20\nreconnect_max_ms = 200\n\
-             [telemetry]\nlisten = \"127.0.0.1:{}\"\n",
-            telemetry[1]
-        ),
-        loopback(telemetry[1]),
+    let aggregator_text = aggregator_config(
+        "agg-1",
+        aggregator_port,
+        "policies = [\"1s:1h\"]\nmax_buffer_past_ms = 8000\n",
+        &placement,
+        ingester_port,
+        "max_frame_bytes = 32768\nmax_buffer_bytes = 131072\nreconnect_min_ms = 20\nreconnect_max_ms = 200\n",
     );
-    let collector = Daemon::start(
-        "collector",
-        "tessera-collector",
-        &format!(
-            "instance_id = \"host-1\"\n[udp]\nlisten = \"127.0.0.1:{statsd_port}\"\n{placement}\
-             [forward]\nmax_frame_bytes = 32768\nmax_queue_bytes = 131072\nreconnect_min_ms = 20\nreconnect_max_ms = 200\n\
-             [telemetry]\nlisten = \"127.0.0.1:{}\"\n",
-            telemetry[2]
-        ),
-        loopback(telemetry[2]),
-    );
+    let aggregator = start_daemon("aggregator", "tessera-aggregator", &aggregator_text, free_port());
+    let collector_text =
+        collector_config("host-1", statsd_port, &placement, "max_frame_bytes = 32768\nmax_queue_bytes = 131072\n");
+    let collector = start_daemon("collector", "tessera-collector", &collector_text, free_port());
 
     // One increment of every series per second, sent mid-second: each lands
     // alone in its collector window and its 1 s tile.
@@ -221,9 +204,7 @@ fn storage_trouble_backs_up_the_chain_and_every_loss_is_counted_where_it_happene
     let written = || ingester.metric("tessera_ingester_samples_written_total", "");
     wait_until("the ingester's queue to drain", Duration::from_secs(60), || written() == delivered());
     let expected = sent as f64 - collector_drops() - aggregator_drops();
-    wait_until("Prometheus to hold every delivered increment", Duration::from_secs(30), || {
-        scalar(&prometheus, "sum(chain_hits_total{resolution=\"1s\"})") == Some(expected)
-    });
+    wait_for_scalar(&prometheus, "sum(chain_hits_total{resolution=\"1s\"})", expected, Duration::from_secs(30));
 
     // The chain really backed up, hop by hop, and every loss was counted.
     assert_eq!(

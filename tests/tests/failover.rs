@@ -21,7 +21,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tessera_testkit::daemons::{Daemon, binary};
 use tessera_testkit::prometheus::Prometheus;
 use tessera_testkit::{free_port, http_get};
-use tessera_tests::{loopback, scalar, wait_until};
+use tessera_tests::{aggregator_config, collector_config, ingester_config, loopback, scalar, start_daemon, wait_until};
 use tessera_topology::testing::EtcdServer;
 
 const SERIES: usize = 10;
@@ -81,18 +81,9 @@ fn a_killed_leader_costs_no_tile_through_the_real_ingester() {
     let prometheus = Prometheus::start();
     let dir = tempfile::tempdir().unwrap();
     let ingester_port = free_port();
-    let ingester_telemetry = free_port();
-    let ingester = Daemon::start(
-        "ingester",
-        "tessera-ingester",
-        &format!(
-            "listen = \"127.0.0.1:{ingester_port}\"\ndata_dir = {:?}\n[sink]\nkind = \"remote_write\"\nurl = \"{}\"\n\
-             [telemetry]\nlisten = \"127.0.0.1:{ingester_telemetry}\"\n",
-            dir.path().join("ingester").display().to_string(),
-            prometheus.remote_write_url(),
-        ),
-        loopback(ingester_telemetry),
-    );
+    let ingester_text =
+        ingester_config(ingester_port, &dir.path().join("ingester"), &prometheus.remote_write_url(), "", "");
+    let ingester = start_daemon("ingester", "tessera-ingester", &ingester_text, free_port());
 
     let ports = [free_port(), free_port()];
     let status = Command::new(binary("tessera"))
@@ -111,31 +102,17 @@ fn a_killed_leader_costs_no_tile_through_the_real_ingester() {
         .iter()
         .zip(ports)
         .map(|(id, port)| {
-            let telemetry = free_port();
-            Daemon::start(
-                id,
-                "tessera-aggregator",
-                &format!(
-                    "instance_id = \"{id}\"\nlisten = \"127.0.0.1:{port}\"\npolicies = [\"1s:1h\", \"10s:1h\"]\n\
-                     buffer_past_ms = 500\nmax_buffer_past_ms = 3000\nliveness_ttl_secs = {TTL_SECS}\n{placement}\
-                     [ingester]\nendpoints = [\"127.0.0.1:{ingester_port}\"]\n\
-                     [telemetry]\nlisten = \"127.0.0.1:{telemetry}\"\n"
-                ),
-                loopback(telemetry),
-            )
+            let settings = format!(
+                "policies = [\"1s:1h\", \"10s:1h\"]\nbuffer_past_ms = 500\nmax_buffer_past_ms = 3000\n\
+                 liveness_ttl_secs = {TTL_SECS}\n"
+            );
+            let config = aggregator_config(id, port, &settings, &placement, ingester_port, "");
+            start_daemon(id, "tessera-aggregator", &config, free_port())
         })
         .collect();
-    let (statsd, collector_telemetry) = (free_port(), free_port());
-    let _collector = Daemon::start(
-        "collector",
-        "tessera-collector",
-        &format!(
-            "instance_id = \"host-1\"\n[udp]\nlisten = \"127.0.0.1:{statsd}\"\n{placement}\
-             [forward]\nreconnect_min_ms = 20\nreconnect_max_ms = 200\n\
-             [telemetry]\nlisten = \"127.0.0.1:{collector_telemetry}\"\n"
-        ),
-        loopback(collector_telemetry),
-    );
+    let statsd = free_port();
+    let collector_text = collector_config("host-1", statsd, &placement, "");
+    let _collector = start_daemon("collector", "tessera-collector", &collector_text, free_port());
     let leads = |daemon: &Daemon| daemon.metric("tessera_aggregator_leader", "") == 1.0;
     wait_until("one leader", Duration::from_secs(15), || aggregators.iter().filter(|a| leads(a)).count() == 1);
     let leader = aggregators.iter().position(leads).unwrap();

@@ -10,10 +10,17 @@ use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream, UdpSocket};
 use std::time::{Duration, Instant};
 
-use tessera_testkit::daemons::Daemon;
 use tessera_testkit::prometheus::Prometheus;
 use tessera_testkit::{free_port, http_get};
-use tessera_tests::{loopback, scalar, static_placement};
+use tessera_tests::{
+    aggregator_config, collector_config, ingester_config, loopback, scalar, start_daemon, static_placement,
+    wait_for_scalar,
+};
+
+/// The aggregator's one policy: 1 s tiles.
+const POLICY: &str = "policies = [\"1s:1h\"]\n";
+/// How long the good counters may take to reach Prometheus.
+const WAIT: Duration = Duration::from_secs(30);
 
 /// Deterministic bytes (xorshift), newlines and all.
 fn noise(seed: u64, len: usize) -> Vec<u8> {
@@ -66,41 +73,16 @@ fn garbage_on_every_port_is_refused_and_counted_and_good_data_beside_it_arrives(
     let prometheus = Prometheus::start();
     let dir = tempfile::tempdir().unwrap();
     let (ingester_port, aggregator_port, statsd_port) = (free_port(), free_port(), free_port());
-    let telemetry = [free_port(), free_port(), free_port()];
-    let ingester = Daemon::start(
-        "ingester",
-        "tessera-ingester",
-        &format!(
-            "listen = \"127.0.0.1:{ingester_port}\"\ndata_dir = {:?}\n[sink]\nkind = \"remote_write\"\nurl = \"{}\"\n\
-             [telemetry]\nlisten = \"127.0.0.1:{}\"\n",
-            dir.path().join("ingester").display().to_string(),
-            prometheus.remote_write_url(),
-            telemetry[0]
-        ),
-        loopback(telemetry[0]),
-    );
+    let ingester_text =
+        ingester_config(ingester_port, &dir.path().join("ingester"), &prometheus.remote_write_url(), "", "");
+    let ingester = start_daemon("ingester", "tessera-ingester", &ingester_text, free_port());
     let placement = static_placement(dir.path(), aggregator_port);
-    let aggregator = Daemon::start(
-        "aggregator",
-        "tessera-aggregator",
-        &format!(
-            "instance_id = \"agg-1\"\nlisten = \"127.0.0.1:{aggregator_port}\"\npolicies = [\"1s:1h\"]\n{placement}\
-             [ingester]\nendpoints = [\"127.0.0.1:{ingester_port}\"]\n[telemetry]\nlisten = \"127.0.0.1:{}\"\n",
-            telemetry[1]
-        ),
-        loopback(telemetry[1]),
-    );
-    let collector = Daemon::start(
-        "collector",
-        "tessera-collector",
-        &format!(
-            "instance_id = \"host-1\"\n[udp]\nlisten = \"127.0.0.1:{statsd_port}\"\n[tcp]\nlisten = \"127.0.0.1:{statsd_port}\"\n\
-             {placement}[forward]\nreconnect_min_ms = 20\nreconnect_max_ms = 200\n\
-             [telemetry]\nlisten = \"127.0.0.1:{}\"\n",
-            telemetry[2]
-        ),
-        loopback(telemetry[2]),
-    );
+    let aggregator_text = aggregator_config("agg-1", aggregator_port, POLICY, &placement, ingester_port, "");
+    let aggregator = start_daemon("aggregator", "tessera-aggregator", &aggregator_text, free_port());
+    let collector_text = collector_config("host-1", statsd_port, &placement, "");
+    let tcp_listener = format!("[tcp]\nlisten = \"127.0.0.1:{statsd_port}\"\n");
+    let collector = start_daemon("collector", "tessera-collector", &(collector_text + &tcp_listener), free_port());
+    let telemetry = [ingester.telemetry, aggregator.telemetry, collector.telemetry];
     let statsd = loopback(statsd_port);
 
     let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
@@ -121,7 +103,7 @@ fn garbage_on_every_port_is_refused_and_counted_and_good_data_beside_it_arrives(
         match round % 4 {
             0 => wire_garbage(loopback(aggregator_port)),
             1 => wire_garbage(loopback(ingester_port)),
-            2 => telemetry.iter().for_each(|port| http_garbage(loopback(*port))),
+            2 => telemetry.into_iter().for_each(http_garbage),
             _ => {
                 // Statsd TCP: noise, and a line far over the line limit, on their own connections.
                 throw(statsd, &noise(round, 8192));
@@ -136,21 +118,12 @@ fn garbage_on_every_port_is_refused_and_counted_and_good_data_beside_it_arrives(
     }
     tcp.shutdown(Shutdown::Write).unwrap();
 
-    for (daemon, port) in [(&ingester, telemetry[0]), (&aggregator, telemetry[1]), (&collector, telemetry[2])] {
-        let (status, _) = http_get(loopback(port), "/readyz").unwrap();
+    for daemon in [&ingester, &aggregator, &collector] {
+        let (status, _) = http_get(daemon.telemetry, "/readyz").unwrap();
         assert_eq!(status, 200, "{} is up and ready after the garbage:\n{}", daemon.name, daemon.log());
     }
-    let expected = [
-        ("sum(garbage_udp_total{resolution=\"1s\"})", udp_rounds * 10),
-        ("sum(garbage_tcp_total{resolution=\"1s\"})", tcp_lines),
-    ];
-    for (query, value) in expected {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while scalar(&prometheus, query) != Some(value as f64) {
-            assert!(Instant::now() < deadline, "{query} = {:?}, expected {value}", scalar(&prometheus, query));
-            std::thread::sleep(Duration::from_millis(200));
-        }
-    }
+    wait_for_scalar(&prometheus, "sum(garbage_udp_total{resolution=\"1s\"})", (udp_rounds * 10) as f64, WAIT);
+    wait_for_scalar(&prometheus, "sum(garbage_tcp_total{resolution=\"1s\"})", tcp_lines as f64, WAIT);
     assert!(collector.metric("tessera_collector_parse_errors_total", "") > 0.0, "garbage lines counted");
     assert!(aggregator.metric("tessera_aggregator_frame_errors_total", "") > 0.0, "garbage frames counted");
     assert!(ingester.metric("tessera_ingester_frame_errors_total", "") > 0.0, "garbage frames counted");

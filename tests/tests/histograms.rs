@@ -23,7 +23,9 @@ use tessera_core::sketch::bucket_relative_width;
 use tessera_testkit::daemons::Daemon;
 use tessera_testkit::free_port;
 use tessera_testkit::prometheus::Prometheus;
-use tessera_tests::{loopback, static_placement, wait_until};
+use tessera_tests::{
+    aggregator_config, collector_config, ingester_config, loopback, start_daemon, static_placement, wait_until,
+};
 
 fn now_secs() -> f64 {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs_f64()
@@ -33,7 +35,7 @@ struct Stack {
     prometheus: Prometheus,
     ingester: Daemon,
     ingester_config: String,
-    ingester_telemetry: SocketAddr,
+    ingester_telemetry: u16,
     _aggregator: Daemon,
     /// (collector, its statsd address), one per host.
     collectors: Vec<(Daemon, SocketAddr)>,
@@ -46,47 +48,38 @@ impl Stack {
         let prometheus = Prometheus::start();
         let dir = tempfile::tempdir().unwrap();
         let (ingester_port, aggregator_port) = (free_port(), free_port());
-        let ingester_telemetry = loopback(free_port());
-        let ingester_config = format!(
-            "listen = \"127.0.0.1:{ingester_port}\"\ndata_dir = {:?}\n\
-             [sink]\nkind = \"remote_write\"\nurl = \"{}\"\nhistograms = \"native\"\nmax_buckets = {max_buckets}\n\
-             [telemetry]\nlisten = \"{ingester_telemetry}\"\n",
-            dir.path().join("ingester").display().to_string(),
-            prometheus.remote_write_url(),
+        let ingester_telemetry = free_port();
+        let ingester_text = ingester_config(
+            ingester_port,
+            &dir.path().join("ingester"),
+            &prometheus.remote_write_url(),
+            "",
+            &format!("histograms = \"native\"\nmax_buckets = {max_buckets}\n"),
         );
-        let ingester = Daemon::start("ingester", "tessera-ingester", &ingester_config, ingester_telemetry);
+        let ingester = start_daemon("ingester", "tessera-ingester", &ingester_text, ingester_telemetry);
         let placement = static_placement(dir.path(), aggregator_port);
-        let aggregator_telemetry = loopback(free_port());
-        let aggregator = Daemon::start(
-            "aggregator",
-            "tessera-aggregator",
-            &format!(
-                "instance_id = \"agg-1\"\nlisten = \"127.0.0.1:{aggregator_port}\"\npolicies = [\"1s:1h\"]\n{placement}\
-                 [ingester]\nendpoints = [\"127.0.0.1:{ingester_port}\"]\nreconnect_min_ms = 20\nreconnect_max_ms = 200\n\
-                 [telemetry]\nlisten = \"{aggregator_telemetry}\"\n"
-            ),
-            aggregator_telemetry,
+        let aggregator_text = aggregator_config(
+            "agg-1",
+            aggregator_port,
+            "policies = [\"1s:1h\"]\n",
+            &placement,
+            ingester_port,
+            "reconnect_min_ms = 20\nreconnect_max_ms = 200\n",
         );
+        let aggregator = start_daemon("aggregator", "tessera-aggregator", &aggregator_text, free_port());
         let collectors = (1..=hosts)
             .map(|host| {
-                let (statsd, telemetry) = (loopback(free_port()), loopback(free_port()));
-                let collector = Daemon::start(
-                    &format!("collector-{host}"),
-                    "tessera-collector",
-                    &format!(
-                        "instance_id = \"host-{host}\"\n[udp]\nlisten = \"{statsd}\"\n{placement}\
-                         [forward]\nreconnect_min_ms = 20\nreconnect_max_ms = 200\n[telemetry]\nlisten = \"{telemetry}\"\n"
-                    ),
-                    telemetry,
-                );
-                (collector, statsd)
+                let statsd_port = free_port();
+                let config = collector_config(&format!("host-{host}"), statsd_port, &placement, "");
+                let collector = start_daemon(&format!("collector-{host}"), "tessera-collector", &config, free_port());
+                (collector, loopback(statsd_port))
             })
             .collect();
         let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
         Stack {
             prometheus,
             ingester,
-            ingester_config,
+            ingester_config: ingester_text,
             ingester_telemetry,
             _aggregator: aggregator,
             collectors,
@@ -149,7 +142,7 @@ impl Stack {
         } else {
             self.ingester.kill();
         }
-        self.ingester = Daemon::start("ingester", "tessera-ingester", &self.ingester_config, self.ingester_telemetry);
+        self.ingester = start_daemon("ingester", "tessera-ingester", &self.ingester_config, self.ingester_telemetry);
     }
 }
 

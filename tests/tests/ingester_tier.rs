@@ -35,7 +35,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tessera_testkit::daemons::{Daemon, binary};
 use tessera_testkit::free_port;
 use tessera_testkit::prometheus::{NO_SCRAPES, Prometheus};
-use tessera_tests::{loopback, static_placement, wait_until};
+use tessera_tests::{ingester_config, loopback, start_daemon, static_placement, wait_until};
 use tessera_topology::testing::EtcdServer;
 
 const SERIES: usize = 10_000;
@@ -114,25 +114,20 @@ struct Ingesters {
 }
 
 impl Ingesters {
-    fn config(&self, id: &str, telemetry: u16) -> String {
-        let port = self.ports[id];
-        format!(
-            "instance_id = \"{id}\"\nlisten = \"127.0.0.1:{port}\"\ndata_dir = {:?}\n\
+    fn config(&self, id: &str) -> String {
+        let settings = format!(
+            "instance_id = \"{id}\"\n\
              [queue]\nfsync = \"always\"\n\
-             [sink]\nkind = \"remote_write\"\nurl = \"{}\"\n\
-             [telemetry]\nlisten = \"127.0.0.1:{telemetry}\"\n\
              [placement]\nliveness_ttl_secs = {TTL_SECS}\nnum_shards = 32\nmove_delay_secs = 2\n\
              move_boundary_secs = 10\nsettle_secs = 8\n\
              [placement.etcd]\nendpoints = [\"{}\"]\nenv = \"{ENV}\"\nrequest_timeout_ms = 1000\n",
-            self.dir.path().join(id).display().to_string(),
-            self.remote_write,
             self.etcd_endpoint,
-        )
+        );
+        ingester_config(self.ports[id], &self.dir.path().join(id), &self.remote_write, &settings, "")
     }
 
     fn start(&self, id: &str) -> Daemon {
-        let telemetry = free_port();
-        Daemon::start(id, "tessera-ingester", &self.config(id, telemetry), loopback(telemetry))
+        start_daemon(id, "tessera-ingester", &self.config(id), free_port())
     }
 }
 
@@ -193,31 +188,19 @@ fn the_ingester_tier_scales_out_and_fails_over_with_exact_counters() {
     let mut running: HashMap<&str, Daemon> =
         ["ing-1", "ing-2", "ing-3"].iter().map(|id| (*id, ingesters.start(id))).collect();
 
-    let (aggregator_port, aggregator_telemetry) = (free_port(), free_port());
+    let aggregator_port = free_port();
     let placement = static_placement(ingesters.dir.path(), aggregator_port);
-    let aggregator = Daemon::start(
-        "agg-1",
-        "tessera-aggregator",
-        &format!(
-            "instance_id = \"agg-1\"\nlisten = \"127.0.0.1:{aggregator_port}\"\npolicies = [\"5s:1h\"]\n\
-             buffer_past_ms = 1000\nmax_buffer_past_ms = 4000\n{placement}\
-             [ingester]\nreconnect_min_ms = 20\nreconnect_max_ms = 200\nconnect_timeout_ms = 500\n\
-             [ingester.placement]\nkind = \"etcd\"\nendpoints = [\"{}\"]\nenv = \"{ENV}\"\nrequest_timeout_ms = 1000\n\
-             [telemetry]\nlisten = \"127.0.0.1:{aggregator_telemetry}\"\n",
-            etcd.endpoint()
-        ),
-        loopback(aggregator_telemetry),
+    let aggregator_text = format!(
+        "instance_id = \"agg-1\"\nlisten = \"127.0.0.1:{aggregator_port}\"\npolicies = [\"5s:1h\"]\n\
+         buffer_past_ms = 1000\nmax_buffer_past_ms = 4000\n{placement}\
+         [ingester]\nreconnect_min_ms = 20\nreconnect_max_ms = 200\nconnect_timeout_ms = 500\n\
+         [ingester.placement]\nkind = \"etcd\"\nendpoints = [\"{}\"]\nenv = \"{ENV}\"\nrequest_timeout_ms = 1000\n",
+        etcd.endpoint()
     );
-    let (statsd, collector_telemetry) = (free_port(), free_port());
-    let collector = Daemon::start(
-        "collector",
-        "tessera-collector",
-        &format!(
-            "instance_id = \"host-1\"\n[udp]\nlisten = \"127.0.0.1:{statsd}\"\n{placement}\
-             [telemetry]\nlisten = \"127.0.0.1:{collector_telemetry}\"\n"
-        ),
-        loopback(collector_telemetry),
-    );
+    let aggregator = start_daemon("agg-1", "tessera-aggregator", &aggregator_text, free_port());
+    let statsd = free_port();
+    let collector_text = format!("instance_id = \"host-1\"\n[udp]\nlisten = \"127.0.0.1:{statsd}\"\n{placement}");
+    let collector = start_daemon("collector", "tessera-collector", &collector_text, free_port());
     let started = now_secs();
     let mut sender = Sender::start(loopback(statsd));
     let owned = |ingester: &Daemon| ingester.metric("tessera_ingester_owned_shards", "");
@@ -292,7 +275,7 @@ fn the_ingester_tier_scales_out_and_fails_over_with_exact_counters() {
     println!("series with resets: {moved} of {SERIES}; most resets of one series: {:?}", resets.iter().max());
     assert!(resets.iter().all(|resets| *resets <= 3), "a shard moves at most three times in this run");
     assert!(moved > SERIES / 10, "shards moved, so some series were adopted: {moved}");
-    for reason in ["buffer_full", "no_ingester", "unroutable", "rejected", "too_large", "shutdown"] {
+    for reason in ["queue_full", "no_ingester", "unroutable", "rejected", "too_large", "shutdown"] {
         assert_eq!(
             aggregator.metric("tessera_aggregator_drops_total", &format!("reason=\"{reason}\"")),
             0.0,

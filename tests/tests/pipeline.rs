@@ -10,14 +10,11 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tessera_testkit::daemons::{Daemon, binary};
 use tessera_testkit::free_port;
 use tessera_testkit::prometheus::Prometheus;
+use tessera_tests::{aggregator_config, ingester_config, loopback, scalar, start_daemon};
 use tessera_topology::testing::EtcdServer;
 
 fn now_secs() -> f64 {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs_f64()
-}
-
-fn loopback(port: u16) -> SocketAddr {
-    ([127, 0, 0, 1], port).into()
 }
 
 /// Polls `check` until it returns `Some`, or fails with `what` after `timeout`.
@@ -30,16 +27,6 @@ fn eventually<T>(what: &str, timeout: Duration, mut check: impl FnMut() -> Optio
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
         std::thread::sleep(Duration::from_millis(200));
     }
-}
-
-/// The single value of an instant query, if it has exactly one series.
-fn scalar(prometheus: &Prometheus, promql: &str) -> Option<f64> {
-    let result = prometheus.query(promql, now_secs());
-    let series = result.as_array()?;
-    if series.len() != 1 {
-        return None;
-    }
-    series[0]["value"][1].as_str()?.parse().ok()
 }
 
 struct Stack {
@@ -62,17 +49,9 @@ fn start_stack() -> Stack {
     ));
 
     let ingester_port = free_port();
-    let ingester = Daemon::start(
-        "ingester",
-        "tessera-ingester",
-        &format!(
-            "listen = \"127.0.0.1:{ingester_port}\"\ndata_dir = {:?}\n[sink]\nkind = \"remote_write\"\nurl = \"{}\"\n[telemetry]\nlisten = \"127.0.0.1:{}\"\n",
-            dir.path().join("ingester").display().to_string(),
-            prometheus.remote_write_url(),
-            telemetry_ports[0]
-        ),
-        loopback(telemetry_ports[0]),
-    );
+    let ingester_text =
+        ingester_config(ingester_port, &dir.path().join("ingester"), &prometheus.remote_write_url(), "", "");
+    let ingester = start_daemon("ingester", "tessera-ingester", &ingester_text, telemetry_ports[0]);
 
     let aggregator_ports = [free_port(), free_port()];
     let status = Command::new(binary("tessera"))
@@ -92,31 +71,19 @@ fn start_stack() -> Stack {
     let aggregators = (0..2)
         .map(|i| {
             let name = format!("agg-{}", i + 1);
-            Daemon::start(
-                &name,
-                "tessera-aggregator",
-                &format!(
-                    "instance_id = \"{name}\"\nlisten = \"127.0.0.1:{}\"\npolicies = [\"10s:2d\"]\nbuffer_past_ms = 1000\n{}[ingester]\nendpoints = [\"127.0.0.1:{ingester_port}\"]\n[telemetry]\nlisten = \"127.0.0.1:{}\"\n",
-                    aggregator_ports[i],
-                    placement(&name),
-                    telemetry_ports[1 + i]
-                ),
-                loopback(telemetry_ports[1 + i]),
-            )
+            let settings = "policies = [\"10s:2d\"]\nbuffer_past_ms = 1000\n";
+            let config = aggregator_config(&name, aggregator_ports[i], settings, &placement(&name), ingester_port, "");
+            start_daemon(&name, "tessera-aggregator", &config, telemetry_ports[1 + i])
         })
         .collect();
 
     let statsd_port = free_port();
-    let collector = Daemon::start(
-        "collector",
-        "tessera-collector",
-        &format!(
-            "instance_id = \"host-1\"\n[udp]\nlisten = \"127.0.0.1:{statsd_port}\"\nreader_threads = 2\n{}[forward]\nreconnect_min_ms = 50\nreconnect_max_ms = 500\n[telemetry]\nlisten = \"127.0.0.1:{}\"\n",
-            placement("collector"),
-            telemetry_ports[3]
-        ),
-        loopback(telemetry_ports[3]),
+    let collector_text = format!(
+        "instance_id = \"host-1\"\n[udp]\nlisten = \"127.0.0.1:{statsd_port}\"\nreader_threads = 2\n{}\
+         [forward]\nreconnect_min_ms = 50\nreconnect_max_ms = 500\n",
+        placement("collector")
     );
+    let collector = start_daemon("collector", "tessera-collector", &collector_text, telemetry_ports[3]);
     // Keep the directory (configs, queue, caches) for the daemons' lifetime.
     std::mem::forget(dir);
     Stack { prometheus, _etcd: etcd, ingester, aggregators, collector, statsd: loopback(statsd_port) }

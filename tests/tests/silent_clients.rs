@@ -20,7 +20,9 @@ use tessera_proto::Role;
 use tessera_testkit::daemons::Daemon;
 use tessera_testkit::free_port;
 use tessera_testkit::prometheus::Prometheus;
-use tessera_tests::{loopback, scalar, static_placement};
+use tessera_tests::{
+    aggregator_config, collector_config, ingester_config, loopback, start_daemon, static_placement, wait_for_scalar,
+};
 use tessera_wire::client;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
@@ -79,42 +81,22 @@ async fn silent_slow_and_flooding_clients_do_not_hold_up_a_real_flow() {
     let prometheus = Prometheus::start();
     let dir = tempfile::tempdir().unwrap();
     let (ingester_port, aggregator_port, statsd_port) = (free_port(), free_port(), free_port());
-    let telemetry = [free_port(), free_port(), free_port()];
-    let ingester = Daemon::start(
-        "ingester",
-        "tessera-ingester",
-        &format!(
-            "listen = \"127.0.0.1:{ingester_port}\"\nidle_timeout_ms = {IDLE_MS}\ndata_dir = {:?}\n\
-             [sink]\nkind = \"remote_write\"\nurl = \"{}\"\n[telemetry]\nlisten = \"127.0.0.1:{}\"\n",
-            dir.path().join("ingester").display().to_string(),
-            prometheus.remote_write_url(),
-            telemetry[0]
-        ),
-        loopback(telemetry[0]),
-    );
+    let idle_timeout = format!("idle_timeout_ms = {IDLE_MS}\n");
+    let ingester_text =
+        ingester_config(ingester_port, &dir.path().join("ingester"), &prometheus.remote_write_url(), &idle_timeout, "");
+    let ingester = start_daemon("ingester", "tessera-ingester", &ingester_text, free_port());
     let placement = static_placement(dir.path(), aggregator_port);
-    let aggregator = Daemon::start(
-        "aggregator",
-        "tessera-aggregator",
-        &format!(
-            "instance_id = \"agg-1\"\nlisten = \"127.0.0.1:{aggregator_port}\"\npolicies = [\"1s:1h\"]\n\
-             max_connections = 600\nidle_timeout_ms = {IDLE_MS}\n{placement}\
-             [ingester]\nendpoints = [\"127.0.0.1:{ingester_port}\"]\nheartbeat_ms = 500\nreconnect_max_ms = 500\n\
-             [telemetry]\nlisten = \"127.0.0.1:{}\"\n",
-            telemetry[1]
-        ),
-        loopback(telemetry[1]),
+    let aggregator_text = aggregator_config(
+        "agg-1",
+        aggregator_port,
+        &format!("policies = [\"1s:1h\"]\nmax_connections = 600\n{idle_timeout}"),
+        &placement,
+        ingester_port,
+        "heartbeat_ms = 500\nreconnect_max_ms = 500\n",
     );
-    let _collector = Daemon::start(
-        "collector",
-        "tessera-collector",
-        &format!(
-            "instance_id = \"host-1\"\n[udp]\nlisten = \"127.0.0.1:{statsd_port}\"\n{placement}\
-             [forward]\nreconnect_min_ms = 20\nreconnect_max_ms = 200\n[telemetry]\nlisten = \"127.0.0.1:{}\"\n",
-            telemetry[2]
-        ),
-        loopback(telemetry[2]),
-    );
+    let aggregator = start_daemon("aggregator", "tessera-aggregator", &aggregator_text, free_port());
+    let collector_text = collector_config("host-1", statsd_port, &placement, "");
+    let _collector = start_daemon("collector", "tessera-collector", &collector_text, free_port());
 
     // Statsd all along, on a thread of its own.
     let sending = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
@@ -175,12 +157,9 @@ async fn silent_slow_and_flooding_clients_do_not_hold_up_a_real_flow() {
     sending.store(false, std::sync::atomic::Ordering::Relaxed);
     let rounds = sender.join().unwrap();
     let query = "sum(steady_hits_total{resolution=\"1s\"})";
-    let expected = (rounds * 10) as f64;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while scalar(&prometheus, query) != Some(expected) {
-        assert!(Instant::now() < deadline, "{query} = {:?}, expected {expected}", scalar(&prometheus, query));
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    tokio::task::block_in_place(|| {
+        wait_for_scalar(&prometheus, query, (rounds * 10) as f64, Duration::from_secs(30));
+    });
 
     let refused_by = |daemon: &Daemon, name: &str| daemon.metric(name, "reason=\"too_many_connections\"");
     let idle_closed = |daemon: &Daemon, name: &str| daemon.metric(name, "reason=\"idle_timeout\"");
