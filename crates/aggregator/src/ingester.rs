@@ -41,9 +41,10 @@ use tessera_core::shard::shard_of;
 use tessera_proto::{Frame, SeriesValue, TileBatch, frame::Body, framing};
 use tessera_runtime::Shutdown;
 use tessera_topology::{Destination, PlacementHandle, Routing};
-use tessera_wire::outbound::{self, Batch, DropReason, OutboundMetrics, SenderSettings};
+use tessera_wire::outbound::{self, Batch, SenderSettings};
 
-use crate::metrics::{DestinationMetrics, Metrics};
+use crate::metrics::Metrics;
+use tessera_wire::metrics::DestinationMetrics;
 
 mod encode;
 
@@ -59,41 +60,6 @@ pub fn heartbeat_frame() -> Vec<u8> {
         tessera_proto::Frame { body: Some(tessera_proto::frame::Body::Tiles(tessera_proto::TileBatch::default())) };
     tessera_proto::framing::encode_frame(&frame, tessera_proto::framing::DEFAULT_MAX_FRAME_BYTES)
         .expect("an empty tile batch is far under the frame limit")
-}
-
-impl OutboundMetrics for DestinationMetrics {
-    fn queued(&self, batches: usize, bytes: usize) {
-        self.buffer_batches.set(batches as i64);
-        self.buffer_bytes.set(bytes as i64);
-    }
-
-    fn dropped(&self, reason: DropReason, batches: u64, series: u64) {
-        let reason = match reason {
-            DropReason::Overflow => "buffer_full",
-            DropReason::Rejected => "rejected",
-            DropReason::Unexpandable => "expansion_failed",
-        };
-        DestinationMetrics::dropped(self, reason, batches, series);
-    }
-
-    fn connect_error(&self) {
-        self.connect_errors.inc();
-    }
-
-    fn send_error(&self, reason: &'static str) {
-        DestinationMetrics::send_error(self, reason);
-    }
-
-    fn rejected(&self, reason: &'static str) {
-        DestinationMetrics::rejected(self, reason);
-    }
-
-    fn delivered(&self, batch: &Batch, latency: Duration) {
-        self.ack_latency.observe(latency.as_secs_f64());
-        self.batches_sent.inc();
-        self.bytes_sent.inc_by(batch.frame.len() as u64);
-        self.series_sent.inc_by(batch.items);
-    }
 }
 
 /// One destination's queue, and whether the destination left the placement.

@@ -136,7 +136,7 @@ impl Aggregator {
         config.validate_settings()?;
         let instance_id = config.instance_id().to_owned();
         let metrics = Metrics::default();
-        telemetry.with_registry(|registry| metrics.register(registry));
+        telemetry.with_registry(|registry| metrics.register(registry, metrics::PREFIX));
         let readiness = Readiness::new();
         let listening = readiness.condition("listening");
         let placement_ready = readiness.condition("placement");

@@ -186,7 +186,7 @@ pub fn run_decoder(jobs: Receiver<Inbound>, mut decoder: Decoder, admission: Sen
                 refusal(sequence, reason, message)
             }
             Decoded::Protocol { reason, message } => {
-                metrics.frame_error(reason);
+                metrics.listener.frame_error(reason);
                 Reply::Close { reason, message }
             }
         };

@@ -14,7 +14,7 @@ use crossbeam_channel::Sender;
 use tessera_proto::framing;
 use tessera_proto::{Frame, frame::Body};
 use tessera_runtime::{RateLimitedLog, Shutdown};
-use tessera_wire::inbound::{self, AcceptSettings, InboundCounters, ListenerSettings, WireConnection, WireError};
+use tessera_wire::inbound::{self, AcceptSettings, ListenerSettings, WireConnection, WireError};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
 
@@ -26,21 +26,6 @@ static CONNECTION_LOG: RateLimitedLog = RateLimitedLog::new("aggregator.connecti
 
 /// Connection numbers, unique in the process (watermarks are kept per connection).
 static NEXT_CONNECTION: AtomicU64 = AtomicU64::new(1);
-
-impl InboundCounters for Metrics {
-    fn accept_error(&self) {
-        self.accept_errors.inc();
-    }
-    fn refused(&self) {
-        self.frame_error("too_many_connections");
-    }
-    fn opened(&self) {
-        self.connections.inc();
-    }
-    fn closed(&self) {
-        self.connections.dec();
-    }
-}
 
 /// Accepts connections until `shutdown` fires.
 pub async fn accept_loop(
@@ -59,7 +44,7 @@ pub async fn accept_loop(
             async move { serve_connection(stream, peer, &jobs, &settings, &metrics, &shutdown).await }
         }
     };
-    inbound::accept_loop(listener, accept, metrics, &CONNECTION_LOG, shutdown, serve).await;
+    inbound::accept_loop(listener, accept, metrics.listener.clone(), &CONNECTION_LOG, shutdown, serve).await;
 }
 
 async fn serve_connection(
@@ -92,7 +77,7 @@ async fn serve_connection(
 /// Counts and logs (at a limited rate) why a connection ended, unless it ended cleanly.
 fn closed(metrics: &Metrics, peer: SocketAddr, source: &str, error: &WireError) {
     if let Some(reason) = error.reason() {
-        metrics.frame_error(reason);
+        metrics.listener.frame_error(reason);
         if CONNECTION_LOG.allow() {
             tracing::warn!(%peer, source, reason, error = %error_chain(error), "closing connection");
         }

@@ -71,7 +71,7 @@ async fn nothing_is_lost_while_the_ingester_is_away_within_the_buffer_bound(merg
     let destination = format!("destination=\"{}\"", receiver.address);
     let connect_errors = metric_value(&telemetry, "tessera_aggregator_connect_errors_total", &destination).unwrap();
     assert!(connect_errors >= 1.0, "the outage was noticed");
-    assert_eq!(aggregator.metrics().drops("buffer_full", "series"), 0);
+    assert_eq!(aggregator.metrics().drops("queue_full", "series"), 0);
     shutdown.trigger();
     aggregator.wait().await;
 }
@@ -89,7 +89,7 @@ async fn past_the_buffer_bound_senders_are_pushed_back_and_drops_are_counted(mer
     let first = (now_ms() / WINDOW_MS + 1) * WINDOW_MS;
     let sent = send(routed, first, 12, 300, 2).await;
     let metrics = aggregator.metrics();
-    assert!(metrics.drops("buffer_full", "series") > 0, "tiles pushed out of the full buffer are counted");
+    assert!(metrics.drops("queue_full", "series") > 0, "tiles pushed out of the full buffer are counted");
     assert!(metrics.rejected_batches(AckReason::BufferFull) > 0, "collectors were pushed back");
     assert!(sent.refused("buffer_full") >= 5, "{:?}", sent.refused);
     let model = sent.model;
@@ -98,14 +98,14 @@ async fn past_the_buffer_bound_senders_are_pushed_back_and_drops_are_counted(mer
     // The books balance: every tile value of an accepted partial is delivered or
     // counted as dropped, once the last tile has closed and the buffer has drained.
     let destination = format!("destination=\"{}\"", receiver.address);
-    let buffered = || metric_value(&telemetry, "tessera_aggregator_buffer_bytes", &destination);
+    let buffered = || metric_value(&telemetry, "tessera_aggregator_queue_bytes", &destination);
     wait_until("every tile value delivered or counted as dropped", Duration::from_secs(15), || {
-        receiver.values().len() as u64 + metrics.drops("buffer_full", "series") >= model.tiles.len() as u64
+        receiver.values().len() as u64 + metrics.drops("queue_full", "series") >= model.tiles.len() as u64
             && buffered() == Some(0.0)
     })
     .await;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let (delivered, dropped) = (receiver.values().len() as u64, metrics.drops("buffer_full", "series"));
+    let (delivered, dropped) = (receiver.values().len() as u64, metrics.drops("queue_full", "series"));
     assert_eq!(delivered + dropped, model.tiles.len() as u64, "{delivered} delivered + {dropped} dropped");
     assert!(delivered > 0 && dropped > 0);
     assert_eq!(buffered(), Some(0.0), "the buffer drained");

@@ -354,8 +354,8 @@ tessera_collector_kernel_drops_total{socket=\"0\"} 1
 tessera_collector_parse_errors_total{listener=\"udp\",reason=\"bad_value\"} 2
 tessera_aggregator_partials_rejected_total{reason=\"too_late\"} 30
 tessera_aggregator_partials_rejected_total{reason=\"buffer_full\"} 5
-tessera_aggregator_drops_total{reason=\"buffer_full\",unit=\"batches\"} 2
-tessera_aggregator_drops_total{reason=\"buffer_full\",unit=\"series\"} 9
+tessera_aggregator_drops_total{reason=\"queue_full\",unit=\"batches\"} 2
+tessera_aggregator_drops_total{reason=\"queue_full\",unit=\"series\"} 9
 ";
         assert_eq!(drops_and_errors(&parse_metrics(text)), 30.0 + 4.0 + 1.0 + 2.0 + 9.0);
     }
@@ -396,5 +396,24 @@ tessera_aggregator_drops_total{reason=\"buffer_full\",unit=\"series\"} 9
             .filter_map(|line| line.split_whitespace().nth(1)?.parse::<f64>().ok())
             .next_back();
         assert_eq!(last_total, Some(20.0), "{text}");
+    }
+
+    /// The dashboard page reads metrics by name: every name it reads is one the daemons
+    /// declare, so a renamed metric cannot leave a chart silently empty.
+    #[test]
+    fn every_metric_the_dashboard_reads_is_declared_by_a_daemon() {
+        let telemetry = tessera_runtime::Telemetry::new("local", "test");
+        telemetry.with_registry(|registry| {
+            tessera_collector::metrics::Metrics::default().register(registry, tessera_collector::metrics::PREFIX);
+            tessera_aggregator::metrics::Metrics::default().register(registry, tessera_aggregator::metrics::PREFIX);
+            tessera_ingester::metrics::Metrics::default().register(registry, tessera_ingester::metrics::PREFIX);
+        });
+        let text = telemetry.encode().unwrap();
+        let declared: Vec<&str> =
+            text.lines().filter_map(|line| line.strip_prefix("# TYPE ")?.split(' ').next()).collect();
+        let families = tessera_runtime::telemetry::dashboard::families();
+        assert!(families.len() >= 20, "{families:?}");
+        let missing: Vec<&&str> = families.iter().filter(|family| !declared.contains(family)).collect();
+        assert!(missing.is_empty(), "the dashboard reads metrics no daemon declares: {missing:?}");
     }
 }

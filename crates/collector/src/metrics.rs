@@ -6,239 +6,82 @@
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
-use prometheus_client::registry::Registry;
+use prometheus_client::metrics::histogram::Histogram;
 use tessera_core::parse::RejectReason;
+use tessera_runtime::telemetry::{Labels, labels, latency_histogram};
+use tessera_wire::metrics::{DestinationMetrics, Items, SenderMetrics};
 
-type Labels = Vec<(&'static str, String)>;
+/// Every collector metric's name starts with this.
+pub const PREFIX: &str = "tessera_collector_";
 
-fn labels(pairs: &[(&'static str, &str)]) -> Labels {
-    pairs.iter().map(|(key, value)| (*key, (*value).to_owned())).collect()
-}
+/// What the collector's batches hold: partials, refused by aggregators for the
+/// aggregator's reasons, with series dictionaries.
+const ITEMS: Items = Items {
+    unit: "partials",
+    count_batches: false,
+    refusals: &tessera_proto::AckReason::FROM_AGGREGATOR,
+    dictionaries: true,
+};
 
-fn latency_histogram() -> Histogram {
-    // 100 µs .. ~26 s
-    Histogram::new(exponential_buckets(0.0001, 2.0, 19))
-}
-
-/// The collector's metrics.
-#[derive(Clone)]
-pub struct Metrics {
-    datagrams_received: Family<Labels, Counter>,
-    bytes_received: Family<Labels, Counter>,
-    lines_received: Family<Labels, Counter>,
-    events_received: Family<Labels, Counter>,
-    parse_errors: Family<Labels, Counter>,
-    receive_errors: Family<Labels, Counter>,
-    connections: Family<Labels, Gauge>,
-    /// Kernel receive-queue drops per UDP socket, read from `/proc/net/udp`.
-    pub kernel_drops: Family<Labels, Counter>,
-    drops: Family<Labels, Counter>,
-    /// Series in the last window cut (merged over every reader).
-    pub active_series: Gauge,
-    /// Series dropped from reader tables after being idle.
-    pub series_expired: Counter,
-    /// Gauge merges of reader partials whose order was ambiguous.
-    pub gauge_order_ambiguous: Counter,
-    /// How long merging and routing one window took.
-    pub flush_duration: Histogram,
-    /// How late a window was handed to forwarding after its end.
-    pub flush_lag: Histogram,
-    batches_sent: Family<Labels, Counter>,
-    bytes_sent: Family<Labels, Counter>,
-    partials_sent: Family<Labels, Counter>,
-    queue_batches: Family<Labels, Gauge>,
-    queue_bytes: Family<Labels, Gauge>,
-    ack_latency: Family<Labels, Histogram>,
-    connect_errors: Family<Labels, Counter>,
-    send_errors: Family<Labels, Counter>,
-    rejected_batches: Family<Labels, Counter>,
-    dictionary_series: Family<Labels, Gauge>,
-    dictionary_generations: Family<Labels, Counter>,
-    batches_expanded: Family<Labels, Counter>,
-    /// Receive buffer the kernel granted each UDP socket.
-    pub udp_recv_buffer_bytes: Gauge,
-    /// 1 when the kernel stamps every UDP datagram with its receive time
-    /// (gauge order across readers is exact), 0 when they are stamped on reading.
-    pub udp_receive_stamps: Gauge,
+tessera_runtime::metrics! {
+    /// The collector's metrics.
+    pub struct Metrics {
+        /// Datagrams (or stream reads) received, per listener
+        datagrams_received: Family<Labels, Counter>,
+        /// Bytes received, per listener
+        bytes_received: Family<Labels, Counter>,
+        /// Metric lines accepted, per listener
+        lines_received: Family<Labels, Counter>,
+        /// DogStatsD events and service checks recognised (not forwarded)
+        events_received: Family<Labels, Counter>,
+        /// Lines rejected by the parser, per listener and reason
+        parse_errors: Family<Labels, Counter>,
+        /// Receive (UDP, Unix) or accept (TCP) calls that failed, per listener
+        receive_errors: Family<Labels, Counter>,
+        /// Statsd stream connections refused, per listener and reason (too_many_connections)
+        frame_errors: Family<Labels, Counter>,
+        /// Statsd TCP connections open, per listener
+        connections: Family<Labels, Gauge>,
+        /// Datagrams the kernel dropped because a socket's receive queue was full
+        pub kernel_drops: Family<Labels, Counter>,
+        /// Data dropped by the collector, per reason and unit
+        drops: Family<Labels, Counter> = partial_drops(),
+        /// Series in the last window, merged over every reader
+        pub active_series: Gauge,
+        /// Idle series forgotten by reader tables
+        pub series_expired: Counter,
+        /// Gauge partials of several readers merged without knowing the order of every line
+        /// (more than 16 delta stamps per gauge, reader and window, or two sets with one stamp)
+        pub gauge_order_ambiguous: Counter,
+        /// Time to merge and route one window
+        pub flush_duration: Histogram [seconds] = latency_histogram(),
+        /// Time from a window's end to its batches being queued
+        pub flush_lag: Histogram [seconds] = latency_histogram(),
+        /// Receive buffer the kernel granted each UDP socket
+        pub udp_recv_buffer_bytes: Gauge,
+        /// 1 when the kernel stamps each UDP datagram with its receive time (gauge lines keep their
+        /// order across reader threads), 0 when datagrams are stamped when read
+        pub udp_receive_stamps: Gauge;
+        /// The senders' metrics, per destination aggregator
+        senders: SenderMetrics = SenderMetrics::new(ITEMS),
+    }
 }
 
 /// Why the flusher or a destination queue drops partials (`drops_total{unit="partials"}`).
 pub const PARTIAL_DROP_REASONS: [&str; 5] = ["no_owner", "queue_full", "rejected", "expansion_failed", "shutdown"];
 
-impl Default for Metrics {
-    fn default() -> Self {
-        let metrics = Metrics {
-            datagrams_received: Family::default(),
-            bytes_received: Family::default(),
-            lines_received: Family::default(),
-            events_received: Family::default(),
-            parse_errors: Family::default(),
-            receive_errors: Family::default(),
-            connections: Family::default(),
-            kernel_drops: Family::default(),
-            drops: Family::default(),
-            active_series: Gauge::default(),
-            series_expired: Counter::default(),
-            gauge_order_ambiguous: Counter::default(),
-            flush_duration: latency_histogram(),
-            flush_lag: latency_histogram(),
-            batches_sent: Family::default(),
-            bytes_sent: Family::default(),
-            partials_sent: Family::default(),
-            queue_batches: Family::default(),
-            queue_bytes: Family::default(),
-            ack_latency: Family::new_with_constructor(latency_histogram),
-            connect_errors: Family::default(),
-            send_errors: Family::default(),
-            rejected_batches: Family::default(),
-            dictionary_series: Family::default(),
-            dictionary_generations: Family::default(),
-            batches_expanded: Family::default(),
-            udp_recv_buffer_bytes: Gauge::default(),
-            udp_receive_stamps: Gauge::default(),
-        };
-        // Every drop reason is exported from the start, at 0: "nothing dropped" reads
-        // as 0, not as no data, so alerts and dashboards need no `or vector(0)`.
-        for reason in PARTIAL_DROP_REASONS {
-            let _ = metrics.drops.get_or_create(&labels(&[("reason", reason), ("unit", "partials")]));
-        }
-        metrics
+/// The drops family, with every partial drop reason exported from the start at 0:
+/// "nothing dropped" reads as 0, not as no data, so alerts and dashboards need no
+/// `or vector(0)`.
+fn partial_drops() -> Family<Labels, Counter> {
+    let drops = Family::<Labels, Counter>::default();
+    for reason in PARTIAL_DROP_REASONS {
+        let _ = drops.get_or_create(&labels(&[("reason", reason), ("unit", "partials")]));
     }
+    drops
 }
 
 impl Metrics {
-    /// Registers every metric in `registry`.
-    pub fn register(&self, registry: &mut Registry) {
-        let r = registry;
-        r.register(
-            "tessera_collector_datagrams_received",
-            "Datagrams (or stream reads) received, per listener",
-            self.datagrams_received.clone(),
-        );
-        r.register("tessera_collector_bytes_received", "Bytes received, per listener", self.bytes_received.clone());
-        r.register(
-            "tessera_collector_lines_received",
-            "Metric lines accepted, per listener",
-            self.lines_received.clone(),
-        );
-        r.register(
-            "tessera_collector_events_received",
-            "DogStatsD events and service checks recognised (not forwarded)",
-            self.events_received.clone(),
-        );
-        r.register(
-            "tessera_collector_parse_errors",
-            "Lines rejected by the parser, per listener and reason",
-            self.parse_errors.clone(),
-        );
-        r.register(
-            "tessera_collector_receive_errors",
-            "Receive (UDP, Unix) or accept (TCP) calls that failed, per listener",
-            self.receive_errors.clone(),
-        );
-        r.register(
-            "tessera_collector_connections",
-            "Statsd TCP connections open, per listener",
-            self.connections.clone(),
-        );
-        r.register(
-            "tessera_collector_kernel_drops",
-            "Datagrams the kernel dropped because a socket's receive queue was full",
-            self.kernel_drops.clone(),
-        );
-        r.register("tessera_collector_drops", "Data dropped by the collector, per reason and unit", self.drops.clone());
-        r.register(
-            "tessera_collector_active_series",
-            "Series in the last window, merged over every reader",
-            self.active_series.clone(),
-        );
-        r.register(
-            "tessera_collector_series_expired",
-            "Idle series forgotten by reader tables",
-            self.series_expired.clone(),
-        );
-        r.register(
-            "tessera_collector_gauge_order_ambiguous",
-            "Gauge partials of several readers merged without knowing the order of every line \
-             (more than 16 delta stamps per gauge, reader and window, or two sets with one stamp)",
-            self.gauge_order_ambiguous.clone(),
-        );
-        r.register(
-            "tessera_collector_flush_duration_seconds",
-            "Time to merge and route one window",
-            self.flush_duration.clone(),
-        );
-        r.register(
-            "tessera_collector_flush_lag_seconds",
-            "Time from a window's end to its batches being queued",
-            self.flush_lag.clone(),
-        );
-        r.register(
-            "tessera_collector_batches_sent",
-            "Partial batches acknowledged, per destination",
-            self.batches_sent.clone(),
-        );
-        r.register(
-            "tessera_collector_bytes_sent",
-            "Bytes of acknowledged batches, per destination",
-            self.bytes_sent.clone(),
-        );
-        r.register(
-            "tessera_collector_partials_sent",
-            "Series partials acknowledged, per destination",
-            self.partials_sent.clone(),
-        );
-        r.register("tessera_collector_queue_batches", "Batches waiting per destination", self.queue_batches.clone());
-        r.register("tessera_collector_queue_bytes", "Bytes waiting per destination", self.queue_bytes.clone());
-        r.register(
-            "tessera_collector_ack_latency_seconds",
-            "Time from sending a batch to its acknowledgement",
-            self.ack_latency.clone(),
-        );
-        r.register(
-            "tessera_collector_connect_errors",
-            "Failed connection attempts, per destination",
-            self.connect_errors.clone(),
-        );
-        r.register(
-            "tessera_collector_send_errors",
-            "Connections lost while sending or awaiting an ack, per destination and reason",
-            self.send_errors.clone(),
-        );
-        r.register(
-            "tessera_collector_rejected_batches",
-            "Batches a destination refused, per destination and reason",
-            self.rejected_batches.clone(),
-        );
-        r.register(
-            "tessera_collector_dictionary_series",
-            "Series named in the current series dictionary of each destination",
-            self.dictionary_series.clone(),
-        );
-        r.register(
-            "tessera_collector_dictionary_generations",
-            "Series dictionaries ended per destination, by why: connect (a new connection), dropped (a batch of it was dropped), rotated (too many idle series, a full dictionary, or the destination left the placement)",
-            self.dictionary_generations.clone(),
-        );
-        r.register(
-            "tessera_collector_batches_expanded",
-            "Batches encoded for an ended dictionary, re-encoded with full series ids before sending (result=ok) or dropped (result=error)",
-            self.batches_expanded.clone(),
-        );
-        r.register(
-            "tessera_collector_udp_recv_buffer_bytes",
-            "Receive buffer the kernel granted each UDP socket",
-            self.udp_recv_buffer_bytes.clone(),
-        );
-        r.register(
-            "tessera_collector_udp_receive_stamps",
-            "1 when the kernel stamps each UDP datagram with its receive time (gauge lines keep their order across \
-             reader threads), 0 when datagrams are stamped when read",
-            self.udp_receive_stamps.clone(),
-        );
-    }
-
     /// Handles for one listener (`udp`, `tcp`, `unix`).
     pub fn listener(&self, listener: &str) -> ListenerMetrics {
         let by_listener = labels(&[("listener", listener)]);
@@ -262,37 +105,21 @@ impl Metrics {
             connections: self.connections.get_or_create(&by_listener).clone(),
             series_limit: drops("series_limit", "lines"),
             truncated: drops("truncated", "datagrams"),
-            refused_connections: drops("too_many_connections", "connections"),
+            refused_connections: self
+                .frame_errors
+                .get_or_create(&labels(&[("listener", listener), ("reason", "too_many_connections")]))
+                .clone(),
         }
     }
 
     /// Handles for one destination instance.
     pub fn destination(&self, instance: &str) -> DestinationMetrics {
-        let by_destination = labels(&[("destination", instance)]);
-        for reason in tessera_proto::AckReason::refusal_labels(&tessera_proto::AckReason::FROM_AGGREGATOR) {
-            let _ = self.rejected_batches.get_or_create(&labels(&[("destination", instance), ("reason", reason)]));
-        }
-        DestinationMetrics {
-            batches_sent: self.batches_sent.get_or_create(&by_destination).clone(),
-            bytes_sent: self.bytes_sent.get_or_create(&by_destination).clone(),
-            partials_sent: self.partials_sent.get_or_create(&by_destination).clone(),
-            queue_batches: self.queue_batches.get_or_create(&by_destination).clone(),
-            queue_bytes: self.queue_bytes.get_or_create(&by_destination).clone(),
-            ack_latency: self.ack_latency.get_or_create(&by_destination).clone(),
-            connect_errors: self.connect_errors.get_or_create(&by_destination).clone(),
-            send_errors: self.send_errors.clone(),
-            rejected: self.rejected_batches.clone(),
-            dictionary_series: self.dictionary_series.get_or_create(&by_destination).clone(),
-            dictionary_generations: self.dictionary_generations.clone(),
-            batches_expanded: self.batches_expanded.clone(),
-            instance: instance.to_owned(),
-            drops: self.drops.clone(),
-        }
+        self.senders.destination(instance, &self.drops)
     }
 
     /// Dictionary generations of `destination` ended for `reason` so far.
     pub fn dictionary_generations_ended(&self, destination: &str, reason: &str) -> u64 {
-        self.dictionary_generations.get_or_create(&labels(&[("destination", destination), ("reason", reason)])).get()
+        self.senders.dictionary_generations_ended(destination, reason)
     }
 
     /// Counts series partials dropped for `reason`.
@@ -384,59 +211,6 @@ impl ListenerMetrics {
     }
 }
 
-/// Handles of one destination's sender.
-#[derive(Clone)]
-pub struct DestinationMetrics {
-    /// Batches acknowledged.
-    pub batches_sent: Counter,
-    /// Bytes acknowledged.
-    pub bytes_sent: Counter,
-    /// Partials acknowledged.
-    pub partials_sent: Counter,
-    /// Batches queued.
-    pub queue_batches: Gauge,
-    /// Bytes queued.
-    pub queue_bytes: Gauge,
-    /// Send-to-ack time.
-    pub ack_latency: Histogram,
-    /// Failed connects.
-    pub connect_errors: Counter,
-    send_errors: Family<Labels, Counter>,
-    rejected: Family<Labels, Counter>,
-    drops: Family<Labels, Counter>,
-    /// Series in the destination's current dictionary.
-    pub dictionary_series: Gauge,
-    dictionary_generations: Family<Labels, Counter>,
-    batches_expanded: Family<Labels, Counter>,
-    instance: String,
-}
-
-impl DestinationMetrics {
-    /// Counts a batch the destination refused for good.
-    pub fn rejected(&self, reason: &str) {
-        self.rejected.get_or_create(&labels(&[("destination", &self.instance), ("reason", reason)])).inc();
-    }
-
-    /// Counts a connection lost while sending a batch or awaiting its ack.
-    pub fn send_error(&self, reason: &str) {
-        self.send_errors.get_or_create(&labels(&[("destination", &self.instance), ("reason", reason)])).inc();
-    }
-
-    /// Counts the end of a dictionary generation.
-    pub fn dictionary_ended(&self, why: &str) {
-        self.dictionary_generations.get_or_create(&labels(&[("destination", &self.instance), ("reason", why)])).inc();
-    }
-
-    /// Counts a batch expanded for an ended dictionary.
-    pub fn expanded(&self, result: &str) {
-        self.batches_expanded.get_or_create(&labels(&[("destination", &self.instance), ("result", result)])).inc();
-    }
-
-    /// Counts partials dropped on the way to this destination.
-    pub fn dropped_partials(&self, reason: &str, partials: u64) {
-        self.drops.get_or_create(&labels(&[("reason", reason), ("unit", "partials")])).inc_by(partials);
-    }
-}
 /// Counts kept in locals while a batch is processed, added to the shared
 /// metrics once per batch.
 #[derive(Debug, Default)]
@@ -462,7 +236,7 @@ mod naming {
     #[test]
     fn every_exported_metric_follows_the_naming_rule() {
         let telemetry = tessera_runtime::Telemetry::new("collector", "test");
-        telemetry.with_registry(|registry| super::Metrics::default().register(registry));
+        telemetry.with_registry(|registry| super::Metrics::default().register(registry, super::PREFIX));
         let families = tessera_runtime::telemetry::naming::check_registry(&telemetry, "collector");
         assert!(families.as_ref().is_ok_and(|count| *count >= 20), "{families:#?}");
     }

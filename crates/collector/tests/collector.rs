@@ -262,8 +262,8 @@ async fn tcp_connections_over_the_cap_are_refused_and_counted() {
     let refused_count = || {
         metric_value(
             &telemetry,
-            "tessera_collector_drops_total",
-            "reason=\"too_many_connections\",unit=\"connections\"",
+            "tessera_collector_frame_errors_total",
+            "listener=\"tcp\",reason=\"too_many_connections\"",
         )
     };
     wait_until("the third connection to be refused", Duration::from_secs(10), || refused_count() >= 1.0).await;

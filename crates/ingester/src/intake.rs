@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 use tessera_proto::framing::{self, FrameError};
 use tessera_proto::{AckReason, Frame, frame::Body};
 use tessera_runtime::{RateLimitedLog, Shutdown};
-use tessera_wire::inbound::{self, AcceptSettings, InboundCounters, ListenerSettings, WireConnection, WireError};
+use tessera_wire::inbound::{self, AcceptSettings, ListenerSettings, WireConnection, WireError};
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot};
@@ -38,22 +38,6 @@ use crate::metrics::Metrics;
 pub use writer::{Job, Verdict};
 
 static FRAME_ERROR_LOG: RateLimitedLog = RateLimitedLog::new("ingester.frame_error", 5);
-
-impl InboundCounters for Metrics {
-    fn accept_error(&self) {
-        self.accept_errors.inc();
-    }
-    fn refused(&self) {
-        self.frame_error("too_many_connections");
-    }
-    fn opened(&self) {
-        self.connections_accepted.inc();
-        self.connections.inc();
-    }
-    fn closed(&self) {
-        self.connections.dec();
-    }
-}
 
 /// Accepts connections until `stop` fires. Over the cap, a connection is refused rather
 /// than left waiting in the backlog: a silent client holding slots must not stall the
@@ -73,7 +57,7 @@ pub async fn accept_loop(
             async move { connection(stream, peer, jobs, &settings, &metrics, &stop).await }
         }
     };
-    inbound::accept_loop(listener, accept, metrics, &FRAME_ERROR_LOG, stop, serve).await;
+    inbound::accept_loop(listener, accept, metrics.listener.clone(), &FRAME_ERROR_LOG, stop, serve).await;
 }
 
 async fn connection(
@@ -135,7 +119,7 @@ fn ended(metrics: &Metrics, peer: SocketAddr, error: &WireError) {
 }
 
 fn frame_error(metrics: &Metrics, peer: SocketAddr, reason: &'static str, message: &str) {
-    metrics.frame_error(reason);
+    metrics.listener.frame_error(reason);
     if FRAME_ERROR_LOG.allow() {
         tracing::warn!(%peer, reason, message, "bad frame; closing the connection");
     }

@@ -135,7 +135,7 @@ impl Ingester {
     pub async fn start(config: Config, telemetry: Telemetry, shutdown: Shutdown) -> Result<Ingester, StartError> {
         config.validate()?;
         let metrics = Metrics::default();
-        telemetry.with_registry(|registry| metrics.register(registry));
+        telemetry.with_registry(|registry| metrics.register(registry, metrics::PREFIX));
         let readiness = Readiness::new();
         let listening = readiness.condition("listening");
         let instance_id = config.instance_id.clone().unwrap_or_else(|| tessera_runtime::daemon::hostname("ingester"));
@@ -150,8 +150,8 @@ impl Ingester {
         let mut checkpoint_targets = Vec::new();
         // One of an ingesters' placement: which shards this one owns, for the converters.
         let tier = config.placement.as_ref().map(|_| {
-            let tier_metrics = tier::TierMetrics::new();
-            telemetry.with_registry(|registry| tier_metrics.register(registry));
+            let tier_metrics = tier::TierMetrics::default();
+            telemetry.with_registry(|registry| tier_metrics.register(registry, metrics::PREFIX));
             (Arc::new(tier::Ownership::default()), tier_metrics)
         });
         for (index, (name, policy, sink_config)) in config.targets().into_iter().enumerate() {

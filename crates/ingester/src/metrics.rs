@@ -48,24 +48,21 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::metrics::{MetricType, TypedMetric};
-use prometheus_client::registry::Registry;
+use tessera_runtime::telemetry::{Labels, labels};
+use tessera_wire::metrics::ListenerMetrics;
 
 use crate::queue::QueueMetrics;
 use crate::sink::file::FileSinkMetrics;
 use tessera_core::clock::now_ms;
-
-type Labels = Vec<(&'static str, String)>;
-
-fn labels(pairs: &[(&'static str, &str)]) -> Labels {
-    pairs.iter().map(|(key, value)| (*key, (*value).to_owned())).collect()
-}
 
 /// Bucket bounds for latencies: 1 ms .. ~65 s.
 fn latency_buckets() -> impl Iterator<Item = f64> {
     exponential_buckets(0.001, 2.0, 17)
 }
 
-fn latency_histogram() -> Histogram {
+/// The ingester's latency histogram: storage requests and fsyncs are slower than the
+/// wire's acknowledgements, so its buckets start at 1 ms.
+fn storage_histogram() -> Histogram {
     Histogram::new(latency_buckets())
 }
 
@@ -199,65 +196,103 @@ impl EncodeMetric for AgeGauge {
     }
 }
 
-/// The ingester's metrics.
-#[derive(Clone)]
-pub struct Metrics {
-    /// Connections accepted on the wire listener.
-    pub connections_accepted: Counter,
-    /// Failed `accept` calls on the wire listener (out of file descriptors and the like).
-    pub accept_errors: Counter,
-    /// Empty tile batches (aggregators' heartbeats) acknowledged.
-    pub heartbeats: Counter,
-    /// Connections open now.
-    pub connections: Gauge,
-    frame_errors: Family<Labels, Counter>,
-    /// Tile batches received.
-    pub batches_received: Counter,
-    /// Frame bytes received.
-    pub bytes_received: Counter,
-    /// Tiles received.
-    pub tiles_received: Counter,
-    batch_acks: Family<Labels, Counter>,
-    tiles_skipped: Family<Labels, Counter>,
-    /// Samples made durable (batches acknowledged Ok).
-    pub samples_queued: Counter,
-    /// From a batch fully read to its acknowledgement (conversion, write, fsync).
-    pub durable_duration: Histogram,
-    intake_lag: Family<Labels, Histogram>,
-    /// Series with a running total in memory.
-    pub cumulative_series: Gauge,
-    /// Native histograms kept in memory (each with its buckets).
-    pub cumulative_histograms: Gauge,
-    queue_bytes: Family<Labels, Gauge>,
-    queue_max_bytes: Family<Labels, Gauge>,
-    queue_records: Family<Labels, Gauge>,
-    queue_segments: Family<Labels, Gauge>,
-    queue_replayed: Family<Labels, Counter>,
-    queue_corrupt: Family<Labels, Counter>,
-    queue_fsyncs: Family<Labels, Counter>,
-    queue_fsync_errors: Family<Labels, Counter>,
-    queue_at_risk: Family<Labels, Counter>,
-    sink_requests: Family<Labels, Counter>,
-    sink_request_duration: Family<Labels, Histogram>,
-    sink_retries: Family<Labels, Counter>,
-    sink_rejected_samples: Family<Labels, Counter>,
-    samples_written: Family<Labels, Counter>,
-    records_written: Family<Labels, Counter>,
-    worker_busy: Family<Labels, Counter<f64, AtomicU64>>,
-    in_flight_limit: Family<Labels, Gauge>,
-    in_flight: Family<Labels, Gauge>,
-    pace: Family<Labels, Gauge<f64, AtomicU64>>,
-    files_closed: Family<Labels, Counter>,
-    bad_journal_lines: Family<Labels, Counter>,
-    histograms_skipped: Family<Labels, Counter>,
-    end_to_end: Family<Labels, WeightedHistogram>,
-    queue_time: Family<Labels, WeightedHistogram>,
-    checkpoint_age: Family<Labels, AgeGauge>,
-    checkpoints: Family<Labels, Counter>,
-    checkpoint_errors: Family<Labels, Counter>,
-    checkpoint_duration: Family<Labels, Histogram>,
-    checkpoint_series: Family<Labels, Gauge>,
-    checkpoint_restored_series: Family<Labels, Gauge>,
+/// Every ingester metric's name starts with this.
+pub const PREFIX: &str = "tessera_ingester_";
+
+tessera_runtime::metrics! {
+    /// The ingester's metrics.
+    pub struct Metrics {
+        /// Empty tile batches acknowledged without queueing (aggregators keeping an idle connection open)
+        pub heartbeats: Counter,
+        /// Tile batches received
+        pub batches_received: Counter,
+        /// Frame bytes received after the handshake
+        pub bytes_received: Counter,
+        /// Tiles received
+        pub tiles_received: Counter,
+        /// Acknowledgements sent, per status and reason
+        batch_acks: Family<Labels, Counter> = refusing_acks(),
+        /// Tiles that gave no sample, per reason
+        tiles_skipped: Family<Labels, Counter> = skip_reasons(),
+        /// Samples made durable in the queue
+        pub samples_queued: Counter,
+        /// Time from a batch read to its acknowledgement (convert, write, fsync)
+        pub durable_duration: Histogram [seconds] = storage_histogram(),
+        /// Time from the aggregator's flush to the batch's receipt, per resolution
+        intake_lag: Family<Labels, Histogram> [seconds] = Family::new_with_constructor(storage_histogram),
+        /// Series with a running total (counters, sums, counts) in memory
+        pub cumulative_series: Gauge,
+        /// Native histograms (cumulative sketches) in memory
+        pub cumulative_histograms: Gauge,
+        /// Bytes of queue segment files, per target
+        queue_bytes: Family<Labels, Gauge>,
+        /// The queue's byte bound, per target
+        queue_max_bytes: Family<Labels, Gauge>,
+        /// Queued records not yet written to storage, per target
+        queue_records: Family<Labels, Gauge>,
+        /// Queue segment files, per target
+        queue_segments: Family<Labels, Gauge>,
+        /// Records found in the queue at start, per target
+        queue_replayed_records: Family<Labels, Counter>,
+        /// Torn or corrupt queue records cut off, per target
+        queue_corrupt_records: Family<Labels, Counter>,
+        /// Fsyncs of queue segments, per target
+        queue_fsyncs: Family<Labels, Counter>,
+        /// Failed fsyncs of queue segments (each seals its segment), per target
+        queue_fsync_errors: Family<Labels, Counter>,
+        /// Acknowledged records (fsync = interval) not known to be on disk when an fsync failed; still
+        /// delivered, per target
+        queue_records_at_risk: Family<Labels, Counter>,
+        /// Storage requests, per target and outcome
+        sink_requests: Family<Labels, Counter>,
+        /// Duration of one storage request, per target
+        sink_request_duration: Family<Labels, Histogram> [seconds] = Family::new_with_constructor(storage_histogram),
+        /// Storage requests sent again after a retryable error, per target
+        sink_retries: Family<Labels, Counter>,
+        /// Samples storage refused for good, per target and status
+        sink_rejected_samples: Family<Labels, Counter>,
+        /// Samples storage acknowledged, per target
+        samples_written: Family<Labels, Counter>,
+        /// Queue records fully written to storage, per target
+        records_written: Family<Labels, Counter>,
+        /// Time each worker spent on requests (sending, pacing, backing off)
+        worker_busy: Family<Labels, Counter<f64, AtomicU64>> [seconds],
+        /// Current adaptive limit on storage requests in flight, per target
+        in_flight_limit: Family<Labels, Gauge>,
+        /// Storage requests in flight, per target
+        in_flight_requests: Family<Labels, Gauge>,
+        /// Samples written per second over the last second, per target
+        pace: Family<Labels, Gauge<f64, AtomicU64>> [samples_per_second],
+        /// OpenMetrics files closed, per target
+        file_sink_files_closed: Family<Labels, Counter>,
+        /// Journal lines skipped when closing a file (torn by a crash), per target
+        file_sink_bad_journal_lines: Family<Labels, Counter>,
+        /// Native histogram samples in a file target's queue (kept from a remote-write configuration), not
+        /// written
+        file_sink_histograms_skipped: Family<Labels, Counter>,
+        /// Storage acknowledgement time minus tile end, one observation per tile, per resolution
+        end_to_end_latency: Family<Labels, WeightedHistogram> [seconds] = Family::new_with_constructor(WeightedHistogram::end_to_end),
+        /// Time from receipt to the first storage request of a tile's record, one observation per tile, per
+        /// resolution
+        queue_time: Family<Labels, WeightedHistogram> [seconds] = Family::new_with_constructor(WeightedHistogram::end_to_end),
+        /// Time since the last checkpoint of the running totals was made durable (or since start, without one),
+        /// per target
+        checkpoint_age: Family<Labels, AgeGauge> [seconds],
+        /// Checkpoints of the running totals made durable, per target
+        checkpoints: Family<Labels, Counter>,
+        /// Checkpoints not written, or not read or refused at start (totals then start from the queued
+        /// records), per target and reason
+        checkpoint_errors: Family<Labels, Counter>,
+        /// Time to take one checkpoint: encoding on the intake writer thread and the durable file write, per
+        /// target
+        checkpoint_duration: Family<Labels, Histogram> [seconds] = Family::new_with_constructor(storage_histogram),
+        /// Running totals in the last checkpoint written, per target
+        checkpoint_series: Family<Labels, Gauge>,
+        /// Running totals restored at start (from the checkpoint and the queued records after it), per target
+        checkpoint_restored_series: Family<Labels, Gauge>,;
+        /// The wire listener's metrics (connections from aggregators)
+        pub listener: ListenerMetrics = ListenerMetrics::default().with_frame_error_reasons(&FRAME_ERROR_REASONS),
+    }
 }
 
 /// Every `reason` of `frame_errors_total`: the inbound side's, and the writer's.
@@ -302,278 +337,26 @@ impl CheckpointFailure {
 pub const SKIP_REASONS: [&str; 7] =
     ["unknown_type", "invalid_aggregate", "type_mismatch", "late", "duplicate", "conflict", "name_collision"];
 
-impl Default for Metrics {
-    fn default() -> Self {
-        let metrics = Metrics {
-            connections_accepted: Counter::default(),
-            accept_errors: Counter::default(),
-            heartbeats: Counter::default(),
-            connections: Gauge::default(),
-            frame_errors: Family::default(),
-            batches_received: Counter::default(),
-            bytes_received: Counter::default(),
-            tiles_received: Counter::default(),
-            batch_acks: Family::default(),
-            tiles_skipped: Family::default(),
-            samples_queued: Counter::default(),
-            durable_duration: latency_histogram(),
-            intake_lag: Family::new_with_constructor(latency_histogram),
-            cumulative_series: Gauge::default(),
-            cumulative_histograms: Gauge::default(),
-            queue_bytes: Family::default(),
-            queue_max_bytes: Family::default(),
-            queue_records: Family::default(),
-            queue_segments: Family::default(),
-            queue_replayed: Family::default(),
-            queue_corrupt: Family::default(),
-            queue_fsyncs: Family::default(),
-            queue_fsync_errors: Family::default(),
-            queue_at_risk: Family::default(),
-            sink_requests: Family::default(),
-            sink_request_duration: Family::new_with_constructor(latency_histogram),
-            sink_retries: Family::default(),
-            sink_rejected_samples: Family::default(),
-            samples_written: Family::default(),
-            records_written: Family::default(),
-            worker_busy: Family::default(),
-            in_flight_limit: Family::default(),
-            in_flight: Family::default(),
-            pace: Family::default(),
-            files_closed: Family::default(),
-            bad_journal_lines: Family::default(),
-            histograms_skipped: Family::default(),
-            end_to_end: Family::new_with_constructor(WeightedHistogram::end_to_end),
-            queue_time: Family::new_with_constructor(WeightedHistogram::end_to_end),
-            checkpoint_age: Family::default(),
-            checkpoints: Family::default(),
-            checkpoint_errors: Family::default(),
-            checkpoint_duration: Family::new_with_constructor(latency_histogram),
-            checkpoint_series: Family::default(),
-            checkpoint_restored_series: Family::default(),
-        };
-        // Every closed-set reason is exported from the start, at 0: "nothing refused"
-        // reads as 0, not as no data, so alerts and dashboards need no `or vector(0)`.
-        for reason in FRAME_ERROR_REASONS {
-            let _ = metrics.frame_errors.get_or_create(&labels(&[("reason", reason)]));
-        }
-        for (status, reason) in REFUSING_ACKS {
-            let _ = metrics.batch_acks.get_or_create(&labels(&[("status", status), ("reason", reason)]));
-        }
-        for reason in SKIP_REASONS {
-            let _ = metrics.tiles_skipped.get_or_create(&labels(&[("reason", reason)]));
-        }
-        metrics
+/// Acknowledgements, with every refusal exported from the start at 0: "nothing
+/// refused" reads as 0, not as no data, so alerts and dashboards need no `or vector(0)`.
+fn refusing_acks() -> Family<Labels, Counter> {
+    let acks = Family::<Labels, Counter>::default();
+    for (status, reason) in REFUSING_ACKS {
+        let _ = acks.get_or_create(&labels(&[("status", status), ("reason", reason)]));
     }
+    acks
+}
+
+/// Skipped tiles, with every reason exported from the start at 0.
+fn skip_reasons() -> Family<Labels, Counter> {
+    let skipped = Family::<Labels, Counter>::default();
+    for reason in SKIP_REASONS {
+        let _ = skipped.get_or_create(&labels(&[("reason", reason)]));
+    }
+    skipped
 }
 
 impl Metrics {
-    /// Registers every metric in `registry`.
-    pub fn register(&self, registry: &mut Registry) {
-        let r = registry;
-        r.register(
-            "tessera_ingester_connections_accepted",
-            "Wire connections accepted",
-            self.connections_accepted.clone(),
-        );
-        r.register(
-            "tessera_ingester_accept_errors",
-            "Failed accept calls on the wire listener",
-            self.accept_errors.clone(),
-        );
-        r.register(
-            "tessera_ingester_heartbeats",
-            "Empty tile batches acknowledged without queueing (aggregators keeping an idle connection open)",
-            self.heartbeats.clone(),
-        );
-        r.register("tessera_ingester_connections", "Wire connections open", self.connections.clone());
-        r.register(
-            "tessera_ingester_frame_errors",
-            "Frames refused, per reason; the connection is closed",
-            self.frame_errors.clone(),
-        );
-        r.register("tessera_ingester_batches_received", "Tile batches received", self.batches_received.clone());
-        r.register(
-            "tessera_ingester_bytes_received",
-            "Frame bytes received after the handshake",
-            self.bytes_received.clone(),
-        );
-        r.register("tessera_ingester_tiles_received", "Tiles received", self.tiles_received.clone());
-        r.register(
-            "tessera_ingester_batch_acks",
-            "Acknowledgements sent, per status and reason",
-            self.batch_acks.clone(),
-        );
-        r.register(
-            "tessera_ingester_tiles_skipped",
-            "Tiles that gave no sample, per reason",
-            self.tiles_skipped.clone(),
-        );
-        r.register("tessera_ingester_samples_queued", "Samples made durable in the queue", self.samples_queued.clone());
-        r.register(
-            "tessera_ingester_durable_duration_seconds",
-            "Time from a batch read to its acknowledgement (convert, write, fsync)",
-            self.durable_duration.clone(),
-        );
-        r.register(
-            "tessera_ingester_intake_lag_seconds",
-            "Time from the aggregator's flush to the batch's receipt, per resolution",
-            self.intake_lag.clone(),
-        );
-        r.register(
-            "tessera_ingester_cumulative_series",
-            "Series with a running total (counters, sums, counts) in memory",
-            self.cumulative_series.clone(),
-        );
-        r.register(
-            "tessera_ingester_cumulative_histograms",
-            "Native histograms (cumulative sketches) in memory",
-            self.cumulative_histograms.clone(),
-        );
-        r.register(
-            "tessera_ingester_queue_bytes",
-            "Bytes of queue segment files, per target",
-            self.queue_bytes.clone(),
-        );
-        r.register(
-            "tessera_ingester_queue_max_bytes",
-            "The queue's byte bound, per target",
-            self.queue_max_bytes.clone(),
-        );
-        r.register(
-            "tessera_ingester_queue_records",
-            "Queued records not yet written to storage, per target",
-            self.queue_records.clone(),
-        );
-        r.register("tessera_ingester_queue_segments", "Queue segment files, per target", self.queue_segments.clone());
-        r.register(
-            "tessera_ingester_queue_replayed_records",
-            "Records found in the queue at start, per target",
-            self.queue_replayed.clone(),
-        );
-        r.register(
-            "tessera_ingester_queue_corrupt_records",
-            "Torn or corrupt queue records cut off, per target",
-            self.queue_corrupt.clone(),
-        );
-        r.register("tessera_ingester_queue_fsyncs", "Fsyncs of queue segments, per target", self.queue_fsyncs.clone());
-        r.register(
-            "tessera_ingester_queue_fsync_errors",
-            "Failed fsyncs of queue segments (each seals its segment), per target",
-            self.queue_fsync_errors.clone(),
-        );
-        r.register(
-            "tessera_ingester_queue_records_at_risk",
-            "Acknowledged records (fsync = interval) not known to be on disk when an fsync failed; still delivered, per target",
-            self.queue_at_risk.clone(),
-        );
-        r.register(
-            "tessera_ingester_sink_requests",
-            "Storage requests, per target and outcome",
-            self.sink_requests.clone(),
-        );
-        r.register(
-            "tessera_ingester_sink_request_duration_seconds",
-            "Duration of one storage request, per target",
-            self.sink_request_duration.clone(),
-        );
-        r.register(
-            "tessera_ingester_sink_retries",
-            "Storage requests sent again after a retryable error, per target",
-            self.sink_retries.clone(),
-        );
-        r.register(
-            "tessera_ingester_sink_rejected_samples",
-            "Samples storage refused for good, per target and status",
-            self.sink_rejected_samples.clone(),
-        );
-        r.register(
-            "tessera_ingester_samples_written",
-            "Samples storage acknowledged, per target",
-            self.samples_written.clone(),
-        );
-        r.register(
-            "tessera_ingester_records_written",
-            "Queue records fully written to storage, per target",
-            self.records_written.clone(),
-        );
-        r.register(
-            "tessera_ingester_worker_busy_seconds",
-            "Time each worker spent on requests (sending, pacing, backing off)",
-            self.worker_busy.clone(),
-        );
-        r.register(
-            "tessera_ingester_in_flight_limit",
-            "Current adaptive limit on storage requests in flight, per target",
-            self.in_flight_limit.clone(),
-        );
-        r.register(
-            "tessera_ingester_in_flight_requests",
-            "Storage requests in flight, per target",
-            self.in_flight.clone(),
-        );
-        r.register(
-            "tessera_ingester_pace_samples_per_second",
-            "Samples written per second over the last second, per target",
-            self.pace.clone(),
-        );
-        r.register(
-            "tessera_ingester_file_sink_files_closed",
-            "OpenMetrics files closed, per target",
-            self.files_closed.clone(),
-        );
-        r.register(
-            "tessera_ingester_file_sink_bad_journal_lines",
-            "Journal lines skipped when closing a file (torn by a crash), per target",
-            self.bad_journal_lines.clone(),
-        );
-        r.register(
-            "tessera_ingester_file_sink_histograms_skipped",
-            "Native histogram samples in a file target's queue (kept from a remote-write configuration), not written",
-            self.histograms_skipped.clone(),
-        );
-        r.register(
-            "tessera_ingester_end_to_end_latency_seconds",
-            "Storage acknowledgement time minus tile end, one observation per tile, per resolution",
-            self.end_to_end.clone(),
-        );
-        r.register("tessera_ingester_queue_time_seconds", "Time from receipt to the first storage request of a tile's record, one observation per tile, per resolution", self.queue_time.clone());
-        r.register(
-            "tessera_ingester_checkpoint_age_seconds",
-            "Time since the last checkpoint of the running totals was made durable (or since start, without one), per target",
-            self.checkpoint_age.clone(),
-        );
-        r.register(
-            "tessera_ingester_checkpoints",
-            "Checkpoints of the running totals made durable, per target",
-            self.checkpoints.clone(),
-        );
-        r.register(
-            "tessera_ingester_checkpoint_errors",
-            "Checkpoints not written, or not read or refused at start (totals then start from the queued records), per target and reason",
-            self.checkpoint_errors.clone(),
-        );
-        r.register(
-            "tessera_ingester_checkpoint_duration_seconds",
-            "Time to take one checkpoint: encoding on the intake writer thread and the durable file write, per target",
-            self.checkpoint_duration.clone(),
-        );
-        r.register(
-            "tessera_ingester_checkpoint_series",
-            "Running totals in the last checkpoint written, per target",
-            self.checkpoint_series.clone(),
-        );
-        r.register(
-            "tessera_ingester_checkpoint_restored_series",
-            "Running totals restored at start (from the checkpoint and the queued records after it), per target",
-            self.checkpoint_restored_series.clone(),
-        );
-    }
-
-    /// Counts a refused frame.
-    pub fn frame_error(&self, reason: &str) {
-        self.frame_errors.get_or_create(&labels(&[("reason", reason)])).inc();
-    }
-
     /// Counts an acknowledgement.
     pub fn ack(&self, status: &str, reason: &str) {
         self.batch_acks.get_or_create(&labels(&[("status", status), ("reason", reason)])).inc();
@@ -593,7 +376,7 @@ impl Metrics {
 
     /// The end-to-end latency histogram of `resolution`.
     pub fn end_to_end(&self, resolution: &str) -> WeightedHistogram {
-        self.end_to_end.get_or_create(&labels(&[("resolution", resolution)])).clone()
+        self.end_to_end_latency.get_or_create(&labels(&[("resolution", resolution)])).clone()
     }
 
     /// The queue-time histogram of `resolution`.
@@ -609,11 +392,11 @@ impl Metrics {
             bytes: self.queue_bytes.get_or_create(&by_target).clone(),
             records: self.queue_records.get_or_create(&by_target).clone(),
             segments: self.queue_segments.get_or_create(&by_target).clone(),
-            replayed_records: self.queue_replayed.get_or_create(&by_target).clone(),
-            corrupt_records: self.queue_corrupt.get_or_create(&by_target).clone(),
+            replayed_records: self.queue_replayed_records.get_or_create(&by_target).clone(),
+            corrupt_records: self.queue_corrupt_records.get_or_create(&by_target).clone(),
             fsyncs: self.queue_fsyncs.get_or_create(&by_target).clone(),
             fsync_errors: self.queue_fsync_errors.get_or_create(&by_target).clone(),
-            records_at_risk: self.queue_at_risk.get_or_create(&by_target).clone(),
+            records_at_risk: self.queue_records_at_risk.get_or_create(&by_target).clone(),
         }
     }
 
@@ -621,9 +404,9 @@ impl Metrics {
     pub fn file_sink(&self, target: &str) -> FileSinkMetrics {
         let by_target = labels(&[("target", target)]);
         FileSinkMetrics {
-            files_closed: self.files_closed.get_or_create(&by_target).clone(),
-            bad_journal_lines: self.bad_journal_lines.get_or_create(&by_target).clone(),
-            histograms_skipped: self.histograms_skipped.get_or_create(&by_target).clone(),
+            files_closed: self.file_sink_files_closed.get_or_create(&by_target).clone(),
+            bad_journal_lines: self.file_sink_bad_journal_lines.get_or_create(&by_target).clone(),
+            histograms_skipped: self.file_sink_histograms_skipped.get_or_create(&by_target).clone(),
         }
     }
 
@@ -659,7 +442,7 @@ impl Metrics {
             records_written: self.records_written.get_or_create(&by_target).clone(),
             worker_busy: self.worker_busy.clone(),
             in_flight_limit: self.in_flight_limit.get_or_create(&by_target).clone(),
-            in_flight: self.in_flight.get_or_create(&by_target).clone(),
+            in_flight: self.in_flight_requests.get_or_create(&by_target).clone(),
             pace: self.pace.get_or_create(&by_target).clone(),
             metrics: self.clone(),
         }
@@ -761,7 +544,7 @@ mod tests {
         assert_eq!(histogram.count(), 1010);
         assert_eq!(histogram.quantile_upper_bound(0.5), Some(0.002));
         assert_eq!(histogram.quantile_upper_bound(0.999), Some(4.096));
-        let mut registry = Registry::default();
+        let mut registry = tessera_runtime::telemetry::Registry::default();
         registry.register("h_seconds", "A test histogram", histogram);
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
@@ -776,9 +559,9 @@ mod naming {
     #[test]
     fn every_exported_metric_follows_the_naming_rule() {
         let telemetry = tessera_runtime::Telemetry::new("ingester", "test");
-        telemetry.with_registry(|registry| super::Metrics::default().register(registry));
-        let tier = crate::tier::TierMetrics::new();
-        telemetry.with_registry(|registry| tier.register(registry));
+        telemetry.with_registry(|registry| super::Metrics::default().register(registry, super::PREFIX));
+        let tier = crate::tier::TierMetrics::default();
+        telemetry.with_registry(|registry| tier.register(registry, super::PREFIX));
         let families = tessera_runtime::telemetry::naming::check_registry(&telemetry, "ingester");
         assert!(families.as_ref().is_ok_and(|count| *count >= 20), "{families:#?}");
     }

@@ -44,10 +44,10 @@ use std::time::{Duration, Instant};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::registry::Registry;
 use tessera_core::clock::now_ms;
 use tessera_runtime::Shutdown;
 use tessera_runtime::logging::error_chain;
+use tessera_runtime::telemetry::{Labels, labels};
 use tessera_topology::{EtcdConfig, MoveTiming, Placement, PlacementStore, StoreError, Tier, Watcher};
 
 /// How often the tier task looks at the placement and liveness.
@@ -264,93 +264,54 @@ impl Ownership {
     }
 }
 
-/// The tier task's metrics.
-#[derive(Clone, Default)]
-pub struct TierMetrics {
-    /// Shards this ingester owns.
-    pub owned_shards: Gauge,
-    /// Version of the ingesters' placement seen last.
-    pub placement_version: Gauge,
-    moves: Family<Vec<(&'static str, &'static str)>, Counter>,
-    changes: Family<Vec<(&'static str, &'static str)>, Counter>,
-    /// etcd requests of the tier task that failed.
-    pub errors: Counter,
-    /// Series whose running totals started over because their shard came to this ingester.
-    pub series_adopted: Counter,
-    /// Whether this ingester holds its liveness lease (1) or not (0).
-    pub registered: Gauge,
+tessera_runtime::metrics! {
+    /// The tier task's metrics.
+    pub struct TierMetrics {
+        /// Shards of the ingesters' placement this ingester owns
+        pub owned_shards: Gauge,
+        /// Version of the ingesters' placement this ingester saw last
+        pub tier_placement_version: Gauge,
+        /// Shards this ingester gained or lost in the ingesters' placement, by direction
+        shard_moves: Family<Labels, Counter> = every(&[("direction", "gained"), ("direction", "lost")]),
+        /// Changes this ingester wrote to the ingesters' placement: init, join, fail_over (a dead
+        /// ingester's shards handed to live ones), finalize
+        placement_changes: Family<Labels, Counter> = every(&CHANGES.map(|change| ("change", change))),
+        /// etcd requests of the ingester tier task that failed
+        pub tier_errors: Counter,
+        /// Cumulative series that started over (with an explicit reset) because their shard came to
+        /// this ingester
+        pub series_adopted: Counter,
+        /// 1 while this ingester holds its liveness lease in etcd
+        pub liveness_registered: Gauge,
+    }
 }
 
 /// Every `change` of `tessera_ingester_placement_changes_total`.
 pub const CHANGES: [&str; 4] = ["init", "join", "fail_over", "finalize"];
 
+/// A family with one label, each of `values` exported at 0 from the start.
+fn every(values: &[(&'static str, &str)]) -> Family<Labels, Counter> {
+    let family = Family::<Labels, Counter>::default();
+    for pair in values {
+        let _ = family.get_or_create(&labels(&[*pair]));
+    }
+    family
+}
+
 impl TierMetrics {
-    /// Handles with every label exported at 0.
-    pub fn new() -> TierMetrics {
-        let metrics = TierMetrics::default();
-        for direction in ["gained", "lost"] {
-            let _ = metrics.moves.get_or_create(&vec![("direction", direction)]);
-        }
-        for change in CHANGES {
-            let _ = metrics.changes.get_or_create(&vec![("change", change)]);
-        }
-        metrics
-    }
-
-    /// Registers every metric in `registry`.
-    pub fn register(&self, registry: &mut Registry) {
-        let p = "tessera_ingester_";
-        registry.register(
-            format!("{p}owned_shards"),
-            "Shards of the ingesters' placement this ingester owns",
-            self.owned_shards.clone(),
-        );
-        registry.register(
-            format!("{p}tier_placement_version"),
-            "Version of the ingesters' placement this ingester saw last",
-            self.placement_version.clone(),
-        );
-        registry.register(
-            format!("{p}shard_moves"),
-            "Shards this ingester gained or lost in the ingesters' placement, by direction",
-            self.moves.clone(),
-        );
-        registry.register(
-            format!("{p}placement_changes"),
-            "Changes this ingester wrote to the ingesters' placement: init, join, fail_over (a dead ingester's \
-             shards handed to live ones), finalize",
-            self.changes.clone(),
-        );
-        registry.register(
-            format!("{p}tier_errors"),
-            "etcd requests of the ingester tier task that failed",
-            self.errors.clone(),
-        );
-        registry.register(
-            format!("{p}series_adopted"),
-            "Cumulative series that started over (with an explicit reset) because their shard came to this ingester",
-            self.series_adopted.clone(),
-        );
-        registry.register(
-            format!("{p}liveness_registered"),
-            "1 while this ingester holds its liveness lease in etcd",
-            self.registered.clone(),
-        );
-    }
-
     fn moved(&self, direction: &'static str, count: usize) {
         if count > 0 {
-            self.moves.get_or_create(&vec![("direction", direction)]).inc_by(count as u64);
+            self.shard_moves.get_or_create(&labels(&[("direction", direction)])).inc_by(count as u64);
         }
     }
 
     /// Shards moved in `direction` (`gained` or `lost`) so far.
     pub fn moves(&self, direction: &'static str) -> u64 {
-        self.moves.get_or_create(&vec![("direction", direction)]).get()
+        self.shard_moves.get_or_create(&labels(&[("direction", direction)])).get()
     }
 
     fn changed(&self, change: &'static str) {
-        self.changes.get_or_create(&vec![("change", change)]).inc();
+        self.placement_changes.get_or_create(&labels(&[("change", change)])).inc();
     }
 }
 
@@ -369,7 +330,7 @@ pub async fn run_tier(settings: TierSettings, ownership: Arc<Ownership>, metrics
     else {
         return;
     };
-    metrics.registered.set(1);
+    metrics.liveness_registered.set(1);
     tracing::info!(instance_id = %settings.instance_id, key = registration.key(), "ingester registered");
     let mut keeper =
         Keeper { settings, store, metrics, ownership, seen_alive: HashSet::new(), missing_since: HashMap::new() };
@@ -396,7 +357,7 @@ pub async fn run_tier(settings: TierSettings, ownership: Arc<Ownership>, metrics
     // Keep the lease on a clean stop: a restart within the TTL keeps this ingester's
     // shards; if it does not come back, the lease expires and the others fail it over.
     std::mem::forget(registration);
-    keeper.metrics.registered.set(0);
+    keeper.metrics.liveness_registered.set(0);
 }
 
 /// Publishes what this ingester owns at every placement the watch sees.
@@ -431,7 +392,7 @@ fn publish(ownership: &Ownership, metrics: &TierMetrics, placement: &Placement, 
         }
     }
     metrics.owned_shards.set(view.owned_count() as i64);
-    metrics.placement_version.set(view.version as i64);
+    metrics.tier_placement_version.set(view.version as i64);
     ownership.publish(view);
 }
 
@@ -449,7 +410,7 @@ struct Keeper {
 impl Keeper {
     async fn tick(&mut self) {
         if let Err(error) = self.try_tick().await {
-            self.metrics.errors.inc();
+            self.metrics.tier_errors.inc();
             tracing::warn!(error = %error_chain(&error), "ingester tier: cannot read or change the placement; will retry");
         }
     }
@@ -534,7 +495,7 @@ where
         match attempt().await {
             Ok(value) => return Some(value),
             Err(error) => {
-                metrics.errors.inc();
+                metrics.tier_errors.inc();
                 tracing::warn!(error = %error_chain(&error), "ingester tier: cannot {what}; will retry");
             }
         }
@@ -608,7 +569,7 @@ mod tests {
     #[test]
     fn publishing_counts_gains_and_losses_and_bumps_the_generation() {
         let ownership = Ownership::default();
-        let metrics = TierMetrics::new();
+        let metrics = TierMetrics::default();
         let before = Placement::init(&[("a", "a:1"), ("b", "b:1")], 8, 1, 0).unwrap();
         publish(&ownership, &metrics, &before, "a");
         let mut seen = 0;

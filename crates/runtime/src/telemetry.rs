@@ -54,6 +54,7 @@
 //! ```
 
 pub mod dashboard;
+pub mod declare;
 pub mod naming;
 mod process;
 pub mod profile;
@@ -67,8 +68,10 @@ use prometheus_client::collector::Collector;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::info::Info;
-use prometheus_client::registry::{Metric, Registry};
+use prometheus_client::registry::Metric;
 
+pub use declare::{Labels, labels, lag_histogram, latency_histogram};
+pub use prometheus_client::registry::Registry;
 pub use readiness::{Readiness, ReadinessCondition};
 pub use server::{ServeError, ServerHandle, serve};
 

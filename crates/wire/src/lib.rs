@@ -15,6 +15,8 @@
 //!   [`backoff`], oldest dropped first and counted.
 //! - [`client`]: connect, handshake, and one batch for one acknowledgement.
 //! - [`backoff`]: the one jittered exponential backoff.
+//! - [`metrics`]: the listener's and the senders' metrics, declared once for
+//!   every daemon.
 //!
 //! The messages themselves (frames, acks and their reasons) are the wire
 //! contract in `tessera-proto`; what each daemon does with a batch is its own.
@@ -22,4 +24,5 @@
 pub mod backoff;
 pub mod client;
 pub mod inbound;
+pub mod metrics;
 pub mod outbound;

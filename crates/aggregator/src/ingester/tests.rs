@@ -1,5 +1,5 @@
 use tessera_core::aggregate::Aggregate;
-use tessera_proto::{AckReason, MetricType};
+use tessera_proto::MetricType;
 use tessera_topology::Placement;
 
 use super::*;
@@ -27,12 +27,12 @@ fn decoded(batch: &Batch) -> TileBatch {
 }
 
 #[test]
-fn overflow_drops_are_counted_as_buffer_full_per_batch_and_series() {
+fn overflow_drops_are_counted_as_queue_full_per_batch_and_series() {
     let metrics = Metrics::default();
     let queue = OutboundQueue::new("i:1".into(), 250, metrics.destination("i:1"));
     queue.push_all(vec![batch(1, 100, 10), batch(2, 100, 20)]);
     assert_eq!(queue.push(batch(3, 100, 30)), 10, "the oldest goes");
-    assert_eq!((metrics.drops("buffer_full", "batches"), metrics.drops("buffer_full", "series")), (1, 10));
+    assert_eq!((metrics.drops("queue_full", "batches"), metrics.drops("queue_full", "series")), (1, 10));
 }
 
 #[test]
@@ -165,43 +165,4 @@ fn a_departed_ingesters_queue_goes_to_the_new_owners_of_its_series() {
     }
     assert_eq!(delivered.len(), 3_000, "every series once, the departed one's included");
     assert_eq!(metrics.rerouted_count("series"), dead_share as u64);
-}
-
-/// The value of the one sample of `name` whose labels contain `labels`, if exported.
-fn sample(text: &str, name: &str, labels: &str) -> Option<f64> {
-    text.lines()
-        .filter(|line| line.starts_with(name) && line.contains(labels))
-        .find_map(|line| line.rsplit_once(' ')?.1.parse().ok())
-}
-
-#[test]
-fn every_refusal_an_ingester_answers_is_counted_under_its_own_reason() {
-    let telemetry = tessera_runtime::Telemetry::new("aggregator", "test");
-    let metrics = Metrics::default();
-    telemetry.with_registry(|registry| metrics.register(registry));
-    let destination = metrics.destination("i:1");
-    let permanent: Vec<AckReason> = AckReason::FROM_INGESTER
-        .into_iter()
-        .filter(|reason| reason.status() == tessera_proto::AckStatus::Permanent)
-        .collect();
-    assert!(permanent.len() >= 4, "invalid_batch and the three frame refusals");
-    let text = telemetry.encode().unwrap();
-    for reason in &permanent {
-        let labels = format!("reason=\"{}\"", reason.as_str());
-        let at_start = sample(&text, "tessera_aggregator_ingester_rejected_batches_total", &labels);
-        assert_eq!(at_start, Some(0.0), "{} is exported at 0 from the start", reason.as_str());
-    }
-    // What an ingester sends, as the sender reads it back from the ack.
-    for reason in &permanent {
-        let ack = reason.ack(1, String::new());
-        OutboundMetrics::rejected(&destination, AckReason::label(&ack.reason));
-    }
-    OutboundMetrics::rejected(&destination, AckReason::label("from_a_newer_ingester"));
-    let text = telemetry.encode().unwrap();
-    for reason in &permanent {
-        let labels = format!("reason=\"{}\"", reason.as_str());
-        assert_eq!(sample(&text, "tessera_aggregator_ingester_rejected_batches_total", &labels), Some(1.0), "{labels}");
-    }
-    let other = sample(&text, "tessera_aggregator_ingester_rejected_batches_total", "reason=\"other\"");
-    assert_eq!(other, Some(1.0), "only the unknown reason is `other`");
 }

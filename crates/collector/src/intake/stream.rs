@@ -39,7 +39,7 @@ pub struct StreamSettings {
 static CONNECTION_LOG: RateLimitedLog = RateLimitedLog::new("collector.tcp_connection", 5);
 
 /// Accepts connections until `shutdown`, feeding `lines`; over `max_connections` a new
-/// connection is closed at once and counted (`drops_total{reason="too_many_connections"}`).
+/// connection is closed at once and counted (`frame_errors_total{reason="too_many_connections"}`).
 /// Statsd clients may keep a connection idle for long, so there is no idle deadline: a
 /// connection is bounded by the cap and by the memory it may hold (`max_line_bytes`).
 pub async fn accept_loop(

@@ -175,7 +175,7 @@ const PANELS: &[Panel] = &[
         unit: Unit::Bytes,
         lines: &[
             sum("collector → aggregators", "tessera_collector_queue_bytes", None),
-            sum("aggregator → ingester", "tessera_aggregator_buffer_bytes", None),
+            sum("aggregator → ingester", "tessera_aggregator_queue_bytes", None),
             sum("ingester queue", "tessera_ingester_queue_bytes", None),
         ],
     },
@@ -353,6 +353,12 @@ fn wanted() -> &'static HashSet<String> {
     WANTED.get_or_init(|| {
         PANELS.iter().flat_map(|panel| panel.lines.iter().map(|line| line.query.sample_name())).collect()
     })
+}
+
+/// Every metric family the panels read (the names in `# TYPE` lines), for the test that
+/// checks them against the daemons' declarations.
+pub fn families() -> Vec<&'static str> {
+    PANELS.iter().flat_map(|panel| panel.lines.iter().map(|line| family_of(&line.query))).collect()
 }
 
 /// The metric family a query reads (the name in `# TYPE` lines).

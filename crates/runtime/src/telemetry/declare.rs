@@ -1,0 +1,127 @@
+//! Metrics declared once: [`metrics!`](crate::metrics) turns one list of
+//! fields, each with its help text, type, optional unit and constructor, into
+//! the struct, its `Default`, its registration and a list of what it exports.
+//! A metric is written in one place: add a field and it is exported, named by
+//! the rule `<prefix><field>[_<unit>]` (counters get `_total` from the encoder).
+//!
+//! ```
+//! use prometheus_client::metrics::counter::Counter;
+//! use prometheus_client::metrics::family::Family;
+//! use prometheus_client::metrics::histogram::Histogram;
+//! use tessera_runtime::telemetry::{Labels, Telemetry, latency_histogram};
+//!
+//! tessera_runtime::metrics! {
+//!     /// A stage's metrics.
+//!     pub struct StageMetrics {
+//!         /// Lines accepted
+//!         pub lines_received: Counter,
+//!         /// Lines refused, per reason
+//!         refused: Family<Labels, Counter>,
+//!         /// Time to flush one window
+//!         pub flush_duration: Histogram [seconds] = latency_histogram(),
+//!     }
+//! }
+//!
+//! let telemetry = Telemetry::new("x", "test");
+//! let metrics = StageMetrics::default();
+//! telemetry.with_registry(|registry| metrics.register(registry, "tessera_x_"));
+//! metrics.lines_received.inc();
+//! let text = telemetry.encode().unwrap();
+//! assert!(text.contains("# HELP tessera_x_lines_received Lines accepted."));
+//! assert!(text.contains("tessera_x_lines_received_total 1"));
+//! assert!(text.contains("# TYPE tessera_x_flush_duration_seconds histogram"));
+//! assert_eq!(StageMetrics::NAMES, ["lines_received", "refused", "flush_duration_seconds"]);
+//! ```
+
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+
+/// A metric's labels as name and value pairs, for families whose label values are
+/// only known at run time (a listener, a destination, a reason).
+pub type Labels = Vec<(&'static str, String)>;
+
+/// `pairs` as [`Labels`].
+pub fn labels(pairs: &[(&'static str, &str)]) -> Labels {
+    pairs.iter().map(|(key, value)| (*key, (*value).to_owned())).collect()
+}
+
+/// The buckets of every request, flush and acknowledgement time: 100 µs to about 26 s.
+pub fn latency_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.0001, 2.0, 19))
+}
+
+/// The buckets of every lag (end of a window to an event): 10 ms to about 164 s.
+pub fn lag_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.01, 2.0, 15))
+}
+
+/// Declares a set of metrics once; see the [module docs](crate::telemetry::declare).
+///
+/// Each field is `/// help` (one or more doc lines, no trailing period: the encoder adds
+/// one), an optional visibility, `name: Type`, an optional unit in brackets appended to
+/// the exported name (`[seconds]`, `[bytes]`), and an optional `= constructor` (else
+/// `Default::default()`). After a `;`, fields in the same form without a unit are sets
+/// declared elsewhere (a stage's, the wire's): each has `register(&mut Registry, &str)`
+/// and is registered under the same prefix. The struct gets `Clone`, `Default`,
+/// `register(registry, prefix)` and `NAMES`, the names of its own metrics below the prefix.
+#[macro_export]
+macro_rules! metrics {
+    (
+        $(#[$meta:meta])*
+        $vis:vis struct $name:ident {
+            $(
+                $(#[doc = $help:literal])+
+                $fvis:vis $field:ident : $ty:ty $([$unit:ident])? $(= $new:expr)?
+            ),* $(,)?
+            $(;
+                $(
+                    $(#[doc = $set_doc:literal])+
+                    $set_vis:vis $set:ident : $set_ty:ty $(= $set_new:expr)?
+                ),* $(,)?
+            )?
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(Clone)]
+        $vis struct $name {
+            $(
+                $(#[doc = $help])+
+                $fvis $field: $ty,
+            )*
+            $($(
+                $(#[doc = $set_doc])+
+                $set_vis $set: $set_ty,
+            )*)?
+        }
+
+        impl ::core::default::Default for $name {
+            fn default() -> Self {
+                Self {
+                    $( $field: $crate::metrics!(@new $ty $(, $new)?), )*
+                    $($( $set: $crate::metrics!(@new $set_ty $(, $set_new)?), )*)?
+                }
+            }
+        }
+
+        impl $name {
+            /// The name of every metric below the prefix, in declaration order.
+            #[allow(dead_code)]
+            pub const NAMES: &'static [&'static str] = &[ $( $crate::metrics!(@name $field $(, $unit)?), )* ];
+
+            /// Registers every metric in `registry` as `prefix` + its name.
+            pub fn register(&self, registry: &mut $crate::telemetry::Registry, prefix: &str) {
+                $(
+                    registry.register(
+                        format!("{prefix}{}", $crate::metrics!(@name $field $(, $unit)?)),
+                        concat!($($help),+).trim(),
+                        self.$field.clone(),
+                    );
+                )*
+                $($( self.$set.register(registry, prefix); )*)?
+            }
+        }
+    };
+    (@new $ty:ty) => { <$ty as ::core::default::Default>::default() };
+    (@new $ty:ty, $new:expr) => { $new };
+    (@name $field:ident) => { stringify!($field) };
+    (@name $field:ident, $unit:ident) => { concat!(stringify!($field), "_", stringify!($unit)) };
+}

@@ -1,0 +1,334 @@
+//! The wire's metrics, declared once for every daemon: a listener's
+//! ([`ListenerMetrics`]) and a sender's, per destination ([`SenderMetrics`],
+//! whose [`DestinationMetrics`] are the [`OutboundMetrics`] of one queue).
+//!
+//! Both ends of a link export the same names below their daemon's prefix:
+//!
+//! | metric | type | labels |
+//! |---|---|---|
+//! | `connections`, `connections_accepted_total`, `accept_errors_total` | gauge, counters | |
+//! | `frame_errors_total` | counter | `reason` (a refused connection is `too_many_connections`) |
+//! | `batches_sent_total`, `bytes_sent_total`, `<unit>_sent_total` | counter | `destination` |
+//! | `queue_batches`, `queue_bytes` | gauge | `destination` |
+//! | `ack_latency_seconds` | histogram | `destination` |
+//! | `connect_errors_total` | counter | `destination` |
+//! | `send_errors_total`, `rejected_batches_total` | counter | `destination`, `reason` |
+//! | `dictionary_series`, `dictionary_generations_total`, `batches_expanded_total` | gauge, counters | `destination` (senders with series dictionaries) |
+//!
+//! Drops on the way to a destination go to the daemon's own `drops_total{reason,unit}`
+//! (`queue_full`, `rejected`, `expansion_failed`), handed to [`SenderMetrics::destination`].
+
+use std::time::Duration;
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use tessera_proto::AckReason;
+use tessera_runtime::telemetry::{Labels, Registry, labels, latency_histogram};
+
+use crate::inbound::InboundCounters;
+use crate::outbound::{Batch, DropReason, GenerationEnd, OutboundMetrics};
+
+tessera_runtime::metrics! {
+    /// A wire listener's metrics (an aggregator's for collectors, an ingester's for
+    /// aggregators).
+    pub struct ListenerMetrics {
+        /// Open wire connections
+        pub connections: Gauge,
+        /// Wire connections accepted
+        pub connections_accepted: Counter,
+        /// Failed accept calls on the wire listener
+        pub accept_errors: Counter,
+        /// Wire connections closed for an error or refused, per reason
+        frame_errors: Family<Labels, Counter>,
+    }
+}
+
+impl ListenerMetrics {
+    /// Exports `reasons` of `frame_errors_total` at 0, so that "none" reads as 0.
+    pub fn with_frame_error_reasons(self, reasons: &[&'static str]) -> Self {
+        for reason in reasons {
+            let _ = self.frame_errors.get_or_create(&labels(&[("reason", reason)]));
+        }
+        self
+    }
+
+    /// Counts a connection closed (or refused) for `reason`.
+    pub fn frame_error(&self, reason: &'static str) {
+        self.frame_errors.get_or_create(&labels(&[("reason", reason)])).inc();
+    }
+
+    /// Connections closed for `reason` so far.
+    pub fn frame_errors(&self, reason: &'static str) -> u64 {
+        self.frame_errors.get_or_create(&labels(&[("reason", reason)])).get()
+    }
+}
+
+impl InboundCounters for ListenerMetrics {
+    fn accept_error(&self) {
+        self.accept_errors.inc();
+    }
+    fn refused(&self) {
+        self.frame_error("too_many_connections");
+    }
+    fn opened(&self) {
+        self.connections_accepted.inc();
+        self.connections.inc();
+    }
+    fn closed(&self) {
+        self.connections.dec();
+    }
+}
+
+tessera_runtime::metrics! {
+    /// Every destination's sender metrics.
+    struct SenderFamilies {
+        /// Batches acknowledged, per destination
+        batches_sent: Family<Labels, Counter>,
+        /// Bytes of acknowledged batches, per destination
+        bytes_sent: Family<Labels, Counter>,
+        /// Batches waiting, per destination
+        queue_batches: Family<Labels, Gauge>,
+        /// Bytes waiting, per destination
+        queue_bytes: Family<Labels, Gauge>,
+        /// Time from sending a batch to its acknowledgement, per destination
+        ack_latency: Family<Labels, Histogram> [seconds] = Family::new_with_constructor(latency_histogram),
+        /// Failed connection attempts, per destination
+        connect_errors: Family<Labels, Counter>,
+        /// Connections lost while sending or awaiting an ack, per destination and reason
+        send_errors: Family<Labels, Counter>,
+        /// Batches a destination refused for good, per destination and reason
+        rejected_batches: Family<Labels, Counter>,
+    }
+}
+
+tessera_runtime::metrics! {
+    /// The series dictionary of each destination, for senders that keep one.
+    struct DictionaryFamilies {
+        /// Series named in the current series dictionary of each destination
+        dictionary_series: Family<Labels, Gauge>,
+        /// Series dictionaries ended per destination, by why: connect (a new connection), dropped (a batch
+        /// of it was dropped), rotated (too many idle series, a full dictionary, or the destination left
+        /// the placement)
+        dictionary_generations: Family<Labels, Counter>,
+        /// Batches encoded for an ended dictionary, re-encoded with full series ids before sending
+        /// (result=ok) or dropped (result=error)
+        batches_expanded: Family<Labels, Counter>,
+    }
+}
+
+/// What one daemon's batches hold, and how it counts them.
+#[derive(Clone, Copy, Debug)]
+pub struct Items {
+    /// What a batch holds (`partials`, `series`): names `<unit>_sent_total` and is the
+    /// `unit` of the items' drops.
+    pub unit: &'static str,
+    /// Also count dropped batches, as `unit="batches"`.
+    pub count_batches: bool,
+    /// The refusals destinations answer with, exported at 0 per destination.
+    pub refusals: &'static [AckReason],
+    /// The sender keeps series dictionaries (collectors): export their metrics.
+    pub dictionaries: bool,
+}
+
+/// A daemon's sender metrics; [`destination`](Self::destination) gives one queue's handles.
+#[derive(Clone)]
+pub struct SenderMetrics {
+    families: SenderFamilies,
+    dictionaries: DictionaryFamilies,
+    items_sent: Family<Labels, Counter>,
+    items: Items,
+}
+
+impl SenderMetrics {
+    /// Sender metrics for batches of `items`.
+    pub fn new(items: Items) -> SenderMetrics {
+        SenderMetrics {
+            families: SenderFamilies::default(),
+            dictionaries: DictionaryFamilies::default(),
+            items_sent: Family::default(),
+            items,
+        }
+    }
+
+    /// Registers every metric as `prefix` + its name.
+    pub fn register(&self, registry: &mut Registry, prefix: &str) {
+        self.families.register(registry, prefix);
+        registry.register(
+            format!("{prefix}{}_sent", self.items.unit),
+            format!("Items acknowledged ({}), per destination", self.items.unit),
+            self.items_sent.clone(),
+        );
+        if self.items.dictionaries {
+            self.dictionaries.register(registry, prefix);
+        }
+    }
+
+    /// Handles for the queue and sender of `destination`; its drops are counted in `drops`.
+    pub fn destination(&self, destination: &str, drops: &Family<Labels, Counter>) -> DestinationMetrics {
+        let by_destination = labels(&[("destination", destination)]);
+        let families = &self.families;
+        for reason in AckReason::refusal_labels(self.items.refusals) {
+            let _ =
+                families.rejected_batches.get_or_create(&labels(&[("destination", destination), ("reason", reason)]));
+        }
+        DestinationMetrics {
+            batches_sent: families.batches_sent.get_or_create(&by_destination).clone(),
+            bytes_sent: families.bytes_sent.get_or_create(&by_destination).clone(),
+            items_sent: self.items_sent.get_or_create(&by_destination).clone(),
+            queue_batches: families.queue_batches.get_or_create(&by_destination).clone(),
+            queue_bytes: families.queue_bytes.get_or_create(&by_destination).clone(),
+            ack_latency: families.ack_latency.get_or_create(&by_destination).clone(),
+            connect_errors: families.connect_errors.get_or_create(&by_destination).clone(),
+            dictionary_series: self.dictionaries.dictionary_series.get_or_create(&by_destination).clone(),
+            families: self.families.clone(),
+            dictionaries: self.dictionaries.clone(),
+            drops: drops.clone(),
+            items: self.items,
+            destination: destination.to_owned(),
+        }
+    }
+
+    /// Dictionary generations of `destination` ended for `reason` so far.
+    pub fn dictionary_generations_ended(&self, destination: &str, reason: &str) -> u64 {
+        let by = labels(&[("destination", destination), ("reason", reason)]);
+        self.dictionaries.dictionary_generations.get_or_create(&by).get()
+    }
+}
+
+/// Handles of one destination's queue and sender.
+#[derive(Clone)]
+pub struct DestinationMetrics {
+    batches_sent: Counter,
+    bytes_sent: Counter,
+    items_sent: Counter,
+    queue_batches: Gauge,
+    queue_bytes: Gauge,
+    ack_latency: Histogram,
+    connect_errors: Counter,
+    /// Series in the destination's current dictionary.
+    pub dictionary_series: Gauge,
+    families: SenderFamilies,
+    dictionaries: DictionaryFamilies,
+    drops: Family<Labels, Counter>,
+    items: Items,
+    destination: String,
+}
+
+impl DestinationMetrics {
+    fn count(&self, family: &Family<Labels, Counter>, label: &'static str, value: &str) {
+        family.get_or_create(&labels(&[("destination", &self.destination), (label, value)])).inc();
+    }
+
+    /// Counts `batches` batches of `items` items dropped for `reason`.
+    pub fn dropped(&self, reason: &str, batches: u64, items: u64) {
+        if self.items.count_batches && batches > 0 {
+            self.drops.get_or_create(&labels(&[("reason", reason), ("unit", "batches")])).inc_by(batches);
+        }
+        if items > 0 || !self.items.count_batches {
+            self.drops.get_or_create(&labels(&[("reason", reason), ("unit", self.items.unit)])).inc_by(items);
+        }
+    }
+}
+
+impl OutboundMetrics for DestinationMetrics {
+    fn queued(&self, batches: usize, bytes: usize) {
+        self.queue_batches.set(batches as i64);
+        self.queue_bytes.set(bytes as i64);
+    }
+
+    fn dropped(&self, reason: DropReason, batches: u64, items: u64) {
+        let reason = match reason {
+            DropReason::Overflow => "queue_full",
+            DropReason::Rejected => "rejected",
+            DropReason::Unexpandable => "expansion_failed",
+        };
+        DestinationMetrics::dropped(self, reason, batches, items);
+    }
+
+    fn connect_error(&self) {
+        self.connect_errors.inc();
+    }
+
+    fn send_error(&self, reason: &'static str) {
+        self.count(&self.families.send_errors, "reason", reason);
+    }
+
+    fn rejected(&self, reason: &'static str) {
+        self.count(&self.families.rejected_batches, "reason", reason);
+    }
+
+    fn delivered(&self, batch: &Batch, latency: Duration) {
+        self.ack_latency.observe(latency.as_secs_f64());
+        self.batches_sent.inc();
+        self.bytes_sent.inc_by(batch.frame.len() as u64);
+        self.items_sent.inc_by(batch.items);
+    }
+
+    fn dictionary_ended(&self, why: GenerationEnd) {
+        self.count(&self.dictionaries.dictionary_generations, "reason", why.as_str());
+    }
+
+    fn expanded(&self, result: Result<usize, ()>) {
+        self.count(&self.dictionaries.batches_expanded, "result", if result.is_ok() { "ok" } else { "error" });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tessera_proto::AckStatus;
+    use tessera_runtime::Telemetry;
+
+    fn sample(text: &str, name: &str, labels: &str) -> Option<f64> {
+        text.lines()
+            .filter(|line| line.starts_with(name) && line.contains(labels))
+            .find_map(|line| line.rsplit_once(' ')?.1.parse().ok())
+    }
+
+    /// Every permanent refusal either end can send is counted under its own label on the
+    /// other side, exported at 0 from the start.
+    #[test]
+    fn every_refusal_a_destination_answers_is_counted_under_its_own_reason() {
+        for (refusals, unit) in
+            [(&AckReason::FROM_AGGREGATOR[..], "partials"), (&AckReason::FROM_INGESTER[..], "series")]
+        {
+            let telemetry = Telemetry::new("x", "test");
+            let senders = SenderMetrics::new(Items { unit, count_batches: false, refusals, dictionaries: false });
+            telemetry.with_registry(|registry| senders.register(registry, "tessera_x_"));
+            let destination = senders.destination("d-1", &Family::default());
+            let text = telemetry.encode().unwrap();
+            let permanent: Vec<AckReason> =
+                refusals.iter().copied().filter(|reason| reason.status() == AckStatus::Permanent).collect();
+            assert!(!permanent.is_empty());
+            for reason in &permanent {
+                let labels = format!("reason=\"{}\"", reason.as_str());
+                assert_eq!(sample(&text, "tessera_x_rejected_batches_total", &labels), Some(0.0), "{labels}");
+                OutboundMetrics::rejected(&destination, AckReason::label(&reason.ack(1, String::new()).reason));
+            }
+            OutboundMetrics::rejected(&destination, AckReason::label("from_a_newer_peer"));
+            let text = telemetry.encode().unwrap();
+            for reason in &permanent {
+                let labels = format!("reason=\"{}\"", reason.as_str());
+                assert_eq!(sample(&text, "tessera_x_rejected_batches_total", &labels), Some(1.0), "{labels}");
+            }
+            let other = sample(&text, "tessera_x_rejected_batches_total", "reason=\"other\"");
+            assert_eq!(other, Some(1.0), "only the unknown reason is `other`");
+        }
+    }
+
+    #[test]
+    fn drops_are_counted_in_the_daemons_units() {
+        let drops = Family::<Labels, Counter>::default();
+        let get = |reason: &str, unit: &str| drops.get_or_create(&labels(&[("reason", reason), ("unit", unit)])).get();
+        let items = Items { unit: "series", count_batches: true, refusals: &[], dictionaries: false };
+        let destination = SenderMetrics::new(items).destination("d", &drops);
+        OutboundMetrics::dropped(&destination, DropReason::Overflow, 2, 10);
+        assert_eq!((get("queue_full", "batches"), get("queue_full", "series")), (2, 10));
+        let items = Items { unit: "partials", count_batches: false, refusals: &[], dictionaries: true };
+        let destination = SenderMetrics::new(items).destination("d", &drops);
+        OutboundMetrics::dropped(&destination, DropReason::Rejected, 1, 7);
+        assert_eq!((get("rejected", "batches"), get("rejected", "partials")), (0, 7));
+    }
+}
