@@ -148,6 +148,11 @@ mod tests {
         endpoint = "127.0.0.1:7401"
     "#;
 
+    /// One `[[instances]]` table: `id`, endpoint `h:{port}`, then the `extra` lines.
+    fn instance(id: &str, port: u16, extra: &str) -> String {
+        format!("[[instances]]\nid = \"{id}\"\nendpoint = \"h:{port}\"\n{extra}")
+    }
+
     #[test]
     fn automatic_shards_follow_init() {
         let placement = StaticFile::from_toml(GOOD).unwrap().to_placement().unwrap();
@@ -161,35 +166,22 @@ mod tests {
 
     #[test]
     fn replication_factor_defaults_to_one() {
-        let file = StaticFile::from_toml("num_shards = 3\n[[instances]]\nid = \"a\"\nendpoint = \"h:1\"\n").unwrap();
+        let file = StaticFile::from_toml(&format!("num_shards = 3\n{}", instance("a", 1, ""))).unwrap();
         assert_eq!(file.replication_factor, 1);
         assert_eq!(file.to_placement().unwrap().shards_of("a").len(), 3);
     }
 
     #[test]
     fn explicit_shards_are_grouped_into_shard_sets() {
-        let text = r#"
-            num_shards = 4
-            replication_factor = 2
-            [[instances]]
-            id = "a"
-            endpoint = "h:1"
-            shards = [0, 1]
-            [[instances]]
-            id = "b"
-            endpoint = "h:2"
-            shards = [1, 0]
-            [[instances]]
-            id = "c"
-            endpoint = "h:3"
-            shards = [2, 3]
-            [[instances]]
-            id = "d"
-            endpoint = "h:4"
-            shard_set_id = 7
-            shards = [2, 3]
-        "#;
-        let err = StaticFile::from_toml(text).unwrap().to_placement().unwrap_err();
+        let text = [
+            "num_shards = 4\nreplication_factor = 2\n".to_owned(),
+            instance("a", 1, "shards = [0, 1]\n"),
+            instance("b", 2, "shards = [1, 0]\n"),
+            instance("c", 3, "shards = [2, 3]\n"),
+            instance("d", 4, "shard_set_id = 7\nshards = [2, 3]\n"),
+        ]
+        .concat();
+        let err = StaticFile::from_toml(&text).unwrap().to_placement().unwrap_err();
         // c got an automatic set and d set 7: shards 2 and 3 span two sets.
         assert!(matches!(err, PlacementError::ShardInTwoShardSets { shard: 2, .. }), "{err}");
 
@@ -217,17 +209,16 @@ mod tests {
         let err = StaticFile::from_toml(&odd).unwrap().to_placement().unwrap_err();
         assert_eq!(err, PlacementError::NotWholeShardSets { count: 2, replication_factor: 3 });
 
-        let missing = "num_shards = 3\n[[instances]]\nid = \"a\"\nendpoint = \"h:1\"\nshards = [0, 1]\n";
-        let err = StaticFile::from_toml(missing).unwrap().to_placement().unwrap_err();
+        let missing = format!("num_shards = 3\n{}", instance("a", 1, "shards = [0, 1]\n"));
+        let err = StaticFile::from_toml(&missing).unwrap().to_placement().unwrap_err();
         assert_eq!(err.to_string(), "shard 2 has 0 available or initializing owners, replication factor is 1");
 
-        let mixed = "num_shards = 1\n[[instances]]\nid = \"a\"\nendpoint = \"h:1\"\nshards = [0]\n\
-                     [[instances]]\nid = \"b\"\nendpoint = \"h:2\"\n";
-        let err = StaticFile::from_toml(mixed).unwrap().to_placement().unwrap_err();
+        let mixed = format!("num_shards = 1\n{}{}", instance("a", 1, "shards = [0]\n"), instance("b", 2, ""));
+        let err = StaticFile::from_toml(&mixed).unwrap().to_placement().unwrap_err();
         assert_eq!(err, PlacementError::MixedShardLists);
 
-        let set_only = "num_shards = 1\n[[instances]]\nid = \"a\"\nendpoint = \"h:1\"\nshard_set_id = 1\n";
-        let err = StaticFile::from_toml(set_only).unwrap().to_placement().unwrap_err();
+        let set_only = format!("num_shards = 1\n{}", instance("a", 1, "shard_set_id = 1\n"));
+        let err = StaticFile::from_toml(&set_only).unwrap().to_placement().unwrap_err();
         assert_eq!(err, PlacementError::ShardSetIdWithoutShards { instance: "a".into() });
     }
 }
