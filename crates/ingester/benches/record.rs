@@ -9,41 +9,17 @@
 
 #![allow(missing_docs)] // criterion_group! generates undocumented items
 
+mod support;
+
 use std::time::Duration;
 
 use bytes::Bytes;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use tessera_core::aggregate::Aggregate;
+use support::request_counters;
 use tessera_ingester::mapping::Converter;
 use tessera_ingester::record::{self, HEADER_BYTES};
-use tessera_proto::{MetricType, SeriesValue, TileBatch};
 
 const TILES: usize = 10_000;
-
-fn batch(tile_end_ms: i64) -> TileBatch {
-    let tiles = (0..TILES)
-        .map(|n| SeriesValue {
-            r#ref: 0,
-            series_id: format!(
-                "http.server.requests|#endpoint:/api/v1/item{},host:host-{:04},series:{n}",
-                n % 50,
-                n % 1000
-            )
-            .into_bytes(),
-            r#type: MetricType::Counter as i32,
-            aggregate: Some(Aggregate::Counter(1.0).to_proto()),
-        })
-        .collect();
-    TileBatch {
-        source: "agg-1".into(),
-        sequence: 1,
-        storage_policy: "10s:2d".into(),
-        resolution_ms: 10_000,
-        tile_end_ms,
-        tiles,
-        flushed_at_ms: tile_end_ms,
-    }
-}
 
 fn bench_record(criterion: &mut Criterion) {
     let mut group = criterion.benchmark_group("record");
@@ -52,7 +28,7 @@ fn bench_record(criterion: &mut Criterion) {
 
     let mut converter = Converter::new(&[0.5, 0.9, 0.99], 3_600_000);
     let mut tile_end_ms = 1_700_000_000_000;
-    let mut input = batch(tile_end_ms);
+    let mut input = request_counters(TILES, tile_end_ms);
     group.bench_function("convert/10k_counters", |bencher| {
         bencher.iter(|| {
             tile_end_ms += 10_000;
@@ -63,7 +39,7 @@ fn bench_record(criterion: &mut Criterion) {
         })
     });
 
-    let conversion = converter.convert(&batch(tile_end_ms + 10_000), 0).unwrap();
+    let conversion = converter.convert(&request_counters(TILES, tile_end_ms + 10_000), 0).unwrap();
     let framed = record::encode(&conversion.record);
     group.bench_function("encode_crc/10k_samples", |bencher| bencher.iter(|| record::encode(&conversion.record).len()));
 

@@ -5,39 +5,21 @@
 
 #![allow(missing_docs)] // criterion_group! generates undocumented items
 
+mod support;
+
 use std::time::Duration;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use tessera_core::aggregate::Aggregate;
+use support::request_counters;
 use tessera_ingester::mapping::Converter;
 use tessera_ingester::pool::split;
 use tessera_ingester::prompb;
 use tessera_ingester::record::StoredSample;
-use tessera_proto::{MetricType, SeriesValue, TileBatch};
 
 const SAMPLES: usize = 2_000;
 
 fn samples(count: usize) -> Vec<StoredSample> {
-    let tiles = (0..count)
-        .map(|n| SeriesValue {
-            r#ref: 0,
-            series_id: format!(
-                "http.server.requests|#endpoint:/api/v1/item{},host:host-{:04},series:{n}",
-                n % 50,
-                n % 1000
-            )
-            .into_bytes(),
-            r#type: MetricType::Counter as i32,
-            aggregate: Some(Aggregate::Counter(1.0).to_proto()),
-        })
-        .collect();
-    let batch = TileBatch {
-        storage_policy: "10s:2d".into(),
-        resolution_ms: 10_000,
-        tile_end_ms: 1_700_000_000_000,
-        tiles,
-        ..Default::default()
-    };
+    let batch = request_counters(count, 1_700_000_000_000);
     Converter::new(&[0.5], 3_600_000).convert(&batch, 0).unwrap().record.samples
 }
 

@@ -1,4 +1,4 @@
-//! Test support shared by tessera's integration tests.
+//! Test support shared by tessera's integration tests and benchmarks.
 //!
 //! - [`prometheus`]: Debian's `prometheus` as a child process on a free
 //!   loopback port (remote-write receiver on, optional scrape config),
@@ -8,6 +8,7 @@
 //!   config file each, polled on `/readyz`, killed on drop.
 //! - [`process`]: what those three share (a child with its files and log,
 //!   polled until ready, killed on drop).
+//! - [`tiles`]: tile values and batches as an aggregator sends them.
 //! - [`http_get`] and [`free_port`].
 //!
 //! A real etcd for tests lives in `tessera_topology::testing` (feature
@@ -16,6 +17,7 @@
 pub mod daemons;
 pub mod process;
 pub mod prometheus;
+pub mod tiles;
 pub mod victoria;
 
 use std::io::{Read, Write};

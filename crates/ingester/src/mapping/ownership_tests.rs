@@ -2,18 +2,14 @@
 //! adopted series.
 
 use prometheus_client::metrics::counter::Counter;
-use tessera_proto::{MetricType, SeriesValue};
+use tessera_testkit::tiles::counter;
 use tessera_topology::Placement;
 
-use super::tests::{batch, tile};
+use super::tests::batch;
 use super::*;
 use crate::tier::OwnershipView;
 
 const SHARDS: u32 = 4;
-
-fn counter(id: &str, delta: f64) -> SeriesValue {
-    tile(id, MetricType::Counter, Aggregate::Counter(delta))
-}
 
 /// (value, reset_before) of the one sample of a one-counter batch.
 fn one(converter: &mut Converter, tile_end_ms: i64, id: &str, delta: f64) -> (f64, bool) {
@@ -25,6 +21,26 @@ fn one(converter: &mut Converter, tile_end_ms: i64, id: &str, delta: f64) -> (f6
 
 fn view(owned: &[bool], version: u64) -> OwnershipView {
     OwnershipView { num_shards: owned.len() as u32, owned: owned.to_vec(), joining: vec![false; owned.len()], version }
+}
+
+/// Version `version` of the view, every shard owned.
+fn all_owned(version: u64) -> OwnershipView {
+    view(&[true; SHARDS as usize], version)
+}
+
+/// Version `version` of the view, every shard owned but `shard`.
+fn all_owned_but(shard: usize, version: u64) -> OwnershipView {
+    let mut owned = [true; SHARDS as usize];
+    owned[shard] = false;
+    view(&owned, version)
+}
+
+/// A series in a shard other than `shard`.
+fn series_outside(shard: usize) -> String {
+    (0..100)
+        .map(|n| format!("other|#n:{n}"))
+        .find(|other| tessera_core::shard::shard_of(other.as_bytes(), SHARDS) as usize != shard)
+        .expect("a series in another shard")
 }
 
 fn setup() -> (Converter, Arc<Ownership>, Counter, String, usize) {
@@ -40,7 +56,7 @@ fn setup() -> (Converter, Arc<Ownership>, Counter, String, usize) {
 fn the_first_view_counts_as_owned_all_along() {
     let (mut converter, ownership, adopted, id, _) = setup();
     assert_eq!(one(&mut converter, 10_000, &id, 2.0), (2.0, false), "no view yet: as a single ingester");
-    ownership.publish(view(&[true; SHARDS as usize], 1));
+    ownership.publish(all_owned(1));
     assert_eq!(one(&mut converter, 20_000, &id, 3.0), (5.0, false), "the restored total goes on");
     assert_eq!(adopted.get(), 0);
 }
@@ -48,17 +64,12 @@ fn the_first_view_counts_as_owned_all_along() {
 #[test]
 fn a_shard_lost_and_gained_again_starts_its_series_over_with_a_reset() {
     let (mut converter, ownership, adopted, id, shard) = setup();
-    ownership.publish(view(&[true; SHARDS as usize], 1));
+    ownership.publish(all_owned(1));
     assert_eq!(one(&mut converter, 10_000, &id, 2.0), (2.0, false));
-    let mut lost = [true; SHARDS as usize];
-    lost[shard] = false;
-    ownership.publish(view(&lost, 2));
-    let other = (0..100)
-        .map(|n| format!("other|#n:{n}"))
-        .find(|other| tessera_core::shard::shard_of(other.as_bytes(), SHARDS) as usize != shard);
-    let other = other.expect("a series in another shard");
+    ownership.publish(all_owned_but(shard, 2));
+    let other = series_outside(shard);
     assert_eq!(one(&mut converter, 20_000, &other, 1.0), (1.0, false), "other shards are not touched");
-    ownership.publish(view(&[true; SHARDS as usize], 3));
+    ownership.publish(all_owned(3));
     assert_eq!(one(&mut converter, 60_000, &id, 4.0), (4.0, true), "the stale total of 2 is dropped, reset first");
     assert_eq!(one(&mut converter, 70_000, &id, 1.0), (5.0, false), "then cumulative again");
     assert_eq!(adopted.get(), 1);
@@ -99,7 +110,7 @@ fn views_follow_the_placement() {
 fn a_first_view_that_joins_a_shard_makes_its_restored_totals_stale() {
     let (mut converter, ownership, adopted, id, shard) = setup();
     assert_eq!(one(&mut converter, 10_000, &id, 2.0), (2.0, false), "restored before the first view");
-    let mut joining = view(&[true; SHARDS as usize], 1);
+    let mut joining = all_owned(1);
     joining.joining[shard] = true;
     ownership.publish(joining);
     assert_eq!(one(&mut converter, 60_000, &id, 4.0), (4.0, true), "taken back at a cutover: starts over");
@@ -109,13 +120,11 @@ fn a_first_view_that_joins_a_shard_makes_its_restored_totals_stale() {
 #[test]
 fn only_current_totals_are_checkpointed() {
     let (mut converter, ownership, _, id, shard) = setup();
-    ownership.publish(view(&[true; SHARDS as usize], 1));
+    ownership.publish(all_owned(1));
     one(&mut converter, 10_000, &id, 2.0);
     let current = *converter.totals.values().next().unwrap();
     assert!(converter.total_is_current(&current));
-    let mut lost = [true; SHARDS as usize];
-    lost[shard] = false;
-    ownership.publish(view(&lost, 2));
+    ownership.publish(all_owned_but(shard, 2));
     converter.convert(&batch(20_000, Vec::new()), 0).unwrap();
     converter.commit();
     assert!(!converter.total_is_current(&current), "a lost shard's totals are not kept");
@@ -126,16 +135,11 @@ fn only_current_totals_are_checkpointed() {
 #[test]
 fn a_checkpoint_leaves_out_the_totals_of_a_lost_shard_and_keeps_the_shard_of_the_rest() {
     let (mut converter, ownership, _, id, shard) = setup();
-    ownership.publish(view(&[true; SHARDS as usize], 1));
-    let other = (0..100)
-        .map(|n| format!("other|#n:{n}"))
-        .find(|other| tessera_core::shard::shard_of(other.as_bytes(), SHARDS) as usize != shard)
-        .expect("a series in another shard");
+    ownership.publish(all_owned(1));
+    let other = series_outside(shard);
     one(&mut converter, 10_000, &id, 2.0);
     one(&mut converter, 10_000, &other, 5.0);
-    let mut lost = [true; SHARDS as usize];
-    lost[shard] = false;
-    ownership.publish(view(&lost, 2));
+    ownership.publish(all_owned_but(shard, 2));
     converter.convert(&batch(20_000, Vec::new()), 0).unwrap();
     converter.commit();
     let bytes = converter.encode_checkpoint(checkpoint::CheckpointMeta::default()).to_bytes();

@@ -2,33 +2,14 @@ use tessera_core::aggregate::{Distribution, Gauge};
 use tessera_core::hll::HyperLogLog;
 use tessera_proto::{MetricType, SeriesValue};
 
+pub(super) use tessera_testkit::tiles::{batch, tile};
+
 use super::*;
 use crate::prompb::decode_labels;
 
 fn labels_text(sample: &StoredSample) -> String {
     let labels = decode_labels(&sample.labels).unwrap();
     labels.iter().map(|label| format!("{}={}", label.name, label.value)).collect::<Vec<_>>().join(" ")
-}
-
-pub(super) fn tile(id: &str, metric_type: MetricType, aggregate: Aggregate) -> SeriesValue {
-    SeriesValue {
-        r#ref: 0,
-        series_id: id.as_bytes().to_vec(),
-        r#type: metric_type as i32,
-        aggregate: Some(aggregate.to_proto()),
-    }
-}
-
-pub(super) fn batch(tile_end_ms: i64, tiles: Vec<SeriesValue>) -> TileBatch {
-    TileBatch {
-        source: "agg-1".into(),
-        sequence: 1,
-        storage_policy: "10s:2d".into(),
-        resolution_ms: 10_000,
-        tile_end_ms,
-        tiles,
-        flushed_at_ms: tile_end_ms + 100,
-    }
 }
 
 fn converted(converter: &mut Converter, batch: &TileBatch) -> Vec<(String, f64)> {

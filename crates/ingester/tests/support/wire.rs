@@ -5,11 +5,12 @@
 use std::net::SocketAddr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use tessera_core::aggregate::{Aggregate, Distribution, Gauge};
-use tessera_core::hll::HyperLogLog;
 use tessera_proto::framing::{self, DEFAULT_MAX_FRAME_BYTES};
-use tessera_proto::{Ack, AckStatus, Frame, MetricType, Role, SeriesValue, TileBatch, frame::Body};
+use tessera_proto::{Ack, AckStatus, Frame, Role, SeriesValue, TileBatch, frame::Body};
 use tessera_runtime::{Shutdown, Telemetry};
+use tessera_testkit::tiles;
+#[allow(unused_imports)] // each test uses some of them
+pub use tessera_testkit::tiles::{counter, gauge, set, timer};
 use tokio::net::TcpStream;
 
 /// A connection to an ingester, past the handshake.
@@ -93,6 +94,8 @@ pub fn recent_tile_end_ms(minutes_ago: i64) -> i64 {
     (now - minutes_ago * 60_000) / 10_000 * 10_000
 }
 
+/// Batch `sequence` from `test-aggregator` of the tile of `policy` (10 s or 1 m) ending at
+/// `tile_end_ms`, flushed 100 ms after it.
 pub fn batch(sequence: u64, policy: &str, tile_end_ms: i64, tiles: Vec<SeriesValue>) -> TileBatch {
     let resolution_ms = if policy.starts_with("1m") { 60_000 } else { 10_000 };
     TileBatch {
@@ -100,43 +103,8 @@ pub fn batch(sequence: u64, policy: &str, tile_end_ms: i64, tiles: Vec<SeriesVal
         sequence,
         storage_policy: policy.into(),
         resolution_ms,
-        tile_end_ms,
-        tiles,
-        flushed_at_ms: tile_end_ms + 100,
+        ..tiles::batch(tile_end_ms, tiles)
     }
-}
-
-fn tile(id: &str, metric_type: MetricType, aggregate: Aggregate) -> SeriesValue {
-    SeriesValue {
-        r#ref: 0,
-        series_id: id.as_bytes().to_vec(),
-        r#type: metric_type as i32,
-        aggregate: Some(aggregate.to_proto()),
-    }
-}
-
-pub fn counter(id: &str, delta: f64) -> SeriesValue {
-    tile(id, MetricType::Counter, Aggregate::Counter(delta))
-}
-
-pub fn gauge(id: &str, value: f64) -> SeriesValue {
-    tile(id, MetricType::Gauge, Aggregate::Gauge(Box::new(Gauge::with_value(value, 1))))
-}
-
-pub fn timer(id: &str, values: &[f64]) -> SeriesValue {
-    let mut summary = Distribution::default();
-    for value in values {
-        summary.insert(*value, 1.0);
-    }
-    tile(id, MetricType::Timer, Aggregate::Distribution(Box::new(summary)))
-}
-
-pub fn set(id: &str, members: &[&str]) -> SeriesValue {
-    let mut set = HyperLogLog::new();
-    for member in members {
-        set.insert(member.as_bytes());
-    }
-    tile(id, MetricType::Set, Aggregate::Set(Box::new(set)))
 }
 
 /// Waits until `done` holds, polling; panics after `timeout`.

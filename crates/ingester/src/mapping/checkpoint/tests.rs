@@ -1,34 +1,12 @@
 use prost::Message;
-use tessera_core::aggregate::{Aggregate, Distribution};
-use tessera_proto::{MetricType, SeriesValue, TileBatch};
+use tessera_proto::TileBatch;
+use tessera_testkit::tiles::{counter, timer};
 
 use super::*;
 use crate::mapping::HistogramMode;
 use crate::prompb::{Histogram, RESET_HINT_YES};
 
 const START_MS: i64 = 1_700_000_000_000;
-
-fn counter(id: &str, delta: f64) -> SeriesValue {
-    SeriesValue {
-        r#ref: 0,
-        series_id: id.as_bytes().to_vec(),
-        r#type: MetricType::Counter as i32,
-        aggregate: Some(Aggregate::Counter(delta).to_proto()),
-    }
-}
-
-fn timer(id: &str, values: &[f64]) -> SeriesValue {
-    let mut distribution = Distribution::default();
-    for value in values {
-        distribution.insert(*value, 1.0);
-    }
-    SeriesValue {
-        r#ref: 0,
-        series_id: id.as_bytes().to_vec(),
-        r#type: MetricType::Timer as i32,
-        aggregate: Some(Aggregate::Distribution(Box::new(distribution)).to_proto()),
-    }
-}
 
 /// Tile `n` (10 s tiles): two counters, a timer written as summary and native histogram,
 /// and one series that only appears in some tiles.
