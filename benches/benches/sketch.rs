@@ -1,7 +1,8 @@
 //! Quantile sketch and HyperLogLog: insert and merge rates.
 #![allow(missing_docs)] // criterion_group! generates undocumented items
 
-use criterion::{Criterion, Throughput, black_box, criterion_group, criterion_main};
+use criterion::measurement::WallTime;
+use criterion::{BenchmarkGroup, Criterion, Throughput, black_box, criterion_group, criterion_main};
 use tessera_core::hll::HyperLogLog;
 use tessera_core::sketch::Sketch;
 
@@ -16,6 +17,25 @@ fn latencies(n: usize) -> Vec<f64> {
             10f64.powf((state >> 11) as f64 / (1u64 << 53) as f64 * 4.0 - 1.0)
         })
         .collect()
+}
+
+/// Benchmarks `merge` of every one of `partials` into an `empty()` one, in partials per second.
+fn bench_merge<T>(
+    group: &mut BenchmarkGroup<'_, WallTime>,
+    partials: &[T],
+    empty: impl Fn() -> T,
+    merge: impl Fn(&mut T, &T),
+) {
+    group.throughput(Throughput::Elements(partials.len() as u64));
+    group.bench_function("merge", |b| {
+        b.iter(|| {
+            let mut total = empty();
+            for partial in partials {
+                merge(&mut total, black_box(partial));
+            }
+            total
+        })
+    });
 }
 
 fn bench_sketch(c: &mut Criterion) {
@@ -38,16 +58,7 @@ fn bench_sketch(c: &mut Criterion) {
             sketch
         })
         .collect();
-    group.throughput(Throughput::Elements(partials.len() as u64));
-    group.bench_function("merge", |b| {
-        b.iter(|| {
-            let mut total = Sketch::new();
-            for partial in &partials {
-                total.merge(black_box(partial));
-            }
-            total
-        })
-    });
+    bench_merge(&mut group, &partials, Sketch::new, Sketch::merge);
     group.finish();
 
     let members: Vec<Vec<u8>> = (0..100_000).map(|i| format!("user-{i}").into_bytes()).collect();
@@ -69,16 +80,7 @@ fn bench_sketch(c: &mut Criterion) {
             set
         })
         .collect();
-    group.throughput(Throughput::Elements(partials.len() as u64));
-    group.bench_function("merge", |b| {
-        b.iter(|| {
-            let mut total = HyperLogLog::new();
-            for partial in &partials {
-                total.merge(black_box(partial));
-            }
-            total
-        })
-    });
+    bench_merge(&mut group, &partials, HyperLogLog::new, HyperLogLog::merge);
     group.finish();
 }
 
