@@ -33,35 +33,42 @@ impl ProcessCollector {
 
 impl Collector for ProcessCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let start_time = ConstGauge::new(self.start_time_seconds);
-        start_time.encode(encoder.encode_descriptor(
+        encode_unlabelled(
+            &mut encoder,
             "process_start_time_seconds",
             "Start time of the process since the Unix epoch in seconds",
-            None,
-            start_time.metric_type(),
-        )?)?;
+            &ConstGauge::new(self.start_time_seconds),
+        )?;
 
         #[cfg(target_os = "linux")]
         if let Some(usage) = linux::usage() {
             use prometheus_client::metrics::counter::ConstCounter;
 
-            let cpu = ConstCounter::new(usage.cpu_seconds);
-            cpu.encode(encoder.encode_descriptor(
+            encode_unlabelled(
+                &mut encoder,
                 "process_cpu_seconds",
                 "Total user and system CPU time spent in seconds",
-                None,
-                cpu.metric_type(),
-            )?)?;
-            let resident = ConstGauge::new(usage.resident_memory_bytes);
-            resident.encode(encoder.encode_descriptor(
+                &ConstCounter::new(usage.cpu_seconds),
+            )?;
+            encode_unlabelled(
+                &mut encoder,
                 "process_resident_memory_bytes",
                 "Resident memory size in bytes",
-                None,
-                resident.metric_type(),
-            )?)?;
+                &ConstGauge::new(usage.resident_memory_bytes),
+            )?;
         }
         Ok(())
     }
+}
+
+/// Encodes `metric`, which has no labels, as the family `name`.
+fn encode_unlabelled(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    metric: &impl EncodeMetric,
+) -> Result<(), std::fmt::Error> {
+    metric.encode(encoder.encode_descriptor(name, help, None, metric.metric_type())?)
 }
 
 #[cfg(target_os = "linux")]
@@ -96,7 +103,7 @@ mod linux {
     }
 
     pub(super) fn usage() -> Option<Usage> {
-        let stat = parse_stat(&std::fs::read_to_string("/proc/self/stat").ok()?)?;
+        let stat = read_stat()?;
         let units = units();
         Some(Usage {
             cpu_seconds: (stat.user_ticks + stat.system_ticks) as f64 / units.clock_ticks_per_second as f64,
@@ -105,9 +112,13 @@ mod linux {
     }
 
     pub(super) fn start_time_seconds() -> Option<f64> {
-        let stat = parse_stat(&std::fs::read_to_string("/proc/self/stat").ok()?)?;
+        let stat = read_stat()?;
         let boot_time_seconds = parse_boot_time(&std::fs::read_to_string("/proc/stat").ok()?)?;
         Some(boot_time_seconds as f64 + stat.start_ticks_after_boot as f64 / units().clock_ticks_per_second as f64)
+    }
+
+    fn read_stat() -> Option<Stat> {
+        parse_stat(&std::fs::read_to_string("/proc/self/stat").ok()?)
     }
 
     fn units() -> Units {
