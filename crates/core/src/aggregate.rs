@@ -428,31 +428,24 @@ mod tests {
         assert_eq!(summary.sketch.count(), 4.0);
     }
 
+    /// Merging the aggregates of `lines` observed `chunk` lines at a time gives the
+    /// aggregate of them all observed at once.
+    fn assert_merged_chunks_equal_whole(kind: MetricKind, lines: &[Vec<u8>], chunk: usize) {
+        let refs: Vec<&[u8]> = lines.iter().map(Vec::as_slice).collect();
+        let whole = observe_all(kind, &refs, GaugeDeltas::Statsd);
+        let mut merged = Aggregate::new(kind);
+        for part in refs.chunks(chunk) {
+            assert_eq!(merged.merge(&observe_all(kind, part, GaugeDeltas::Statsd)).unwrap(), MergeOrder::Exact);
+        }
+        assert_eq!(merged, whole);
+    }
+
     #[test]
     fn merging_partials_equals_observing_everything() {
         let lines: Vec<Vec<u8>> = (0..300).map(|i| format!("t:{}|d|@0.5", i % 37 + 1).into_bytes()).collect();
-        let refs: Vec<&[u8]> = lines.iter().map(Vec::as_slice).collect();
-        let whole = observe_all(MetricKind::Distribution, &refs, GaugeDeltas::Statsd);
-        let mut merged = Aggregate::new(MetricKind::Distribution);
-        for chunk in refs.chunks(7) {
-            assert_eq!(
-                merged.merge(&observe_all(MetricKind::Distribution, chunk, GaugeDeltas::Statsd)).unwrap(),
-                MergeOrder::Exact
-            );
-        }
-        assert_eq!(merged, whole);
-
+        assert_merged_chunks_equal_whole(MetricKind::Distribution, &lines, 7);
         let members: Vec<Vec<u8>> = (0..2000).map(|i| format!("u:user{}|s", i % 1500).into_bytes()).collect();
-        let refs: Vec<&[u8]> = members.iter().map(Vec::as_slice).collect();
-        let whole = observe_all(MetricKind::Set, &refs, GaugeDeltas::Statsd);
-        let mut merged = Aggregate::new(MetricKind::Set);
-        for chunk in refs.chunks(100) {
-            assert_eq!(
-                merged.merge(&observe_all(MetricKind::Set, chunk, GaugeDeltas::Statsd)).unwrap(),
-                MergeOrder::Exact
-            );
-        }
-        assert_eq!(merged, whole);
+        assert_merged_chunks_equal_whole(MetricKind::Set, &members, 100);
     }
 
     #[test]
