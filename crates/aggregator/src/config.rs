@@ -43,9 +43,6 @@
 //! listen = "0.0.0.0:9103"
 //! ```
 
-use std::net::SocketAddr;
-
-use serde::Deserialize;
 use tessera_topology::PlacementSource;
 
 use crate::policy::{DEFAULT_POLICIES, StoragePolicy};
@@ -57,146 +54,77 @@ pub const MAX_TABLES_PER_POLICY: usize = 16;
 /// `max_buffer_past_ms` when it is not set, at most (see [`Config::max_buffer_past_ms`]).
 pub const DEFAULT_MAX_BUFFER_PAST_MS: u64 = 8_000;
 
-/// The whole configuration.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct Config {
-    /// This instance's id, exactly as the placement lists it (required).
-    /// Partials are accepted only for the shards the placement gives this id.
-    pub instance_id: Option<String>,
-    /// Address of the wire listener that collectors send partial batches to.
-    pub listen: SocketAddr,
-    /// Largest frame accepted from a collector, bytes; a bigger frame
-    /// closes the connection.
-    pub max_frame_bytes: usize,
-    /// Most concurrent collector connections; more are closed at once.
-    pub max_connections: usize,
-    /// Time allowed for a connecting collector's handshake.
-    pub handshake_timeout_ms: u64,
-    /// A collector connection with no frame for this long is closed and counted
-    /// (`frame_errors_total{reason="idle_timeout"}`): collectors send a batch every window
-    /// (an empty one when idle), so only a stuck or half-open connection stays silent.
-    pub idle_timeout_ms: u64,
-    /// Storage policies, `resolution:retention` (units ms, s, m, h, d).
-    /// Each policy tiles independently from the partials.
-    pub policies: Vec<StoragePolicy>,
-    /// A tile closes once every connected collector's watermark (the end
-    /// of the newest window it has sent in full) has passed the tile's end,
-    /// and at the latest this long after its end. Partials for a closed
-    /// tile are refused as `too_late`. Each policy keeps
-    /// `ceil((max(buffer_past_ms, max_buffer_past_ms) + buffer_future_ms) /
-    /// resolution) + 1` tables. Default: 8 s, lowered where a policy would
-    /// need more tables for it than `buffer_past_ms` alone gives it (so the
-    /// default costs no memory; with the default policies it is 8 s), and
-    /// never below `buffer_past_ms`. See [`Config::max_buffer_past_ms`].
-    pub max_buffer_past_ms: Option<u64>,
-    /// When no connected collector reports a watermark (none connected, or
-    /// one too old to send it), a tile closes this long after its end; a
-    /// connection that has reported none holds tiles this long.
-    pub buffer_past_ms: u64,
-    /// Partials whose window ends more than this after now are refused as
-    /// `too_early` (a sender with a clock ahead of ours).
-    pub buffer_future_ms: u64,
-    /// A series is forgotten after this many tiles without data (rounded up
-    /// to a multiple of the policy's table count); never when absent.
-    pub expire_after_empty_tiles: Option<u32>,
-    /// Most series each policy table holds; partials of new series beyond
-    /// it are dropped and counted (`reason="series_limit"`). No cap when
-    /// absent. Each merge thread holds an equal share of the cap.
-    pub max_series_per_policy: Option<usize>,
-    /// Threads that merge partials into tiles. Shards are partitioned among
-    /// them (shard `s` goes to thread `s mod merge_threads`), and each owns
-    /// its shards' tables for every policy, so merging shares no lock.
-    /// Default: the cores available to the process.
-    pub merge_threads: Option<usize>,
-    /// Where the placement comes from (required): `kind = "static"` with a
-    /// `path`, or `kind = "etcd"` with `endpoints`, `env` and an optional
-    /// `cache_path`.
-    pub placement: Option<PlacementSource>,
-    /// With an etcd placement, the TTL of this instance's liveness lease,
-    /// seconds; `tessera placement show` lists the instances whose lease lives.
-    pub liveness_ttl_secs: u64,
-    /// Where closed tiles go.
-    pub ingester: IngesterConfig,
-    /// The `/metrics`, `/healthz`, `/readyz` endpoint.
-    pub telemetry: TelemetryConfig,
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Config {
-            instance_id: None,
-            listen: "127.0.0.1:7400".parse().expect("valid address"),
-            max_frame_bytes: tessera_proto::framing::DEFAULT_MAX_FRAME_BYTES,
-            max_connections: 4096,
-            handshake_timeout_ms: 5_000,
-            idle_timeout_ms: 30_000,
-            policies: DEFAULT_POLICIES.iter().map(|text| text.parse().expect("default policies parse")).collect(),
-            max_buffer_past_ms: None,
-            buffer_past_ms: 2_000,
-            buffer_future_ms: 2_000,
-            expire_after_empty_tiles: Some(30),
-            max_series_per_policy: Some(8_000_000),
-            merge_threads: None,
-            placement: None,
-            liveness_ttl_secs: 10,
-            ingester: IngesterConfig::default(),
-            telemetry: TelemetryConfig::default(),
-        }
+tessera_wire::listener_config! {
+    /// The whole configuration.
+    pub struct Config {
+        /// This instance's id, exactly as the placement lists it (required).
+        /// Partials are accepted only for the shards the placement gives this id.
+        pub instance_id: Option<String> = None,
+        /// Storage policies, `resolution:retention` (units ms, s, m, h, d).
+        /// Each policy tiles independently from the partials.
+        pub policies: Vec<StoragePolicy> = DEFAULT_POLICIES.iter().map(|text| text.parse().expect("default policies parse")).collect(),
+        /// A tile closes once every connected collector's watermark (the end
+        /// of the newest window it has sent in full) has passed the tile's end,
+        /// and at the latest this long after its end. Partials for a closed
+        /// tile are refused as `too_late`. Each policy keeps
+        /// `ceil((max(buffer_past_ms, max_buffer_past_ms) + buffer_future_ms) /
+        /// resolution) + 1` tables. Default: 8 s, lowered where a policy would
+        /// need more tables for it than `buffer_past_ms` alone gives it (so the
+        /// default costs no memory; with the default policies it is 8 s), and
+        /// never below `buffer_past_ms`. See [`Config::max_buffer_past_ms`].
+        pub max_buffer_past_ms: Option<u64> = None,
+        /// When no connected collector reports a watermark (none connected, or
+        /// one too old to send it), a tile closes this long after its end; a
+        /// connection that has reported none holds tiles this long.
+        pub buffer_past_ms: u64 = 2_000,
+        /// Partials whose window ends more than this after now are refused as
+        /// `too_early` (a sender with a clock ahead of ours).
+        pub buffer_future_ms: u64 = 2_000,
+        /// A series is forgotten after this many tiles without data (rounded up
+        /// to a multiple of the policy's table count); never when absent.
+        pub expire_after_empty_tiles: Option<u32> = Some(30),
+        /// Most series each policy table holds; partials of new series beyond
+        /// it are dropped and counted (`reason="series_limit"`). No cap when
+        /// absent. Each merge thread holds an equal share of the cap.
+        pub max_series_per_policy: Option<usize> = Some(8_000_000),
+        /// Threads that merge partials into tiles. Shards are partitioned among
+        /// them (shard `s` goes to thread `s mod merge_threads`), and each owns
+        /// its shards' tables for every policy, so merging shares no lock.
+        /// Default: the cores available to the process.
+        pub merge_threads: Option<usize> = None,
+        /// Where the placement comes from (required): `kind = "static"` with a
+        /// `path`, or `kind = "etcd"` with `endpoints`, `env` and an optional
+        /// `cache_path`.
+        pub placement: Option<PlacementSource> = None,
+        /// With an etcd placement, the TTL of this instance's liveness lease,
+        /// seconds; `tessera placement show` lists the instances whose lease lives.
+        pub liveness_ttl_secs: u64 = 10,
+        /// Where closed tiles go.
+        pub ingester: IngesterConfig = IngesterConfig::default(),
+        /// The `/metrics`, `/healthz`, `/readyz` endpoint.
+        pub telemetry: TelemetryConfig = TelemetryConfig::default(),
     }
+    defaults { listen: "127.0.0.1:7400", max_connections: 4096, handshake_timeout_ms: 5_000 }
 }
 
-/// `[ingester]`
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct IngesterConfig {
-    /// Ingester wire endpoints, `host:port`. All the batches of one tile go
-    /// to one endpoint: the connected one with the least queued. Set this
-    /// or `placement`, not both.
-    pub endpoints: Vec<String>,
-    /// The ingesters' placement (a static file, or etcd: the key
-    /// `/tessera/<env>/ingesters/placement`): each series goes to the one
-    /// ingester owning its shard, and batches queued for an ingester that
-    /// leaves it go to the new owners. Set this or `endpoints`.
-    pub placement: Option<PlacementSource>,
-    /// Bound of each endpoint's buffer, bytes. While every buffer is full,
-    /// collectors' batches are refused with `retryable` (`buffer_full`); a
-    /// tile that closes into a full buffer pushes out the oldest batches,
-    /// which are dropped and counted.
-    pub max_buffer_bytes: usize,
-    /// Largest frame sent; bigger tiles are split into several batches.
-    pub max_frame_bytes: usize,
-    /// Connect (and handshake) timeout.
-    pub connect_timeout_ms: u64,
-    /// How long to wait for an acknowledgement before reconnecting.
-    pub ack_timeout_ms: u64,
-    /// First retry delay; doubles up to `reconnect_max_ms`, with jitter.
-    pub reconnect_min_ms: u64,
-    /// Longest retry delay.
-    pub reconnect_max_ms: u64,
-    /// On SIGTERM, how long to keep delivering buffered tiles.
-    pub shutdown_grace_secs: u64,
-    /// With nothing to send for this long, send an empty tile batch (a heartbeat) so
-    /// that the ingester's `idle_timeout_ms` (30 s by default) does not close a healthy
-    /// connection.
-    pub heartbeat_ms: u64,
-}
-
-impl Default for IngesterConfig {
-    fn default() -> Self {
-        IngesterConfig {
-            endpoints: Vec::new(),
-            placement: None,
-            max_buffer_bytes: 512 << 20,
-            max_frame_bytes: 16 << 20,
-            connect_timeout_ms: 2_000,
-            ack_timeout_ms: 30_000,
-            reconnect_min_ms: 100,
-            reconnect_max_ms: 5_000,
-            shutdown_grace_secs: 10,
-            heartbeat_ms: 10_000,
-        }
+tessera_wire::sender_config! {
+    /// `[ingester]`
+    pub struct IngesterConfig {
+        /// Ingester wire endpoints, `host:port`. All the batches of one tile go
+        /// to one endpoint: the connected one with the least queued. Set this
+        /// or `placement`, not both.
+        pub endpoints: Vec<String> = Vec::new(),
+        /// The ingesters' placement (a static file, or etcd: the key
+        /// `/tessera/<env>/ingesters/placement`): each series goes to the one
+        /// ingester owning its shard, and batches queued for an ingester that
+        /// leaves it go to the new owners. Set this or `endpoints`.
+        pub placement: Option<PlacementSource> = None,
+        /// With nothing to send for this long, send an empty tile batch (a heartbeat) so
+        /// that the ingester's `idle_timeout_ms` (30 s by default) does not close a healthy
+        /// connection.
+        pub heartbeat_ms: u64 = 10_000,
     }
+    defaults { max_queue_bytes: 512 << 20, ack_timeout_ms: 30_000, shutdown_grace_secs: 10 }
 }
 
 /// `[telemetry]`: `listen`, by default `127.0.0.1:9103`.
@@ -232,20 +160,9 @@ impl Config {
             Some(id) if id.contains('/') => return invalid("instance_id", format!("`{id}` must not contain `/`")),
             Some(_) => {}
         }
-        if !(1024..=u32::MAX as usize).contains(&self.max_frame_bytes) {
-            return invalid("max_frame_bytes", "must be between 1024 and 4294967295".into());
-        }
+        self.validate_listener()?;
         if self.merge_threads == Some(0) || self.merge_threads.is_some_and(|threads| threads > 256) {
             return invalid("merge_threads", "must be between 1 and 256".into());
-        }
-        if self.max_connections == 0 {
-            return invalid("max_connections", "must be at least 1".into());
-        }
-        if self.handshake_timeout_ms == 0 {
-            return invalid("handshake_timeout_ms", "must be at least 1".into());
-        }
-        if self.idle_timeout_ms < 1_000 {
-            return invalid("idle_timeout_ms", "must be at least 1000 (collectors send a batch every window)".into());
         }
         if self.policies.is_empty() {
             return invalid("policies", "list at least one storage policy".into());
@@ -339,20 +256,9 @@ impl IngesterConfig {
                 }
             }
         }
-        if !(1024..=u32::MAX as usize).contains(&self.max_frame_bytes) {
-            return invalid("ingester.max_frame_bytes", "must be between 1024 and 4294967295");
-        }
-        if self.max_buffer_bytes < self.max_frame_bytes {
-            return invalid("ingester.max_buffer_bytes", "must hold at least one frame (ingester.max_frame_bytes)");
-        }
-        if self.connect_timeout_ms == 0 || self.ack_timeout_ms == 0 {
-            return invalid("ingester.connect_timeout_ms", "timeouts must be at least 1 ms");
-        }
+        self.validate_sender("ingester")?;
         if self.heartbeat_ms < 100 {
             return invalid("ingester.heartbeat_ms", "must be at least 100");
-        }
-        if self.reconnect_min_ms == 0 || self.reconnect_min_ms > self.reconnect_max_ms {
-            return invalid("ingester.reconnect_min_ms", "must be at least 1 and at most reconnect_max_ms");
         }
         Ok(())
     }
@@ -422,8 +328,8 @@ mod tests {
                 "ingester.endpoints",
             ),
             (
-                Config { ingester: IngesterConfig { max_buffer_bytes: 1, ..base.ingester.clone() }, ..base.clone() },
-                "ingester.max_buffer_bytes",
+                Config { ingester: IngesterConfig { max_queue_bytes: 1, ..base.ingester.clone() }, ..base.clone() },
+                "ingester.max_queue_bytes",
             ),
         ];
         for (config, key) in cases {

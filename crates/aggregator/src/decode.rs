@@ -339,9 +339,28 @@ mod tests {
         }
     }
 
-    fn frame(shards: Vec<ShardPartials>) -> Vec<u8> {
-        let batch = PartialBatch { sequence: 9, window_start_ms: 1000, window_ms: 1000, shards, ..Default::default() };
+    /// `count` partials of series hashed to `shard`.
+    fn shard_partials(shard: u32, count: usize) -> ShardPartials {
+        ShardPartials { shard, series: (0..count).map(|_| series_of_shard(shard)).collect() }
+    }
+
+    /// A partial batch (sequence 9, window 1000..2000 ms) of `shards`, its refs in `dictionary`
+    /// (0: none), framed.
+    fn frame(dictionary: u64, shards: Vec<ShardPartials>) -> Vec<u8> {
+        let batch = PartialBatch {
+            sequence: 9,
+            window_start_ms: 1000,
+            window_ms: 1000,
+            shards,
+            dictionary,
+            ..Default::default()
+        };
         framing::encode_frame(&Frame { body: Some(Body::Partials(batch)) }, 1 << 20).unwrap()
+    }
+
+    /// A decoder for instance `a` with `merge_threads` merge threads.
+    fn new_decoder(merge_threads: usize) -> Decoder {
+        Decoder::new("a".into(), placement(), 1 << 20, merge_threads)
     }
 
     fn refused(decoded: Decoded) -> (AckReason, String) {
@@ -353,25 +372,15 @@ mod tests {
 
     #[test]
     fn owned_shards_decode_into_a_batch() {
-        let mut decoder = Decoder::new("a".into(), placement(), 1 << 20, 1);
         // Instance `a` owns the even shards.
-        let shards = vec![
-            ShardPartials { shard: 0, series: vec![series_of_shard(0)] },
-            ShardPartials { shard: 2, series: vec![series_of_shard(2), series_of_shard(2)] },
-        ];
-        match decoder.decode(1, &frame(shards)) {
+        match new_decoder(1).decode(1, &frame(0, vec![shard_partials(0, 1), shard_partials(2, 2)])) {
             Decoded::Batch { sequence: 9, batch } => {
                 assert_eq!((batch.window_start_ms, batch.window_ms, batch.partials()), (1000, 1000, 3));
             }
             other => panic!("{other:?}"),
         }
         // With four merge threads, each shard's partials go to thread `shard mod 4`.
-        let mut decoder = Decoder::new("a".into(), placement(), 1 << 20, 4);
-        let shards = vec![
-            ShardPartials { shard: 0, series: vec![series_of_shard(0)] },
-            ShardPartials { shard: 6, series: vec![series_of_shard(6), series_of_shard(6)] },
-        ];
-        match decoder.decode(1, &frame(shards)) {
+        match new_decoder(4).decode(1, &frame(0, vec![shard_partials(0, 1), shard_partials(6, 2)])) {
             Decoded::Batch { batch, .. } => {
                 let sizes: Vec<usize> = batch.shares.iter().map(Vec::len).collect();
                 assert_eq!(sizes, [1, 0, 2, 0]);
@@ -382,21 +391,17 @@ mod tests {
 
     #[test]
     fn one_foreign_shard_refuses_the_whole_batch() {
-        let mut decoder = Decoder::new("a".into(), placement(), 1 << 20, 1);
-        let shards = vec![
-            ShardPartials { shard: 0, series: vec![series_of_shard(0)] },
-            ShardPartials { shard: 1, series: vec![series_of_shard(1)] },
-        ];
-        let (reason, message) = refused(decoder.decode(1, &frame(shards)));
+        let mut decoder = new_decoder(1);
+        let (reason, message) = refused(decoder.decode(1, &frame(0, vec![shard_partials(0, 1), shard_partials(1, 1)])));
         assert_eq!(reason, AckReason::NotOwner);
         assert!(message.contains("shard 1 is not owned by `a`"), "{message}");
-        let (reason, _) = refused(decoder.decode(1, &frame(vec![ShardPartials { shard: 99, series: vec![] }])));
+        let (reason, _) = refused(decoder.decode(1, &frame(0, vec![shard_partials(99, 0)])));
         assert_eq!(reason, AckReason::Malformed);
     }
 
     #[test]
     fn bad_series_are_malformed_and_garbage_closes_the_connection() {
-        let mut decoder = Decoder::new("a".into(), placement(), 1 << 20, 1);
+        let mut decoder = new_decoder(1);
         let mut wrong_shard = series_of_shard(2);
         wrong_shard.series_id = series_of_shard(4).series_id;
         let mut wrong_type = series_of_shard(0);
@@ -413,7 +418,7 @@ mod tests {
             (unknown_type, 0, "unknown metric type 77"),
         ] {
             let (reason, message) =
-                refused(decoder.decode(1, &frame(vec![ShardPartials { shard, series: vec![series] }])));
+                refused(decoder.decode(1, &frame(0, vec![ShardPartials { shard, series: vec![series] }])));
             assert_eq!(reason, AckReason::Malformed);
             assert!(message.contains(fragment), "{fragment}: {message}");
         }
@@ -426,17 +431,9 @@ mod tests {
 
     #[test]
     fn refs_resolve_through_the_connections_dictionary_and_unknown_ones_refuse_the_batch() {
-        let mut decoder = Decoder::new("a".into(), placement(), 1 << 20, 2);
+        let mut decoder = new_decoder(2);
         let framed = |dictionary: u64, shard: u32, series: Vec<SeriesValue>| {
-            let batch = PartialBatch {
-                sequence: 9,
-                window_start_ms: 1000,
-                window_ms: 1000,
-                shards: vec![ShardPartials { shard, series }],
-                dictionary,
-                ..Default::default()
-            };
-            framing::encode_frame(&Frame { body: Some(Body::Partials(batch)) }, 1 << 20).unwrap()
+            frame(dictionary, vec![ShardPartials { shard, series }])
         };
         let define = |series_ref: u32| SeriesValue { r#ref: series_ref, ..series_of_shard(2) };
         let by_ref = |series_ref: u32| SeriesValue {

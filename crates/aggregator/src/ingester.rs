@@ -88,7 +88,7 @@ struct Inner {
     headroom: AtomicUsize,
     /// The placement generation the queues were last matched against.
     seen_generation: AtomicU64,
-    max_buffer_bytes: usize,
+    max_queue_bytes: usize,
     metrics: Metrics,
     senders: OnceLock<Senders>,
 }
@@ -108,9 +108,9 @@ pub struct Share {
 }
 
 impl Ingesters {
-    /// One queue per endpoint, each bounded at `max_buffer_bytes`; a tile goes to one of them.
-    pub fn new(endpoints: &[String], max_buffer_bytes: usize, metrics: &Metrics) -> Ingesters {
-        let ingesters = Ingesters::with(None, max_buffer_bytes, metrics);
+    /// One queue per endpoint, each bounded at `max_queue_bytes`; a tile goes to one of them.
+    pub fn new(endpoints: &[String], max_queue_bytes: usize, metrics: &Metrics) -> Ingesters {
+        let ingesters = Ingesters::with(None, max_queue_bytes, metrics);
         for endpoint in endpoints {
             ingesters.queue_for(&Destination { instance_id: endpoint.clone(), endpoint: endpoint.clone() });
         }
@@ -118,13 +118,13 @@ impl Ingesters {
     }
 
     /// Queues made as the ingesters' `placement` names them; each series goes to its owner.
-    pub fn placed(placement: PlacementHandle, max_buffer_bytes: usize, metrics: &Metrics) -> Ingesters {
-        let ingesters = Ingesters::with(Some(placement.clone()), max_buffer_bytes, metrics);
+    pub fn placed(placement: PlacementHandle, max_queue_bytes: usize, metrics: &Metrics) -> Ingesters {
+        let ingesters = Ingesters::with(Some(placement.clone()), max_queue_bytes, metrics);
         ingesters.current_routing(&placement);
         ingesters
     }
 
-    fn with(placement: Option<PlacementHandle>, max_buffer_bytes: usize, metrics: &Metrics) -> Ingesters {
+    fn with(placement: Option<PlacementHandle>, max_queue_bytes: usize, metrics: &Metrics) -> Ingesters {
         Ingesters {
             inner: Arc::new(Inner {
                 placement,
@@ -133,7 +133,7 @@ impl Ingesters {
                 next: AtomicUsize::default(),
                 headroom: AtomicUsize::default(),
                 seen_generation: AtomicU64::default(),
-                max_buffer_bytes,
+                max_queue_bytes,
                 metrics: metrics.clone(),
                 senders: OnceLock::new(),
             }),
@@ -179,7 +179,7 @@ impl Ingesters {
             return known;
         }
         let metrics = self.inner.metrics.destination(&destination.endpoint);
-        let queue = Arc::new(OutboundQueue::new(destination.endpoint.clone(), self.inner.max_buffer_bytes, metrics));
+        let queue = Arc::new(OutboundQueue::new(destination.endpoint.clone(), self.inner.max_queue_bytes, metrics));
         let entry = Arc::new(Entry { destination: destination.clone(), queue: queue.clone(), departed: false.into() });
         let mut entries = self.inner.entries.write().unwrap_or_else(|poisoned| poisoned.into_inner());
         entries.push(entry);

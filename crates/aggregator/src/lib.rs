@@ -68,7 +68,7 @@ use flush::FlushSettings;
 use ingester::Ingesters;
 use leadership::Leadership;
 pub use metrics::Metrics;
-use tessera_wire::outbound::{Heartbeat, SenderSettings};
+use tessera_wire::outbound::Heartbeat;
 use tiler::{Tiler, TilerSettings};
 
 /// A running aggregator.
@@ -147,25 +147,19 @@ impl Aggregator {
         let listen_addr = listener.local_addr().map_err(|source| StartError::bind(config.listen, source))?;
 
         let ingesters = match ingester_placement(&config).await? {
-            Some(placement) => Ingesters::placed(placement, config.ingester.max_buffer_bytes, &metrics),
-            None => Ingesters::new(&config.ingester.endpoints, config.ingester.max_buffer_bytes, &metrics),
+            Some(placement) => Ingesters::placed(placement, config.ingester.max_queue_bytes, &metrics),
+            None => Ingesters::new(&config.ingester.endpoints, config.ingester.max_queue_bytes, &metrics),
         }
-        .reserving(config.ingester.max_frame_bytes.min(config.ingester.max_buffer_bytes / 2));
+        .reserving(config.ingester.max_frame_bytes.min(config.ingester.max_queue_bytes / 2));
         let stop_senders = Shutdown::new();
-        let sender_settings = SenderSettings {
-            source: instance_id.clone(),
-            role: tessera_proto::Role::Aggregator,
-            peer: "ingester",
-            connect_timeout: Duration::from_millis(config.ingester.connect_timeout_ms),
-            ack_timeout: Duration::from_millis(config.ingester.ack_timeout_ms),
-            reconnect_min: Duration::from_millis(config.ingester.reconnect_min_ms),
-            reconnect_max: Duration::from_millis(config.ingester.reconnect_max_ms),
-            rejection_label: tessera_proto::AckReason::label,
-            heartbeat: Some(Heartbeat {
-                after: Duration::from_millis(config.ingester.heartbeat_ms),
-                frame: ingester::heartbeat_frame,
-            }),
-        };
+        let heartbeat =
+            Heartbeat { after: Duration::from_millis(config.ingester.heartbeat_ms), frame: ingester::heartbeat_frame };
+        let sender_settings = config.ingester.sender_settings(
+            instance_id.clone(),
+            tessera_proto::Role::Aggregator,
+            "ingester",
+            Some(heartbeat),
+        );
         ingesters.spawn_senders(&sender_settings, &stop_senders);
 
         let merge_threads = config.merge_threads();
@@ -245,13 +239,7 @@ impl Aggregator {
             placement_ready,
             shutdown.clone(),
         ));
-        let server_settings = tessera_wire::inbound::ListenerSettings {
-            instance_id: instance_id.clone(),
-            max_frame_bytes: config.max_frame_bytes,
-            max_connections: config.max_connections,
-            handshake_timeout: Duration::from_millis(config.handshake_timeout_ms),
-            idle_timeout: Duration::from_millis(config.idle_timeout_ms),
-        };
+        let server_settings = config.listener_settings(instance_id.clone());
         tokio::spawn(server::accept_loop(listener, frame_sender, server_settings, metrics.clone(), shutdown.clone()));
 
         let server = match config.telemetry.listen {
@@ -274,7 +262,7 @@ impl Aggregator {
             threads,
             ingesters: ingesters.clone(),
             stop_senders,
-            grace: Duration::from_secs(config.ingester.shutdown_grace_secs),
+            grace: config.ingester.shutdown_grace(),
             metrics: metrics.clone(),
             server,
         };

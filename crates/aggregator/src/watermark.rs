@@ -217,12 +217,24 @@ mod tests {
 
     const NOW: i64 = 100_000;
 
+    /// Watermarks with 2 s buffer_past and 8 s max_buffer_past, `connections`
+    /// `(connection, source, watermark)` opened at [`NOW`] and advanced to their watermark.
+    fn opened_at_now(connections: &[(u64, &str, Option<i64>)]) -> Watermarks {
+        let mut marks = Watermarks::new(2_000, 8_000);
+        for &(connection, source, _) in connections {
+            marks.opened(connection, source, NOW);
+        }
+        for &(connection, _, watermark) in connections {
+            if watermark.is_some() {
+                marks.advance(connection, watermark, NOW);
+            }
+        }
+        marks
+    }
+
     #[test]
     fn a_connection_without_a_watermark_holds_tiles_for_buffer_past() {
-        let mut marks = Watermarks::new(2_000, 8_000);
-        marks.opened(1, "new", NOW);
-        marks.opened(2, "current", NOW);
-        marks.advance(2, Some(99_500), NOW);
+        let mut marks = opened_at_now(&[(1, "new", None), (2, "current", Some(99_500))]);
         assert_eq!(marks.horizon(NOW), (98_000, Trigger::BufferPast));
         marks.advance(1, Some(99_000), NOW);
         assert_eq!(marks.horizon(NOW), (99_000, Trigger::Watermark));
@@ -232,19 +244,13 @@ mod tests {
 
     #[test]
     fn a_watermark_ahead_of_our_clock_closes_nothing_that_has_not_ended() {
-        let mut marks = Watermarks::new(2_000, 8_000);
-        marks.opened(1, "fast-clock", NOW);
-        marks.advance(1, Some(105_000), NOW);
+        let marks = opened_at_now(&[(1, "fast-clock", Some(105_000))]);
         assert_eq!(marks.horizon(NOW), (NOW, Trigger::Watermark));
     }
 
     #[test]
     fn a_departed_collector_holds_for_buffer_past_until_it_is_back_or_max_buffer_past_passed() {
-        let mut marks = Watermarks::new(2_000, 8_000);
-        marks.opened(1, "a", NOW);
-        marks.opened(2, "b", NOW);
-        marks.advance(1, Some(NOW), NOW);
-        marks.advance(2, Some(NOW - 1_000), NOW);
+        let mut marks = opened_at_now(&[(1, "a", Some(NOW)), (2, "b", Some(NOW - 1_000))]);
         marks.closed(2, NOW);
         // b's last watermark (99 s) is after now - buffer_past (98 s): it holds the horizon there.
         assert_eq!(marks.horizon(NOW), (99_000, Trigger::Watermark));
@@ -260,10 +266,7 @@ mod tests {
 
     #[test]
     fn a_silent_connection_stops_holding_after_max_buffer_past() {
-        let mut marks = Watermarks::new(2_000, 8_000);
-        marks.opened(1, "busy", NOW);
-        marks.opened(2, "half-open", NOW);
-        marks.advance(2, Some(NOW), NOW);
+        let mut marks = opened_at_now(&[(1, "busy", None), (2, "half-open", Some(NOW))]);
         for second in 1..=12 {
             let now = NOW + second * 1_000;
             marks.advance(1, Some(now), now);
@@ -280,14 +283,9 @@ mod tests {
 
     #[test]
     fn unknown_connections_are_ignored_and_lags_are_per_source() {
-        let mut marks = Watermarks::new(2_000, 8_000);
+        let mut marks = opened_at_now(&[(1, "a", Some(99_000)), (2, "a", Some(97_000)), (3, "b", None)]);
         marks.advance(7, Some(1), NOW);
-        assert_eq!(marks.connections(), 0);
-        marks.opened(1, "a", NOW);
-        marks.opened(2, "a", NOW);
-        marks.opened(3, "b", NOW);
-        marks.advance(1, Some(99_000), NOW);
-        marks.advance(2, Some(97_000), NOW);
+        assert_eq!(marks.connections(), 3, "connection 7 was never opened");
         let mut lags = marks.lags_ms(NOW);
         lags.sort();
         assert_eq!(lags, vec![("a", 3_000)]);

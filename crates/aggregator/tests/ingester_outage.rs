@@ -82,7 +82,7 @@ async fn past_the_buffer_bound_senders_are_pushed_back_and_drops_are_counted(mer
     let telemetry = Telemetry::new("aggregator", "test");
     let mut config = test_config("agg-1", &receiver.address.to_string(), &POLICIES, merge_threads);
     config.ingester.max_frame_bytes = 4096;
-    config.ingester.max_buffer_bytes = 8192;
+    config.ingester.max_queue_bytes = 8192;
     let (aggregator, routed, shutdown) = start(config, &telemetry).await;
 
     // 300 counters make a tile of about 10 kB: every tile overflows the buffer.

@@ -176,46 +176,17 @@ impl Default for AggregationConfig {
     }
 }
 
-/// `[forward]`
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct ForwardConfig {
-    /// Bound of each destination's queue; when full, the oldest batches are
-    /// dropped and counted.
-    pub max_queue_bytes: usize,
-    /// Largest frame sent; bigger windows are split into several batches.
-    pub max_frame_bytes: usize,
-    /// Connect timeout.
-    pub connect_timeout_ms: u64,
-    /// How long to wait for an acknowledgement before reconnecting.
-    pub ack_timeout_ms: u64,
-    /// First reconnect delay; doubles up to `reconnect_max_ms`, with jitter.
-    pub reconnect_min_ms: u64,
-    /// Longest reconnect delay.
-    pub reconnect_max_ms: u64,
-    /// On SIGTERM, how long to keep delivering what is queued.
-    pub shutdown_grace_secs: u64,
-    /// Name each series in full once per connection, then by a small
-    /// integer (the series dictionary). Off by default: naming a series
-    /// costs the collector a lookup in a per-destination table that, at a
-    /// million series, costs more than it saves the aggregator (see
-    /// BENCHMARKS.md, *Series dictionary*).
-    pub series_dictionary: bool,
-}
-
-impl Default for ForwardConfig {
-    fn default() -> Self {
-        ForwardConfig {
-            max_queue_bytes: 256 << 20,
-            max_frame_bytes: 16 << 20,
-            connect_timeout_ms: 2000,
-            ack_timeout_ms: 10_000,
-            reconnect_min_ms: 100,
-            reconnect_max_ms: 5000,
-            shutdown_grace_secs: 5,
-            series_dictionary: false,
-        }
+tessera_wire::sender_config! {
+    /// `[forward]`
+    pub struct ForwardConfig {
+        /// Name each series in full once per connection, then by a small
+        /// integer (the series dictionary). Off by default: naming a series
+        /// costs the collector a lookup in a per-destination table that, at a
+        /// million series, costs more than it saves the aggregator (see
+        /// BENCHMARKS.md, *Series dictionary*).
+        pub series_dictionary: bool = false,
     }
+    defaults { max_queue_bytes: 256 << 20, ack_timeout_ms: 10_000, shutdown_grace_secs: 5 }
 }
 
 /// `[telemetry]`: `listen`, by default `127.0.0.1:9102`.
@@ -248,15 +219,7 @@ impl Config {
         if self.parse.max_line_bytes == 0 {
             return invalid("parse.max_line_bytes", "must be at least 1");
         }
-        if self.forward.max_frame_bytes < 1024 {
-            return invalid("forward.max_frame_bytes", "must be at least 1024");
-        }
-        if self.forward.max_queue_bytes < self.forward.max_frame_bytes {
-            return invalid("forward.max_queue_bytes", "must hold at least one frame (max_frame_bytes)");
-        }
-        if self.forward.reconnect_min_ms == 0 || self.forward.reconnect_min_ms > self.forward.reconnect_max_ms {
-            return invalid("forward.reconnect_min_ms", "must be at least 1 and at most reconnect_max_ms");
-        }
+        self.forward.validate_sender("forward")?;
         if !self.udp.enabled && self.tcp.listen.is_none() && self.unix.path.is_none() {
             return invalid("udp.enabled", "no listener is enabled (udp, tcp.listen or unix.path)");
         }

@@ -42,7 +42,6 @@ use flush::{Destinations, FlushSettings, Flusher};
 use metrics::Metrics;
 use tessera_runtime::daemon::spawn_thread;
 pub use tessera_topology::{PlacementHandle, PlacementSource};
-use tessera_wire::outbound::SenderSettings;
 use worker::{Worker, WorkerSettings};
 
 pub use tessera_runtime::StartError;
@@ -174,17 +173,12 @@ impl Collector {
             max_frame_bytes: config.forward.max_frame_bytes,
             max_queue_bytes: config.forward.max_queue_bytes,
             series_dictionary: config.forward.series_dictionary,
-            sender: SenderSettings {
-                source: instance_id.clone(),
-                role: tessera_proto::Role::Collector,
-                peer: "aggregator",
-                connect_timeout: Duration::from_millis(config.forward.connect_timeout_ms),
-                ack_timeout: Duration::from_millis(config.forward.ack_timeout_ms),
-                reconnect_min: Duration::from_millis(config.forward.reconnect_min_ms),
-                reconnect_max: Duration::from_millis(config.forward.reconnect_max_ms),
-                rejection_label: tessera_proto::AckReason::label,
-                heartbeat: None,
-            },
+            sender: config.forward.sender_settings(
+                instance_id.clone(),
+                tessera_proto::Role::Collector,
+                "aggregator",
+                None,
+            ),
             readers: readers.len(),
         };
         let flusher = Flusher::new(
@@ -219,7 +213,7 @@ impl Collector {
         listening.mark_ready();
         tracing::info!(instance_id, telemetry = ?telemetry_addr, "collector started");
 
-        let grace = Duration::from_secs(config.forward.shutdown_grace_secs);
+        let grace = config.forward.shutdown_grace();
         let supervisor = tokio::spawn(supervise(
             shutdown,
             readers,

@@ -12,6 +12,7 @@
 //! max_frame_bytes = 67108864
 //! # Most aggregator connections at once.
 //! max_connections = 256
+//! handshake_timeout_ms = 10000
 //! # An aggregator connection silent this long after its handshake is closed
 //! # (aggregators send a heartbeat when they have had nothing to send for a while).
 //! idle_timeout_ms = 30000
@@ -88,7 +89,6 @@
 //! ```
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -102,70 +102,35 @@ use crate::sink::remote_write::parse_url;
 /// magnitude fits in 128 buckets a sign, and usual data in far fewer.
 pub const MIN_MAX_BUCKETS: usize = 16;
 
-/// The whole configuration; see the [module docs](self).
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct Config {
-    /// Name in handshakes and logs; defaults to the host name.
-    pub instance_id: Option<String>,
-    /// Wire listener for aggregators' tile batches.
-    pub listen: SocketAddr,
-    /// Largest frame body accepted, bytes.
-    pub max_frame_bytes: usize,
-    /// Most aggregator connections at once; one more is closed at once and counted
-    /// (`frame_errors_total{reason="too_many_connections"}`).
-    pub max_connections: usize,
-    /// After its handshake, an aggregator connection with no frame for this long is
-    /// closed and counted (`frame_errors_total{reason="idle_timeout"}`); a connection that
-    /// sent its handshake and went silent would otherwise hold a slot forever. Aggregators
-    /// send an empty tile batch (a heartbeat) after `[ingester] heartbeat_ms` (10 s by
-    /// default) with nothing to send, well within this.
-    pub idle_timeout_ms: u64,
-    /// Root of the queue, the file sink output and the rejected-samples log.
-    pub data_dir: PathBuf,
-    /// How long in-flight storage requests may take to finish on shutdown, seconds.
-    pub shutdown_grace_secs: u64,
-    /// Bound of the rejected-samples log with its one rotated file, bytes.
-    pub rejected_log_max_bytes: u64,
-    /// `[queue]`
-    pub queue: QueueConfig,
-    /// `[pool]`
-    pub pool: PoolConfig,
-    /// `[pacing]`
-    pub pacing: PacingConfig,
-    /// `[mapping]`
-    pub mapping: MappingConfig,
-    /// `[sink]`: the default target.
-    pub sink: SinkConfig,
-    /// `[policy_sinks."<policy>"]`: storage policies with their own target.
-    pub policy_sinks: BTreeMap<String, SinkConfig>,
-    /// `[telemetry]`
-    pub telemetry: TelemetryConfig,
-    /// `[placement]`: one of several ingesters in the ingesters' placement (optional).
-    pub placement: Option<crate::tier::PlacementConfig>,
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Config {
-            instance_id: None,
-            listen: "127.0.0.1:7500".parse().expect("valid address"),
-            max_frame_bytes: tessera_proto::framing::DEFAULT_MAX_FRAME_BYTES,
-            max_connections: 256,
-            idle_timeout_ms: 30_000,
-            data_dir: PathBuf::from("./data/ingester"),
-            shutdown_grace_secs: 10,
-            rejected_log_max_bytes: 64 << 20,
-            queue: QueueConfig::default(),
-            pool: PoolConfig::default(),
-            pacing: PacingConfig::default(),
-            mapping: MappingConfig::default(),
-            sink: SinkConfig::default(),
-            policy_sinks: BTreeMap::new(),
-            telemetry: TelemetryConfig::default(),
-            placement: None,
-        }
+tessera_wire::listener_config! {
+    /// The whole configuration; see the [module docs](self).
+    pub struct Config {
+        /// Name in handshakes and logs; defaults to the host name.
+        pub instance_id: Option<String> = None,
+        /// Root of the queue, the file sink output and the rejected-samples log.
+        pub data_dir: PathBuf = PathBuf::from("./data/ingester"),
+        /// How long in-flight storage requests may take to finish on shutdown, seconds.
+        pub shutdown_grace_secs: u64 = 10,
+        /// Bound of the rejected-samples log with its one rotated file, bytes.
+        pub rejected_log_max_bytes: u64 = 64 << 20,
+        /// `[queue]`
+        pub queue: QueueConfig = QueueConfig::default(),
+        /// `[pool]`
+        pub pool: PoolConfig = PoolConfig::default(),
+        /// `[pacing]`
+        pub pacing: PacingConfig = PacingConfig::default(),
+        /// `[mapping]`
+        pub mapping: MappingConfig = MappingConfig::default(),
+        /// `[sink]`: the default target.
+        pub sink: SinkConfig = SinkConfig::default(),
+        /// `[policy_sinks."<policy>"]`: storage policies with their own target.
+        pub policy_sinks: BTreeMap<String, SinkConfig> = BTreeMap::new(),
+        /// `[telemetry]`
+        pub telemetry: TelemetryConfig = TelemetryConfig::default(),
+        /// `[placement]`: one of several ingesters in the ingesters' placement (optional).
+        pub placement: Option<crate::tier::PlacementConfig> = None,
     }
+    defaults { listen: "127.0.0.1:7500", max_connections: 256, handshake_timeout_ms: 10_000 }
 }
 
 /// When queue appends are fsynced.
@@ -372,15 +337,7 @@ impl Config {
     /// Checks values that parse but cannot work.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let invalid = |key: &str, reason: &str| Err(ConfigError::new(key, reason));
-        if self.max_frame_bytes < 1024 || self.max_frame_bytes > u32::MAX as usize {
-            return invalid("max_frame_bytes", "must be between 1024 and 4294967295");
-        }
-        if self.max_connections == 0 {
-            return invalid("max_connections", "must be at least 1");
-        }
-        if self.idle_timeout_ms < 1_000 {
-            return invalid("idle_timeout_ms", "must be at least 1000");
-        }
+        self.validate_listener()?;
         if let Some(placement) = &self.placement {
             placement.validate(self.listen)?;
             if self.instance_id.as_deref().is_none_or(str::is_empty) {

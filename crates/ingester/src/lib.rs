@@ -278,13 +278,7 @@ impl Ingester {
         let listener =
             TcpListener::bind(config.listen).await.map_err(|source| StartError::bind(config.listen, source))?;
         let listen_addr = listener.local_addr().map_err(|source| StartError::bind(config.listen, source))?;
-        let settings = tessera_wire::inbound::ListenerSettings {
-            instance_id: instance_id.clone(),
-            max_frame_bytes: config.max_frame_bytes,
-            max_connections: config.max_connections,
-            handshake_timeout: Duration::from_secs(10),
-            idle_timeout: Duration::from_millis(config.idle_timeout_ms),
-        };
+        let settings = config.listener_settings(instance_id.clone());
         tokio::spawn(accept_loop(listener, jobs, settings, metrics.clone(), shutdown.clone()));
         if let (Some(placement), Some((ownership, tier_metrics))) = (&config.placement, tier) {
             let settings = placement.settings(&instance_id, listen_addr);

@@ -15,6 +15,7 @@
 //!   [`backoff`], oldest dropped first and counted.
 //! - [`client`]: connect, handshake, and one batch for one acknowledgement.
 //! - [`backoff`]: the one jittered exponential backoff.
+//! - [`config`]: a sender's and a listener's configuration keys, declared once.
 //! - [`metrics`]: the listener's and the senders' metrics, declared once for
 //!   every daemon.
 //!
@@ -23,6 +24,12 @@
 
 pub mod backoff;
 pub mod client;
+pub mod config;
 pub mod inbound;
 pub mod metrics;
 pub mod outbound;
+
+#[doc(hidden)]
+pub use tessera_proto as __proto;
+#[doc(hidden)]
+pub use tessera_runtime as __runtime;

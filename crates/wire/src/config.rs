@@ -1,0 +1,264 @@
+//! The wire's configuration keys, declared once for every daemon: a sender's
+//! ([`sender_config!`](crate::sender_config): the collector's `[forward]`, the
+//! aggregator's `[ingester]`) and a listener's
+//! ([`listener_config!`](crate::listener_config): the aggregator's and the
+//! ingester's top level).
+//!
+//! Each macro declares a daemon's config struct with the wire's keys in it, beside the
+//! daemon's own, so that the keys stay where users write them (no extra table) and
+//! unknown keys are still refused with their line (`deny_unknown_fields`; serde's
+//! `flatten` would lose both). Every field is written once, with its doc and its
+//! default; only the defaults that differ between daemons are given per daemon.
+//!
+//! ```
+//! tessera_wire::sender_config! {
+//!     /// `[forward]`
+//!     pub struct ForwardConfig {
+//!         /// Name each series once per connection.
+//!         pub series_dictionary: bool = false,
+//!     }
+//!     defaults { max_queue_bytes: 256 << 20, ack_timeout_ms: 10_000, shutdown_grace_secs: 5 }
+//! }
+//!
+//! let config: ForwardConfig = toml::from_str("max_buffer_bytes = 33554432\nseries_dictionary = true\n").unwrap();
+//! assert_eq!((config.max_queue_bytes, config.ack_timeout_ms, config.series_dictionary), (32 << 20, 10_000, true));
+//! assert!(config.validate_sender("forward").is_ok());
+//! let error = toml::from_str::<ForwardConfig>("ack_timeout = 1\n").unwrap_err();
+//! assert!(error.to_string().contains("unknown field `ack_timeout`"), "{error}");
+//! ```
+
+use std::time::Duration;
+
+use tessera_runtime::config::InvalidSetting;
+
+/// Largest frame a daemon accepts or sends by default, bytes.
+pub const DEFAULT_MAX_FRAME_BYTES: usize = tessera_proto::framing::DEFAULT_MAX_FRAME_BYTES;
+
+/// The checks of a sender's keys, for the `validate_sender` the macro generates.
+#[doc(hidden)]
+pub fn validate_sender(
+    table: &str,
+    max_queue_bytes: usize,
+    max_frame_bytes: usize,
+    timeouts_ms: [u64; 2],
+    reconnect_ms: (u64, u64),
+) -> Result<(), InvalidSetting> {
+    let invalid = |key: &str, reason: &str| Err(InvalidSetting::new(format!("{table}.{key}"), reason));
+    if !(1024..=u32::MAX as usize).contains(&max_frame_bytes) {
+        return invalid("max_frame_bytes", "must be between 1024 and 4294967295");
+    }
+    if max_queue_bytes < max_frame_bytes {
+        return invalid("max_queue_bytes", "must hold at least one frame (max_frame_bytes)");
+    }
+    if timeouts_ms.contains(&0) {
+        return invalid("connect_timeout_ms", "timeouts must be at least 1 ms");
+    }
+    if reconnect_ms.0 == 0 || reconnect_ms.0 > reconnect_ms.1 {
+        return invalid("reconnect_min_ms", "must be at least 1 and at most reconnect_max_ms");
+    }
+    Ok(())
+}
+
+/// The checks of a listener's keys, for the `validate_listener` the macro generates.
+#[doc(hidden)]
+pub fn validate_listener(
+    max_frame_bytes: usize,
+    max_connections: usize,
+    handshake_timeout_ms: u64,
+    idle_timeout_ms: u64,
+) -> Result<(), InvalidSetting> {
+    let invalid = |key: &str, reason: &str| Err(InvalidSetting::new(key, reason));
+    if !(1024..=u32::MAX as usize).contains(&max_frame_bytes) {
+        return invalid("max_frame_bytes", "must be between 1024 and 4294967295");
+    }
+    if max_connections == 0 {
+        return invalid("max_connections", "must be at least 1");
+    }
+    if handshake_timeout_ms == 0 {
+        return invalid("handshake_timeout_ms", "must be at least 1");
+    }
+    if idle_timeout_ms < 1_000 {
+        return invalid(
+            "idle_timeout_ms",
+            "must be at least 1000 (senders send a batch or a heartbeat well within it)",
+        );
+    }
+    Ok(())
+}
+
+/// `ms` milliseconds.
+#[doc(hidden)]
+pub fn millis(ms: u64) -> Duration {
+    Duration::from_millis(ms)
+}
+
+/// Declares a config struct holding a sender's keys beside the daemon's own; see the
+/// [module docs](crate::config). Each own field is `/// doc`, `name: Type = default`.
+/// The struct gets `Default`, `validate_sender(table)` and `sender_settings(..)`.
+#[macro_export]
+macro_rules! sender_config {
+    (
+        $(#[$meta:meta])*
+        $vis:vis struct $name:ident {
+            $( $(#[$fmeta:meta])* $fvis:vis $field:ident : $ty:ty = $default:expr, )*
+        }
+        defaults { max_queue_bytes: $queue:expr, ack_timeout_ms: $ack:expr, shutdown_grace_secs: $grace:expr $(,)? }
+    ) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, serde::Deserialize)]
+        #[serde(deny_unknown_fields, default)]
+        $vis struct $name {
+            $( $(#[$fmeta])* $fvis $field: $ty, )*
+            /// Bound of each destination's queue, bytes. When a queue is full its oldest
+            /// batches are dropped and counted (`drops_total{reason="queue_full"}`).
+            /// (`max_buffer_bytes` is read as this key, its old name in `[ingester]`.)
+            #[serde(alias = "max_buffer_bytes")]
+            pub max_queue_bytes: usize,
+            /// Largest frame sent; more is split into several batches.
+            pub max_frame_bytes: usize,
+            /// Connect (and handshake) timeout.
+            pub connect_timeout_ms: u64,
+            /// How long to wait for an acknowledgement before reconnecting.
+            pub ack_timeout_ms: u64,
+            /// First retry delay; doubles up to `reconnect_max_ms`, with jitter.
+            pub reconnect_min_ms: u64,
+            /// Longest retry delay.
+            pub reconnect_max_ms: u64,
+            /// On SIGTERM, how long to keep delivering what is queued.
+            pub shutdown_grace_secs: u64,
+        }
+
+        impl ::core::default::Default for $name {
+            fn default() -> Self {
+                $name {
+                    $( $field: $default, )*
+                    max_queue_bytes: $queue,
+                    max_frame_bytes: 16 << 20,
+                    connect_timeout_ms: 2_000,
+                    ack_timeout_ms: $ack,
+                    reconnect_min_ms: 100,
+                    reconnect_max_ms: 5_000,
+                    shutdown_grace_secs: $grace,
+                }
+            }
+        }
+
+        impl $name {
+            /// Checks the sender's keys; `table` names them in the error (`forward`).
+            ///
+            /// # Errors
+            ///
+            /// The first key that cannot be used, and why.
+            pub fn validate_sender(&self, table: &str) -> Result<(), $crate::__runtime::config::InvalidSetting> {
+                $crate::config::validate_sender(
+                    table,
+                    self.max_queue_bytes,
+                    self.max_frame_bytes,
+                    [self.connect_timeout_ms, self.ack_timeout_ms],
+                    (self.reconnect_min_ms, self.reconnect_max_ms),
+                )
+            }
+
+            /// The sender's settings: it connects as `source` in `role` to a `peer`.
+            pub fn sender_settings(
+                &self,
+                source: String,
+                role: $crate::__proto::Role,
+                peer: &'static str,
+                heartbeat: Option<$crate::outbound::Heartbeat>,
+            ) -> $crate::outbound::SenderSettings {
+                $crate::outbound::SenderSettings {
+                    source,
+                    role,
+                    peer,
+                    connect_timeout: $crate::config::millis(self.connect_timeout_ms),
+                    ack_timeout: $crate::config::millis(self.ack_timeout_ms),
+                    reconnect_min: $crate::config::millis(self.reconnect_min_ms),
+                    reconnect_max: $crate::config::millis(self.reconnect_max_ms),
+                    rejection_label: $crate::__proto::AckReason::label,
+                    heartbeat,
+                }
+            }
+
+            /// How long to keep delivering on SIGTERM.
+            pub fn shutdown_grace(&self) -> ::std::time::Duration {
+                ::std::time::Duration::from_secs(self.shutdown_grace_secs)
+            }
+        }
+    };
+}
+
+/// Declares a config struct holding a wire listener's keys beside the daemon's own; see
+/// the [module docs](crate::config). Each own field is `/// doc`, `name: Type = default`.
+/// The struct gets `Default`, `validate_listener()` and `listener_settings(..)`.
+#[macro_export]
+macro_rules! listener_config {
+    (
+        $(#[$meta:meta])*
+        $vis:vis struct $name:ident {
+            $( $(#[$fmeta:meta])* $fvis:vis $field:ident : $ty:ty = $default:expr, )*
+        }
+        defaults { listen: $listen:expr, max_connections: $connections:expr, handshake_timeout_ms: $handshake:expr $(,)? }
+    ) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, serde::Deserialize)]
+        #[serde(deny_unknown_fields, default)]
+        $vis struct $name {
+            /// Address of the wire listener the senders connect to.
+            pub listen: ::std::net::SocketAddr,
+            /// Largest frame body accepted, bytes; a bigger frame closes the connection.
+            pub max_frame_bytes: usize,
+            /// Most connections at once; one more is closed at once and counted
+            /// (`frame_errors_total{reason="too_many_connections"}`).
+            pub max_connections: usize,
+            /// Time allowed for a connecting sender's handshake.
+            pub handshake_timeout_ms: u64,
+            /// After its handshake, a connection with no frame for this long is closed and
+            /// counted (`frame_errors_total{reason="idle_timeout"}`). Senders send a batch
+            /// every window or a heartbeat when idle, so only a stuck or half-open connection
+            /// stays silent.
+            pub idle_timeout_ms: u64,
+            $( $(#[$fmeta])* $fvis $field: $ty, )*
+        }
+
+        impl ::core::default::Default for $name {
+            fn default() -> Self {
+                $name {
+                    listen: $listen.parse().expect("a valid default address"),
+                    max_frame_bytes: $crate::config::DEFAULT_MAX_FRAME_BYTES,
+                    max_connections: $connections,
+                    handshake_timeout_ms: $handshake,
+                    idle_timeout_ms: 30_000,
+                    $( $field: $default, )*
+                }
+            }
+        }
+
+        impl $name {
+            /// Checks the listener's keys.
+            ///
+            /// # Errors
+            ///
+            /// The first key that cannot be used, and why.
+            pub fn validate_listener(&self) -> Result<(), $crate::__runtime::config::InvalidSetting> {
+                $crate::config::validate_listener(
+                    self.max_frame_bytes,
+                    self.max_connections,
+                    self.handshake_timeout_ms,
+                    self.idle_timeout_ms,
+                )
+            }
+
+            /// The listener's settings; it answers handshakes as `instance_id`.
+            pub fn listener_settings(&self, instance_id: String) -> $crate::inbound::ListenerSettings {
+                $crate::inbound::ListenerSettings {
+                    instance_id,
+                    max_frame_bytes: self.max_frame_bytes,
+                    max_connections: self.max_connections,
+                    handshake_timeout: $crate::config::millis(self.handshake_timeout_ms),
+                    idle_timeout: $crate::config::millis(self.idle_timeout_ms),
+                }
+            }
+        }
+    };
+}
