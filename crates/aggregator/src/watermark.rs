@@ -217,17 +217,13 @@ mod tests {
 
     const NOW: i64 = 100_000;
 
-    /// Watermarks with 2 s buffer_past and 8 s max_buffer_past, `connections`
-    /// `(connection, source, watermark)` opened at [`NOW`] and advanced to their watermark.
+    /// Watermarks with 2 s buffer_past and 8 s max_buffer_past, and `connections`
+    /// `(connection, source, watermark)` opened at [`NOW`] with a first batch then.
     fn opened_at_now(connections: &[(u64, &str, Option<i64>)]) -> Watermarks {
         let mut marks = Watermarks::new(2_000, 8_000);
-        for &(connection, source, _) in connections {
+        for &(connection, source, watermark_ms) in connections {
             marks.opened(connection, source, NOW);
-        }
-        for &(connection, _, watermark) in connections {
-            if watermark.is_some() {
-                marks.advance(connection, watermark, NOW);
-            }
+            marks.advance(connection, watermark_ms, NOW);
         }
         marks
     }
@@ -244,7 +240,7 @@ mod tests {
 
     #[test]
     fn a_watermark_ahead_of_our_clock_closes_nothing_that_has_not_ended() {
-        let marks = opened_at_now(&[(1, "fast-clock", Some(105_000))]);
+        let mut marks = opened_at_now(&[(1, "fast-clock", Some(105_000))]);
         assert_eq!(marks.horizon(NOW), (NOW, Trigger::Watermark));
     }
 
