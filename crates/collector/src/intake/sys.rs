@@ -222,15 +222,23 @@ pub fn attach_random_reuseport_program(socket: &impl AsRawFd, group_size: u32) -
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::net::UdpSocket;
+    use std::net::{SocketAddr, UdpSocket};
     use std::time::Duration;
 
-    #[test]
-    fn receives_a_batch_and_flags_truncation() {
+    use tessera_core::clock::now_ns;
+
+    /// A receiver on loopback that gives up after 5 s, a sender, and the receiver's address.
+    fn loopback_pair() -> (UdpSocket, UdpSocket, SocketAddr) {
         let receiver = UdpSocket::bind("127.0.0.1:0").unwrap();
         receiver.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         let sender = UdpSocket::bind("127.0.0.1:0").unwrap();
         let target = receiver.local_addr().unwrap();
+        (receiver, sender, target)
+    }
+
+    #[test]
+    fn receives_a_batch_and_flags_truncation() {
+        let (receiver, sender, target) = loopback_pair();
         sender.send_to(b"a:1|c", target).unwrap();
         sender.send_to(b"b:2|c\nc:3|c", target).unwrap();
         sender.send_to(&[b'x'; 100], target).unwrap();
@@ -248,17 +256,14 @@ mod tests {
 
     #[test]
     fn stamps_each_datagram_with_the_kernels_receive_time_in_send_order() {
-        let receiver = UdpSocket::bind("127.0.0.1:0").unwrap();
-        receiver.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        let sender = UdpSocket::bind("127.0.0.1:0").unwrap();
-        let target = receiver.local_addr().unwrap();
+        let (receiver, sender, target) = loopback_pair();
         let mut batch = RecvBatch::new(4, 64);
         sender.send_to(b"before", target).unwrap();
         batch.recv(&receiver).unwrap();
         assert_eq!(batch.datagrams().next().unwrap().stamp_ns, None, "no stamps until asked for");
 
         enable_receive_stamps(&receiver).unwrap();
-        let before = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as i64;
+        let before = now_ns();
         for i in 0..20u8 {
             sender.send_to(&[b'a' + i], target).unwrap();
         }
@@ -267,7 +272,7 @@ mod tests {
             batch.recv(&receiver).unwrap();
             stamps.extend(batch.datagrams().map(|datagram| (datagram.bytes[0], datagram.stamp_ns.expect("stamped"))));
         }
-        let after = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as i64;
+        let after = now_ns();
         assert!(stamps.iter().all(|(_, stamp)| (before..=after).contains(stamp)), "{stamps:?} in {before}..{after}");
         assert!(stamps.windows(2).all(|pair| pair[0].0 < pair[1].0 && pair[0].1 <= pair[1].1), "{stamps:?}");
     }
