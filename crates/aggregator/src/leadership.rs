@@ -58,6 +58,7 @@ use tessera_runtime::logging::{RateLimitedLog, error_chain};
 use tessera_topology::{
     Election, EtcdConfig, FlushMarks, Leader, LeaseDeadline, PlacementHandle, PlacementStore, Registration,
 };
+use tessera_wire::backoff::sleep_or_stop;
 
 use crate::ingester::Ingesters;
 use crate::metrics::Metrics;
@@ -496,9 +497,8 @@ async fn register(settings: &ElectionSettings, shutdown: &Shutdown) -> Option<(P
             },
         };
         tracing::warn!(error = %error_chain(&error), "cannot register liveness in etcd; will retry");
-        tokio::select! {
-            () = shutdown.wait() => return None,
-            () = tokio::time::sleep(wait) => {}
+        if !sleep_or_stop(wait, shutdown).await {
+            return None;
         }
         wait = (wait * 2).min(Duration::from_secs(10));
     }

@@ -49,6 +49,7 @@ use tessera_runtime::Shutdown;
 use tessera_runtime::logging::error_chain;
 use tessera_runtime::telemetry::{Labels, labels};
 use tessera_topology::{EtcdConfig, MoveTiming, Placement, PlacementStore, StoreError, Tier, Watcher};
+use tessera_wire::backoff::sleep_or_stop;
 
 /// How often the tier task looks at the placement and liveness.
 pub const TICK: Duration = Duration::from_secs(1);
@@ -499,9 +500,8 @@ where
                 tracing::warn!(error = %error_chain(&error), "ingester tier: cannot {what}; will retry");
             }
         }
-        tokio::select! {
-            () = shutdown.wait() => return None,
-            () = tokio::time::sleep(delay) => {}
+        if !sleep_or_stop(delay, shutdown).await {
+            return None;
         }
         delay = (delay * 2).min(Duration::from_secs(5));
     }
