@@ -2,25 +2,22 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
 use tessera_ingester::{Config, Ingester};
-use tessera_runtime::{DaemonFlags, Telemetry, run_daemon};
 
-/// tessera-ingester: takes the aggregators' tile batches, makes them durable in a disk
-/// queue, and writes them to storage (Prometheus remote write or OpenMetrics files) at
-/// the pace storage sustains. Every key is documented in crates/ingester/README.md.
-#[derive(Debug, Parser)]
-#[command(name = "tessera-ingester", version, about)]
-struct Flags {
-    #[command(flatten)]
-    daemon: DaemonFlags,
-}
+/// What `--help` says beside the package description.
+const LONG_ABOUT: &str = "tessera-ingester: takes the aggregators' tile batches, makes them durable in a disk queue, \
+                          and writes them to storage (Prometheus remote write or OpenMetrics files) at the pace storage \
+                          sustains. Every key is documented in crates/ingester/README.md.";
 
 fn main() -> ExitCode {
-    let flags = Flags::parse();
-    run_daemon("tessera-ingester", &flags.daemon, Config::validate, |config: Config, shutdown| async move {
-        let telemetry = Telemetry::new("ingester", env!("CARGO_PKG_VERSION"));
-        Ingester::start(config, telemetry, shutdown).await?.wait().await;
-        Ok(())
-    })
+    let about = [env!("CARGO_PKG_DESCRIPTION"), LONG_ABOUT];
+    tessera_runtime::daemon_main(
+        "tessera-ingester",
+        about,
+        Config::validate,
+        |config: Config, telemetry, shutdown| async {
+            Ingester::start(config, telemetry, shutdown).await?.wait().await;
+            Ok(())
+        },
+    )
 }

@@ -45,6 +45,7 @@ use serde::de::DeserializeOwned;
 use crate::config::{EXIT_CONFIG, InvalidSetting, load_toml};
 use crate::logging::{self, LogFormat};
 use crate::shutdown::Shutdown;
+use crate::telemetry::Telemetry;
 
 /// Flags every daemon binary takes (`#[command(flatten)]` them).
 #[derive(Debug, Clone, clap::Args)]
@@ -133,6 +134,37 @@ impl StartError {
             _ => ExitCode::FAILURE,
         }
     }
+}
+
+/// The whole `main` of the daemon binary `name` (`tessera-<daemon>`): parses the
+/// [`DaemonFlags`] (`-h` shows `about`, `--help` also `long_about`), then [`run_daemon`]
+/// with a fresh [`Telemetry`] registry for the daemon, handed to `start` with the
+/// configuration and the shutdown.
+pub fn daemon_main<C, E, Start, Fut>(
+    name: &'static str,
+    [about, long_about]: [&'static str; 2],
+    validate: impl FnOnce(&C) -> Result<(), E>,
+    start: Start,
+) -> ExitCode
+where
+    C: DeserializeOwned,
+    E: Display,
+    Start: FnOnce(C, Telemetry, Shutdown) -> Fut,
+    Fut: Future<Output = Result<(), StartError>>,
+{
+    use clap::{Args, FromArgMatches};
+
+    let daemon = name.trim_start_matches("tessera-");
+    let command = DaemonFlags::augment_args(clap::Command::new(name));
+    let command = command.version(env!("CARGO_PKG_VERSION")).about(about).long_about(long_about);
+    let flags = match command.try_get_matches() {
+        Ok(matches) => DaemonFlags::from_arg_matches(&matches),
+        Err(error) => Err(error),
+    };
+    let flags = flags.unwrap_or_else(|error| error.exit());
+    run_daemon(name, &flags, validate, |config, shutdown| {
+        start(config, Telemetry::new(daemon, env!("CARGO_PKG_VERSION")), shutdown)
+    })
 }
 
 /// Loads and validates the configuration, answers `--check-config`, starts

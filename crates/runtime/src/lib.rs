@@ -64,7 +64,7 @@ pub mod shutdown;
 pub mod telemetry;
 
 pub use config::{ConfigError, EXIT_CONFIG};
-pub use daemon::{DaemonFlags, StartError, run_daemon};
+pub use daemon::{DaemonFlags, StartError, daemon_main, run_daemon};
 pub use logging::{LogFormat, RateLimitedLog};
 pub use shutdown::Shutdown;
 pub use telemetry::{Readiness, ReadinessCondition, ServeError, ServerHandle, Telemetry, serve};
