@@ -36,15 +36,21 @@ pub async fn accept_loop(
     shutdown: Shutdown,
 ) {
     let accept = AcceptSettings { max_connections: settings.max_connections, peer: "collector" };
-    let serve = {
-        let (metrics, shutdown) = (metrics.clone(), shutdown.clone());
-        move |stream: TcpStream, peer: SocketAddr| {
-            let (jobs, settings, metrics, shutdown) =
-                (jobs.clone(), settings.clone(), metrics.clone(), shutdown.clone());
-            async move { serve_connection(stream, peer, &jobs, &settings, &metrics, &shutdown).await }
-        }
-    };
-    inbound::accept_loop(listener, accept, metrics.listener.clone(), &CONNECTION_LOG, shutdown, serve).await;
+    let counters = metrics.listener.clone();
+    let context = (jobs, settings, metrics, shutdown.clone());
+    inbound::accept_loop(
+        listener,
+        accept,
+        counters,
+        &CONNECTION_LOG,
+        shutdown,
+        context,
+        |stream, peer, context| async move {
+            let (jobs, settings, metrics, shutdown) = context;
+            serve_connection(stream, peer, &jobs, &settings, &metrics, &shutdown).await;
+        },
+    )
+    .await;
 }
 
 async fn serve_connection(

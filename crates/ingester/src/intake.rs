@@ -50,14 +50,21 @@ pub async fn accept_loop(
     stop: Shutdown,
 ) {
     let accept = AcceptSettings { max_connections: settings.max_connections, peer: "aggregator" };
-    let serve = {
-        let (metrics, stop) = (metrics.clone(), stop.clone());
-        move |stream: TcpStream, peer: SocketAddr| {
-            let (jobs, settings, metrics, stop) = (jobs.clone(), settings.clone(), metrics.clone(), stop.clone());
-            async move { connection(stream, peer, jobs, &settings, &metrics, &stop).await }
-        }
-    };
-    inbound::accept_loop(listener, accept, metrics.listener.clone(), &FRAME_ERROR_LOG, stop, serve).await;
+    let counters = metrics.listener.clone();
+    let context = (jobs, settings, metrics, stop.clone());
+    inbound::accept_loop(
+        listener,
+        accept,
+        counters,
+        &FRAME_ERROR_LOG,
+        stop,
+        context,
+        |stream, peer, context| async move {
+            let (jobs, settings, metrics, stop) = context;
+            connection(stream, peer, jobs, &settings, &metrics, &stop).await;
+        },
+    )
+    .await;
 }
 
 async fn connection(

@@ -80,18 +80,21 @@ pub struct AcceptSettings {
     pub peer: &'static str,
 }
 
-/// Accepts connections until `shutdown`, running `serve` on each in its own task while
-/// it holds one of `max_connections` slots; refuses and counts the others.
-pub async fn accept_loop<C, S, F>(
+/// Accepts connections until `shutdown`, running `serve` on each in its own task, with a
+/// clone of `context`, while it holds one of `max_connections` slots; refuses and counts
+/// the others.
+pub async fn accept_loop<C, T, S, F>(
     listener: TcpListener,
     settings: AcceptSettings,
     counters: C,
     log: &'static RateLimitedLog,
     shutdown: Shutdown,
+    context: T,
     serve: S,
 ) where
     C: InboundCounters,
-    S: Fn(TcpStream, SocketAddr) -> F,
+    T: Clone,
+    S: Fn(TcpStream, SocketAddr, T) -> F,
     F: Future<Output = ()> + Send + 'static,
 {
     let slots = Arc::new(Semaphore::new(settings.max_connections.max(1)));
@@ -122,7 +125,7 @@ pub async fn accept_loop<C, S, F>(
         };
         let _ = stream.set_nodelay(true);
         counters.opened();
-        let (counters, connection) = (counters.clone(), serve(stream, peer));
+        let (counters, connection) = (counters.clone(), serve(stream, peer, context.clone()));
         tokio::spawn(async move {
             let _slot: OwnedSemaphorePermit = slot;
             connection.await;

@@ -50,19 +50,22 @@ pub async fn accept_loop(
     shutdown: Shutdown,
 ) {
     let accept = AcceptSettings { max_connections: settings.max_connections, peer: "statsd client" };
-    let serve = {
-        let (metrics, shutdown) = (metrics.clone(), shutdown.clone());
-        move |stream: TcpStream, peer: SocketAddr| {
-            let (lines, settings, metrics, shutdown) =
-                (lines.clone(), settings.clone(), metrics.clone(), shutdown.clone());
-            async move {
-                if let Err(error) = read_connection(stream, &lines, &settings, &metrics, &shutdown).await {
-                    tracing::debug!(%peer, %error, "tcp connection ended with an error");
-                }
+    let context = (lines, settings, metrics.clone(), shutdown.clone());
+    inbound::accept_loop(
+        listener,
+        accept,
+        metrics,
+        &CONNECTION_LOG,
+        shutdown,
+        context,
+        |stream, peer, context| async move {
+            let (lines, settings, metrics, shutdown) = context;
+            if let Err(error) = read_connection(stream, &lines, &settings, &metrics, &shutdown).await {
+                tracing::debug!(%peer, %error, "tcp connection ended with an error");
             }
-        }
-    };
-    inbound::accept_loop(listener, accept, metrics, &CONNECTION_LOG, shutdown, serve).await;
+        },
+    )
+    .await;
 }
 
 async fn read_connection(
