@@ -406,7 +406,7 @@ tessera_aggregator_drops_total{reason=\"queue_full\",unit=\"series\"} 9
         telemetry.with_registry(|registry| {
             tessera_collector::metrics::Metrics::default().register(registry, tessera_collector::metrics::PREFIX);
             tessera_aggregator::metrics::Metrics::default().register(registry, tessera_aggregator::metrics::PREFIX);
-            tessera_ingester::metrics::Metrics::default().register(registry, tessera_ingester::metrics::PREFIX);
+            tessera_ingester::Metrics::default().register(registry, tessera_ingester::METRIC_PREFIX);
         });
         let text = telemetry.encode().unwrap();
         let declared: Vec<&str> =

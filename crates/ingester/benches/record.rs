@@ -16,7 +16,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use support::request_counters;
-use tessera_ingester::mapping::Converter;
+use tessera_ingester::Converter;
 use tessera_ingester::record::{self, HEADER_BYTES};
 
 const TILES: usize = 10_000;

@@ -11,10 +11,8 @@ use std::time::Duration;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use support::request_counters;
-use tessera_ingester::mapping::Converter;
-use tessera_ingester::pool::split;
-use tessera_ingester::prompb;
 use tessera_ingester::record::StoredSample;
+use tessera_ingester::{Converter, prompb, split};
 
 const SAMPLES: usize = 2_000;
 

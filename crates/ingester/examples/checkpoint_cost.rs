@@ -16,10 +16,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use tessera_core::aggregate::{Aggregate, Distribution};
-use tessera_ingester::intake::checkpoint::write_atomically;
-use tessera_ingester::mapping::checkpoint::CheckpointMeta;
-use tessera_ingester::mapping::{Converter, HistogramMode};
-use tessera_ingester::queue::Position;
+use tessera_ingester::{CheckpointMeta, Converter, HistogramMode, Position, write_atomically};
 use tessera_proto::{MetricType, SeriesValue, TileBatch};
 
 /// The cost of one checkpoint.
@@ -131,7 +128,7 @@ fn main() {
         let start = Instant::now();
         write_atomically(&dir, &checkpoint.parts()).expect("write the checkpoint");
         write.push(start.elapsed().as_secs_f64());
-        bytes = checkpoint.to_bytes();
+        bytes = checkpoint.into_bytes();
         let start = Instant::now();
         let mut restored = Converter::new(&[0.5, 0.9, 0.99], 3_600_000);
         restored.restore_checkpoint(&bytes).expect("restore the checkpoint");

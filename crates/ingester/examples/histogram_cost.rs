@@ -15,8 +15,8 @@ use std::time::Instant;
 
 use clap::Parser;
 use tessera_core::aggregate::{Aggregate, Distribution};
-use tessera_ingester::mapping::{Converter, HistogramMode};
 use tessera_ingester::prompb;
+use tessera_ingester::{Converter, HistogramMode};
 use tessera_proto::{MetricType, SeriesValue, TileBatch};
 
 #[derive(Debug, Parser)]

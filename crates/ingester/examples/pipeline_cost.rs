@@ -19,14 +19,11 @@ use std::time::Instant;
 use clap::Parser;
 use prost::Message;
 use tessera_core::aggregate::Aggregate;
-use tessera_ingester::intake::{Verdict, writer::RecentBatches, writer::Writer};
-use tessera_ingester::mapping::Converter;
-use tessera_ingester::metrics::Metrics;
-use tessera_ingester::pool::split;
-use tessera_ingester::queue::{self, FsyncPolicy, Position, QueueOptions, QueueReader, RequestKey};
 use tessera_ingester::record;
-use tessera_ingester::sink::remote_write::RemoteWriteSink;
-use tessera_ingester::sink::{RecordInfo, SinkRequest};
+use tessera_ingester::{
+    Converter, FsyncPolicy, Metrics, Position, Queue, QueueOptions, QueueReader, RecentBatches, RecordInfo,
+    RemoteWriteSink, RequestKey, SinkRequest, Verdict, Writer, open_queue, split,
+};
 use tessera_proto::{AckStatus, Frame, MetricType, SeriesValue, TileBatch, frame::Body};
 
 /// The ingester's CPU per tile, storage left out.
@@ -51,7 +48,7 @@ struct Flags {
 
 /// Reads every queued record and builds every remote-write body; returns the bytes built.
 #[inline(never)]
-fn drain_all(reader: &mut QueueReader, queue: &queue::Queue, flags: &Flags) -> usize {
+fn drain_all(reader: &mut QueueReader, queue: &Queue, flags: &Flags) -> usize {
     let mut bytes = 0;
     while queue.pending_records() > 0 {
         let read = reader.next_record().expect("read the queue").expect("a record");
@@ -71,7 +68,7 @@ fn main() {
     let flags = Flags::parse();
     let dir = tempfile::tempdir().expect("temporary directory");
     let options = QueueOptions::new(dir.path().to_owned(), 1 << 40, 64 << 20, FsyncPolicy::Never);
-    let (queue, queue_writer, mut reader, _) = queue::open(options, Default::default()).expect("open the queue");
+    let (queue, queue_writer, mut reader, _) = open_queue(options, Default::default()).expect("open the queue");
     let mut writer = Writer {
         converters: vec![Converter::new(&[0.5, 0.9, 0.99], 3_600_000)],
         queues: vec![queue_writer],

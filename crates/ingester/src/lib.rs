@@ -5,7 +5,7 @@
 //! aggregators ──TileBatch──▶ intake (one task per connection)
 //!                              │ frames to the writer thread
 //!                              ▼
-//!                            writer thread: convert tiles to samples (mapping),
+//!                            writer thread: admit tiles as samples (admit),
 //!                              │ append to the target's durable queue, then ack Ok
 //!                              ▼             (Retryable `queue_full` when over the bound)
 //!                            queue/<target>/  segment files, CRC per record, fsync policy
@@ -20,14 +20,21 @@
 //!                            sink: Prometheus remote write, or OpenMetrics files
 //! ```
 //!
-//! - [`intake`]: the wire listener and the [`intake::writer`] thread that decides acks.
-//! - [`mapping`]: tiles to Prometheus samples (names, labels, cumulative counters), and
-//!   the checkpoints that carry the running totals across a restart
-//!   ([`mapping::checkpoint`], taken by [`intake::checkpoint`]).
-//! - [`record`], [`queue`]: the durable queue of checksummed records and its replay.
-//! - [`pool`], [`pacing`]: the fixed worker pool and how it paces writes.
-//! - [`sink`]: remote write ([`sink::remote_write`]), OpenMetrics files ([`sink::file`]).
-//! - [`metrics`]: every `tessera_ingester_*` metric.
+//! The modules are private; the stages, in the order a batch goes through them:
+//!
+//! - `intake`: the wire listener, the writer thread that decides acks, and the thread
+//!   that writes each target's checkpoint of the running totals.
+//! - `admit`: a tile batch to the samples of one queue record (names, labels, cumulative
+//!   counters and histograms), each tile admitted once, and the checkpoint format that
+//!   carries the running totals across a restart.
+//! - `queue`: the durable queue of checksummed records (`queue/record.rs`) and its replay.
+//! - `pool`: the fixed worker pool and how it paces writes (`pool/pacing.rs`).
+//! - `sink`: remote write (with its messages, `sink/prompb.rs`), OpenMetrics files.
+//! - `tier`: this ingester's place among the ingesters: the shards it owns.
+//! - `config`, `metrics`: every key, every `tessera_ingester_*` metric.
+//!
+//! What other crates (the `tessera` CLI, tests, benchmarks and examples) use is
+//! re-exported below in one `pub use` block.
 //!
 //! Each storage target (the default sink, and each storage policy given its own sink in
 //! `policy_sinks`) has its own queue, dispatcher, workers and pacing, so a slow or dead
@@ -59,17 +66,14 @@
 //! # Ok(()) }
 //! ```
 
-pub mod config;
-pub mod intake;
-pub mod mapping;
-pub mod metrics;
-pub mod pacing;
-pub mod pool;
-pub mod prompb;
-pub mod queue;
-pub mod record;
-pub mod sink;
-pub mod tier;
+mod admit;
+mod config;
+mod intake;
+mod metrics;
+mod pool;
+mod queue;
+mod sink;
+mod tier;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -82,26 +86,40 @@ use tessera_runtime::{Readiness, ServerHandle, Shutdown, Telemetry};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 
+pub use admit::checkpoint::CheckpointMeta;
+pub use admit::{Converter, HistogramMode};
 pub use config::Config;
+pub use intake::Verdict;
+pub use intake::checkpoint::write_atomically;
+pub use intake::writer::{RecentBatches, Writer};
+pub use metrics::{Metrics, PREFIX as METRIC_PREFIX};
+pub use pool::pacing::{Aimd, Outcome};
+pub use pool::split;
+pub use queue::record;
+pub use queue::{FsyncPolicy, Position, Queue, QueueOptions, QueueReader, RequestKey, open as open_queue};
+pub use sink::prompb;
+pub use sink::remote_write::RemoteWriteSink;
+pub use sink::{RecordInfo, SinkRequest};
+pub use tessera_runtime::StartError;
+
+// `config.rs` still names `admit` by its old name (`crate::mapping::HistogramMode`);
+// this keeps that path working until it reads `crate::admit`.
+use admit as mapping;
 use config::{SinkConfig, target_dir_name};
 use intake::accept_loop;
 use intake::checkpoint::{CheckpointTarget, Checkpoints};
-use intake::writer::{Job, RecentBatches, Writer};
-use mapping::Converter;
-use metrics::Metrics;
-use pacing::{AdaptiveLimit, Aimd, Pace};
+use intake::writer::Job;
+use pool::pacing::{AdaptiveLimit, Pace};
 use pool::{Pool, PoolSettings, Target};
-use queue::{Position, Queue, QueueOptions, QueueWriter};
+use queue::QueueWriter;
 use record::{Record, RecordHead};
 use sink::file::{FileSink, FileSinkSettings};
 use sink::rejected::RejectedLog;
-use sink::remote_write::{RemoteWriteSettings, RemoteWriteSink, parse_url};
+use sink::remote_write::{RemoteWriteSettings, parse_url};
 use sink::{AnySink, Sink};
 
 /// Batches remembered to answer a resent batch `Ok` without queueing it twice.
 const RECENT_BATCHES: usize = 65_536;
-
-pub use tessera_runtime::StartError;
 
 /// A queue that cannot be opened stops the ingester from starting.
 impl From<queue::OpenError> for StartError {
@@ -135,7 +153,7 @@ impl Ingester {
     pub async fn start(config: Config, telemetry: Telemetry, shutdown: Shutdown) -> Result<Ingester, StartError> {
         config.validate()?;
         let metrics = Metrics::default();
-        telemetry.with_registry(|registry| metrics.register(registry, metrics::PREFIX));
+        telemetry.with_registry(|registry| metrics.register(registry, METRIC_PREFIX));
         let readiness = Readiness::new();
         let listening = readiness.condition("listening");
         let instance_id = config.instance_id.clone().unwrap_or_else(|| tessera_runtime::daemon::hostname("ingester"));
@@ -151,7 +169,7 @@ impl Ingester {
         // One of an ingesters' placement: which shards this one owns, for the converters.
         let tier = config.placement.as_ref().map(|_| {
             let tier_metrics = tier::TierMetrics::default();
-            telemetry.with_registry(|registry| tier_metrics.register(registry, metrics::PREFIX));
+            telemetry.with_registry(|registry| tier_metrics.register(registry, METRIC_PREFIX));
             (Arc::new(tier::Ownership::default()), tier_metrics)
         });
         for (index, (name, policy, sink_config)) in config.targets().into_iter().enumerate() {
@@ -451,6 +469,6 @@ async fn supervise(
 }
 
 /// Where `Config::data_dir` puts the file sink output of `target` by default.
-pub fn default_file_sink_dir(data_dir: &std::path::Path, target: &str) -> PathBuf {
+fn default_file_sink_dir(data_dir: &std::path::Path, target: &str) -> PathBuf {
     data_dir.join("openmetrics").join(target_dir_name(target))
 }

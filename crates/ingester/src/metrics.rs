@@ -333,7 +333,7 @@ impl CheckpointFailure {
     }
 }
 
-/// Every `reason` of `tiles_skipped_total` (see [`crate::mapping`]).
+/// Every `reason` of `tiles_skipped_total` (see [`crate::admit`]).
 pub const SKIP_REASONS: [&str; 7] =
     ["unknown_type", "invalid_aggregate", "type_mismatch", "late", "duplicate", "conflict", "name_collision"];
 

@@ -25,7 +25,12 @@
 //! only what was in flight at the crash is sent again, with the same values. The split is
 //! fingerprinted (worker count, request size); after a change of either, replayed records
 //! are sent whole.
+//!
+//! - [`pacing`]: the adaptive in-flight limit and the samples/s ceiling every worker
+//!   obeys.
+//! - [`worker`]: one worker's loop: pace, send, retry with backoff, complete.
 
+pub mod pacing;
 pub mod worker;
 
 use std::collections::HashSet;
@@ -38,11 +43,11 @@ use tessera_runtime::daemon::{ThreadError, spawn_thread};
 use tokio::sync::mpsc;
 
 use crate::metrics::TargetMetrics;
-use crate::pacing::{AdaptiveLimit, Pace};
+use crate::queue::record::{self, StoredSample};
 use crate::queue::{Queue, QueueReader, RequestKey};
-use crate::record::{self, StoredSample};
 use crate::sink::rejected::RejectedLog;
 use crate::sink::{RecordInfo, Sink, SinkRequest};
+use pacing::{AdaptiveLimit, Pace};
 
 /// How a pool splits and retries.
 #[derive(Debug, Clone)]

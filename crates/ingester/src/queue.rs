@@ -1,5 +1,8 @@
 //! The durable queue: append-only segment files of checksummed records.
 //!
+//! What a record holds and how it is framed is [`record`]; the segment files and their done
+//! logs are [`segment`].
+//!
 //! [`open`] replays a queue directory and returns three handles:
 //!
 //! - [`QueueWriter`] (one, owned by the intake writer thread) appends framed records to
@@ -15,7 +18,7 @@
 //! of it, every record in it is done, and (with [`QueueOptions::checkpointed`]) the newest
 //! checkpoint of the running totals covers all of it ([`Queue::checkpointed`]): records
 //! appended after that checkpoint stay on disk, delivered or not, so that a restart can roll
-//! the totals forward through them ([`crate::mapping::checkpoint`]). Records complete out
+//! the totals forward through them ([`crate::admit::checkpoint`]). Records complete out
 //! of order, so segments may be deleted out of order too. Sink requests that reached
 //! storage are appended to the segment's done log, so that after a crash only the requests
 //! that were in flight are sent again ([`segment`]).
@@ -35,12 +38,12 @@
 //! segments are sealed; writing continues in a new one.
 //!
 //! ```
-//! use tessera_ingester::queue::{self, FsyncPolicy, QueueOptions};
 //! use tessera_ingester::record::{self, Record};
+//! use tessera_ingester::{FsyncPolicy, QueueOptions, open_queue};
 //!
 //! let dir = tempfile::tempdir().unwrap();
 //! let options = QueueOptions::new(dir.path().to_owned(), 1 << 30, 64 << 20, FsyncPolicy::Always);
-//! let (queue, mut writer, mut reader, _replay) = queue::open(options, Default::default()).unwrap();
+//! let (queue, mut writer, mut reader, _replay) = open_queue(options, Default::default()).unwrap();
 //! writer.append(&record::encode(&Record { tile_end_ms: 10_000, ..Default::default() })).unwrap();
 //! let read = reader.next_record().unwrap().expect("a record");
 //! assert_eq!(record::decode_payload(read.payload).unwrap().tile_end_ms, 10_000);
@@ -49,6 +52,7 @@
 //! ```
 
 mod reader;
+pub mod record;
 pub mod segment;
 
 use std::collections::{BTreeMap, HashMap};
@@ -186,7 +190,7 @@ pub struct Replay {
 pub struct ReadRecord {
     /// Where it is.
     pub position: Position,
-    /// The checked payload (see [`crate::record::decode_payload`]).
+    /// The checked payload (see [`record::decode_payload`]).
     pub payload: Bytes,
     /// Sink requests of this record that the done log says reached storage before a restart.
     pub already_done: Vec<RequestKey>,
@@ -441,7 +445,7 @@ impl QueueWriter {
         Queue { shared: self.shared.clone() }
     }
 
-    /// Appends one framed record ([`crate::record::encode`]) and makes it durable by the fsync
+    /// Appends one framed record ([`record::encode`]) and makes it durable by the fsync
     /// policy. A record larger than the bound is still taken when nothing is pending, so
     /// that no batch is refused forever.
     pub fn append(&mut self, frame: &[u8]) -> Result<Position, AppendError> {

@@ -5,6 +5,10 @@
 //! - [`file::FileSink`]: the embedded default, OpenMetrics text files that
 //!   `promtool tsdb create-blocks-from openmetrics` imports.
 //!
+//! [`prompb`] holds the remote-write messages and encodes a request body straight from the
+//! queued samples; [`openmetrics`] writes the text format for the file sink and the
+//! [`rejected::RejectedLog`].
+//!
 //! A sink writes one [`SinkRequest`] (at most `max_samples_per_request` samples of one
 //! record) and answers `Ok` once storage has them, or a [`SinkError`]: retryable (the
 //! worker backs off and sends it again) or permanent (counted by status, logged to the
@@ -12,15 +16,20 @@
 //! either.
 
 pub mod file;
+#[cfg_attr(
+    not(test),
+    expect(dead_code, reason = "`write_journal_line` is used by its tests alone; sink/ is under TLS edits")
+)]
 pub mod openmetrics;
+pub mod prompb;
 pub mod rejected;
 pub mod remote_write;
 
 use std::future::Future;
 use std::sync::Arc;
 
+use crate::queue::record::{Record, StoredSample};
 use crate::queue::{Position, RequestKey};
-use crate::record::{Record, StoredSample};
 
 /// The record a request belongs to, shared by all of the record's requests.
 #[derive(Debug)]
@@ -113,6 +122,7 @@ impl SinkRequest {
 /// A storage target.
 pub trait Sink: Send + Sync + 'static {
     /// Short kind name for metric labels: `remote_write` or `file`.
+    #[allow(dead_code, reason = "no caller since the module is private; its impls are in sink/, under TLS edits")]
     fn kind(&self) -> &'static str;
 
     /// Writes one request; resolves once storage acknowledged it.

@@ -25,10 +25,10 @@
 //!
 //! **Ownership and totals.** [`Ownership`] publishes, for each shard, whether
 //! this ingester owns it (any entry in the placement: available, moving in
-//! or moving out). The converter ([`crate::mapping`]) gives every running
+//! or moving out). The converter ([`crate::admit`]) gives every running
 //! total the *epoch* of its shard: an epoch goes up each time this ingester
 //! gains the shard, so a total made before the shard went away and came back
-//! is stale and starts over, with an explicit reset (see the mapping docs).
+//! is stale and starts over, with an explicit reset (see the admit docs).
 //! The placement seen first after a start counts as owned all along, so a
 //! restart within the lease TTL keeps its checkpointed totals.
 //!
@@ -307,7 +307,8 @@ impl TierMetrics {
     }
 
     /// Shards moved in `direction` (`gained` or `lost`) so far.
-    pub fn moves(&self, direction: &'static str) -> u64 {
+    #[cfg(test)]
+    fn moves(&self, direction: &'static str) -> u64 {
         self.shard_moves.get_or_create(&labels(&[("direction", direction)])).get()
     }
 

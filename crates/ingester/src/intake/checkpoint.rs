@@ -1,5 +1,5 @@
 //! Taking each target's checkpoint of its running totals, and reading it back at start
-//! (the format is [`crate::mapping::checkpoint`]'s).
+//! (the format is [`crate::admit::checkpoint`]'s).
 //!
 //! | when | where | what |
 //! |---|---|---|
@@ -34,8 +34,8 @@ use std::time::{Duration, Instant};
 use tessera_runtime::RateLimitedLog;
 use tessera_runtime::daemon::{ThreadError, spawn_thread};
 
-use crate::mapping::Converter;
-use crate::mapping::checkpoint::{CheckpointEncoder, CheckpointError, CheckpointMeta, EncodedCheckpoint, FILE_NAME};
+use crate::admit::Converter;
+use crate::admit::checkpoint::{CheckpointEncoder, CheckpointError, CheckpointMeta, EncodedCheckpoint, FILE_NAME};
 use crate::metrics::{CheckpointFailure, CheckpointMetrics};
 use crate::queue::{Position, Queue, QueueWriter, segment};
 use tessera_core::clock::now_ms;
@@ -406,7 +406,7 @@ mod tests {
         // Nothing queued since: no round, nothing written.
         assert!(!checkpoints.step(&converters, std::slice::from_ref(&writer)));
         // A record queued: the next round covers it.
-        writer.append(&crate::record::encode(&crate::record::Record::default())).unwrap();
+        writer.append(&crate::queue::record::encode(&crate::queue::record::Record::default())).unwrap();
         while checkpoints.step(&converters, std::slice::from_ref(&writer)) {}
         written(2);
         assert_eq!(target.queue.checkpoint_covers(), Some(writer.appended_through()));
@@ -432,7 +432,7 @@ mod tests {
         let target = target(dir.path());
         let mut converter = Converter::new(&[0.5], 3_600_000);
         let covers = Position { segment: 3, offset: 100 };
-        let mut bytes = converter.encode_checkpoint(CheckpointMeta { taken_at_ms: 1, covers }).to_bytes();
+        let mut bytes = converter.encode_checkpoint(CheckpointMeta { taken_at_ms: 1, covers }).into_bytes();
         write_atomically(dir.path(), &[&bytes]).unwrap();
         assert_eq!(load(&target.dir, &target.name, &target.metrics, &mut converter), covers, "a good file is used");
 

@@ -30,13 +30,13 @@ use tokio::sync::mpsc::error::TryRecvError;
 use tokio::sync::{mpsc, oneshot};
 
 use super::checkpoint::Checkpoints;
-use crate::mapping::Converter;
+use crate::admit::Converter;
 use crate::metrics::Metrics;
 use tessera_core::clock::now_ms;
 
 static QUEUE_IO_LOG: RateLimitedLog = RateLimitedLog::new("ingester.queue_io", 5);
+use crate::queue::record::{self, batch_key};
 use crate::queue::{AppendError, QueueWriter};
-use crate::record::{self, batch_key};
 
 /// Work for the writer thread.
 pub enum Job {

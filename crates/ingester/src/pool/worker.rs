@@ -19,9 +19,9 @@ use tessera_runtime::{RateLimitedLog, Shutdown};
 use tessera_wire::backoff::Backoff;
 use tokio::sync::mpsc;
 
+use super::pacing::Outcome;
 use super::{PoolSettings, Target, WorkItem};
-use crate::pacing::Outcome;
-use crate::record::StoredSample;
+use crate::queue::record::StoredSample;
 use crate::sink::{Sink, SinkError, SinkRequest};
 
 static RETRY_LOG: RateLimitedLog = RateLimitedLog::new("ingester.sink_retry", 2);

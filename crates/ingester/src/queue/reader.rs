@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
+use super::record;
 use super::{Position, Queue, ReadRecord, Shared, segment};
-use crate::record;
 
 /// Reads records in order; see the [queue docs](super).
 pub struct QueueReader {

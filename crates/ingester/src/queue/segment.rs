@@ -2,7 +2,7 @@
 //! torn or corrupt tail, and the done log.
 //!
 //! A segment `<id>.seg` (id zero-padded to 20 digits, so names sort like ids) starts with
-//! the 8-byte header [`MAGIC`], then holds framed records ([`crate::record`]) back to
+//! the 8-byte header [`MAGIC`], then holds framed records ([`super::record`]) back to
 //! back. Its done log `<id>.done` holds fixed 24-byte entries, one per sink request that
 //! reached storage: record offset (u64), shard (u32), chunk (u32), split fingerprint
 //! (u32), CRC32 of those 20 bytes (u32), all little-endian. A torn entry fails its CRC
@@ -13,7 +13,7 @@ use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
-use crate::record;
+use super::record;
 
 /// The first bytes of every segment file: format name and version.
 pub const MAGIC: [u8; 8] = *b"TSQSEG\x00\x01";

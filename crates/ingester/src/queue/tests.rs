@@ -1,7 +1,7 @@
 use std::io::{Seek, SeekFrom, Write};
 
+use super::record::{self, Record};
 use super::*;
-use crate::record::{self, Record};
 
 fn options(dir: &std::path::Path, max_queue_bytes: u64, segment_max_bytes: u64) -> QueueOptions {
     QueueOptions::new(dir.to_owned(), max_queue_bytes, segment_max_bytes, FsyncPolicy::Never)

@@ -142,7 +142,7 @@ fn a_checkpoint_leaves_out_the_totals_of_a_lost_shard_and_keeps_the_shard_of_the
     ownership.publish(all_owned_but(shard, 2));
     converter.convert(&batch(20_000, Vec::new()), 0).unwrap();
     converter.commit();
-    let bytes = converter.encode_checkpoint(checkpoint::CheckpointMeta::default()).to_bytes();
+    let bytes = converter.encode_checkpoint(checkpoint::CheckpointMeta::default()).into_bytes();
     let mut restarted = Converter::new(&[0.5], 3_600_000);
     restarted.restore_checkpoint(&bytes).unwrap();
     assert_eq!(restarted.cumulative_series(), 1, "only the series of the shard still owned");

@@ -1,6 +1,6 @@
 //! Queue records: the storage samples of one tile batch, and their checksummed framing.
 //!
-//! A tile batch is converted to final storage samples at ingest time ([`crate::mapping`]),
+//! A tile batch is converted to final storage samples at ingest time ([`crate::admit`]),
 //! before it is written, so that the queue holds exactly what storage will receive and a
 //! replay after a crash resends byte-identical samples. One [`Record`] holds the samples of
 //! one batch and its metadata (storage policy, tile end, when it was received).
@@ -14,7 +14,7 @@
 //! ```
 //!
 //! Each [`StoredSample`] keeps its labels already encoded as the `labels` field of a
-//! Prometheus remote-write `TimeSeries` (see [`crate::prompb`]), so building a remote-write
+//! Prometheus remote-write `TimeSeries` (see [`crate::sink::prompb`]), so building a remote-write
 //! request is a copy, and decoding a record is zero-copy ([`bytes::Bytes`] slices of the
 //! record buffer).
 //!
@@ -80,12 +80,12 @@ pub struct StoredSample {
     #[prost(enumeration = "SampleKind", tag = "3")]
     pub kind: i32,
     /// A native histogram, encoded as a remote-write `Histogram` message without its
-    /// timestamp (see [`crate::prompb::HistogramEncoder`]); empty for a plain sample.
+    /// timestamp (see [`crate::sink::prompb::HistogramEncoder`]); empty for a plain sample.
     #[prost(bytes = "bytes", tag = "4")]
     pub histogram: Bytes,
     /// Write a 0 one millisecond before this sample, in the same series: the explicit
     /// counter reset of a cumulative series this ingester adopted from another one (see
-    /// [`crate::mapping`]). Remote write only; the file sink writes the sample alone.
+    /// [`crate::admit`]). Remote write only; the file sink writes the sample alone.
     #[prost(bool, tag = "5")]
     pub reset_before: bool,
 }

@@ -1,4 +1,9 @@
-//! Tile batches to storage samples, at ingest time.
+//! Admission: each tile batch becomes the storage samples of one queue record, at ingest
+//! time, before it is made durable.
+//!
+//! The intake writer hands every decoded batch to its target's [`Converter`], appends the
+//! record to the queue, then commits the conversion (or rolls it back when the record
+//! could not be queued); what admission decides per tile is below (*Each tile counts once*).
 //!
 //! [`Converter::convert`] turns one [`TileBatch`] into one [`Record`] of final samples
 //! before the record is written to the queue, so a replay resends exactly what was
@@ -26,7 +31,7 @@
 //! **Native histograms.** The sketch's buckets are Prometheus' (schema 5 by default), so a
 //! histogram is the running sum of the tiles' sketches: per series the converter keeps that
 //! cumulative sketch and the running sum, and writes them at each tile (spans, integer
-//! counts, zero bucket, count and sum; [`crate::prompb::HistogramEncoder`]). Cumulative, like
+//! counts, zero bucket, count and sum; [`crate::sink::prompb::HistogramEncoder`]). Cumulative, like
 //! the counters, so that `rate()` and `sum()` across series and hosts work as for any
 //! Prometheus histogram. A series' first sample (or its first since its total expired)
 //! carries the reset hint `YES`; the cumulative histograms are checkpointed with the totals,
@@ -78,8 +83,8 @@ use tessera_proto::TileBatch;
 use serde::Deserialize;
 use tessera_core::sketch::{MIN_SCHEMA, Sketch};
 
-use crate::prompb::{HistogramEncoder, encode_label};
-use crate::record::{Record, SampleKind, StoredSample};
+use crate::queue::record::{Record, SampleKind, StoredSample};
+use crate::sink::prompb::{HistogramEncoder, encode_label};
 use crate::tier::Ownership;
 
 /// How timers, histograms and distributions are written to a target.

@@ -24,7 +24,7 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use tessera_ingester::pacing::{Aimd, Outcome};
+//! use tessera_ingester::{Aimd, Outcome};
 //!
 //! let mut aimd = Aimd::new(1, 8, 2, 2.0);
 //! let ms = Duration::from_millis;
@@ -210,11 +210,6 @@ impl AdaptiveLimit {
             }
             notified.await;
         }
-    }
-
-    /// The current limit.
-    pub fn limit(&self) -> usize {
-        self.lock().aimd.limit()
     }
 
     fn release(&self, report: Option<(Instant, Outcome)>) {

@@ -34,7 +34,7 @@
 //! remote-write `Histogram` it carries. What a record cannot tell:
 //!
 //! - which statsd series a total belongs to: the first tile to reach it adopts it (see
-//!   the [mapping docs](super));
+//!   the [admit docs](super));
 //! - what its tile added: taken as the difference to the total before, which also holds
 //!   the late tiles folded in since (it only decides whether a resent copy of that tile is
 //!   counted as a duplicate or a conflict; neither changes the total);
@@ -64,11 +64,10 @@
 //! the field gives it its default: an upgrade keeps the totals.
 //!
 //! ```
-//! use tessera_ingester::mapping::Converter;
-//! use tessera_ingester::mapping::checkpoint::CheckpointMeta;
+//! use tessera_ingester::{CheckpointMeta, Converter};
 //!
 //! let converter = Converter::new(&[0.5], 3_600_000);
-//! let mut bytes = converter.encode_checkpoint(CheckpointMeta::default()).to_bytes();
+//! let mut bytes = converter.encode_checkpoint(CheckpointMeta::default()).into_bytes();
 //! let mut restarted = Converter::new(&[0.5], 3_600_000);
 //! assert_eq!(restarted.restore_checkpoint(&bytes).unwrap(), CheckpointMeta::default());
 //! bytes[20] ^= 1;
@@ -80,9 +79,9 @@ use tessera_core::sketch::{MAX_BUCKETS, Sketch, SketchError};
 use tessera_runtime::RateLimitedLog;
 
 use super::{Converter, Cumulative, Histograms, Total, Totals, UNKNOWN_ORIGIN};
-use crate::prompb::{BucketSpan, Histogram};
 use crate::queue::Position;
-use crate::record::{Record, SampleKind};
+use crate::queue::record::{Record, SampleKind};
+use crate::sink::prompb::{BucketSpan, Histogram};
 
 /// The checkpoint's file name in its queue directory.
 pub const FILE_NAME: &str = "checkpoint";
@@ -270,7 +269,7 @@ impl EncodedCheckpoint {
     }
 
     /// The whole file.
-    pub fn to_bytes(mut self) -> Vec<u8> {
+    pub fn into_bytes(mut self) -> Vec<u8> {
         let mut bytes = Vec::with_capacity(self.len());
         for part in self.parts() {
             bytes.extend_from_slice(part);

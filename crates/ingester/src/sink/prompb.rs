@@ -39,7 +39,7 @@ use prost::encoding::{encode_varint, encoded_len_varint};
 
 use tessera_core::sketch::{Sketch, ZERO_THRESHOLD};
 
-use crate::record::StoredSample;
+use crate::queue::record::StoredSample;
 
 /// `prometheus.WriteRequest`.
 #[derive(Clone, PartialEq, Message)]

@@ -3,8 +3,8 @@ use tessera_proto::TileBatch;
 use tessera_testkit::tiles::{counter, timer};
 
 use super::*;
-use crate::mapping::HistogramMode;
-use crate::prompb::{Histogram, RESET_HINT_YES};
+use crate::admit::HistogramMode;
+use crate::sink::prompb::{Histogram, RESET_HINT_YES};
 
 const START_MS: i64 = 1_700_000_000_000;
 
@@ -41,7 +41,7 @@ fn convert(converter: &mut Converter, batch: &TileBatch) -> Record {
 }
 
 fn checkpoint(converter: &Converter, covers: Position) -> Vec<u8> {
-    converter.encode_checkpoint(CheckpointMeta { taken_at_ms: 42, covers }).to_bytes()
+    converter.encode_checkpoint(CheckpointMeta { taken_at_ms: 42, covers }).into_bytes()
 }
 
 /// A converter's running state, comparable.
@@ -277,7 +277,7 @@ fn a_checkpoint_encoded_in_steps_while_batches_convert_is_made_whole_by_the_roll
         records.push(convert(&mut original, &batch));
         n += 1;
     }
-    let bytes = original.finish_checkpoint(encoder).to_bytes();
+    let bytes = original.finish_checkpoint(encoder).into_bytes();
     records.push(convert(&mut original, &tile_batch(n)));
     assert!(n >= 8, "the steps interleaved with batches");
 
