@@ -7,9 +7,10 @@
 //!   to one line thread;
 //! - [`unix`]: a Unix datagram socket read by its own thread.
 //!
-//! Each reader owns a [`crate::worker::Worker`]; nothing on the receive
+//! Each reader owns a [`crate::intake::reader::Reader`]; nothing on the receive
 //! path is shared between readers.
 
+pub mod reader;
 pub mod stream;
 pub mod sys;
 pub mod udp;

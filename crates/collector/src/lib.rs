@@ -2,9 +2,9 @@
 //!
 //! Applications send statsd / DogStatsD to `localhost:8125`. The collector
 //! reads it with several threads ([`intake`]), each folding lines into its
-//! own table ([`worker`]); every second the tables are cut, merged and
-//! routed by shard to the aggregators that own each shard ([`flush`]),
-//! through one bounded queue and one sender per aggregator ([`forward`]).
+//! own table ([`intake::reader`]); every second the tables are cut, merged and
+//! routed by shard to the aggregators that own each shard ([`window`]),
+//! through one bounded queue and one sender per aggregator ([`outbound`]).
 //!
 //! [`Collector::start`] is the one entry point: the binary, `tessera local`
 //! and the tests all run it.
@@ -23,11 +23,10 @@
 //! ```
 
 pub mod config;
-pub mod flush;
-pub mod forward;
 pub mod intake;
 pub mod metrics;
-pub mod worker;
+pub mod outbound;
+pub mod window;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -38,11 +37,11 @@ use tessera_core::parse::ParseOptions;
 use tessera_runtime::{Readiness, ServerHandle, Shutdown, Telemetry};
 
 pub use config::Config;
-use flush::{Destinations, FlushSettings, Flusher};
+use intake::reader::{Reader, ReaderSettings};
 use metrics::Metrics;
 use tessera_runtime::daemon::spawn_thread;
 pub use tessera_topology::{PlacementHandle, PlacementSource};
-use worker::{Worker, WorkerSettings};
+use window::{Destinations, FlushSettings, Flusher};
 
 pub use tessera_runtime::StartError;
 
@@ -83,16 +82,16 @@ impl Collector {
         let expire_windows =
             (config.aggregation.expire_after_idle_secs * 1000 / config.aggregation.interval_ms).max(1) as u32;
         let parse_options = ParseOptions { max_line_bytes: config.parse.max_line_bytes };
-        let (cut_links, flusher_links) = worker::cut_links(1024);
-        let worker_settings = WorkerSettings {
+        let (cut_links, flusher_links) = intake::reader::cut_links(1024);
+        let reader_settings = ReaderSettings {
             window_ms,
             max_series: config.aggregation.max_series,
             expire_after_idle_windows: expire_windows,
             parse_options,
         };
-        let new_worker = |listener: &str, gauge_deltas: config::GaugeDeltasConfig| {
-            Worker::new(
-                &worker_settings,
+        let new_reader = |listener: &str, gauge_deltas: config::GaugeDeltasConfig| {
+            Reader::new(
+                &reader_settings,
                 gauge_deltas.into(),
                 cut_links.clone(),
                 metrics.listener(listener),
@@ -121,11 +120,11 @@ impl Collector {
             }
             kernel_drops = Some(intake::udp::KernelDrops::new(&sockets));
             for (index, socket) in sockets.into_iter().enumerate() {
-                let worker = new_worker("udp", config.udp.gauge_deltas);
+                let reader = new_reader("udp", config.udp.gauge_deltas);
                 let (batch, max_bytes, stop) =
                     (config.udp.batch_datagrams, config.udp.max_datagram_bytes, shutdown.clone());
                 readers.push(spawn_thread(format!("udp-reader-{index}"), move || {
-                    intake::udp::read_loop(socket, worker, batch, max_bytes, stop)
+                    intake::udp::read_loop(socket, reader, batch, max_bytes, stop)
                 })?);
             }
             tracing::info!(address = ?udp_addr, threads, recv_buffer_bytes = granted, "listening on udp");
@@ -134,10 +133,10 @@ impl Collector {
         if let Some(path) = &config.unix.path {
             let what = format!("unix {}", path.display());
             let socket = intake::unix::bind(path).map_err(|source| StartError::bind(what, source))?;
-            let worker = new_worker("unix", config.unix.gauge_deltas);
+            let reader = new_reader("unix", config.unix.gauge_deltas);
             let (max_bytes, stop) = (config.udp.max_datagram_bytes, shutdown.clone());
             readers
-                .push(spawn_thread("unix-reader", move || intake::unix::read_loop(socket, worker, max_bytes, stop))?);
+                .push(spawn_thread("unix-reader", move || intake::unix::read_loop(socket, reader, max_bytes, stop))?);
             unix_path = Some(path.clone());
             tracing::info!(path = %path.display(), "listening on unix datagram socket");
         }
@@ -147,9 +146,9 @@ impl Collector {
             let listener = intake::stream::bind(address).await.map_err(|source| StartError::bind(what, source))?;
             tcp_addr = listener.local_addr().ok();
             let (line_sender, line_receiver) = bounded(intake::stream::CHANNEL_CHUNKS);
-            let worker = new_worker("tcp", config.tcp.gauge_deltas);
+            let reader = new_reader("tcp", config.tcp.gauge_deltas);
             let stop = shutdown.clone();
-            readers.push(spawn_thread("tcp-lines", move || intake::stream::line_loop(line_receiver, worker, stop))?);
+            readers.push(spawn_thread("tcp-lines", move || intake::stream::line_loop(line_receiver, reader, stop))?);
             let settings = intake::stream::StreamSettings {
                 max_line_bytes: config.parse.max_line_bytes,
                 max_connections: config.tcp.max_connections,

@@ -1,7 +1,7 @@
 //! TCP intake: newline-delimited statsd over many connections.
 //!
 //! Each connection is a tokio task that cuts its byte stream at newlines
-//! and hands chunks of whole lines to one line thread (a [`Worker`]) through
+//! and hands chunks of whole lines to one line thread (a [`Reader`]) through
 //! a bounded channel; when the channel is full the task stops reading, so a
 //! fast client is slowed by TCP flow control instead of growing memory. A
 //! line longer than the limit is skipped up to its newline and counted; the
@@ -18,10 +18,10 @@ use tessera_wire::inbound::{self, AcceptSettings};
 use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};
 
+use super::reader::Reader;
 use super::udp::RECV_TIMEOUT;
 use crate::metrics::BatchCounts;
 use crate::metrics::ListenerMetrics;
-use crate::worker::Worker;
 use tessera_core::clock::{now_ms, now_ns};
 
 /// Chunks of whole lines waiting for the line thread.
@@ -137,25 +137,25 @@ async fn send_chunk(lines: &Sender<Vec<u8>>, mut chunk: Vec<u8>) {
     }
 }
 
-/// The line thread: parses chunks from every TCP connection into its worker.
-pub fn line_loop(lines: Receiver<Vec<u8>>, mut worker: Worker, shutdown: Shutdown) {
+/// The line thread: parses chunks from every TCP connection into its reader.
+pub fn line_loop(lines: Receiver<Vec<u8>>, mut reader: Reader, shutdown: Shutdown) {
     loop {
         match lines.recv_timeout(RECV_TIMEOUT) {
             Ok(chunk) => {
                 // One thread reads every connection's chunks in order, so the
                 // read time orders one connection's lines.
-                worker.ingest(&chunk, now_ns());
-                worker.publish_counts();
+                reader.ingest(&chunk, now_ns());
+                reader.publish_counts();
             }
             Err(RecvTimeoutError::Timeout) => {
                 if shutdown.is_triggered() && lines.is_empty() {
-                    worker.cut();
+                    reader.cut();
                     return;
                 }
-                worker.tick(now_ms());
+                reader.tick(now_ms());
             }
             Err(RecvTimeoutError::Disconnected) => {
-                worker.cut();
+                reader.cut();
                 return;
             }
         }

@@ -7,9 +7,9 @@ use std::time::Duration;
 use socket2::{Domain, Protocol, Socket, Type};
 use tessera_runtime::shutdown::Shutdown;
 
+use super::reader::Reader;
 use super::sys::{RecvBatch, attach_random_reuseport_program, enable_receive_stamps};
 use crate::config::{Distribution, UdpConfig};
-use crate::worker::Worker;
 use tessera_core::clock::{now_ms, now_ns};
 
 /// How long a blocked receive waits before the reader checks its window
@@ -59,7 +59,7 @@ pub fn granted_recv_buffer(socket: &UdpSocket) -> usize {
 /// its last window.
 pub fn read_loop(
     socket: UdpSocket,
-    mut worker: Worker,
+    mut reader: Reader,
     batch_datagrams: usize,
     max_datagram_bytes: usize,
     shutdown: Shutdown,
@@ -68,18 +68,18 @@ pub fn read_loop(
     let mut errors_logged = 0u32;
     loop {
         if shutdown.is_triggered() {
-            drain_queued(&socket, &mut batch, &mut worker);
-            worker.cut();
+            drain_queued(&socket, &mut batch, &mut reader);
+            reader.cut();
             return;
         }
         match batch.recv(&socket) {
             Ok(_) => {
-                ingest_batch(&batch, &mut worker);
-                worker.publish_counts();
+                ingest_batch(&batch, &mut reader);
+                reader.publish_counts();
             }
-            Err(error) if is_timeout(&error) => worker.tick(now_ms()),
+            Err(error) if is_timeout(&error) => reader.tick(now_ms()),
             Err(error) => {
-                worker.receive_error();
+                reader.receive_error();
                 if errors_logged < 10 {
                     tracing::warn!(%error, "udp receive failed");
                     errors_logged += 1;
@@ -91,7 +91,7 @@ pub fn read_loop(
 }
 
 /// On shutdown, takes what the kernel already queued so that it is not lost.
-fn drain_queued(socket: &UdpSocket, batch: &mut RecvBatch, worker: &mut Worker) {
+fn drain_queued(socket: &UdpSocket, batch: &mut RecvBatch, reader: &mut Reader) {
     if socket.set_nonblocking(true).is_err() {
         return;
     }
@@ -99,22 +99,22 @@ fn drain_queued(socket: &UdpSocket, batch: &mut RecvBatch, worker: &mut Worker) 
         if received == 0 {
             break;
         }
-        ingest_batch(batch, worker);
+        ingest_batch(batch, reader);
     }
-    worker.publish_counts();
+    reader.publish_counts();
 }
 
 /// Folds every datagram of a batch, each with its kernel receive stamp (the
 /// time of reading where the kernel gave none).
 #[inline]
-fn ingest_batch(batch: &RecvBatch, worker: &mut Worker) {
+fn ingest_batch(batch: &RecvBatch, reader: &mut Reader) {
     let read_at_ns = now_ns();
     for datagram in batch.datagrams() {
         let stamp_ns = datagram.stamp_ns.unwrap_or(read_at_ns);
         if datagram.truncated {
-            worker.ingest_truncated(datagram.bytes, stamp_ns);
+            reader.ingest_truncated(datagram.bytes, stamp_ns);
         } else {
-            worker.ingest(datagram.bytes, stamp_ns);
+            reader.ingest(datagram.bytes, stamp_ns);
         }
     }
 }

@@ -6,8 +6,8 @@ use std::path::Path;
 
 use tessera_runtime::shutdown::Shutdown;
 
+use super::reader::Reader;
 use super::udp::RECV_TIMEOUT;
-use crate::worker::Worker;
 use tessera_core::clock::{now_ms, now_ns};
 
 /// Binds the socket at `path`, replacing a stale socket file left by a
@@ -22,24 +22,24 @@ pub fn bind(path: &Path) -> io::Result<UnixDatagram> {
 }
 
 /// The reader loop of the Unix socket.
-pub fn read_loop(socket: UnixDatagram, mut worker: Worker, max_datagram_bytes: usize, shutdown: Shutdown) {
+pub fn read_loop(socket: UnixDatagram, mut reader: Reader, max_datagram_bytes: usize, shutdown: Shutdown) {
     let mut buffer = vec![0u8; max_datagram_bytes];
     loop {
         if shutdown.is_triggered() {
-            worker.cut();
+            reader.cut();
             return;
         }
         match socket.recv(&mut buffer) {
             Ok(len) => {
                 // One thread reads the socket, so the read time keeps the order.
-                worker.ingest(&buffer[..len], now_ns());
-                worker.publish_counts();
+                reader.ingest(&buffer[..len], now_ns());
+                reader.publish_counts();
             }
             Err(error) if matches!(error.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
-                worker.tick(now_ms());
+                reader.tick(now_ms());
             }
             Err(error) => {
-                worker.receive_error();
+                reader.receive_error();
                 tracing::warn!(%error, "unix socket receive failed");
                 std::thread::sleep(std::time::Duration::from_millis(10));
             }

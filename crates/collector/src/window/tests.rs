@@ -11,7 +11,7 @@ use tessera_topology::{Placement, PlacementHandle};
 use tessera_wire::outbound::SenderSettings;
 
 use super::*;
-use crate::worker::{Cut, CutEntry, cut_links};
+use crate::intake::reader::{Cut, CutEntry, cut_links};
 
 const W: i64 = 1_700_000_000_000;
 
@@ -60,8 +60,8 @@ fn harness(readers: usize) -> Harness {
     Harness { flusher, destinations, _runtime: runtime }
 }
 
-fn cut(worker: usize, window_start_ms: i64, through_ms: i64, ids: &[&str]) -> Cut {
-    let mut cut = Cut { worker, window_start_ms, through_ms, ..Cut::default() };
+fn cut(reader: usize, window_start_ms: i64, through_ms: i64, ids: &[&str]) -> Cut {
+    let mut cut = Cut { reader, window_start_ms, through_ms, ..Cut::default() };
     for id in ids {
         let id_start = cut.ids.len() as u32;
         cut.ids.extend_from_slice(id.as_bytes());

@@ -35,10 +35,10 @@ use tessera_topology::{PlacementHandle, Routing};
 
 use tessera_wire::outbound::{Batch, GenerationEnd, Refs, SenderSettings, run_sender};
 
-use crate::forward::DestinationQueue;
+use crate::intake::reader::{Cut, FlusherLinks};
 use crate::metrics::Metrics;
-use crate::worker::{Cut, FlusherLinks};
-use dictionary::{Dictionary, DictionaryWindow, Name};
+use crate::outbound::DestinationQueue;
+use crate::outbound::dictionary::{Dictionary, DictionaryWindow, Name};
 use tessera_core::clock::now_ms;
 
 /// Settings of the flusher.
@@ -118,7 +118,7 @@ pub struct Flusher {
     runtime: tokio::runtime::Handle,
     stop_senders: Shutdown,
     metrics: Metrics,
-    /// How far each reader has got (`Cut::through_ms`), by worker id.
+    /// How far each reader has got (`Cut::through_ms`), by reader id.
     readers: HashMap<usize, i64>,
     /// The newest watermark sent to the destinations, unix ms.
     watermark_sent_ms: i64,
@@ -178,7 +178,7 @@ impl Flusher {
     }
 
     fn merge(&mut self, cut: Cut) {
-        let through = self.readers.entry(cut.worker).or_insert(cut.through_ms);
+        let through = self.readers.entry(cut.reader).or_insert(cut.through_ms);
         *through = (*through).max(cut.through_ms);
         if cut.entries.is_empty() {
             let _ = self.spare_cuts.try_send(cut);
@@ -487,6 +487,5 @@ fn merge_cut(table: &mut Table, cut: &Cut) {
     }
 }
 
-mod dictionary;
 #[cfg(test)]
 mod tests;

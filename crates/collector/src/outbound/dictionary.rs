@@ -21,7 +21,7 @@ use tessera_core::table::KeyBytes;
 use tessera_proto::partials::{MAX_SERIES_REFS, expand_refs};
 use tessera_wire::outbound::{Batch, Expand, GenerationEnd};
 
-use crate::forward::DestinationQueue;
+use crate::outbound::DestinationQueue;
 
 /// Every this many windows the dictionary counts its idle series.
 const ROTATION_CHECK_WINDOWS: u32 = 64;

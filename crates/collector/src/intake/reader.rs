@@ -1,11 +1,11 @@
 //! A reader thread's private series table and its window cuts.
 //!
 //! Every reader (UDP socket thread, Unix socket thread, the TCP line
-//! thread) owns one [`Worker`]: it parses what it receives and folds it into
+//! thread) owns one [`Reader`]: it parses what it receives and folds it into
 //! its own [`Table`], so reader threads never contend on the hot path. When
-//! the wall clock enters a new window, the worker cuts its table into a
+//! the wall clock enters a new window, the reader cuts its table into a
 //! [`Cut`] and sends it to the flusher, which merges the cuts of every
-//! worker for that window.
+//! reader for that window.
 //!
 //! # Order
 //!
@@ -25,14 +25,14 @@ use tessera_core::table::{Folded, Table, TableOptions};
 
 use crate::metrics::{BatchCounts, ListenerMetrics, Metrics};
 
-/// The partials one worker held for one window, and how far it has got.
+/// The partials one reader held for one window, and how far it has got.
 #[derive(Debug, Default)]
 pub struct Cut {
-    /// The worker that cut it (unique in the process).
-    pub worker: usize,
+    /// The reader that cut it (unique in the process).
+    pub reader: usize,
     /// Start of the window, unix milliseconds.
     pub window_start_ms: i64,
-    /// Everything this worker received stamped before this time has been
+    /// Everything this reader received stamped before this time has been
     /// handed in (with this cut): the start of its window after the cut,
     /// `i64::MAX` once it has stopped.
     pub through_ms: i64,
@@ -89,12 +89,12 @@ pub fn cut_links(capacity: usize) -> (CutLinks, FlusherLinks) {
     (CutLinks { cuts, spares }, FlusherLinks { cuts: cut_receiver, spares: spare_sender })
 }
 
-/// What every worker of a collector shares.
+/// What every reader of a collector shares.
 #[derive(Debug, Clone, Copy)]
-pub struct WorkerSettings {
+pub struct ReaderSettings {
     /// Window length.
     pub window_ms: i64,
-    /// Most series per worker table.
+    /// Most series per reader table.
     pub max_series: Option<usize>,
     /// Windows a series may stay idle before it is forgotten.
     pub expire_after_idle_windows: u32,
@@ -102,11 +102,11 @@ pub struct WorkerSettings {
     pub parse_options: ParseOptions,
 }
 
-/// Worker ids, unique in the process.
-static NEXT_WORKER: AtomicUsize = AtomicUsize::new(0);
+/// Reader ids, unique in the process.
+static NEXT_READER: AtomicUsize = AtomicUsize::new(0);
 
 /// A reader's table and window state.
-pub struct Worker {
+pub struct Reader {
     id: usize,
     table: Table,
     window_ms: i64,
@@ -118,22 +118,22 @@ pub struct Worker {
     counts: BatchCounts,
 }
 
-impl Worker {
-    /// A worker feeding `cuts`.
+impl Reader {
+    /// A reader feeding `cuts`.
     pub fn new(
-        settings: &WorkerSettings,
+        settings: &ReaderSettings,
         gauge_deltas: GaugeDeltas,
         links: CutLinks,
         listener: ListenerMetrics,
         metrics: Metrics,
-    ) -> Worker {
+    ) -> Reader {
         let options = TableOptions {
             max_series: settings.max_series,
             expire_after_idle_cuts: Some(settings.expire_after_idle_windows),
             gauge_deltas,
         };
-        Worker {
-            id: NEXT_WORKER.fetch_add(1, Ordering::Relaxed),
+        Reader {
+            id: NEXT_READER.fetch_add(1, Ordering::Relaxed),
             table: Table::new(options),
             window_ms: settings.window_ms,
             window_start_ms: 0,
@@ -199,23 +199,23 @@ impl Worker {
         self.listener.add(&counts);
     }
 
-    /// Counts a failed receive call of this worker's listener.
+    /// Counts a failed receive call of this reader's listener.
     pub fn receive_error(&self) {
         self.listener.receive_error();
     }
 
-    /// Cuts the current window for good: the worker stops.
+    /// Cuts the current window for good: the reader stops.
     pub fn cut(&mut self) {
         self.cut_through(i64::MAX);
     }
 
     /// Cuts the current window and tells the flusher that nothing stamped
     /// before `through_ms` is left here. The cut goes even when it is empty:
-    /// the flusher's watermark waits for every worker ([`crate::flush`]).
+    /// the flusher's watermark waits for every reader ([`crate::window`]).
     fn cut_through(&mut self, through_ms: i64) {
         self.publish_counts();
         let mut cut = self.links.spares.try_recv().unwrap_or_default();
-        cut.worker = self.id;
+        cut.reader = self.id;
         cut.window_start_ms = self.window_start_ms;
         cut.through_ms = through_ms;
         cut.ids.clear();

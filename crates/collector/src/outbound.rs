@@ -13,6 +13,8 @@
 use tessera_wire::metrics::DestinationMetrics;
 use tessera_wire::outbound::OutboundQueue;
 
+pub mod dictionary;
+
 /// One destination aggregator's bounded queue.
 pub type DestinationQueue = OutboundQueue<DestinationMetrics>;
 
