@@ -404,7 +404,7 @@ tessera_aggregator_drops_total{reason=\"queue_full\",unit=\"series\"} 9
     fn every_metric_the_dashboard_reads_is_declared_by_a_daemon() {
         let telemetry = tessera_runtime::Telemetry::new("local", "test");
         telemetry.with_registry(|registry| {
-            tessera_collector::metrics::Metrics::default().register(registry, tessera_collector::metrics::PREFIX);
+            tessera_collector::Metrics::default().register(registry, tessera_collector::METRIC_PREFIX);
             tessera_aggregator::metrics::Metrics::default().register(registry, tessera_aggregator::metrics::PREFIX);
             tessera_ingester::Metrics::default().register(registry, tessera_ingester::METRIC_PREFIX);
         });

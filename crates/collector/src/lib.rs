@@ -1,10 +1,16 @@
 //! tessera-collector: the per-host statsd daemon.
 //!
 //! Applications send statsd / DogStatsD to `localhost:8125`. The collector
-//! reads it with several threads ([`intake`]), each folding lines into its
-//! own table ([`intake::reader`]); every second the tables are cut, merged and
-//! routed by shard to the aggregators that own each shard ([`window`]),
-//! through one bounded queue and one sender per aggregator ([`outbound`]).
+//! reads it with several threads, each folding lines into its own table
+//! (`intake/`); every second the tables are cut and the window stage merges
+//! the readers' cuts of each window (`window.rs`); the outbound side routes
+//! each series by shard to the aggregators that own it, through one bounded
+//! queue and one sender per aggregator (`outbound/`).
+//!
+//! ```text
+//!  statsd ──▶ intake: udp/tcp/unix readers ──Cut──▶ window: flusher ──▶ outbound: route, encode,
+//!             (one table per reader)        each 1 s  (merge, watermark)  queue + sender per aggregator
+//! ```
 //!
 //! [`Collector::start`] is the one entry point: the binary, `tessera local`
 //! and the tests all run it.
@@ -22,28 +28,28 @@
 //! # Ok(()) }
 //! ```
 
-pub mod config;
-pub mod intake;
-pub mod metrics;
-pub mod outbound;
-pub mod window;
+mod config;
+mod intake;
+mod metrics;
+mod outbound;
+mod window;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::bounded;
 use tessera_core::parse::ParseOptions;
+use tessera_runtime::daemon::spawn_thread;
 use tessera_runtime::{Readiness, ServerHandle, Shutdown, Telemetry};
 
-pub use config::Config;
-use intake::reader::{Reader, ReaderSettings};
-use metrics::Metrics;
-use tessera_runtime::daemon::spawn_thread;
-pub use tessera_topology::{PlacementHandle, PlacementSource};
-use window::{Destinations, FlushSettings, Flusher};
+use intake::ReaderSettings;
+use outbound::{Destinations, OutboundSettings, Router};
+use window::{FlushSettings, Flusher};
 
+pub use config::Config;
+pub use metrics::{Metrics, PREFIX as METRIC_PREFIX};
 pub use tessera_runtime::StartError;
+pub use tessera_topology::{PlacementHandle, PlacementSource};
 
 /// A running collector.
 pub struct Collector {
@@ -82,93 +88,19 @@ impl Collector {
         let expire_windows =
             (config.aggregation.expire_after_idle_secs * 1000 / config.aggregation.interval_ms).max(1) as u32;
         let parse_options = ParseOptions { max_line_bytes: config.parse.max_line_bytes };
-        let (cut_links, flusher_links) = intake::reader::cut_links(1024);
+        let (cut_links, flusher_links) = intake::cut_links(1024);
         let reader_settings = ReaderSettings {
             window_ms,
             max_series: config.aggregation.max_series,
             expire_after_idle_windows: expire_windows,
             parse_options,
         };
-        let new_reader = |listener: &str, gauge_deltas: config::GaugeDeltasConfig| {
-            Reader::new(
-                &reader_settings,
-                gauge_deltas.into(),
-                cut_links.clone(),
-                metrics.listener(listener),
-                metrics.clone(),
-            )
-        };
-
-        let mut readers = Vec::new();
-        let mut udp_addr = None;
-        let mut kernel_drops = None;
-        if config.udp.enabled {
-            let threads = config.udp_reader_threads();
-            let what = format!("udp {}", config.udp.listen);
-            let (sockets, stamped) =
-                intake::udp::bind(&config.udp, threads).map_err(|source| StartError::bind(what, source))?;
-            metrics.udp_receive_stamps.set(i64::from(stamped));
-            udp_addr = sockets.first().and_then(|socket| socket.local_addr().ok());
-            let granted = intake::udp::granted_recv_buffer(&sockets[0]);
-            metrics.udp_recv_buffer_bytes.set(granted as i64);
-            if granted < config.udp.recv_buffer_bytes {
-                tracing::warn!(
-                    granted,
-                    wanted = config.udp.recv_buffer_bytes,
-                    "the kernel granted a smaller UDP receive buffer than configured; raise net.core.rmem_max"
-                );
-            }
-            kernel_drops = Some(intake::udp::KernelDrops::new(&sockets));
-            for (index, socket) in sockets.into_iter().enumerate() {
-                let reader = new_reader("udp", config.udp.gauge_deltas);
-                let (batch, max_bytes, stop) =
-                    (config.udp.batch_datagrams, config.udp.max_datagram_bytes, shutdown.clone());
-                readers.push(spawn_thread(format!("udp-reader-{index}"), move || {
-                    intake::udp::read_loop(socket, reader, batch, max_bytes, stop)
-                })?);
-            }
-            tracing::info!(address = ?udp_addr, threads, recv_buffer_bytes = granted, "listening on udp");
-        }
-        let mut unix_path = None;
-        if let Some(path) = &config.unix.path {
-            let what = format!("unix {}", path.display());
-            let socket = intake::unix::bind(path).map_err(|source| StartError::bind(what, source))?;
-            let reader = new_reader("unix", config.unix.gauge_deltas);
-            let (max_bytes, stop) = (config.udp.max_datagram_bytes, shutdown.clone());
-            readers
-                .push(spawn_thread("unix-reader", move || intake::unix::read_loop(socket, reader, max_bytes, stop))?);
-            unix_path = Some(path.clone());
-            tracing::info!(path = %path.display(), "listening on unix datagram socket");
-        }
-        let mut tcp_addr = None;
-        if let Some(address) = config.tcp.listen {
-            let what = format!("tcp {address}");
-            let listener = intake::stream::bind(address).await.map_err(|source| StartError::bind(what, source))?;
-            tcp_addr = listener.local_addr().ok();
-            let (line_sender, line_receiver) = bounded(intake::stream::CHANNEL_CHUNKS);
-            let reader = new_reader("tcp", config.tcp.gauge_deltas);
-            let stop = shutdown.clone();
-            readers.push(spawn_thread("tcp-lines", move || intake::stream::line_loop(line_receiver, reader, stop))?);
-            let settings = intake::stream::StreamSettings {
-                max_line_bytes: config.parse.max_line_bytes,
-                max_connections: config.tcp.max_connections,
-            };
-            tokio::spawn(intake::stream::accept_loop(
-                listener,
-                line_sender,
-                settings,
-                metrics.listener("tcp"),
-                shutdown.clone(),
-            ));
-            tracing::info!(address = ?tcp_addr, "listening on tcp");
-        }
-        drop(cut_links);
+        let listeners = intake::start(&config, &reader_settings, cut_links, &metrics, &shutdown).await?;
 
         let stop_senders = Shutdown::new();
         let destinations = Destinations::default();
-        let settings = FlushSettings {
+        let outbound_settings = OutboundSettings {
             window_ms,
-            flush_delay_ms: config.aggregation.flush_delay_ms as i64,
             max_frame_bytes: config.forward.max_frame_bytes,
             max_queue_bytes: config.forward.max_queue_bytes,
             series_dictionary: config.forward.series_dictionary,
@@ -178,30 +110,25 @@ impl Collector {
                 "aggregator",
                 None,
             ),
-            readers: readers.len(),
         };
-        let flusher = Flusher::new(
-            flusher_links,
-            settings,
+        let router = Router::new(
+            outbound_settings,
             placement,
             destinations.clone(),
             tokio::runtime::Handle::current(),
             stop_senders.clone(),
             metrics.clone(),
         );
+        let flush_settings = FlushSettings {
+            window_ms,
+            flush_delay_ms: config.aggregation.flush_delay_ms as i64,
+            readers: listeners.readers.len(),
+        };
+        let flusher = Flusher::new(flusher_links, flush_settings, router, metrics.clone());
         let flusher = spawn_thread("flusher", move || flusher.run())?;
 
-        if let Some(mut drops) = kernel_drops {
-            let (metrics, shutdown) = (metrics.clone(), shutdown.clone());
-            tokio::spawn(async move {
-                while !shutdown.is_triggered() {
-                    drops.poll(|socket, previous, total| metrics.record_kernel_drops(socket, previous, total));
-                    tokio::select! {
-                        () = tokio::time::sleep(Duration::from_secs(1)) => {}
-                        () = shutdown.wait() => {}
-                    }
-                }
-            });
+        if let Some(drops) = listeners.kernel_drops {
+            tokio::spawn(intake::poll_kernel_drops(drops, metrics.clone(), shutdown.clone()));
         }
 
         let server = match config.telemetry.listen {
@@ -215,7 +142,7 @@ impl Collector {
         let grace = config.forward.shutdown_grace();
         let supervisor = tokio::spawn(supervise(
             shutdown,
-            readers,
+            listeners.readers,
             flusher,
             destinations,
             stop_senders,
@@ -223,7 +150,14 @@ impl Collector {
             metrics.clone(),
             server,
         ));
-        Ok(Collector { udp_addr, tcp_addr, unix_path, telemetry_addr, metrics, supervisor })
+        Ok(Collector {
+            udp_addr: listeners.udp_addr,
+            tcp_addr: listeners.tcp_addr,
+            unix_path: listeners.unix_path,
+            telemetry_addr,
+            metrics,
+            supervisor,
+        })
     }
 
     /// The bound UDP address (useful with port 0).

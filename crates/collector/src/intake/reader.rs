@@ -1,11 +1,18 @@
-//! A reader thread's private series table and its window cuts.
+//! A reader: one receiving thread's private series table and its window cuts.
 //!
-//! Every reader (UDP socket thread, Unix socket thread, the TCP line
-//! thread) owns one [`Reader`]: it parses what it receives and folds it into
-//! its own [`Table`], so reader threads never contend on the hot path. When
-//! the wall clock enters a new window, the reader cuts its table into a
-//! [`Cut`] and sends it to the flusher, which merges the cuts of every
-//! reader for that window.
+//! Every receiving thread (a UDP socket's thread, the Unix socket's thread,
+//! the TCP line thread) owns one [`Reader`]: it parses what it receives and
+//! folds it into its own [`Table`], so reader threads never contend on the
+//! hot path. When the wall clock enters a new window, the reader cuts its
+//! table into a [`Cut`] and sends it to the flusher (the window stage,
+//! `window.rs`), which merges the cuts of every reader for that window.
+//!
+//! ```text
+//!  datagram ──ingest──▶ Reader.table ──window turns──▶ Cut ──CutLinks.cuts──▶ flusher
+//!                                        ▲                                      │
+//!                                        └────────── CutLinks.spares ◀──────────┘
+//!                                                    (emptied, buffers kept)
+//! ```
 //!
 //! # Order
 //!

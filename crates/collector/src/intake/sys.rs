@@ -112,11 +112,6 @@ impl RecvBatch {
         })
     }
 
-    /// Bytes of buffer per datagram.
-    pub fn datagram_bytes(&self) -> usize {
-        self.datagram_bytes
-    }
-
     #[cfg(test)]
     fn capacity(&self) -> usize {
         self.headers.len()

@@ -5,12 +5,13 @@ use std::net::{SocketAddr, UdpSocket};
 use std::time::Duration;
 
 use socket2::{Domain, Protocol, Socket, Type};
+use tessera_core::clock::{now_ms, now_ns};
 use tessera_runtime::shutdown::Shutdown;
 
 use super::reader::Reader;
 use super::sys::{RecvBatch, attach_random_reuseport_program, enable_receive_stamps};
 use crate::config::{Distribution, UdpConfig};
-use tessera_core::clock::{now_ms, now_ns};
+use crate::metrics::Metrics;
 
 /// How long a blocked receive waits before the reader checks its window
 /// and the shutdown flag.
@@ -155,6 +156,18 @@ impl KernelDrops {
                     self.last[index] = self.last[index].max(drops);
                 }
             }
+        }
+    }
+}
+
+/// Reads the kernel drop counters every second until `shutdown`, into
+/// `kernel_drops_total{socket}`.
+pub async fn poll_kernel_drops(mut drops: KernelDrops, metrics: Metrics, shutdown: Shutdown) {
+    while !shutdown.is_triggered() {
+        drops.poll(|socket, previous, total| metrics.record_kernel_drops(socket, previous, total));
+        tokio::select! {
+            () = tokio::time::sleep(Duration::from_secs(1)) => {}
+            () = shutdown.wait() => {}
         }
     }
 }

@@ -21,7 +21,7 @@ use tessera_core::table::KeyBytes;
 use tessera_proto::partials::{MAX_SERIES_REFS, expand_refs};
 use tessera_wire::outbound::{Batch, Expand, GenerationEnd};
 
-use crate::outbound::DestinationQueue;
+use super::DestinationQueue;
 
 /// Every this many windows the dictionary counts its idle series.
 const ROTATION_CHECK_WINDOWS: u32 = 64;
@@ -40,7 +40,7 @@ struct Entry {
     last_used: u32,
 }
 
-/// The series of one generation: the flusher names series through it
+/// The series of one generation: the router names series through it
 /// window by window, and expanding the generation's batches reads it.
 pub struct GenerationIds {
     entries: Mutex<HashTable<Entry>>,

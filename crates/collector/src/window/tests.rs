@@ -7,11 +7,13 @@ use tessera_core::aggregate::Aggregate;
 use tessera_core::parse::MetricKind;
 use tessera_proto::frame::Body;
 use tessera_proto::framing;
+use tessera_runtime::shutdown::Shutdown;
 use tessera_topology::{Placement, PlacementHandle};
 use tessera_wire::outbound::SenderSettings;
 
 use super::*;
-use crate::intake::reader::{Cut, CutEntry, cut_links};
+use crate::intake::{Cut, CutEntry, cut_links};
+use crate::outbound::{Destinations, OutboundSettings, Router};
 
 const W: i64 = 1_700_000_000_000;
 
@@ -27,9 +29,8 @@ fn harness(readers: usize) -> Harness {
     // Senders stop at once: what is flushed stays in the queue for the test to read.
     let stop_senders = Shutdown::new();
     stop_senders.trigger();
-    let settings = FlushSettings {
+    let outbound = OutboundSettings {
         window_ms: 1_000,
-        flush_delay_ms: 150,
         max_frame_bytes: 1 << 20,
         max_queue_bytes: 1 << 20,
         series_dictionary: false,
@@ -44,19 +45,14 @@ fn harness(readers: usize) -> Harness {
             rejection_label: tessera_proto::AckReason::label,
             heartbeat: None,
         },
-        readers,
     };
+    let settings = FlushSettings { window_ms: 1_000, flush_delay_ms: 150, readers };
     let placement = PlacementHandle::fixed(Placement::init(&[("agg-1", "127.0.0.1:9")], 4, 1, 0).unwrap());
     let destinations = Destinations::default();
-    let flusher = Flusher::new(
-        flusher_links,
-        settings,
-        placement,
-        destinations.clone(),
-        runtime.handle().clone(),
-        stop_senders,
-        Metrics::default(),
-    );
+    let metrics = Metrics::default();
+    let router =
+        Router::new(outbound, placement, destinations.clone(), runtime.handle().clone(), stop_senders, metrics.clone());
+    let flusher = Flusher::new(flusher_links, settings, router, metrics);
     Harness { flusher, destinations, _runtime: runtime }
 }
 
@@ -73,9 +69,8 @@ fn cut(reader: usize, window_start_ms: i64, through_ms: i64, ids: &[&str]) -> Cu
 
 /// Every batch queued so far: (window start, partials, watermark), in send order.
 fn sent(destinations: &Destinations) -> Vec<(i64, usize, i64)> {
-    let queues: Vec<_> = destinations.inner.lock().unwrap().values().cloned().collect();
     let mut batches = Vec::new();
-    for queue in queues {
+    for queue in destinations.queues() {
         while let Some(batch) = queue.pop_front() {
             let (frame, _) = framing::decode_frame(&batch.frame, 1 << 20).unwrap().unwrap();
             let Some(Body::Partials(partials)) = frame.body else { panic!("not partials") };
