@@ -10,8 +10,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use tessera_aggregator::decode::{Decoded, Decoder};
-use tessera_aggregator::tiler::{Batch, Tiler, TilerSettings};
+use tessera_aggregator::{Batch, Decoded, Decoder, Tiler, TilerSettings};
 use tessera_core::aggregate::Aggregate;
 use tessera_proto::{frame::Body, framing};
 use tessera_topology::{Placement, PlacementHandle};

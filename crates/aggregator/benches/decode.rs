@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use tessera_aggregator::decode::{Decoded, Decoder};
+use tessera_aggregator::{Decoded, Decoder};
 use tessera_core::aggregate::Aggregate;
 use tessera_core::shard::shard_of;
 use tessera_proto::framing::{self, DEFAULT_MAX_FRAME_BYTES};

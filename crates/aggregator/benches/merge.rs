@@ -13,8 +13,7 @@
 use std::time::Duration;
 
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
-use tessera_aggregator::policy::DEFAULT_POLICIES;
-use tessera_aggregator::tiler::{Batch, Partial, Tiler, TilerSettings, Via};
+use tessera_aggregator::{Batch, DEFAULT_POLICIES, Partial, Tiler, TilerSettings, Via};
 use tessera_core::aggregate::{Aggregate, Distribution, Gauge};
 use tessera_core::hll::HyperLogLog;
 use tessera_core::parse::MetricKind;

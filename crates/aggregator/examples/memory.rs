@@ -19,7 +19,7 @@
 
 use std::process::Command;
 
-use tessera_aggregator::tiler::{Batch, Partial, Tiler, TilerSettings, Via};
+use tessera_aggregator::{Batch, Partial, Tiler, TilerSettings, Via};
 use tessera_core::aggregate::{Aggregate, Distribution, Gauge};
 use tessera_core::hll::HyperLogLog;
 use tessera_core::parse::MetricKind;

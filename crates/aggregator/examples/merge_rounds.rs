@@ -15,8 +15,7 @@
 //! done
 //! ```
 
-use tessera_aggregator::policy::DEFAULT_POLICIES;
-use tessera_aggregator::tiler::{Batch, Partial, Tiler, TilerSettings, Via};
+use tessera_aggregator::{Batch, DEFAULT_POLICIES, Partial, Tiler, TilerSettings, Via};
 use tessera_core::aggregate::Aggregate;
 use tessera_core::parse::MetricKind;
 

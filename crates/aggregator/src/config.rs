@@ -45,8 +45,7 @@
 
 use tessera_topology::PlacementSource;
 
-use crate::policy::{DEFAULT_POLICIES, StoragePolicy};
-use crate::tiler::tables_per_policy;
+use crate::tile::{DEFAULT_POLICIES, StoragePolicy, tables_per_policy};
 
 /// Most tables (open tiles) a policy may need; bounds memory per series.
 pub const MAX_TABLES_PER_POLICY: usize = 16;
@@ -212,7 +211,7 @@ impl Config {
     }
 
     /// The longest a tile waits for watermarks: `max_buffer_past_ms` as set,
-    /// else [`DEFAULT_MAX_BUFFER_PAST_MS`] lowered to what every policy holds
+    /// else `DEFAULT_MAX_BUFFER_PAST_MS` lowered to what every policy holds
     /// with the tables `buffer_past_ms` gives it, and at least `buffer_past_ms`.
     pub fn max_buffer_past_ms(&self) -> u64 {
         if let Some(set) = self.max_buffer_past_ms {

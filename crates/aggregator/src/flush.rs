@@ -2,20 +2,34 @@
 //! ([`Ingesters::assign`]), cut each share into tile batches under the
 //! frame bound, frame them, and hand them to the ingester queues in one burst.
 //!
+//! ```text
+//! merge threads ──parts──▶ Gatherer ──tile──▶ held ──may flush?──▶ ingester queues (crate::outbound)
+//!                                                        ▲
+//!                                                   Leadership ◀── election task (etcd)
+//! ```
+//!
 //! Runs on its own thread ([`run_flusher`]), fed by the merge threads
-//! (their parts of each tile joined by a [`Gatherer`]), so that encoding a
-//! large tile never holds up merging nor a tokio worker.
+//! (their parts of each tile joined by a [`Gatherer`]), so
+//! that encoding a large tile never holds up merging nor a tokio worker.
+//! With replicas, it flushes only as the shard set's leader and otherwise
+//! holds each tile until the leader's flush mark passes it
+//! ([`leadership`]: the state the flusher and the etcd election share, and
+//! the election task).
+
+mod gatherer;
+mod leadership;
+
+pub use gatherer::Gatherer;
+pub use leadership::{ElectionSettings, Leadership, run_election};
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 
-use crate::ingester::{Ingesters, TileHead};
-use crate::leadership::Leadership;
-use crate::merge::{Gatherer, MergeOutput};
 use crate::metrics::{Metrics, PolicyMetrics};
-use crate::tiler::ClosedTile;
+use crate::outbound::{Ingesters, TileHead};
+use crate::tile::{ClosedTile, MergeOutput};
 use tessera_core::clock::now_ms;
 
 /// Settings of the flusher thread.
@@ -39,7 +53,7 @@ pub const MAX_HELD_SERIES: usize = 20_000_000;
 /// Receives the merge threads' parts of closed tiles until every merge
 /// thread hangs up; flushes each whole tile when [`Leadership`] allows
 /// (always, without replicas), holds it otherwise until the shard set
-/// leader's flush mark passes it ([`crate::leadership`]).
+/// leader's flush mark passes it ([`leadership`]).
 pub fn run_flusher(parts: Receiver<MergeOutput>, mut gatherer: Gatherer, flusher: Flusher) {
     let mut held = Held::default();
     loop {
@@ -157,7 +171,27 @@ mod tests {
     use tessera_proto::{Frame, MetricType, SeriesValue, frame::Body, framing};
 
     use super::*;
-    use crate::ingester::encode_tile;
+    use crate::outbound::encode_values;
+    use tessera_wire::outbound::Batch;
+
+    /// Splits a whole `tile` into framed batches ([`encode_values`], as for
+    /// one ingester's share); also returns the values too large to send.
+    fn encode_tile(
+        tile: ClosedTile,
+        source: &str,
+        max_frame_bytes: usize,
+        flushed_at_ms: i64,
+        next_sequence: &mut dyn FnMut() -> u64,
+    ) -> (Vec<Batch>, u64) {
+        let storage_policy = tile.policy.to_string();
+        let head = TileHead {
+            storage_policy: &storage_policy,
+            resolution_ms: u32::try_from(tile.policy.resolution_ms()).unwrap_or(u32::MAX),
+            tile_end_ms: tile.tile_end_ms,
+            flushed_at_ms,
+        };
+        encode_values(&head, tile.values, source, max_frame_bytes, next_sequence)
+    }
 
     fn tile(series: usize) -> ClosedTile {
         let values = (0..series)

@@ -3,23 +3,41 @@
 //! burst to an ingester.
 //!
 //! An aggregator owns the shards the placement gives its `instance_id`.
-//! Collectors connect to its wire listener ([`server`]) and send partial
-//! batches; each batch is decoded and checked on a dedicated thread
-//! ([`decode`]: frame, ownership, aggregates, split by merge thread), then
-//! admitted whole or refused whole by the admission thread and merged by
-//! the merge threads, each owning a share of the shards ([`merge`];
-//! [`tiler`]: tiles, late and early data, gauge resolution, expiry). A
-//! tile closes once every connected collector's watermark has passed its
-//! end, `max_buffer_past` after it at the latest ([`watermark`]); the
-//! flusher thread ([`flush`])
-//! joins the merge threads' parts, splits the tile into tile batches and
-//! queues them on one ingester endpoint, whose sender task delivers them
-//! with acknowledgements, retries and a bounded buffer ([`ingester`]).
-//! With replicas, one leader per shard set flushes and the others hold
-//! their copies until its flush marks pass them ([`leadership`]: etcd
-//! election on the liveness lease, fencing, takeover).
-//! [`pipeline`] wires the threads; [`ownership`] tracks the placement;
-//! [`metrics`] declares every metric.
+//! Its `src/` reads in the order data flows:
+//!
+//! ```text
+//! connection tasks ──frame bytes──▶ decoder ──SplitBatch──▶ admission ──shares──▶ merge threads ──parts──▶ flusher
+//!        ▲                             │ not_owner,             │ too_late, too_early,                      │ frames,
+//!        └──────────── ack ◀───────────┴ malformed ◀────────────┴ buffer_full, ok                           ▼ ingester queues
+//! └─────────────── intake/ ───────────────┘                 └───────────── tile/ ─────────────┘            flush/ ─▶ outbound
+//! ```
+//!
+//! - `intake/`: collectors connect to the wire listener and send partial
+//!   batches; each is decoded and checked on a dedicated thread (frame,
+//!   ownership, aggregates, connection dictionaries, split by merge
+//!   thread).
+//! - `tile/`: the admission thread admits each batch whole or refuses it
+//!   whole and closes tiles once every connected collector's watermark has
+//!   passed their end (`max_buffer_past` after it at the latest); the merge
+//!   threads, each owning a share of the shards, merge partials into tiles
+//!   (late and early data, gauge resolution, expiry); storage policies;
+//!   the shards this instance owns.
+//! - `flush/`: the flusher thread joins the merge threads' parts of each
+//!   tile, splits it into tile batches and queues them. With replicas, one
+//!   leader per shard set flushes and the others hold their copies until
+//!   its flush marks pass them (etcd election on the liveness lease,
+//!   fencing, takeover).
+//! - `outbound`: one queue and sender task per ingester, with
+//!   acknowledgements, retries, a bounded buffer, and re-routing when an
+//!   ingester leaves the ingesters' placement.
+//! - `config` reads the configuration file; `metrics` declares every
+//!   metric; this file wires the threads together.
+//!
+//! Decoding, merging and cutting never run on a tokio worker. Each
+//! connection waits for the answer to one batch before reading the next,
+//! so what sits in the decoder's and admission's channels is bounded by
+//! the number of connections times one frame, and the merge threads'
+//! queues are bounded.
 //!
 //! [`Aggregator::start`] is the one entry point: the binary, `tessera
 //! local` and the tests all run it.
@@ -38,38 +56,31 @@
 //! # Ok(()) }
 //! ```
 
-pub mod config;
-pub mod decode;
-pub mod dictionary;
-pub mod flush;
-pub mod ingester;
-pub mod leadership;
-pub mod merge;
-pub mod metrics;
-pub mod ownership;
-pub mod pipeline;
-pub mod policy;
-pub mod server;
-pub mod tiler;
-pub mod watermark;
+mod config;
+mod flush;
+mod intake;
+mod metrics;
+mod outbound;
+mod tile;
+
+// The daemon (binary, `tessera local`, tests), then its hot paths (benchmarks, fuzz target,
+// examples, doc examples).
+pub use config::{Config, ConfigError};
+pub use intake::{Decoded, Decoder};
+pub use metrics::{Metrics, PREFIX as METRIC_PREFIX};
+pub use tessera_runtime::StartError;
+pub use tile::{Batch, DEFAULT_POLICIES, Partial, StoragePolicy, Tiler, TilerSettings, Trigger, Via, Watermarks};
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use tessera_core::clock::now_ms;
-
-pub use tessera_runtime::StartError;
 use tessera_runtime::{Readiness, ServerHandle, Shutdown, Telemetry};
 use tessera_topology::{PlacementHandle, PlacementSource, Tier};
-
-pub use config::{Config, ConfigError};
-use decode::Decoder;
-use flush::FlushSettings;
-use ingester::Ingesters;
-use leadership::Leadership;
-pub use metrics::Metrics;
 use tessera_wire::outbound::Heartbeat;
-use tiler::{Tiler, TilerSettings};
+
+use flush::{FlushSettings, Leadership};
+use outbound::Ingesters;
 
 /// A running aggregator.
 pub struct Aggregator {
@@ -94,13 +105,13 @@ impl Aggregator {
         let placement = source.start().await.map_err(|error| StartError::setup("cannot load the placement", error))?;
         let aggregator = Self::start_with_placement(config.clone(), placement, telemetry, shutdown.clone()).await?;
         if let PlacementSource::Etcd(etcd) = source {
-            let settings = leadership::ElectionSettings {
+            let settings = flush::ElectionSettings {
                 etcd,
                 instance_id: config.instance_id().to_owned(),
                 ttl: Duration::from_secs(config.liveness_ttl_secs),
                 max_buffer_past_ms: config.max_buffer_past_ms() as i64,
             };
-            tokio::spawn(leadership::run_election(
+            tokio::spawn(flush::run_election(
                 settings,
                 aggregator.leadership.clone(),
                 aggregator.placement.clone(),
@@ -136,7 +147,7 @@ impl Aggregator {
         config.validate_settings()?;
         let instance_id = config.instance_id().to_owned();
         let metrics = Metrics::default();
-        telemetry.with_registry(|registry| metrics.register(registry, metrics::PREFIX));
+        telemetry.with_registry(|registry| metrics.register(registry, METRIC_PREFIX));
         let readiness = Readiness::new();
         let listening = readiness.condition("listening");
         let placement_ready = readiness.condition("placement");
@@ -153,7 +164,7 @@ impl Aggregator {
         .reserving(config.ingester.max_frame_bytes.min(config.ingester.max_queue_bytes / 2));
         let stop_senders = Shutdown::new();
         let heartbeat =
-            Heartbeat { after: Duration::from_millis(config.ingester.heartbeat_ms), frame: ingester::heartbeat_frame };
+            Heartbeat { after: Duration::from_millis(config.ingester.heartbeat_ms), frame: outbound::heartbeat_frame };
         let sender_settings = config.ingester.sender_settings(
             instance_id.clone(),
             tessera_proto::Role::Aggregator,
@@ -182,7 +193,7 @@ impl Aggregator {
             FlushSettings { source: instance_id.clone(), max_frame_bytes: config.ingester.max_frame_bytes };
         let leadership = Leadership::new(config.policies.clone(), started_ms);
         if config.ingester.placement.is_some() {
-            let reroute = ingester::Reroute {
+            let reroute = outbound::Reroute {
                 source: instance_id.clone(),
                 max_frame_bytes: config.ingester.max_frame_bytes,
                 on_rerouted: {
@@ -192,31 +203,30 @@ impl Aggregator {
                     })
                 },
             };
-            tokio::spawn(ingester::run_rerouter(ingesters.clone(), reroute, stop_senders.clone()));
+            tokio::spawn(outbound::run_rerouter(ingesters.clone(), reroute, stop_senders.clone()));
         }
         // Shutdown joins the threads in this order: each one's exit closes the next one's input.
         let mut threads = vec![spawn_thread("decoder", {
             let metrics = metrics.clone();
-            move || pipeline::run_decoder(frame_receiver, decoder, batch_sender, metrics)
+            move || intake::run_decoder(frame_receiver, decoder, batch_sender, metrics)
         })?];
         let mut merge_jobs = Vec::with_capacity(merge_threads);
         let mut merge_handles = Vec::with_capacity(merge_threads);
         for index in 0..merge_threads {
-            let (jobs, job_receiver) = crossbeam_channel::bounded(merge::MERGE_QUEUE_JOBS);
+            let (jobs, job_receiver) = crossbeam_channel::bounded(tile::MERGE_QUEUE_JOBS);
             merge_jobs.push(jobs);
             let tiler = Tiler::new(tiler_settings.clone(), started_ms);
             let (parts, metrics) = (part_sender.clone(), metrics.clone());
             merge_handles.push(spawn_thread(&format!("merge-{index}"), move || {
-                merge::run_merge_thread(tiler, job_receiver, parts, metrics)
+                tile::run_merge_thread(tiler, job_receiver, parts, metrics)
             })?);
         }
         drop(part_sender);
         threads.push(spawn_thread("admission", {
             let (ingesters, metrics) = (ingesters.clone(), metrics.clone());
-            let tier = merge::MergeTier::new(merge_jobs);
-            let watermarks =
-                watermark::Watermarks::new(config.buffer_past_ms as i64, config.max_buffer_past_ms() as i64);
-            move || pipeline::run_admission(shadow, tier, watermarks, batch_receiver, ingesters, metrics)
+            let tier = tile::MergeTier::new(merge_jobs);
+            let watermarks = Watermarks::new(config.buffer_past_ms as i64, config.max_buffer_past_ms() as i64);
+            move || tile::run_admission(shadow, tier, watermarks, batch_receiver, ingesters, metrics)
         })?);
         threads.extend(merge_handles);
         threads.push(spawn_thread("flusher", {
@@ -227,11 +237,11 @@ impl Aggregator {
                 policies: policy_metrics,
                 leadership: leadership.clone(),
             };
-            let gatherer = merge::Gatherer::new(merge_threads);
+            let gatherer = flush::Gatherer::new(merge_threads);
             move || flush::run_flusher(part_receiver, gatherer, flusher)
         })?);
 
-        tokio::spawn(ownership::watch_ownership(
+        tokio::spawn(tile::watch_ownership(
             placement.clone(),
             instance_id.clone(),
             config.policies.clone(),
@@ -240,7 +250,7 @@ impl Aggregator {
             shutdown.clone(),
         ));
         let server_settings = config.listener_settings(instance_id.clone());
-        tokio::spawn(server::accept_loop(listener, frame_sender, server_settings, metrics.clone(), shutdown.clone()));
+        tokio::spawn(intake::accept_loop(listener, frame_sender, server_settings, metrics.clone(), shutdown.clone()));
 
         let server = match config.telemetry.listen {
             Some(address) => Some(tessera_runtime::serve(address, telemetry, readiness, shutdown.clone()).await?),

@@ -18,8 +18,6 @@ use tessera_proto::AckReason;
 use tessera_runtime::telemetry::{Labels, Registry, labels, lag_histogram, latency_histogram};
 use tessera_wire::metrics::{DestinationMetrics, Items, ListenerMetrics, SenderMetrics};
 
-use crate::watermark::Trigger;
-
 /// Every aggregator metric's name starts with this.
 pub const PREFIX: &str = "tessera_aggregator_";
 
@@ -249,16 +247,16 @@ impl Metrics {
         self.rerouted.get_or_create(&labels(&[("unit", unit)])).get()
     }
 
-    /// Counts `tiles` closed by `trigger`.
-    pub fn tiles_closed(&self, trigger: Trigger, tiles: u64) {
+    /// Counts `tiles` closed by `trigger` (`watermark`, `max_buffer_past`, `buffer_past`, `shutdown`).
+    pub fn tiles_closed(&self, trigger: &'static str, tiles: u64) {
         if tiles > 0 {
-            self.tile_closes.get_or_create(&labels(&[("trigger", trigger.as_str())])).inc_by(tiles);
+            self.tile_closes.get_or_create(&labels(&[("trigger", trigger)])).inc_by(tiles);
         }
     }
 
     /// Tiles closed so far by `trigger`.
-    pub fn tile_closes(&self, trigger: Trigger) -> u64 {
-        self.tile_closes.get_or_create(&labels(&[("trigger", trigger.as_str())])).get()
+    pub fn tile_closes(&self, trigger: &'static str) -> u64 {
+        self.tile_closes.get_or_create(&labels(&[("trigger", trigger)])).get()
     }
 
     /// Sets the watermark lag of every connected collector, and removes the

@@ -405,7 +405,7 @@ tessera_aggregator_drops_total{reason=\"queue_full\",unit=\"series\"} 9
         let telemetry = tessera_runtime::Telemetry::new("local", "test");
         telemetry.with_registry(|registry| {
             tessera_collector::Metrics::default().register(registry, tessera_collector::METRIC_PREFIX);
-            tessera_aggregator::metrics::Metrics::default().register(registry, tessera_aggregator::metrics::PREFIX);
+            tessera_aggregator::Metrics::default().register(registry, tessera_aggregator::METRIC_PREFIX);
             tessera_ingester::Metrics::default().register(registry, tessera_ingester::METRIC_PREFIX);
         });
         let text = telemetry.encode().unwrap();

@@ -10,8 +10,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use tessera_aggregator::Config;
-use tessera_aggregator::policy::StoragePolicy;
+use tessera_aggregator::{Config, StoragePolicy};
 use tessera_core::aggregate::{Aggregate, kind_from_proto};
 use tessera_core::sketch::{Sketch, relative_error};
 use tessera_proto::{SeriesValue, aggregate::Value};

@@ -1,6 +1,6 @@
 //! Keeping an eye on the placement: the shards this instance owns now, the
 //! placement version, and warnings an operator should see. (The etcd
-//! liveness lease is kept by [`crate::leadership`].)
+//! liveness lease is kept by [`crate::flush`].)
 //!
 //! Ownership itself is decided per batch by the decoder
 //! ([`Placement::owns`](tessera_topology::Placement::owns) at the window
@@ -12,8 +12,8 @@ use std::time::Duration;
 use tessera_runtime::{ReadinessCondition, Shutdown};
 use tessera_topology::{Placement, PlacementHandle};
 
+use super::policy::StoragePolicy;
 use crate::metrics::Metrics;
-use crate::policy::StoragePolicy;
 use tessera_core::clock::now_ms;
 
 /// How often the owned-shard gauge is refreshed (ownership changes with time at cutovers).

@@ -7,8 +7,6 @@ use tessera_proto::framing;
 use tessera_proto::{Frame, SeriesValue, TileBatch, frame::Body};
 use tessera_wire::outbound::Batch;
 
-use crate::tiler::ClosedTile;
-
 /// Per-value overhead of the repeated field (tag and length prefix), bytes, at most.
 const VALUE_OVERHEAD_BYTES: usize = 6;
 
@@ -25,29 +23,12 @@ pub struct TileHead<'a> {
     pub flushed_at_ms: i64,
 }
 
-/// Splits `tile` into framed batches of at most half of `max_frame_bytes`
-/// each (the other half is headroom), numbered by `next_sequence`.
+/// Splits some of a tile's values (one ingester's share) into framed
+/// batches of at most half of `max_frame_bytes` each (the other half is
+/// headroom), numbered by `next_sequence`.
 ///
 /// Returns the batches and the series values that could not be sent
 /// because a single value exceeds the frame bound.
-pub fn encode_tile(
-    tile: ClosedTile,
-    source: &str,
-    max_frame_bytes: usize,
-    flushed_at_ms: i64,
-    next_sequence: &mut dyn FnMut() -> u64,
-) -> (Vec<Batch>, u64) {
-    let storage_policy = tile.policy.to_string();
-    let head = TileHead {
-        storage_policy: &storage_policy,
-        resolution_ms: u32::try_from(tile.policy.resolution_ms()).unwrap_or(u32::MAX),
-        tile_end_ms: tile.tile_end_ms,
-        flushed_at_ms,
-    };
-    encode_values(&head, tile.values, source, max_frame_bytes, next_sequence)
-}
-
-/// [`encode_tile`] for some of a tile's values (one ingester's share).
 pub fn encode_values(
     head: &TileHead<'_>,
     values: Vec<SeriesValue>,

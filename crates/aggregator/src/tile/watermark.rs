@@ -40,7 +40,7 @@
 //! on a retryable refusal (the collector sends that batch again).
 //!
 //! ```
-//! use tessera_aggregator::watermark::{Trigger, Watermarks};
+//! use tessera_aggregator::{Trigger, Watermarks};
 //!
 //! let now = 100_000;
 //! let mut marks = Watermarks::new(2_000, 8_000);
@@ -61,7 +61,6 @@
 //! marks.opened(4, "host-c", now);
 //! marks.advance(4, Some(80_000), now);
 //! assert_eq!(marks.horizon(now), (92_000, Trigger::MaxBufferPast));
-//! ```
 //! ```
 
 use std::collections::HashMap;
@@ -107,7 +106,7 @@ struct Departed {
     closed_ms: i64,
 }
 
-/// The watermark of every open connection; see the [module docs](self).
+/// The watermark of every open connection; see the module docs (`tile/watermark.rs`).
 #[derive(Debug)]
 pub struct Watermarks {
     buffer_past_ms: i64,
@@ -134,7 +133,7 @@ impl Watermarks {
     }
 
     /// The connection closed at `now_ms`: its collector holds tiles as a
-    /// departed one (see the [module docs](self)).
+    /// departed one (see the module docs).
     pub fn closed(&mut self, connection: u64, now_ms: i64) {
         if let Some(stream) = self.streams.remove(&connection) {
             let departed = Departed { watermark_ms: stream.watermark_ms, closed_ms: now_ms };

@@ -4,7 +4,7 @@
 //! first time it is seen. Everything else a merge thread keeps per series
 //! is indexed by that number, without hashing: each policy's tile tables
 //! ([`super::policy_tiles`]), the gauges' last values, and the connection
-//! dictionaries of [`crate::dictionary`] that let a collector name a series
+//! dictionaries of `intake/dictionary.rs` that let a collector name a series
 //! by a number of its own. So a partial is hashed and its id compared at
 //! most once, when it is resolved here, and not at all when it comes by a
 //! dictionary reference.

@@ -1,7 +1,7 @@
 //! Decoding and checking one partial batch frame, off the async runtime.
 //!
-//! [`Decoder::decode`] turns the bytes of a frame into a [`Batch`] ready
-//! for the tiler, or into the refusal to send back. It checks, for the
+//! [`Decoder::decode`] turns the bytes of a frame into a [`SplitBatch`]
+//! ready for admission, or into the refusal to send back. It checks, for the
 //! batch as a whole (one bad series refuses the whole batch, so nothing
 //! of it is applied):
 //!
@@ -14,13 +14,13 @@
 //!    `malformed`.
 //!
 //! 4. every series named by a ref (`SeriesValue.ref`) is defined in the
-//!    connection's dictionary ([`crate::dictionary`]), for the shard it
+//!    connection's dictionary ([`super::dictionary`]), for the shard it
 //!    came in, otherwise `unknown_series_ref` (or `malformed`).
 //!
 //! Whether the window is still open is the admission thread's decision (it
 //! owns the clock of tile closes), made right before it dispatches. The
 //! partials of a batch come out split into one share per merge thread
-//! ([`crate::merge::thread_of`] of their shard).
+//! ([`thread_of`] of their shard).
 
 use std::collections::HashMap;
 
@@ -33,9 +33,8 @@ use tessera_proto::partials::MAX_SERIES_REFS;
 use tessera_proto::{PartialBatch, SeriesValue};
 use tessera_topology::{Placement, PlacementHandle};
 
-use crate::dictionary::ConnectionDictionary;
-use crate::merge::thread_of;
-use crate::tiler::{Partial, Via};
+use super::dictionary::ConnectionDictionary;
+use crate::tile::{Partial, SplitBatch, Via, thread_of};
 use tessera_proto::AckReason;
 use tessera_runtime::logging::error_chain;
 
@@ -69,26 +68,6 @@ pub enum Decoded {
         /// Details for the log.
         message: String,
     },
-}
-
-/// The partials of one window from one sender, one share per merge thread.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct SplitBatch {
-    /// Window start, unix milliseconds.
-    pub window_start_ms: i64,
-    /// Window length, milliseconds.
-    pub window_ms: i64,
-    /// `shares[i]`: the partials of the shards merge thread `i` owns.
-    pub shares: Vec<Vec<Partial>>,
-    /// The sender's watermark ([`crate::watermark`]), if it sent one.
-    pub watermark_ms: Option<i64>,
-}
-
-impl SplitBatch {
-    /// Partials in every share.
-    pub fn partials(&self) -> u64 {
-        self.shares.iter().map(|share| share.len() as u64).sum()
-    }
 }
 
 /// Which shards this instance owns for one window, cached per placement
@@ -323,7 +302,6 @@ mod tests {
     use tessera_proto::{Frame, ShardPartials};
 
     use super::*;
-    use crate::tiler::Via;
 
     fn placement() -> PlacementHandle {
         PlacementHandle::fixed(Placement::init(&[("a", "h:1"), ("b", "h:2")], 8, 1, 0).unwrap())

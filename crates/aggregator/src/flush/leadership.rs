@@ -10,7 +10,7 @@
 //! ([`Election`](tessera_topology::Election)), and, as leader, records the
 //! flush marks: per policy, the end of the last tile every batch of which
 //! the ingester acknowledged (with every tile before it). As follower it
-//! reads them. The flusher ([`crate::flush`]) asks [`Leadership`] before
+//! reads them. The flusher ([`super`]) asks [`Leadership`] before
 //! each flush:
 //!
 //! - **leader**, lease certainly alive for more than [`FENCE_MARGIN`]:
@@ -60,9 +60,9 @@ use tessera_topology::{
 };
 use tessera_wire::backoff::sleep_or_stop;
 
-use crate::ingester::Ingesters;
 use crate::metrics::Metrics;
-use crate::policy::StoragePolicy;
+use crate::outbound::Ingesters;
+use crate::tile::StoragePolicy;
 use tessera_core::clock::now_ms;
 
 /// How often the election task looks at the leader key and the marks.

@@ -13,7 +13,7 @@
 //! Every series gets a number from the tiler's [`Registry`](series::Registry)
 //! when first seen: its id is hashed and compared there, once per partial
 //! (or never, for a partial that came by a connection dictionary's
-//! reference, [`crate::dictionary`]). A policy keeps `R` tables indexed by
+//! reference, `intake/dictionary.rs`). A policy keeps `R` tables indexed by
 //! series number (see [`tables_per_policy`]); the tile with index
 //! `i = start / resolution` lives in table `i mod R`. `R` is the most tiles
 //! that can be open at once: from the oldest tile not yet closed
@@ -40,7 +40,7 @@
 //! previous tile ([`Gauge::resolve`](tessera_core::aggregate::Gauge::resolve)).
 //!
 //! ```
-//! use tessera_aggregator::tiler::{Batch, Partial, Tiler, TilerSettings, Via};
+//! use tessera_aggregator::{Batch, Partial, Tiler, TilerSettings, Via};
 //! use tessera_core::{aggregate::Aggregate, parse::MetricKind};
 //!
 //! let settings = TilerSettings::new(vec!["10s:2d".parse().unwrap()]);
@@ -66,7 +66,7 @@ use tessera_core::aggregate::Aggregate;
 use tessera_core::parse::MetricKind;
 use tessera_proto as proto;
 
-use crate::policy::StoragePolicy;
+use super::policy::StoragePolicy;
 use policy_tiles::PolicyTiles;
 use series::{Registry, SeriesNumber};
 use tessera_proto::AckReason;
@@ -91,7 +91,7 @@ pub struct Partial {
 }
 
 /// How a partial names its series: by id, or through the batch's
-/// connection dictionary ([`crate::dictionary`]), whose refs the decoder
+/// connection dictionary (`intake/dictionary.rs`), whose refs the decoder
 /// turned into a slot number dense per connection and merge thread.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Via {
@@ -131,7 +131,7 @@ pub struct TilerSettings {
     /// ([`Tiler::close_due`]).
     pub buffer_past_ms: i64,
     /// The longest a tile may stay open after its end (the watermark
-    /// closes it sooner, [`crate::watermark`]); sizes the tables kept.
+    /// closes it sooner, [`Watermarks`](crate::Watermarks)); sizes the tables kept.
     pub max_buffer_past_ms: i64,
     /// Windows ending more than this after now are refused.
     pub buffer_future_ms: i64,
@@ -250,7 +250,7 @@ pub fn tables_per_policy(policy: &StoragePolicy, buffer_past_ms: i64, buffer_fut
     usize::try_from(tiles.saturating_add(1).max(2)).unwrap_or(usize::MAX)
 }
 
-/// The tiles of every storage policy; see the [module docs](self).
+/// The tiles of every storage policy; see the module docs (`tile/tiler.rs`).
 pub struct Tiler {
     policies: Vec<PolicyTiles>,
     registry: Registry,
@@ -372,7 +372,7 @@ impl Tiler {
 
     /// Merges a batch that was admitted elsewhere, closing nothing that is
     /// due: a merge thread's tiler, told when to close by the admission
-    /// thread ([`crate::merge`]), which checked the batch against the same
+    /// thread (`tile/merge.rs`), which checked the batch against the same
     /// tiles.
     pub fn apply(&mut self, batch: &Batch, emit: &mut dyn FnMut(ClosedTile)) -> Applied {
         self.slots.clear();

@@ -11,7 +11,7 @@
 //! `1m:2d`.
 //!
 //! ```
-//! use tessera_aggregator::policy::StoragePolicy;
+//! use tessera_aggregator::StoragePolicy;
 //!
 //! let policy: StoragePolicy = "10s:2d".parse().unwrap();
 //! assert_eq!(policy.resolution_ms(), 10_000);

@@ -18,8 +18,9 @@ use tessera_wire::inbound::{self, AcceptSettings, ListenerSettings, WireConnecti
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
 
+use super::{FrameJob, Inbound};
 use crate::metrics::Metrics;
-use crate::pipeline::{FrameJob, Inbound, Reply};
+use crate::tile::Reply;
 use tessera_runtime::logging::error_chain;
 
 static CONNECTION_LOG: RateLimitedLog = RateLimitedLog::new("aggregator.connection", 5);

@@ -8,8 +8,8 @@ use tessera_proto::{Frame, PartialBatch, SeriesValue, ShardPartials, framing};
 use tessera_topology::{Placement, PlacementHandle};
 
 use super::*;
-use crate::decode::{Decoded, Decoder};
-use crate::tiler::{Batch, Tiler, TilerSettings};
+use crate::intake::{Decoded, Decoder};
+use crate::tile::{Batch, Tiler, TilerSettings};
 
 #[test]
 fn slots_are_dense_per_thread_and_kept_for_a_repeated_definition() {
@@ -189,7 +189,7 @@ fn merge(windows: &[Window], with_dictionary: bool, expiring: bool) -> Tiles {
     let mut tilers: Vec<Tiler> = (0..MERGE_THREADS).map(|_| Tiler::new(settings.clone(), T0)).collect();
     let mut senders = HashMap::new();
     let mut tiles = Tiles::new();
-    let mut emit = |tile: crate::tiler::ClosedTile| {
+    let mut emit = |tile: crate::tile::ClosedTile| {
         for value in tile.values {
             let previous = tiles.insert((tile.policy_index, tile.tile_end_ms, value.series_id.clone()), value);
             assert!(previous.is_none(), "a tile closed twice");

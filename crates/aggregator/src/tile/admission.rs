@@ -1,36 +1,28 @@
-//! The dedicated threads between the wire and the ingester client.
+//! Admission: the thread that admits or refuses each decoded batch whole,
+//! dispatches its shares to the merge threads, and closes tiles.
 //!
-//! ```text
-//! connection tasks ──frame bytes──▶ decoder ──SplitBatch──▶ admission ──shares──▶ merge threads ──parts──▶ flusher
-//!        ▲                             │ not_owner,             │ too_late, too_early,                      │ frames,
-//!        └──────────── ack ◀───────────┴ malformed ◀────────────┴ buffer_full, ok                           ▼ ingester queues
-//! ```
-//!
-//! Decoding, merging and cutting never run on a tokio worker. Each
-//! connection waits for the answer to one batch before reading the next,
-//! so what sits in the decoder's and admission's channels is bounded by
-//! the number of connections times one frame, and the merge threads'
-//! queues are bounded. The admission thread alone owns the clock that
-//! closes tiles and checks each batch once, against a shadow of the merge
-//! threads' tiles ([`crate::merge`]): a batch is merged whole or refused whole.
-//! It also keeps every connection's watermark, and closes tiles on them
-//! ([`crate::watermark`]); connections announce themselves and their end
-//! through the same channels as their frames, so admission sees a
-//! connection's batches between its `Opened` and its `Closed`.
+//! The admission thread alone owns the clock that closes tiles and checks
+//! each batch once, against a shadow of the merge threads' tiles
+//! ([`super::merge`]): a batch is merged whole or refused whole (`too_late`,
+//! `too_early`, `buffer_full` when no ingester queue has room). It also
+//! keeps every connection's watermark, and closes tiles on them
+//! ([`super::watermark`]); connections announce themselves and their end
+//! through the same channels as their frames (the decoder passes them on),
+//! so admission sees a connection's batches between its `Opened` and its
+//! `Closed`.
 
 use std::time::Duration;
 
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use crossbeam_channel::{Receiver, RecvTimeoutError};
 use tessera_proto::{Ack, AckReason, AckStatus};
 use tessera_runtime::RateLimitedLog;
 use tokio::sync::oneshot;
 
-use crate::decode::{Decoded, Decoder, SplitBatch};
-use crate::ingester::Ingesters;
-use crate::merge::MergeTier;
+use super::merge::MergeTier;
+use super::tiler::{Batch, Partial, Tiler};
+use super::watermark::Watermarks;
 use crate::metrics::Metrics;
-use crate::tiler::{Batch, Tiler};
-use crate::watermark::Watermarks;
+use crate::outbound::Ingesters;
 use tessera_core::clock::now_ms;
 
 /// Longest admission sleeps without looking at the clock.
@@ -39,7 +31,8 @@ const MAX_ADMISSION_SLEEP: Duration = Duration::from_millis(100);
 /// How often the watermark lag gauges are refreshed.
 const LAG_EXPORT_INTERVAL_MS: i64 = 1_000;
 
-static REFUSAL_LOG: RateLimitedLog = RateLimitedLog::new("aggregator.batch_refused", 5);
+/// One log rate for refused batches, whether the decoder or admission refused them.
+pub static REFUSAL_LOG: RateLimitedLog = RateLimitedLog::new("aggregator.batch_refused", 5);
 
 /// What a connection sends back for one frame.
 #[derive(Debug)]
@@ -55,37 +48,41 @@ pub enum Reply {
     },
 }
 
-/// What a connection task hands the decoder.
-pub enum Inbound {
-    /// A collector finished its handshake.
-    Opened {
-        /// Unique per connection in this process.
-        connection: u64,
-        /// The collector's instance id.
-        source: String,
-    },
-    /// A frame, to be answered.
-    Frame(FrameJob),
-    /// The connection is gone.
-    Closed {
-        /// The connection.
-        connection: u64,
-    },
+impl Reply {
+    /// Taken: acknowledged with no reason.
+    pub fn taken(sequence: u64) -> Reply {
+        Reply::Ack(Ack { sequence, status: AckStatus::Ok as i32, ..Ack::default() })
+    }
+
+    /// Refused for `reason`.
+    pub fn refusal(sequence: u64, reason: AckReason, message: String) -> Reply {
+        Reply::Ack(reason.ack(sequence, message))
+    }
 }
 
-/// A frame read by a connection, for the decoder.
-pub struct FrameJob {
-    /// The connection it came on.
-    pub connection: u64,
-    /// The frame, length prefix included.
-    pub frame: Vec<u8>,
-    /// Where the answer goes.
-    pub reply: oneshot::Sender<Reply>,
+/// The partials of one window from one sender, one share per merge thread.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct SplitBatch {
+    /// Window start, unix milliseconds.
+    pub window_start_ms: i64,
+    /// Window length, milliseconds.
+    pub window_ms: i64,
+    /// `shares[i]`: the partials of the shards merge thread `i` owns.
+    pub shares: Vec<Vec<Partial>>,
+    /// The sender's watermark ([`super::watermark`]), if it sent one.
+    pub watermark_ms: Option<i64>,
+}
+
+impl SplitBatch {
+    /// Partials in every share.
+    pub fn partials(&self) -> u64 {
+        self.shares.iter().map(|share| share.len() as u64).sum()
+    }
 }
 
 /// What the decoder hands admission.
 pub enum AdmissionJob {
-    /// See [`Inbound::Opened`].
+    /// See [`Inbound::Opened`](crate::intake::Inbound::Opened).
     Opened {
         /// The connection.
         connection: u64,
@@ -116,83 +113,11 @@ pub enum AdmissionJob {
         /// The batch's watermark.
         watermark_ms: i64,
     },
-    /// See [`Inbound::Closed`].
+    /// See [`Inbound::Closed`](crate::intake::Inbound::Closed).
     Closed {
         /// The connection.
         connection: u64,
     },
-}
-
-/// Taken: acknowledged with no reason.
-fn taken(sequence: u64) -> Reply {
-    Reply::Ack(Ack { sequence, status: AckStatus::Ok as i32, ..Ack::default() })
-}
-
-fn refusal(sequence: u64, reason: AckReason, message: String) -> Reply {
-    Reply::Ack(reason.ack(sequence, message))
-}
-
-/// The decoder thread: decodes and checks frames until every connection
-/// and the accept loop have hung up, then returns (closing admission's input).
-pub fn run_decoder(jobs: Receiver<Inbound>, mut decoder: Decoder, admission: Sender<AdmissionJob>, metrics: Metrics) {
-    while let Ok(job) = jobs.recv() {
-        let job = match job {
-            Inbound::Frame(job) => job,
-            // Admission is gone only at shutdown, when nothing is left to close.
-            Inbound::Opened { connection, source } => {
-                let _ = admission.send(AdmissionJob::Opened { connection, source });
-                continue;
-            }
-            Inbound::Closed { connection } => {
-                decoder.closed(connection);
-                metrics.dictionary_refs.set(decoder.dictionary_refs() as i64);
-                let _ = admission.send(AdmissionJob::Closed { connection });
-                continue;
-            }
-        };
-        metrics.batches_received.inc();
-        metrics.bytes_received.inc_by(job.frame.len() as u64);
-        let connection = job.connection;
-        let decoded = decoder.decode(connection, &job.frame);
-        if let Some(connection) = decoder.take_forgotten() {
-            metrics.dictionaries_restarted.inc();
-            let _ = admission.send(AdmissionJob::Forget { connection });
-        }
-        metrics.dictionary_refs.set(decoder.dictionary_refs() as i64);
-        let reply = match decoded {
-            Decoded::Batch { sequence, batch } => {
-                metrics.partials_received.inc_by(batch.partials());
-                let job = AdmissionJob::Batch { connection, sequence, batch, reply: job.reply };
-                match admission.send(job) {
-                    Ok(()) => continue,
-                    Err(crossbeam_channel::SendError(job)) => {
-                        let AdmissionJob::Batch { batch, reply, .. } = job else { unreachable!("sent a batch") };
-                        let partials = batch.partials();
-                        metrics.rejected(AckReason::ShuttingDown, partials);
-                        let _ = reply.send(refusal(sequence, AckReason::ShuttingDown, "shutting down".into()));
-                        continue;
-                    }
-                }
-            }
-            Decoded::Refused { sequence, reason, message, partials, watermark_ms } => {
-                metrics.partials_received.inc_by(partials);
-                metrics.rejected(reason, partials);
-                if REFUSAL_LOG.allow() {
-                    tracing::warn!(reason = reason.as_str(), partials, %message, "partial batch refused");
-                }
-                if let Some(watermark_ms) = watermark_ms.filter(|_| !reason.is_retryable()) {
-                    let _ = admission.send(AdmissionJob::Watermark { connection, watermark_ms });
-                }
-                refusal(sequence, reason, message)
-            }
-            Decoded::Protocol { reason, message } => {
-                metrics.listener.frame_error(reason);
-                Reply::Close { reason, message }
-            }
-        };
-        // The connection may be gone already; nothing to do then.
-        let _ = job.reply.send(reply);
-    }
 }
 
 /// The admission thread: admits or refuses batches, dispatches their
@@ -274,13 +199,13 @@ impl Admission {
         // A batch with nothing in it (a heartbeat) only moves the watermark.
         if partials == 0 {
             self.advance(connection, batch.watermark_ms);
-            return taken(sequence);
+            return Reply::taken(sequence);
         }
         self.close_due();
         if !self.ingesters.has_room() {
             self.tier.bind(connection, batch.window_start_ms, batch.window_ms, batch.shares);
             self.metrics.rejected(AckReason::BufferFull, partials);
-            return refusal(sequence, AckReason::BufferFull, "every ingester buffer is full".into());
+            return Reply::refusal(sequence, AckReason::BufferFull, "every ingester buffer is full".into());
         }
         // The shadow holds no series: applying the empty batch opens its
         // tiles, as the merge threads will.
@@ -296,7 +221,7 @@ impl Admission {
             Ok(()) => {
                 self.shadow.apply(&window, &mut |_| {});
                 self.tier.dispatch(connection, batch.window_start_ms, batch.window_ms, batch.shares);
-                taken(sequence)
+                Reply::taken(sequence)
             }
             Err(refused) => {
                 // What the decoder learned of the connection's dictionary
@@ -307,7 +232,7 @@ impl Admission {
                 if REFUSAL_LOG.allow() {
                     tracing::warn!(reason = reason.as_str(), partials, error = %refused, "partial batch refused");
                 }
-                refusal(sequence, reason, refused.to_string())
+                Reply::refusal(sequence, reason, refused.to_string())
             }
         }
     }

@@ -6,13 +6,13 @@
 //! decoder keeps, per connection, what each ref means: the series' kind,
 //! its shard, and a **slot**, a number dense per connection and merge
 //! thread. The merge thread that owns the shard keeps, per connection, the
-//! series number of each slot ([`crate::tiler::Tiler`]), so a partial sent
+//! series number of each slot ([`crate::tile::Tiler`]), so a partial sent
 //! by ref reaches its series with two array reads: no hash, no id compare.
 //!
 //! - A new connection starts with an empty dictionary. So does a batch that
 //!   names a dictionary other than the connection's current one; the
 //!   decoder then has the merge threads forget the old one
-//!   ([`Decoder::take_forgotten`](crate::decode::Decoder::take_forgotten)).
+//!   ([`Decoder::take_forgotten`](super::Decoder::take_forgotten)).
 //! - A ref the dictionary does not hold refuses its batch
 //!   (`unknown_series_ref`, for good: the sender then starts a new
 //!   dictionary). Nothing of the batch is applied.
@@ -20,7 +20,7 @@
 //!   rolled back ([`ConnectionDictionary::rollback`]). A batch refused
 //!   after decoding (too late, buffers full) still has its definitions
 //!   bound on the merge threads
-//!   ([`Tiler::bind_definitions`](crate::tiler::Tiler::bind_definitions)),
+//!   ([`Tiler::bind_definitions`](crate::tile::Tiler::bind_definitions)),
 //!   because later batches of the same dictionary may already be on their
 //!   way naming those series by ref.
 //! - While a connection's dictionary names a series, the series is not
@@ -120,6 +120,7 @@ impl ConnectionDictionary {
     }
 
     /// Whether no ref is defined.
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.defined == 0
     }

@@ -1,4 +1,4 @@
-//! The ingester client: one bounded [`OutboundQueue`] and one long-lived
+//! Outbound: the sender towards ingesters, one bounded [`OutboundQueue`] and one long-lived
 //! sender task ([`outbound::run_sender`]) per ingester.
 //!
 //! Where tiles go depends on `[ingester]` in the config:
@@ -24,7 +24,7 @@
 //!
 //! Backpressure: [`Ingesters::has_room`] is false once a queue that tiles
 //! go to is at its bound (with a fixed list: once every queue is), and the
-//! tiler then refuses collectors' batches as `retryable` (`buffer_full`)
+//! admission then refuses collectors' batches as `retryable` (`buffer_full`)
 //! instead of accepting data it could not deliver. A tile that closes into
 //! a full queue still goes in, pushing out the oldest batches (dropped and
 //! counted).
@@ -48,7 +48,7 @@ use tessera_wire::metrics::DestinationMetrics;
 
 mod encode;
 
-pub use encode::{TileHead, encode_tile, encode_values};
+pub use encode::{TileHead, encode_values};
 
 /// One ingester endpoint's bounded buffer of framed tile batches.
 pub type OutboundQueue = outbound::OutboundQueue<DestinationMetrics>;
@@ -228,6 +228,7 @@ impl Ingesters {
     }
 
     /// Every queue, by index.
+    #[cfg(test)]
     pub fn queues(&self) -> Vec<Arc<OutboundQueue>> {
         self.entries().iter().map(|entry| entry.queue.clone()).collect()
     }
@@ -377,7 +378,7 @@ pub struct Reroute {
     /// Largest frame sent to an ingester.
     pub max_frame_bytes: usize,
     /// Told where re-routed tiles went (storage policy, tile end, queue, last sequence),
-    /// for the flush marks ([`crate::leadership::Leadership::rerouted`]).
+    /// for the flush marks ([`Leadership::rerouted`](crate::flush::Leadership::rerouted)).
     pub on_rerouted: OnRerouted,
 }
 

@@ -22,18 +22,18 @@
 //! only be for a tile still open: all-or-nothing holds across threads.
 //!
 //! A close round ends with [`MergeOutput::RoundDone`] from every thread;
-//! the [`Gatherer`] joins the parts of each tile of the round into one
-//! [`ClosedTile`] for the flusher. The queues are bounded: a merge thread
-//! that falls behind blocks admission, so collectors wait for their acks.
+//! the flusher's [`Gatherer`](crate::flush::Gatherer) joins the parts of
+//! each tile of the round into one [`ClosedTile`]. The queues are bounded:
+//! a merge thread that falls behind blocks admission, so collectors wait
+//! for their acks.
 
-use std::collections::BTreeMap;
 use std::time::Instant;
 
 use crossbeam_channel::{Receiver, Sender};
 
+use super::tiler::{Batch, ClosedTile, Partial, Tiler, Via};
+use super::watermark::Trigger;
 use crate::metrics::Metrics;
-use crate::tiler::{Batch, ClosedTile, Partial, Tiler, Via};
-use crate::watermark::Trigger;
 
 /// Jobs queued on each merge thread before admission waits.
 pub const MERGE_QUEUE_JOBS: usize = 64;
@@ -51,7 +51,7 @@ pub enum MergeJob {
     CloseThrough {
         /// Close round number, increasing.
         round: u64,
-        /// The admission thread's horizon ([`crate::watermark`]).
+        /// The admission thread's horizon ([`super::watermark`]).
         horizon_ms: i64,
     },
     /// Close every open tile (shutdown), then report `round` done.
@@ -59,7 +59,7 @@ pub enum MergeJob {
         /// Close round number.
         round: u64,
     },
-    /// Forget a connection's dictionary slots ([`crate::dictionary`]).
+    /// Forget a connection's dictionary slots (`intake/dictionary.rs`).
     Forget {
         /// The connection.
         connection: u64,
@@ -138,7 +138,7 @@ impl MergeTier {
         }
         let mut closed = 0;
         shadow.close_through(horizon_ms, &mut |_| closed += 1);
-        metrics.tiles_closed(trigger, closed);
+        metrics.tiles_closed(trigger.as_str(), closed);
         self.round += 1;
         for jobs in &self.jobs {
             let _ = jobs.send(MergeJob::CloseThrough { round: self.round, horizon_ms });
@@ -149,7 +149,7 @@ impl MergeTier {
     pub fn close_all(&mut self, shadow: &mut Tiler, metrics: &Metrics) {
         let mut closed = 0;
         shadow.close_all(&mut |_| closed += 1);
-        metrics.tiles_closed(Trigger::Shutdown, closed);
+        metrics.tiles_closed(Trigger::Shutdown.as_str(), closed);
         self.round += 1;
         for jobs in &self.jobs {
             let _ = jobs.send(MergeJob::CloseAll { round: self.round });
@@ -189,63 +189,6 @@ impl MergeTier {
 #[inline]
 pub fn thread_of(shard: u32, threads: usize) -> usize {
     shard as usize % threads.max(1)
-}
-
-/// Joins the merge threads' parts of each tile, round by round.
-pub struct Gatherer {
-    threads: usize,
-    rounds: BTreeMap<u64, Round>,
-}
-
-#[derive(Default)]
-struct Round {
-    done: usize,
-    /// Tiles of the round by (end, policy index), joined from their parts.
-    tiles: BTreeMap<(i64, usize), ClosedTile>,
-}
-
-impl Gatherer {
-    /// A gatherer for `threads` merge threads.
-    pub fn new(threads: usize) -> Gatherer {
-        Gatherer { threads: threads.max(1), rounds: BTreeMap::new() }
-    }
-
-    /// Takes one output of a merge thread; hands every tile of a round to
-    /// `ready` once each thread has finished that round, oldest tile first.
-    pub fn add(&mut self, output: MergeOutput, ready: &mut dyn FnMut(ClosedTile)) {
-        match output {
-            MergeOutput::Part { round, tile } => {
-                let tiles = &mut self.rounds.entry(round).or_default().tiles;
-                match tiles.get_mut(&(tile.tile_end_ms, tile.policy_index)) {
-                    Some(joined) => {
-                        joined.values.extend(tile.values);
-                        joined.expired += tile.expired;
-                        joined.series_held += tile.series_held;
-                        joined.cut_duration = joined.cut_duration.max(tile.cut_duration);
-                    }
-                    None => {
-                        tiles.insert((tile.tile_end_ms, tile.policy_index), tile);
-                    }
-                }
-            }
-            MergeOutput::RoundDone { round } => {
-                let entry = self.rounds.entry(round).or_default();
-                entry.done += 1;
-                if entry.done < self.threads {
-                    return;
-                }
-                // Every thread sends its rounds in order, so older rounds are complete too.
-                while let Some(entry) = self.rounds.first_entry() {
-                    if *entry.key() > round {
-                        break;
-                    }
-                    for (_, tile) in entry.remove().tiles {
-                        ready(tile);
-                    }
-                }
-            }
-        }
-    }
 }
 
 #[cfg(test)]

@@ -6,7 +6,8 @@ use tessera_core::shard::shard_of;
 use tessera_proto::aggregate::Value;
 
 use super::*;
-use crate::tiler::{TilerSettings, Via};
+use crate::flush::Gatherer;
+use crate::tile::{TilerSettings, Via};
 
 /// A time on a minute boundary.
 const T0: i64 = 1_700_000_040_000;
@@ -135,35 +136,4 @@ fn every_number_of_merge_threads_closes_the_same_tiles_as_one_tiler() {
         assert_eq!(admitted_here, admitted, "{threads} threads admit the same batches");
         assert_eq!(tiles, expected, "{threads} threads");
     }
-}
-
-#[test]
-fn the_gatherer_joins_a_tile_only_once_every_thread_finished_its_round() {
-    let tile = |values: usize, series_held: usize| ClosedTile {
-        policy_index: 0,
-        policy: "10s:1h".parse().unwrap(),
-        tile_start_ms: 0,
-        tile_end_ms: 10_000,
-        values: (0..values)
-            .map(|n| tessera_proto::SeriesValue { series_id: vec![b'a' + n as u8], ..Default::default() })
-            .collect(),
-        expired: 1,
-        series_held,
-        cut_duration: std::time::Duration::from_millis(series_held as u64),
-    };
-    let mut gatherer = Gatherer::new(2);
-    let mut ready = Vec::new();
-    gatherer.add(MergeOutput::Part { round: 1, tile: tile(2, 5) }, &mut |tile| ready.push(tile));
-    gatherer.add(MergeOutput::RoundDone { round: 1 }, &mut |tile| ready.push(tile));
-    // The faster thread is already a round ahead.
-    gatherer.add(MergeOutput::RoundDone { round: 2 }, &mut |tile| ready.push(tile));
-    assert!(ready.is_empty(), "the other thread has not finished round 1");
-    gatherer.add(MergeOutput::Part { round: 1, tile: tile(3, 7) }, &mut |tile| ready.push(tile));
-    gatherer.add(MergeOutput::RoundDone { round: 1 }, &mut |tile| ready.push(tile));
-    assert_eq!(ready.len(), 1);
-    let joined = &ready[0];
-    assert_eq!((joined.values.len(), joined.expired, joined.series_held), (5, 2, 12));
-    assert_eq!(joined.cut_duration, std::time::Duration::from_millis(7));
-    gatherer.add(MergeOutput::RoundDone { round: 2 }, &mut |tile| ready.push(tile));
-    assert_eq!(ready.len(), 1, "round 2 closed nothing");
 }

@@ -10,7 +10,7 @@ use tessera_proto as proto;
 
 use super::series::{Registry, SeriesNumber};
 use super::{ClosedTile, TilerSettings, tables_per_policy};
-use crate::policy::StoragePolicy;
+use crate::tile::StoragePolicy;
 
 /// One tile's aggregates, indexed by series number. A slot keeps its
 /// allocations (a sketch, a set) from tile to tile.

@@ -1,0 +1,33 @@
+//! The aggregator's own stage: decoded partials in, closed tiles out.
+//!
+//! ```text
+//! decoder ──SplitBatch──▶ admission ──shares──▶ merge threads ──parts──▶ flusher (crate::flush)
+//!    ▲                       │ shadow Tiler,       one Tiler each,
+//!    └──────── ack ◀─────────┘ watermarks          a share of the shards
+//!      too_late, too_early, buffer_full, ok
+//! ```
+//!
+//! - [`admission`]: one thread admits or refuses each batch whole and
+//!   decides when tiles close, with a shadow [`Tiler`] and the collectors'
+//!   watermarks;
+//! - [`watermark`]: when a tile may close: every connected collector's
+//!   watermark, `max_buffer_past` after its end at the latest;
+//! - [`merge`]: the merge threads, each owning a share of the shards;
+//! - [`tiler`]: the tiles themselves, one set per storage policy (late and
+//!   early data, gauge resolution, expiry);
+//! - [`policy`]: storage policies, `resolution:retention`;
+//! - [`ownership`]: the shards this instance owns, watched in the placement.
+
+mod admission;
+mod merge;
+mod ownership;
+mod policy;
+mod tiler;
+mod watermark;
+
+pub use admission::{AdmissionJob, REFUSAL_LOG, Reply, SplitBatch, run_admission};
+pub use merge::{MERGE_QUEUE_JOBS, MergeOutput, MergeTier, run_merge_thread, thread_of};
+pub use ownership::watch_ownership;
+pub use policy::{DEFAULT_POLICIES, StoragePolicy};
+pub use tiler::{Batch, ClosedTile, Partial, Tiler, TilerSettings, Via, tables_per_policy};
+pub use watermark::{Trigger, Watermarks};
