@@ -24,8 +24,8 @@ use tessera_tests::{
     aggregator_config, collector_config, ingester_config, loopback, start_daemon, static_placement, wait_for_scalar,
 };
 use tessera_wire::client;
+use tessera_wire::stream::WireStream;
 use tokio::io::AsyncWriteExt;
-use tokio::net::TcpStream;
 
 const SILENT: usize = 1_000;
 const FLOOD: usize = 500;
@@ -33,13 +33,13 @@ const IDLE_MS: u64 = 3_000;
 
 /// `SILENT` handshaken connections to `address`, held open and silent;
 /// those the server refused are left out.
-async fn silent_clients(address: SocketAddr, role: Role) -> Vec<TcpStream> {
+async fn silent_clients(address: SocketAddr, role: Role) -> Vec<WireStream> {
     let endpoint = address.to_string();
     let mut connecting = tokio::task::JoinSet::new();
     for index in 0..SILENT {
         let endpoint = endpoint.clone();
         connecting.spawn(async move {
-            client::connect(&endpoint, role, &format!("silent-{index}"), Duration::from_secs(5)).await.ok()
+            client::connect(&endpoint, role, &format!("silent-{index}"), Duration::from_secs(5), None).await.ok()
         });
     }
     connecting.join_all().await.into_iter().flatten().collect()
@@ -48,7 +48,7 @@ async fn silent_clients(address: SocketAddr, role: Role) -> Vec<TcpStream> {
 /// Handshakes, then sends a frame one byte a second (never finishing it);
 /// returns how long the server kept the connection.
 async fn byte_a_second(address: SocketAddr, role: Role) -> Duration {
-    let mut stream = client::connect(&address.to_string(), role, "slow", Duration::from_secs(5)).await.unwrap();
+    let mut stream = client::connect(&address.to_string(), role, "slow", Duration::from_secs(5), None).await.unwrap();
     let started = Instant::now();
     let frame = 1_000u32.to_be_bytes().into_iter().chain(std::iter::repeat(0u8));
     for byte in frame.take(60) {
@@ -64,7 +64,7 @@ async fn byte_a_second(address: SocketAddr, role: Role) -> Duration {
 async fn flood(address: SocketAddr) {
     let mut opened = Vec::new();
     for _ in 0..FLOOD {
-        if let Ok(stream) = TcpStream::connect(address).await {
+        if let Ok(stream) = tokio::net::TcpStream::connect(address).await {
             opened.push(stream);
         }
     }

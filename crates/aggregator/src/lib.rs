@@ -165,12 +165,16 @@ impl Aggregator {
         let stop_senders = Shutdown::new();
         let heartbeat =
             Heartbeat { after: Duration::from_millis(config.ingester.heartbeat_ms), frame: outbound::heartbeat_frame };
-        let sender_settings = config.ingester.sender_settings(
-            instance_id.clone(),
-            tessera_proto::Role::Aggregator,
-            "ingester",
-            Some(heartbeat),
-        );
+        let sender_settings = config
+            .ingester
+            .sender_settings(
+                instance_id.clone(),
+                tessera_proto::Role::Aggregator,
+                "ingester",
+                Some(heartbeat),
+                metrics.senders.tls_reload_errors(),
+            )
+            .map_err(|error| StartError::setup("cannot load the TLS files of [ingester.tls]", error))?;
         ingesters.spawn_senders(&sender_settings, &stop_senders);
 
         let merge_threads = config.merge_threads();
@@ -249,7 +253,9 @@ impl Aggregator {
             placement_ready,
             shutdown.clone(),
         ));
-        let server_settings = config.listener_settings(instance_id.clone());
+        let server_settings = config
+            .listener_settings(instance_id.clone(), metrics.listener.listener_tls_reload_errors.clone())
+            .map_err(|error| StartError::setup("cannot load the TLS files of [tls]", error))?;
         tokio::spawn(intake::accept_loop(listener, frame_sender, server_settings, metrics.clone(), shutdown.clone()));
 
         let server = match config.telemetry.listen {

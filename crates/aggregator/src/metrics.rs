@@ -107,15 +107,23 @@ tessera_runtime::metrics! {
         /// The wire listener's metrics (connections from collectors)
         pub listener: ListenerMetrics = ListenerMetrics::default().with_frame_error_reasons(&FRAME_ERROR_REASONS),
         /// The senders' metrics, per ingester destination
-        senders: SenderMetrics = SenderMetrics::new(ITEMS),
+        pub senders: SenderMetrics = SenderMetrics::new(ITEMS),
         /// Whether this replica leads its shard set
         leader: LeaderGauge,
     }
 }
 
 /// Every `reason` of `frame_errors_total`: the inbound side's, and the decoder's.
-pub const FRAME_ERROR_REASONS: [&str; 7] =
-    ["handshake", "idle_timeout", "too_large", "io", "too_many_connections", "malformed_frame", "unexpected_frame"];
+pub const FRAME_ERROR_REASONS: [&str; 8] = [
+    "handshake",
+    "idle_timeout",
+    "too_large",
+    "io",
+    "too_many_connections",
+    "malformed_frame",
+    "unexpected_frame",
+    "tls",
+];
 
 /// Every `(reason, unit)` of `drops_total`.
 pub const DROP_REASONS: [(&str, &str); 13] = [

@@ -104,12 +104,16 @@ impl Collector {
             max_frame_bytes: config.forward.max_frame_bytes,
             max_queue_bytes: config.forward.max_queue_bytes,
             series_dictionary: config.forward.series_dictionary,
-            sender: config.forward.sender_settings(
-                instance_id.clone(),
-                tessera_proto::Role::Collector,
-                "aggregator",
-                None,
-            ),
+            sender: config
+                .forward
+                .sender_settings(
+                    instance_id.clone(),
+                    tessera_proto::Role::Collector,
+                    "aggregator",
+                    None,
+                    metrics.senders.tls_reload_errors(),
+                )
+                .map_err(|error| StartError::setup("cannot load the TLS files of [forward.tls]", error))?,
         };
         let router = Router::new(
             outbound_settings,

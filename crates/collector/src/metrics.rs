@@ -63,7 +63,7 @@ tessera_runtime::metrics! {
         /// order across reader threads), 0 when datagrams are stamped when read
         pub udp_receive_stamps: Gauge;
         /// The senders' metrics, per destination aggregator
-        senders: SenderMetrics = SenderMetrics::new(ITEMS),
+        pub senders: SenderMetrics = SenderMetrics::new(ITEMS),
     }
 }
 

@@ -28,6 +28,7 @@
 //! ```
 
 pub mod aggregate;
+pub mod base64;
 pub mod clock;
 pub mod hll;
 pub mod parse;

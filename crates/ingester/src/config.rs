@@ -96,7 +96,8 @@ use serde::Deserialize;
 
 pub use crate::mapping::HistogramMode;
 use crate::queue::FsyncPolicy;
-use crate::sink::remote_write::parse_url;
+use crate::sink::remote_write::{Authorization, RemoteWriteSettings, TokenFile, parse_url};
+use hyper::header::{HeaderMap, HeaderName, HeaderValue};
 
 /// The smallest `max_buckets`: at the coarsest schema (-4, a bucket per 2^16) every finite
 /// magnitude fits in 128 buckets a sign, and usual data in far fewer.
@@ -267,7 +268,7 @@ pub enum SinkConfig {
     /// OpenMetrics files.
     File(FileSinkConfig),
     /// Prometheus remote write.
-    RemoteWrite(RemoteWriteConfig),
+    RemoteWrite(Box<RemoteWriteConfig>),
 }
 
 impl Default for SinkConfig {
@@ -300,7 +301,7 @@ impl Default for FileSinkConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RemoteWriteConfig {
-    /// Endpoint, `http://host:port/path` (TLS is not built in).
+    /// Endpoint, `http://host:port/path` or `https://host:port/path`.
     pub url: String,
     /// Send `M3-Metrics-Type: aggregated` and `M3-Storage-Policy: <policy>`.
     pub m3_headers: bool,
@@ -312,6 +313,22 @@ pub struct RemoteWriteConfig {
     pub histograms: HistogramMode,
     /// Most buckets of a native histogram; beyond, its schema is lowered.
     pub max_buckets: usize,
+    /// `[sink.tls]`: for an `https` url, the CA file to trust (else the system's roots),
+    /// a client certificate and key (mTLS), `server_name`, `insecure_skip_verify` (tests only).
+    pub tls: Option<tessera_wire::tls::ClientTlsConfig>,
+    /// `[sink.basic_auth]`: `username`, and the password from `password_file` or the
+    /// environment variable `password_env` (never from this file, never logged).
+    pub basic_auth: Option<BasicAuthConfig>,
+    /// A file holding a bearer token (`Authorization: Bearer <token>`), re-read when it
+    /// changes, so that rotated tokens are used without a restart.
+    pub bearer_token_file: Option<PathBuf>,
+    /// Headers sent with every request, e.g. `{ "X-Scope-OrgID" = "team-a" }`.
+    pub headers: BTreeMap<String, String>,
+    /// A tag whose value is the tenant of each series: requests are split by it and each
+    /// carries its tenant in `tenant_header`. Series without it go with `headers` alone.
+    pub tenant_label: Option<String>,
+    /// The header `tenant_label` sets.
+    pub tenant_header: String,
 }
 
 impl Default for RemoteWriteConfig {
@@ -323,7 +340,119 @@ impl Default for RemoteWriteConfig {
             connect_timeout_ms: 2_000,
             histograms: HistogramMode::Native,
             max_buckets: 160,
+            tls: None,
+            basic_auth: None,
+            bearer_token_file: None,
+            headers: BTreeMap::new(),
+            tenant_label: None,
+            tenant_header: "X-Scope-OrgID".to_owned(),
         }
+    }
+}
+
+/// `[sink.basic_auth]`
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BasicAuthConfig {
+    /// The user name.
+    pub username: String,
+    /// A file holding the password (trailing newline ignored).
+    pub password_file: Option<PathBuf>,
+    /// An environment variable holding the password.
+    pub password_env: Option<String>,
+}
+
+impl BasicAuthConfig {
+    /// The password, from its file or its environment variable.
+    ///
+    /// # Errors
+    ///
+    /// When neither or both are set, or the one set cannot be read.
+    pub fn password(&self) -> Result<String, String> {
+        match (&self.password_file, &self.password_env) {
+            (Some(path), None) => std::fs::read_to_string(path)
+                .map(|text| text.trim_end_matches(['\r', '\n']).to_owned())
+                .map_err(|error| format!("password_file `{}`: {error}", path.display())),
+            (None, Some(name)) => {
+                std::env::var(name).map_err(|_| format!("password_env: the environment variable `{name}` is not set"))
+            }
+            _ => Err("set one of password_file and password_env".to_owned()),
+        }
+    }
+}
+
+impl RemoteWriteConfig {
+    /// The sink's settings, its files read now; a TLS file that changes and does not load
+    /// is counted in `reload_errors`.
+    ///
+    /// # Errors
+    ///
+    /// The key at fault and why: a bad URL, a TLS file that cannot be used, `https` with
+    /// no roots to trust, TLS settings on an `http` URL, a credential that cannot be read,
+    /// a header that cannot be sent.
+    pub fn settings(
+        &self,
+        max_idle_connections: usize,
+        reload_errors: tessera_wire::config::Counter,
+    ) -> Result<RemoteWriteSettings, (&'static str, String)> {
+        let url = parse_url(&self.url).map_err(|error| ("url", error.to_string()))?;
+        let https = url.scheme_str() == Some("https");
+        if self.tls.is_some() && !https {
+            return Err(("tls", "is set but the url is not https://".to_owned()));
+        }
+        if https && self.tls.is_none() {
+            // The system's roots: there must be some.
+            tessera_wire::tls::ClientTlsConfig::default()
+                .client_config()
+                .map_err(|error| ("url", error.to_string()))?;
+        }
+        let tls = tessera_wire::config::client_tls(self.tls.as_ref(), reload_errors)
+            .map_err(|error| ("tls", error.to_string()))?;
+        let authorization = match (&self.basic_auth, &self.bearer_token_file) {
+            (Some(_), Some(_)) => {
+                return Err(("basic_auth", "set basic_auth or bearer_token_file, not both".to_owned()));
+            }
+            (Some(basic), None) => {
+                if basic.username.is_empty() || basic.username.contains(':') {
+                    return Err(("basic_auth.username", "must be set, without `:`".to_owned()));
+                }
+                let password = basic.password().map_err(|error| ("basic_auth", error))?;
+                Some(Authorization::basic(&basic.username, &password).map_err(|_| {
+                    ("basic_auth", "the user name or password holds characters a header cannot carry".to_owned())
+                })?)
+            }
+            (None, Some(path)) => Some(Authorization::Bearer(
+                TokenFile::open(path.clone()).map_err(|error| ("bearer_token_file", error))?,
+            )),
+            (None, None) => None,
+        };
+        let mut headers = HeaderMap::new();
+        for (name, value) in &self.headers {
+            let name = HeaderName::from_bytes(name.as_bytes())
+                .map_err(|_| ("headers", format!("`{name}` is not a header name")))?;
+            let value = HeaderValue::from_str(value)
+                .map_err(|_| ("headers", format!("the value of `{name}` is not a header value")))?;
+            headers.insert(name, value);
+        }
+        let tenant = match &self.tenant_label {
+            Some(label) => {
+                let header = HeaderName::from_bytes(self.tenant_header.as_bytes())
+                    .map_err(|_| ("tenant_header", format!("`{}` is not a header name", self.tenant_header)))?;
+                Some((label.clone(), header))
+            }
+            None => None,
+        };
+        Ok(RemoteWriteSettings {
+            url,
+            m3_headers: self.m3_headers,
+            request_timeout: Duration::from_millis(self.request_timeout_ms),
+            connect_timeout: Duration::from_millis(self.connect_timeout_ms),
+            max_idle_connections,
+            tls,
+            authorization,
+            headers,
+            tenant,
+        })
     }
 }
 
@@ -421,8 +550,8 @@ fn validate_sink(key: &str, sink: &SinkConfig) -> Result<(), ConfigError> {
             }
         }
         SinkConfig::RemoteWrite(remote) => {
-            if let Err(error) = parse_url(&remote.url) {
-                return invalid("url", error.to_string());
+            if let Err((field, reason)) = remote.settings(1, tessera_wire::config::Counter::default()) {
+                return invalid(field, reason);
             }
             if remote.request_timeout_ms == 0 || remote.connect_timeout_ms == 0 {
                 return invalid("request_timeout_ms", "timeouts must be at least 1 ms".into());
@@ -487,7 +616,28 @@ mod tests {
     fn validation_names_the_key() {
         let cases = [
             ("[pool]\nworkers = 0", "pool.workers"),
-            ("[sink]\nkind = \"remote_write\"\nurl = \"https://x/\"", "sink.url"),
+            ("[sink]\nkind = \"remote_write\"\nurl = \"ftp://x/\"", "sink.url"),
+            ("[sink]\nkind = \"remote_write\"\nurl = \"http://x/\"\n[sink.tls]\nca_file = \"/etc/hosts\"", "sink.tls"),
+            (
+                "[sink]\nkind = \"remote_write\"\nurl = \"https://x/\"\n[sink.tls]\nca_file = \"/nonexistent.pem\"",
+                "sink.tls",
+            ),
+            (
+                "[sink]\nkind = \"remote_write\"\nurl = \"http://x/\"\n[sink.basic_auth]\nusername = \"u\"",
+                "sink.basic_auth",
+            ),
+            (
+                "[sink]\nkind = \"remote_write\"\nurl = \"http://x/\"\n[sink.basic_auth]\nusername = \"u\"\npassword_env = \"TESSERA_NO_SUCH_VARIABLE\"",
+                "sink.basic_auth",
+            ),
+            (
+                "[sink]\nkind = \"remote_write\"\nurl = \"http://x/\"\nbearer_token_file = \"/nonexistent\"",
+                "sink.bearer_token_file",
+            ),
+            (
+                "[sink]\nkind = \"remote_write\"\nurl = \"http://x/\"\nheaders = { \"bad header\" = \"x\" }",
+                "sink.headers",
+            ),
             ("[pacing]\nmin_in_flight = 4\nmax_in_flight = 2", "pacing.min_in_flight"),
             ("[mapping]\nquantiles = [1.5]", "mapping.quantiles"),
             ("[queue]\nmax_queue_bytes = 10", "queue.max_queue_bytes"),

@@ -30,7 +30,7 @@ use tessera_proto::framing::{self, FrameError};
 use tessera_proto::{AckReason, Frame, frame::Body};
 use tessera_runtime::{RateLimitedLog, Shutdown};
 use tessera_wire::inbound::{self, AcceptSettings, ListenerSettings, WireConnection, WireError};
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot};
 
@@ -75,12 +75,10 @@ async fn connection(
     metrics: &Metrics,
     stop: &Shutdown,
 ) {
-    let deadlines = settings.deadlines();
-    let mut wire =
-        match WireConnection::accept(stream, &settings.instance_id, deadlines, settings.max_frame_bytes, stop).await {
-            Ok(wire) => wire,
-            Err(error) => return ended(metrics, peer, &error),
-        };
+    let mut wire = match WireConnection::accept(stream, settings, stop).await {
+        Ok(wire) => wire,
+        Err(error) => return ended(metrics, peer, &error),
+    };
     tracing::debug!(%peer, source = %wire.hello.instance_id, "aggregator connected");
     loop {
         let body = match wire.next_frame(false, stop).await {
@@ -133,7 +131,7 @@ fn frame_error(metrics: &Metrics, peer: SocketAddr, reason: &'static str, messag
 }
 
 /// Tells the peer why its connection is closed (best effort, bounded in time).
-async fn refuse(stream: &mut TcpStream, reason: AckReason, message: String) {
+async fn refuse(stream: &mut (impl AsyncWrite + Unpin), reason: AckReason, message: String) {
     let frame = Frame { body: Some(Body::Ack(reason.ack(0, message))) };
     let _ = tokio::time::timeout(
         Duration::from_secs(1),

@@ -115,7 +115,6 @@ use queue::QueueWriter;
 use record::{Record, RecordHead};
 use sink::file::{FileSink, FileSinkSettings};
 use sink::rejected::RejectedLog;
-use sink::remote_write::{RemoteWriteSettings, parse_url};
 use sink::{AnySink, Sink};
 
 /// Batches remembered to answer a resent batch `Ok` without queueing it twice.
@@ -296,7 +295,9 @@ impl Ingester {
         let listener =
             TcpListener::bind(config.listen).await.map_err(|source| StartError::bind(config.listen, source))?;
         let listen_addr = listener.local_addr().map_err(|source| StartError::bind(config.listen, source))?;
-        let settings = config.listener_settings(instance_id.clone());
+        let settings = config
+            .listener_settings(instance_id.clone(), metrics.listener.listener_tls_reload_errors.clone())
+            .map_err(|error| StartError::setup("cannot load the TLS files of [tls]", error))?;
         tokio::spawn(accept_loop(listener, jobs, settings, metrics.clone(), shutdown.clone()));
         if let (Some(placement), Some((ownership, tier_metrics))) = (&config.placement, tier) {
             let settings = placement.settings(&instance_id, listen_addr);
@@ -387,14 +388,11 @@ fn build_sink(config: &Config, name: &str, sink: &SinkConfig, metrics: &Metrics)
             Ok(AnySink::File(sink))
         }
         SinkConfig::RemoteWrite(remote) => {
-            let url = parse_url(&remote.url).map_err(|error| sink_error(std::io::Error::other(error)))?;
-            Ok(AnySink::RemoteWrite(Box::new(RemoteWriteSink::new(RemoteWriteSettings {
-                url,
-                m3_headers: remote.m3_headers,
-                request_timeout: Duration::from_millis(remote.request_timeout_ms),
-                connect_timeout: Duration::from_millis(remote.connect_timeout_ms),
-                max_idle_connections: config.pool.workers,
-            }))))
+            let settings = remote
+                .settings(config.pool.workers, metrics.sink_tls_reload_errors.clone())
+                .map_err(|(field, reason)| sink_error(std::io::Error::other(format!("{field}: {reason}"))))?;
+            let sink = RemoteWriteSink::new(settings).map_err(|error| sink_error(std::io::Error::other(error)))?;
+            Ok(AnySink::RemoteWrite(Box::new(sink)))
         }
     }
 }

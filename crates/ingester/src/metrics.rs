@@ -249,6 +249,9 @@ tessera_runtime::metrics! {
         sink_request_duration: Family<Labels, Histogram> [seconds] = Family::new_with_constructor(storage_histogram),
         /// Storage requests sent again after a retryable error, per target
         sink_retries: Family<Labels, Counter>,
+        /// Remote-write TLS files that changed on disk but did not load (the previous
+        /// certificates stay in use)
+        pub sink_tls_reload_errors: Counter,
         /// Samples storage refused for good, per target and status
         sink_rejected_samples: Family<Labels, Counter>,
         /// Samples storage acknowledged, per target
@@ -296,8 +299,17 @@ tessera_runtime::metrics! {
 }
 
 /// Every `reason` of `frame_errors_total`: the inbound side's, and the writer's.
-pub const FRAME_ERROR_REASONS: [&str; 8] =
-    ["handshake", "idle_timeout", "too_large", "io", "too_many_connections", "malformed", "empty", "unexpected_frame"];
+pub const FRAME_ERROR_REASONS: [&str; 9] = [
+    "handshake",
+    "idle_timeout",
+    "too_large",
+    "io",
+    "too_many_connections",
+    "malformed",
+    "empty",
+    "unexpected_frame",
+    "tls",
+];
 
 /// Every `(status, reason)` of `batch_acks_total` other than `ok`.
 pub const REFUSING_ACKS: [(&str, &str); 4] = [

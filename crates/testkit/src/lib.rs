@@ -9,6 +9,7 @@
 //! - [`process`]: what those three share (a child with its files and log,
 //!   polled until ready, killed on drop).
 //! - [`tiles`]: tile values and batches as an aggregator sends them.
+//! - [`tls`]: certificates made in the test (a CA, server, client, an untrusted CA).
 //! - [`http_get`] and [`free_port`].
 //!
 //! A real etcd for tests lives in `tessera_topology::testing` (feature
@@ -18,6 +19,7 @@ pub mod daemons;
 pub mod process;
 pub mod prometheus;
 pub mod tiles;
+pub mod tls;
 pub mod victoria;
 
 use std::io::{Read, Write};

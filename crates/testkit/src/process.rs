@@ -49,6 +49,12 @@ impl Server {
     /// Polls `GET path` on `address` until it answers 200. Fails, saying why and with
     /// the log so far, when the process exits first or `timeout` passes.
     pub fn wait_ready(&mut self, address: SocketAddr, path: &str, timeout: Duration) -> Result<(), String> {
+        self.wait_ready_with(timeout, || matches!(http_get(address, path), Ok((200, _))))
+    }
+
+    /// Polls `ready` until it holds (e.g. a `GET` over TLS answered 200), like
+    /// [`wait_ready`](Self::wait_ready).
+    pub fn wait_ready_with(&mut self, timeout: Duration, mut ready: impl FnMut() -> bool) -> Result<(), String> {
         let deadline = Instant::now() + timeout;
         loop {
             if let Some(child) = self.child.as_mut()
@@ -56,7 +62,7 @@ impl Server {
             {
                 return Err(format!("{} exited with {status} while starting:\n{}", self.name, self.log()));
             }
-            if matches!(http_get(address, path), Ok((200, _))) {
+            if ready() {
                 return Ok(());
             }
             if Instant::now() >= deadline {

@@ -12,16 +12,20 @@
 //! `/usr/bin/prometheus` (`scripts/setup.sh` installs Debian's package).
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
 use crate::process::{Server, system_binary};
+use crate::tls::{Pki, TEST_PASSWORD, TEST_PASSWORD_BCRYPT, https_get};
 
 /// A running Prometheus, killed on drop.
 pub struct Prometheus {
     server: Server,
     /// Where it listens.
     pub address: SocketAddr,
+    /// With TLS and basic auth: the CA to trust (user `tessera`, [`TEST_PASSWORD`]).
+    secure: Option<PathBuf>,
 }
 
 pub use crate::{free_port, http_get};
@@ -61,7 +65,40 @@ impl Prometheus {
             .expect("prometheus did not become ready")
     }
 
+    /// Starts Prometheus serving HTTPS with `pki`'s server certificate and requiring basic
+    /// auth (user `tessera`, [`TEST_PASSWORD`]) on every endpoint, remote write included
+    /// (`--web.config.file`); queries go over HTTPS too.
+    pub fn start_secure(pki: &Pki) -> Prometheus {
+        let web = format!(
+            "tls_server_config:\n  cert_file: {}\n  key_file: {}\nbasic_auth_users:\n  tessera: {TEST_PASSWORD_BCRYPT}\n",
+            pki.server_cert.display(),
+            pki.server_key.display()
+        );
+        for _ in 0..3 {
+            if let Some(prometheus) = Prometheus::try_start_with(
+                free_port(),
+                NO_SCRAPES,
+                true,
+                Some((&web, &pki.ca)),
+                Duration::from_secs(60),
+            ) {
+                return prometheus;
+            }
+        }
+        panic!("prometheus (TLS) did not become ready on three ports");
+    }
+
     fn try_start(port: u16, config_text: &str, native_histograms: bool, timeout: Duration) -> Option<Prometheus> {
+        Prometheus::try_start_with(port, config_text, native_histograms, None, timeout)
+    }
+
+    fn try_start_with(
+        port: u16,
+        config_text: &str,
+        native_histograms: bool,
+        web: Option<(&str, &PathBuf)>,
+        timeout: Duration,
+    ) -> Option<Prometheus> {
         let dir = Server::directory();
         let config = dir.path().join("prometheus.yml");
         std::fs::write(&config, config_text).expect("write prometheus.yml");
@@ -77,10 +114,22 @@ impl Prometheus {
             // Timers arrive as native histograms (the remote-write default).
             command.arg("--enable-feature=native-histograms");
         }
+        if let Some((web, _)) = web {
+            let path = dir.path().join("web.yml");
+            std::fs::write(&path, web).expect("write web.yml");
+            command.arg(format!("--web.config.file={}", path.display()));
+        }
+        let secure = web.map(|(_, ca)| ca.clone());
         let mut server =
             Server::spawn("prometheus", command, dir, "; install Debian's `prometheus` (scripts/setup.sh)");
-        match server.wait_ready(address, "/-/ready", timeout) {
-            Ok(()) => Some(Prometheus { server, address }),
+        let ready = match &secure {
+            None => server.wait_ready(address, "/-/ready", timeout),
+            Some(ca) => server.wait_ready_with(timeout, || {
+                matches!(https_get(address, "/-/ready", ca, Some(("tessera", TEST_PASSWORD))), Ok((200, _)))
+            }),
+        };
+        match ready {
+            Ok(()) => Some(Prometheus { server, address, secure }),
             Err(why) => {
                 eprintln!("{why}");
                 None
@@ -93,9 +142,12 @@ impl Prometheus {
         self.server.pid()
     }
 
-    /// The remote-write endpoint.
+    /// The remote-write endpoint (`https://localhost:<port>/...` when secure).
     pub fn remote_write_url(&self) -> String {
-        format!("http://{}/api/v1/write", self.address)
+        match self.secure {
+            None => format!("http://{}/api/v1/write", self.address),
+            Some(_) => format!("https://localhost:{}/api/v1/write", self.address.port()),
+        }
     }
 
     /// What Prometheus logged so far.
@@ -110,7 +162,12 @@ impl Prometheus {
 
     /// Runs an instant query at `time` (unix seconds) and returns `data.result`.
     pub fn query(&self, promql: &str, time: f64) -> serde_json::Value {
-        query(self.address, promql, time)
+        match &self.secure {
+            None => query(self.address, promql, time),
+            Some(ca) => {
+                query_with(promql, time, |path| https_get(self.address, path, ca, Some(("tessera", TEST_PASSWORD))))
+            }
+        }
     }
 
     /// Stops Prometheus now (SIGKILL).
@@ -121,8 +178,13 @@ impl Prometheus {
 
 /// Runs an instant query against any Prometheus-compatible API at `address`.
 pub fn query(address: SocketAddr, promql: &str, time: f64) -> serde_json::Value {
+    query_with(promql, time, |path| http_get(address, path))
+}
+
+/// Runs an instant query with `get` (plain or TLS) and returns `data.result`.
+pub fn query_with(promql: &str, time: f64, get: impl Fn(&str) -> std::io::Result<(u16, String)>) -> serde_json::Value {
     let path = format!("/api/v1/query?query={}&time={time:.3}", encode_component(promql));
-    let (status, body) = http_get(address, &path).unwrap_or_else(|error| panic!("query `{promql}`: {error}"));
+    let (status, body) = get(&path).unwrap_or_else(|error| panic!("query `{promql}`: {error}"));
     let json: serde_json::Value =
         serde_json::from_str(&body).unwrap_or_else(|error| panic!("query `{promql}`: {error}: {body}"));
     assert_eq!(status, 200, "query `{promql}`: {body}");

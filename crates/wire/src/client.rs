@@ -7,10 +7,15 @@
 //! shared exchange, so each sender only decides what to do with the
 //! [`Ack`](tessera_proto::Ack).
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use rustls::ClientConfig;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
+
+use crate::stream::WireStream;
+use crate::tls::{ClientTlsConfig, Reloading, failure_label};
 
 use tessera_proto::framing::{self, FrameError, HandshakeError};
 use tessera_proto::{Ack, Role, frame::Body};
@@ -28,6 +33,16 @@ pub enum ClientError {
         /// Where to.
         endpoint: String,
         /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The TLS handshake failed (an unknown or expired certificate, a name mismatch, no
+    /// client certificate where one is required).
+    #[error("TLS handshake with {endpoint} failed")]
+    Tls {
+        /// Where to.
+        endpoint: String,
+        /// rustls's reason, inside an io::Error.
         #[source]
         source: std::io::Error,
     },
@@ -61,6 +76,7 @@ impl ClientError {
     pub fn reason(&self) -> &'static str {
         match self {
             ClientError::Connect { .. } => "connect",
+            ClientError::Tls { .. } => "tls",
             ClientError::Timeout(_) => "timeout",
             ClientError::Handshake(_) => "handshake",
             ClientError::Frame(_) | ClientError::Io(_) => "io",
@@ -69,18 +85,64 @@ impl ClientError {
     }
 }
 
-/// Connects to `endpoint` and performs the handshake as `role`, all within `timeout`.
+/// TLS towards destinations: the client configuration, rebuilt when its files change,
+/// and the settings it came from (the server name to expect).
+pub struct ClientTls {
+    /// The rustls configuration of the next connection.
+    pub config: Reloading<ClientConfig>,
+    /// What it was built from.
+    pub settings: ClientTlsConfig,
+}
+
+impl std::fmt::Debug for ClientTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientTls").field("settings", &self.settings).finish_non_exhaustive()
+    }
+}
+
+impl ClientError {
+    /// For a failed TLS handshake, why, as a metric label (see [`failure_label`]).
+    pub fn tls_failure(&self) -> Option<&'static str> {
+        match self {
+            ClientError::Tls { source, .. } => Some(failure_label(source)),
+            _ => None,
+        }
+    }
+}
+
+/// The host of `host:port` (`[v6]:port` too), to check a server certificate against.
+fn host_of(endpoint: &str) -> &str {
+    let host = endpoint.rsplit_once(':').map_or(endpoint, |(host, _)| host);
+    host.trim_start_matches('[').trim_end_matches(']')
+}
+
+/// Connects to `endpoint`, under TLS when `tls` is given (the server's certificate checked
+/// against the endpoint's host), and performs the handshake as `role`, all within
+/// `timeout`.
 pub async fn connect(
     endpoint: &str,
     role: Role,
     instance_id: &str,
     timeout: Duration,
-) -> Result<TcpStream, ClientError> {
+    tls: Option<&Arc<ClientTls>>,
+) -> Result<WireStream, ClientError> {
     let connecting = async {
-        let mut stream = TcpStream::connect(endpoint)
+        let tcp = TcpStream::connect(endpoint)
             .await
             .map_err(|source| ClientError::Connect { endpoint: endpoint.to_owned(), source })?;
-        stream.set_nodelay(true)?;
+        tcp.set_nodelay(true)?;
+        let mut stream = match tls {
+            None => WireStream::Plain(tcp),
+            Some(tls) => {
+                let tls_error = |source| ClientError::Tls { endpoint: endpoint.to_owned(), source };
+                let name = tls
+                    .settings
+                    .server_name(host_of(endpoint))
+                    .map_err(|error| tls_error(std::io::Error::other(error)))?;
+                let connector = tokio_rustls::TlsConnector::from(tls.config.current());
+                WireStream::Client(Box::new(connector.connect(name, tcp).await.map_err(tls_error)?))
+            }
+        };
         framing::client_handshake(&mut stream, role, instance_id).await?;
         Ok(stream)
     };
@@ -90,7 +152,7 @@ pub async fn connect(
 /// Writes `frame` (a whole frame, length prefix included) and waits up to
 /// `ack_timeout` for the ack of batch `sequence`.
 pub async fn exchange(
-    stream: &mut TcpStream,
+    stream: &mut WireStream,
     frame: &[u8],
     sequence: u64,
     scratch: &mut Vec<u8>,
@@ -138,7 +200,7 @@ mod tests {
     #[tokio::test]
     async fn an_exchange_returns_the_ack_of_its_batch() {
         let address = server(Some(7)).await;
-        let mut stream = connect(&address, Role::Tool, "t", Duration::from_secs(5)).await.unwrap();
+        let mut stream = connect(&address, Role::Tool, "t", Duration::from_secs(5), None).await.unwrap();
         let ack = exchange(&mut stream, &frame(7), 7, &mut Vec::new(), Duration::from_secs(5)).await.unwrap();
         assert_eq!(ack.sequence, 7);
     }
@@ -146,17 +208,17 @@ mod tests {
     #[tokio::test]
     async fn failures_are_told_apart_by_reason() {
         let address = server(Some(8)).await;
-        let mut stream = connect(&address, Role::Tool, "t", Duration::from_secs(5)).await.unwrap();
+        let mut stream = connect(&address, Role::Tool, "t", Duration::from_secs(5), None).await.unwrap();
         let error = exchange(&mut stream, &frame(7), 7, &mut Vec::new(), Duration::from_secs(5)).await.unwrap_err();
         assert_eq!((error.reason(), error.to_string().as_str()), ("protocol", "ack for sequence 8, expected 7"));
 
         let address = server(None).await;
-        let mut stream = connect(&address, Role::Tool, "t", Duration::from_secs(5)).await.unwrap();
+        let mut stream = connect(&address, Role::Tool, "t", Duration::from_secs(5), None).await.unwrap();
         let error = exchange(&mut stream, &frame(1), 1, &mut Vec::new(), Duration::from_secs(5)).await.unwrap_err();
         assert_eq!(error.reason(), "io", "{error}");
 
         let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap().to_string();
-        let error = connect(&closed, Role::Tool, "t", Duration::from_secs(5)).await.unwrap_err();
+        let error = connect(&closed, Role::Tool, "t", Duration::from_secs(5), None).await.unwrap_err();
         assert_eq!(error.reason(), "connect", "{error}");
     }
 }

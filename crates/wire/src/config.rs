@@ -27,9 +27,14 @@
 //! assert!(error.to_string().contains("unknown field `ack_timeout`"), "{error}");
 //! ```
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use tessera_runtime::config::InvalidSetting;
+use tessera_runtime::logging::RateLimitedLog;
+
+use crate::client::ClientTls;
+use crate::tls::{ClientTlsConfig, Reloading, ServerTlsConfig, TlsError};
 
 /// Largest frame a daemon accepts or sends by default, bytes.
 pub const DEFAULT_MAX_FRAME_BYTES: usize = tessera_proto::framing::DEFAULT_MAX_FRAME_BYTES;
@@ -86,6 +91,57 @@ pub fn validate_listener(
     Ok(())
 }
 
+pub use prometheus_client::metrics::counter::Counter;
+
+/// Checks a sender's `[<table>.tls]` by building it once (files read, key matched).
+#[doc(hidden)]
+pub fn validate_client_tls(table: &str, tls: Option<&ClientTlsConfig>) -> Result<(), InvalidSetting> {
+    match tls.map(ClientTlsConfig::client_config) {
+        Some(Err(error)) => Err(InvalidSetting::new(format!("{table}.tls"), error.to_string())),
+        _ => Ok(()),
+    }
+}
+
+/// Checks a listener's `[tls]` by building it once.
+#[doc(hidden)]
+pub fn validate_server_tls(tls: Option<&ServerTlsConfig>) -> Result<(), InvalidSetting> {
+    match tls.map(ServerTlsConfig::server_config) {
+        Some(Err(error)) => Err(InvalidSetting::new("tls", error.to_string())),
+        _ => Ok(()),
+    }
+}
+
+/// What a failed reload does: a warning (rate-limited) and a count.
+fn on_reload_error(reload_errors: Counter) -> impl Fn(&TlsError) + Send + Sync + 'static {
+    static LOG: RateLimitedLog = RateLimitedLog::new("wire.tls_reload", 5);
+    move |error| {
+        reload_errors.inc();
+        if LOG.allow() {
+            tracing::warn!(%error, "TLS files changed but do not load; the previous certificates stay in use");
+        }
+    }
+}
+
+/// A sender's TLS, reloaded from its files.
+#[doc(hidden)]
+pub fn client_tls(tls: Option<&ClientTlsConfig>, reload_errors: Counter) -> Result<Option<Arc<ClientTls>>, TlsError> {
+    let Some(settings) = tls.cloned() else { return Ok(None) };
+    let build = settings.clone();
+    let config = Reloading::new(settings.files(), move || build.client_config(), on_reload_error(reload_errors))?;
+    Ok(Some(Arc::new(ClientTls { config, settings })))
+}
+
+/// A listener's TLS, reloaded from its files.
+#[doc(hidden)]
+pub fn server_tls(
+    tls: Option<&ServerTlsConfig>,
+    reload_errors: Counter,
+) -> Result<Option<Arc<Reloading<rustls::ServerConfig>>>, TlsError> {
+    let Some(settings) = tls.cloned() else { return Ok(None) };
+    let config = Reloading::new(settings.files(), move || settings.server_config(), on_reload_error(reload_errors))?;
+    Ok(Some(Arc::new(config)))
+}
+
 /// `ms` milliseconds.
 #[doc(hidden)]
 pub fn millis(ms: u64) -> Duration {
@@ -126,6 +182,9 @@ macro_rules! sender_config {
             pub reconnect_max_ms: u64,
             /// On SIGTERM, how long to keep delivering what is queued.
             pub shutdown_grace_secs: u64,
+            /// TLS towards the destinations (`ca_file`, `cert_file`, `key_file`,
+            /// `server_name`, `insecure_skip_verify`); plain TCP when absent.
+            pub tls: Option<$crate::tls::ClientTlsConfig>,
         }
 
         impl ::core::default::Default for $name {
@@ -139,6 +198,7 @@ macro_rules! sender_config {
                     reconnect_min_ms: 100,
                     reconnect_max_ms: 5_000,
                     shutdown_grace_secs: $grace,
+                    tls: None,
                 }
             }
         }
@@ -156,18 +216,25 @@ macro_rules! sender_config {
                     self.max_frame_bytes,
                     [self.connect_timeout_ms, self.ack_timeout_ms],
                     (self.reconnect_min_ms, self.reconnect_max_ms),
-                )
+                )?;
+                $crate::config::validate_client_tls(table, self.tls.as_ref())
             }
 
-            /// The sender's settings: it connects as `source` in `role` to a `peer`.
+            /// The sender's settings: it connects as `source` in `role` to a `peer`; a TLS
+            /// file that changes and does not load is counted in `reload_errors`.
+            ///
+            /// # Errors
+            ///
+            /// When the TLS files cannot be used.
             pub fn sender_settings(
                 &self,
                 source: String,
                 role: $crate::__proto::Role,
                 peer: &'static str,
                 heartbeat: Option<$crate::outbound::Heartbeat>,
-            ) -> $crate::outbound::SenderSettings {
-                $crate::outbound::SenderSettings {
+                reload_errors: $crate::config::Counter,
+            ) -> Result<$crate::outbound::SenderSettings, $crate::tls::TlsError> {
+                Ok($crate::outbound::SenderSettings {
                     source,
                     role,
                     peer,
@@ -177,7 +244,8 @@ macro_rules! sender_config {
                     reconnect_max: $crate::config::millis(self.reconnect_max_ms),
                     rejection_label: $crate::__proto::AckReason::label,
                     heartbeat,
-                }
+                    tls: $crate::config::client_tls(self.tls.as_ref(), reload_errors)?,
+                })
             }
 
             /// How long to keep delivering on SIGTERM.
@@ -218,6 +286,9 @@ macro_rules! listener_config {
             /// every window or a heartbeat when idle, so only a stuck or half-open connection
             /// stays silent.
             pub idle_timeout_ms: u64,
+            /// `[tls]`: TLS on the wire listener (`cert_file`, `key_file`, and `client_ca_file`
+            /// to require client certificates); plain TCP when absent.
+            pub tls: Option<$crate::tls::ServerTlsConfig>,
             $( $(#[$fmeta])* $fvis $field: $ty, )*
         }
 
@@ -229,6 +300,7 @@ macro_rules! listener_config {
                     max_connections: $connections,
                     handshake_timeout_ms: $handshake,
                     idle_timeout_ms: 30_000,
+                    tls: None,
                     $( $field: $default, )*
                 }
             }
@@ -246,18 +318,29 @@ macro_rules! listener_config {
                     self.max_connections,
                     self.handshake_timeout_ms,
                     self.idle_timeout_ms,
-                )
+                )?;
+                $crate::config::validate_server_tls(self.tls.as_ref())
             }
 
-            /// The listener's settings; it answers handshakes as `instance_id`.
-            pub fn listener_settings(&self, instance_id: String) -> $crate::inbound::ListenerSettings {
-                $crate::inbound::ListenerSettings {
+            /// The listener's settings; it answers handshakes as `instance_id`; a TLS file
+            /// that changes and does not load is counted in `reload_errors`.
+            ///
+            /// # Errors
+            ///
+            /// When the TLS files cannot be used.
+            pub fn listener_settings(
+                &self,
+                instance_id: String,
+                reload_errors: $crate::config::Counter,
+            ) -> Result<$crate::inbound::ListenerSettings, $crate::tls::TlsError> {
+                Ok($crate::inbound::ListenerSettings {
                     instance_id,
                     max_frame_bytes: self.max_frame_bytes,
                     max_connections: self.max_connections,
                     handshake_timeout: $crate::config::millis(self.handshake_timeout_ms),
                     idle_timeout: $crate::config::millis(self.idle_timeout_ms),
-                }
+                    tls: $crate::config::server_tls(self.tls.as_ref(), reload_errors)?,
+                })
             }
         }
     };

@@ -8,6 +8,10 @@
 //!   flood of clients cannot stall the peers already connected. The cap is a semaphore:
 //!   a slot is taken before the connection's task starts and given back when it ends,
 //!   with no race between the check and the count.
+//! - **TLS** (optional, [`ListenerSettings::tls`]): the TLS handshake comes first, under
+//!   the same handshake deadline; a client without a valid certificate (when a client CA
+//!   is set), or one that does not speak TLS, is refused there and counted
+//!   (`frame_errors_total{reason="tls"}`, the detail logged).
 //! - **Handshake deadline** ([`WireConnection::accept`]): a wire client that does not
 //!   complete the handshake in time is closed and counted.
 //! - **Idle deadline** ([`WireConnection::next_frame`]): after the handshake, a wire
@@ -32,8 +36,12 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use rustls::ServerConfig;
 use tessera_runtime::Shutdown;
 use tessera_runtime::logging::RateLimitedLog;
+
+use crate::stream::WireStream;
+use crate::tls::{Reloading, failure_label};
 
 /// What an accept loop reports; each listener maps it onto its own metrics.
 pub trait InboundCounters: Clone + Send + Sync + 'static {
@@ -62,6 +70,9 @@ pub struct ListenerSettings {
     pub handshake_timeout: std::time::Duration,
     /// After the handshake, the longest silence before a connection is closed.
     pub idle_timeout: std::time::Duration,
+    /// TLS on the listener (its configuration reloaded when the files change); plain
+    /// TCP when `None`.
+    pub tls: Option<Arc<Reloading<ServerConfig>>>,
 }
 
 impl ListenerSettings {
@@ -152,6 +163,9 @@ pub enum WireError {
     /// The handshake failed (not a hello, another protocol version, i/o).
     #[error("handshake failed")]
     Handshake(#[source] HandshakeError),
+    /// The TLS handshake failed: no valid client certificate, not TLS at all, i/o.
+    #[error("TLS handshake failed")]
+    Tls(#[source] std::io::Error),
     /// No frame for the idle deadline.
     #[error("no frame for {0:?}")]
     Idle(Duration),
@@ -164,11 +178,20 @@ pub enum WireError {
 }
 
 impl WireError {
+    /// For a failed TLS handshake, why, as a short label for logs (see [`failure_label`]).
+    pub fn tls_failure(&self) -> Option<&'static str> {
+        match self {
+            WireError::Tls(error) => Some(failure_label(error)),
+            _ => None,
+        }
+    }
+
     /// The `reason` label of `frame_errors_total`, or `None` for a clean end
     /// (the peer closed between frames, or shutdown).
     pub fn reason(&self) -> Option<&'static str> {
         match self {
             WireError::HandshakeTimeout(_) | WireError::Handshake(_) => Some("handshake"),
+            WireError::Tls(_) => Some("tls"),
             WireError::Idle(_) => Some("idle_timeout"),
             WireError::Frame(FrameError::Closed) | WireError::Shutdown => None,
             WireError::Frame(FrameError::TooLarge { .. }) => Some("too_large"),
@@ -181,7 +204,7 @@ impl WireError {
 /// deadline, refusing a declared length over the maximum before reading the body.
 pub struct WireConnection {
     /// The stream, for writing answers.
-    pub stream: TcpStream,
+    pub stream: WireStream,
     /// Who connected, from its hello.
     pub hello: Hello,
     deadlines: WireDeadlines,
@@ -189,29 +212,39 @@ pub struct WireConnection {
 }
 
 impl WireConnection {
-    /// Answers the client's handshake as `instance_id` within the handshake deadline.
+    /// Takes the TLS handshake when `settings` say so, then answers the client's handshake
+    /// as `settings.instance_id`, all within the handshake deadline.
     ///
     /// # Errors
     ///
-    /// [`WireError::HandshakeTimeout`], [`WireError::Handshake`], or
+    /// [`WireError::HandshakeTimeout`], [`WireError::Tls`], [`WireError::Handshake`], or
     /// [`WireError::Shutdown`] when `shutdown` fires first.
     pub async fn accept(
-        mut stream: TcpStream,
-        instance_id: &str,
-        deadlines: WireDeadlines,
-        max_frame_bytes: usize,
+        stream: TcpStream,
+        settings: &ListenerSettings,
         shutdown: &Shutdown,
     ) -> Result<WireConnection, WireError> {
-        let handshake = tokio::time::timeout(deadlines.handshake, framing::server_handshake(&mut stream, instance_id));
-        let hello = tokio::select! {
-            handshake = handshake => match handshake {
-                Ok(Ok(hello)) => hello,
-                Ok(Err(error)) => return Err(WireError::Handshake(error)),
+        let deadlines = settings.deadlines();
+        let handshakes = async {
+            let mut stream = match &settings.tls {
+                None => WireStream::Plain(stream),
+                Some(tls) => {
+                    let acceptor = tokio_rustls::TlsAcceptor::from(tls.current());
+                    WireStream::Server(Box::new(acceptor.accept(stream).await.map_err(WireError::Tls)?))
+                }
+            };
+            let hello =
+                framing::server_handshake(&mut stream, &settings.instance_id).await.map_err(WireError::Handshake)?;
+            Ok::<_, WireError>((stream, hello))
+        };
+        let (stream, hello) = tokio::select! {
+            handshake = tokio::time::timeout(deadlines.handshake, handshakes) => match handshake {
+                Ok(result) => result?,
                 Err(_) => return Err(WireError::HandshakeTimeout(deadlines.handshake)),
             },
             () = shutdown.wait() => return Err(WireError::Shutdown),
         };
-        Ok(WireConnection { stream, hello, deadlines, max_frame_bytes })
+        Ok(WireConnection { stream, hello, deadlines, max_frame_bytes: settings.max_frame_bytes })
     }
 
     /// The next frame, its length prefix included when `with_prefix`.

@@ -16,6 +16,8 @@
 //! - [`client`]: connect, handshake, and one batch for one acknowledgement.
 //! - [`backoff`]: the one jittered exponential backoff.
 //! - [`config`]: a sender's and a listener's configuration keys, declared once.
+//! - [`tls`]: certificates and rustls configurations, reloaded from disk;
+//!   [`stream::WireStream`] is a connection with or without TLS.
 //! - [`metrics`]: the listener's and the senders' metrics, declared once for
 //!   every daemon.
 //!
@@ -28,6 +30,8 @@ pub mod config;
 pub mod inbound;
 pub mod metrics;
 pub mod outbound;
+pub mod stream;
+pub mod tls;
 
 #[doc(hidden)]
 pub use tessera_proto as __proto;

@@ -12,6 +12,8 @@
 //! | `queue_batches`, `queue_bytes` | gauge | `destination` |
 //! | `ack_latency_seconds` | histogram | `destination` |
 //! | `connect_errors_total` | counter | `destination` |
+//! | `tls_errors_total` | counter | `destination`, `reason` |
+//! | `listener_tls_reload_errors_total`, `sender_tls_reload_errors_total` | counter | |
 //! | `send_errors_total`, `rejected_batches_total` | counter | `destination`, `reason` |
 //! | `dictionary_series`, `dictionary_generations_total`, `batches_expanded_total` | gauge, counters | `destination` (senders with series dictionaries) |
 //!
@@ -40,8 +42,12 @@ tessera_runtime::metrics! {
         pub connections_accepted: Counter,
         /// Failed accept calls on the wire listener
         pub accept_errors: Counter,
-        /// Wire connections closed for an error or refused, per reason
+        /// Wire connections closed for an error or refused, per reason (tls: the TLS handshake
+        /// failed, e.g. no valid client certificate)
         frame_errors: Family<Labels, Counter>,
+        /// The listener's TLS files that changed on disk but did not load (the previous
+        /// certificates stay in use)
+        pub listener_tls_reload_errors: Counter,
     }
 }
 
@@ -100,6 +106,12 @@ tessera_runtime::metrics! {
         send_errors: Family<Labels, Counter>,
         /// Batches a destination refused for good, per destination and reason
         rejected_batches: Family<Labels, Counter>,
+        /// TLS handshakes with a destination that failed, per destination and reason (unknown_ca,
+        /// expired, name_mismatch, bad_certificate, no_certificate, tls)
+        tls_errors: Family<Labels, Counter>,
+        /// The senders' TLS files that changed on disk but did not load (the previous
+        /// certificates stay in use)
+        sender_tls_reload_errors: Counter,
     }
 }
 
@@ -190,6 +202,11 @@ impl SenderMetrics {
         }
     }
 
+    /// The counter of TLS files that changed and did not load.
+    pub fn tls_reload_errors(&self) -> Counter {
+        self.families.sender_tls_reload_errors.clone()
+    }
+
     /// Dictionary generations of `destination` ended for `reason` so far.
     pub fn dictionary_generations_ended(&self, destination: &str, reason: &str) -> u64 {
         let by = labels(&[("destination", destination), ("reason", reason)]);
@@ -249,6 +266,10 @@ impl OutboundMetrics for DestinationMetrics {
 
     fn connect_error(&self) {
         self.connect_errors.inc();
+    }
+
+    fn tls_error(&self, reason: &'static str) {
+        self.count(&self.families.tls_errors, "reason", reason);
     }
 
     fn send_error(&self, reason: &'static str) {

@@ -122,6 +122,8 @@ pub trait OutboundMetrics: Send + Sync + 'static {
     fn dropped(&self, reason: DropReason, batches: u64, items: u64);
     /// A connect or handshake failed.
     fn connect_error(&self);
+    /// The TLS handshake failed, for `reason` ([`crate::tls::failure_label`]).
+    fn tls_error(&self, _reason: &'static str) {}
     /// The connection was lost while sending or awaiting an ack.
     fn send_error(&self, reason: &'static str);
     /// The destination refused a batch for good, for `reason` (a closed set).
@@ -390,6 +392,8 @@ pub struct SenderSettings {
     /// Keeps an idle connection open; `None`: the sender sends often enough on its own
     /// (a collector sends every window).
     pub heartbeat: Option<Heartbeat>,
+    /// TLS towards the destination; plain TCP when `None`.
+    pub tls: Option<Arc<crate::client::ClientTls>>,
 }
 
 /// When connected and idle for `after`, send `frame()` (a batch with nothing in it,
@@ -412,11 +416,20 @@ pub async fn run_sender<M: OutboundMetrics>(queue: Arc<OutboundQueue<M>>, settin
         if !matches!(wait_for_work(&queue, &stop, None).await, Wait::Work) {
             return;
         }
-        let connecting = client::connect(&endpoint, settings.role, &settings.source, settings.connect_timeout);
+        let connecting = client::connect(
+            &endpoint,
+            settings.role,
+            &settings.source,
+            settings.connect_timeout,
+            settings.tls.as_ref(),
+        );
         let mut stream = match connecting.await {
             Ok(stream) => stream,
             Err(error) => {
                 queue.metrics.connect_error();
+                if let Some(reason) = error.tls_failure() {
+                    queue.metrics.tls_error(reason);
+                }
                 tracing::warn!(%endpoint, peer, error = %error_chain(&error), "cannot reach the destination; will retry");
                 if !sleep_or_stop(backoff.next_delay(), &stop).await {
                     return;

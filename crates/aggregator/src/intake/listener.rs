@@ -62,9 +62,7 @@ async fn serve_connection(
     metrics: &Metrics,
     shutdown: &Shutdown,
 ) {
-    let deadlines = settings.deadlines();
-    let accepted = WireConnection::accept(stream, &settings.instance_id, deadlines, settings.max_frame_bytes, shutdown);
-    let mut wire = match accepted.await {
+    let mut wire = match WireConnection::accept(stream, settings, shutdown).await {
         Ok(wire) => wire,
         Err(error) => return closed(metrics, peer, "", &error),
     };

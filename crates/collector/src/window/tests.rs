@@ -44,6 +44,7 @@ fn harness(readers: usize) -> Harness {
             reconnect_max: Duration::from_millis(100),
             rejection_label: tessera_proto::AckReason::label,
             heartbeat: None,
+            tls: None,
         },
     };
     let settings = FlushSettings { window_ms: 1_000, flush_delay_ms: 150, readers };
