@@ -80,6 +80,8 @@ write_pipeline_configs() {
     ingester_port=$(free_port)
     ingester_http=$(free_port)
     write_collector_config "$work" "$udp_port" "$collector_http" 1 "127.0.0.1:$aggregator_port"
+    make_wire_tls "$work/tls"
+    printf '%s\n' "$tls_forward" >> "$work/collector.toml"
     cat > "$work/aggregator.toml" <<TOML
 instance_id = "aggregator"
 listen = "127.0.0.1:$aggregator_port"
@@ -91,7 +93,37 @@ path = "$work/placement.toml"
 endpoints = ["127.0.0.1:$ingester_port"]
 [telemetry]
 listen = "127.0.0.1:$aggregator_http"
+$tls_ingester
+$tls_listener
 TOML
+}
+
+# make_wire_tls DIR: with WIRE_TLS=1, a CA, a server certificate for 127.0.0.1 and
+# localhost, and a client certificate (openssl, EC P-256) in DIR, and sets the config
+# lines of mutual TLS on both links: tls_listener (a listener's [tls]), tls_forward
+# (the collector's [forward.tls]) and tls_ingester (the aggregator's [ingester.tls]).
+# Without WIRE_TLS they are empty: plain TCP.
+make_wire_tls() {
+    tls_listener="" tls_forward="" tls_ingester=""
+    [ "${WIRE_TLS:-0}" = 1 ] || return 0
+    local dir=$1
+    mkdir -p "$dir"
+    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 -subj "/CN=bench CA" \
+        -keyout "$dir/ca-key.pem" -out "$dir/ca.pem" 2>/dev/null
+    local name
+    for name in server client; do
+        openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj "/CN=$name" \
+            -keyout "$dir/$name-key.pem" -out "$dir/$name.csr" 2>/dev/null
+        printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\n' > "$dir/$name.ext"
+        openssl x509 -req -in "$dir/$name.csr" -CA "$dir/ca.pem" -CAkey "$dir/ca-key.pem" -CAcreateserial \
+            -days 2 -extfile "$dir/$name.ext" -out "$dir/$name.pem" 2>/dev/null
+    done
+    tls_listener=$(printf '[tls]\ncert_file = "%s"\nkey_file = "%s"\nclient_ca_file = "%s"' \
+        "$dir/server.pem" "$dir/server-key.pem" "$dir/ca.pem")
+    local client
+    client=$(printf 'ca_file = "%s"\ncert_file = "%s"\nkey_file = "%s"' "$dir/ca.pem" "$dir/client.pem" "$dir/client-key.pem")
+    tls_forward=$(printf '[forward.tls]\n%s' "$client")
+    tls_ingester=$(printf '[ingester.tls]\n%s' "$client")
 }
 
 # write_ingester_config LINES: $work/ingester.toml of the one-ingester pipeline
@@ -105,6 +137,7 @@ data_dir = "$work/ingester"
 [telemetry]
 listen = "127.0.0.1:$ingester_http"
 $1
+${tls_listener:-}
 TOML
 }
 

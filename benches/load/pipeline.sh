@@ -17,6 +17,8 @@
 #   MERGE_THREADS=N (default: the aggregator's default, the cores available)
 #   PROFILE_HZ=99: take a CPU profile of the collector at that frequency for
 #   the whole run (/debug/pprof/profile), to measure what profiling costs
+#   WIRE_TLS=1: mutual TLS on both wire links (collector -> aggregator -> ingester),
+#   certificates made with openssl for the run
 #
 # Needs `sysctl -w net.core.rmem_max=33554432` for the 32 MiB receive buffer.
 # For intake alone (the collector forwarding to a closed port), see collector.sh.
