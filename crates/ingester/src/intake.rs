@@ -52,29 +52,14 @@ pub async fn accept_loop(
     let accept = AcceptSettings { max_connections: settings.max_connections, peer: "aggregator" };
     let counters = metrics.listener.clone();
     let context = (jobs, settings, metrics, stop.clone());
-    inbound::accept_loop(
-        listener,
-        accept,
-        counters,
-        &FRAME_ERROR_LOG,
-        stop,
-        context,
-        |stream, peer, context| async move {
-            let (jobs, settings, metrics, stop) = context;
-            connection(stream, peer, jobs, &settings, &metrics, &stop).await;
-        },
-    )
-    .await;
+    inbound::accept_loop(listener, accept, counters, &FRAME_ERROR_LOG, stop, context, connection).await;
 }
 
-async fn connection(
-    stream: TcpStream,
-    peer: SocketAddr,
-    jobs: mpsc::Sender<Job>,
-    settings: &ListenerSettings,
-    metrics: &Metrics,
-    stop: &Shutdown,
-) {
+/// What every connection's task holds.
+type Context = (mpsc::Sender<Job>, ListenerSettings, Metrics, Shutdown);
+
+async fn connection(stream: TcpStream, peer: SocketAddr, (jobs, settings, metrics, stop): Context) {
+    let (settings, metrics, stop) = (&settings, &metrics, &stop);
     let mut wire = match WireConnection::accept(stream, settings, stop).await {
         Ok(wire) => wire,
         Err(error) => return ended(metrics, peer, &error),

@@ -39,29 +39,14 @@ pub async fn accept_loop(
     let accept = AcceptSettings { max_connections: settings.max_connections, peer: "collector" };
     let counters = metrics.listener.clone();
     let context = (jobs, settings, metrics, shutdown.clone());
-    inbound::accept_loop(
-        listener,
-        accept,
-        counters,
-        &CONNECTION_LOG,
-        shutdown,
-        context,
-        |stream, peer, context| async move {
-            let (jobs, settings, metrics, shutdown) = context;
-            serve_connection(stream, peer, &jobs, &settings, &metrics, &shutdown).await;
-        },
-    )
-    .await;
+    inbound::accept_loop(listener, accept, counters, &CONNECTION_LOG, shutdown, context, serve_connection).await;
 }
 
-async fn serve_connection(
-    stream: TcpStream,
-    peer: SocketAddr,
-    jobs: &Sender<Inbound>,
-    settings: &ListenerSettings,
-    metrics: &Metrics,
-    shutdown: &Shutdown,
-) {
+/// What every connection's task holds.
+type Context = (Sender<Inbound>, ListenerSettings, Metrics, Shutdown);
+
+async fn serve_connection(stream: TcpStream, peer: SocketAddr, (jobs, settings, metrics, shutdown): Context) {
+    let (jobs, settings, metrics, shutdown) = (&jobs, &settings, &metrics, &shutdown);
     let mut wire = match WireConnection::accept(stream, settings, shutdown).await {
         Ok(wire) => wire,
         Err(error) => return closed(metrics, peer, "", &error),

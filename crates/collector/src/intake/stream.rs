@@ -51,21 +51,17 @@ pub async fn accept_loop(
 ) {
     let accept = AcceptSettings { max_connections: settings.max_connections, peer: "statsd client" };
     let context = (lines, settings, metrics.clone(), shutdown.clone());
-    inbound::accept_loop(
-        listener,
-        accept,
-        metrics,
-        &CONNECTION_LOG,
-        shutdown,
-        context,
-        |stream, peer, context| async move {
-            let (lines, settings, metrics, shutdown) = context;
-            if let Err(error) = read_connection(stream, &lines, &settings, &metrics, &shutdown).await {
-                tracing::debug!(%peer, %error, "tcp connection ended with an error");
-            }
-        },
-    )
-    .await;
+    inbound::accept_loop(listener, accept, metrics, &CONNECTION_LOG, shutdown, context, serve).await;
+}
+
+/// What every connection's task holds.
+type Context = (Sender<Vec<u8>>, StreamSettings, ListenerMetrics, Shutdown);
+
+/// Reads one connection's lines until it ends.
+async fn serve(stream: TcpStream, peer: SocketAddr, (lines, settings, metrics, shutdown): Context) {
+    if let Err(error) = read_connection(stream, &lines, &settings, &metrics, &shutdown).await {
+        tracing::debug!(%peer, %error, "tcp connection ended with an error");
+    }
 }
 
 async fn read_connection(
