@@ -15,7 +15,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 use crate::stream::WireStream;
-use crate::tls::{ClientTlsConfig, Reloading, failure_label};
+use crate::tls::{ClientTlsConfig, Reloading, failure_label, tls_failure};
 
 use tessera_proto::framing::{self, FrameError, HandshakeError};
 use tessera_proto::{Ack, Role, frame::Body};
@@ -101,11 +101,14 @@ impl std::fmt::Debug for ClientTls {
 }
 
 impl ClientError {
-    /// For a failed TLS handshake, why, as a metric label (see [`failure_label`]).
+    /// For a failed TLS handshake, why, as a metric label (see [`failure_label`]). Under
+    /// TLS 1.3 a server refuses a client's certificate (or its absence) after the client
+    /// has finished its side of the handshake: the client reads the server's alert in the
+    /// wire handshake that follows, so a rustls error anywhere in the chain counts too.
     pub fn tls_failure(&self) -> Option<&'static str> {
         match self {
             ClientError::Tls { source, .. } => Some(failure_label(source)),
-            _ => None,
+            other => tls_failure(other),
         }
     }
 }

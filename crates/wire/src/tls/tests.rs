@@ -67,7 +67,8 @@ async fn mutual_tls_connects_and_a_client_without_a_certificate_is_refused_at_th
 
     let (address, accepted) = listen(server(&pki, true)).await;
     // TLS 1.3: the client learns of the refusal when it reads, in the wire handshake.
-    assert!(connect(&address, client(&pki, &pki.ca, false)).await.is_err());
+    let error = connect(&address, client(&pki, &pki.ca, false)).await.unwrap_err();
+    assert_eq!(error.tls_failure(), Some("no_certificate"), "{error:?}");
     let refused = accepted.await.unwrap().unwrap_err();
     assert_eq!(refused.reason(), Some("tls"), "{refused:?}");
     assert_eq!(refused.tls_failure(), Some("no_certificate"), "{refused:?}");
