@@ -1,6 +1,7 @@
 //! The three daemons fail the same way: a configuration that cannot work,
 //! found when it is read or when the daemon starts (a placement file that is
-//! not there), exits 64 naming the problem; `--help` exits 0.
+//! not there), exits 64 naming the problem; `--help` exits 0. So do
+//! `tessera local`'s remote-write flags that cannot work.
 
 use std::process::Command;
 
@@ -70,5 +71,22 @@ fn a_placement_missing_at_start_exits_64_in_every_daemon_that_reads_one() {
         assert_eq!(code, Some(64), "{daemon}: {stderr}");
         assert!(stderr.contains("failed to start"), "{daemon}: {stderr}");
         assert!(stderr.contains(expected), "{daemon}: {stderr}");
+    }
+}
+
+#[test]
+fn tessera_local_exits_64_on_remote_write_flags_that_cannot_work() {
+    let url = "http://127.0.0.1:1/api/v1/write";
+    let cases: [(&[&str], &str); 4] = [
+        (&["--remote-write-header", "X-Scope-OrgID=team-a"], "--remote-write-header needs --remote-write"),
+        (&["--remote-write", url, "--remote-write-basic-auth", "alice"], "expected USER:PASSWORD_FILE"),
+        (&["--remote-write", url, "--remote-write-header", "no-equals-sign"], "expected NAME=VALUE"),
+        (&["--remote-write", url, "--remote-write-bearer-token-file", "/nonexistent/token"], "/nonexistent/token"),
+    ];
+    for (flags, expected) in cases {
+        let output = Command::new(binary("tessera")).arg("local").args(flags).output().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(64), "{flags:?}: {stderr}");
+        assert!(stderr.contains(expected), "{flags:?}: {stderr}");
     }
 }

@@ -3,13 +3,14 @@
 //! Runs a collector, one aggregator and an ingester on loopback with a
 //! static one-instance placement, the file sink by default (OpenMetrics
 //! files under `--data-dir`) or Prometheus remote write with
-//! `--remote-write URL`. The three daemons share one telemetry registry
-//! served on `--telemetry`. While it runs it shows intake, active series,
-//! tiles, samples written, drops and end-to-end latency, redrawn in place
-//! on a terminal and as a log line every ten seconds otherwise. Ctrl-C (or
-//! SIGTERM) drains in order: the collector cuts its window and delivers
-//! it, the aggregator flushes its open tiles, the ingester writes what it
-//! holds.
+//! `--remote-write URL` (over https, with a CA file, basic auth or a bearer
+//! token, and headers: [`remote_write`]). The three daemons share one
+//! telemetry registry served on `--telemetry`. While it runs it shows
+//! intake, active series, tiles, samples written, drops and end-to-end
+//! latency, redrawn in place on a terminal and as a log line every ten
+//! seconds otherwise. Ctrl-C (or SIGTERM) drains in order: the collector
+//! cuts its window and delivers it, the aggregator flushes its open tiles,
+//! the ingester writes what it holds.
 
 use std::collections::HashMap;
 use std::io::{IsTerminal, Write};
@@ -19,8 +20,13 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use tessera_runtime::config::EXIT_CONFIG;
 use tessera_runtime::{LogFormat, Shutdown, Telemetry, logging};
 use tessera_topology::{Placement, PlacementHandle};
+
+mod remote_write;
+
+use remote_write::{FlagError, RemoteWriteFlags};
 
 /// Flags of `tessera local`.
 #[derive(Debug, clap::Args)]
@@ -31,10 +37,8 @@ pub struct Args {
     /// Durable queue and OpenMetrics output live here.
     #[arg(long, default_value = "tessera-data")]
     data_dir: PathBuf,
-    /// Send to a Prometheus remote-write endpoint instead of the file sink
-    /// (e.g. http://127.0.0.1:9090/api/v1/write).
-    #[arg(long)]
-    remote_write: Option<String>,
+    #[command(flatten)]
+    remote_write: RemoteWriteFlags,
     /// The dashboard page (`/`), `/metrics`, `/healthz`, `/readyz` of all three daemons.
     #[arg(long, default_value = "127.0.0.1:9100")]
     telemetry: SocketAddr,
@@ -52,8 +56,12 @@ pub struct Args {
     log_level: String,
 }
 
-/// Runs `tessera local` until Ctrl-C or SIGTERM.
+/// Runs `tessera local` until Ctrl-C or SIGTERM; exits 64 on flags that cannot work.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    if let Err(error) = ingester_config(&args) {
+        eprintln!("tessera local: {error}");
+        return Ok(ExitCode::from(EXIT_CONFIG));
+    }
     logging::init(LogFormat::Text, &args.log_level).context("starting logging")?;
     let runtime =
         tokio::runtime::Builder::new_multi_thread().worker_threads(2).thread_name("local-io").enable_all().build()?;
@@ -77,18 +85,7 @@ impl Pipeline {
         let telemetry = Telemetry::new("local", env!("CARGO_PKG_VERSION"));
         let shutdowns = [Shutdown::new(), Shutdown::new(), Shutdown::new()];
 
-        let mut ingester_config: tessera_ingester::Config = toml_config(&format!(
-            "listen = \"127.0.0.1:0\"\ndata_dir = {:?}\n[telemetry]\n",
-            args.data_dir.join("queue").display().to_string()
-        ))?;
-        ingester_config.telemetry.listen = None;
-        ingester_config.sink = match &args.remote_write {
-            Some(url) => toml_config(&format!("kind = \"remote_write\"\nurl = {url:?}\n"))?,
-            None => toml_config(&format!(
-                "kind = \"file\"\ndir = {:?}\n",
-                args.data_dir.join("openmetrics").display().to_string()
-            ))?,
-        };
+        let ingester_config = ingester_config(args)?;
         let ingester = tessera_ingester::Ingester::start(ingester_config, telemetry.clone(), shutdowns[2].clone())
             .await
             .context("starting the ingester")?;
@@ -146,11 +143,31 @@ impl Pipeline {
     }
 }
 
+/// The embedded ingester's configuration: the file sink under `--data-dir`, or remote
+/// write as the flags say, checked as the ingester checks its file.
+fn ingester_config(args: &Args) -> Result<tessera_ingester::Config, FlagError> {
+    let mut config: tessera_ingester::Config =
+        toml::from_str("listen = \"127.0.0.1:0\"\n[telemetry]\n").expect("the embedded ingester configuration parses");
+    config.data_dir = args.data_dir.join("queue");
+    config.telemetry.listen = None;
+    let sink = match args.remote_write.sink_table()? {
+        Some(sink) => sink,
+        None => {
+            let mut file = toml::Table::new();
+            file.insert("kind".into(), "file".into());
+            file.insert("dir".into(), args.data_dir.join("openmetrics").display().to_string().into());
+            file
+        }
+    };
+    remote_write::ingester_sink(&mut config, sink)?;
+    Ok(config)
+}
+
 async fn run_async(args: Args) -> anyhow::Result<ExitCode> {
     let signals = Shutdown::from_signals().context("installing signal handlers")?;
     let pipeline = Pipeline::start(&args).await?;
     let interactive = std::io::stdout().is_terminal() && !args.plain;
-    let sink = match &args.remote_write {
+    let sink = match &args.remote_write.url {
         Some(url) => format!("remote write {url}"),
         None => format!("files in {}", args.data_dir.join("openmetrics").display()),
     };
@@ -366,7 +383,7 @@ tessera_aggregator_drops_total{reason=\"queue_full\",unit=\"series\"} 9
         let args = Args {
             statsd: "127.0.0.1:0".parse().unwrap(),
             data_dir: dir.path().to_path_buf(),
-            remote_write: None,
+            remote_write: RemoteWriteFlags::default(),
             telemetry: "127.0.0.1:0".parse().unwrap(),
             shards: 8,
             policies: vec!["1s:1h".to_owned()],

@@ -24,7 +24,8 @@ struct Cli {
 enum Command {
     /// Run collector, aggregator and ingester in one process on this
     /// machine (statsd on 127.0.0.1:8125, OpenMetrics files or remote
-    /// write), showing live rates and end-to-end latency.
+    /// write over http or https, with basic auth, a bearer token or
+    /// headers), showing live rates and end-to-end latency.
     Local(Box<local::Args>),
     /// Parse statsd lines (from files or stdin) and show how tessera reads
     /// each one: series id, type, values, shard, or why it is rejected.
