@@ -10,6 +10,9 @@
 #                             tessera-ingester from `cargo build --release --bins`
 #   tessera-etcd:local        Debian's etcd (/usr/bin/etcd, package etcd-server)
 #   tessera-prometheus:local  Debian's prometheus and promtool (package prometheus)
+#   tessera-certs:local       this host's openssl, for the tls-init service of
+#                             docker-compose.mtls.yml (built only when openssl is
+#                             installed; the plain stack does not need it)
 #
 # The base is the host's own libraries rather than a Debian release: binaries
 # built here run unchanged whatever the host's glibc is, and nothing is
@@ -181,5 +184,36 @@ stage_context prometheus "${prometheus_binaries[@]}"
 build_image tessera tessera:local
 build_image etcd tessera-etcd:local
 build_image prometheus tessera-prometheus:local
+built="tessera-base:local tessera:local tessera-etcd:local tessera-prometheus:local"
 
-echo "build-images: done: tessera-base:local tessera:local tessera-etcd:local tessera-prometheus:local" >&2
+# --- tessera-certs:local (the mTLS override's tls-init) -----------------------
+
+# openssl, the libraries it links that the base may lack (libssl, libcrypto),
+# its configuration, and the few tools deploy/make-certs.sh uses beside it.
+if openssl_binary=$(command -v openssl); then
+    certs_rootfs="$build_dir/certs/rootfs"
+    mkdir -p "$certs_rootfs/usr/bin" "$build_dir/certs/state"
+    cp "$deploy_dir/images/certs.Dockerfile" "$build_dir/certs/Dockerfile"
+    cp -L "$openssl_binary" "$certs_rootfs/usr/bin/openssl"
+    for program in rm mkdir chmod; do
+        path=$(command -v "$program") || fail "\`$program\` not found on this host"
+        cp -L "$path" "$certs_rootfs/usr/bin/$program"
+    done
+    openssl_dir=$(openssl version -d | sed -n 's/^OPENSSLDIR: "\(.*\)"$/\1/p')
+    if [ -f "$openssl_dir/openssl.cnf" ]; then
+        mkdir -p "$certs_rootfs$openssl_dir"
+        cp -L "$openssl_dir/openssl.cnf" "$certs_rootfs$openssl_dir/openssl.cnf"
+    fi
+    for binary in "$openssl_binary" "$certs_rootfs"/usr/bin/{rm,mkdir,chmod}; do
+        while read -r library; do
+            mkdir -p "$certs_rootfs$(dirname "$library")"
+            cp -L "$library" "$certs_rootfs$library"
+        done < <(shared_libraries_of "$binary")
+    done
+    build_image certs tessera-certs:local
+    built="$built tessera-certs:local"
+else
+    echo "build-images: openssl not found: no tessera-certs:local (only docker-compose.mtls.yml needs it)" >&2
+fi
+
+echo "build-images: done: $built" >&2

@@ -61,7 +61,7 @@
 //!
 //! [policy_sinks."1m:40d"]     # optional: a storage policy with its own target
 //! kind = "remote_write"
-//! url = "http://127.0.0.1:9090/api/v1/write"
+//! url = "http://127.0.0.1:9090/api/v1/write"  # or https://
 //! m3_headers = false             # M3-Metrics-Type / M3-Storage-Policy headers
 //! # Timers, histograms and distributions: "native" (one cumulative native histogram per
 //! # series; Prometheus with --enable-feature=native-histograms), "summary" (quantile series
@@ -70,9 +70,23 @@
 //! max_buckets = 160              # a native histogram with more buckets lowers its schema
 //! request_timeout_ms = 10000
 //! connect_timeout_ms = 2000
+//! headers = { "X-Scope-OrgID" = "team-a" }  # sent with every request
+//! bearer_token_file = "/run/secrets/token"  # Authorization: Bearer, re-read when it changes
+//! tenant_label = "team"          # one request per value of this tag, the value in
+//! tenant_header = "X-Scope-OrgID"  # this header (the default); untagged: `headers` alone
+//! # [policy_sinks."1m:40d".tls]  # https only: ca_file (else the system's roots), cert_file
+//! # ca_file = "/etc/tessera/ca.crt"  # and key_file (mTLS), server_name, insecure_skip_verify
+//! # [policy_sinks."1m:40d".basic_auth]  # instead of bearer_token_file: username and
+//! # username = "tessera"              # password_file or password_env (one of the two)
+//! # password_file = "/run/secrets/password"
 //!
 //! [telemetry]
 //! listen = "127.0.0.1:9104"      # /metrics, /healthz, /readyz; absent = off
+//!
+//! [tls]                       # optional: TLS on the wire listener; plain TCP when absent
+//! cert_file = "/etc/tessera/tls/ingester.crt"
+//! key_file = "/etc/tessera/tls/ingester.key"
+//! client_ca_file = "/etc/tessera/tls/ca.crt"  # require client certificates signed by it
 //!
 //! [placement]                 # optional: one of several ingesters, each owning a share of
 //!                             # the series (the ingesters' placement in etcd; see crate::tier)
