@@ -163,6 +163,10 @@ pub async fn exchange(
 ) -> Result<Ack, ClientError> {
     let round_trip = async {
         stream.write_all(frame).await?;
+        // Under TLS, `write_all` can return with the last records still in the session's
+        // buffer (the socket was full): without a flush they would wait for the next
+        // write, and the ack for them, until the ack timeout.
+        stream.flush().await?;
         let answer = framing::read_frame(stream, scratch, MAX_ACK_FRAME_BYTES).await?;
         match answer.body {
             Some(Body::Ack(ack)) if ack.sequence == sequence => Ok(ack),

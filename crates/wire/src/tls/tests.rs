@@ -30,22 +30,27 @@ fn never(_: &TlsError) {}
 
 /// A wire listener on loopback with `tls`: the outcome of the first connection's accept.
 async fn listen(tls: ServerTlsConfig) -> (String, tokio::task::JoinHandle<Result<(), WireError>>) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let address = format!("localhost:{}", listener.local_addr().unwrap().port());
-    let config = Reloading::new(tls.files(), move || tls.server_config(), never).unwrap();
-    let settings = ListenerSettings {
-        instance_id: "server".into(),
-        max_frame_bytes: 1 << 20,
-        max_connections: 4,
-        handshake_timeout: Duration::from_secs(5),
-        idle_timeout: Duration::from_secs(5),
-        tls: Some(Arc::new(config)),
-    };
+    let (address, listener, settings) = bind(tls).await;
     let accepted = tokio::spawn(async move {
         let (stream, _) = listener.accept().await.unwrap();
         WireConnection::accept(stream, &settings, &Shutdown::new()).await.map(|_| ())
     });
     (address, accepted)
+}
+
+async fn bind(tls: ServerTlsConfig) -> (String, tokio::net::TcpListener, ListenerSettings) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = format!("localhost:{}", listener.local_addr().unwrap().port());
+    let config = Reloading::new(tls.files(), move || tls.server_config(), never).unwrap();
+    let settings = ListenerSettings {
+        instance_id: "server".into(),
+        max_frame_bytes: 64 << 20,
+        max_connections: 4,
+        handshake_timeout: Duration::from_secs(5),
+        idle_timeout: Duration::from_secs(5),
+        tls: Some(Arc::new(config)),
+    };
+    (address, listener, settings)
 }
 
 async fn connect(address: &str, tls: ClientTlsConfig) -> Result<crate::stream::WireStream, client::ClientError> {
@@ -72,6 +77,38 @@ async fn mutual_tls_connects_and_a_client_without_a_certificate_is_refused_at_th
     let refused = accepted.await.unwrap().unwrap_err();
     assert_eq!(refused.reason(), Some("tls"), "{refused:?}");
     assert_eq!(refused.tls_failure(), Some("no_certificate"), "{refused:?}");
+}
+
+/// Frames far larger than the socket buffers, to a server that comes to them late: the
+/// TLS session holds records back when the socket is full, and the exchange flushes them
+/// (the pipeline benchmark found acks waiting for the ack timeout without the flush; this
+/// test caught it in one run of three, when the socket filled at a frame's very end).
+#[tokio::test]
+async fn a_large_frame_over_tls_is_acknowledged_at_once() {
+    use tessera_proto::{Ack, AckStatus, Frame, frame::Body, framing};
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::create(dir.path());
+    let (address, listener, settings) = bind(server(&pki, false)).await;
+    tokio::spawn(async move {
+        let (stream, _) = listener.accept().await.unwrap();
+        let shutdown = Shutdown::new();
+        let mut wire = WireConnection::accept(stream, &settings, &shutdown).await.unwrap();
+        loop {
+            // The server comes to each frame late, as a busy aggregator does: the client's
+            // socket fills up while it writes.
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let Ok(frame) = wire.next_frame(false, &shutdown).await else { return };
+            let ack = Ack { sequence: frame.len() as u64, status: AckStatus::Ok as i32, ..Default::default() };
+            framing::write_frame(&mut wire.stream, &Frame { body: Some(Body::Ack(ack)) }, 1 << 20).await.unwrap();
+        }
+    });
+    let mut stream = connect(&address, client(&pki, &pki.ca, false)).await.unwrap();
+    for len in [32 << 20, 1 << 20, 7_777_777] {
+        let mut frame = (len as u32).to_be_bytes().to_vec();
+        frame.resize(4 + len, 0xA5);
+        let ack = client::exchange(&mut stream, &frame, len as u64, &mut Vec::new(), Duration::from_secs(10)).await;
+        assert_eq!(ack.unwrap().sequence, len as u64);
+    }
 }
 
 #[tokio::test]
