@@ -17,11 +17,13 @@
 //! | `send_errors_total`, `rejected_batches_total` | counter | `destination`, `reason` |
 //! | `dictionary_series`, `dictionary_generations_total`, `batches_expanded_total` | gauge, counters | `destination` (senders with series dictionaries) |
 //!
+//! Labels are typed (`ByDestination`, `ByDestinationReason`, ...), encoded in field order.
 //! Drops on the way to a destination go to the daemon's own `drops_total{reason,unit}`
 //! (`queue_full`, `rejected`, `expansion_failed`), handed to [`SenderMetrics::destination`].
 
 use std::time::Duration;
 
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -31,6 +33,32 @@ use tessera_runtime::telemetry::{Labels, Registry, labels, latency_histogram};
 
 use crate::inbound::InboundCounters;
 use crate::outbound::{Batch, DropReason, GenerationEnd, OutboundMetrics};
+
+/// `{reason}`: why a connection was closed or refused.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ByReason {
+    reason: &'static str,
+}
+
+/// `{destination}`: the endpoint or instance a sender sends to.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ByDestination {
+    destination: String,
+}
+
+/// `{destination, reason}`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ByDestinationReason {
+    destination: String,
+    reason: String,
+}
+
+/// `{destination, result}`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ByDestinationResult {
+    destination: String,
+    result: &'static str,
+}
 
 tessera_runtime::metrics! {
     /// A wire listener's metrics (an aggregator's for collectors, an ingester's for
@@ -44,7 +72,7 @@ tessera_runtime::metrics! {
         pub accept_errors: Counter,
         /// Wire connections closed for an error or refused, per reason (tls: the TLS handshake
         /// failed, e.g. no valid client certificate)
-        frame_errors: Family<Labels, Counter>,
+        frame_errors: Family<ByReason, Counter>,
         /// The listener's TLS files that changed on disk but did not load (the previous
         /// certificates stay in use)
         pub listener_tls_reload_errors: Counter,
@@ -55,19 +83,19 @@ impl ListenerMetrics {
     /// Exports `reasons` of `frame_errors_total` at 0, so that "none" reads as 0.
     pub fn with_frame_error_reasons(self, reasons: &[&'static str]) -> Self {
         for reason in reasons {
-            let _ = self.frame_errors.get_or_create(&labels(&[("reason", reason)]));
+            let _ = self.frame_errors.get_or_create(&ByReason { reason });
         }
         self
     }
 
     /// Counts a connection closed (or refused) for `reason`.
     pub fn frame_error(&self, reason: &'static str) {
-        self.frame_errors.get_or_create(&labels(&[("reason", reason)])).inc();
+        self.frame_errors.get_or_create(&ByReason { reason }).inc();
     }
 
     /// Connections closed for `reason` so far.
     pub fn frame_errors(&self, reason: &'static str) -> u64 {
-        self.frame_errors.get_or_create(&labels(&[("reason", reason)])).get()
+        self.frame_errors.get_or_create(&ByReason { reason }).get()
     }
 }
 
@@ -91,24 +119,24 @@ tessera_runtime::metrics! {
     /// Every destination's sender metrics.
     struct SenderFamilies {
         /// Batches acknowledged, per destination
-        batches_sent: Family<Labels, Counter>,
+        batches_sent: Family<ByDestination, Counter>,
         /// Bytes of acknowledged batches, per destination
-        bytes_sent: Family<Labels, Counter>,
+        bytes_sent: Family<ByDestination, Counter>,
         /// Batches waiting, per destination
-        queue_batches: Family<Labels, Gauge>,
+        queue_batches: Family<ByDestination, Gauge>,
         /// Bytes waiting, per destination
-        queue_bytes: Family<Labels, Gauge>,
+        queue_bytes: Family<ByDestination, Gauge>,
         /// Time from sending a batch to its acknowledgement, per destination
-        ack_latency: Family<Labels, Histogram> [seconds] = Family::new_with_constructor(latency_histogram),
+        ack_latency: Family<ByDestination, Histogram> [seconds] = Family::new_with_constructor(latency_histogram),
         /// Failed connection attempts, per destination
-        connect_errors: Family<Labels, Counter>,
+        connect_errors: Family<ByDestination, Counter>,
         /// Connections lost while sending or awaiting an ack, per destination and reason
-        send_errors: Family<Labels, Counter>,
+        send_errors: Family<ByDestinationReason, Counter>,
         /// Batches a destination refused for good, per destination and reason
-        rejected_batches: Family<Labels, Counter>,
+        rejected_batches: Family<ByDestinationReason, Counter>,
         /// TLS handshakes with a destination that failed, per destination and reason (unknown_ca,
         /// expired, name_mismatch, bad_certificate, no_certificate, tls)
-        tls_errors: Family<Labels, Counter>,
+        tls_errors: Family<ByDestinationReason, Counter>,
         /// The senders' TLS files that changed on disk but did not load (the previous
         /// certificates stay in use)
         sender_tls_reload_errors: Counter,
@@ -119,14 +147,14 @@ tessera_runtime::metrics! {
     /// The series dictionary of each destination, for senders that keep one.
     struct DictionaryFamilies {
         /// Series named in the current series dictionary of each destination
-        dictionary_series: Family<Labels, Gauge>,
+        dictionary_series: Family<ByDestination, Gauge>,
         /// Series dictionaries ended per destination, by why: connect (a new connection), dropped (a batch
         /// of it was dropped), rotated (too many idle series, a full dictionary, or the destination left
         /// the placement)
-        dictionary_generations: Family<Labels, Counter>,
+        dictionary_generations: Family<ByDestinationReason, Counter>,
         /// Batches encoded for an ended dictionary, re-encoded with full series ids before sending
         /// (result=ok) or dropped (result=error)
-        batches_expanded: Family<Labels, Counter>,
+        batches_expanded: Family<ByDestinationResult, Counter>,
     }
 }
 
@@ -149,7 +177,7 @@ pub struct Items {
 pub struct SenderMetrics {
     families: SenderFamilies,
     dictionaries: DictionaryFamilies,
-    items_sent: Family<Labels, Counter>,
+    items_sent: Family<ByDestination, Counter>,
     items: Items,
 }
 
@@ -179,11 +207,11 @@ impl SenderMetrics {
 
     /// Handles for the queue and sender of `destination`; its drops are counted in `drops`.
     pub fn destination(&self, destination: &str, drops: &Family<Labels, Counter>) -> DestinationMetrics {
-        let by_destination = labels(&[("destination", destination)]);
+        let by_destination = ByDestination { destination: destination.to_owned() };
         let families = &self.families;
         for reason in AckReason::refusal_labels(self.items.refusals) {
-            let _ =
-                families.rejected_batches.get_or_create(&labels(&[("destination", destination), ("reason", reason)]));
+            let by = ByDestinationReason { destination: destination.to_owned(), reason: reason.to_owned() };
+            let _ = families.rejected_batches.get_or_create(&by);
         }
         DestinationMetrics {
             batches_sent: families.batches_sent.get_or_create(&by_destination).clone(),
@@ -209,7 +237,7 @@ impl SenderMetrics {
 
     /// Dictionary generations of `destination` ended for `reason` so far.
     pub fn dictionary_generations_ended(&self, destination: &str, reason: &str) -> u64 {
-        let by = labels(&[("destination", destination), ("reason", reason)]);
+        let by = ByDestinationReason { destination: destination.to_owned(), reason: reason.to_owned() };
         self.dictionaries.dictionary_generations.get_or_create(&by).get()
     }
 }
@@ -234,8 +262,10 @@ pub struct DestinationMetrics {
 }
 
 impl DestinationMetrics {
-    fn count(&self, family: &Family<Labels, Counter>, label: &'static str, value: &str) {
-        family.get_or_create(&labels(&[("destination", &self.destination), (label, value)])).inc();
+    fn count(&self, family: &Family<ByDestinationReason, Counter>, reason: &str) {
+        family
+            .get_or_create(&ByDestinationReason { destination: self.destination.clone(), reason: reason.to_owned() })
+            .inc();
     }
 
     /// Counts `batches` batches of `items` items dropped for `reason`.
@@ -269,15 +299,15 @@ impl OutboundMetrics for DestinationMetrics {
     }
 
     fn tls_error(&self, reason: &'static str) {
-        self.count(&self.families.tls_errors, "reason", reason);
+        self.count(&self.families.tls_errors, reason);
     }
 
     fn send_error(&self, reason: &'static str) {
-        self.count(&self.families.send_errors, "reason", reason);
+        self.count(&self.families.send_errors, reason);
     }
 
     fn rejected(&self, reason: &'static str) {
-        self.count(&self.families.rejected_batches, "reason", reason);
+        self.count(&self.families.rejected_batches, reason);
     }
 
     fn delivered(&self, batch: &Batch, latency: Duration) {
@@ -288,11 +318,13 @@ impl OutboundMetrics for DestinationMetrics {
     }
 
     fn dictionary_ended(&self, why: GenerationEnd) {
-        self.count(&self.dictionaries.dictionary_generations, "reason", why.as_str());
+        self.count(&self.dictionaries.dictionary_generations, why.as_str());
     }
 
     fn expanded(&self, result: Result<usize, ()>) {
-        self.count(&self.dictionaries.batches_expanded, "result", if result.is_ok() { "ok" } else { "error" });
+        let result = if result.is_ok() { "ok" } else { "error" };
+        let by = ByDestinationResult { destination: self.destination.clone(), result };
+        self.dictionaries.batches_expanded.get_or_create(&by).inc();
     }
 }
 
