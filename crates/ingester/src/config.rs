@@ -396,8 +396,8 @@ impl BasicAuthConfig {
 }
 
 impl RemoteWriteConfig {
-    /// The sink's settings, its files read now; a TLS file that changes and does not load
-    /// is counted in `reload_errors`.
+    /// The sink's settings, its files read now; a TLS or bearer token file that changes and
+    /// does not load is counted in `reload_errors`.
     ///
     /// # Errors
     ///
@@ -420,7 +420,7 @@ impl RemoteWriteConfig {
                 .client_config()
                 .map_err(|error| ("url", error.to_string()))?;
         }
-        let tls = tessera_wire::config::client_tls(self.tls.as_ref(), reload_errors)
+        let tls = tessera_wire::config::client_tls(self.tls.as_ref(), reload_errors.clone())
             .map_err(|error| ("tls", error.to_string()))?;
         let authorization = match (&self.basic_auth, &self.bearer_token_file) {
             (Some(_), Some(_)) => {
@@ -436,7 +436,7 @@ impl RemoteWriteConfig {
                 })?)
             }
             (None, Some(path)) => Some(Authorization::Bearer(
-                TokenFile::open(path.clone()).map_err(|error| ("bearer_token_file", error))?,
+                TokenFile::open(path.clone(), reload_errors.clone()).map_err(|error| ("bearer_token_file", error))?,
             )),
             (None, None) => None,
         };

@@ -389,7 +389,7 @@ fn build_sink(config: &Config, name: &str, sink: &SinkConfig, metrics: &Metrics)
         }
         SinkConfig::RemoteWrite(remote) => {
             let settings = remote
-                .settings(config.pool.workers, metrics.sink_tls_reload_errors.clone())
+                .settings(config.pool.workers, metrics.sink_reload_errors.clone())
                 .map_err(|(field, reason)| sink_error(std::io::Error::other(format!("{field}: {reason}"))))?;
             let sink = RemoteWriteSink::new(settings).map_err(|error| sink_error(std::io::Error::other(error)))?;
             Ok(AnySink::RemoteWrite(Box::new(sink)))

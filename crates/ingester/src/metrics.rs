@@ -249,9 +249,9 @@ tessera_runtime::metrics! {
         sink_request_duration: Family<Labels, Histogram> [seconds] = Family::new_with_constructor(storage_histogram),
         /// Storage requests sent again after a retryable error, per target
         sink_retries: Family<Labels, Counter>,
-        /// Remote-write TLS files that changed on disk but did not load (the previous
-        /// certificates stay in use)
-        pub sink_tls_reload_errors: Counter,
+        /// Remote-write TLS or bearer token files that changed on disk but did not load (the
+        /// previous ones stay in use)
+        pub sink_reload_errors: Counter,
         /// Samples storage refused for good, per target and status
         sink_rejected_samples: Family<Labels, Counter>,
         /// Samples storage acknowledged, per target

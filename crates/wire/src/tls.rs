@@ -246,7 +246,9 @@ struct State<T> {
     checked: Instant,
 }
 
-fn stamp(path: &Path) -> Option<(SystemTime, u64)> {
+/// What tells a file's new version from its old one: its modification time and size
+/// (`None` while it cannot be read).
+pub fn file_stamp(path: &Path) -> Option<(SystemTime, u64)> {
     let metadata = std::fs::metadata(path).ok()?;
     Some((metadata.modified().ok()?, metadata.len()))
 }
@@ -269,7 +271,7 @@ impl<T> Reloading<T> {
         build: impl Fn() -> Result<Arc<T>, TlsError> + Send + Sync + 'static,
         on_error: impl Fn(&TlsError) + Send + Sync + 'static,
     ) -> Result<Reloading<T>, TlsError> {
-        let stamps = files.iter().map(|path| stamp(path)).collect();
+        let stamps = files.iter().map(|path| file_stamp(path)).collect();
         let current = build()?;
         let state = Mutex::new(State { current, stamps, checked: Instant::now() });
         Ok(Reloading { files, build: Box::new(build), on_error: Box::new(on_error), state })
@@ -280,7 +282,7 @@ impl<T> Reloading<T> {
         let mut state = self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         if state.checked.elapsed() >= RELOAD_CHECK {
             state.checked = Instant::now();
-            let stamps: Vec<_> = self.files.iter().map(|path| stamp(path)).collect();
+            let stamps: Vec<_> = self.files.iter().map(|path| file_stamp(path)).collect();
             if stamps != state.stamps {
                 match (self.build)() {
                     Ok(config) => {

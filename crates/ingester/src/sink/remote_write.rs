@@ -52,6 +52,7 @@ use hyper_util::rt::TokioExecutor;
 use rustls::ClientConfig;
 use tessera_runtime::logging::{RateLimitedLog, error_chain};
 use tessera_wire::client::ClientTls;
+use tessera_wire::tls::file_stamp;
 
 use super::prompb;
 use super::{Sink, SinkError, SinkRequest, StoredSample, shorten};
@@ -116,11 +117,14 @@ impl Authorization {
     }
 }
 
-/// A bearer token in a file, re-read when the file's modification time or size changes.
+/// A bearer token in a file, re-read when the file's modification time or size changes
+/// (checked at each request); a change that does not read keeps the old token, logged and
+/// counted.
 #[derive(Debug)]
 pub struct TokenFile {
     path: PathBuf,
     state: Mutex<(Option<(std::time::SystemTime, u64)>, HeaderValue)>,
+    reload_errors: tessera_wire::config::Counter,
 }
 
 static TOKEN_LOG: RateLimitedLog = RateLimitedLog::new("ingester.bearer_token", 5);
@@ -131,14 +135,14 @@ impl TokenFile {
     /// # Errors
     ///
     /// When the file cannot be read or its content is not a header value.
-    pub fn open(path: PathBuf) -> Result<TokenFile, String> {
+    pub fn open(path: PathBuf, reload_errors: tessera_wire::config::Counter) -> Result<TokenFile, String> {
         let value = read_token(&path)?;
-        Ok(TokenFile { state: Mutex::new((stamp(&path), value)), path })
+        Ok(TokenFile { state: Mutex::new((file_stamp(&path), value)), path, reload_errors })
     }
 
     fn current(&self) -> Result<HeaderValue, SinkError> {
         let mut state = self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let now = stamp(&self.path);
+        let now = file_stamp(&self.path);
         if now != state.0 {
             match read_token(&self.path) {
                 Ok(value) => {
@@ -146,17 +150,16 @@ impl TokenFile {
                     *state = (now, value);
                 }
                 // A rotation half written: keep the old token, try again at the next request.
-                Err(error) if TOKEN_LOG.allow() => tracing::warn!(error, "cannot re-read the bearer token"),
-                Err(_) => {}
+                Err(error) => {
+                    self.reload_errors.inc();
+                    if TOKEN_LOG.allow() {
+                        tracing::warn!(error, "cannot re-read the bearer token; the previous one stays in use");
+                    }
+                }
             }
         }
         Ok(state.1.clone())
     }
-}
-
-fn stamp(path: &std::path::Path) -> Option<(std::time::SystemTime, u64)> {
-    let metadata = std::fs::metadata(path).ok()?;
-    Some((metadata.modified().ok()?, metadata.len()))
 }
 
 fn read_token(path: &std::path::Path) -> Result<HeaderValue, String> {
@@ -431,12 +434,14 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("token");
         std::fs::write(&path, "first\n").unwrap();
-        let file = TokenFile::open(path.clone()).unwrap();
+        let errors = tessera_wire::config::Counter::default();
+        let file = TokenFile::open(path.clone(), errors.clone()).unwrap();
         assert_eq!(file.current().unwrap(), "Bearer first");
         std::fs::write(&path, "second-and-longer").unwrap();
         assert_eq!(file.current().unwrap(), "Bearer second-and-longer");
         std::fs::write(&path, "").unwrap();
         assert_eq!(file.current().unwrap(), "Bearer second-and-longer", "an empty rotation keeps the old token");
-        assert!(TokenFile::open(dir.path().join("missing")).unwrap_err().contains("missing"));
+        assert_eq!(errors.get(), 1, "and is counted");
+        assert!(TokenFile::open(dir.path().join("missing"), errors).unwrap_err().contains("missing"));
     }
 }
