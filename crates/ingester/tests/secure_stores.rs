@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use serde_json::Value;
 use support::prometheus::Prometheus;
-use support::wire::{Sender, batch, counter, gauge, metric_value, recent_tile_end_ms, wait_until};
-use tessera_ingester::{Config, Ingester};
+use support::wire::{Sender, batch, counter, gauge, metric_value, recent_tile_end_ms, start_ingester, wait_until};
+use tessera_ingester::Ingester;
 use tessera_proto::AckStatus;
 use tessera_runtime::{Shutdown, Telemetry};
 use tessera_testkit::tls::{Pki, TEST_PASSWORD};
@@ -26,19 +26,12 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 /// An ingester writing everything to `sink` (the TOML of its `[sink]` table, `kind` and
 /// `url` included), with its telemetry registry.
 async fn start_with_sink(data: &Path, sink: &str) -> (Ingester, Telemetry, Shutdown, Sender) {
-    let mut config: Config = toml::from_str(&format!(
+    start_ingester(&format!(
         "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\n[pool]\nworkers = 2\nretry_initial_backoff_ms = 20\n\
          retry_max_backoff_ms = 200\n[sink]\n{sink}\n",
         data.display()
     ))
-    .expect("test config parses");
-    config.validate().expect("test config is valid");
-    config.telemetry.listen = None;
-    let telemetry = Telemetry::new("ingester", "test");
-    let shutdown = Shutdown::new();
-    let ingester = Ingester::start(config, telemetry.clone(), shutdown.clone()).await.expect("ingester starts");
-    let sender = Sender::connect(ingester.listen_addr()).await;
-    (ingester, telemetry, shutdown, sender)
+    .await
 }
 
 /// Three tiles of a counter and a gauge, acknowledged: what every store must hold exactly.
@@ -134,16 +127,16 @@ async fn victoria_metrics_over_https_with_basic_auth_gets_exact_values() {
     victoria.force_flush();
     let at = (t0 + 20_000) as f64 / 1000.0;
     let hits = || victoria.query(r#"api_hits_total{env="prod",resolution="10s"}"#, at);
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while hits().as_array().is_none_or(Vec::is_empty) && std::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(200)).await;
+    wait_until("VictoriaMetrics to answer for api_hits_total", Duration::from_secs(20), || {
         victoria.force_flush();
-    }
+        hits().as_array().is_some_and(|series| !series.is_empty())
+    })
+    .await;
     assert_eq!(value(&hits()), 6.0);
     assert_eq!(value(&victoria.query(r#"temp{room="1"}"#, at)), 22.0);
 }
 
-/// One request a recording front received: its headers (lower-case names) and its body.
+/// One request a recording front received: its headers (lower-case names).
 #[derive(Debug, Clone)]
 struct Received {
     headers: Vec<(String, String)>,

@@ -24,12 +24,8 @@ pub struct Pki {
     pub client_cert: PathBuf,
     /// The client certificate's key.
     pub client_key: PathBuf,
-    /// Another CA, and a server certificate it signed: trusted by nobody.
+    /// Another CA: trusted by nobody.
     pub other_ca: PathBuf,
-    /// A server certificate signed by `other_ca`.
-    pub rogue_cert: PathBuf,
-    /// Its key.
-    pub rogue_key: PathBuf,
     ca_params: Arc<(rcgen::Certificate, KeyPair)>,
     dir: PathBuf,
 }
@@ -70,7 +66,6 @@ impl Pki {
         let other = ca("untrusted CA");
         let (server_pem, server_key) = leaf(&["localhost", "127.0.0.1"], "localhost", &authority);
         let (client_pem, client_key) = leaf(&["collector-1"], "collector-1", &authority);
-        let (rogue_pem, rogue_key) = leaf(&["localhost", "127.0.0.1"], "localhost", &other);
         Pki {
             ca: write(dir, "ca.pem", &authority.0.pem()),
             server_cert: write(dir, "server.pem", &server_pem),
@@ -78,21 +73,18 @@ impl Pki {
             client_cert: write(dir, "client.pem", &client_pem),
             client_key: write(dir, "client-key.pem", &client_key),
             other_ca: write(dir, "other-ca.pem", &other.0.pem()),
-            rogue_cert: write(dir, "rogue.pem", &rogue_pem),
-            rogue_key: write(dir, "rogue-key.pem", &rogue_key),
             ca_params: Arc::new(authority),
             dir: dir.to_owned(),
         }
     }
 
     /// A fresh server certificate from the same CA, written over `server_cert` and
-    /// `server_key` (a rotation); returns its PEM, to tell it from the old one.
-    pub fn rotate_server(&self) -> String {
+    /// `server_key` (a rotation).
+    pub fn rotate_server(&self) {
         let (pem, key) = leaf(&["localhost", "127.0.0.1"], "localhost", &self.ca_params);
         // The key first: a reader between the two writes sees a mismatch and keeps the old pair.
         write(&self.dir, "server-key.pem", &key);
         write(&self.dir, "server.pem", &pem);
-        pem
     }
 }
 
