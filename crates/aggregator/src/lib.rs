@@ -156,6 +156,10 @@ impl Aggregator {
             .await
             .map_err(|source| StartError::bind(config.listen, source))?;
         let listen_addr = listener.local_addr().map_err(|source| StartError::bind(config.listen, source))?;
+        // The TLS files are read before any thread or task of the pipeline starts.
+        let server_settings = config
+            .listener_settings(instance_id.clone(), metrics.listener.listener_tls_reload_errors.clone())
+            .map_err(|error| StartError::setup("cannot load the TLS files of [tls]", error))?;
 
         let ingesters = match ingester_placement(&config).await? {
             Some(placement) => Ingesters::placed(placement, config.ingester.max_queue_bytes, &metrics),
@@ -253,9 +257,6 @@ impl Aggregator {
             placement_ready,
             shutdown.clone(),
         ));
-        let server_settings = config
-            .listener_settings(instance_id.clone(), metrics.listener.listener_tls_reload_errors.clone())
-            .map_err(|error| StartError::setup("cannot load the TLS files of [tls]", error))?;
         tokio::spawn(intake::accept_loop(listener, frame_sender, server_settings, metrics.clone(), shutdown.clone()));
 
         let server = match config.telemetry.listen {

@@ -196,10 +196,14 @@ impl Ingesters {
     /// atomic load when it did not), the queues are matched against it first.
     fn current_routing(&self, placement: &PlacementHandle) -> Arc<Routing> {
         // The generation is read first: a change in between is taken in now and again next time.
+        // Marked seen only after the refresh, so that a caller racing this one (the flusher
+        // and the rerouter) refreshes too rather than going on with stale departed flags;
+        // refreshing twice does no harm.
         let generation = placement.generation();
         let routing = placement.routing();
-        if self.inner.seen_generation.swap(generation, Ordering::AcqRel) != generation {
+        if self.inner.seen_generation.load(Ordering::Acquire) != generation {
             self.refresh(&routing);
+            self.inner.seen_generation.store(generation, Ordering::Release);
         }
         routing
     }

@@ -95,10 +95,8 @@ impl Collector {
             expire_after_idle_windows: expire_windows,
             parse_options,
         };
-        let listeners = intake::start(&config, &reader_settings, cut_links, &metrics, &shutdown).await?;
-
-        let stop_senders = Shutdown::new();
-        let destinations = Destinations::default();
+        // Everything that can fail on a bad file (the TLS files) before the readers start,
+        // so that a failed start leaves no reader thread holding the ports.
         let outbound_settings = OutboundSettings {
             window_ms,
             max_frame_bytes: config.forward.max_frame_bytes,
@@ -115,6 +113,10 @@ impl Collector {
                 )
                 .map_err(|error| StartError::setup("cannot load the TLS files of [forward.tls]", error))?,
         };
+        let listeners = intake::start(&config, &reader_settings, cut_links, &metrics, &shutdown).await?;
+
+        let stop_senders = Shutdown::new();
+        let destinations = Destinations::default();
         let router = Router::new(
             outbound_settings,
             placement,

@@ -55,8 +55,10 @@ pub fn validate_sender(
     if max_queue_bytes < max_frame_bytes {
         return invalid("max_queue_bytes", "must hold at least one frame (max_frame_bytes)");
     }
-    if timeouts_ms.contains(&0) {
-        return invalid("connect_timeout_ms", "timeouts must be at least 1 ms");
+    for (key, timeout_ms) in ["connect_timeout_ms", "ack_timeout_ms"].into_iter().zip(timeouts_ms) {
+        if timeout_ms == 0 {
+            return invalid(key, "timeouts must be at least 1 ms");
+        }
     }
     if reconnect_ms.0 == 0 || reconnect_ms.0 > reconnect_ms.1 {
         return invalid("reconnect_min_ms", "must be at least 1 and at most reconnect_max_ms");
