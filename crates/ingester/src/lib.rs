@@ -401,11 +401,7 @@ fn build_sink(config: &Config, name: &str, sink: &SinkConfig, metrics: &Metrics)
 async fn tick_writer(jobs: mpsc::Sender<Job>, every: Duration, shutdown: Shutdown) {
     let mut interval = tokio::time::interval(every);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            () = shutdown.wait() => return,
-            _ = interval.tick() => {}
-        }
+    while shutdown.tick(&mut interval).await {
         if jobs.try_send(Job::Tick).is_err() && jobs.is_closed() {
             return;
         }
@@ -418,11 +414,7 @@ async fn measure_pace(targets: Vec<metrics::TargetMetrics>, shutdown: Shutdown) 
     let mut interval = tokio::time::interval(Duration::from_secs(1));
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last = tokio::time::Instant::now();
-    loop {
-        tokio::select! {
-            () = shutdown.wait() => return,
-            _ = interval.tick() => {}
-        }
+    while shutdown.tick(&mut interval).await {
         let elapsed = last.elapsed().as_secs_f64().max(0.001);
         last = tokio::time::Instant::now();
         for (target, before) in targets.iter().zip(previous.iter_mut()) {

@@ -104,6 +104,15 @@ impl Shutdown {
         let _ = receiver.wait_for(|triggered| *triggered).await;
     }
 
+    /// Waits for the next tick of `ticks`; returns whether it came first, `false` once the
+    /// signal is set off. Made for tasks that tick: `while shutdown.tick(&mut ticks).await { work() }`.
+    pub async fn tick(&self, ticks: &mut tokio::time::Interval) -> bool {
+        tokio::select! {
+            () = self.wait() => false,
+            _ = ticks.tick() => true,
+        }
+    }
+
     /// Blocks the calling (non-async) thread until the signal is set off or `timeout`
     /// passes; returns whether it is set off. Made for dedicated threads that tick:
     /// `while !shutdown.wait_blocking_timeout(tick) { work() }`.

@@ -259,11 +259,7 @@ impl Dashboard {
         tokio::spawn(async move {
             let mut ticks = tokio::time::interval(STEP);
             ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-            loop {
-                tokio::select! {
-                    () = shutdown.wait() => return,
-                    _ = ticks.tick() => {}
-                }
+            while shutdown.tick(&mut ticks).await {
                 match telemetry.encode() {
                     Ok(text) => sampler.record(now_ms(), &text),
                     Err(_) => tracing::warn!("dashboard: a metric failed to encode"),
