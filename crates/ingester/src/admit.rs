@@ -144,48 +144,84 @@ pub enum BatchError {
     },
 }
 
-/// Why single tiles were skipped (the rest of the batch is kept).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct SkippedTiles {
+/// Why a single tile was skipped (the rest of the batch is kept): the `reason` of
+/// `tiles_skipped_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SkipReason {
     /// The metric type is unknown.
-    pub unknown_type: u64,
+    UnknownType,
     /// The aggregate is missing or invalid (non-finite values, bad sketch or set).
-    pub invalid_aggregate: u64,
+    InvalidAggregate,
     /// The aggregate does not match the metric type.
-    pub type_mismatch: u64,
+    TypeMismatch,
     /// Older than the series' last sample and never written: folded into the running
     /// total, no sample.
-    pub late: u64,
+    Late,
     /// Written already (same tile end, same value): not added again.
-    pub duplicate: u64,
+    Duplicate,
     /// Same tile end as a written tile, another value: not added.
-    pub conflict: u64,
+    Conflict,
     /// Another statsd series already owns the Prometheus series: not added.
-    pub name_collision: u64,
+    NameCollision,
 }
 
+impl SkipReason {
+    /// Every reason, in label order.
+    pub const ALL: [SkipReason; 7] = [
+        SkipReason::UnknownType,
+        SkipReason::InvalidAggregate,
+        SkipReason::TypeMismatch,
+        SkipReason::Late,
+        SkipReason::Duplicate,
+        SkipReason::Conflict,
+        SkipReason::NameCollision,
+    ];
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SkipReason::UnknownType => "unknown_type",
+            SkipReason::InvalidAggregate => "invalid_aggregate",
+            SkipReason::TypeMismatch => "type_mismatch",
+            SkipReason::Late => "late",
+            SkipReason::Duplicate => "duplicate",
+            SkipReason::Conflict => "conflict",
+            SkipReason::NameCollision => "name_collision",
+        }
+    }
+}
+
+/// Tiles of one batch skipped, per reason (`skipped[SkipReason::Late]`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SkippedTiles([u64; SkipReason::ALL.len()]);
+
 impl SkippedTiles {
+    /// Counts one tile skipped for `reason`.
+    pub fn add(&mut self, reason: SkipReason) {
+        self.0[reason as usize] += 1;
+    }
+
     /// Every reason with its count, for metrics.
-    pub fn by_reason(&self) -> [(&'static str, u64); 7] {
-        [
-            ("unknown_type", self.unknown_type),
-            ("invalid_aggregate", self.invalid_aggregate),
-            ("type_mismatch", self.type_mismatch),
-            ("late", self.late),
-            ("duplicate", self.duplicate),
-            ("conflict", self.conflict),
-            ("name_collision", self.name_collision),
-        ]
+    pub fn by_reason(&self) -> impl Iterator<Item = (SkipReason, u64)> {
+        SkipReason::ALL.into_iter().zip(self.0)
     }
 
     fn count(&mut self, verdict: Verdict) {
         match verdict {
             Verdict::Write(_) => {}
-            Verdict::Late => self.late += 1,
-            Verdict::Duplicate => self.duplicate += 1,
-            Verdict::Conflict => self.conflict += 1,
-            Verdict::Collision => self.name_collision += 1,
+            Verdict::Late => self.add(SkipReason::Late),
+            Verdict::Duplicate => self.add(SkipReason::Duplicate),
+            Verdict::Conflict => self.add(SkipReason::Conflict),
+            Verdict::Collision => self.add(SkipReason::NameCollision),
         }
+    }
+}
+
+impl std::ops::Index<SkipReason> for SkippedTiles {
+    type Output = u64;
+
+    fn index(&self, reason: SkipReason) -> &u64 {
+        &self.0[reason as usize]
     }
 }
 
@@ -488,12 +524,12 @@ impl Converter {
         let mut tiles = 0u32;
         for tile in &batch.tiles {
             let Ok(kind) = kind_from_proto(tile.r#type) else {
-                skipped.unknown_type += 1;
+                skipped.add(SkipReason::UnknownType);
                 continue;
             };
             let Some(aggregate) = tile.aggregate.as_ref().and_then(|aggregate| Aggregate::from_proto(aggregate).ok())
             else {
-                skipped.invalid_aggregate += 1;
+                skipped.add(SkipReason::InvalidAggregate);
                 continue;
             };
             let (raw_name, raw_tags) = split_id(&tile.series_id);
@@ -524,7 +560,7 @@ impl Converter {
                     Aggregate::Distribution(summary),
                 ) => self.distribution(summary, &resolution, at),
                 _ => {
-                    skipped.type_mismatch += 1;
+                    skipped.add(SkipReason::TypeMismatch);
                     continue;
                 }
             };

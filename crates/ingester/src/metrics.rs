@@ -42,7 +42,7 @@
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use prometheus_client::encoding::{EncodeMetric, MetricEncoder, NoLabelSet};
+use prometheus_client::encoding::{EncodeLabelSet, EncodeMetric, MetricEncoder, NoLabelSet};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -51,6 +51,7 @@ use prometheus_client::metrics::{MetricType, TypedMetric};
 use tessera_runtime::telemetry::{Labels, labels};
 use tessera_wire::metrics::ListenerMetrics;
 
+use crate::admit::{SkipReason, SkippedTiles};
 use crate::queue::QueueMetrics;
 use crate::sink::file::FileSinkMetrics;
 use tessera_core::clock::now_ms;
@@ -196,6 +197,12 @@ impl EncodeMetric for AgeGauge {
     }
 }
 
+/// `{reason}`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ByReason {
+    reason: &'static str,
+}
+
 /// Every ingester metric's name starts with this.
 pub const PREFIX: &str = "tessera_ingester_";
 
@@ -213,7 +220,7 @@ tessera_runtime::metrics! {
         /// Acknowledgements sent, per status and reason
         batch_acks: Family<Labels, Counter> = refusing_acks(),
         /// Tiles that gave no sample, per reason
-        tiles_skipped: Family<Labels, Counter> = skip_reasons(),
+        tiles_skipped: Family<ByReason, Counter> = skip_reasons(),
         /// Samples made durable in the queue
         pub samples_queued: Counter,
         /// Time from a batch read to its acknowledgement (convert, write, fsync)
@@ -345,10 +352,6 @@ impl CheckpointFailure {
     }
 }
 
-/// Every `reason` of `tiles_skipped_total` (see [`crate::admit`]).
-pub const SKIP_REASONS: [&str; 7] =
-    ["unknown_type", "invalid_aggregate", "type_mismatch", "late", "duplicate", "conflict", "name_collision"];
-
 /// Acknowledgements, with every refusal exported from the start at 0: "nothing
 /// refused" reads as 0, not as no data, so alerts and dashboards need no `or vector(0)`.
 fn refusing_acks() -> Family<Labels, Counter> {
@@ -360,10 +363,10 @@ fn refusing_acks() -> Family<Labels, Counter> {
 }
 
 /// Skipped tiles, with every reason exported from the start at 0.
-fn skip_reasons() -> Family<Labels, Counter> {
-    let skipped = Family::<Labels, Counter>::default();
-    for reason in SKIP_REASONS {
-        let _ = skipped.get_or_create(&labels(&[("reason", reason)]));
+fn skip_reasons() -> Family<ByReason, Counter> {
+    let skipped = Family::<ByReason, Counter>::default();
+    for reason in SkipReason::ALL {
+        let _ = skipped.get_or_create(&ByReason { reason: reason.as_str() });
     }
     skipped
 }
@@ -374,10 +377,12 @@ impl Metrics {
         self.batch_acks.get_or_create(&labels(&[("status", status), ("reason", reason)])).inc();
     }
 
-    /// Counts skipped tiles.
-    pub fn tiles_skipped(&self, reason: &str, tiles: u64) {
-        if tiles > 0 {
-            self.tiles_skipped.get_or_create(&labels(&[("reason", reason)])).inc_by(tiles);
+    /// Counts the tiles of one batch skipped, per reason.
+    pub fn tiles_skipped(&self, skipped: &SkippedTiles) {
+        for (reason, tiles) in skipped.by_reason() {
+            if tiles > 0 {
+                self.tiles_skipped.get_or_create(&ByReason { reason: reason.as_str() }).inc_by(tiles);
+            }
         }
     }
 

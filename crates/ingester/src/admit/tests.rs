@@ -99,7 +99,7 @@ fn late_tiles_fold_into_the_next_sample() {
     let conversion = converter.convert(&late, 0).unwrap();
     converter.commit();
     assert!(conversion.record.samples.is_empty());
-    assert_eq!(conversion.skipped.late, 1);
+    assert_eq!(conversion.skipped[SkipReason::Late], 1);
     assert_eq!(conversion.record.tiles, 0);
     let next = batch(30_000, vec![tile("c", MetricType::Counter, Aggregate::Counter(1.0))]);
     assert_eq!(converted(&mut converter, &next)[0].1, 6.0);
@@ -123,20 +123,20 @@ fn a_tile_written_already_is_a_duplicate_whoever_sends_it_and_never_adds_twice()
         let conversion = converter.convert(&counter_batch(tile_end, "agg-2", "c", value), 0).unwrap();
         converter.commit();
         assert!(conversion.record.samples.is_empty());
-        assert_eq!(conversion.skipped.duplicate, 1, "tile at {tile_end}");
+        assert_eq!(conversion.skipped[SkipReason::Duplicate], 1, "tile at {tile_end}");
     }
     // A different value for the newest written tile: a conflict, not added either.
     let conversion = converter.convert(&counter_batch(30_000, "agg-2", "c", 2.0), 0).unwrap();
     converter.commit();
-    assert_eq!(conversion.skipped.conflict, 1);
+    assert_eq!(conversion.skipped[SkipReason::Conflict], 1);
     // A tile never written, older than the newest: late, folded into the next sample.
     let conversion = converter.convert(&counter_batch(10_000, "agg-2", "c", 5.0), 0).unwrap();
     converter.commit();
-    assert_eq!(conversion.skipped.late, 1);
+    assert_eq!(conversion.skipped[SkipReason::Late], 1);
     assert_eq!(converted(&mut converter, &counter_batch(40_000, "agg-1", "c", 1.0))[0].1, 3.0 + 4.0 + 5.0 + 1.0);
     // And once late, a second copy of it is a duplicate.
     let conversion = converter.convert(&counter_batch(10_000, "agg-1", "c", 5.0), 0).unwrap();
-    assert_eq!(conversion.skipped.duplicate, 1);
+    assert_eq!(conversion.skipped[SkipReason::Duplicate], 1);
 }
 
 #[test]
@@ -152,7 +152,7 @@ fn distributions_count_once_and_their_sum_follows_the_count() {
     converted(&mut converter, &timer(10_000));
     let conversion = converter.convert(&timer(10_000), 0).unwrap();
     converter.commit();
-    assert_eq!(conversion.skipped.duplicate, 1);
+    assert_eq!(conversion.skipped[SkipReason::Duplicate], 1);
     assert!(conversion.record.samples.is_empty());
     let next = converted(&mut converter, &timer(20_000));
     let value = |name: &str| next.iter().find(|(labels, _)| labels.starts_with(name)).map(|(_, value)| *value);
@@ -169,8 +169,8 @@ fn two_statsd_series_with_one_prometheus_name_are_a_collision_not_late() {
     );
     let conversion = converter.convert(&counter_batch(10_000, "agg-1", "a_b", 5.0), 0).unwrap();
     converter.commit();
-    assert_eq!(conversion.skipped.name_collision, 1);
-    assert_eq!(conversion.skipped.late, 0);
+    assert_eq!(conversion.skipped[SkipReason::NameCollision], 1);
+    assert_eq!(conversion.skipped[SkipReason::Late], 0);
     // The first series keeps the name, and its total.
     assert_eq!(converted(&mut converter, &counter_batch(20_000, "agg-1", "a.b", 1.0))[0].1, 2.0);
 }
@@ -248,7 +248,12 @@ fn bad_tiles_are_skipped_and_counted_and_bad_batches_refused() {
     let mismatch = tile("z", MetricType::Gauge, Aggregate::Counter(1.0));
     let good = tile("ok", MetricType::Counter, Aggregate::Counter(1.0));
     let conversion = converter.convert(&batch(10_000, vec![unknown, empty, nan, mismatch, good]), 0).unwrap();
-    let expected = SkippedTiles { unknown_type: 1, invalid_aggregate: 2, type_mismatch: 1, ..SkippedTiles::default() };
+    let mut expected = SkippedTiles::default();
+    for reason in
+        [SkipReason::UnknownType, SkipReason::InvalidAggregate, SkipReason::InvalidAggregate, SkipReason::TypeMismatch]
+    {
+        expected.add(reason);
+    }
     assert_eq!(conversion.skipped, expected);
     assert_eq!(conversion.record.samples.len(), 1);
     assert_eq!(conversion.record.tiles, 1);
@@ -399,5 +404,5 @@ fn both_writes_the_summary_and_the_histogram() {
     let conversion = converter.convert(&timer_batch(10_000, &[1.0, 2.0, 3.0]), 0).unwrap();
     converter.commit();
     assert!(conversion.record.samples.is_empty());
-    assert_eq!(conversion.skipped.duplicate, 1);
+    assert_eq!(conversion.skipped[SkipReason::Duplicate], 1);
 }

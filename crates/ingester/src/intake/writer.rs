@@ -241,9 +241,7 @@ impl Writer {
             Ok(_) => {
                 converter.commit();
                 self.recent.insert(key);
-                for (reason, tiles) in conversion.skipped.by_reason() {
-                    self.metrics.tiles_skipped(reason, tiles);
-                }
+                self.metrics.tiles_skipped(&conversion.skipped);
                 self.metrics.samples_queued.inc_by(conversion.record.samples.len() as u64);
                 let series: usize = self.converters.iter().map(Converter::cumulative_series).sum();
                 self.metrics.cumulative_series.set(series as i64);

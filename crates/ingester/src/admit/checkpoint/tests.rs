@@ -3,7 +3,7 @@ use tessera_proto::TileBatch;
 use tessera_testkit::tiles::{counter, timer};
 
 use super::*;
-use crate::admit::HistogramMode;
+use crate::admit::{HistogramMode, SkipReason};
 use crate::sink::prompb::{Histogram, RESET_HINT_YES};
 
 const START_MS: i64 = 1_700_000_000_000;
@@ -101,7 +101,7 @@ fn a_checkpoint_round_trips_counters_summaries_and_native_histograms() {
     let conversion = restored.convert(&tile_batch(2), 0).unwrap();
     restored.rollback();
     assert!(conversion.record.samples.is_empty());
-    assert_eq!(conversion.skipped.duplicate, 3, "{:?}", conversion.skipped);
+    assert_eq!(conversion.skipped[SkipReason::Duplicate], 3, "{:?}", conversion.skipped);
 }
 
 #[test]
@@ -258,7 +258,7 @@ fn rolling_forward_the_records_after_a_checkpoint_gives_the_state_without_a_rest
     // duplicate, not added again.
     let conversion = restored.convert(&tile_batch(6), 0).unwrap();
     restored.rollback();
-    assert_eq!(conversion.skipped.duplicate, 4, "{:?}", conversion.skipped);
+    assert_eq!(conversion.skipped[SkipReason::Duplicate], 4, "{:?}", conversion.skipped);
 }
 
 #[test]
@@ -320,7 +320,7 @@ fn rolling_forward_without_a_checkpoint_starts_totals_of_unknown_origin_that_til
     // dropped) is a name collision again.
     let colliding = TileBatch { tiles: vec![counter("hits|#env:prod,x:", 1.0)], ..tile_batch(5) };
     let conversion = restored.convert(&colliding, 0).unwrap();
-    assert_eq!(conversion.skipped.name_collision, 1);
+    assert_eq!(conversion.skipped[SkipReason::NameCollision], 1);
 }
 
 #[test]
