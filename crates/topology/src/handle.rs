@@ -13,7 +13,7 @@ use tokio::sync::watch;
 
 use crate::placement::Placement;
 use crate::routing::Routing;
-use crate::stats::{WatchStats, bump};
+use crate::stats::{WatchEvent, WatchStats};
 
 /// A placement and its routing table, swapped in together.
 #[derive(Debug)]
@@ -37,7 +37,7 @@ impl Published {
         let placement = Arc::new(placement);
         let routing = Arc::new(Routing::new(&placement));
         let (changes, _) = watch::channel(placement.clone());
-        bump(&stats.updates_applied);
+        stats.bump(WatchEvent::UpdatesApplied);
         Self {
             snapshot: ArcSwap::from_pointee(Snapshot { placement, routing }),
             generation: AtomicU64::new(1),
@@ -52,7 +52,7 @@ impl Published {
         let routing = Arc::new(Routing::new(&placement));
         self.snapshot.store(Arc::new(Snapshot { placement: placement.clone(), routing }));
         self.generation.fetch_add(1, Ordering::Release);
-        bump(&self.stats.updates_applied);
+        self.stats.bump(WatchEvent::UpdatesApplied);
         self.changes.send_replace(placement);
     }
 
@@ -147,7 +147,7 @@ mod tests {
         assert_eq!(handle.generation(), 1);
         assert_eq!(handle.routing().num_shards(), 4);
         assert_eq!(*handle.subscribe().borrow(), Arc::new(placement));
-        assert_eq!(handle.stats().snapshot().updates_applied, 1);
+        assert_eq!(handle.stats().get(WatchEvent::UpdatesApplied), 1);
     }
 
     #[test]

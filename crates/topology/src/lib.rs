@@ -76,5 +76,5 @@ pub use placement::{Instance, Placement, Shard, ShardState, shard_owned_at};
 pub use routing::{Destination, Routing};
 pub use source::PlacementSource;
 pub use static_file::{StaticFile, StaticInstance, load_static};
-pub use stats::{WatchStats, WatchStatsSnapshot};
+pub use stats::{WatchEvent, WatchStats};
 pub use telemetry::WatchStatsCollector;

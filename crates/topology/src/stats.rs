@@ -3,55 +3,60 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// What a placement source has been doing. Every field only grows.
-#[derive(Debug, Default)]
-pub struct WatchStats {
+/// What a placement source counts: the `event` label of
+/// `<prefix>_placement_events_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WatchEvent {
     /// Placements swapped in (the first one included).
-    pub updates_applied: AtomicU64,
+    UpdatesApplied,
     /// Failed etcd requests and broken watch streams.
-    pub etcd_errors: AtomicU64,
+    EtcdErrors,
     /// Times the watcher connected to etcd again after an error.
-    pub reconnects: AtomicU64,
+    Reconnects,
     /// Times a placement was loaded from the cache file (at start, with etcd unreachable).
-    pub loaded_from_cache: AtomicU64,
+    LoadedFromCache,
     /// Placements seen in etcd that failed to decode or validate, and were ignored.
-    pub invalid_placements: AtomicU64,
+    InvalidPlacements,
     /// Failed writes of the cache file.
-    pub cache_write_errors: AtomicU64,
+    CacheWriteErrors,
 }
 
-/// A copy of [`WatchStats`] at one moment.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct WatchStatsSnapshot {
-    /// See [`WatchStats::updates_applied`].
-    pub updates_applied: u64,
-    /// See [`WatchStats::etcd_errors`].
-    pub etcd_errors: u64,
-    /// See [`WatchStats::reconnects`].
-    pub reconnects: u64,
-    /// See [`WatchStats::loaded_from_cache`].
-    pub loaded_from_cache: u64,
-    /// See [`WatchStats::invalid_placements`].
-    pub invalid_placements: u64,
-    /// See [`WatchStats::cache_write_errors`].
-    pub cache_write_errors: u64,
-}
+impl WatchEvent {
+    /// Every event, in label order.
+    pub const ALL: [WatchEvent; 6] = [
+        WatchEvent::UpdatesApplied,
+        WatchEvent::EtcdErrors,
+        WatchEvent::Reconnects,
+        WatchEvent::LoadedFromCache,
+        WatchEvent::InvalidPlacements,
+        WatchEvent::CacheWriteErrors,
+    ];
 
-impl WatchStats {
-    /// Reads every counter.
-    pub fn snapshot(&self) -> WatchStatsSnapshot {
-        WatchStatsSnapshot {
-            updates_applied: self.updates_applied.load(Ordering::Relaxed),
-            etcd_errors: self.etcd_errors.load(Ordering::Relaxed),
-            reconnects: self.reconnects.load(Ordering::Relaxed),
-            loaded_from_cache: self.loaded_from_cache.load(Ordering::Relaxed),
-            invalid_placements: self.invalid_placements.load(Ordering::Relaxed),
-            cache_write_errors: self.cache_write_errors.load(Ordering::Relaxed),
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WatchEvent::UpdatesApplied => "updates_applied",
+            WatchEvent::EtcdErrors => "etcd_errors",
+            WatchEvent::Reconnects => "reconnects",
+            WatchEvent::LoadedFromCache => "loaded_from_cache",
+            WatchEvent::InvalidPlacements => "invalid_placements",
+            WatchEvent::CacheWriteErrors => "cache_write_errors",
         }
     }
 }
 
-/// Adds one to a counter.
-pub(crate) fn bump(counter: &AtomicU64) {
-    counter.fetch_add(1, Ordering::Relaxed);
+/// What a placement source has been doing: a counter per [`WatchEvent`], each only grows.
+#[derive(Debug, Default)]
+pub struct WatchStats([AtomicU64; WatchEvent::ALL.len()]);
+
+impl WatchStats {
+    /// Times `event` happened so far.
+    pub fn get(&self, event: WatchEvent) -> u64 {
+        self.0[event as usize].load(Ordering::Relaxed)
+    }
+
+    /// Counts one `event`.
+    pub(crate) fn bump(&self, event: WatchEvent) {
+        self.0[event as usize].fetch_add(1, Ordering::Relaxed);
+    }
 }

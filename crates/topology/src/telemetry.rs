@@ -8,12 +8,18 @@
 use std::sync::Arc;
 
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 
 use crate::handle::PlacementHandle;
-use crate::stats::WatchStats;
+use crate::stats::{WatchEvent, WatchStats};
+
+/// `{event}`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ByEvent {
+    event: &'static str,
+}
 
 /// A scrape-time view of a placement source's counters and version.
 #[derive(Debug)]
@@ -32,15 +38,6 @@ impl WatchStatsCollector {
 
 impl Collector for WatchStatsCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let snapshot = self.stats.snapshot();
-        let events = [
-            ("updates_applied", snapshot.updates_applied),
-            ("etcd_errors", snapshot.etcd_errors),
-            ("reconnects", snapshot.reconnects),
-            ("loaded_from_cache", snapshot.loaded_from_cache),
-            ("invalid_placements", snapshot.invalid_placements),
-            ("cache_write_errors", snapshot.cache_write_errors),
-        ];
         let name = format!("{}_placement_events", self.prefix);
         let counter = ConstCounter::new(0u64);
         let mut family = encoder.encode_descriptor(
@@ -49,10 +46,10 @@ impl Collector for WatchStatsCollector {
             None,
             counter.metric_type(),
         )?;
-        for (event, count) in events {
-            let labels = [("event", event)];
+        for event in WatchEvent::ALL {
+            let labels = ByEvent { event: event.as_str() };
             let metric = family.encode_family(&labels)?;
-            ConstCounter::new(count).encode(metric)?;
+            ConstCounter::new(self.stats.get(event)).encode(metric)?;
         }
         let version = ConstGauge::new(self.handle.version() as i64);
         let version_name = format!("{}_placement_version", self.prefix);

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tessera_topology::testing::EtcdServer;
 use tessera_topology::{
-    EtcdConfig, MoveTiming, Placement, PlacementSource, PlacementStore, StoreError, WatchError, Watcher,
+    EtcdConfig, MoveTiming, Placement, PlacementSource, PlacementStore, StoreError, WatchError, WatchEvent, Watcher,
 };
 
 /// How long any expected change may take before the test fails.
@@ -106,9 +106,9 @@ async fn watcher_sees_updates_and_ignores_invalid_ones() {
     let mut client = store.client().clone();
     client.put(store.placement_key(), b"not a placement".to_vec(), None).await.unwrap();
     let stats = handle.stats();
-    eventually("the invalid placement is counted", || async { stats.snapshot().invalid_placements == 1 }).await;
+    eventually("the invalid placement is counted", || async { stats.get(WatchEvent::InvalidPlacements) == 1 }).await;
     assert_eq!(*handle.current(), next);
-    assert_eq!(stats.snapshot().updates_applied, 2);
+    assert_eq!(stats.get(WatchEvent::UpdatesApplied), 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -128,13 +128,13 @@ async fn watcher_survives_etcd_outages_and_starts_from_its_cache() {
     // etcd dies: the watcher notices and keeps the placement.
     let stats = watcher.stats();
     tokio::task::block_in_place(|| etcd.stop());
-    eventually("the watcher notices etcd is gone", || async { stats.snapshot().etcd_errors > 0 }).await;
+    eventually("the watcher notices etcd is gone", || async { stats.get(WatchEvent::EtcdErrors) > 0 }).await;
     assert_eq!(*watcher.current(), first);
 
     // A new watcher starting while etcd is down runs on the cache file.
     let cold = Watcher::start(config.clone()).await.unwrap();
     assert_eq!(*cold.current(), first);
-    assert_eq!(cold.stats().snapshot().loaded_from_cache, 1);
+    assert_eq!(cold.stats().get(WatchEvent::LoadedFromCache), 1);
 
     // etcd comes back and the placement changes: both watchers catch up.
     tokio::task::block_in_place(|| etcd.restart()).expect("restarting etcd");
@@ -143,7 +143,7 @@ async fn watcher_survives_etcd_outages_and_starts_from_its_cache() {
     for (name, watching) in [("the first watcher", &watcher), ("the cold-started watcher", &cold)] {
         eventually(&format!("{name} sees version 2"), || async { watching.version() == 2 }).await;
         assert_eq!(*watching.current(), second);
-        assert!(watching.stats().snapshot().reconnects > 0, "{name} reconnected");
+        assert!(watching.stats().get(WatchEvent::Reconnects) > 0, "{name} reconnected");
     }
     eventually("the cache holds version 2", || async {
         tessera_topology::cache::read_cache(&cache_path).is_ok_and(|cached| cached == second)

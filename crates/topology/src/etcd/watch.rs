@@ -21,7 +21,7 @@ use crate::error::{StoreError, WatchError};
 use crate::handle::{AbortOnDrop, PlacementHandle, Published};
 use crate::placement::Placement;
 use crate::routing::Routing;
-use crate::stats::{WatchStats, bump};
+use crate::stats::{WatchEvent, WatchStats};
 
 /// Keeps the current placement of one environment, watched in etcd.
 ///
@@ -53,13 +53,13 @@ impl Watcher {
                 Ok(Some(bytes)) => match decode_valid(&bytes) {
                     Ok(placement) => break (placement, true),
                     Err(error) => {
-                        bump(&stats.invalid_placements);
+                        stats.bump(WatchEvent::InvalidPlacements);
                         error
                     }
                 },
                 Ok(None) => format!("no placement at `{key}`"),
                 Err(error) => {
-                    bump(&stats.etcd_errors);
+                    stats.bump(WatchEvent::EtcdErrors);
                     error.to_string()
                 }
             };
@@ -69,7 +69,7 @@ impl Watcher {
                     cache_tried = true;
                     match read_cache(path) {
                         Ok(placement) => {
-                            bump(&stats.loaded_from_cache);
+                            stats.bump(WatchEvent::LoadedFromCache);
                             tracing::warn!(path = %path.display(), version = placement.version(), "starting on the cached placement");
                             break (placement, false);
                         }
@@ -151,11 +151,11 @@ async fn watch_forever(config: Arc<EtcdConfig>, key: String, published: Arc<Publ
     let mut backoff = config.backoff();
     loop {
         let error = watch_session(&config, &key, &published, &mut backoff).await;
-        bump(&published.stats().etcd_errors);
+        published.stats().bump(WatchEvent::EtcdErrors);
         let delay = backoff.next_delay();
         tracing::warn!(%key, %error, retry_in_ms = delay.as_millis() as u64, "placement watch interrupted; keeping the last placement");
         tokio::time::sleep(delay).await;
-        bump(&published.stats().reconnects);
+        published.stats().bump(WatchEvent::Reconnects);
     }
 }
 
@@ -220,7 +220,7 @@ async fn apply(config: &EtcdConfig, key: &str, published: &Published, bytes: &[u
     let placement = match decode_valid(bytes) {
         Ok(placement) => placement,
         Err(error) => {
-            bump(&published.stats().invalid_placements);
+            published.stats().bump(WatchEvent::InvalidPlacements);
             tracing::error!(%key, %error, "ignoring placement from etcd; keeping the last placement");
             return;
         }
@@ -240,11 +240,11 @@ async fn store_cache(config: &EtcdConfig, published: &Published, placement: Arc<
     match written {
         Ok(Ok(())) => {}
         Ok(Err(error)) => {
-            bump(&published.stats().cache_write_errors);
+            published.stats().bump(WatchEvent::CacheWriteErrors);
             tracing::warn!(%error, "writing the placement cache");
         }
         Err(error) => {
-            bump(&published.stats().cache_write_errors);
+            published.stats().bump(WatchEvent::CacheWriteErrors);
             tracing::warn!(%error, "placement cache writer panicked");
         }
     }
