@@ -49,7 +49,7 @@ use tessera_runtime::Shutdown;
 use tessera_runtime::logging::error_chain;
 use tessera_runtime::telemetry::{Labels, labels};
 use tessera_topology::{EtcdConfig, MoveTiming, Placement, PlacementStore, StoreError, Tier, Watcher};
-use tessera_wire::backoff::sleep_or_stop;
+use tessera_wire::backoff::{Backoff, sleep_or_stop};
 
 /// How often the tier task looks at the placement and liveness.
 pub const TICK: Duration = Duration::from_secs(1);
@@ -492,7 +492,7 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, StoreError>>,
 {
-    let mut delay = Duration::from_millis(200);
+    let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
     loop {
         match attempt().await {
             Ok(value) => return Some(value),
@@ -501,10 +501,9 @@ where
                 tracing::warn!(error = %error_chain(&error), "ingester tier: cannot {what}; will retry");
             }
         }
-        if !sleep_or_stop(delay, shutdown).await {
+        if !sleep_or_stop(backoff.next_delay(), shutdown).await {
             return None;
         }
-        delay = (delay * 2).min(Duration::from_secs(5));
     }
 }
 

@@ -58,7 +58,7 @@ use tessera_runtime::logging::{RateLimitedLog, error_chain};
 use tessera_topology::{
     Election, EtcdConfig, FlushMarks, Leader, LeaseDeadline, PlacementHandle, PlacementStore, Registration,
 };
-use tessera_wire::backoff::sleep_or_stop;
+use tessera_wire::backoff::{Backoff, sleep_or_stop};
 
 use crate::metrics::Metrics;
 use crate::outbound::Ingesters;
@@ -479,7 +479,7 @@ impl ElectionTask {
 
 /// Registers the liveness lease, retrying while etcd is unreachable.
 async fn register(settings: &ElectionSettings, shutdown: &Shutdown) -> Option<(PlacementStore, Registration)> {
-    let mut wait = Duration::from_millis(200);
+    let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
     loop {
         let attempt = async {
             let store = PlacementStore::connect(settings.etcd.clone()).await?;
@@ -497,10 +497,9 @@ async fn register(settings: &ElectionSettings, shutdown: &Shutdown) -> Option<(P
             },
         };
         tracing::warn!(error = %error_chain(&error), "cannot register liveness in etcd; will retry");
-        if !sleep_or_stop(wait, shutdown).await {
+        if !sleep_or_stop(backoff.next_delay(), shutdown).await {
             return None;
         }
-        wait = (wait * 2).min(Duration::from_secs(10));
     }
 }
 
