@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use prometheus_client::metrics::counter::Counter;
-use tessera_runtime::{Readiness, Shutdown, Telemetry, serve};
+use tessera_runtime::{Readiness, ServerHandle, Shutdown, Telemetry, serve};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -107,12 +107,17 @@ async fn serves_metrics_health_readiness_and_stops_on_shutdown() {
     let _ = profiling.await;
 }
 
+/// The endpoint of a daemon named `name` with nothing registered, served on 127.0.0.1:0.
+async fn serve_on_a_free_port(name: &str, shutdown: &Shutdown) -> ServerHandle {
+    serve(([127, 0, 0, 1], 0).into(), Telemetry::new(name, "0"), Readiness::new(), shutdown.clone())
+        .await
+        .expect("binds")
+}
+
 #[tokio::test]
 async fn binding_a_taken_address_names_it() {
     let shutdown = Shutdown::new();
-    let first = serve(([127, 0, 0, 1], 0).into(), Telemetry::new("a", "0"), Readiness::new(), shutdown.clone())
-        .await
-        .expect("binds");
+    let first = serve_on_a_free_port("a", &shutdown).await;
     let error = serve(first.local_addr(), Telemetry::new("b", "0"), Readiness::new(), shutdown.clone())
         .await
         .expect_err("address is taken");
@@ -124,9 +129,7 @@ async fn binding_a_taken_address_names_it() {
 #[tokio::test]
 async fn shutdown_closes_idle_keep_alive_connections() {
     let shutdown = Shutdown::new();
-    let server = serve(([127, 0, 0, 1], 0).into(), Telemetry::new("testd", "0"), Readiness::new(), shutdown.clone())
-        .await
-        .expect("binds");
+    let server = serve_on_a_free_port("testd", &shutdown).await;
     // A scraper keeps its connection open between scrapes; that must not hold up shutdown.
     let mut scraper = TcpStream::connect(server.local_addr()).await.expect("connects");
     scraper.write_all(b"GET /healthz HTTP/1.1\r\nHost: test\r\n\r\n").await.expect("sends");

@@ -29,6 +29,20 @@ fn placement(num_shards: u32, replication_factor: u32, instances: Vec<Instance>)
     Placement::from_proto(proto::Placement { version: 1, num_shards, replication_factor, instances, updated_at_ms: 0 })
 }
 
+/// Two shards on `a` (shard set 1), shard 1 moving to `b` (shard set 2):
+/// `b` owns it from `cutover_ms`, `a` keeps it until `cutoff_ms`.
+fn shard_one_moving_to_b(cutover_ms: i64, cutoff_ms: i64) -> Placement {
+    use ShardState::{Available, Initializing, Leaving};
+    placement(
+        2,
+        1,
+        vec![
+            instance("a", 1, vec![entry(0, Available, 0, 0), entry(1, Leaving, 0, cutoff_ms)]),
+            instance("b", 2, vec![entry(1, Initializing, cutover_ms, 0)]),
+        ],
+    )
+}
+
 fn ids(placement: &Placement, instance_id: &str) -> Vec<u32> {
     placement.shards_of(instance_id).iter().map(|shard| shard.id).collect()
 }
@@ -186,15 +200,7 @@ fn validation_names_what_is_wrong() {
 
 #[test]
 fn a_move_counts_once() {
-    use ShardState::{Available, Initializing, Leaving};
-    let moving = placement(
-        2,
-        1,
-        vec![
-            instance("a", 1, vec![entry(0, Available, 0, 0), entry(1, Leaving, 0, 60_000)]),
-            instance("b", 2, vec![entry(1, Initializing, 60_000, 0)]),
-        ],
-    );
+    let moving = shard_one_moving_to_b(60_000, 60_000);
     moving.validate().unwrap();
     assert_eq!(moving.pending_until_ms(), Some(60_000));
 }
@@ -210,15 +216,7 @@ fn encoding_round_trips() {
 
 #[test]
 fn owners_respect_cutover_and_cutoff() {
-    use ShardState::{Available, Initializing, Leaving};
-    let moving = placement(
-        2,
-        1,
-        vec![
-            instance("a", 1, vec![entry(0, Available, 0, 0), entry(1, Leaving, 0, 60_000)]),
-            instance("b", 2, vec![entry(1, Initializing, 60_000, 0)]),
-        ],
-    );
+    let moving = shard_one_moving_to_b(60_000, 60_000);
     let owners = |shard, time| moving.owners(shard, time).map(|instance| instance.id.as_str()).collect::<Vec<_>>();
     assert_eq!(owners(0, 0), ["a"]);
     assert_eq!(owners(0, 120_000), ["a"]);
@@ -426,15 +424,7 @@ fn finalize_completes_only_due_moves() {
 
 #[test]
 fn finalize_waits_for_every_side_of_a_shard() {
-    use ShardState::{Available, Initializing, Leaving};
-    let skewed = placement(
-        2,
-        1,
-        vec![
-            instance("a", 1, vec![entry(0, Available, 0, 0), entry(1, Leaving, 0, 120_000)]),
-            instance("b", 2, vec![entry(1, Initializing, 60_000, 0)]),
-        ],
-    );
+    let skewed = shard_one_moving_to_b(60_000, 120_000);
     skewed.validate().unwrap();
     assert_eq!(skewed.finalize(90_000), None);
     let done = skewed.finalize(120_000).unwrap();
@@ -465,15 +455,7 @@ fn fail_over_hands_a_dead_instances_shards_to_the_least_loaded_live_ones() {
 
 #[test]
 fn fail_over_mid_move_keeps_the_live_side() {
-    use ShardState::{Available, Initializing, Leaving};
-    let moving = placement(
-        2,
-        1,
-        vec![
-            instance("a", 1, vec![entry(0, Available, 0, 0), entry(1, Leaving, 0, 120_000)]),
-            instance("b", 2, vec![entry(1, Initializing, 120_000, 0)]),
-        ],
-    );
+    let moving = shard_one_moving_to_b(120_000, 120_000);
     let receiver_dead = moving.fail_over(&["b"], 1).unwrap();
     assert_eq!(ids(&receiver_dead, "a"), [0, 1]);
     assert!(!receiver_dead.has_pending_moves());

@@ -9,6 +9,13 @@ use super::*;
 use crate::client::{self, ClientTls};
 use crate::inbound::{ListenerSettings, WireConnection, WireError};
 
+/// Certificates made for this test, in a directory removed when the first value drops.
+fn pki() -> (tempfile::TempDir, Pki) {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::create(dir.path());
+    (dir, pki)
+}
+
 fn client(pki: &Pki, ca: &Path, with_cert: bool) -> ClientTlsConfig {
     ClientTlsConfig {
         ca_file: Some(ca.to_owned()),
@@ -62,8 +69,7 @@ async fn connect(address: &str, tls: ClientTlsConfig) -> Result<crate::stream::W
 
 #[tokio::test]
 async fn mutual_tls_connects_and_a_client_without_a_certificate_is_refused_at_the_handshake() {
-    let dir = tempfile::tempdir().unwrap();
-    let pki = Pki::create(dir.path());
+    let (_dir, pki) = pki();
 
     let (address, accepted) = listen(server(&pki, true)).await;
     let stream = connect(&address, client(&pki, &pki.ca, true)).await.unwrap();
@@ -86,8 +92,7 @@ async fn mutual_tls_connects_and_a_client_without_a_certificate_is_refused_at_th
 #[tokio::test]
 async fn a_large_frame_over_tls_is_acknowledged_at_once() {
     use tessera_proto::{Ack, AckStatus, Frame, frame::Body, framing};
-    let dir = tempfile::tempdir().unwrap();
-    let pki = Pki::create(dir.path());
+    let (_dir, pki) = pki();
     let (address, listener, settings) = bind(server(&pki, false)).await;
     tokio::spawn(async move {
         let (stream, _) = listener.accept().await.unwrap();
@@ -113,8 +118,7 @@ async fn a_large_frame_over_tls_is_acknowledged_at_once() {
 
 #[tokio::test]
 async fn a_server_certificate_from_an_unknown_ca_is_refused_and_told_apart() {
-    let dir = tempfile::tempdir().unwrap();
-    let pki = Pki::create(dir.path());
+    let (_dir, pki) = pki();
     let (address, _accepted) = listen(server(&pki, false)).await;
     let error = connect(&address, client(&pki, &pki.other_ca, false)).await.unwrap_err();
     assert_eq!((error.reason(), error.tls_failure()), ("tls", Some("unknown_ca")), "{error:?}");
@@ -129,8 +133,7 @@ async fn a_server_certificate_from_an_unknown_ca_is_refused_and_told_apart() {
 
 #[test]
 fn every_misconfiguration_is_an_error_naming_the_file() {
-    let dir = tempfile::tempdir().unwrap();
-    let pki = Pki::create(dir.path());
+    let (dir, pki) = pki();
     let missing = dir.path().join("missing.pem");
     let message = |result: Result<Arc<ClientConfig>, TlsError>| result.map(|_| ()).unwrap_err().to_string();
 
@@ -169,8 +172,7 @@ fn every_misconfiguration_is_an_error_naming_the_file() {
 
 #[test]
 fn a_rotated_certificate_is_picked_up_and_a_broken_one_keeps_the_old() {
-    let dir = tempfile::tempdir().unwrap();
-    let pki = Pki::create(dir.path());
+    let (_dir, pki) = pki();
     let tls = server(&pki, false);
     let failures = Arc::new(AtomicU64::new(0));
     let counted = failures.clone();

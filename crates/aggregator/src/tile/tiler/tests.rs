@@ -40,6 +40,16 @@ fn batch(window_start_ms: i64, window_ms: i64, partials: Vec<Partial>) -> Batch 
     Batch { connection: 0, window_start_ms, window_ms, partials }
 }
 
+/// `partial`, also defining dictionary slot `slot` as its series.
+fn defining(slot: u32, partial: Partial) -> Partial {
+    Partial { via: Via::Define { slot }, ..partial }
+}
+
+/// A counter partial naming its series by dictionary slot `slot` alone.
+fn counter_by_slot(slot: u32, value: f64) -> Partial {
+    Partial { via: Via::Ref { slot }, id: Vec::new(), ..counter("", value) }
+}
+
 /// Non-empty closed tiles, in the order they closed.
 #[derive(Default)]
 struct Sink {
@@ -371,12 +381,11 @@ fn tables_cover_every_tile_that_can_be_open_at_once() {
 fn dictionary_slots_reach_their_series_and_pin_them_until_forgotten() {
     let mut tiler = Tiler::new(TilerSettings { expire_after_empty_tiles: Some(2), ..settings(&["1s:1h"]) }, T0);
     let mut sink = Sink::default();
-    let with_via = |via, partial: Partial| Partial { via, ..partial };
-    let by_slot = |slot, value| Partial { id: Vec::new(), ..with_via(Via::Ref { slot }, counter("", value)) };
     // A batch may name some series by id alone before it defines slots.
-    let first = vec![counter("plain", 1.0), with_via(Via::Define { slot: 0 }, counter("named", 2.0))];
+    let first = vec![counter("plain", 1.0), defining(0, counter("named", 2.0))];
     tiler.accept(&Batch { connection: 7, ..batch(T0, 1000, first) }, T0 + 1100, &mut sink.emit()).unwrap();
-    let by_ref = Batch { connection: 7, ..batch(T0 + 1000, 1000, vec![by_slot(0, 3.0), by_slot(1, 4.0)]) };
+    let by_ref =
+        Batch { connection: 7, ..batch(T0 + 1000, 1000, vec![counter_by_slot(0, 3.0), counter_by_slot(1, 4.0)]) };
     let applied = tiler.accept(&by_ref, T0 + 2100, &mut sink.emit()).unwrap();
     assert_eq!((applied.partials, applied.unknown_refs), (2, 1), "slot 1 was never defined");
     tiler.close_due(T0 + 3_000, &mut sink.emit());
@@ -394,23 +403,18 @@ fn dictionary_slots_reach_their_series_and_pin_them_until_forgotten() {
 fn a_slot_defined_while_the_series_cap_is_reached_counts_its_refs_as_series_limit() {
     let mut tiler = Tiler::new(TilerSettings { max_series_per_policy: Some(1), ..settings(&["1s:1h"]) }, T0);
     let mut sink = Sink::default();
-    let with_via = |via, partial: Partial| Partial { via, ..partial };
-    let by_slot = |slot, value| Partial { id: Vec::new(), ..with_via(Via::Ref { slot }, counter("", value)) };
-    let define = vec![
-        with_via(Via::Define { slot: 0 }, counter("in", 1.0)),
-        with_via(Via::Define { slot: 1 }, counter("over", 1.0)),
-    ];
+    let define = vec![defining(0, counter("in", 1.0)), defining(1, counter("over", 1.0))];
     let applied =
         tiler.accept(&Batch { connection: 3, ..batch(T0, 1000, define) }, T0 + 1100, &mut sink.emit()).unwrap();
     assert_eq!((applied.series_limit, applied.unknown_refs), (1, 0));
-    let refs = Batch { connection: 3, ..batch(T0 + 1000, 1000, vec![by_slot(0, 2.0), by_slot(1, 2.0)]) };
+    let refs =
+        Batch { connection: 3, ..batch(T0 + 1000, 1000, vec![counter_by_slot(0, 2.0), counter_by_slot(1, 2.0)]) };
     let applied = tiler.accept(&refs, T0 + 2100, &mut sink.emit()).unwrap();
     assert_eq!((applied.series_limit, applied.unknown_refs), (1, 0), "a capped slot is not an unknown ref");
     // Definitions of a refused batch bind the same way, and count nothing more.
-    let refused =
-        Batch { connection: 4, ..batch(T0, 1000, vec![with_via(Via::Define { slot: 0 }, counter("x", 1.0))]) };
+    let refused = Batch { connection: 4, ..batch(T0, 1000, vec![defining(0, counter("x", 1.0))]) };
     tiler.bind_definitions(&refused);
-    let refs = Batch { connection: 4, ..batch(T0 + 2000, 1000, vec![by_slot(0, 1.0)]) };
+    let refs = Batch { connection: 4, ..batch(T0 + 2000, 1000, vec![counter_by_slot(0, 1.0)]) };
     let applied = tiler.accept(&refs, T0 + 3100, &mut sink.emit()).unwrap();
     assert_eq!((applied.series_limit, applied.unknown_refs), (1, 0));
 }
