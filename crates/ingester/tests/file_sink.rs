@@ -9,10 +9,10 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use support::wire::{Sender, batch, counter, gauge, metric_value, recent_tile_end_ms, set, timer};
-use tessera_ingester::{Config, Ingester};
+use support::wire::{
+    batch, counter, gauge, metric_value, recent_tile_end_ms, set, start_ingester, start_unconnected_ingester, timer,
+};
 use tessera_proto::AckStatus;
-use tessera_runtime::{Shutdown, Telemetry};
 
 fn promtool() -> PathBuf {
     std::env::var_os("TESSERA_PROMTOOL_BIN").map_or_else(|| PathBuf::from("promtool"), PathBuf::from)
@@ -45,15 +45,11 @@ fn dump(tsdb: &Path) -> BTreeMap<String, Vec<(i64, f64)>> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn promtool_imports_the_files_with_the_right_values() {
     let data = tempfile::tempdir().unwrap();
-    let mut config: Config = toml::from_str(&format!(
+    let (ingester, _telemetry, shutdown, mut sender) = start_ingester(&format!(
         "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\n[pool]\nworkers = 3\nmax_samples_per_request = 4\n[sink]\nkind = \"file\"\nrotate_secs = 3600\n",
         data.path().display()
     ))
-    .unwrap();
-    config.telemetry.listen = None;
-    let shutdown = Shutdown::new();
-    let ingester = Ingester::start(config, Telemetry::new("ingester", "test"), shutdown.clone()).await.unwrap();
-    let mut sender = Sender::connect(ingester.listen_addr()).await;
+    .await;
     let t0 = recent_tile_end_ms(5);
     for i in 0..3u32 {
         let tiles = vec![
@@ -123,23 +119,17 @@ async fn promtool_imports_the_files_with_the_right_values() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn native_histograms_left_in_a_file_targets_queue_are_skipped_and_counted() {
     let data = tempfile::tempdir().unwrap();
-    let start = |sink: &str| {
-        let mut config: Config = toml::from_str(&format!(
+    let config_text = |sink: &str| {
+        format!(
             "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\nshutdown_grace_secs = 1\n[sink]\n{sink}\n",
             data.path().display()
-        ))
-        .unwrap();
-        config.telemetry.listen = None;
-        let (telemetry, shutdown) = (Telemetry::new("ingester", "test"), Shutdown::new());
-        async move {
-            let ingester = Ingester::start(config, telemetry.clone(), shutdown.clone()).await.unwrap();
-            (ingester, telemetry, shutdown)
-        }
+        )
     };
     // Remote write to a port nobody listens on: the record stays queued.
-    let (ingester, _, shutdown) =
-        start("kind = \"remote_write\"\nurl = \"http://127.0.0.1:1/api/v1/write\"\nhistograms = \"native\"").await;
-    let mut sender = Sender::connect(ingester.listen_addr()).await;
+    let (ingester, _, shutdown, mut sender) = start_ingester(&config_text(
+        "kind = \"remote_write\"\nurl = \"http://127.0.0.1:1/api/v1/write\"\nhistograms = \"native\"",
+    ))
+    .await;
     let t0 = recent_tile_end_ms(5);
     let tiles = vec![counter("jobs", 3.0), timer("job.seconds", &[0.5, 1.5])];
     let ack = sender.send(batch(0, "10s:2d", t0, tiles)).await;
@@ -147,7 +137,8 @@ async fn native_histograms_left_in_a_file_targets_queue_are_skipped_and_counted(
     shutdown.trigger();
     ingester.wait().await;
 
-    let (ingester, telemetry, shutdown) = start("kind = \"file\"\nrotate_secs = 3600").await;
+    let (ingester, telemetry, shutdown) =
+        start_unconnected_ingester(&config_text("kind = \"file\"\nrotate_secs = 3600")).await;
     support::wire::wait_until("the queue to drain", std::time::Duration::from_secs(30), || {
         ingester.pending_records() == 0
     })

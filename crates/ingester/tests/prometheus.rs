@@ -10,8 +10,10 @@ mod support {
 use std::time::Duration;
 
 use serde_json::Value;
-use support::prometheus::Prometheus;
-use support::wire::{Sender, batch, counter, gauge, metric_value, recent_tile_end_ms, set, timer, wait_until};
+use support::prometheus::{Prometheus, single_series_points};
+use support::wire::{
+    Sender, batch, counter, gauge, metric_value, recent_tile_end_ms, set, start_ingester, timer, wait_until,
+};
 use tessera_ingester::{Config, Ingester};
 use tessera_proto::AckStatus;
 use tessera_runtime::{Shutdown, Telemetry};
@@ -44,14 +46,7 @@ fn config(data_dir: &std::path::Path, url: &str) -> Config {
 
 /// `[[time, "value"], ...]` of the single series a range query returns.
 fn points(result: &Value) -> Vec<(f64, String)> {
-    let series = result.as_array().expect("a result array");
-    assert_eq!(series.len(), 1, "one series expected: {result}");
-    series[0]["values"]
-        .as_array()
-        .expect("a matrix")
-        .iter()
-        .map(|point| (point[0].as_f64().unwrap(), point[1].as_str().unwrap().to_owned()))
-        .collect()
+    single_series_points(result, "one series expected")
 }
 
 /// The value of the single series an instant query returns.
@@ -167,17 +162,12 @@ async fn samples_reach_prometheus_with_exact_values() {
 async fn without_native_histograms_in_prometheus_the_histograms_are_refused_and_the_rest_written() {
     let prometheus = tokio::task::spawn_blocking(Prometheus::start_without_native_histograms).await.unwrap();
     let data = tempfile::tempdir().unwrap();
-    let mut config: Config = toml::from_str(&format!(
+    let (ingester, telemetry, shutdown, mut sender) = start_ingester(&format!(
         "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\n[sink]\nkind = \"remote_write\"\nurl = \"{}\"\n",
         data.path().display(),
         prometheus.remote_write_url()
     ))
-    .unwrap();
-    config.telemetry.listen = None;
-    let telemetry = Telemetry::new("ingester", "test");
-    let shutdown = Shutdown::new();
-    let ingester = Ingester::start(config, telemetry.clone(), shutdown.clone()).await.unwrap();
-    let mut sender = Sender::connect(ingester.listen_addr()).await;
+    .await;
     let t0 = recent_tile_end_ms(10);
     let tiles = vec![counter("jobs", 2.0), timer("lat", &[1.0, 3.0]), timer("only", &[5.0])];
     let ack = sender.send(batch(0, "10s:2d", t0, tiles)).await;

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use prost::Message;
 use serde_json::Value;
 use support::binary::Process;
-use support::prometheus::{Prometheus, free_port};
+use support::prometheus::{Prometheus, free_port, single_series_points};
 use support::wire::{Sender, batch, counter, recent_tile_end_ms, timer};
 use tessera_ingester::prompb::{RESET_HINT_YES, WriteRequest};
 use tessera_proto::{AckStatus, TileBatch};
@@ -92,14 +92,8 @@ async fn send_tiles(wire: u16, t0: i64, tiles: std::ops::Range<i64>) {
 /// `[(time, value)]` of the one series `selector` matches over the test's tiles.
 fn points(prometheus: &Prometheus, selector: &str, end: f64) -> Vec<(f64, f64)> {
     let result = prometheus.query(&format!("{selector}[10m]"), end);
-    let series = result.as_array().expect("a result array");
-    assert_eq!(series.len(), 1, "{selector}: {result}");
-    series[0]["values"]
-        .as_array()
-        .expect("a matrix")
-        .iter()
-        .map(|point| (point[0].as_f64().unwrap(), point[1].as_str().unwrap().parse().unwrap()))
-        .collect()
+    let points = single_series_points(&result, selector);
+    points.into_iter().map(|(time, value)| (time, value.parse().unwrap())).collect()
 }
 
 fn scalar(prometheus: &Prometheus, promql: &str, at: f64) -> f64 {

@@ -15,10 +15,8 @@ use std::time::Duration;
 use serde_json::Value;
 use support::prometheus::query;
 use support::victoria::VictoriaMetrics;
-use support::wire::{Sender, batch, counter, gauge, recent_tile_end_ms, timer, wait_until};
-use tessera_ingester::{Config, Ingester};
+use support::wire::{batch, counter, gauge, recent_tile_end_ms, start_ingester, timer, wait_until};
 use tessera_proto::AckStatus;
-use tessera_runtime::{Shutdown, Telemetry};
 
 /// Raw `(unix seconds, value)` points of the one series a range query returns.
 fn points(result: &Value) -> Vec<(f64, f64)> {
@@ -47,17 +45,13 @@ async fn with_histograms_both_victoria_metrics_keeps_the_summaries_and_drops_the
 async fn samples_reach_victoria_metrics_with_timers_as(histograms: &str) {
     let victoria = tokio::task::spawn_blocking(VictoriaMetrics::start).await.unwrap();
     let data = tempfile::tempdir().unwrap();
-    let mut config: Config = toml::from_str(&format!(
+    let (ingester, _telemetry, shutdown, mut sender) = start_ingester(&format!(
         "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\n[pool]\nworkers = 2\n[sink]\nkind = \"remote_write\"\nurl = \"{}\"\nhistograms = \"{}\"\n",
         data.path().display(),
         victoria.remote_write_url(),
         histograms
     ))
-    .unwrap();
-    config.telemetry.listen = None;
-    let shutdown = Shutdown::new();
-    let ingester = Ingester::start(config, Telemetry::new("ingester", "test"), shutdown.clone()).await.unwrap();
-    let mut sender = Sender::connect(ingester.listen_addr()).await;
+    .await;
 
     let t0 = recent_tile_end_ms(10);
     for i in 0..4u32 {

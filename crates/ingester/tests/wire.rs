@@ -7,24 +7,21 @@ mod support {
 
 use std::time::Duration;
 
-use support::wire::{Sender, batch, counter, metric_value, recent_tile_end_ms, start_ingester};
-use tessera_ingester::{Config, Ingester};
+use support::wire::{
+    Sender, batch, counter, metric_value, recent_tile_end_ms, start_ingester, start_unconnected_ingester,
+};
+use tessera_ingester::Ingester;
 use tessera_proto::{AckStatus, Frame, PartialBatch, frame::Body};
 use tessera_runtime::{Shutdown, Telemetry};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 async fn start(data_dir: &std::path::Path) -> (Ingester, Telemetry, Shutdown) {
-    let mut config: Config = toml::from_str(&format!(
+    start_unconnected_ingester(&format!(
         "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\nmax_frame_bytes = 65536\n",
         data_dir.display()
     ))
-    .unwrap();
-    config.telemetry.listen = None;
-    let telemetry = Telemetry::new("ingester", "test");
-    let shutdown = Shutdown::new();
-    let ingester = Ingester::start(config, telemetry.clone(), shutdown.clone()).await.unwrap();
-    (ingester, telemetry, shutdown)
+    .await
 }
 
 /// Reads until the peer closes; panics if it does not within 10 s.

@@ -191,6 +191,20 @@ pub fn query_with(promql: &str, time: f64, get: impl Fn(&str) -> std::io::Result
     json["data"]["result"].clone()
 }
 
+/// `(time, value)` of every point of the one series a range query returned (`result` as
+/// [`query`] gives it), the value as Prometheus writes it; `what` names the query if there
+/// is not exactly one series.
+pub fn single_series_points(result: &serde_json::Value, what: &str) -> Vec<(f64, String)> {
+    let series = result.as_array().expect("a result array");
+    assert_eq!(series.len(), 1, "{what}: {result}");
+    series[0]["values"]
+        .as_array()
+        .expect("a matrix")
+        .iter()
+        .map(|point| (point[0].as_f64().unwrap(), point[1].as_str().unwrap().to_owned()))
+        .collect()
+}
+
 /// Percent-encodes a query-string component.
 pub fn encode_component(text: &str) -> String {
     let mut out = String::with_capacity(text.len() * 3);

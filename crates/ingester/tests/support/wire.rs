@@ -77,14 +77,20 @@ impl Sender {
 
 /// Starts an ingester from `config_text` (TOML, no telemetry listener) and connects to it.
 pub async fn start_ingester(config_text: &str) -> (tessera_ingester::Ingester, Telemetry, Shutdown, Sender) {
+    let (ingester, telemetry, shutdown) = start_unconnected_ingester(config_text).await;
+    let sender = Sender::connect(ingester.listen_addr()).await;
+    (ingester, telemetry, shutdown, sender)
+}
+
+/// Starts an ingester from `config_text` (TOML, no telemetry listener), with no connection yet.
+pub async fn start_unconnected_ingester(config_text: &str) -> (tessera_ingester::Ingester, Telemetry, Shutdown) {
     let mut config: tessera_ingester::Config = toml::from_str(config_text).expect("test config parses");
     config.telemetry.listen = None;
     let telemetry = Telemetry::new("ingester", "test");
     let shutdown = Shutdown::new();
     let ingester =
         tessera_ingester::Ingester::start(config, telemetry.clone(), shutdown.clone()).await.expect("ingester starts");
-    let sender = Sender::connect(ingester.listen_addr()).await;
-    (ingester, telemetry, shutdown, sender)
+    (ingester, telemetry, shutdown)
 }
 
 /// Unix milliseconds of a 10 s tile end a few minutes ago (Prometheus takes samples up
