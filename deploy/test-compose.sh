@@ -268,6 +268,18 @@ resolution_matches() {
 resolution_10s_matches() { resolution_matches 10s; }
 resolution_1m_matches() { resolution_matches 1m; }
 
+# Waits up to $2 seconds for every value of resolution $1 (10s or 1m) to be
+# exact in Prometheus, $3 naming what is awaited ($4, if given, follows
+# "resolution" in the log line); lists the mismatches if not.
+wait_until_resolution_exact() {
+    local resolution=$1 limit_secs=$2 what=$3
+    if ! wait_until "resolution_${resolution}_matches" "$limit_secs" "$what"; then
+        printf '  %s\n' "${mismatches[@]}" >&2
+        return 1
+    fi
+    log "$resolution resolution${4:+ $4}: every value exact"
+}
+
 # The two aggregators replicate one shard set: exactly one leads. Sets
 # `leader` to its service name (aggregator-1 or aggregator-2).
 leader=""
@@ -394,11 +406,7 @@ test_with_compose_tool() {
     log "sending statsd (run tag $run_id) to udp 127.0.0.1:$TESSERA_STATSD_PORT"
     start_background_timer
     send_known_statsd
-    if ! wait_until resolution_10s_matches 60 "the 10s tiles in Prometheus"; then
-        printf '  %s\n' "${mismatches[@]}" >&2
-        return 1
-    fi
-    log "10s resolution: every value exact"
+    wait_until_resolution_exact 10s 60 "the 10s tiles in Prometheus" || return 1
     if ! wait_until both_ingesters_write 30 "both ingesters to write a share of the series"; then
         return 1
     fi
@@ -425,20 +433,12 @@ test_with_compose_tool() {
         return 1
     fi
     log "$survivor leads"
-    if ! wait_until resolution_10s_matches 60 "the 10s tiles of the three runs in Prometheus"; then
-        printf '  %s\n' "${mismatches[@]}" >&2
-        return 1
-    fi
-    log "10s resolution after the failover: every value exact"
+    wait_until_resolution_exact 10s 60 "the 10s tiles of the three runs in Prometheus" "after the failover" || return 1
     if ! wait_until end_to_end_latency_exported 30 "the end-to-end latency histogram"; then
         return 1
     fi
     # A 1m tile closes up to a minute (plus the watermark wait, max_buffer_past at most) after the data.
-    if ! wait_until resolution_1m_matches 100 "the 1m tiles in Prometheus"; then
-        printf '  %s\n' "${mismatches[@]}" >&2
-        return 1
-    fi
-    log "1m resolution: every value exact"
+    wait_until_resolution_exact 1m 100 "the 1m tiles in Prometheus" || return 1
     # A histogram series exists from its first observation, and a rate over it
     # needs two scrapes after that: give the expressions a little while.
     wait_until dashboard_expressions_work 60 "every dashboard expression to return data"
