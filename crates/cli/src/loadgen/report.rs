@@ -139,9 +139,8 @@ impl Summary {
             let reasons: Vec<String> = self
                 .errors
                 .by_reason()
-                .iter()
                 .filter(|(_, count)| *count > 0)
-                .map(|(reason, count)| format!("{reason} {count}"))
+                .map(|(reason, count)| format!("{} {count}", reason.as_str()))
                 .collect();
             let _ = writeln!(out, "send errors (retried): {}", reasons.join(", "));
         }
@@ -177,8 +176,8 @@ impl Summary {
         let _ = write!(out, ",\"elapsed_secs\":{}", self.elapsed.as_secs_f64());
         let _ = write!(out, ",\"lines\":{},\"datagrams\":{},\"bytes\":{}", self.lines, self.datagrams, self.bytes);
         let _ = write!(out, ",\"send_errors\":{},\"send_errors_by_reason\":{{", self.errors.total());
-        for (index, (reason, count)) in self.errors.by_reason().iter().enumerate() {
-            let _ = write!(out, "{}\"{reason}\":{count}", if index > 0 { "," } else { "" });
+        for (index, (reason, count)) in self.errors.by_reason().enumerate() {
+            let _ = write!(out, "{}\"{}\":{count}", if index > 0 { "," } else { "" }, reason.as_str());
         }
         let _ = write!(
             out,

@@ -117,53 +117,76 @@ impl Connection {
     }
 }
 
-/// Transient send errors, by reason.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct SendErrors {
+/// Why a send failed for a moment (it is retried): the keys of `send_errors_by_reason`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SendErrorReason {
     /// `ENOBUFS`: the kernel was out of buffer space.
-    pub no_buffer_space: u64,
+    NoBufferSpace,
     /// `EAGAIN`: the socket stayed full for the send timeout.
-    pub would_block: u64,
+    WouldBlock,
     /// `ECONNREFUSED`: nothing listened at the target (an earlier ICMP error).
-    pub connection_refused: u64,
+    ConnectionRefused,
     /// `EINTR`: a signal interrupted the send.
-    pub interrupted: u64,
+    Interrupted,
 }
+
+impl SendErrorReason {
+    /// Every reason, in report order.
+    pub const ALL: [SendErrorReason; 4] = [
+        SendErrorReason::NoBufferSpace,
+        SendErrorReason::WouldBlock,
+        SendErrorReason::ConnectionRefused,
+        SendErrorReason::Interrupted,
+    ];
+
+    /// Its name in reports.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SendErrorReason::NoBufferSpace => "no_buffer_space",
+            SendErrorReason::WouldBlock => "would_block",
+            SendErrorReason::ConnectionRefused => "connection_refused",
+            SendErrorReason::Interrupted => "interrupted",
+        }
+    }
+
+    /// The reason of a transient `error`; `None` when it is not transient.
+    fn of(error: &io::Error) -> Option<SendErrorReason> {
+        match error.raw_os_error()? {
+            libc::ENOBUFS => Some(SendErrorReason::NoBufferSpace),
+            code if code == libc::EAGAIN || code == libc::EWOULDBLOCK => Some(SendErrorReason::WouldBlock),
+            libc::ECONNREFUSED => Some(SendErrorReason::ConnectionRefused),
+            libc::EINTR => Some(SendErrorReason::Interrupted),
+            _ => None,
+        }
+    }
+}
+
+/// Transient send errors, per reason.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SendErrors([u64; SendErrorReason::ALL.len()]);
 
 impl SendErrors {
     /// Every reason with its count.
-    pub fn by_reason(&self) -> [(&'static str, u64); 4] {
-        [
-            ("no_buffer_space", self.no_buffer_space),
-            ("would_block", self.would_block),
-            ("connection_refused", self.connection_refused),
-            ("interrupted", self.interrupted),
-        ]
+    pub fn by_reason(&self) -> impl Iterator<Item = (SendErrorReason, u64)> {
+        SendErrorReason::ALL.into_iter().zip(self.0)
     }
 
     /// All of them.
     pub fn total(&self) -> u64 {
-        self.no_buffer_space + self.would_block + self.connection_refused + self.interrupted
+        self.0.iter().sum()
     }
 
     /// Adds `other`.
     pub fn add(&mut self, other: &SendErrors) {
-        self.no_buffer_space += other.no_buffer_space;
-        self.would_block += other.would_block;
-        self.connection_refused += other.connection_refused;
-        self.interrupted += other.interrupted;
+        for (count, more) in self.0.iter_mut().zip(other.0) {
+            *count += more;
+        }
     }
 
     /// Counts `error` when it is transient; `false` when it is not.
     fn count(&mut self, error: &io::Error) -> bool {
-        let slot = match error.raw_os_error() {
-            Some(libc::ENOBUFS) => &mut self.no_buffer_space,
-            Some(code) if code == libc::EAGAIN || code == libc::EWOULDBLOCK => &mut self.would_block,
-            Some(libc::ECONNREFUSED) => &mut self.connection_refused,
-            Some(libc::EINTR) => &mut self.interrupted,
-            _ => return false,
-        };
-        *slot += 1;
+        let Some(reason) = SendErrorReason::of(error) else { return false };
+        self.0[reason as usize] += 1;
         true
     }
 }
