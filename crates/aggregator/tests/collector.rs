@@ -10,27 +10,15 @@ use std::time::Duration;
 use support::{TileReceiver, collector_config, test_config, wait_until};
 use tessera_aggregator::Aggregator;
 use tessera_collector::Collector;
-use tessera_core::parse::MetricKind;
 use tessera_proto::AckReason;
-use tessera_proto::aggregate::Value;
 use tessera_runtime::{Shutdown, Telemetry};
 use tessera_topology::{Placement, PlacementHandle};
 
 const POLICIES: [&str; 2] = ["500ms:1h", "1s:1h"];
 
-/// Sum of every tile value of `policy` for counter `id`.
+/// Sum of every tile value of `policy` for counter `id` (the first flush of each tile).
 fn totals(receiver: &TileReceiver, policy: &str, id: &str) -> f64 {
-    receiver
-        .values()
-        .iter()
-        .filter(|((tile_policy, _, kind, series), _)| {
-            tile_policy == policy && *kind == MetricKind::Counter && series == id.as_bytes()
-        })
-        .map(|(_, flushed)| match flushed[0].value {
-            Value::Counter(sum) => sum,
-            _ => 0.0,
-        })
-        .sum()
+    receiver.counter_tiles(policy, id).iter().map(|(_, flushed)| flushed[0].counter_sum()).sum()
 }
 
 async fn a_real_collector_feeds_exact_totals_through_the_aggregator(merge_threads: usize) {

@@ -15,9 +15,7 @@ use support::{TileReceiver, collector_config, test_config, wait_until};
 use tessera_aggregator::Aggregator;
 use tessera_collector::Collector;
 use tessera_core::clock::now_ms;
-use tessera_core::parse::MetricKind;
 use tessera_proto::AckReason;
-use tessera_proto::aggregate::Value;
 use tessera_runtime::{Shutdown, Telemetry};
 use tessera_topology::testing::EtcdServer;
 use tessera_topology::{MoveTiming, Placement, PlacementHandle, PlacementSource, PlacementStore};
@@ -60,23 +58,13 @@ impl Relay {
     }
 }
 
-/// Sum of every tile value of `policy` for counter `id`, over every receiver.
+/// Sum of every tile value of `policy` for counter `id`, every flush of it, over every receiver.
 fn totals(receivers: &[&TileReceiver], policy: &str, id: &str) -> f64 {
-    receivers.iter().map(|receiver| receiver_totals(receiver, policy, id)).sum()
-}
-
-fn receiver_totals(receiver: &TileReceiver, policy: &str, id: &str) -> f64 {
-    receiver
-        .values()
+    receivers
         .iter()
-        .filter(|((tile_policy, _, kind, series), _)| {
-            tile_policy == policy && *kind == MetricKind::Counter && series == id.as_bytes()
-        })
-        .flat_map(|(_, flushed)| flushed.iter())
-        .map(|flushed| match flushed.value {
-            Value::Counter(sum) => sum,
-            _ => 0.0,
-        })
+        .flat_map(|receiver| receiver.counter_tiles(policy, id))
+        .flat_map(|(_, flushed)| flushed)
+        .map(|flushed| flushed.counter_sum())
         .sum()
 }
 
@@ -119,6 +107,21 @@ async fn start_collector_on(routed: PlacementHandle) -> (Collector, Shutdown) {
     let collector =
         Collector::start(config, routed, Telemetry::new("collector", "test"), shutdown.clone()).await.unwrap();
     (collector, shutdown)
+}
+
+/// Stops the collector, then the aggregators.
+async fn stop(
+    collector: Collector,
+    collector_shutdown: &Shutdown,
+    aggregators: impl IntoIterator<Item = Aggregator>,
+    shutdown: &Shutdown,
+) {
+    collector_shutdown.trigger();
+    collector.wait().await;
+    shutdown.trigger();
+    for aggregator in aggregators {
+        aggregator.wait().await;
+    }
 }
 
 /// Sends one line to each of `SERIES` counters per round, `rounds` rounds
@@ -177,10 +180,7 @@ async fn tiles_stay_exact_when_the_connection_breaks_mid_stream() {
     assert_none_refused(&metrics, &[]);
     let connects = collector.metrics().dictionary_generations_ended("agg-1", "connect");
     assert!(connects >= 4, "a new dictionary per connection: {connects}");
-    collector_shutdown.trigger();
-    collector.wait().await;
-    shutdown.trigger();
-    aggregator.wait().await;
+    stop(collector, &collector_shutdown, [aggregator], &shutdown).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -213,10 +213,7 @@ async fn tiles_stay_exact_across_an_aggregator_restart() {
     let aggregator = aggregator.unwrap();
     assert!(restarted >= Some(SERIES as i64), "a new dictionary on the new connection: {restarted:?}");
     assert_none_refused(aggregator.metrics(), &[]);
-    collector_shutdown.trigger();
-    collector.wait().await;
-    shutdown.trigger();
-    aggregator.wait().await;
+    stop(collector, &collector_shutdown, [aggregator], &shutdown).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -268,9 +265,5 @@ async fn tiles_stay_exact_when_shards_move_while_dictionaries_are_live() {
     for aggregator in [&aggregator_1, &aggregator_2] {
         assert_none_refused(aggregator.metrics(), &[AckReason::NotOwner]);
     }
-    collector_shutdown.trigger();
-    collector.wait().await;
-    shutdown.trigger();
-    aggregator_1.wait().await;
-    aggregator_2.wait().await;
+    stop(collector, &collector_shutdown, [aggregator_1, aggregator_2], &shutdown).await;
 }

@@ -106,6 +106,8 @@ struct Stack {
     section: String,
     _collector: Daemon,
     statsd: SocketAddr,
+    /// The socket the tests send statsd from.
+    socket: UdpSocket,
     etcd: EtcdServer,
 }
 
@@ -123,15 +125,35 @@ async fn start_stack(env: &str) -> Stack {
     let replicas = [("agg-1", ports[0]), ("agg-2", ports[1])]
         .map(|(id, port)| Replica { id, daemon: Some(start_replica(id, port, &section, receiver.address)) });
     let (collector, statsd) = start_collector(&section);
-    let stack = Stack { receiver, replicas, ports, section, _collector: collector, statsd, etcd };
+    let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let stack = Stack { receiver, replicas, ports, section, _collector: collector, statsd, socket, etcd };
     wait_until("one leader", Duration::from_secs(15), || stack.replicas.iter().filter(|r| r.is_leader()).count() == 1)
         .await;
     stack
 }
 
 impl Stack {
+    /// Sends one increment of each counter every 20 ms for `duration`;
+    /// returns the increments sent per counter.
+    async fn send_for(&self, duration: Duration) -> u64 {
+        let datagram: String = (0..SERIES).map(|series| format!("ha.hits:1|c|#series:s{series}\n")).collect();
+        support::send_every_20ms(&self.socket, self.statsd, &datagram, duration).await
+    }
+
+    /// Sends to the collector until the clock reaches `until_ms`; returns the increments sent per counter.
+    async fn send_until(&self, until_ms: i64) -> u64 {
+        let remaining = until_ms.saturating_sub(now_ms()).max(0) as u64;
+        self.send_for(Duration::from_millis(remaining)).await
+    }
+
     fn leader(&self) -> usize {
         self.replicas.iter().position(Replica::is_leader).expect("a leader")
+    }
+
+    /// The indexes of the leader and of the other replica.
+    fn leader_and_follower(&self) -> (usize, usize) {
+        let leader = self.leader();
+        (leader, 1 - leader)
     }
 
     /// Stops replica `index` with SIGTERM and starts it again (same id and port).
@@ -157,20 +179,6 @@ impl Stack {
     }
 }
 
-/// Sends one increment of each counter every 20 ms for `duration`;
-/// returns the increments sent per counter.
-async fn send_for(socket: &UdpSocket, target: SocketAddr, duration: Duration) -> u64 {
-    let deadline = Instant::now() + duration;
-    let datagram: String = (0..SERIES).map(|series| format!("ha.hits:1|c|#series:s{series}\n")).collect();
-    let mut rounds = 0;
-    while Instant::now() < deadline {
-        socket.send_to(datagram.as_bytes(), target).unwrap();
-        rounds += 1;
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    rounds
-}
-
 /// Sleeps until the middle of a second (mid-tile for every policy).
 async fn sleep_until_mid_tile() {
     sleep_until_mid(1_000).await;
@@ -181,12 +189,6 @@ async fn sleep_until_mid(resolution_ms: i64) {
     let half = resolution_ms / 2;
     let wait = (resolution_ms + half - now_ms().rem_euclid(resolution_ms)) % resolution_ms;
     tokio::time::sleep(Duration::from_millis(wait as u64)).await;
-}
-
-/// Sends to the collector until the clock reaches `until_ms`; returns the increments sent per counter.
-async fn send_until(socket: &UdpSocket, target: SocketAddr, until_ms: i64) -> u64 {
-    let remaining = until_ms.saturating_sub(now_ms()).max(0) as u64;
-    send_for(socket, target, Duration::from_millis(remaining)).await
 }
 
 fn resolution_ms(policy: &str) -> i64 {
@@ -236,17 +238,15 @@ async fn assert_exact(receiver: &TileReceiver, sent: u64) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_leader_is_replaced_and_every_tile_stays_exact() {
     let mut stack = start_stack("ha-kill").await;
-    let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
-    let leader = stack.leader();
-    let follower = 1 - leader;
-    let mut sent = send_for(&socket, stack.statsd, Duration::from_millis(3_000)).await;
+    let (leader, follower) = stack.leader_and_follower();
+    let mut sent = stack.send_for(Duration::from_millis(3_000)).await;
     sleep_until_mid_tile().await;
     stack.replicas[leader].daemon.as_mut().unwrap().kill();
     let killed_at = Instant::now();
-    sent += send_for(&socket, stack.statsd, Duration::from_millis(2_000)).await;
+    sent += stack.send_for(Duration::from_millis(2_000)).await;
     wait_until("the follower to take over", Duration::from_secs(15), || stack.replicas[follower].is_leader()).await;
     let failover = killed_at.elapsed();
-    sent += send_for(&socket, stack.statsd, Duration::from_millis(2_000)).await;
+    sent += stack.send_for(Duration::from_millis(2_000)).await;
     assert_exact(&stack.receiver, sent).await;
 
     let new_leader = stack.replicas[follower].daemon();
@@ -278,14 +278,12 @@ async fn a_killed_leader_is_replaced_and_every_tile_stays_exact() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_leader_flushes_nothing_stale_when_it_wakes() {
     let stack = start_stack("ha-pause").await;
-    let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
-    let leader = stack.leader();
-    let follower = 1 - leader;
-    let mut sent = send_for(&socket, stack.statsd, Duration::from_millis(2_000)).await;
+    let (leader, follower) = stack.leader_and_follower();
+    let mut sent = stack.send_for(Duration::from_millis(2_000)).await;
     sleep_until_mid_tile().await;
     let paused_at_ms = now_ms();
     stack.replicas[leader].daemon().signal("STOP");
-    sent += send_for(&socket, stack.statsd, Duration::from_millis(1_000)).await;
+    sent += stack.send_for(Duration::from_millis(1_000)).await;
     // The follower cannot see the leader gone before its lease expires.
     let follower_leads = || {
         let daemon = stack.replicas[follower].daemon();
@@ -293,12 +291,12 @@ async fn a_paused_leader_flushes_nothing_stale_when_it_wakes() {
     };
     let deadline = Instant::now() + Duration::from_secs(15);
     while !follower_leads() && Instant::now() < deadline {
-        sent += send_for(&socket, stack.statsd, Duration::from_millis(200)).await;
+        sent += stack.send_for(Duration::from_millis(200)).await;
     }
     assert!(follower_leads(), "the follower took over while the leader was stopped");
-    sent += send_for(&socket, stack.statsd, Duration::from_millis(1_000)).await;
+    sent += stack.send_for(Duration::from_millis(1_000)).await;
     stack.replicas[leader].daemon().signal("CONT");
-    sent += send_for(&socket, stack.statsd, Duration::from_millis(3_000)).await;
+    sent += stack.send_for(Duration::from_millis(3_000)).await;
     assert_exact(&stack.receiver, sent).await;
 
     let stale: Vec<_> = stack
@@ -317,17 +315,15 @@ async fn a_paused_leader_flushes_nothing_stale_when_it_wakes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_follower_flushes_no_partial_tile_and_takes_over_from_the_next() {
     let mut stack = start_stack("ha-restart").await;
-    let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
-    let leader = stack.leader();
-    let follower = 1 - leader;
-    let mut sent = send_for(&socket, stack.statsd, Duration::from_millis(2_000)).await;
+    let (leader, follower) = stack.leader_and_follower();
+    let mut sent = stack.send_for(Duration::from_millis(2_000)).await;
     // Mid 5 s tile: the restarted follower sees only its second half.
     sleep_until_mid(5_000).await;
     stack.restart(follower);
     let restarted_at_ms = now_ms();
     let partial_tile_end = restarted_at_ms - restarted_at_ms.rem_euclid(5_000) + 5_000;
     // Past that tile's end, the watermark and the leader's flush mark.
-    sent += send_until(&socket, stack.statsd, partial_tile_end + 2_500).await;
+    sent += stack.send_until(partial_tile_end + 2_500).await;
     assert!(stack.replicas[leader].is_leader(), "the leader kept its place");
     let restarted = stack.replicas[follower].daemon();
     wait_until("the restarted follower to let go of what the leader flushed", Duration::from_secs(10), || {
@@ -337,10 +333,10 @@ async fn a_restarted_follower_flushes_no_partial_tile_and_takes_over_from_the_ne
     sleep_until_mid_tile().await;
     stack.replicas[leader].daemon.as_mut().unwrap().kill();
     let killed_at_ms = now_ms();
-    sent += send_for(&socket, stack.statsd, Duration::from_millis(2_000)).await;
+    sent += stack.send_for(Duration::from_millis(2_000)).await;
     wait_until("the restarted follower to take over", Duration::from_secs(15), || stack.replicas[follower].is_leader())
         .await;
-    sent += send_for(&socket, stack.statsd, Duration::from_millis(2_000)).await;
+    sent += stack.send_for(Duration::from_millis(2_000)).await;
     assert_exact(&stack.receiver, sent).await;
 
     let restarted_id = stack.replicas[follower].id;
@@ -375,9 +371,8 @@ async fn a_restarted_follower_flushes_no_partial_tile_and_takes_over_from_the_ne
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_etcd_away_one_replica_at_most_flushes_and_no_tile_is_lost() {
     let stack = start_stack("ha-etcd").await;
-    let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
     let leader = stack.leader();
-    let mut sent = send_for(&socket, stack.statsd, Duration::from_millis(2_000)).await;
+    let mut sent = stack.send_for(Duration::from_millis(2_000)).await;
     sleep_until_mid_tile().await;
     let etcd_pid = stack.etcd.pid().expect("etcd runs").to_string();
     let signal_etcd = |signal: &str| {
@@ -390,7 +385,7 @@ async fn with_etcd_away_one_replica_at_most_flushes_and_no_tile_is_lost() {
     // Three lease TTLs without etcd: never two replicas flushing.
     let mut both_leading = 0;
     while frozen_at.elapsed() < Duration::from_secs(3 * TTL_SECS) {
-        sent += send_for(&socket, stack.statsd, Duration::from_millis(100)).await;
+        sent += stack.send_for(Duration::from_millis(100)).await;
         both_leading += u32::from(stack.replicas.iter().all(Replica::is_leader));
     }
     let old_leader = stack.replicas[leader].daemon();
@@ -403,7 +398,7 @@ async fn with_etcd_away_one_replica_at_most_flushes_and_no_tile_is_lost() {
     wait_until("a leader once etcd is back", Duration::from_secs(15), || stack.replicas.iter().any(Replica::is_leader))
         .await;
     let leaderless_after_thaw = thawed_at.elapsed();
-    sent += send_for(&socket, stack.statsd, Duration::from_millis(3_000)).await;
+    sent += stack.send_for(Duration::from_millis(3_000)).await;
     assert_exact(&stack.receiver, sent).await;
     assert_eq!(both_leading, 0, "two replicas showed themselves leader at once");
 

@@ -15,11 +15,9 @@ mod support;
 
 use std::net::{SocketAddr, UdpSocket};
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use support::{TileReceiver, wait_until};
-use tessera_core::parse::MetricKind;
-use tessera_proto::aggregate::Value;
+use support::{TileReceiver, send_every_20ms, wait_until};
 use tessera_testkit::daemons::Daemon;
 use tessera_testkit::free_port;
 
@@ -92,18 +90,9 @@ fn start_collector(name: &str, placement: &str) -> (Daemon, SocketAddr) {
 /// Every flushed tile of counter `id`: (tile end, value, flushed at).
 fn tiles_of(receiver: &TileReceiver, id: &str) -> Vec<(i64, f64, i64)> {
     let mut tiles: Vec<(i64, f64, i64)> = receiver
-        .values()
+        .counter_tiles(POLICY, id)
         .into_iter()
-        .filter(|((policy, _, kind, series), _)| {
-            policy == POLICY && *kind == MetricKind::Counter && series == id.as_bytes()
-        })
-        .map(|((_, end, _, _), flushed)| {
-            let sum = match flushed[0].value {
-                Value::Counter(sum) => sum,
-                _ => 0.0,
-            };
-            (end, sum, flushed[0].flushed_at_ms)
-        })
+        .map(|(end, flushed)| (end, flushed[0].counter_sum(), flushed[0].flushed_at_ms))
         .collect();
     tiles.sort_by_key(|tile| tile.0);
     tiles
@@ -111,18 +100,6 @@ fn tiles_of(receiver: &TileReceiver, id: &str) -> Vec<(i64, f64, i64)> {
 
 fn total_of(receiver: &TileReceiver, id: &str) -> f64 {
     tiles_of(receiver, id).iter().map(|tile| tile.1).sum()
-}
-
-/// Sends `line` to `target` every 20 ms for `duration`; returns how many.
-async fn send_for(socket: &UdpSocket, target: SocketAddr, line: &str, duration: Duration) -> u64 {
-    let deadline = Instant::now() + duration;
-    let mut sent = 0;
-    while Instant::now() < deadline {
-        socket.send_to(line.as_bytes(), target).unwrap();
-        sent += 1;
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    sent
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -134,8 +111,8 @@ async fn a_stopped_collector_holds_a_tile_for_max_buffer_past_at_most() {
     let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
 
     // Both current: tiles close as soon as both watermarks pass their end.
-    let mut sent_a = send_for(&socket, statsd_a, "wm.a:1|c", Duration::from_millis(500)).await;
-    let sent_b = send_for(&socket, statsd_b, "wm.b:1|c", Duration::from_millis(500)).await;
+    let mut sent_a = send_every_20ms(&socket, statsd_a, "wm.a:1|c", Duration::from_millis(500)).await;
+    let sent_b = send_every_20ms(&socket, statsd_b, "wm.b:1|c", Duration::from_millis(500)).await;
     let closes =
         |trigger: &str| aggregator.metric("tessera_aggregator_tile_closes_total", &format!("trigger=\"{trigger}\""));
     wait_until("host-b's lines in the tiles", Duration::from_secs(15), || total_of(&receiver, "wm.b") >= sent_b as f64)
@@ -148,7 +125,7 @@ async fn a_stopped_collector_holds_a_tile_for_max_buffer_past_at_most() {
     // host-b freezes with its connection open; host-a goes on.
     host_b.signal("STOP");
     let stopped_ms = tessera_core::clock::now_ms();
-    sent_a += send_for(&socket, statsd_a, "wm.a:1|c", Duration::from_secs(8)).await;
+    sent_a += send_every_20ms(&socket, statsd_a, "wm.a:1|c", Duration::from_secs(8)).await;
     let before_resume_ms = tessera_core::clock::now_ms();
     assert!(lag("host-b") * 1000.0 >= MAX_BUFFER_PAST_MS as f64, "host-b's lag: {} s", lag("host-b"));
 
@@ -198,11 +175,11 @@ async fn stop_the_aggregator_mid_stream(max_buffer_past_ms: i64) -> (u64, Stack,
     let aggregator = &stack.aggregator;
     let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
 
-    let mut sent = send_for(&socket, statsd, "slow.agg:1|c", Duration::from_secs(2)).await;
+    let mut sent = send_every_20ms(&socket, statsd, "slow.agg:1|c", Duration::from_secs(2)).await;
     aggregator.signal("STOP");
-    sent += send_for(&socket, statsd, "slow.agg:1|c", Duration::from_secs(3)).await;
+    sent += send_every_20ms(&socket, statsd, "slow.agg:1|c", Duration::from_secs(3)).await;
     aggregator.signal("CONT");
-    sent += send_for(&socket, statsd, "slow.agg:1|c", Duration::from_secs(2)).await;
+    sent += send_every_20ms(&socket, statsd, "slow.agg:1|c", Duration::from_secs(2)).await;
     (sent, stack, collector)
 }
 

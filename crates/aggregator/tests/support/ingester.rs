@@ -23,6 +23,16 @@ pub struct Flushed {
     pub flushed_at_ms: i64,
 }
 
+impl Flushed {
+    /// The counter sum this value holds; 0 for a value of another kind.
+    pub fn counter_sum(&self) -> f64 {
+        match self.value {
+            Value::Counter(sum) => sum,
+            _ => 0.0,
+        }
+    }
+}
+
 /// Key of a tile value: policy, tile end, kind, series id.
 pub type TileKey = (String, i64, MetricKind, Vec<u8>);
 
@@ -90,6 +100,17 @@ impl TileReceiver {
     /// Tile values recorded so far.
     pub fn values(&self) -> HashMap<TileKey, Vec<Flushed>> {
         self.received.lock().unwrap().values.clone()
+    }
+
+    /// Every tile of counter `id` under `policy`: its tile end and each flush of it.
+    pub fn counter_tiles(&self, policy: &str, id: &str) -> Vec<(i64, Vec<Flushed>)> {
+        self.values()
+            .into_iter()
+            .filter(|((tile_policy, _, kind, series), _)| {
+                tile_policy == policy && *kind == MetricKind::Counter && series == id.as_bytes()
+            })
+            .map(|((_, tile_end, ..), flushed)| (tile_end, flushed))
+            .collect()
     }
 
     pub fn batches(&self) -> u64 {

@@ -86,6 +86,23 @@ pub async fn wait_until(what: &str, timeout: Duration, mut done: impl FnMut() ->
     }
 }
 
+/// Sends `datagram` to `target` every 20 ms for `duration`; returns how many times.
+pub async fn send_every_20ms(
+    socket: &std::net::UdpSocket,
+    target: std::net::SocketAddr,
+    datagram: &str,
+    duration: Duration,
+) -> u64 {
+    let deadline = Instant::now() + duration;
+    let mut sent = 0;
+    while Instant::now() < deadline {
+        socket.send_to(datagram.as_bytes(), target).unwrap();
+        sent += 1;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    sent
+}
+
 /// Like [`wait_until`] with an async check.
 pub async fn wait_until_async<F, Fut>(what: &str, timeout: Duration, mut done: F)
 where
