@@ -5,9 +5,10 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use tessera_core::parse::{ParseOptions, Parsed, RejectReason, parse_datagram_with};
+use tessera_core::parse::{MetricKind, ParseOptions, Parsed, RejectReason, parse_datagram_with};
 use tessera_core::series::SeriesKey;
 use tessera_core::shard::shard_of;
+use tessera_rules::{RuleMetrics, RuleSet, Targets};
 
 /// Flags of `tessera check`.
 #[derive(Debug, clap::Args)]
@@ -23,12 +24,76 @@ pub struct Args {
     /// Print only the summary.
     #[arg(long, short)]
     quiet: bool,
+    /// A statsd_exporter mapping file: validate it, and show what each line maps to.
+    #[arg(long, value_name = "FILE")]
+    mapping: Option<PathBuf>,
+    /// A collector configuration file: validate its `[mapping]` and `[rules]`, and show
+    /// what each line becomes (with `--mapping`, that file replaces its `[mapping]`).
+    #[arg(long, value_name = "FILE")]
+    rules: Option<PathBuf>,
+    /// A statsd line to check (repeatable); read instead of the files or stdin.
+    #[arg(long, value_name = "LINE")]
+    line: Vec<String>,
+}
+
+/// The rules `--mapping` and `--rules` name, compiled; `None` when neither is given.
+fn load_rules(args: &Args) -> anyhow::Result<Option<RuleSet>> {
+    if args.mapping.is_none() && args.rules.is_none() {
+        return Ok(None);
+    }
+    let mut config = match &args.rules {
+        Some(path) => tessera_runtime::config::load_toml::<tessera_collector::Config>(Some(path))?,
+        None => tessera_collector::Config::default(),
+    };
+    if let Some(path) = &args.mapping {
+        config.mapping.file = Some(path.clone());
+    }
+    Ok(Some(config.rule_set(&RuleMetrics::default())?))
+}
+
+/// What the rules make of series `id`: the ids it goes out under, and the rules that acted.
+fn describe_rules(rules: &RuleSet, kind: MetricKind, id: &[u8], num_shards: u32) -> String {
+    let outcome = rules.apply(kind, id);
+    let targets = match &outcome.targets {
+        Targets::Same => format!("unchanged	shard={}", shard_of(id, num_shards)),
+        Targets::Dropped => "dropped".to_owned(),
+        Targets::Ids(ids) => ids
+            .iter()
+            .map(|id| format!("{}	shard={}", String::from_utf8_lossy(id), shard_of(id, num_shards)))
+            .collect::<Vec<_>>()
+            .join("\t+ "),
+    };
+    let hits: Vec<String> = outcome
+        .hits
+        .iter()
+        .filter_map(|slot| rules.hit_label(*slot))
+        .map(|(rule, action)| format!("{rule} {}", action.as_str()))
+        .collect();
+    for admission in &outcome.admissions {
+        rules.release(admission);
+    }
+    if hits.is_empty() { format!("\t-> {targets}") } else { format!("\t-> {targets}\trules={}", hits.join("; ")) }
 }
 
 /// Runs `tessera check`; exits 1 when any line was rejected.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let rules = load_rules(&args)?;
+    let mut out = std::io::stdout().lock();
+    if let Some(rules) = &rules
+        && !args.quiet
+    {
+        writeln!(out, "rules ok")?;
+        for note in rules.notes() {
+            writeln!(out, "note\t{note}")?;
+        }
+    }
     let mut input = Vec::new();
-    if args.files.is_empty() {
+    if !args.line.is_empty() {
+        for line in &args.line {
+            input.extend_from_slice(line.as_bytes());
+            input.push(b'\n');
+        }
+    } else if args.files.is_empty() {
         std::io::stdin().lock().read_to_end(&mut input).context("reading stdin")?;
     } else {
         for path in &args.files {
@@ -40,7 +105,6 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
     }
     let options = ParseOptions { max_line_bytes: args.max_line_bytes };
-    let mut out = std::io::stdout().lock();
     let mut key = SeriesKey::default();
     let (mut metrics, mut events, mut rejected) = (0usize, 0usize, [0usize; RejectReason::ALL.len()]);
     let mut write_error = None;
@@ -49,13 +113,17 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             Parsed::Metric(line) => {
                 metrics += 1;
                 key.build(&line).expect("accepted lines fit the tag limit");
-                let values: Vec<String> = if line.kind == tessera_core::parse::MetricKind::Set {
+                let values: Vec<String> = if line.kind == MetricKind::Set {
                     vec![String::from_utf8_lossy(line.set_member()).into_owned()]
                 } else {
                     line.values().map(|v| v.value.to_string()).collect()
                 };
+                let mapped = match &rules {
+                    Some(rules) => describe_rules(rules, line.kind, key.id(), args.num_shards),
+                    None => String::new(),
+                };
                 format!(
-                    "ok\t{}\t{}\tvalues={}\trate={}\tshard={}",
+                    "ok\t{}\t{}\tvalues={}\trate={}\tshard={}{mapped}",
                     line.kind.as_str(),
                     String::from_utf8_lossy(key.id()),
                     values.join(","),

@@ -9,6 +9,8 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 use tessera_core::aggregate::GaugeDeltas;
+use tessera_rules::config::{MappingConfig, RulesConfig};
+use tessera_rules::{RuleMetrics, RuleSet, RulesError};
 use tessera_topology::PlacementSource;
 
 /// The whole configuration.
@@ -34,6 +36,11 @@ pub struct Config {
     pub forward: ForwardConfig,
     /// The `/metrics`, `/healthz`, `/readyz` endpoint.
     pub telemetry: TelemetryConfig,
+    /// A statsd_exporter mapping file: dotted name parts become labels.
+    pub mapping: MappingConfig,
+    /// Allow/deny, tag rules, rollups, global tags, a name prefix and cardinality limits,
+    /// applied before sharding (see `tessera_rules::config`).
+    pub rules: RulesConfig,
 }
 
 /// How datagrams are spread over the UDP reader sockets.
@@ -223,7 +230,17 @@ impl Config {
         if !self.udp.enabled && self.tcp.listen.is_none() && self.unix.path.is_none() {
             return invalid("udp.enabled", "no listener is enabled (udp, tcp.listen or unix.path)");
         }
+        self.rule_set(&RuleMetrics::default())?;
         Ok(())
+    }
+
+    /// Loads the mapping file and compiles `[rules]`, with counters in `metrics`.
+    pub fn rule_set(&self, metrics: &RuleMetrics) -> Result<RuleSet, ConfigError> {
+        RuleSet::load(&self.mapping, &self.rules, metrics).map_err(|error| match error {
+            RulesError::Mapping { .. } => ConfigError::new("mapping.file", error.to_string()),
+            RulesError::Glob { key, source } => ConfigError::new(key, source.to_string()),
+            RulesError::Invalid { key, reason } => ConfigError::new(key, reason),
+        })
     }
 
     /// [`Config::validate_settings`], and a usable `[placement]` source: what

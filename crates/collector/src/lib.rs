@@ -32,13 +32,16 @@ mod config;
 mod intake;
 mod metrics;
 mod outbound;
+mod rules;
 mod window;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tessera_core::parse::ParseOptions;
+use tessera_rules::RulesHandle;
 use tessera_runtime::daemon::spawn_thread;
 use tessera_runtime::{Readiness, ServerHandle, Shutdown, Telemetry};
 
@@ -89,11 +92,17 @@ impl Collector {
             (config.aggregation.expire_after_idle_secs * 1000 / config.aggregation.interval_ms).max(1) as u32;
         let parse_options = ParseOptions { max_line_bytes: config.parse.max_line_bytes };
         let (cut_links, flusher_links) = intake::cut_links(1024);
+        let rule_set = config.rule_set(&metrics.rules)?;
+        for note in rule_set.notes() {
+            tracing::info!(note, "mapping file");
+        }
+        let rules = Arc::new(RulesHandle::new(rule_set));
         let reader_settings = ReaderSettings {
             window_ms,
             max_series: config.aggregation.max_series,
             expire_after_idle_windows: expire_windows,
             parse_options,
+            rules: rules.clone(),
         };
         // Everything that can fail on a bad file (the TLS files) before the readers start,
         // so that a failed start leaves no reader thread holding the ports.
@@ -132,6 +141,12 @@ impl Collector {
         };
         let flusher = Flusher::new(flusher_links, flush_settings, router, metrics.clone());
         let flusher = spawn_thread("flusher", move || flusher.run())?;
+
+        let source = rules::RuleSource {
+            config_file: tessera_runtime::daemon::config_file().map(Into::into),
+            config: config.clone(),
+        };
+        tokio::spawn(rules::reload_loop(rules, source, window_ms, metrics.clone(), shutdown.clone()));
 
         if let Some(drops) = listeners.kernel_drops {
             tokio::spawn(intake::poll_kernel_drops(drops, metrics.clone(), shutdown.clone()));

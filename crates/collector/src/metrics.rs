@@ -8,6 +8,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use tessera_core::parse::RejectReason;
+use tessera_rules::RuleMetrics;
 use tessera_runtime::telemetry::{Labels, labels, latency_histogram};
 use tessera_wire::metrics::{DestinationMetrics, Items, SenderMetrics};
 
@@ -64,6 +65,8 @@ tessera_runtime::metrics! {
         pub udp_receive_stamps: Gauge;
         /// The senders' metrics, per destination aggregator
         pub senders: SenderMetrics = SenderMetrics::new(ITEMS),
+        /// The rules' metrics (mapping file, allow/deny, tag rules, rollups, limits)
+        pub rules: RuleMetrics,
     }
 }
 

@@ -125,7 +125,14 @@ impl Flusher {
         }
         let start = cut.window_start_ms;
         let mut window = match self.windows.remove(&start) {
-            None => Window::Single(cut),
+            None if !cut.rewritten => Window::Single(cut),
+            None => {
+                // Rules may have sent two series under one id: merged, they are one.
+                let mut table = self.spare_table();
+                merge_cut(&mut table, &cut);
+                let _ = self.spare_cuts.try_send(cut);
+                Window::Merged(table)
+            }
             Some(Window::Single(first)) => {
                 let mut table = self.spare_table();
                 merge_cut(&mut table, &first);

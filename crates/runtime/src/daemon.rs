@@ -37,8 +37,9 @@
 
 use std::fmt::Display;
 use std::future::Future;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::OnceLock;
 
 use serde::de::DeserializeOwned;
 
@@ -167,6 +168,15 @@ where
     })
 }
 
+/// The `--config` file this process was started with (see [`config_file`]).
+static CONFIG_FILE: OnceLock<Option<PathBuf>> = OnceLock::new();
+
+/// The `--config` file [`run_daemon`] loaded, for what reloads from it (the collector's
+/// rules); `None` when the daemon runs on its defaults or was started as a library.
+pub fn config_file() -> Option<&'static Path> {
+    CONFIG_FILE.get().and_then(|path| path.as_deref())
+}
+
 /// Loads and validates the configuration, answers `--check-config`, starts
 /// logging and the async runtime, and runs `run(config, shutdown)` with a
 /// [`Shutdown`] wired to SIGTERM and SIGINT: it returns once the daemon has
@@ -184,6 +194,7 @@ where
     Run: FnOnce(C, Shutdown) -> Fut,
     Fut: Future<Output = Result<(), StartError>>,
 {
+    let _ = CONFIG_FILE.set(flags.config.clone());
     let config: C = match load_toml(flags.config.as_deref()) {
         Ok(config) => config,
         Err(error) => {

@@ -1,0 +1,51 @@
+//! The rules in force, swapped on reload at a window boundary.
+//!
+//! A reload does not change the rules under a window already running: the new set takes
+//! effect from the next window's start, and a reader cutting an earlier window (one that
+//! runs late) still gets the set that was in force for it. So every window is taken
+//! through one set by every reader, and no partial is lost or split across the switch.
+
+use std::sync::{Arc, Mutex, PoisonError};
+
+use crate::set::RuleSet;
+
+/// Sets kept for readers that run late: the one in force, and the ones before it.
+const SETS_KEPT: usize = 3;
+
+/// The shared handle readers ask for the rules of a window.
+pub struct RulesHandle {
+    /// `(in force from window start, set)`, oldest first; the first is in force from
+    /// the beginning of time.
+    sets: Mutex<Vec<(i64, Arc<RuleSet>)>>,
+}
+
+impl RulesHandle {
+    /// A handle starting with `rules`.
+    pub fn new(rules: RuleSet) -> RulesHandle {
+        RulesHandle { sets: Mutex::new(vec![(i64::MIN, Arc::new(rules))]) }
+    }
+
+    /// The set in force for the window starting at `window_start_ms`.
+    pub fn for_window(&self, window_start_ms: i64) -> Arc<RuleSet> {
+        let sets = self.sets.lock().unwrap_or_else(PoisonError::into_inner);
+        let in_force = sets.iter().rev().find(|(from_ms, _)| *from_ms <= window_start_ms).unwrap_or(&sets[0]);
+        in_force.1.clone()
+    }
+
+    /// Puts `rules` in force from the window starting at `from_window_ms`.
+    pub fn replace(&self, rules: RuleSet, from_window_ms: i64) {
+        let mut sets = self.sets.lock().unwrap_or_else(PoisonError::into_inner);
+        sets.retain(|(from_ms, _)| *from_ms < from_window_ms);
+        sets.push((from_window_ms, Arc::new(rules)));
+        if sets.len() > SETS_KEPT {
+            sets.remove(0);
+            sets[0].0 = i64::MIN;
+        }
+    }
+
+    /// The newest set (for `tessera check`-like callers and logs).
+    pub fn newest(&self) -> Arc<RuleSet> {
+        let sets = self.sets.lock().unwrap_or_else(PoisonError::into_inner);
+        sets[sets.len() - 1].1.clone()
+    }
+}

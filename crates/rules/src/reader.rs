@@ -1,0 +1,176 @@
+//! A reader's side of the rules: the outcome of every series it holds, and its counts.
+//!
+//! A reader cuts its table once per window. [`ReaderRules::begin`] fetches the set in
+//! force for that window; [`CutRules::route`] gives the ids each series' partial goes
+//! under, from the cache when the series was seen before (one hash lookup, no
+//! allocation) and from [`RuleSet::apply`] otherwise. Hits are added to local counts and
+//! published once per cut ([`CutRules::finish`]), which also forgets series idle for
+//! longer than the reader's table keeps them (handing back the limits' places they held).
+//! When a reload puts another set in force, the cache is emptied and filled again.
+
+use std::hash::BuildHasher;
+use std::sync::Arc;
+use std::time::Instant;
+
+use hashbrown::HashTable;
+use tessera_core::parse::MetricKind;
+use tessera_core::series::kind_byte;
+
+use crate::handle::RulesHandle;
+use crate::metrics::RuleMetrics;
+use crate::set::{Outcome, RuleSet, Targets};
+
+/// Cuts between sweeps of the cache for idle series.
+const SWEEP_EVERY_CUTS: u64 = 8;
+
+/// One reader's cache of outcomes.
+pub struct ReaderRules {
+    handle: Arc<RulesHandle>,
+    active: Option<Arc<RuleSet>>,
+    cache: HashTable<Entry>,
+    hasher: foldhash::fast::RandomState,
+    /// Cuts so far.
+    cuts: u64,
+    /// Cuts a series may stay out of the cuts before its entry is forgotten.
+    idle_cuts: u64,
+    /// Hits of this cut, by hit slot.
+    counts: Vec<u64>,
+    metrics: RuleMetrics,
+}
+
+struct Entry {
+    hash: u64,
+    /// Kind byte, then the canonical id.
+    key: Box<[u8]>,
+    outcome: Outcome,
+    last_cut: u64,
+}
+
+/// The rules of one cut, borrowed from its reader.
+pub struct CutRules<'r> {
+    rules: &'r mut ReaderRules,
+    set: Arc<RuleSet>,
+    started: Instant,
+}
+
+impl ReaderRules {
+    /// A reader's rules; `idle_cuts` is how many cuts its table keeps an idle series.
+    pub fn new(handle: Arc<RulesHandle>, metrics: RuleMetrics, idle_cuts: u32) -> ReaderRules {
+        ReaderRules {
+            handle,
+            active: None,
+            cache: HashTable::new(),
+            hasher: foldhash::fast::RandomState::default(),
+            cuts: 0,
+            idle_cuts: u64::from(idle_cuts) + 1,
+            counts: Vec::new(),
+            metrics,
+        }
+    }
+
+    /// Starts the cut of the window starting at `window_start_ms`; `None` when the set
+    /// in force does nothing, and the cut goes as it is.
+    pub fn begin(&mut self, window_start_ms: i64) -> Option<CutRules<'_>> {
+        let set = self.handle.for_window(window_start_ms);
+        if !self.active.as_ref().is_some_and(|active| Arc::ptr_eq(active, &set)) {
+            self.forget_all();
+            self.counts = vec![0; set.hit_counters().len()];
+            self.active = Some(set.clone());
+        }
+        if set.is_empty() {
+            return None;
+        }
+        self.cuts += 1;
+        Some(CutRules { rules: self, set, started: Instant::now() })
+    }
+
+    /// Forgets every outcome, handing back the places they held.
+    fn forget_all(&mut self) {
+        self.metrics.rule_cache_series.dec_by(self.cache.len() as i64);
+        for entry in self.cache.drain() {
+            for admission in &entry.outcome.admissions {
+                if let Some(active) = &self.active {
+                    active.release(admission);
+                }
+            }
+        }
+        self.cache.shrink_to_fit(|entry| entry.hash);
+    }
+
+    /// Series whose outcome this reader holds.
+    pub fn cached(&self) -> usize {
+        self.cache.len()
+    }
+}
+
+impl Drop for ReaderRules {
+    fn drop(&mut self) {
+        self.forget_all();
+    }
+}
+
+impl CutRules<'_> {
+    /// Calls `each` with every id the partial of series `id` of `kind` goes under (none
+    /// when a rule dropped it); returns whether that is anything but `id` alone, so
+    /// that the cut may hold one id twice and must be merged.
+    pub fn route(&mut self, kind: MetricKind, id: &[u8], mut each: impl FnMut(&[u8])) -> bool {
+        let rules = &mut *self.rules;
+        let kind_byte = kind_byte(kind);
+        let hash = rules.hasher.hash_one((kind_byte, id));
+        let matches = |entry: &Entry| entry.key[0] == kind_byte && &entry.key[1..] == id;
+        let entry = match rules.cache.find_mut(hash, matches) {
+            Some(entry) => entry,
+            None => {
+                let outcome = self.set.apply(kind, id);
+                let mut key = Vec::with_capacity(id.len() + 1);
+                key.push(kind_byte);
+                key.extend_from_slice(id);
+                rules.metrics.rule_cache_series.inc();
+                let entry = Entry { hash, key: key.into(), outcome, last_cut: 0 };
+                rules.cache.insert_unique(hash, entry, |entry| entry.hash).into_mut()
+            }
+        };
+        entry.last_cut = rules.cuts;
+        for slot in &entry.outcome.hits {
+            rules.counts[*slot as usize] += 1;
+        }
+        match &entry.outcome.targets {
+            Targets::Same => {
+                each(id);
+                false
+            }
+            Targets::Dropped => true,
+            Targets::Ids(ids) => {
+                for target in ids {
+                    each(target);
+                }
+                true
+            }
+        }
+    }
+
+    /// Publishes the cut's counts and forgets idle series.
+    pub fn finish(self) {
+        let rules = self.rules;
+        for (counter, count) in self.set.hit_counters().iter().zip(rules.counts.iter_mut()) {
+            if *count > 0 {
+                counter.inc_by(std::mem::take(count));
+            }
+        }
+        if rules.cuts.is_multiple_of(SWEEP_EVERY_CUTS) {
+            let (now, idle_cuts, set) = (rules.cuts, rules.idle_cuts, &self.set);
+            let before = rules.cache.len();
+            rules.cache.retain(|entry| {
+                let keep = now - entry.last_cut <= idle_cuts;
+                if !keep {
+                    for admission in &entry.outcome.admissions {
+                        set.release(admission);
+                    }
+                }
+                keep
+            });
+            rules.metrics.rule_cache_series.dec_by((before - rules.cache.len()) as i64);
+        }
+        rules.metrics.rule_evaluation_duration.observe(self.started.elapsed().as_secs_f64());
+    }
+}

@@ -1,0 +1,566 @@
+//! A compiled rule set: what the rules make of one series.
+//!
+//! [`RuleSet::apply`] takes a series (its kind and canonical id) through every rule, in
+//! this order:
+//!
+//! ```text
+//!  id ─▶ mapping file ─▶ allow / deny ─▶ tag rules ─▶ rollup ─▶ global tags ─▶ prefix ─▶ limit ─▶ ids
+//!        (name parts      (drop)         (drop,        (fold a    (added when   (on every  (fold into
+//!         become labels)                  rename,       tag away;  the key is    name)      overflow,
+//!                                         keep)         maybe keep absent)                  or drop)
+//!                                                       the original)
+//! ```
+//!
+//! Globs of allow, deny, tag, rollup and limit rules match the name after the mapping
+//! file and before the prefix. The result is zero ids (dropped), the id unchanged, or one
+//! or two new canonical ids (a rollup that keeps the original gives two). Every rule that
+//! acted is recorded as a *hit* (rule, action), counted by the caller per window in
+//! `rule_partials_total{rule,action}`.
+//!
+//! It runs once per new series of a reader (the reader caches the outcome, see
+//! [`crate::ReaderRules`]), so it may allocate.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use tessera_core::parse::{MAX_TAGS, MetricKind};
+use tessera_core::series::{SeriesKey, split_id};
+
+use crate::config::{LimitConfig, MappingConfig, Overflow, RollupConfig, RulesConfig, TagRuleConfig};
+use crate::mapping::{MapOutcome, Mapped, MappingFile};
+use crate::metrics::RuleMetrics;
+use crate::pattern::NameGlob;
+use crate::{Action, RulesError};
+
+/// The tag a series past its limit is folded into.
+pub const OVERFLOW_TAG: &str = "tessera_overflow:true";
+
+/// Every rule, compiled, with its counters.
+pub struct RuleSet {
+    mapping: Option<MappingFile>,
+    allow: Vec<NameGlob>,
+    deny: Vec<NameGlob>,
+    tags: Vec<TagRule>,
+    rollups: Vec<Rollup>,
+    global_tags: Vec<(Vec<u8>, Vec<u8>)>,
+    prefix: Vec<u8>,
+    limits: Vec<Limit>,
+    /// One counter per hit slot: each rule holds the slots of the actions it takes.
+    hit_counters: Vec<Counter>,
+    /// The rule label and action of each hit slot.
+    hit_labels: Vec<(String, Action)>,
+    /// Hit slots of each mapping rule: (mapped, dropped).
+    mapping_slots: Vec<(u32, u32)>,
+    /// Hit slot of a name no allow glob matches.
+    allow_slot: u32,
+    /// Hit slot of each deny glob.
+    deny_slots: Vec<u32>,
+    notes: Vec<String>,
+}
+
+/// Hands out hit slots, each with its counter.
+struct Slots<'m> {
+    counters: Vec<Counter>,
+    labels: Vec<(String, Action)>,
+    metrics: &'m RuleMetrics,
+}
+
+impl Slots<'_> {
+    fn slot(&mut self, rule: &str, action: Action) -> u32 {
+        self.counters.push(self.metrics.partials(rule, action));
+        self.labels.push((rule.to_owned(), action));
+        (self.counters.len() - 1) as u32
+    }
+}
+
+struct TagRule {
+    glob: NameGlob,
+    drop: Vec<Vec<u8>>,
+    rename: Vec<(Vec<u8>, Vec<u8>)>,
+    keep: Vec<Vec<u8>>,
+    slot: u32,
+}
+
+struct Rollup {
+    glob: NameGlob,
+    without: Vec<Vec<u8>>,
+    keep_original: bool,
+    name: Option<Vec<u8>>,
+    slot: u32,
+}
+
+struct Limit {
+    glob: NameGlob,
+    max_series: usize,
+    overflow: Overflow,
+    /// Hit slots: admitted, and past the limit (overflowed or dropped).
+    slots: (u32, u32),
+    /// Admitted ids and how many cache entries hold each.
+    admitted: Mutex<HashMap<Box<[u8]>, u32>>,
+    series: Gauge,
+}
+
+/// A place a limit holds for one cache entry; handed back with [`RuleSet::release`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Admission {
+    limit: usize,
+    id: Box<[u8]>,
+}
+
+/// Where a series' partial goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Targets {
+    /// Under its own id.
+    Same,
+    /// Nowhere: a rule dropped it.
+    Dropped,
+    /// Under these ids (one, or two when a rollup keeps the original).
+    Ids(Vec<Box<[u8]>>),
+}
+
+/// What the rules made of one series.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome {
+    /// Where its partials go.
+    pub targets: Targets,
+    /// The hit slots of the rules that acted on it.
+    pub hits: Vec<u32>,
+    /// The limits' places it holds.
+    pub admissions: Vec<Admission>,
+}
+
+/// A series on its way through the rules.
+#[derive(Debug, Clone)]
+struct Draft {
+    name: Vec<u8>,
+    /// `(key, value)`; a bare tag has no value.
+    tags: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+    /// The name the globs match (after mapping, before the prefix).
+    matched_name: Vec<u8>,
+}
+
+impl RuleSet {
+    /// Compiles `[mapping]` and `[rules]`, reading the mapping file; counters are
+    /// registered in `metrics`.
+    pub fn load(mapping: &MappingConfig, rules: &RulesConfig, metrics: &RuleMetrics) -> Result<RuleSet, RulesError> {
+        let mapping = match &mapping.file {
+            Some(path) => {
+                Some(MappingFile::load(path).map_err(|source| RulesError::Mapping { path: path.clone(), source })?)
+            }
+            None => None,
+        };
+        RuleSet::compile(mapping, rules, metrics)
+    }
+
+    /// Compiles `[rules]` around an already loaded mapping file.
+    pub fn compile(
+        mapping: Option<MappingFile>,
+        rules: &RulesConfig,
+        metrics: &RuleMetrics,
+    ) -> Result<RuleSet, RulesError> {
+        let glob = |key: String, text: &str| NameGlob::new(text).map_err(|source| RulesError::Glob { key, source });
+        let mut slots = Slots { counters: Vec::new(), labels: Vec::new(), metrics };
+        let mapping_slots = match &mapping {
+            Some(file) => file
+                .rules()
+                .enumerate()
+                .map(|(index, rule)| {
+                    let label = format!("mapping[{index}]:{rule}");
+                    (slots.slot(&label, Action::Mapped), slots.slot(&label, Action::Dropped))
+                })
+                .collect(),
+            None => Vec::new(),
+        };
+        let allow = rules.allow.iter().map(|text| glob("rules.allow".into(), text)).collect::<Result<Vec<_>, _>>()?;
+        let allow_slot = if allow.is_empty() { 0 } else { slots.slot("allow", Action::Dropped) };
+        let mut deny = Vec::new();
+        let mut deny_slots = Vec::new();
+        for (index, text) in rules.deny.iter().enumerate() {
+            deny.push(glob("rules.deny".into(), text)?);
+            deny_slots.push(slots.slot(&format!("deny[{index}]:{text}"), Action::Dropped));
+        }
+        let mut tags = Vec::new();
+        for (index, rule) in rules.tags.iter().enumerate() {
+            let matches = glob(format!("rules.tags[{index}].match"), &rule.matches)?;
+            tags.push(compile_tag_rule(index, rule, matches, &mut slots)?);
+        }
+        let mut rollups = Vec::new();
+        for (index, rule) in rules.rollup.iter().enumerate() {
+            let matches = glob(format!("rules.rollup[{index}].match"), &rule.matches)?;
+            rollups.push(compile_rollup(index, rule, matches, &mut slots)?);
+        }
+        let mut global_tags = Vec::new();
+        for (key, value) in &rules.global_tags {
+            check_tag_part(&format!("rules.global_tags.{key}"), key)?;
+            check_tag_part(&format!("rules.global_tags.{key}"), value)?;
+            global_tags.push((key.as_bytes().to_vec(), value.as_bytes().to_vec()));
+        }
+        let prefix = rules.name_prefix.clone().unwrap_or_default();
+        if prefix.contains(['|', ',', '#', ':']) || prefix.trim() != prefix {
+            return Err(RulesError::Invalid {
+                key: "rules.name_prefix".into(),
+                reason: format!(
+                    "`{prefix}` holds a character a metric name cannot hold (`|`, `,`, `#`, `:` or a space)"
+                ),
+            });
+        }
+        let mut limits = Vec::new();
+        for (index, rule) in rules.limit.iter().enumerate() {
+            let matches = glob(format!("rules.limit[{index}].match"), &rule.matches)?;
+            limits.push(compile_limit(index, rule, matches, &mut slots)?);
+        }
+        Ok(RuleSet {
+            notes: mapping.as_ref().map(|file| file.notes().to_vec()).unwrap_or_default(),
+            mapping,
+            allow,
+            deny,
+            tags,
+            rollups,
+            global_tags,
+            prefix: prefix.into_bytes(),
+            limits,
+            hit_counters: slots.counters,
+            hit_labels: slots.labels,
+            mapping_slots,
+            allow_slot,
+            deny_slots,
+        })
+    }
+
+    /// Whether the set does nothing to any series (no mapping file, no rule).
+    pub fn is_empty(&self) -> bool {
+        self.mapping.is_none()
+            && self.allow.is_empty()
+            && self.deny.is_empty()
+            && self.tags.is_empty()
+            && self.rollups.is_empty()
+            && self.global_tags.is_empty()
+            && self.prefix.is_empty()
+            && self.limits.is_empty()
+    }
+
+    /// What the mapping file's keys mean in tessera where they differ from
+    /// statsd_exporter (logged at load, printed by `tessera check`).
+    pub fn notes(&self) -> &[String] {
+        &self.notes
+    }
+
+    /// The rule label and the action of hit slot `slot` (see [`Outcome::hits`]).
+    pub fn hit_label(&self, slot: u32) -> Option<(&str, Action)> {
+        self.hit_labels.get(slot as usize).map(|(rule, action)| (rule.as_str(), *action))
+    }
+
+    /// The counters of the hit slots, in slot order.
+    pub fn hit_counters(&self) -> &[Counter] {
+        &self.hit_counters
+    }
+
+    /// Takes the series `id` of `kind` through every rule.
+    pub fn apply(&self, kind: MetricKind, id: &[u8]) -> Outcome {
+        let mut hits = Vec::new();
+        let dropped = |hits| Outcome { targets: Targets::Dropped, hits, admissions: Vec::new() };
+        let (name, raw_tags) = split_id(id);
+        let mut draft = Draft { name: name.to_vec(), tags: parse_tags(raw_tags), matched_name: Vec::new() };
+        let mut changed = false;
+
+        if let (Some(mapping), Ok(text)) = (&self.mapping, std::str::from_utf8(name)) {
+            let mut mapped = Mapped::default();
+            match mapping.map(text, kind, &mut mapped) {
+                MapOutcome::NoMatch => {}
+                MapOutcome::Drop { rule } | MapOutcome::EmptyName { rule } => {
+                    hits.push(self.mapping_slots[rule].1);
+                    return dropped(hits);
+                }
+                MapOutcome::Mapped { rule } => {
+                    hits.push(self.mapping_slots[rule].0);
+                    draft.name = clean_part(mapped.name.as_bytes(), false);
+                    for (key, value) in &mapped.labels {
+                        let key = clean_part(key.as_bytes(), true);
+                        let carried = draft.tags.iter().any(|(existing, _)| *existing == key);
+                        if carried && mapped.honor_labels {
+                            continue;
+                        }
+                        draft.tags.retain(|(existing, _)| *existing != key);
+                        draft.tags.push((key, Some(clean_part(value.as_bytes(), false))));
+                    }
+                    changed = true;
+                }
+            }
+        }
+        draft.matched_name.clone_from(&draft.name);
+
+        if !self.allow.is_empty() && !self.allow.iter().any(|glob| glob.matches(&draft.name)) {
+            hits.push(self.allow_slot);
+            return dropped(hits);
+        }
+        if let Some(index) = self.deny.iter().position(|glob| glob.matches(&draft.name)) {
+            hits.push(self.deny_slots[index]);
+            return dropped(hits);
+        }
+        for rule in self.tags.iter().filter(|rule| rule.glob.matches(&draft.matched_name)) {
+            if rule.apply(&mut draft.tags) {
+                hits.push(rule.slot);
+                changed = true;
+            }
+        }
+        let mut drafts = vec![draft];
+        if let Some(rollup) = self.rollups.iter().find(|rule| rule.glob.matches(&drafts[0].matched_name)) {
+            let mut rolled = drafts[0].clone();
+            rolled.tags.retain(|(key, _)| !rollup.without.contains(key));
+            if let Some(name) = &rollup.name {
+                rolled.name.clone_from(name);
+            }
+            hits.push(rollup.slot);
+            if rollup.keep_original {
+                drafts.push(rolled);
+            } else {
+                drafts[0] = rolled;
+            }
+            changed = true;
+        }
+        for draft in &mut drafts {
+            for (key, value) in &self.global_tags {
+                if !draft.tags.iter().any(|(existing, _)| existing == key) {
+                    draft.tags.push((key.clone(), Some(value.clone())));
+                    changed = true;
+                }
+            }
+            if !self.prefix.is_empty() {
+                draft.name.splice(0..0, self.prefix.iter().copied());
+                changed = true;
+            }
+        }
+        let mut admissions = Vec::new();
+        let mut ids = Vec::with_capacity(drafts.len());
+        let mut key = SeriesKey::default();
+        for draft in &drafts {
+            let mut id = canonical_id(&mut key, kind, &draft.name, &draft.tags);
+            if let Some((index, limit)) =
+                self.limits.iter().enumerate().find(|(_, limit)| limit.glob.matches(&draft.matched_name))
+            {
+                if limit.admit(&id) {
+                    hits.push(limit.slots.0);
+                    admissions.push(Admission { limit: index, id: id.clone() });
+                } else if limit.overflow == Overflow::Fold {
+                    hits.push(limit.slots.1);
+                    id = self.overflow_id(&mut key, kind, &draft.name);
+                    changed = true;
+                } else {
+                    hits.push(limit.slots.1);
+                    changed = true;
+                    continue;
+                }
+            }
+            ids.push(id);
+        }
+        let targets = match ids.as_slice() {
+            [] => Targets::Dropped,
+            [only] if !changed && **only == *id => Targets::Same,
+            _ => Targets::Ids(ids),
+        };
+        Outcome { targets, hits, admissions }
+    }
+
+    /// Hands back a place [`RuleSet::apply`] took.
+    pub fn release(&self, admission: &Admission) {
+        if let Some(limit) = self.limits.get(admission.limit) {
+            limit.release(&admission.id);
+        }
+    }
+
+    /// The id a series past its limit is folded into: its name, the global tags and
+    /// [`OVERFLOW_TAG`].
+    fn overflow_id(&self, key: &mut SeriesKey, kind: MetricKind, name: &[u8]) -> Box<[u8]> {
+        let mut tags: Vec<(Vec<u8>, Option<Vec<u8>>)> =
+            self.global_tags.iter().map(|(key, value)| (key.clone(), Some(value.clone()))).collect();
+        let (key_part, value_part) = OVERFLOW_TAG.split_once(':').expect("the overflow tag has a value");
+        tags.push((key_part.as_bytes().to_vec(), Some(value_part.as_bytes().to_vec())));
+        canonical_id(key, kind, name, &tags)
+    }
+}
+
+impl TagRule {
+    /// Applies the rule to `tags`; whether anything changed.
+    fn apply(&self, tags: &mut Vec<(Vec<u8>, Option<Vec<u8>>)>) -> bool {
+        let before = tags.len();
+        let mut changed = false;
+        tags.retain(|(key, _)| !self.drop.contains(key));
+        for (key, _) in tags.iter_mut() {
+            if let Some((_, new)) = self.rename.iter().find(|(old, _)| old == key) {
+                key.clone_from(new);
+                changed = true;
+            }
+        }
+        if !self.keep.is_empty() {
+            tags.retain(|(key, _)| self.keep.contains(key));
+        }
+        changed || tags.len() != before
+    }
+}
+
+impl Limit {
+    /// Takes a place for `id` (or shares the one it holds); false when the limit is full.
+    fn admit(&self, id: &[u8]) -> bool {
+        let mut admitted = self.admitted.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(holders) = admitted.get_mut(id) {
+            *holders += 1;
+            return true;
+        }
+        if admitted.len() >= self.max_series {
+            return false;
+        }
+        admitted.insert(id.into(), 1);
+        self.series.set(admitted.len() as i64);
+        true
+    }
+
+    fn release(&self, id: &[u8]) {
+        let mut admitted = self.admitted.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(holders) = admitted.get_mut(id) {
+            *holders -= 1;
+            if *holders == 0 {
+                admitted.remove(id);
+                self.series.set(admitted.len() as i64);
+            }
+        }
+    }
+}
+
+fn compile_tag_rule(
+    index: usize,
+    rule: &TagRuleConfig,
+    glob: NameGlob,
+    slots: &mut Slots<'_>,
+) -> Result<TagRule, RulesError> {
+    let key = format!("rules.tags[{index}]");
+    let keys = |what: &str, list: &[String]| {
+        list.iter()
+            .map(|tag| check_tag_part(&format!("{key}.{what}"), tag).map(|()| tag.as_bytes().to_vec()))
+            .collect::<Result<Vec<_>, _>>()
+    };
+    let mut rename = Vec::new();
+    for (old, new) in &rule.rename {
+        check_tag_part(&format!("{key}.rename.{old}"), old)?;
+        check_tag_part(&format!("{key}.rename.{old}"), new)?;
+        rename.push((old.as_bytes().to_vec(), new.as_bytes().to_vec()));
+    }
+    let drop = keys("drop", &rule.drop)?;
+    let keep = keys("keep", &rule.keep)?;
+    if drop.is_empty() && rename.is_empty() && keep.is_empty() {
+        return Err(RulesError::Invalid { key, reason: "the rule has no `drop`, `rename` or `keep`".into() });
+    }
+    let slot = slots.slot(&format!("tags[{index}]:{}", glob.as_str()), Action::Rewritten);
+    Ok(TagRule { glob, drop, rename, keep, slot })
+}
+
+fn compile_rollup(
+    index: usize,
+    rule: &RollupConfig,
+    glob: NameGlob,
+    slots: &mut Slots<'_>,
+) -> Result<Rollup, RulesError> {
+    let key = format!("rules.rollup[{index}]");
+    if rule.aggregate_without.is_empty() {
+        return Err(RulesError::Invalid { key, reason: "`aggregate_without` is empty: nothing to roll up".into() });
+    }
+    for tag in &rule.aggregate_without {
+        check_tag_part(&format!("{key}.aggregate_without"), tag)?;
+    }
+    if rule.keep_original && rule.name.is_none() {
+        return Err(RulesError::Invalid {
+            key,
+            reason: "`keep_original = true` needs a `name` for the rolled-up series: under the same name, \
+                     Prometheus sums would count every value twice"
+                .into(),
+        });
+    }
+    if let Some(name) = &rule.name
+        && (name.is_empty() || name.contains(['|', ',', '#', ':']))
+    {
+        return Err(RulesError::Invalid {
+            key: format!("{key}.name"),
+            reason: format!("`{name}` is not a metric name"),
+        });
+    }
+    Ok(Rollup {
+        slot: slots.slot(&format!("rollup[{index}]:{}", glob.as_str()), Action::RolledUp),
+        glob,
+        without: rule.aggregate_without.iter().map(|tag| tag.as_bytes().to_vec()).collect(),
+        keep_original: rule.keep_original,
+        name: rule.name.as_ref().map(|name| name.as_bytes().to_vec()),
+    })
+}
+
+fn compile_limit(index: usize, rule: &LimitConfig, glob: NameGlob, slots: &mut Slots<'_>) -> Result<Limit, RulesError> {
+    if rule.max_series == 0 {
+        return Err(RulesError::Invalid {
+            key: format!("rules.limit[{index}].max_series"),
+            reason: "0 admits no series; use `deny` to drop a name".into(),
+        });
+    }
+    let label = format!("limit[{index}]:{}", glob.as_str());
+    slots.metrics.series_limit(&label).set(rule.max_series as i64);
+    let series = slots.metrics.limited_series(&label);
+    series.set(0);
+    let past = if rule.overflow == Overflow::Fold { Action::Overflowed } else { Action::Dropped };
+    let slots = (slots.slot(&label, Action::Admitted), slots.slot(&label, past));
+    Ok(Limit { glob, max_series: rule.max_series, overflow: rule.overflow, slots, admitted: Mutex::default(), series })
+}
+
+/// Refuses a tag key or value that cannot be written in a canonical id.
+fn check_tag_part(key: &str, text: &str) -> Result<(), RulesError> {
+    if text.is_empty() || text.contains(['|', ',']) || text.trim() != text {
+        return Err(RulesError::Invalid {
+            key: key.to_owned(),
+            reason: format!("`{text}` is empty or holds `|`, `,` or surrounding spaces, which a tag cannot hold"),
+        });
+    }
+    Ok(())
+}
+
+/// A mapped name, label name or label value as a canonical id can hold it: `|` and `,`
+/// (and `:` in a key) become `_`, surrounding spaces go.
+fn clean_part(text: &[u8], is_key: bool) -> Vec<u8> {
+    let text = text.trim_ascii();
+    text.iter()
+        .map(|&byte| if byte == b'|' || byte == b',' || (is_key && byte == b':') { b'_' } else { byte })
+        .collect()
+}
+
+fn parse_tags(raw: &[u8]) -> Vec<(Vec<u8>, Option<Vec<u8>>)> {
+    raw.split(|byte| *byte == b',')
+        .filter(|tag| !tag.is_empty())
+        .map(|tag| match tag.iter().position(|byte| *byte == b':') {
+            Some(colon) => (tag[..colon].to_vec(), Some(tag[colon + 1..].to_vec())),
+            None => (tag.to_vec(), None),
+        })
+        .collect()
+}
+
+/// The canonical id of `name` with `tags` (sorted, duplicates collapsed).
+fn canonical_id(key: &mut SeriesKey, kind: MetricKind, name: &[u8], tags: &[(Vec<u8>, Option<Vec<u8>>)]) -> Box<[u8]> {
+    // A mapping may add labels past what a line may carry: keep the first ones rather
+    // than lose the series.
+    let tags = &tags[..tags.len().min(MAX_TAGS)];
+    let mut raw = Vec::new();
+    for (tag_key, value) in tags {
+        if !raw.is_empty() {
+            raw.push(b',');
+        }
+        raw.extend_from_slice(tag_key);
+        if let Some(value) = value {
+            raw.push(b':');
+            raw.extend_from_slice(value);
+        }
+    }
+    match key.build_from_parts(kind, name, &raw) {
+        Ok(()) => key.id().into(),
+        // Only too many tags fails, ruled out above; the bare name keeps the data.
+        Err(_) => name.into(),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,234 @@
+use std::sync::Arc;
+
+use tessera_core::parse::{MetricKind, Parsed, parse_line};
+use tessera_core::series::SeriesKey;
+
+use super::*;
+use crate::{ReaderRules, RulesHandle};
+
+fn rules(toml_text: &str) -> RulesConfig {
+    toml::from_str(toml_text).expect("rules parse")
+}
+
+fn set(toml_text: &str) -> RuleSet {
+    RuleSet::compile(None, &rules(toml_text), &RuleMetrics::default()).expect("rules compile")
+}
+
+fn ids(outcome: &Outcome) -> Vec<String> {
+    match &outcome.targets {
+        Targets::Same => vec!["<same>".to_owned()],
+        Targets::Dropped => Vec::new(),
+        Targets::Ids(ids) => ids.iter().map(|id| String::from_utf8_lossy(id).into_owned()).collect(),
+    }
+}
+
+fn apply(set: &RuleSet, id: &str) -> Vec<String> {
+    ids(&set.apply(MetricKind::Counter, id.as_bytes()))
+}
+
+#[test]
+fn no_rules_leave_every_series_as_it_is() {
+    let set = set("");
+    assert!(set.is_empty());
+    assert_eq!(apply(&set, "api.hits|#a:1"), ["<same>"]);
+}
+
+#[test]
+fn allow_and_deny_drop_by_name() {
+    let set = set(r#"allow = ["api.*", "db.*"]
+deny = ["api.debug.*"]"#);
+    assert_eq!(apply(&set, "api.hits"), ["<same>"]);
+    assert!(apply(&set, "web.hits").is_empty(), "matches no allow glob");
+    assert!(apply(&set, "api.debug.x|#a:1").is_empty(), "denied");
+    let outcome = set.apply(MetricKind::Counter, b"web.hits");
+    assert_eq!(outcome.hits, vec![set.allow_slot], "the drop is counted under `allow`");
+}
+
+#[test]
+fn tag_rules_drop_rename_and_keep_in_order() {
+    let set = set(r#"
+[[tags]]
+match = "api.*"
+drop = ["request_id"]
+rename = { env = "environment" }
+[[tags]]
+keep = ["environment", "route"]
+"#);
+    assert_eq!(apply(&set, "api.hits|#env:prod,host:a,request_id:9,route:/x"), ["api.hits|#environment:prod,route:/x"]);
+    assert_eq!(apply(&set, "db.q|#env:prod,host:a"), ["db.q"], "only the second rule matches db.*: env is not kept");
+    assert_eq!(apply(&set, "db.q|#route:/y"), ["<same>"], "nothing to change");
+}
+
+#[test]
+fn a_rollup_folds_a_tag_away_so_series_meet_under_one_id() {
+    let set = set(r#"
+[[rollup]]
+match = "api.latency"
+aggregate_without = ["user_id"]
+"#);
+    let first = apply(&set, "api.latency|#route:/a,user_id:1");
+    let second = apply(&set, "api.latency|#route:/a,user_id:2");
+    assert_eq!(first, ["api.latency|#route:/a"]);
+    assert_eq!(first, second);
+    assert_eq!(apply(&set, "api.other|#user_id:1"), ["<same>"]);
+}
+
+#[test]
+fn a_rollup_that_keeps_the_original_gives_both_and_needs_its_own_name() {
+    let set = set(r#"
+[[rollup]]
+match = "api.*"
+aggregate_without = ["user_id"]
+keep_original = true
+name = "api.by_route"
+"#);
+    assert_eq!(
+        apply(&set, "api.latency|#route:/a,user_id:1"),
+        ["api.latency|#route:/a,user_id:1", "api.by_route|#route:/a"]
+    );
+    let error = RuleSet::compile(
+        None,
+        &rules("[[rollup]]\nmatch = \"a\"\naggregate_without = [\"u\"]\nkeep_original = true\n"),
+        &RuleMetrics::default(),
+    )
+    .err()
+    .expect("refused");
+    assert!(error.to_string().starts_with("rules.rollup[0]: `keep_original = true` needs a `name`"), "{error}");
+}
+
+#[test]
+fn global_tags_are_added_where_absent_and_the_prefix_goes_on_every_name() {
+    let set = set(r#"
+global_tags = { region = "eu", host = "h1" }
+name_prefix = "app."
+"#);
+    assert_eq!(apply(&set, "hits"), ["app.hits|#host:h1,region:eu"]);
+    assert_eq!(apply(&set, "hits|#host:other"), ["app.hits|#host:other,region:eu"], "the series' own tag wins");
+}
+
+#[test]
+fn a_limit_folds_series_past_it_into_the_overflow_series_and_frees_places() {
+    let set = set(r#"
+global_tags = { region = "eu" }
+[[limit]]
+match = "api.*"
+max_series = 2
+"#);
+    let first = set.apply(MetricKind::Counter, b"api.hits|#user:1");
+    let second = set.apply(MetricKind::Counter, b"api.hits|#user:2");
+    let again = set.apply(MetricKind::Counter, b"api.hits|#user:1");
+    let third = set.apply(MetricKind::Counter, b"api.hits|#user:3");
+    assert_eq!(ids(&first), ["api.hits|#region:eu,user:1"]);
+    assert_eq!(ids(&second), ["api.hits|#region:eu,user:2"]);
+    assert_eq!(ids(&again), ids(&first), "an admitted id shares its place");
+    assert_eq!(ids(&third), ["api.hits|#region:eu,tessera_overflow:true"]);
+    assert_eq!(apply(&set, "db.q|#user:9"), ["db.q|#region:eu,user:9"], "other names are not limited");
+    assert_eq!(set.limits[0].series.get(), 2);
+    for admission in first.admissions.iter().chain(&again.admissions) {
+        set.release(admission);
+    }
+    assert_eq!(set.limits[0].series.get(), 1);
+    assert_eq!(apply(&set, "api.hits|#user:3"), ["api.hits|#region:eu,user:3"], "a freed place is taken");
+}
+
+#[test]
+fn a_dropping_limit_drops_series_past_it() {
+    let set = set("[[limit]]\nmatch = \"*\"\nmax_series = 1\noverflow = \"drop\"\n");
+    assert_eq!(apply(&set, "a"), ["<same>"]);
+    assert!(apply(&set, "b").is_empty());
+}
+
+#[test]
+fn bad_rules_name_their_key() {
+    let cases = [
+        ("allow = [\"\"]", "rules.allow"),
+        ("deny = [\"a|b\"]", "rules.deny"),
+        ("[[tags]]\nmatch = \"a\"", "rules.tags[0]"),
+        ("[[tags]]\ndrop = [\"a,b\"]", "rules.tags[0].drop"),
+        ("[[rollup]]\nmatch = \"a\"\naggregate_without = []", "rules.rollup[0]"),
+        ("[[limit]]\nmatch = \"a\"\nmax_series = 0", "rules.limit[0].max_series"),
+        ("name_prefix = \"a:b\"", "rules.name_prefix"),
+        ("global_tags = { \"a\" = \"x,y\" }", "rules.global_tags.a"),
+    ];
+    for (text, key) in cases {
+        let error = RuleSet::compile(None, &rules(text), &RuleMetrics::default()).err().expect(text);
+        assert!(error.to_string().starts_with(&format!("{key}:")), "{text}: {error}");
+    }
+}
+
+#[test]
+fn readers_cache_outcomes_count_hits_once_per_cut_and_switch_sets_at_the_window() {
+    let metrics = RuleMetrics::default();
+    let first = RuleSet::compile(None, &rules("deny = [\"x\"]"), &metrics).unwrap();
+    let handle = Arc::new(RulesHandle::new(first));
+    let mut reader = ReaderRules::new(handle.clone(), metrics.clone(), 2);
+    let route = |reader: &mut ReaderRules, window: i64, id: &[u8]| {
+        let mut cut = reader.begin(window).expect("rules in force");
+        let mut out = Vec::new();
+        let rewritten = cut.route(MetricKind::Counter, id, |target| out.push(target.to_vec()));
+        cut.finish();
+        (rewritten, out)
+    };
+    assert_eq!(route(&mut reader, 0, b"x"), (true, vec![]));
+    assert_eq!(route(&mut reader, 1000, b"x"), (true, vec![]));
+    assert_eq!(route(&mut reader, 1000, b"y"), (false, vec![b"y".to_vec()]));
+    assert_eq!(reader.cached(), 2);
+    assert_eq!(metrics.partials("deny[0]:x", Action::Dropped).get(), 2, "one hit per series per cut");
+
+    let second = RuleSet::compile(None, &rules("name_prefix = \"p.\""), &metrics).unwrap();
+    handle.replace(second, 3000);
+    assert_eq!(route(&mut reader, 2000, b"x"), (true, vec![]), "the old set holds until its window ends");
+    assert_eq!(route(&mut reader, 3000, b"x"), (true, vec![b"p.x".to_vec()]));
+    assert_eq!(reader.cached(), 1, "the cache starts again with the new set");
+    assert_eq!(route(&mut reader, 2000, b"x"), (true, vec![]), "a late window still gets its own set");
+}
+
+#[test]
+fn idle_series_leave_the_cache_and_hand_back_their_places() {
+    let metrics = RuleMetrics::default();
+    let set = RuleSet::compile(None, &rules("[[limit]]\nmatch = \"*\"\nmax_series = 10"), &metrics).unwrap();
+    let handle = Arc::new(RulesHandle::new(set));
+    let mut reader = ReaderRules::new(handle.clone(), metrics.clone(), 1);
+    let mut cut = reader.begin(0).unwrap();
+    cut.route(MetricKind::Counter, b"a", |_| {});
+    cut.finish();
+    assert_eq!(metrics.limited_series("limit[0]:*").get(), 1);
+    for window in 1..=16 {
+        reader.begin(window * 1000).unwrap().finish();
+    }
+    assert_eq!(reader.cached(), 0);
+    assert_eq!(metrics.limited_series("limit[0]:*").get(), 0);
+}
+
+proptest::proptest! {
+    #[test]
+    fn rules_never_panic_on_a_line_the_parser_accepts(line in "[a-z.*_]{1,12}:[0-9]{1,3}\\|(c|g|ms|s)(\\|#[a-z_:.,]{0,20})?") {
+        let Parsed::Metric(parsed) = parse_line(line.as_bytes()) else { return Ok(()) };
+        let mut key = SeriesKey::default();
+        key.build(&parsed).unwrap();
+        let set = set(r#"
+allow = ["*"]
+deny = ["z*"]
+global_tags = { g = "1" }
+name_prefix = "p_"
+[[tags]]
+drop = ["a"]
+rename = { b = "c" }
+[[rollup]]
+match = "*.*"
+aggregate_without = ["d"]
+keep_original = true
+name = "rolled"
+[[limit]]
+match = "*"
+max_series = 3
+"#);
+        let outcome = set.apply(parsed.kind, key.id());
+        if let Targets::Ids(ids) = &outcome.targets {
+            for id in ids {
+                let text = std::str::from_utf8(id).unwrap();
+                proptest::prop_assert!(text.starts_with("p_"), "{}", text);
+            }
+        }
+    }
+}
