@@ -10,6 +10,7 @@
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -41,23 +42,23 @@ tessera_runtime::metrics! {
         /// spanning another window's or collector's set, or two sets with one stamp)
         pub gauge_order_ambiguous: Counter,
         /// Partial batches refused, per reason
-        batches_rejected: Family<Labels, Counter> = by_refusal(),
+        batches_rejected: Family<ByReason, Counter> = by_refusal(),
         /// Series partials in refused batches, per reason
-        partials_rejected: Family<Labels, Counter> = by_refusal(),
+        partials_rejected: Family<ByReason, Counter> = by_refusal(),
         /// Time for the tiler to check and merge one partial batch
         pub merge_duration: Histogram [seconds] = latency_histogram(),
         /// Series held per storage policy
-        active_series: Family<Labels, Gauge>,
+        active_series: Family<ByPolicy, Gauge>,
         /// Series forgotten after their empty tiles, per policy
-        series_expired: Family<Labels, Counter>,
+        series_expired: Family<ByPolicy, Counter>,
         /// Tiles closed and handed to the ingester client, per policy
-        tiles_flushed: Family<Labels, Counter>,
+        tiles_flushed: Family<ByPolicy, Counter>,
         /// Series values in flushed tiles, per policy
-        series_flushed: Family<Labels, Counter>,
+        series_flushed: Family<ByPolicy, Counter>,
         /// Time to cut, encode and queue one closed tile, per policy
-        flush_duration: Family<Labels, Histogram> [seconds] = Family::new_with_constructor(latency_histogram),
+        flush_duration: Family<ByPolicy, Histogram> [seconds] = Family::new_with_constructor(latency_histogram),
         /// Time from a tile's end to its batches being queued, per policy
-        flush_lag: Family<Labels, Histogram> [seconds] = Family::new_with_constructor(lag_histogram),
+        flush_lag: Family<ByPolicy, Histogram> [seconds] = Family::new_with_constructor(lag_histogram),
         /// Data dropped by the aggregator, per reason and unit
         drops: Family<Labels, Counter> = every_label(&DROP_REASONS.map(|(reason, unit)| [("reason", reason), ("unit", unit)])),
         /// Version of the ingesters' placement in use (0 with a fixed endpoint list)
@@ -66,12 +67,12 @@ tessera_runtime::metrics! {
         pub ingester_destinations: Gauge,
         /// Tile batches (and their series) queued for an ingester that left the placement, sent to the
         /// new owners of their series instead, per unit
-        rerouted: Family<Labels, Counter> = every_label(&[[("unit", "batches")], [("unit", "series")]]),
+        rerouted: Family<ByUnit, Counter> = every_unit(&["batches", "series"]),
         /// Tiles closed (per policy, empty ones included), by what closed them: every collector's
         /// watermark, max_buffer_past, buffer_past (no watermark known) or shutdown
-        tile_closes: Family<Labels, Counter>,
+        tile_closes: Family<ByTrigger, Counter>,
         /// Per connected collector: now minus the end of the newest window it has sent in full
-        watermark_lag: Family<Labels, Gauge<f64, AtomicU64>> [seconds],
+        watermark_lag: Family<BySource, Gauge<f64, AtomicU64>> [seconds],
         /// Series refs defined in the collectors' connection dictionaries
         pub dictionary_refs: Gauge,
         /// Connection dictionaries a collector replaced with a new one (after a dropped batch or a
@@ -80,7 +81,7 @@ tessera_runtime::metrics! {
         /// Shards this instance owns now
         pub shards_owned: Gauge,
         /// Campaigns for the shard set's leader key, by result (won, lost)
-        elections: Family<Labels, Counter>,
+        elections: Family<ByResult, Counter>,
         /// etcd requests of the election that failed
         pub election_errors: Counter,
         /// From first seeing the shard set without a leader to winning its election
@@ -91,7 +92,7 @@ tessera_runtime::metrics! {
         /// Flush marks written to etcd by the leader
         pub flush_marks_recorded: Counter,
         /// Now minus the shard set leader's flush mark (end of the last tile acknowledged), per policy
-        flush_mark_lag: Family<Labels, Gauge<f64, AtomicU64>> [seconds],
+        flush_mark_lag: Family<ByPolicy, Gauge<f64, AtomicU64>> [seconds],
         /// Tiles flushed by a replica that started after they began (the only replica left to flush
         /// them)
         pub incomplete_tiles: Counter,
@@ -101,7 +102,7 @@ tessera_runtime::metrics! {
         pub held_series: Gauge,
         /// Held tiles let go without flushing, by reason: flushed_by_leader (the normal case),
         /// held_limit, shutdown
-        tiles_discarded: Family<Labels, Counter>,
+        tiles_discarded: Family<ByReason, Counter>,
         /// Version of the placement in use
         pub placement_version: Gauge;
         /// The wire listener's metrics (connections from collectors)
@@ -111,6 +112,48 @@ tessera_runtime::metrics! {
         /// Whether this replica leads its shard set
         leader: LeaderGauge,
     }
+}
+
+/// `{reason}`: why batches were refused or held tiles let go.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ByReason {
+    reason: &'static str,
+}
+
+/// `{policy}`: a storage policy, by its name (`10s:2d`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ByPolicy {
+    policy: String,
+}
+
+/// `{unit}`: what was counted (`batches`, `series`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ByUnit {
+    unit: &'static str,
+}
+
+/// `{trigger}`: what closed a tile.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ByTrigger {
+    trigger: &'static str,
+}
+
+/// `{source}`: a connected collector's instance id.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BySource {
+    source: String,
+}
+
+/// `{result}`: how a campaign ended.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ByResult {
+    result: &'static str,
+}
+
+/// `{shard_set}`: the shard set this replica is in.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ByShardSet {
+    shard_set: u32,
 }
 
 /// Every `reason` of `frame_errors_total`: the inbound side's, and the decoder's.
@@ -153,15 +196,28 @@ fn every_label<const N: usize>(each: &[[(&'static str, &str); N]]) -> Family<Lab
 }
 
 /// A family per refusal reason, each exported from the start at 0.
-fn by_refusal() -> Family<Labels, Counter> {
-    every_label(&AckReason::FROM_AGGREGATOR.map(|reason| [("reason", reason.as_str())]))
+fn by_refusal() -> Family<ByReason, Counter> {
+    let family = Family::<ByReason, Counter>::default();
+    for reason in AckReason::FROM_AGGREGATOR {
+        let _ = family.get_or_create(&ByReason { reason: reason.as_str() });
+    }
+    family
+}
+
+/// A family per unit of `units`, each exported from the start at 0.
+fn every_unit(units: &[&'static str]) -> Family<ByUnit, Counter> {
+    let family = Family::<ByUnit, Counter>::default();
+    for &unit in units {
+        let _ = family.get_or_create(&ByUnit { unit });
+    }
+    family
 }
 
 /// `tessera_aggregator_leader{shard_set}`: one series, for the shard set this replica
 /// is in; the previous one is removed when the shard set changes.
 #[derive(Clone, Debug, Default)]
 struct LeaderGauge {
-    family: Family<Labels, Gauge>,
+    family: Family<ByShardSet, Gauge>,
     shown: Arc<Mutex<Option<u32>>>,
 }
 
@@ -180,11 +236,11 @@ impl LeaderGauge {
         if let Some(previous) = *shown
             && state.is_none_or(|(shard_set, _)| shard_set != previous)
         {
-            self.family.remove(&labels(&[("shard_set", &previous.to_string())]));
+            self.family.remove(&ByShardSet { shard_set: previous });
         }
         *shown = state.map(|(shard_set, _)| shard_set);
         if let Some((shard_set, leads)) = state {
-            self.family.get_or_create(&labels(&[("shard_set", &shard_set.to_string())])).set(i64::from(leads));
+            self.family.get_or_create(&ByShardSet { shard_set }).set(i64::from(leads));
         }
     }
 }
@@ -197,38 +253,38 @@ impl Metrics {
 
     /// Counts a campaign by `result` (`won`, `lost`).
     pub fn election(&self, result: &'static str) {
-        self.elections.get_or_create(&labels(&[("result", result)])).inc();
+        self.elections.get_or_create(&ByResult { result }).inc();
     }
 
     /// Exports the flush mark lag of each policy that has a mark.
     pub fn set_flush_mark_lags(&self, lags: &[(String, f64)]) {
         for (policy, lag) in lags {
-            self.flush_mark_lag.get_or_create(&labels(&[("policy", policy)])).set(*lag);
+            self.flush_mark_lag.get_or_create(&ByPolicy { policy: policy.clone() }).set(*lag);
         }
     }
 
     /// Counts `tiles` held tiles let go unflushed for `reason`.
     pub fn tiles_discarded(&self, reason: &'static str, tiles: u64) {
         if tiles > 0 {
-            self.tiles_discarded.get_or_create(&labels(&[("reason", reason)])).inc_by(tiles);
+            self.tiles_discarded.get_or_create(&ByReason { reason }).inc_by(tiles);
         }
     }
 
     /// Counts a refused batch of `partials` series partials.
     pub fn rejected(&self, reason: AckReason, partials: u64) {
-        let by_reason = labels(&[("reason", reason.as_str())]);
+        let by_reason = ByReason { reason: reason.as_str() };
         self.batches_rejected.get_or_create(&by_reason).inc();
         self.partials_rejected.get_or_create(&by_reason).inc_by(partials);
     }
 
     /// Batches refused so far for `reason` (for tests and status lines).
     pub fn rejected_batches(&self, reason: AckReason) -> u64 {
-        self.batches_rejected.get_or_create(&labels(&[("reason", reason.as_str())])).get()
+        self.batches_rejected.get_or_create(&ByReason { reason: reason.as_str() }).get()
     }
 
     /// Partials in batches refused so far for `reason`.
     pub fn rejected_partials(&self, reason: AckReason) -> u64 {
-        self.partials_rejected.get_or_create(&labels(&[("reason", reason.as_str())])).get()
+        self.partials_rejected.get_or_create(&ByReason { reason: reason.as_str() }).get()
     }
 
     /// Counts `count` of `unit` (`series`, `batches`) dropped for `reason`.
@@ -246,41 +302,41 @@ impl Metrics {
     /// Counts `count` re-routed `unit`s (`batches` or `series`).
     pub fn rerouted(&self, unit: &'static str, count: u64) {
         if count > 0 {
-            self.rerouted.get_or_create(&labels(&[("unit", unit)])).inc_by(count);
+            self.rerouted.get_or_create(&ByUnit { unit }).inc_by(count);
         }
     }
 
     /// Re-routed `unit`s so far.
     pub fn rerouted_count(&self, unit: &'static str) -> u64 {
-        self.rerouted.get_or_create(&labels(&[("unit", unit)])).get()
+        self.rerouted.get_or_create(&ByUnit { unit }).get()
     }
 
     /// Counts `tiles` closed by `trigger` (`watermark`, `max_buffer_past`, `buffer_past`, `shutdown`).
     pub fn tiles_closed(&self, trigger: &'static str, tiles: u64) {
         if tiles > 0 {
-            self.tile_closes.get_or_create(&labels(&[("trigger", trigger)])).inc_by(tiles);
+            self.tile_closes.get_or_create(&ByTrigger { trigger }).inc_by(tiles);
         }
     }
 
     /// Tiles closed so far by `trigger`.
     pub fn tile_closes(&self, trigger: &'static str) -> u64 {
-        self.tile_closes.get_or_create(&labels(&[("trigger", trigger)])).get()
+        self.tile_closes.get_or_create(&ByTrigger { trigger }).get()
     }
 
     /// Sets the watermark lag of every connected collector, and removes the
     /// series of those in `gone` (connected at the last call, not now).
     pub fn set_watermark_lags(&self, lags: &[(&str, i64)], gone: &[String]) {
         for source in gone {
-            self.watermark_lag.remove(&labels(&[("source", source)]));
+            self.watermark_lag.remove(&BySource { source: source.clone() });
         }
         for (source, lag_ms) in lags {
-            self.watermark_lag.get_or_create(&labels(&[("source", source)])).set(*lag_ms as f64 / 1000.0);
+            self.watermark_lag.get_or_create(&BySource { source: (*source).to_owned() }).set(*lag_ms as f64 / 1000.0);
         }
     }
 
     /// Handles for one storage policy (labelled by its name, e.g. `10s:2d`).
     pub fn policy(&self, policy: &str) -> PolicyMetrics {
-        let by_policy = labels(&[("policy", policy)]);
+        let by_policy = ByPolicy { policy: policy.to_owned() };
         PolicyMetrics {
             active_series: self.active_series.get_or_create(&by_policy).clone(),
             series_expired: self.series_expired.get_or_create(&by_policy).clone(),
