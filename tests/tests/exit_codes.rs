@@ -90,3 +90,39 @@ fn tessera_local_exits_64_on_remote_write_flags_that_cannot_work() {
         assert!(stderr.contains(expected), "{flags:?}: {stderr}");
     }
 }
+
+#[test]
+fn rules_that_cannot_load_exit_64_naming_the_file_or_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let broken = dir.path().join("broken.yml");
+    std::fs::write(&broken, "mappings:\n- match: a.*\n  name: a\n  no_such_key: 1\n").unwrap();
+    let placement = "[placement]\nkind = \"static\"\npath = \"p.toml\"\n";
+    let cases = [
+        (format!("[mapping]\nfile = \"/nonexistent/map.yml\"\n{placement}"), "/nonexistent/map.yml".to_owned()),
+        (format!("[mapping]\nfile = {:?}\n{placement}", broken.display().to_string()), "no_such_key".to_owned()),
+        (format!("[rules]\ndeny = [\"a|b\"]\n{placement}"), "rules.deny".to_owned()),
+        (
+            format!("[[rules.limit]]\nmatch = \"a\"\nmax_series = 0\n{placement}"),
+            "rules.limit[0].max_series".to_owned(),
+        ),
+    ];
+    for (text, expected) in cases {
+        let (code, stderr) = run("tessera-collector", &text, true);
+        assert_eq!(code, Some(64), "{text}: {stderr}");
+        assert!(stderr.contains(&expected), "{text}: {stderr}");
+    }
+    let local =
+        Command::new(binary("tessera")).args(["local", "--mapping-config", "/nonexistent/m.yml"]).output().unwrap();
+    assert_eq!(local.status.code(), Some(64));
+    assert!(String::from_utf8_lossy(&local.stderr).contains("/nonexistent/m.yml"));
+    let check = Command::new(binary("tessera"))
+        .args(["check", "--mapping", &broken.display().to_string(), "--line", "a.b:1|c"])
+        .output()
+        .unwrap();
+    assert!(!check.status.success());
+    assert!(
+        String::from_utf8_lossy(&check.stderr).contains("no_such_key"),
+        "{}",
+        String::from_utf8_lossy(&check.stderr)
+    );
+}

@@ -42,6 +42,10 @@ pub struct Args {
     /// The dashboard page (`/`), `/metrics`, `/healthz`, `/readyz` of all three daemons.
     #[arg(long, default_value = "127.0.0.1:9100")]
     telemetry: SocketAddr,
+    /// A Prometheus statsd_exporter mapping file: dotted name parts become labels
+    /// (reloaded on SIGHUP and when it changes; check it with `tessera check --mapping`).
+    #[arg(long, value_name = "FILE")]
+    mapping_config: Option<PathBuf>,
     /// Shards in the placement.
     #[arg(long, default_value_t = 64)]
     shards: u32,
@@ -60,6 +64,12 @@ pub struct Args {
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if let Err(error) = ingester_config(&args) {
         eprintln!("tessera local: {error}");
+        return Ok(ExitCode::from(EXIT_CONFIG));
+    }
+    if let Some(path) = &args.mapping_config
+        && let Err(error) = tessera_rules::MappingFile::load(path)
+    {
+        eprintln!("tessera local: --mapping-config: {error}");
         return Ok(ExitCode::from(EXIT_CONFIG));
     }
     logging::init(LogFormat::Text, &args.log_level).context("starting logging")?;
@@ -110,11 +120,12 @@ impl Pipeline {
         .await
         .context("starting the aggregator")?;
 
-        let collector_config: tessera_collector::Config = toml_config(&format!(
+        let mut collector_config: tessera_collector::Config = toml_config(&format!(
             "instance_id = \"local\"\n[udp]\nlisten = \"{statsd}\"\n[tcp]\nlisten = \"{statsd}\"\n[telemetry]\nlisten = \"{telemetry}\"\n",
             statsd = args.statsd,
             telemetry = args.telemetry
         ))?;
+        collector_config.mapping.file.clone_from(&args.mapping_config);
         let collector =
             tessera_collector::Collector::start(collector_config, placement, telemetry.clone(), shutdowns[0].clone())
                 .await
@@ -380,10 +391,17 @@ tessera_aggregator_drops_total{reason=\"queue_full\",unit=\"series\"} 9
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_local_pipeline_writes_what_it_receives_to_openmetrics_files() {
         let dir = tempfile::tempdir().unwrap();
+        let mapping = dir.path().join("mapping.yml");
+        std::fs::write(
+            &mapping,
+            "mappings:\n- match: local.*.hits\n  name: local_requests\n  labels:\n    service: $1\n",
+        )
+        .unwrap();
         let args = Args {
             statsd: "127.0.0.1:0".parse().unwrap(),
-            data_dir: dir.path().to_path_buf(),
+            data_dir: dir.path().join("data"),
             remote_write: RemoteWriteFlags::default(),
+            mapping_config: Some(mapping),
             telemetry: "127.0.0.1:0".parse().unwrap(),
             shards: 8,
             policies: vec!["1s:1h".to_owned()],
@@ -393,18 +411,20 @@ tessera_aggregator_drops_total{reason=\"queue_full\",unit=\"series\"} 9
         let pipeline = Pipeline::start(&args).await.unwrap();
         let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
         for _ in 0..10 {
-            socket.send_to(b"local.hits:2|c|#env:test", pipeline.statsd_addr().unwrap()).unwrap();
+            socket
+                .send_to(b"local.hits:2|c|#env:test\nlocal.api.hits:1|c|#env:test", pipeline.statsd_addr().unwrap())
+                .unwrap();
         }
         let deadline = Instant::now() + Duration::from_secs(20);
         while sum(&parse_metrics(&pipeline.telemetry().encode().unwrap()), "tessera_collector_lines_received_total")
-            < 10.0
+            < 20.0
         {
             assert!(Instant::now() < deadline, "lines never counted");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         pipeline.drain().await;
         let mut text = String::new();
-        for entry in std::fs::read_dir(dir.path().join("openmetrics")).unwrap() {
+        for entry in std::fs::read_dir(dir.path().join("data/openmetrics")).unwrap() {
             text.push_str(&std::fs::read_to_string(entry.unwrap().path()).unwrap());
         }
         let last_total = text
@@ -413,6 +433,12 @@ tessera_aggregator_drops_total{reason=\"queue_full\",unit=\"series\"} 9
             .filter_map(|line| line.split_whitespace().nth(1)?.parse::<f64>().ok())
             .next_back();
         assert_eq!(last_total, Some(20.0), "{text}");
+        let mapped_total = text
+            .lines()
+            .filter(|line| line.starts_with("local_requests_total{env=\"test\",resolution=\"1s\",service=\"api\"}"))
+            .filter_map(|line| line.split_whitespace().nth(1)?.parse::<f64>().ok())
+            .next_back();
+        assert_eq!(mapped_total, Some(10.0), "the mapping file named the dotted series: {text}");
     }
 
     /// The dashboard page reads metrics by name: every name it reads is one the daemons
