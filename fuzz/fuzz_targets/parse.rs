@@ -1,7 +1,10 @@
 //! Fuzzes the statsd parser, series ids and table folding on arbitrary
 //! datagrams, and checks that the collector's fast path (simple lines
 //! folded in place) folds every datagram into the same series as the full
-//! parser does.
+//! parser does. Every accepted line's series also goes through a rule set
+//! (a mapping file with glob and regex rules, allow/deny, tag rules, a
+//! rollup, global tags, a prefix and a limit): rules never panic, and every
+//! id they give parses back into a name and tags.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -9,6 +12,48 @@ use tessera_core::aggregate::Aggregate;
 use tessera_core::parse::{MetricKind, ParseOptions, Parsed, parse_datagram};
 use tessera_core::series::SeriesKey;
 use tessera_core::table::{Table, TableOptions};
+use tessera_rules::{MappingFile, RuleMetrics, RuleSet, Targets};
+
+const MAPPING: &str = r#"
+mappings:
+- match: "*.*.latency"
+  name: "${1}_latency_seconds"
+  labels:
+    route: "$2"
+- match: "drop.*"
+  action: drop
+- match: "(.*)\\.status\\.(\\d+)"
+  match_type: regex
+  name: "${1}_status"
+  labels:
+    code: "$2"
+"#;
+
+const RULES: &str = r#"
+deny = ["denied*"]
+global_tags = { host = "fuzz" }
+name_prefix = "f_"
+[[tags]]
+drop = ["a"]
+rename = { b = "c" }
+[[rollup]]
+match = "*_latency_seconds"
+aggregate_without = ["user"]
+keep_original = true
+name = "rolled"
+[[limit]]
+match = "*"
+max_series = 16
+"#;
+
+fn rules() -> &'static RuleSet {
+    static RULES_SET: std::sync::OnceLock<RuleSet> = std::sync::OnceLock::new();
+    RULES_SET.get_or_init(|| {
+        let mapping = MappingFile::from_yaml(MAPPING).expect("the fuzz mapping file loads");
+        let config = toml::from_str(RULES).expect("the fuzz rules parse");
+        RuleSet::compile(Some(mapping), &config, &RuleMetrics::default()).expect("the fuzz rules compile")
+    })
+}
 
 fn cut(table: &mut Table) -> Vec<(Vec<u8>, MetricKind, Aggregate)> {
     let mut out = Vec::new();
@@ -33,6 +78,16 @@ fuzz_target!(|data: &[u8]| {
                 assert!(value.value.is_finite());
             }
             key.build(&line).expect("accepted lines have at most MAX_TAGS tags");
+            let outcome = rules().apply(line.kind, key.id());
+            if let Targets::Ids(ids) = &outcome.targets {
+                for id in ids {
+                    let (name, _) = tessera_core::series::split_id(id);
+                    assert!(name.starts_with(b"f_") || name == b"rolled", "{:?}", String::from_utf8_lossy(id));
+                }
+            }
+            for admission in &outcome.admissions {
+                rules().release(admission);
+            }
             let _ = full.observe(&line, 0);
         }
     });
