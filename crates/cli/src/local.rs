@@ -427,18 +427,19 @@ tessera_aggregator_drops_total{reason=\"queue_full\",unit=\"series\"} 9
         for entry in std::fs::read_dir(dir.path().join("data/openmetrics")).unwrap() {
             text.push_str(&std::fs::read_to_string(entry.unwrap().path()).unwrap());
         }
-        let last_total = text
-            .lines()
-            .filter(|line| line.starts_with("local_hits_total{env=\"test\",resolution=\"1s\"}"))
-            .filter_map(|line| line.split_whitespace().nth(1)?.parse::<f64>().ok())
-            .next_back();
-        assert_eq!(last_total, Some(20.0), "{text}");
-        let mapped_total = text
-            .lines()
-            .filter(|line| line.starts_with("local_requests_total{env=\"test\",resolution=\"1s\",service=\"api\"}"))
-            .filter_map(|line| line.split_whitespace().nth(1)?.parse::<f64>().ok())
-            .next_back();
-        assert_eq!(mapped_total, Some(10.0), "the mapping file named the dotted series: {text}");
+        // The last value written of `series` (a name and its labels, as written).
+        let last_value = |series: &str| {
+            text.lines()
+                .filter(|line| line.starts_with(series))
+                .filter_map(|line| line.split_whitespace().nth(1)?.parse::<f64>().ok())
+                .next_back()
+        };
+        assert_eq!(last_value("local_hits_total{env=\"test\",resolution=\"1s\"}"), Some(20.0), "{text}");
+        assert_eq!(
+            last_value("local_requests_total{env=\"test\",resolution=\"1s\",service=\"api\"}"),
+            Some(10.0),
+            "the mapping file named the dotted series: {text}"
+        );
     }
 
     /// The dashboard page reads metrics by name: every name it reads is one the daemons

@@ -435,19 +435,14 @@ fn compile_tag_rule(
     slots: &mut Slots<'_>,
 ) -> Result<TagRule, RulesError> {
     let key = format!("rules.tags[{index}]");
-    let keys = |what: &str, list: &[String]| {
-        list.iter()
-            .map(|tag| check_tag_part(&format!("{key}.{what}"), tag).map(|()| tag.as_bytes().to_vec()))
-            .collect::<Result<Vec<_>, _>>()
-    };
     let mut rename = Vec::new();
     for (old, new) in &rule.rename {
         check_tag_part(&format!("{key}.rename.{old}"), old)?;
         check_tag_part(&format!("{key}.rename.{old}"), new)?;
         rename.push((old.as_bytes().to_vec(), new.as_bytes().to_vec()));
     }
-    let drop = keys("drop", &rule.drop)?;
-    let keep = keys("keep", &rule.keep)?;
+    let drop = tag_keys(&format!("{key}.drop"), &rule.drop)?;
+    let keep = tag_keys(&format!("{key}.keep"), &rule.keep)?;
     if drop.is_empty() && rename.is_empty() && keep.is_empty() {
         return Err(RulesError::Invalid { key, reason: "the rule has no `drop`, `rename` or `keep`".into() });
     }
@@ -465,9 +460,7 @@ fn compile_rollup(
     if rule.aggregate_without.is_empty() {
         return Err(RulesError::Invalid { key, reason: "`aggregate_without` is empty: nothing to roll up".into() });
     }
-    for tag in &rule.aggregate_without {
-        check_tag_part(&format!("{key}.aggregate_without"), tag)?;
-    }
+    let without = tag_keys(&format!("{key}.aggregate_without"), &rule.aggregate_without)?;
     if rule.keep_original && rule.name.is_none() {
         return Err(RulesError::Invalid {
             key,
@@ -487,7 +480,7 @@ fn compile_rollup(
     Ok(Rollup {
         slot: slots.slot(&format!("rollup[{index}]:{}", glob.as_str()), Action::RolledUp),
         glob,
-        without: rule.aggregate_without.iter().map(|tag| tag.as_bytes().to_vec()).collect(),
+        without,
         keep_original: rule.keep_original,
         name: rule.name.as_ref().map(|name| name.as_bytes().to_vec()),
     })
@@ -507,6 +500,11 @@ fn compile_limit(index: usize, rule: &LimitConfig, glob: NameGlob, slots: &mut S
     let past = if rule.overflow == Overflow::Fold { Action::Overflowed } else { Action::Dropped };
     let slots = (slots.slot(&label, Action::Admitted), slots.slot(&label, past));
     Ok(Limit { glob, max_series: rule.max_series, overflow: rule.overflow, slots, admitted: Mutex::default(), series })
+}
+
+/// The tag keys of `list` (the value of `key`), each checked with [`check_tag_part`].
+fn tag_keys(key: &str, list: &[String]) -> Result<Vec<Vec<u8>>, RulesError> {
+    list.iter().map(|tag| check_tag_part(key, tag).map(|()| tag.as_bytes().to_vec())).collect()
 }
 
 /// Refuses a tag key or value that cannot be written in a canonical id.
