@@ -43,7 +43,8 @@ wait_ready() {
 # write_collector_config DIR UDP_PORT TELEMETRY_PORT READER_THREADS AGGREGATOR
 # writes DIR/placement.toml (one aggregator owning 64 shards) and DIR/collector.toml.
 # SERIES_DICTIONARY=true|false sets `[forward] series_dictionary` (left out
-# when unset, for binaries that predate it).
+# when unset, for binaries that predate it). RULES=1 adds a mapping file
+# (write_mapping_rules).
 write_collector_config() {
     cat > "$1/placement.toml" <<TOML
 num_shards = 64
@@ -65,6 +66,25 @@ TOML
     if [ -n "${SERIES_DICTIONARY:-}" ]; then
         printf '[forward]\nseries_dictionary = %s\n' "$SERIES_DICTIONARY" >> "$1/collector.toml"
     fi
+    write_mapping_rules "$1"
+}
+
+# write_mapping_rules DIR: with RULES=1, a statsd_exporter mapping file of 50 glob rules
+# that match none of loadgen's names and one regex rule that maps every one of them,
+# `loadgen.counter.7` -> `loadgen_counter_7{mapped="regex"}` (so --verify still finds
+# them): every series walks the glob tree, misses, and takes the regex. Without RULES,
+# nothing: no rules.
+write_mapping_rules() {
+    [ "${RULES:-0}" = 1 ] || return 0
+    {
+        echo "mappings:"
+        for i in $(seq 1 50); do
+            printf -- '- match: "app%d.*.requests"\n  name: "app%d_requests"\n  labels:\n    route: "$1"\n' "$i" "$i"
+        done
+        printf -- "- match: 'loadgen\\\\.(counter|gauge|timer|set|distribution)\\\\.(\\\\d+)'\\n  match_type: regex\\n"
+        printf -- '  name: "loadgen_${1}_${2}"\n  labels:\n    mapped: "regex"\n'
+    } > "$1/mapping.yml"
+    printf '[mapping]\nfile = "%s"\n' "$1/mapping.yml" >> "$1/collector.toml"
 }
 
 # Sets the loopback ports of a one-collector, one-aggregator, one-ingester
