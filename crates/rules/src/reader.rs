@@ -7,6 +7,15 @@
 //! published once per cut ([`CutRules::finish`]), which also forgets series idle for
 //! longer than the reader's table keeps them (handing back the limits' places they held).
 //! When a reload puts another set in force, the cache is emptied and filled again.
+//!
+//! **Duplicate ids.** Rules can send two series under one id (a rollup, two names mapped
+//! to one); such a cut must be merged before it is sent. Merging a whole cut costs as
+//! much as cutting it, so the reader tracks instead whether any two of its cached series
+//! may give the same id: a fingerprint (64-bit hash of kind and id) of every output goes
+//! in a set as the outcome is cached, and leaves it when the series is forgotten. A
+//! fingerprint already present marks the reader as colliding until the cache is emptied
+//! (a false positive from a hash clash only costs a merge). [`CutRules::finish`] says
+//! whether the cut may hold an id twice.
 
 use std::hash::BuildHasher;
 use std::sync::Arc;
@@ -35,7 +44,40 @@ pub struct ReaderRules {
     idle_cuts: u64,
     /// Hits of this cut, by hit slot.
     counts: Vec<u64>,
+    /// Fingerprints of the outputs of every cached series.
+    outputs: hashbrown::HashSet<u64, NoHash>,
+    /// Whether two cached series may give one id (sticky until the cache is emptied).
+    colliding: bool,
     metrics: RuleMetrics,
+}
+
+/// The fingerprints are hashes already.
+#[derive(Default, Clone, Copy)]
+struct NoHash;
+
+impl BuildHasher for NoHash {
+    type Hasher = NoHasher;
+    fn build_hasher(&self) -> NoHasher {
+        NoHasher(0)
+    }
+}
+
+/// Passes a `u64` through.
+#[derive(Default)]
+struct NoHasher(u64);
+
+impl std::hash::Hasher for NoHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for byte in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*byte);
+        }
+    }
+    fn write_u64(&mut self, value: u64) {
+        self.0 = value;
+    }
 }
 
 struct Entry {
@@ -64,7 +106,28 @@ impl ReaderRules {
             cuts: 0,
             idle_cuts: u64::from(idle_cuts) + 1,
             counts: Vec::new(),
+            outputs: hashbrown::HashSet::with_hasher(NoHash),
+            colliding: false,
             metrics,
+        }
+    }
+
+    /// The fingerprint of output `id` of `kind`.
+    fn fingerprint(&self, kind_byte: u8, id: &[u8]) -> u64 {
+        self.hasher.hash_one((kind_byte, id))
+    }
+
+    /// Records the outputs of a newly cached series.
+    fn add_outputs(&mut self, kind_byte: u8, hash: u64, targets: &Targets) {
+        match targets {
+            Targets::Dropped => {}
+            Targets::Same => self.colliding |= !self.outputs.insert(hash),
+            Targets::Ids(ids) => {
+                for id in ids {
+                    let fingerprint = self.fingerprint(kind_byte, id);
+                    self.colliding |= !self.outputs.insert(fingerprint);
+                }
+            }
         }
     }
 
@@ -87,6 +150,8 @@ impl ReaderRules {
     /// Forgets every outcome, handing back the places they held.
     fn forget_all(&mut self) {
         self.metrics.rule_cache_series.dec_by(self.cache.len() as i64);
+        self.outputs.clear();
+        self.colliding = false;
         for entry in self.cache.drain() {
             for admission in &entry.outcome.admissions {
                 if let Some(active) = &self.active {
@@ -111,9 +176,8 @@ impl Drop for ReaderRules {
 
 impl CutRules<'_> {
     /// Calls `each` with every id the partial of series `id` of `kind` goes under (none
-    /// when a rule dropped it); returns whether that is anything but `id` alone, so
-    /// that the cut may hold one id twice and must be merged.
-    pub fn route(&mut self, kind: MetricKind, id: &[u8], mut each: impl FnMut(&[u8])) -> bool {
+    /// when a rule dropped it).
+    pub fn route(&mut self, kind: MetricKind, id: &[u8], mut each: impl FnMut(&[u8])) {
         let rules = &mut *self.rules;
         let kind_byte = kind_byte(kind);
         let hash = rules.hasher.hash_one((kind_byte, id));
@@ -126,6 +190,7 @@ impl CutRules<'_> {
                 key.push(kind_byte);
                 key.extend_from_slice(id);
                 rules.metrics.rule_cache_series.inc();
+                rules.add_outputs(kind_byte, hash, &outcome.targets);
                 let entry = Entry { hash, key: key.into(), outcome, last_cut: 0 };
                 rules.cache.insert_unique(hash, entry, |entry| entry.hash).into_mut()
             }
@@ -135,22 +200,19 @@ impl CutRules<'_> {
             rules.counts[*slot as usize] += 1;
         }
         match &entry.outcome.targets {
-            Targets::Same => {
-                each(id);
-                false
-            }
-            Targets::Dropped => true,
+            Targets::Same => each(id),
+            Targets::Dropped => {}
             Targets::Ids(ids) => {
                 for target in ids {
                     each(target);
                 }
-                true
             }
         }
     }
 
-    /// Publishes the cut's counts and forgets idle series.
-    pub fn finish(self) {
+    /// Publishes the cut's counts and forgets idle series; returns whether the cut may
+    /// hold one id twice (and must be merged before it is sent).
+    pub fn finish(self) -> bool {
         let rules = self.rules;
         for (counter, count) in self.set.hit_counters().iter().zip(rules.counts.iter_mut()) {
             if *count > 0 {
@@ -160,11 +222,16 @@ impl CutRules<'_> {
         if rules.cuts.is_multiple_of(SWEEP_EVERY_CUTS) {
             let (now, idle_cuts, set) = (rules.cuts, rules.idle_cuts, &self.set);
             let before = rules.cache.len();
+            let (outputs, hasher, colliding) = (&mut rules.outputs, &rules.hasher, rules.colliding);
             rules.cache.retain(|entry| {
                 let keep = now - entry.last_cut <= idle_cuts;
                 if !keep {
                     for admission in &entry.outcome.admissions {
                         set.release(admission);
+                    }
+                    // Once colliding, a fingerprint may stand for two series: keep them all.
+                    if !colliding {
+                        forget_outputs(outputs, hasher, entry);
                     }
                 }
                 keep
@@ -172,5 +239,21 @@ impl CutRules<'_> {
             rules.metrics.rule_cache_series.dec_by((before - rules.cache.len()) as i64);
         }
         rules.metrics.rule_evaluation_duration.observe(self.started.elapsed().as_secs_f64());
+        rules.colliding
+    }
+}
+
+/// Takes the fingerprints of a forgotten series' outputs out of `outputs`.
+fn forget_outputs(outputs: &mut hashbrown::HashSet<u64, NoHash>, hasher: &foldhash::fast::RandomState, entry: &Entry) {
+    match &entry.outcome.targets {
+        Targets::Dropped => {}
+        Targets::Same => {
+            outputs.remove(&entry.hash);
+        }
+        Targets::Ids(ids) => {
+            for id in ids {
+                outputs.remove(&hasher.hash_one((entry.key[0], &**id)));
+            }
+        }
     }
 }

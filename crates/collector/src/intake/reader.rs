@@ -49,8 +49,8 @@ pub struct Cut {
     pub ids: Vec<u8>,
     /// One entry per series touched in the window.
     pub entries: Vec<CutEntry>,
-    /// Whether rules rewrote ids, so that one id may stand in several entries (the
-    /// flusher then merges the cut rather than send it as it is).
+    /// Whether rules may have given two entries one id (the flusher then merges the
+    /// cut rather than send it as it is).
     pub rewritten: bool,
 }
 
@@ -246,9 +246,9 @@ impl Reader {
         let stats = match self.rules.begin(self.window_start_ms) {
             Some(mut rules) => {
                 let stats = self.table.cut(|kind, id, aggregate| {
-                    rewritten |= rules.route(kind, id, |target| push(&mut cut, kind, target, aggregate));
+                    rules.route(kind, id, |target| push(&mut cut, kind, target, aggregate));
                 });
-                rules.finish();
+                rewritten = rules.finish();
                 stats
             }
             None => self.table.cut(|kind, id, aggregate| push(&mut cut, kind, id, aggregate)),

@@ -162,25 +162,45 @@ fn readers_cache_outcomes_count_hits_once_per_cut_and_switch_sets_at_the_window(
     let first = RuleSet::compile(None, &rules("deny = [\"x\"]"), &metrics).unwrap();
     let handle = Arc::new(RulesHandle::new(first));
     let mut reader = ReaderRules::new(handle.clone(), metrics.clone(), 2);
+    // (may the cut hold an id twice, the ids it goes out under)
     let route = |reader: &mut ReaderRules, window: i64, id: &[u8]| {
         let mut cut = reader.begin(window).expect("rules in force");
         let mut out = Vec::new();
-        let rewritten = cut.route(MetricKind::Counter, id, |target| out.push(target.to_vec()));
-        cut.finish();
-        (rewritten, out)
+        cut.route(MetricKind::Counter, id, |target| out.push(target.to_vec()));
+        (cut.finish(), out)
     };
-    assert_eq!(route(&mut reader, 0, b"x"), (true, vec![]));
-    assert_eq!(route(&mut reader, 1000, b"x"), (true, vec![]));
+    assert_eq!(route(&mut reader, 0, b"x"), (false, vec![]));
+    assert_eq!(route(&mut reader, 1000, b"x"), (false, vec![]));
     assert_eq!(route(&mut reader, 1000, b"y"), (false, vec![b"y".to_vec()]));
     assert_eq!(reader.cached(), 2);
     assert_eq!(metrics.partials("deny[0]:x", Action::Dropped).get(), 2, "one hit per series per cut");
 
     let second = RuleSet::compile(None, &rules("name_prefix = \"p.\""), &metrics).unwrap();
     handle.replace(second, 3000);
-    assert_eq!(route(&mut reader, 2000, b"x"), (true, vec![]), "the old set holds until its window ends");
-    assert_eq!(route(&mut reader, 3000, b"x"), (true, vec![b"p.x".to_vec()]));
+    assert_eq!(route(&mut reader, 2000, b"x"), (false, vec![]), "the old set holds until its window ends");
+    assert_eq!(route(&mut reader, 3000, b"x"), (false, vec![b"p.x".to_vec()]));
     assert_eq!(reader.cached(), 1, "the cache starts again with the new set");
-    assert_eq!(route(&mut reader, 2000, b"x"), (true, vec![]), "a late window still gets its own set");
+    assert_eq!(route(&mut reader, 2000, b"x"), (false, vec![]), "a late window still gets its own set");
+}
+
+#[test]
+fn a_reader_merges_its_cut_only_once_two_series_may_give_one_id() {
+    let metrics = RuleMetrics::default();
+    let set =
+        RuleSet::compile(None, &rules("[[rollup]]\nmatch = \"a\"\naggregate_without = [\"u\"]"), &metrics).unwrap();
+    let mut reader = ReaderRules::new(Arc::new(RulesHandle::new(set)), metrics, 1);
+    let cut_of = |reader: &mut ReaderRules, window: i64, ids: &[&[u8]]| {
+        let mut cut = reader.begin(window).unwrap();
+        for id in ids {
+            cut.route(MetricKind::Counter, id, |_| {});
+        }
+        cut.finish()
+    };
+    assert!(!cut_of(&mut reader, 0, &[b"a|#u:1", b"b|#u:1"]), "a rewritten id that no other series gives");
+    assert!(!cut_of(&mut reader, 1000, &[b"a|#u:1", b"c"]));
+    assert!(cut_of(&mut reader, 2000, &[b"a|#u:2"]), "a|#u:2 gives `a` too");
+    assert!(cut_of(&mut reader, 3000, &[b"a"]), "so does the series `a` itself");
+    assert!(cut_of(&mut reader, 4000, &[b"z"]), "colliding stays until the cache empties");
 }
 
 #[test]
