@@ -1,8 +1,7 @@
 //! Quantile sketch and HyperLogLog: insert and merge rates.
 #![allow(missing_docs)] // criterion_group! generates undocumented items
 
-use criterion::measurement::WallTime;
-use criterion::{BenchmarkGroup, Criterion, Throughput, black_box, criterion_group, criterion_main};
+use criterion::{Criterion, Throughput, black_box, criterion_group, criterion_main};
 use tessera_core::hll::HyperLogLog;
 use tessera_core::sketch::Sketch;
 
@@ -19,69 +18,57 @@ fn latencies(n: usize) -> Vec<f64> {
         .collect()
 }
 
-/// Benchmarks `merge` of every one of `partials` into an `empty()` one, in partials per second.
-fn bench_merge<T>(
-    group: &mut BenchmarkGroup<'_, WallTime>,
-    partials: &[T],
+/// Benchmarks, in group `name`, `insert` of every one of `items` into one value, then
+/// `merge` of partials made of `chunk` items each into an empty one; both in elements per
+/// second.
+fn bench_insert_and_merge<T, I>(
+    c: &mut Criterion,
+    name: &str,
+    items: &[I],
+    chunk: usize,
     empty: impl Fn() -> T,
+    insert: impl Fn(&mut T, &I),
     merge: impl Fn(&mut T, &T),
 ) {
+    let mut group = c.benchmark_group(name);
+    group.throughput(Throughput::Elements(items.len() as u64));
+    group.bench_function("insert", |b| {
+        let mut value = empty();
+        b.iter(|| {
+            for item in items {
+                insert(&mut value, black_box(item));
+            }
+        })
+    });
+    let partials: Vec<T> = items
+        .chunks(chunk)
+        .map(|chunk| {
+            let mut partial = empty();
+            chunk.iter().for_each(|item| insert(&mut partial, item));
+            partial
+        })
+        .collect();
     group.throughput(Throughput::Elements(partials.len() as u64));
     group.bench_function("merge", |b| {
         b.iter(|| {
             let mut total = empty();
-            for partial in partials {
+            for partial in &partials {
                 merge(&mut total, black_box(partial));
             }
             total
         })
     });
+    group.finish();
 }
 
 fn bench_sketch(c: &mut Criterion) {
     let values = latencies(100_000);
-    let mut group = c.benchmark_group("sketch");
-    group.throughput(Throughput::Elements(values.len() as u64));
-    group.bench_function("insert", |b| {
-        let mut sketch = Sketch::new();
-        b.iter(|| {
-            for value in &values {
-                sketch.insert(black_box(*value), 1.0);
-            }
-        })
-    });
-    let partials: Vec<Sketch> = values
-        .chunks(1000)
-        .map(|chunk| {
-            let mut sketch = Sketch::new();
-            chunk.iter().for_each(|value| sketch.insert(*value, 1.0));
-            sketch
-        })
-        .collect();
-    bench_merge(&mut group, &partials, Sketch::new, Sketch::merge);
-    group.finish();
+    let insert_value = |sketch: &mut Sketch, value: &f64| sketch.insert(*value, 1.0);
+    bench_insert_and_merge(c, "sketch", &values, 1000, Sketch::new, insert_value, Sketch::merge);
 
     let members: Vec<Vec<u8>> = (0..100_000).map(|i| format!("user-{i}").into_bytes()).collect();
-    let mut group = c.benchmark_group("hll");
-    group.throughput(Throughput::Elements(members.len() as u64));
-    group.bench_function("insert", |b| {
-        let mut set = HyperLogLog::new();
-        b.iter(|| {
-            for member in &members {
-                set.insert(black_box(member));
-            }
-        })
-    });
-    let partials: Vec<HyperLogLog> = members
-        .chunks(2000)
-        .map(|chunk| {
-            let mut set = HyperLogLog::new();
-            chunk.iter().for_each(|member| set.insert(member));
-            set
-        })
-        .collect();
-    bench_merge(&mut group, &partials, HyperLogLog::new, HyperLogLog::merge);
-    group.finish();
+    let insert_member = |set: &mut HyperLogLog, member: &Vec<u8>| set.insert(member);
+    bench_insert_and_merge(c, "hll", &members, 2000, HyperLogLog::new, insert_member, HyperLogLog::merge);
 }
 
 criterion_group!(benches, bench_sketch);

@@ -5,6 +5,7 @@ use std::path::Path;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tessera_testkit::daemons::Daemon;
+use tessera_testkit::free_port;
 use tessera_testkit::prometheus::Prometheus;
 
 /// `127.0.0.1:port`.
@@ -90,6 +91,22 @@ pub fn aggregator_config(
         "instance_id = \"{id}\"\nlisten = \"127.0.0.1:{port}\"\n{settings}{placement}\
          [ingester]\nendpoints = [\"127.0.0.1:{ingester_port}\"]\n{ingester_settings}"
     )
+}
+
+/// Starts aggregator `agg-1` on `aggregator_port`, alone in a static placement written in
+/// `dir` (see [`static_placement`]), with `settings` and `ingester_settings` as in
+/// [`aggregator_config`]; returns it and the `[placement]` section its collectors use.
+pub fn start_lone_aggregator(
+    dir: &Path,
+    aggregator_port: u16,
+    settings: &str,
+    ingester_port: u16,
+    ingester_settings: &str,
+) -> (Daemon, String) {
+    let placement = static_placement(dir, aggregator_port);
+    let config = aggregator_config("agg-1", aggregator_port, settings, &placement, ingester_port, ingester_settings);
+    let aggregator = start_daemon("aggregator", "tessera-aggregator", &config, free_port());
+    (aggregator, placement)
 }
 
 /// Collector `id`'s config: statsd on UDP `statsd_port`, aggregators found in

@@ -24,8 +24,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tessera_testkit::free_port;
 use tessera_testkit::prometheus::Prometheus;
 use tessera_tests::{
-    aggregator_config, collector_config, ingester_config, loopback, start_daemon, static_placement, wait_for_scalar,
-    wait_until,
+    collector_config, ingester_config, loopback, start_daemon, start_lone_aggregator, wait_for_scalar, wait_until,
 };
 
 const SERIES: u64 = 1_500;
@@ -148,16 +147,13 @@ fn storage_trouble_backs_up_the_chain_and_every_loss_is_counted_where_it_happene
         "",
     );
     let ingester = start_daemon("ingester", "tessera-ingester", &ingester_text, free_port());
-    let placement = static_placement(dir.path(), aggregator_port);
-    let aggregator_text = aggregator_config(
-        "agg-1",
+    let (aggregator, placement) = start_lone_aggregator(
+        dir.path(),
         aggregator_port,
         "policies = [\"1s:1h\"]\nmax_buffer_past_ms = 8000\n",
-        &placement,
         ingester_port,
         "max_frame_bytes = 32768\nmax_buffer_bytes = 131072\nreconnect_min_ms = 20\nreconnect_max_ms = 200\n",
     );
-    let aggregator = start_daemon("aggregator", "tessera-aggregator", &aggregator_text, free_port());
     let collector_text =
         collector_config("host-1", statsd_port, &placement, "max_frame_bytes = 32768\nmax_queue_bytes = 131072\n");
     let collector = start_daemon("collector", "tessera-collector", &collector_text, free_port());

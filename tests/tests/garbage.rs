@@ -13,8 +13,7 @@ use std::time::{Duration, Instant};
 use tessera_testkit::prometheus::Prometheus;
 use tessera_testkit::{free_port, http_get};
 use tessera_tests::{
-    aggregator_config, collector_config, ingester_config, loopback, scalar, start_daemon, static_placement,
-    wait_for_scalar,
+    collector_config, ingester_config, loopback, scalar, start_daemon, start_lone_aggregator, wait_for_scalar,
 };
 
 /// The aggregator's one policy: 1 s tiles.
@@ -76,9 +75,7 @@ fn garbage_on_every_port_is_refused_and_counted_and_good_data_beside_it_arrives(
     let ingester_text =
         ingester_config(ingester_port, &dir.path().join("ingester"), &prometheus.remote_write_url(), "", "");
     let ingester = start_daemon("ingester", "tessera-ingester", &ingester_text, free_port());
-    let placement = static_placement(dir.path(), aggregator_port);
-    let aggregator_text = aggregator_config("agg-1", aggregator_port, POLICY, &placement, ingester_port, "");
-    let aggregator = start_daemon("aggregator", "tessera-aggregator", &aggregator_text, free_port());
+    let (aggregator, placement) = start_lone_aggregator(dir.path(), aggregator_port, POLICY, ingester_port, "");
     let collector_text = collector_config("host-1", statsd_port, &placement, "");
     let tcp_listener = format!("[tcp]\nlisten = \"127.0.0.1:{statsd_port}\"\n");
     let collector = start_daemon("collector", "tessera-collector", &(collector_text + &tcp_listener), free_port());

@@ -23,9 +23,7 @@ use tessera_core::sketch::bucket_relative_width;
 use tessera_testkit::daemons::Daemon;
 use tessera_testkit::free_port;
 use tessera_testkit::prometheus::Prometheus;
-use tessera_tests::{
-    aggregator_config, collector_config, ingester_config, loopback, start_daemon, static_placement, wait_until,
-};
+use tessera_tests::{collector_config, ingester_config, loopback, start_daemon, start_lone_aggregator, wait_until};
 
 fn now_secs() -> f64 {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs_f64()
@@ -57,16 +55,13 @@ impl Stack {
             &format!("histograms = \"native\"\nmax_buckets = {max_buckets}\n"),
         );
         let ingester = start_daemon("ingester", "tessera-ingester", &ingester_text, ingester_telemetry);
-        let placement = static_placement(dir.path(), aggregator_port);
-        let aggregator_text = aggregator_config(
-            "agg-1",
+        let (aggregator, placement) = start_lone_aggregator(
+            dir.path(),
             aggregator_port,
             "policies = [\"1s:1h\"]\n",
-            &placement,
             ingester_port,
             "reconnect_min_ms = 20\nreconnect_max_ms = 200\n",
         );
-        let aggregator = start_daemon("aggregator", "tessera-aggregator", &aggregator_text, free_port());
         let collectors = (1..=hosts)
             .map(|host| {
                 let statsd_port = free_port();

@@ -21,7 +21,7 @@ use tessera_testkit::daemons::Daemon;
 use tessera_testkit::free_port;
 use tessera_testkit::prometheus::Prometheus;
 use tessera_tests::{
-    aggregator_config, collector_config, ingester_config, loopback, start_daemon, static_placement, wait_for_scalar,
+    collector_config, ingester_config, loopback, start_daemon, start_lone_aggregator, wait_for_scalar,
 };
 use tessera_wire::client;
 use tessera_wire::stream::WireStream;
@@ -85,16 +85,13 @@ async fn silent_slow_and_flooding_clients_do_not_hold_up_a_real_flow() {
     let ingester_text =
         ingester_config(ingester_port, &dir.path().join("ingester"), &prometheus.remote_write_url(), &idle_timeout, "");
     let ingester = start_daemon("ingester", "tessera-ingester", &ingester_text, free_port());
-    let placement = static_placement(dir.path(), aggregator_port);
-    let aggregator_text = aggregator_config(
-        "agg-1",
+    let (aggregator, placement) = start_lone_aggregator(
+        dir.path(),
         aggregator_port,
         &format!("policies = [\"1s:1h\"]\nmax_connections = 600\n{idle_timeout}"),
-        &placement,
         ingester_port,
         "heartbeat_ms = 500\nreconnect_max_ms = 500\n",
     );
-    let aggregator = start_daemon("aggregator", "tessera-aggregator", &aggregator_text, free_port());
     let collector_text = collector_config("host-1", statsd_port, &placement, "");
     let _collector = start_daemon("collector", "tessera-collector", &collector_text, free_port());
 

@@ -20,7 +20,7 @@ use std::time::Duration;
 use tessera_proto::Role;
 use tessera_testkit::free_port;
 use tessera_testkit::tls::Pki;
-use tessera_tests::{aggregator_config, collector_config, loopback, start_daemon, static_placement, wait_until};
+use tessera_tests::{collector_config, loopback, start_daemon, start_lone_aggregator, wait_until};
 use tessera_wire::client::{ClientTls, connect};
 use tessera_wire::config::Counter;
 use tessera_wire::stream::WireStream;
@@ -131,16 +131,13 @@ fn mutual_tls_on_both_links_delivers_exactly_refuses_strangers_and_follows_a_rot
         listener_tls(&pki)
     );
     let ingester = start_daemon("ingester", "tessera-ingester", &ingester_text, free_port());
-    let placement = static_placement(dir.path(), aggregator_port);
-    let aggregator_text = aggregator_config(
-        "agg-1",
+    let (aggregator, placement) = start_lone_aggregator(
+        dir.path(),
         aggregator_port,
         &format!("{POLICY}{}", listener_tls(&pki)),
-        &placement,
         ingester_port,
         &sender_tls("ingester", &pki, &pki.ca, true),
     );
-    let aggregator = start_daemon("aggregator", "tessera-aggregator", &aggregator_text, free_port());
     let collector_statsd = free_port();
     let collector_text =
         collector_config("host-1", collector_statsd, &placement, &sender_tls("forward", &pki, &pki.ca, true));

@@ -15,29 +15,16 @@ use tessera_core::aggregate::Aggregate;
 use tessera_core::parse::MetricKind;
 use tessera_proto::AckStatus;
 use tessera_runtime::{Shutdown, Telemetry};
+use tessera_testkit::in_process_collector_config;
 use tessera_topology::Placement;
 
 fn config(unix: Option<std::path::PathBuf>) -> Config {
-    let mut config: Config = toml::from_str(
-        r#"
-        [udp]
-        listen = "127.0.0.1:0"
-        reader_threads = 2
-        recv_buffer_bytes = 8388608
-        max_datagram_bytes = 1024
-        [tcp]
-        listen = "127.0.0.1:0"
-        [aggregation]
-        interval_ms = 200
-        flush_delay_ms = 50
-        [forward]
-        reconnect_min_ms = 20
-        reconnect_max_ms = 200
-        shutdown_grace_secs = 10
-        [telemetry]
-        "#,
-    )
-    .unwrap();
+    let mut config: Config = toml::from_str(&in_process_collector_config(200, 50)).unwrap();
+    config.udp.reader_threads = Some(2);
+    config.udp.recv_buffer_bytes = 8_388_608;
+    config.udp.max_datagram_bytes = 1024;
+    config.tcp.listen = Some("127.0.0.1:0".parse().unwrap());
+    config.forward.shutdown_grace_secs = 10;
     config.telemetry.listen = None;
     config.unix.path = unix;
     config
@@ -51,6 +38,14 @@ async fn start(config: Config, endpoint: &str, num_shards: u32) -> (Collector, T
     let placement = PlacementHandle::fixed(placement(endpoint, num_shards));
     let collector = Collector::start(config, placement, telemetry.clone(), shutdown.clone()).await.unwrap();
     (collector, telemetry, shutdown)
+}
+
+/// A receiver on an ephemeral port answering OK, and a collector routing to it over
+/// `num_shards` shards.
+async fn start_with_receiver(config: Config, num_shards: u32) -> (Receiver, Collector, Telemetry, Shutdown) {
+    let receiver = Receiver::start("127.0.0.1:0").await;
+    let (collector, telemetry, shutdown) = start(config, &receiver.address.to_string(), num_shards).await;
+    (receiver, collector, telemetry, shutdown)
 }
 
 fn placement(endpoint: &str, num_shards: u32) -> Placement {
@@ -85,12 +80,11 @@ async fn every_listener_delivers_exact_values_series_by_series_through_the_dicti
 }
 
 async fn every_listener_delivers_exact_values(series_dictionary: bool) {
-    let receiver = Receiver::start("127.0.0.1:0").await;
     let dir = tempfile::tempdir().unwrap();
     let unix_path = dir.path().join("statsd.sock");
     let mut config = config(Some(unix_path.clone()));
     config.forward.series_dictionary = series_dictionary;
-    let (collector, telemetry, shutdown) = start(config, &receiver.address.to_string(), 8).await;
+    let (receiver, collector, telemetry, shutdown) = start_with_receiver(config, 8).await;
 
     // UDP: 40 counter series with sample rates, gauges, timers, sets; spread
     // over several windows and from several sender sockets.
@@ -194,8 +188,7 @@ fn split_at_newlines(text: &str, max: usize) -> Vec<&str> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_is_counted_and_never_hides_good_lines() {
-    let receiver = Receiver::start("127.0.0.1:0").await;
-    let (collector, telemetry, shutdown) = start(config(None), &receiver.address.to_string(), 4).await;
+    let (receiver, collector, telemetry, shutdown) = start_with_receiver(config(None), 4).await;
     let target = collector.udp_addr().unwrap();
     let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
     // Garbage bytes around a good line.
@@ -244,10 +237,9 @@ async fn bad_input_is_counted_and_never_hides_good_lines() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tcp_connections_over_the_cap_are_refused_and_counted() {
-    let receiver = Receiver::start("127.0.0.1:0").await;
     let mut config = config(None);
     config.tcp.max_connections = 2;
-    let (collector, telemetry, shutdown) = start(config, &receiver.address.to_string(), 4).await;
+    let (receiver, collector, telemetry, shutdown) = start_with_receiver(config, 4).await;
     let target = collector.tcp_addr().unwrap();
     let mut open: Vec<TcpStream> = (0..2).map(|_| TcpStream::connect(target).unwrap()).collect();
     // The two connections are accepted (a line from each arrives) before the third knocks.
@@ -347,8 +339,7 @@ async fn permanent_rejections_are_dropped_and_counted() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_watermark_moves_with_every_window_and_never_runs_ahead_of_the_data() {
-    let receiver = Receiver::start("127.0.0.1:0").await;
-    let (collector, _telemetry, shutdown) = start(config(None), &receiver.address.to_string(), 4).await;
+    let (receiver, collector, _telemetry, shutdown) = start_with_receiver(config(None), 4).await;
     let target = collector.udp_addr().unwrap();
     let sockets: Vec<UdpSocket> = (0..4).map(|_| UdpSocket::bind("127.0.0.1:0").unwrap()).collect();
     // 1.5 s of traffic from four sockets over two readers, then 1.5 s idle.

@@ -11,25 +11,12 @@ use std::time::{Duration, Instant};
 use receiver::Receiver;
 use tessera_collector::{Collector, Config, PlacementSource};
 use tessera_runtime::{Shutdown, Telemetry};
+use tessera_testkit::in_process_collector_config;
 use tessera_topology::testing::EtcdServer;
 use tessera_topology::{EtcdConfig, Placement, PlacementStore};
 
 fn config(etcd: EtcdConfig) -> Config {
-    let mut config: Config = toml::from_str(
-        r#"
-        [udp]
-        listen = "127.0.0.1:0"
-        reader_threads = 1
-        recv_buffer_bytes = 4194304
-        [aggregation]
-        interval_ms = 200
-        flush_delay_ms = 50
-        [forward]
-        reconnect_min_ms = 20
-        reconnect_max_ms = 200
-        "#,
-    )
-    .unwrap();
+    let mut config: Config = toml::from_str(&in_process_collector_config(200, 50)).unwrap();
     config.telemetry.listen = None;
     config.placement = Some(PlacementSource::Etcd(etcd));
     config

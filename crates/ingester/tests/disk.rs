@@ -23,7 +23,9 @@ use std::process::Command;
 use std::time::Duration;
 
 use support::wire::{Sender, batch, counter, metric_value, recent_tile_end_ms, start_ingester, wait_until};
+use tessera_ingester::Ingester;
 use tessera_proto::{AckStatus, TileBatch};
+use tessera_runtime::{Shutdown, Telemetry};
 
 const SERIES: usize = 20;
 
@@ -228,15 +230,33 @@ async fn first_refused(
     panic!("no batch was refused while the disk failed");
 }
 
-/// Once the disk works again: the refused batch is taken within 30 s (no restart), then
-/// `more` batches after it; waits for the queue to drain; returns how many batches there were.
-async fn recover(
+/// Sends batch `sequence` `tries` times while the disk stays broken, each time after waiting
+/// for `settled` and running `break_disk`: every try is refused (`Retryable`/`queue_io`).
+async fn stays_refused(
     sender: &mut Sender,
     t0: i64,
-    refused_at: u64,
-    more: u64,
-    ingester: &tessera_ingester::Ingester,
-) -> u64 {
+    sequence: u64,
+    tries: usize,
+    settled: impl Fn() -> bool,
+    mut break_disk: impl FnMut(),
+) {
+    for _ in 0..tries {
+        wait_until("the queue to settle", Duration::from_secs(10), &settled).await;
+        break_disk();
+        let ack = sender.send(tiles_at(sequence, t0)).await;
+        assert_eq!((ack.status, ack.reason.as_str()), (AckStatus::Retryable as i32, "queue_io"), "{ack:?}");
+    }
+}
+
+/// Whether the queue has drained and holds only its active segment, so that it frees no
+/// space of its own before the next batch.
+fn settled(ingester: &Ingester) -> bool {
+    ingester.pending_records() == 0 && ingester.queue("default").unwrap().segments() == 1
+}
+
+/// Once the disk works again: the refused batch is taken within 30 s (no restart), then
+/// `more` batches after it; waits for the queue to drain; returns how many batches there were.
+async fn recover(sender: &mut Sender, t0: i64, refused_at: u64, more: u64, ingester: &Ingester) -> u64 {
     tokio::time::timeout(Duration::from_secs(30), sender.send_until_ok(tiles_at(refused_at, t0)))
         .await
         .expect("the queue takes batches again within 30 s of the disk working");
@@ -249,9 +269,7 @@ async fn recover(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_disk_is_answered_retryable_and_the_queue_recovers_when_space_is_back() {
     let disk = SmallDisk::mount(512 << 10);
-    let sink = tempfile::tempdir().unwrap();
-    let (ingester, telemetry, shutdown, mut sender) =
-        start_ingester(&ingester_config(disk.path(), sink.path(), "segment_max_bytes = 4096")).await;
+    let (ingester, telemetry, shutdown, mut sender, sink) = start_on(disk.path(), "segment_max_bytes = 4096").await;
     let t0 = recent_tile_end_ms(10);
     send_all_ok(&mut sender, t0, 0..3).await;
     // The disk fills up. A batch that still fits in the segment's last allocated page is
@@ -259,18 +277,27 @@ async fn a_full_disk_is_answered_retryable_and_the_queue_recovers_when_space_is_
     // retryably, and so is every try while the disk stays full. Each time, the queue has
     // drained first and holds only its active segment, so that it frees no space of its
     // own between the filling and the try.
-    let queue = ingester.queue("default").unwrap();
-    let settled = || ingester.pending_records() == 0 && queue.segments() == 1;
-    let refused_at = first_refused(&mut sender, t0, 3..13, settled, || {
-        disk.fill();
-    })
+    let refused_at = first_refused(
+        &mut sender,
+        t0,
+        3..13,
+        || settled(&ingester),
+        || {
+            disk.fill();
+        },
+    )
     .await;
-    for _ in 0..4 {
-        wait_until("the queue to settle", Duration::from_secs(10), settled).await;
-        disk.fill();
-        let ack = sender.send(tiles_at(refused_at, t0)).await;
-        assert_eq!((ack.status, ack.reason.as_str()), (AckStatus::Retryable as i32, "queue_io"), "{ack:?}");
-    }
+    stays_refused(
+        &mut sender,
+        t0,
+        refused_at,
+        4,
+        || settled(&ingester),
+        || {
+            disk.fill();
+        },
+    )
+    .await;
     let text = telemetry.encode().unwrap();
     assert!(metric_value(&text, "tessera_ingester_batch_acks_total", r#"status="retryable",reason="queue_io""#) >= 5.0);
 
@@ -283,13 +310,18 @@ async fn a_full_disk_is_answered_retryable_and_the_queue_recovers_when_space_is_
     assert_each_batch_once(sink.path(), total);
 }
 
-fn ingester_config(data_dir: &Path, sink: &Path, queue: &str) -> String {
-    format!(
+/// An ingester queueing in `data_dir` (`queue`: more `[queue]` keys) and writing to a file
+/// sink in a fresh directory, returned last, with a sender connected to it.
+async fn start_on(data_dir: &Path, queue: &str) -> (Ingester, Telemetry, Shutdown, Sender, tempfile::TempDir) {
+    let sink = tempfile::tempdir().unwrap();
+    let config = format!(
         "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\n[queue]\ncheckpoint_interval_secs = 1\n{queue}\n\
          [sink]\nkind = \"file\"\ndir = \"{}\"\nrotate_secs = 3600\n",
         data_dir.display(),
-        sink.display()
-    )
+        sink.path().display()
+    );
+    let (ingester, telemetry, shutdown, sender) = start_ingester(&config).await;
+    (ingester, telemetry, shutdown, sender, sink)
 }
 
 fn queue_counter(text: &str, name: &str) -> f64 {
@@ -299,18 +331,14 @@ fn queue_counter(text: &str, name: &str) -> f64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_fsync_is_answered_retryable_and_the_queue_goes_on_in_a_new_segment() {
     let disk = FailingDisk::mount();
-    let sink = tempfile::tempdir().unwrap();
     // fsync = "always" (the default): a batch is acknowledged only after its fsync.
-    let (ingester, telemetry, shutdown, mut sender) =
-        start_ingester(&ingester_config(disk.path(), sink.path(), "fsync = \"always\"")).await;
+    let (ingester, telemetry, shutdown, mut sender, sink) = start_on(disk.path(), "fsync = \"always\"").await;
     let t0 = recent_tile_end_ms(10);
     send_all_ok(&mut sender, t0, 0..3).await;
 
     // New blocks fail to write back. A batch that fits in the segment's last block is taken;
     // the first that needs a new block is written, its fsync fails, and it is refused.
-    let queue = ingester.queue("default").unwrap();
-    let settled = || ingester.pending_records() == 0 && queue.segments() == 1;
-    let refused_at = first_refused(&mut sender, t0, 3..13, settled, || disk.fail_new_blocks()).await;
+    let refused_at = first_refused(&mut sender, t0, 3..13, || settled(&ingester), || disk.fail_new_blocks()).await;
     let text = telemetry.encode().unwrap();
     assert_eq!(
         queue_counter(&text, "tessera_ingester_queue_fsync_errors_total"),
@@ -318,12 +346,7 @@ async fn a_failed_fsync_is_answered_retryable_and_the_queue_goes_on_in_a_new_seg
         "the refusal was a failed fsync"
     );
     // While the device keeps failing, starting a new segment fails too: still refused.
-    for _ in 0..3 {
-        wait_until("the queue to settle", Duration::from_secs(10), settled).await;
-        disk.fail_new_blocks();
-        let ack = sender.send(tiles_at(refused_at, t0)).await;
-        assert_eq!((ack.status, ack.reason.as_str()), (AckStatus::Retryable as i32, "queue_io"), "{ack:?}");
-    }
+    stays_refused(&mut sender, t0, refused_at, 3, || settled(&ingester), || disk.fail_new_blocks()).await;
 
     // The device takes writes again: the same batch is taken in a new segment, and the
     // ones after it, with no restart.
@@ -341,11 +364,9 @@ async fn a_failed_fsync_is_answered_retryable_and_the_queue_goes_on_in_a_new_seg
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_interval_fsync_acknowledged_records_of_a_failed_fsync_are_counted_at_risk_and_still_delivered() {
     let disk = FailingDisk::mount();
-    let sink = tempfile::tempdir().unwrap();
     // The interval is long enough that the only fsync is the one sealing a full segment.
     let queue_config = "fsync = \"interval\"\nfsync_interval_ms = 600000\nsegment_max_bytes = 16384";
-    let (ingester, telemetry, shutdown, mut sender) =
-        start_ingester(&ingester_config(disk.path(), sink.path(), queue_config)).await;
+    let (ingester, telemetry, shutdown, mut sender, sink) = start_on(disk.path(), queue_config).await;
     let t0 = recent_tile_end_ms(10);
     let queue = ingester.queue("default").unwrap();
     wait_until("the queue to settle", Duration::from_secs(10), || queue.segments() == 1).await;

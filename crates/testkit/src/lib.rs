@@ -11,6 +11,8 @@
 //! - [`tiles`]: tile values and batches as an aggregator sends them.
 //! - [`tls`]: certificates made in the test (a CA, server, client, an untrusted CA).
 //! - [`http_get`] and [`free_port`].
+//! - [`in_process_collector_config`]: the config text of a collector that a test runs
+//!   in its own process.
 //!
 //! A real etcd for tests lives in `tessera_topology::testing` (feature
 //! `testing`).
@@ -58,4 +60,17 @@ pub fn http_get_bytes(address: SocketAddr, path: &str) -> std::io::Result<(u16, 
     let status =
         String::from_utf8_lossy(head).split_whitespace().nth(1).and_then(|code| code.parse().ok()).unwrap_or(0);
     Ok((status, body))
+}
+
+/// The config text of a collector that a test runs in its own process: one UDP reader on an
+/// ephemeral loopback port with a 4 MiB receive buffer, windows of `interval_ms` closed
+/// `flush_delay_ms` after they end, reconnects after 20 ms to 200 ms. The test parses it
+/// into `tessera_collector::Config`, turns the telemetry listener off and sets what else
+/// it needs on the struct.
+pub fn in_process_collector_config(interval_ms: u64, flush_delay_ms: u64) -> String {
+    format!(
+        "[udp]\nlisten = \"127.0.0.1:0\"\nreader_threads = 1\nrecv_buffer_bytes = 4194304\n\
+         [aggregation]\ninterval_ms = {interval_ms}\nflush_delay_ms = {flush_delay_ms}\n\
+         [forward]\nreconnect_min_ms = 20\nreconnect_max_ms = 200\n"
+    )
 }

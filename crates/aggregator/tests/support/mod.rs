@@ -54,25 +54,10 @@ pub fn test_config(instance_id: &str, ingester: &str, policies: &[&str], merge_t
 /// port, 100 ms windows, fast reconnects, no telemetry endpoint; the
 /// placement is given to `Collector::start` directly.
 pub fn collector_config() -> tessera_collector::Config {
-    let mut config: tessera_collector::Config = toml::from_str(
-        r#"
-        [udp]
-        listen = "127.0.0.1:0"
-        reader_threads = 1
-        recv_buffer_bytes = 4194304
-        [aggregation]
-        interval_ms = 100
-        flush_delay_ms = 30
-        [placement]
-        kind = "static"
-        path = "unused-in-tests"
-        [forward]
-        reconnect_min_ms = 20
-        reconnect_max_ms = 200
-        shutdown_grace_secs = 5
-        "#,
-    )
-    .expect("test collector config parses");
+    let mut config: tessera_collector::Config =
+        toml::from_str(&tessera_testkit::in_process_collector_config(100, 30)).expect("test collector config parses");
+    config.placement = Some(tessera_collector::PlacementSource::Static { path: "unused-in-tests".into() });
+    config.forward.shutdown_grace_secs = 5;
     config.telemetry.listen = None;
     config
 }

@@ -52,13 +52,24 @@ fn setup() -> (Converter, Arc<Ownership>, Counter, String, usize) {
     (converter, ownership, adopted, id, shard)
 }
 
+/// A total restored before the first view (as a single ingester): a first view that owns
+/// its shard counts as owned all along, one that joins the shard makes the total stale.
 #[test]
-fn the_first_view_counts_as_owned_all_along() {
-    let (mut converter, ownership, adopted, id, _) = setup();
-    assert_eq!(one(&mut converter, 10_000, &id, 2.0), (2.0, false), "no view yet: as a single ingester");
-    ownership.publish(all_owned(1));
-    assert_eq!(one(&mut converter, 20_000, &id, 3.0), (5.0, false), "the restored total goes on");
-    assert_eq!(adopted.get(), 0);
+fn the_first_view_keeps_restored_totals_unless_it_joins_their_shard() {
+    // (joining the shard, next tile end, next delta, due (value, reset_before), adopted, why)
+    let cases = [
+        (false, 20_000, 3.0, (5.0, false), 0, "the restored total goes on"),
+        (true, 60_000, 4.0, (4.0, true), 1, "taken back at a cutover: starts over"),
+    ];
+    for (joining, tile_end_ms, delta, due, adopted_due, why) in cases {
+        let (mut converter, ownership, adopted, id, shard) = setup();
+        assert_eq!(one(&mut converter, 10_000, &id, 2.0), (2.0, false), "no view yet: as a single ingester");
+        let mut first = all_owned(1);
+        first.joining[shard] = joining;
+        ownership.publish(first);
+        assert_eq!(one(&mut converter, tile_end_ms, &id, delta), due, "{why}");
+        assert_eq!(adopted.get(), adopted_due, "{why}");
+    }
 }
 
 #[test]
@@ -104,17 +115,6 @@ fn views_follow_the_placement() {
     let placement = Placement::init(&[("a", "a:1"), ("b", "b:1")], SHARDS, 1, 0).unwrap();
     let a = OwnershipView::of(&placement, "a");
     assert_eq!(a.owned.iter().filter(|owned| **owned).count(), 2);
-}
-
-#[test]
-fn a_first_view_that_joins_a_shard_makes_its_restored_totals_stale() {
-    let (mut converter, ownership, adopted, id, shard) = setup();
-    assert_eq!(one(&mut converter, 10_000, &id, 2.0), (2.0, false), "restored before the first view");
-    let mut joining = all_owned(1);
-    joining.joining[shard] = true;
-    ownership.publish(joining);
-    assert_eq!(one(&mut converter, 60_000, &id, 4.0), (4.0, true), "taken back at a cutover: starts over");
-    assert_eq!(adopted.get(), 1);
 }
 
 #[test]

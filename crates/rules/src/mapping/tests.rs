@@ -18,8 +18,11 @@ fn load(yaml: &str) -> MappingFile {
     }
 }
 
+/// A mapped name and its labels, or `None` when the name is unmapped.
+type Outcome = Option<(String, Vec<(String, String)>)>;
+
 /// Maps `name` as `kind`: `Some((name, labels))`, or `None` when unmapped.
-fn map_kind(file: &MappingFile, name: &str, kind: MetricKind) -> Option<(String, Vec<(String, String)>)> {
+fn map_kind(file: &MappingFile, name: &str, kind: MetricKind) -> Outcome {
     let mut out = Mapped::default();
     match file.map(name, kind, &mut out) {
         MapOutcome::Mapped { .. } => Some((out.name, out.labels)),
@@ -27,11 +30,18 @@ fn map_kind(file: &MappingFile, name: &str, kind: MetricKind) -> Option<(String,
     }
 }
 
-fn map(file: &MappingFile, name: &str) -> Option<(String, Vec<(String, String)>)> {
+fn map(file: &MappingFile, name: &str) -> Outcome {
     map_kind(file, name, MetricKind::Counter)
 }
 
-fn expect(name: &str, labels: &[(&str, &str)]) -> Option<(String, Vec<(String, String)>)> {
+/// Asserts what each `(name, due)` of `cases` maps to as a counter (`None`: unmapped).
+fn assert_maps(file: &MappingFile, cases: &[(&str, Outcome)]) {
+    for (name, due) in cases {
+        assert_eq!(&map(file, name), due, "{name}");
+    }
+}
+
+fn expect(name: &str, labels: &[(&str, &str)]) -> Outcome {
     let labels = labels.iter().map(|(key, value)| ((*key).to_owned(), (*value).to_owned())).collect();
     Some((name.to_owned(), labels))
 }
@@ -73,23 +83,19 @@ mappings:
     job: "${1}_server"
 "#,
     );
-    assert_eq!(
-        map(&file, "test.dispatcher.FooProcessor.send.success"),
-        expect(
-            "dispatcher_events_total",
-            &[("processor", "FooProcessor"), ("action", "send"), ("outcome", "success"), ("job", "test_dispatcher")]
-        )
+    let dispatcher =
+        [("processor", "FooProcessor"), ("action", "send"), ("outcome", "success"), ("job", "test_dispatcher")];
+    let signup = [("provider", "facebook"), ("outcome", "failure"), ("job", "foo_product_server")];
+    assert_maps(
+        &file,
+        &[
+            ("test.dispatcher.FooProcessor.send.success", expect("dispatcher_events_total", &dispatcher)),
+            ("foo_product.signup.facebook.failure", expect("signup_events_total", &signup)),
+            // `test.web-server.foo.bar => test_web_server_foo_bar{}`: no rule, the
+            // default name handling applies.
+            ("test.web-server.foo.bar", None),
+        ],
     );
-    assert_eq!(
-        map(&file, "foo_product.signup.facebook.failure"),
-        expect(
-            "signup_events_total",
-            &[("provider", "facebook"), ("outcome", "failure"), ("job", "foo_product_server")]
-        )
-    );
-    // `test.web-server.foo.bar => test_web_server_foo_bar{}`: no rule, the
-    // default name handling applies.
-    assert_eq!(map(&file, "test.web-server.foo.bar"), None);
 }
 
 /// README: dynamic names, glob (`"${2}_total"`) and the regex form of it.
@@ -319,43 +325,37 @@ mappings:
     );
     let dispatch =
         [("processor", "FooProcessor"), ("action", "send"), ("result", "succeeded"), ("job", "test_dispatcher")];
-    assert_eq!(map(&file, "test.dispatcher.FooProcessor.send.succeeded"), expect("dispatch_events", &dispatch));
-    assert_eq!(
-        map(&file, "test.my-dispatch-host01.name.dispatcher.FooProcessor.send.succeeded"),
-        expect("host_dispatch_events", &dispatch)
-    );
-    // The last component is empty: `*` matches it, and the empty `oauthid`
-    // is left out (Prometheus: an empty label is an absent label).
-    assert_eq!(
-        map(
-            &file,
-            "request_time.get/threads/1/posts.200.00000000.nonversioned.discussions.a11bbcdf0ac64ec243658dc64b7100fb.172.20.0.1.12ba97b7eaa1a50001000001."
-        ),
-        expect(
-            "tyk_http_request",
-            &[
-                ("method_and_path", "get/threads/1/posts"),
-                ("response_code", "200"),
-                ("apikey", "00000000"),
-                ("apiversion", "nonversioned"),
-                ("apiname", "discussions"),
-                ("apiid", "a11bbcdf0ac64ec243658dc64b7100fb"),
-                ("ipv4_t1", "172"),
-                ("ipv4_t2", "20"),
-                ("ipv4_t3", "0"),
-                ("ipv4_t4", "1"),
-                ("orgid", "12ba97b7eaa1a50001000001"),
-            ]
-        )
-    );
-    assert_eq!(map(&file, "foo.bar"), expect("catchall", &[("first", "foo"), ("second", "bar"), ("job", "foo-bar-")]));
-    assert_eq!(map(&file, "foo.bar.baz"), None);
-    assert_eq!(
-        map(&file, "proxy-1.http-goober.success"),
-        expect(
-            "proxy_requests_total",
-            &[("job", "proxy-1"), ("protocol", "http"), ("endpoint", "goober"), ("result", "success")]
-        )
+    // The last component of the tyk line is empty: `*` matches it, and the empty
+    // `oauthid` is left out (Prometheus: an empty label is an absent label).
+    let tyk = [
+        ("method_and_path", "get/threads/1/posts"),
+        ("response_code", "200"),
+        ("apikey", "00000000"),
+        ("apiversion", "nonversioned"),
+        ("apiname", "discussions"),
+        ("apiid", "a11bbcdf0ac64ec243658dc64b7100fb"),
+        ("ipv4_t1", "172"),
+        ("ipv4_t2", "20"),
+        ("ipv4_t3", "0"),
+        ("ipv4_t4", "1"),
+        ("orgid", "12ba97b7eaa1a50001000001"),
+    ];
+    let tyk_line = "request_time.get/threads/1/posts.200.00000000.nonversioned.discussions.\
+                    a11bbcdf0ac64ec243658dc64b7100fb.172.20.0.1.12ba97b7eaa1a50001000001.";
+    let proxy = [("job", "proxy-1"), ("protocol", "http"), ("endpoint", "goober"), ("result", "success")];
+    assert_maps(
+        &file,
+        &[
+            ("test.dispatcher.FooProcessor.send.succeeded", expect("dispatch_events", &dispatch)),
+            (
+                "test.my-dispatch-host01.name.dispatcher.FooProcessor.send.succeeded",
+                expect("host_dispatch_events", &dispatch),
+            ),
+            (tyk_line, expect("tyk_http_request", &tyk)),
+            ("foo.bar", expect("catchall", &[("first", "foo"), ("second", "bar"), ("job", "foo-bar-")])),
+            ("foo.bar.baz", None),
+            ("proxy-1.http-goober.success", expect("proxy_requests_total", &proxy)),
+        ],
     );
     // `$3` of a two-wildcard glob is always empty: noted.
     assert!(
