@@ -32,6 +32,7 @@ pub mod base64;
 pub mod clock;
 pub mod hll;
 pub mod parse;
+pub mod prehashed;
 pub mod series;
 pub mod shard;
 pub mod sketch;

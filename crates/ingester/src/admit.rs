@@ -71,12 +71,12 @@ use tessera_runtime::RateLimitedLog;
 static COLLISION_LOG: RateLimitedLog = RateLimitedLog::new("ingester.name_collision", 5);
 
 use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 
 use bytes::Bytes;
 use tessera_core::aggregate::{Aggregate, kind_from_proto};
 use tessera_core::parse::MetricKind;
+use tessera_core::prehashed::BuildPrehashed;
 use tessera_core::series::split_id;
 use tessera_proto::TileBatch;
 
@@ -317,26 +317,9 @@ impl Total {
     }
 }
 
-/// A hasher for keys that are already hashes (xxh3-128 of the labels).
-#[derive(Default)]
-struct PrehashedKey(u64);
-
-impl Hasher for PrehashedKey {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for byte in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(*byte);
-        }
-    }
-    fn write_u128(&mut self, value: u128) {
-        self.0 = value as u64;
-    }
-}
-
-type Totals = HashMap<u128, Total, BuildHasherDefault<PrehashedKey>>;
-type Histograms = HashMap<u128, Cumulative, BuildHasherDefault<PrehashedKey>>;
+/// Keys are xxh3-128 hashes of the labels already.
+type Totals = HashMap<u128, Total, BuildPrehashed>;
+type Histograms = HashMap<u128, Cumulative, BuildPrehashed>;
 
 /// Converts tile batches into records; holds the running totals. See the [module docs](self).
 pub struct Converter {

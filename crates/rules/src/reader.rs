@@ -23,6 +23,7 @@ use std::time::Instant;
 
 use hashbrown::HashTable;
 use tessera_core::parse::MetricKind;
+use tessera_core::prehashed::BuildPrehashed;
 use tessera_core::series::kind_byte;
 
 use crate::handle::RulesHandle;
@@ -45,39 +46,10 @@ pub struct ReaderRules {
     /// Hits of this cut, by hit slot.
     counts: Vec<u64>,
     /// Fingerprints of the outputs of every cached series.
-    outputs: hashbrown::HashSet<u64, NoHash>,
+    outputs: hashbrown::HashSet<u64, BuildPrehashed>,
     /// Whether two cached series may give one id (sticky until the cache is emptied).
     colliding: bool,
     metrics: RuleMetrics,
-}
-
-/// The fingerprints are hashes already.
-#[derive(Default, Clone, Copy)]
-struct NoHash;
-
-impl BuildHasher for NoHash {
-    type Hasher = NoHasher;
-    fn build_hasher(&self) -> NoHasher {
-        NoHasher(0)
-    }
-}
-
-/// Passes a `u64` through.
-#[derive(Default)]
-struct NoHasher(u64);
-
-impl std::hash::Hasher for NoHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for byte in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(*byte);
-        }
-    }
-    fn write_u64(&mut self, value: u64) {
-        self.0 = value;
-    }
 }
 
 struct Entry {
@@ -106,7 +78,7 @@ impl ReaderRules {
             cuts: 0,
             idle_cuts: u64::from(idle_cuts) + 1,
             counts: Vec::new(),
-            outputs: hashbrown::HashSet::with_hasher(NoHash),
+            outputs: hashbrown::HashSet::default(),
             colliding: false,
             metrics,
         }
@@ -244,7 +216,11 @@ impl CutRules<'_> {
 }
 
 /// Takes the fingerprints of a forgotten series' outputs out of `outputs`.
-fn forget_outputs(outputs: &mut hashbrown::HashSet<u64, NoHash>, hasher: &foldhash::fast::RandomState, entry: &Entry) {
+fn forget_outputs(
+    outputs: &mut hashbrown::HashSet<u64, BuildPrehashed>,
+    hasher: &foldhash::fast::RandomState,
+    entry: &Entry,
+) {
     match &entry.outcome.targets {
         Targets::Dropped => {}
         Targets::Same => {
