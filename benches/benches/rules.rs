@@ -12,7 +12,7 @@ use std::sync::Arc;
 use criterion::{Criterion, Throughput, black_box, criterion_group, criterion_main};
 use tessera_core::parse::MetricKind;
 use tessera_rules::config::RulesConfig;
-use tessera_rules::{MappingFile, ReaderRules, RuleMetrics, RuleSet, RulesHandle};
+use tessera_rules::{MappingFile, RuleCache, RuleMetrics, RuleSet, RulesHandle};
 
 const SERIES: usize = 10_000;
 
@@ -51,13 +51,13 @@ fn bench_rules(c: &mut Criterion) {
         });
     }
     let handle = Arc::new(RulesHandle::new(set));
-    let mut reader = ReaderRules::new(handle, RuleMetrics::default(), 1_000_000);
+    let mut cache = RuleCache::new(handle, RuleMetrics::default(), i64::MAX);
     let ids = ids("loadgen.counter.{}");
     let mut window = 0;
     group.bench_function("known_series", |b| {
         b.iter(|| {
             window += 1000;
-            let mut cut = reader.begin(window).expect("rules in force");
+            let mut cut = cache.begin(window).expect("rules in force");
             for id in &ids {
                 cut.route(MetricKind::Counter, id, |target| {
                     black_box(target);

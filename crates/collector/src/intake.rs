@@ -36,9 +36,7 @@ use tessera_runtime::{Shutdown, StartError};
 
 use crate::config::{Config, GaugeDeltasConfig};
 use crate::metrics::Metrics;
-#[cfg(test)]
-pub use reader::CutEntry;
-pub use reader::{Cut, FlusherLinks, ReaderSettings, cut_links};
+pub use reader::{Cut, CutEntry, FlusherLinks, ReaderSettings, cut_links};
 use reader::{CutLinks, Reader};
 use udp::KernelDrops;
 pub use udp::poll_kernel_drops;

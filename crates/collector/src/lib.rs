@@ -102,7 +102,6 @@ impl Collector {
             max_series: config.aggregation.max_series,
             expire_after_idle_windows: expire_windows,
             parse_options,
-            rules: rules.clone(),
         };
         // Everything that can fail on a bad file (the TLS files) before the readers start,
         // so that a failed start leaves no reader thread holding the ports.
@@ -138,6 +137,8 @@ impl Collector {
             window_ms,
             flush_delay_ms: config.aggregation.flush_delay_ms as i64,
             readers: listeners.readers.len(),
+            rules: rules.clone(),
+            rules_idle_ms: i64::from(expire_windows + 1) * window_ms,
         };
         let flusher = Flusher::new(flusher_links, flush_settings, router, metrics.clone());
         let flusher = spawn_thread("flusher", move || flusher.run())?;

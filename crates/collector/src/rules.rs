@@ -1,9 +1,10 @@
 //! The rules stage's plumbing: the rule set compiled at start, and reloaded on SIGHUP and
 //! when its files change.
 //!
-//! The rules themselves (`tessera_rules`) run in the readers, once per series per window,
-//! when a reader cuts its table: that is where every series' id is final before the
-//! window stage merges the cuts and the outbound side hashes the ids to shards.
+//! The rules themselves (`tessera_rules`) run in the window stage (`window.rs`), once per
+//! series per reader's cut, as the flusher merges the readers' cuts of a window: that is
+//! where every series' id becomes final, before the outbound side hashes it to a shard.
+//! The readers, which read the sockets, never wait on a rule.
 //!
 //! **Reload.** Once a second, and at once on SIGHUP, the reloader looks at the `--config`
 //! file and the mapping file. When one changed (or on SIGHUP), it reads `[mapping]` and

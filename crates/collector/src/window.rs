@@ -1,6 +1,12 @@
 //! The window stage: the flusher merges every reader's cut of a window,
-//! decides when the window is done, and hands it to the outbound side with
-//! the watermark.
+//! takes its series through the rules (`tessera_rules`: mapping, allow/deny,
+//! tag rules, rollups, limits), decides when the window is done, and hands it
+//! to the outbound side with the watermark.
+//!
+//! **Rules.** A window's only cut is rewritten in place with the ids the rules
+//! give each series; cuts of several readers are merged into a table under
+//! those ids. When two series may now share an id (a rollup, two names mapped
+//! to one), the rewritten cut is merged too, so each id goes out once.
 //!
 //! ```text
 //!  readers ──Cut (window, through_ms)──▶ merge ──▶ windows: start ─▶ Single(cut) | Merged(table)
@@ -29,6 +35,7 @@
 //! holds the tile instead of losing its cut.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
@@ -36,8 +43,9 @@ use tessera_core::aggregate::Aggregate;
 use tessera_core::clock::now_ms;
 use tessera_core::parse::MetricKind;
 use tessera_core::table::{Table, TableOptions};
+use tessera_rules::{RuleCache, RulesHandle};
 
-use crate::intake::{Cut, FlusherLinks};
+use crate::intake::{Cut, CutEntry, FlusherLinks};
 use crate::metrics::Metrics;
 use crate::outbound::Router;
 
@@ -51,6 +59,10 @@ pub struct FlushSettings {
     /// Reader threads handing in cuts: the watermark waits until each has
     /// reported how far it has got.
     pub readers: usize,
+    /// The rules in force, taken for each window.
+    pub rules: Arc<RulesHandle>,
+    /// How long the rules keep the outcome of a series that is out of the windows, ms.
+    pub rules_idle_ms: i64,
 }
 
 /// What the flusher holds for one window: the first reader's cut as is
@@ -76,12 +88,24 @@ pub struct Flusher {
     readers: HashMap<usize, i64>,
     /// The newest watermark sent to the destinations, unix ms.
     watermark_sent_ms: i64,
+    /// The rules' outcome of every series, and their counts.
+    rules: RuleCache,
+    /// Buffers a cut is rewritten into by the rules, kept for the next one.
+    spare_ids: Vec<u8>,
+    spare_entries: Vec<CutEntry>,
+    /// The ids one series goes under, as ranges of `spare_ids`.
+    targets: Vec<(u32, u32)>,
 }
 
 impl Flusher {
     /// A flusher reading the cuts of `links` and handing each window to `router`.
     pub fn new(links: FlusherLinks, settings: FlushSettings, router: Router, metrics: Metrics) -> Flusher {
+        let rules = RuleCache::new(settings.rules.clone(), metrics.rules.clone(), settings.rules_idle_ms);
         Flusher {
+            rules,
+            spare_ids: Vec::new(),
+            spare_entries: Vec::new(),
+            targets: Vec::new(),
             cuts: links.cuts,
             spare_cuts: links.spares,
             windows: BTreeMap::new(),
@@ -125,25 +149,18 @@ impl Flusher {
         }
         let start = cut.window_start_ms;
         let mut window = match self.windows.remove(&start) {
-            None if !cut.rewritten => Window::Single(cut),
-            None => {
-                // Rules may have sent two series under one id: merged, they are one.
-                let mut table = self.spare_table();
-                merge_cut(&mut table, &cut);
-                let _ = self.spare_cuts.try_send(cut);
-                Window::Merged(table)
-            }
+            None => Window::Single(cut),
             Some(Window::Single(first)) => {
                 let mut table = self.spare_table();
-                merge_cut(&mut table, &first);
-                merge_cut(&mut table, &cut);
+                self.merge_cut(&mut table, &first);
+                self.merge_cut(&mut table, &cut);
                 // Merged cuts go back to the readers (or are freed when they hold enough).
                 let _ = self.spare_cuts.try_send(first);
                 let _ = self.spare_cuts.try_send(cut);
                 Window::Merged(table)
             }
             Some(Window::Merged(mut table)) => {
-                merge_cut(&mut table, &cut);
+                self.merge_cut(&mut table, &cut);
                 let _ = self.spare_cuts.try_send(cut);
                 Window::Merged(table)
             }
@@ -152,6 +169,49 @@ impl Flusher {
             self.metrics.gauge_order_ambiguous.inc_by(table.take_ambiguous_merges());
         }
         self.windows.insert(start, window);
+    }
+
+    /// Folds one reader's cut into a window table, each series under the ids the rules
+    /// give it.
+    fn merge_cut(&mut self, table: &mut Table, cut: &Cut) {
+        let Some(mut rules) = self.rules.begin(cut.window_start_ms) else { return merge_cut_as_is(table, cut) };
+        for entry in &cut.entries {
+            rules.route(entry.kind, cut.id(entry), |target| merge_entry(table, entry.kind, target, &entry.aggregate));
+        }
+        rules.finish();
+    }
+
+    /// Rewrites a window's only cut with the ids the rules give each series; returns
+    /// whether two series may now have one id (the cut must then be merged).
+    fn apply_rules(&mut self, cut: &mut Cut) -> bool {
+        let Some(mut rules) = self.rules.begin(cut.window_start_ms) else { return false };
+        let mut ids = std::mem::take(&mut self.spare_ids);
+        let mut entries = std::mem::take(&mut self.spare_entries);
+        ids.clear();
+        entries.clear();
+        let targets = &mut self.targets;
+        for entry in cut.entries.drain(..) {
+            targets.clear();
+            rules.route(entry.kind, &cut.ids[entry.id_start as usize..entry.id_end as usize], |target| {
+                let id_start = ids.len() as u32;
+                ids.extend_from_slice(target);
+                targets.push((id_start, ids.len() as u32));
+            });
+            let Some((&(last_start, last_end), others)) = targets.split_last() else { continue };
+            for &(id_start, id_end) in others {
+                entries.push(CutEntry { kind: entry.kind, id_start, id_end, aggregate: entry.aggregate.clone() });
+            }
+            entries.push(CutEntry {
+                kind: entry.kind,
+                id_start: last_start,
+                id_end: last_end,
+                aggregate: entry.aggregate,
+            });
+        }
+        let colliding = rules.finish();
+        self.spare_ids = std::mem::replace(&mut cut.ids, ids);
+        self.spare_entries = std::mem::replace(&mut cut.entries, entries);
+        colliding
     }
 
     fn spare_table(&mut self) -> Table {
@@ -178,7 +238,21 @@ impl Flusher {
             if now != i64::MAX && !complete && start + window_ms + delay > now {
                 break;
             }
-            match self.windows.remove(&start).expect("key just seen") {
+            let window = match self.windows.remove(&start).expect("key just seen") {
+                Window::Single(mut cut) => {
+                    if self.apply_rules(&mut cut) {
+                        // Rules gave two series one id: merged, they are one.
+                        let mut table = self.spare_table();
+                        merge_cut_as_is(&mut table, &cut);
+                        let _ = self.spare_cuts.try_send(cut);
+                        Window::Merged(table)
+                    } else {
+                        Window::Single(cut)
+                    }
+                }
+                merged => merged,
+            };
+            match window {
                 Window::Single(cut) => {
                     self.flush_window(start, |each| {
                         for entry in &cut.entries {
@@ -250,13 +324,17 @@ impl Flusher {
     }
 }
 
-/// Folds one reader's cut into a window table.
-fn merge_cut(table: &mut Table, cut: &Cut) {
+/// Folds a cut into a window table under the ids it has.
+fn merge_cut_as_is(table: &mut Table, cut: &Cut) {
     for entry in &cut.entries {
-        // Both sides come from our own readers, so kinds always agree.
-        if let Err(error) = table.merge(entry.kind, cut.id(entry), &entry.aggregate) {
-            tracing::error!(%error, "merging a reader's partial failed");
-        }
+        merge_entry(table, entry.kind, cut.id(entry), &entry.aggregate);
+    }
+}
+
+fn merge_entry(table: &mut Table, kind: MetricKind, id: &[u8], aggregate: &Aggregate) {
+    // Both sides come from our own readers, so kinds always agree.
+    if let Err(error) = table.merge(kind, id, aggregate) {
+        tracing::error!(%error, "merging a reader's partial failed");
     }
 }
 

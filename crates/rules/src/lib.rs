@@ -2,21 +2,21 @@
 //!
 //! Rules rewrite or drop a series by its name and tags, so that every host's partials
 //! of a mapped or rolled-up series hash to the same shard and meet on one aggregator,
-//! where they merge exactly. They run once per series per window, when a reader cuts its
-//! table, never once per line: a reader keeps each series' outcome until the series goes
-//! idle ([`ReaderRules`]).
+//! where they merge exactly. They run once per series per reader's cut of a window, as
+//! the collector's window stage merges the cuts, never once per line: the outcome of
+//! each series is cached until the series goes idle ([`RuleCache`]).
 //!
 //! ```text
 //!  [mapping] file ─┐
 //!  [rules] ────────┴─▶ RuleSet (compiled) ──▶ RulesHandle (reload: the next window)
 //!                                                   │ for_window(start)
-//!                          reader's cut ──▶ ReaderRules (cache: id → Outcome) ──▶ ids of the cut
+//!                 readers' cuts ──▶ RuleCache (cache: id → Outcome) ──▶ ids of the window
 //! ```
 //!
 //! - [`config`]: `[mapping]` and `[rules]`;
-//! - [`RuleSet`] ([`set`]): the compiled rules and what they make of one series;
+//! - [`RuleSet`]: the compiled rules and what they make of one series;
 //! - the statsd_exporter mapping file ([`MappingFile`]);
-//! - [`ReaderRules`] ([`reader`]): a reader's cache of outcomes, and its counts;
+//! - [`RuleCache`]: the window stage's cache of outcomes, and its counts;
 //! - [`RulesHandle`]: the rules in force, swapped on reload at a window boundary;
 //! - [`RuleMetrics`]: `rule_partials_total{rule,action}` and the rest.
 //!
@@ -35,21 +35,21 @@
 //! assert_eq!(outcome.targets, Targets::Ids(vec![b"api.hits|#region:eu,route:/a".as_slice().into()]));
 //! ```
 
+mod cache;
 pub mod config;
 mod handle;
 mod mapping;
 mod metrics;
 mod pattern;
-mod reader;
 mod set;
 
 use std::path::PathBuf;
 
+pub use cache::{CutRules, RuleCache};
 pub use handle::RulesHandle;
 pub use mapping::{MapOutcome, Mapped, MappingError, MappingFile};
 pub use metrics::RuleMetrics;
 pub use pattern::{GlobError, NameGlob};
-pub use reader::{CutRules, ReaderRules};
 pub use set::{Admission, OVERFLOW_TAG, Outcome, RuleSet, Targets};
 
 /// What a rule did to a series (the `action` label).

@@ -6,7 +6,7 @@
 //! | `rule_series_limit` | gauge | `rule`: each cardinality limit |
 //! | `rule_series` | gauge | `rule`: distinct series each limit holds now |
 //! | `rule_evaluation_duration_seconds` | histogram | time to take one reader's cut of a window through the rules |
-//! | `rule_cache_series` | gauge | series whose outcome the readers hold |
+//! | `rule_cache_series` | gauge | series whose outcome the cache holds |
 //! | `rules_reloads_total` | counter | `result` (applied, failed) |
 //!
 //! A *partial* is one series in one window of one reader: rules run once per series per
@@ -54,7 +54,7 @@ tessera_runtime::metrics! {
         rule_series: Family<ByRule, Gauge>,
         /// Time to take one reader's cut of a window through the rules
         pub rule_evaluation_duration: Histogram [seconds] = latency_histogram(),
-        /// Series whose rule outcome the readers hold (cached until the series goes idle)
+        /// Series whose rule outcome is cached (until the series goes idle)
         pub rule_cache_series: Gauge,
         /// Rule reloads, per result (applied; failed: the previous rules stay)
         rules_reloads: Family<ByResult, Counter>,

@@ -17,8 +17,8 @@
 //! acted is recorded as a *hit* (rule, action), counted by the caller per window in
 //! `rule_partials_total{rule,action}`.
 //!
-//! It runs once per new series of a reader (the reader caches the outcome, see
-//! [`crate::ReaderRules`]), so it may allocate.
+//! It runs once per new series (the window stage caches the outcome, see
+//! [`crate::RuleCache`]), so it may allocate.
 
 use std::collections::HashMap;
 use std::sync::Mutex;

@@ -23,14 +23,12 @@
 //! got some of one sender's datagrams, restores the order they were sent
 //! in (see [`tessera_core::aggregate::Gauge`]).
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crossbeam_channel::{Receiver, Sender};
 use tessera_core::aggregate::{Aggregate, GaugeDeltas};
 use tessera_core::parse::{MetricKind, ParseOptions};
 use tessera_core::table::{Folded, Table, TableOptions};
-use tessera_rules::{ReaderRules, RulesHandle};
 
 use crate::metrics::{BatchCounts, ListenerMetrics, Metrics};
 
@@ -49,9 +47,6 @@ pub struct Cut {
     pub ids: Vec<u8>,
     /// One entry per series touched in the window.
     pub entries: Vec<CutEntry>,
-    /// Whether rules may have given two entries one id (the flusher then merges the
-    /// cut rather than send it as it is).
-    pub rewritten: bool,
 }
 
 /// One series of a [`Cut`].
@@ -102,7 +97,7 @@ pub fn cut_links(capacity: usize) -> (CutLinks, FlusherLinks) {
 }
 
 /// What every reader of a collector shares.
-#[derive(Clone)]
+#[derive(Debug, Clone, Copy)]
 pub struct ReaderSettings {
     /// Window length.
     pub window_ms: i64,
@@ -112,8 +107,6 @@ pub struct ReaderSettings {
     pub expire_after_idle_windows: u32,
     /// Parser limits.
     pub parse_options: ParseOptions,
-    /// The rules in force, taken at each cut.
-    pub rules: Arc<RulesHandle>,
 }
 
 /// Reader ids, unique in the process.
@@ -130,7 +123,6 @@ pub struct Reader {
     listener: ListenerMetrics,
     metrics: Metrics,
     counts: BatchCounts,
-    rules: ReaderRules,
 }
 
 impl Reader {
@@ -155,7 +147,6 @@ impl Reader {
             parse_options: settings.parse_options,
             links,
             listener,
-            rules: ReaderRules::new(settings.rules.clone(), metrics.rules.clone(), settings.expire_after_idle_windows),
             metrics,
             counts: BatchCounts::default(),
         }
@@ -237,23 +228,11 @@ impl Reader {
         cut.ids.clear();
         cut.entries.clear();
         cut.entries.reserve(self.table.len());
-        let push = |cut: &mut Cut, kind: MetricKind, id: &[u8], aggregate: &Aggregate| {
+        let stats = self.table.cut(|kind, id, aggregate| {
             let id_start = cut.ids.len() as u32;
             cut.ids.extend_from_slice(id);
             cut.entries.push(CutEntry { kind, id_start, id_end: cut.ids.len() as u32, aggregate: aggregate.clone() });
-        };
-        let mut rewritten = false;
-        let stats = match self.rules.begin(self.window_start_ms) {
-            Some(mut rules) => {
-                let stats = self.table.cut(|kind, id, aggregate| {
-                    rules.route(kind, id, |target| push(&mut cut, kind, target, aggregate));
-                });
-                rewritten = rules.finish();
-                stats
-            }
-            None => self.table.cut(|kind, id, aggregate| push(&mut cut, kind, id, aggregate)),
-        };
-        cut.rewritten = rewritten;
+        });
         self.metrics.series_expired.inc_by(stats.expired as u64);
         if self.links.cuts.send(cut).is_err() {
             // The flusher is gone: the daemon is shutting down past its grace.

@@ -7,6 +7,7 @@ use tessera_core::aggregate::Aggregate;
 use tessera_core::parse::MetricKind;
 use tessera_proto::frame::Body;
 use tessera_proto::framing;
+use tessera_rules::RuleSet;
 use tessera_runtime::shutdown::Shutdown;
 use tessera_topology::{Placement, PlacementHandle};
 use tessera_wire::outbound::SenderSettings;
@@ -24,6 +25,11 @@ struct Harness {
 }
 
 fn harness(readers: usize) -> Harness {
+    harness_with_rules(readers, "")
+}
+
+/// A flusher whose rules are `rules` (the `[rules]` table, without its header).
+fn harness_with_rules(readers: usize, rules: &str) -> Harness {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let (_links, flusher_links) = cut_links(16);
     // Senders stop at once: what is flushed stays in the queue for the test to read.
@@ -47,10 +53,13 @@ fn harness(readers: usize) -> Harness {
             tls: None,
         },
     };
-    let settings = FlushSettings { window_ms: 1_000, flush_delay_ms: 150, readers };
+    let metrics = Metrics::default();
+    let rules = toml::from_str(rules).unwrap();
+    let rules = RuleSet::compile(None, &rules, &metrics.rules).unwrap();
+    let rules = Arc::new(RulesHandle::new(rules));
+    let settings = FlushSettings { window_ms: 1_000, flush_delay_ms: 150, readers, rules, rules_idle_ms: 10_000 };
     let placement = PlacementHandle::fixed(Placement::init(&[("agg-1", "127.0.0.1:9")], 4, 1, 0).unwrap());
     let destinations = Destinations::default();
-    let metrics = Metrics::default();
     let router =
         Router::new(outbound, placement, destinations.clone(), runtime.handle().clone(), stop_senders, metrics.clone());
     let flusher = Flusher::new(flusher_links, settings, router, metrics);
@@ -80,6 +89,31 @@ fn sent(destinations: &Destinations) -> Vec<(i64, usize, i64)> {
         }
     }
     batches
+}
+
+/// Every series sent so far: (window start, id, counter value), sorted.
+fn sent_series(destinations: &Destinations) -> Vec<(i64, String, f64)> {
+    let mut series = Vec::new();
+    for queue in destinations.queues() {
+        while let Some(batch) = queue.pop_front() {
+            let (frame, _) = framing::decode_frame(&batch.frame, 1 << 20).unwrap().unwrap();
+            let Some(Body::Partials(partials)) = frame.body else { panic!("not partials") };
+            for value in partials.shards.iter().flat_map(|shard| &shard.series) {
+                let Some(tessera_proto::aggregate::Value::Counter(counter)) =
+                    value.aggregate.as_ref().and_then(|aggregate| aggregate.value.clone())
+                else {
+                    panic!("not a counter: {value:?}")
+                };
+                series.push((
+                    partials.window_start_ms,
+                    String::from_utf8_lossy(&value.series_id).into_owned(),
+                    counter,
+                ));
+            }
+        }
+    }
+    series.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
+    series
 }
 
 /// Once a batch says everything ending at or before M was sent, no later batch may
@@ -131,4 +165,40 @@ fn idle_windows_are_announced_and_the_watermark_follows_the_slowest_reader() {
     // Nothing new: nothing sent.
     harness.flusher.flush_due(W + 3_300);
     assert!(sent(&harness.destinations).is_empty());
+}
+
+#[test]
+fn a_window_goes_out_under_the_ids_the_rules_give_merged_where_two_series_meet() {
+    let rules = "deny = [\"debug.*\"]\n[[rollup]]\nmatch = \"api\"\naggregate_without = [\"user\"]\n";
+    let mut harness = harness_with_rules(1, rules);
+    // One reader: the window's only cut is rewritten in place, then merged because two
+    // users roll up into one series.
+    harness.flusher.merge(cut(0, W, W + 1_000, &["api|#route:a,user:1", "api|#route:a,user:2", "debug.x", "web"]));
+    harness.flusher.flush_due(W + 1_000 + 10);
+    assert_eq!(sent_series(&harness.destinations), vec![(W, "api|#route:a".into(), 2.0), (W, "web".into(), 1.0)]);
+    // A window where no two series meet goes out as it is, rewritten.
+    harness.flusher.merge(cut(0, W + 1_000, W + 2_000, &["api|#route:b,user:3"]));
+    harness.flusher.flush_due(W + 2_000 + 10);
+    assert_eq!(sent_series(&harness.destinations), vec![(W + 1_000, "api|#route:b".into(), 1.0)]);
+}
+
+#[test]
+fn the_cuts_of_several_readers_merge_under_the_rolled_up_id() {
+    let mut harness = harness_with_rules(2, "[[rollup]]\nmatch = \"*\"\naggregate_without = [\"host\"]\n");
+    harness.flusher.merge(cut(0, W, W + 1_000, &["req|#host:a", "req|#host:b"]));
+    harness.flusher.merge(cut(1, W, W + 1_000, &["req|#host:c", "other"]));
+    harness.flusher.flush_due(W + 1_000 + 10);
+    assert_eq!(sent_series(&harness.destinations), vec![(W, "other".into(), 1.0), (W, "req".into(), 3.0)]);
+}
+
+#[test]
+fn a_reload_applies_from_its_window_and_a_window_before_keeps_the_old_rules() {
+    let mut harness = harness_with_rules(1, "name_prefix = \"old.\"");
+    let metrics = Metrics::default();
+    let new = RuleSet::compile(None, &toml::from_str("name_prefix = \"new.\"").unwrap(), &metrics.rules).unwrap();
+    harness.flusher.settings.rules.replace(new, W + 1_000);
+    harness.flusher.merge(cut(0, W, W + 1_000, &["a"]));
+    harness.flusher.merge(cut(0, W + 1_000, W + 2_000, &["a"]));
+    harness.flusher.flush_due(W + 2_000 + 10);
+    assert_eq!(sent_series(&harness.destinations), vec![(W, "old.a".into(), 1.0), (W + 1_000, "new.a".into(), 1.0)]);
 }

@@ -4,7 +4,7 @@ use tessera_core::parse::{MetricKind, Parsed, parse_line};
 use tessera_core::series::SeriesKey;
 
 use super::*;
-use crate::{ReaderRules, RulesHandle};
+use crate::{RuleCache, RulesHandle};
 
 fn rules(toml_text: &str) -> RulesConfig {
     toml::from_str(toml_text).expect("rules parse")
@@ -157,50 +157,50 @@ fn bad_rules_name_their_key() {
 }
 
 #[test]
-fn readers_cache_outcomes_count_hits_once_per_cut_and_switch_sets_at_the_window() {
+fn the_cache_keeps_outcomes_counts_hits_once_per_cut_and_switches_sets_at_the_window() {
     let metrics = RuleMetrics::default();
     let first = RuleSet::compile(None, &rules("deny = [\"x\"]"), &metrics).unwrap();
     let handle = Arc::new(RulesHandle::new(first));
-    let mut reader = ReaderRules::new(handle.clone(), metrics.clone(), 2);
+    let mut cache = RuleCache::new(handle.clone(), metrics.clone(), 2000);
     // (may the cut hold an id twice, the ids it goes out under)
-    let route = |reader: &mut ReaderRules, window: i64, id: &[u8]| {
-        let mut cut = reader.begin(window).expect("rules in force");
+    let route = |cache: &mut RuleCache, window: i64, id: &[u8]| {
+        let mut cut = cache.begin(window).expect("rules in force");
         let mut out = Vec::new();
         cut.route(MetricKind::Counter, id, |target| out.push(target.to_vec()));
         (cut.finish(), out)
     };
-    assert_eq!(route(&mut reader, 0, b"x"), (false, vec![]));
-    assert_eq!(route(&mut reader, 1000, b"x"), (false, vec![]));
-    assert_eq!(route(&mut reader, 1000, b"y"), (false, vec![b"y".to_vec()]));
-    assert_eq!(reader.cached(), 2);
+    assert_eq!(route(&mut cache, 0, b"x"), (false, vec![]));
+    assert_eq!(route(&mut cache, 1000, b"x"), (false, vec![]));
+    assert_eq!(route(&mut cache, 1000, b"y"), (false, vec![b"y".to_vec()]));
+    assert_eq!(cache.cached(), 2);
     assert_eq!(metrics.partials("deny[0]:x", Action::Dropped).get(), 2, "one hit per series per cut");
 
     let second = RuleSet::compile(None, &rules("name_prefix = \"p.\""), &metrics).unwrap();
     handle.replace(second, 3000);
-    assert_eq!(route(&mut reader, 2000, b"x"), (false, vec![]), "the old set holds until its window ends");
-    assert_eq!(route(&mut reader, 3000, b"x"), (false, vec![b"p.x".to_vec()]));
-    assert_eq!(reader.cached(), 1, "the cache starts again with the new set");
-    assert_eq!(route(&mut reader, 2000, b"x"), (false, vec![]), "a late window still gets its own set");
+    assert_eq!(route(&mut cache, 2000, b"x"), (false, vec![]), "the old set holds until its window ends");
+    assert_eq!(route(&mut cache, 3000, b"x"), (false, vec![b"p.x".to_vec()]));
+    assert_eq!(cache.cached(), 1, "the cache starts again with the new set");
+    assert_eq!(route(&mut cache, 2000, b"x"), (false, vec![]), "a late window still gets its own set");
 }
 
 #[test]
-fn a_reader_merges_its_cut_only_once_two_series_may_give_one_id() {
+fn a_cut_needs_merging_only_once_two_series_may_give_one_id() {
     let metrics = RuleMetrics::default();
     let set =
         RuleSet::compile(None, &rules("[[rollup]]\nmatch = \"a\"\naggregate_without = [\"u\"]"), &metrics).unwrap();
-    let mut reader = ReaderRules::new(Arc::new(RulesHandle::new(set)), metrics, 1);
-    let cut_of = |reader: &mut ReaderRules, window: i64, ids: &[&[u8]]| {
-        let mut cut = reader.begin(window).unwrap();
+    let mut cache = RuleCache::new(Arc::new(RulesHandle::new(set)), metrics, 1000);
+    let cut_of = |cache: &mut RuleCache, window: i64, ids: &[&[u8]]| {
+        let mut cut = cache.begin(window).unwrap();
         for id in ids {
             cut.route(MetricKind::Counter, id, |_| {});
         }
         cut.finish()
     };
-    assert!(!cut_of(&mut reader, 0, &[b"a|#u:1", b"b|#u:1"]), "a rewritten id that no other series gives");
-    assert!(!cut_of(&mut reader, 1000, &[b"a|#u:1", b"c"]));
-    assert!(cut_of(&mut reader, 2000, &[b"a|#u:2"]), "a|#u:2 gives `a` too");
-    assert!(cut_of(&mut reader, 3000, &[b"a"]), "so does the series `a` itself");
-    assert!(cut_of(&mut reader, 4000, &[b"z"]), "colliding stays until the cache empties");
+    assert!(!cut_of(&mut cache, 0, &[b"a|#u:1", b"b|#u:1"]), "a rewritten id that no other series gives");
+    assert!(!cut_of(&mut cache, 1000, &[b"a|#u:1", b"c"]));
+    assert!(cut_of(&mut cache, 2000, &[b"a|#u:2"]), "a|#u:2 gives `a` too");
+    assert!(cut_of(&mut cache, 3000, &[b"a"]), "so does the series `a` itself");
+    assert!(cut_of(&mut cache, 4000, &[b"z"]), "colliding stays until the cache empties");
 }
 
 #[test]
@@ -208,15 +208,15 @@ fn idle_series_leave_the_cache_and_hand_back_their_places() {
     let metrics = RuleMetrics::default();
     let set = RuleSet::compile(None, &rules("[[limit]]\nmatch = \"*\"\nmax_series = 10"), &metrics).unwrap();
     let handle = Arc::new(RulesHandle::new(set));
-    let mut reader = ReaderRules::new(handle.clone(), metrics.clone(), 1);
-    let mut cut = reader.begin(0).unwrap();
+    let mut cache = RuleCache::new(handle.clone(), metrics.clone(), 1000);
+    let mut cut = cache.begin(0).unwrap();
     cut.route(MetricKind::Counter, b"a", |_| {});
     cut.finish();
     assert_eq!(metrics.limited_series("limit[0]:*").get(), 1);
     for window in 1..=16 {
-        reader.begin(window * 1000).unwrap().finish();
+        cache.begin(window * 1000).unwrap().finish();
     }
-    assert_eq!(reader.cached(), 0);
+    assert_eq!(cache.cached(), 0);
     assert_eq!(metrics.limited_series("limit[0]:*").get(), 0);
 }
 

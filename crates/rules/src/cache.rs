@@ -1,12 +1,14 @@
-//! A reader's side of the rules: the outcome of every series it holds, and its counts.
+//! The window stage's side of the rules: the outcome of every series the collector
+//! holds, and its counts.
 //!
-//! A reader cuts its table once per window. [`ReaderRules::begin`] fetches the set in
-//! force for that window; [`CutRules::route`] gives the ids each series' partial goes
-//! under, from the cache when the series was seen before (one hash lookup, no
-//! allocation) and from [`RuleSet::apply`] otherwise. Hits are added to local counts and
-//! published once per cut ([`CutRules::finish`]), which also forgets series idle for
-//! longer than the reader's table keeps them (handing back the limits' places they held).
-//! When a reload puts another set in force, the cache is emptied and filled again.
+//! The collector's flusher takes every reader's cut of a window through the rules before
+//! it sends the window. [`RuleCache::begin`] fetches the set in force for that window;
+//! [`CutRules::route`] gives the ids each series' partial goes under, from the cache when
+//! the series was seen before (one hash lookup, no allocation) and from
+//! [`RuleSet::apply`] otherwise. Hits are added to local counts and published once per
+//! cut ([`CutRules::finish`]), which also forgets series idle for longer than the readers
+//! keep them (handing back the limits' places they held). When a reload puts another set
+//! in force, the cache is emptied and filled again.
 //!
 //! **Duplicate ids.** Rules can send two series under one id (a rollup, two names mapped
 //! to one); such a cut must be merged before it is sent. Merging a whole cut costs as
@@ -33,16 +35,18 @@ use crate::set::{Outcome, RuleSet, Targets};
 /// Cuts between sweeps of the cache for idle series.
 const SWEEP_EVERY_CUTS: u64 = 8;
 
-/// One reader's cache of outcomes.
-pub struct ReaderRules {
+/// The cache of outcomes.
+pub struct RuleCache {
     handle: Arc<RulesHandle>,
     active: Option<Arc<RuleSet>>,
     cache: HashTable<Entry>,
     hasher: foldhash::fast::RandomState,
     /// Cuts so far.
     cuts: u64,
-    /// Cuts a series may stay out of the cuts before its entry is forgotten.
-    idle_cuts: u64,
+    /// How long a series may stay out of the cuts before its entry is forgotten, ms.
+    idle_ms: i64,
+    /// The newest window start seen.
+    newest_window_ms: i64,
     /// Hits of this cut, by hit slot.
     counts: Vec<u64>,
     /// Fingerprints of the outputs of every cached series.
@@ -57,26 +61,30 @@ struct Entry {
     /// Kind byte, then the canonical id.
     key: Box<[u8]>,
     outcome: Outcome,
-    last_cut: u64,
+    /// Start of the newest window the series was in.
+    last_window_ms: i64,
 }
 
 /// The rules of one cut, borrowed from its reader.
 pub struct CutRules<'r> {
-    rules: &'r mut ReaderRules,
+    rules: &'r mut RuleCache,
+    window_start_ms: i64,
     set: Arc<RuleSet>,
     started: Instant,
 }
 
-impl ReaderRules {
-    /// A reader's rules; `idle_cuts` is how many cuts its table keeps an idle series.
-    pub fn new(handle: Arc<RulesHandle>, metrics: RuleMetrics, idle_cuts: u32) -> ReaderRules {
-        ReaderRules {
+impl RuleCache {
+    /// A cache of the outcomes of `handle`'s sets; a series out of the cuts for longer
+    /// than `idle_ms` is forgotten.
+    pub fn new(handle: Arc<RulesHandle>, metrics: RuleMetrics, idle_ms: i64) -> RuleCache {
+        RuleCache {
             handle,
             active: None,
             cache: HashTable::new(),
             hasher: foldhash::fast::RandomState::default(),
             cuts: 0,
-            idle_cuts: u64::from(idle_cuts) + 1,
+            idle_ms,
+            newest_window_ms: i64::MIN,
             counts: Vec::new(),
             outputs: hashbrown::HashSet::default(),
             colliding: false,
@@ -116,7 +124,8 @@ impl ReaderRules {
             return None;
         }
         self.cuts += 1;
-        Some(CutRules { rules: self, set, started: Instant::now() })
+        self.newest_window_ms = self.newest_window_ms.max(window_start_ms);
+        Some(CutRules { rules: self, window_start_ms, set, started: Instant::now() })
     }
 
     /// Forgets every outcome, handing back the places they held.
@@ -140,7 +149,7 @@ impl ReaderRules {
     }
 }
 
-impl Drop for ReaderRules {
+impl Drop for RuleCache {
     fn drop(&mut self) {
         self.forget_all();
     }
@@ -163,11 +172,11 @@ impl CutRules<'_> {
                 key.extend_from_slice(id);
                 rules.metrics.rule_cache_series.inc();
                 rules.add_outputs(kind_byte, hash, &outcome.targets);
-                let entry = Entry { hash, key: key.into(), outcome, last_cut: 0 };
+                let entry = Entry { hash, key: key.into(), outcome, last_window_ms: i64::MIN };
                 rules.cache.insert_unique(hash, entry, |entry| entry.hash).into_mut()
             }
         };
-        entry.last_cut = rules.cuts;
+        entry.last_window_ms = entry.last_window_ms.max(self.window_start_ms);
         for slot in &entry.outcome.hits {
             rules.counts[*slot as usize] += 1;
         }
@@ -192,11 +201,11 @@ impl CutRules<'_> {
             }
         }
         if rules.cuts.is_multiple_of(SWEEP_EVERY_CUTS) {
-            let (now, idle_cuts, set) = (rules.cuts, rules.idle_cuts, &self.set);
+            let (oldest_kept_ms, set) = (rules.newest_window_ms.saturating_sub(rules.idle_ms), &self.set);
             let before = rules.cache.len();
             let (outputs, hasher, colliding) = (&mut rules.outputs, &rules.hasher, rules.colliding);
             rules.cache.retain(|entry| {
-                let keep = now - entry.last_cut <= idle_cuts;
+                let keep = entry.last_window_ms >= oldest_kept_ms;
                 if !keep {
                     for admission in &entry.outcome.admissions {
                         set.release(admission);
