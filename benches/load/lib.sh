@@ -193,11 +193,13 @@ peak_rss_kib() { awk '/VmHWM/ {print $2}' "/proc/$1/status"; }
 # that frequency from a telemetry port in the background (what profiling
 # costs is then part of the run); `finish_profile FILE` waits for it and
 # sets `profile_note` to its size (empty without a profile).
+# PROFILE_FORMAT=flamegraph takes an SVG instead of pprof's protobuf;
+# PROFILE_OUT=FILE keeps a copy of the profile after the run.
 profile_pid=""
 profile_note=""
 start_profile() {
     [ -n "${PROFILE_HZ:-}" ] || return 0
-    curl -sf -o "$3" "http://127.0.0.1:$1/debug/pprof/profile?seconds=$2&frequency=$PROFILE_HZ" &
+    curl -sf -o "$3" "http://127.0.0.1:$1/debug/pprof/profile?seconds=$2&frequency=$PROFILE_HZ&format=${PROFILE_FORMAT:-pprof}" &
     profile_pid=$!
     sleep 0.2
 }
@@ -205,4 +207,5 @@ finish_profile() {
     [ -n "$profile_pid" ] || return 0
     wait "$profile_pid"
     profile_note=" profile_hz=$PROFILE_HZ profile_bytes=$(stat -c %s "$1")"
+    if [ -n "${PROFILE_OUT:-}" ]; then cp "$1" "$PROFILE_OUT"; fi
 }
