@@ -30,7 +30,7 @@ use tessera_core::series::kind_byte;
 
 use crate::handle::RulesHandle;
 use crate::metrics::RuleMetrics;
-use crate::set::{Outcome, RuleSet, Targets};
+use crate::set::{Admission, Outcome, RuleSet, Targets};
 
 /// Cuts between sweeps of the cache for idle series.
 const SWEEP_EVERY_CUTS: u64 = 8;
@@ -56,13 +56,113 @@ pub struct RuleCache {
     metrics: RuleMetrics,
 }
 
+/// One cached series, compact: a million of them are held at once. Its key and the ids
+/// it goes under share one allocation; up to two hits are held inline.
 struct Entry {
     hash: u64,
-    /// Kind byte, then the canonical id.
-    key: Box<[u8]>,
-    outcome: Outcome,
     /// Start of the newest window the series was in.
     last_window_ms: i64,
+    /// Kind byte and canonical id (`..key_end`), then the ids it goes under, back to back.
+    bytes: Box<[u8]>,
+    key_end: u32,
+    route: Route,
+    /// Hit slots, the first two of them.
+    hits: [u32; 2],
+    hit_count: u8,
+    /// More hits, and the limits' places held: rare.
+    extra: Option<Box<Extra>>,
+}
+
+/// Where a cached series goes.
+#[derive(Clone, Copy)]
+enum Route {
+    /// Under its own id.
+    Same,
+    /// Nowhere.
+    Dropped,
+    /// Under the ids that end at these offsets of `bytes` (a second end of 0: one id).
+    Ids([u32; 2]),
+}
+
+#[derive(Default)]
+struct Extra {
+    hits: Vec<u32>,
+    admissions: Vec<Admission>,
+    /// Ids past the second, which no rule set gives today.
+    more_ids: Vec<Box<[u8]>>,
+}
+
+impl Entry {
+    fn new(hash: u64, kind_byte: u8, id: &[u8], outcome: Outcome) -> Entry {
+        let mut bytes = Vec::with_capacity(1 + id.len());
+        bytes.push(kind_byte);
+        bytes.extend_from_slice(id);
+        let key_end = bytes.len() as u32;
+        let mut extra = Extra::default();
+        let route = match outcome.targets {
+            Targets::Same => Route::Same,
+            Targets::Dropped => Route::Dropped,
+            Targets::Ids(ids) => {
+                let mut ends = [0u32; 2];
+                for (index, target) in ids.into_iter().enumerate() {
+                    if index < 2 {
+                        bytes.extend_from_slice(&target);
+                        ends[index] = bytes.len() as u32;
+                    } else {
+                        extra.more_ids.push(target);
+                    }
+                }
+                Route::Ids(ends)
+            }
+        };
+        let mut hits = [0u32; 2];
+        let hit_count = outcome.hits.len().min(2);
+        hits[..hit_count].copy_from_slice(&outcome.hits[..hit_count]);
+        extra.hits.extend_from_slice(&outcome.hits[hit_count..]);
+        extra.admissions = outcome.admissions;
+        let extra = (!extra.hits.is_empty() || !extra.admissions.is_empty() || !extra.more_ids.is_empty())
+            .then(|| Box::new(extra));
+        Entry {
+            hash,
+            last_window_ms: i64::MIN,
+            bytes: bytes.into(),
+            key_end,
+            route,
+            hits,
+            hit_count: hit_count as u8,
+            extra,
+        }
+    }
+
+    fn key(&self) -> &[u8] {
+        &self.bytes[..self.key_end as usize]
+    }
+
+    /// Calls `each` with every id the series goes under; `id` is its own.
+    fn for_each_id(&self, id: &[u8], mut each: impl FnMut(&[u8])) {
+        match self.route {
+            Route::Same => each(id),
+            Route::Dropped => {}
+            Route::Ids([first, second]) => {
+                each(&self.bytes[self.key_end as usize..first as usize]);
+                if second != 0 {
+                    each(&self.bytes[first as usize..second as usize]);
+                }
+                for more in self.extra.iter().flat_map(|extra| &extra.more_ids) {
+                    each(more);
+                }
+            }
+        }
+    }
+
+    fn hits(&self) -> impl Iterator<Item = u32> + '_ {
+        let more = self.extra.iter().flat_map(|extra| extra.hits.iter().copied());
+        self.hits[..self.hit_count as usize].iter().copied().chain(more)
+    }
+
+    fn admissions(&self) -> &[Admission] {
+        self.extra.as_ref().map_or(&[], |extra| &extra.admissions)
+    }
 }
 
 /// The rules of one cut, borrowed from its reader.
@@ -92,23 +192,11 @@ impl RuleCache {
         }
     }
 
-    /// The fingerprint of output `id` of `kind`.
-    fn fingerprint(&self, kind_byte: u8, id: &[u8]) -> u64 {
-        self.hasher.hash_one((kind_byte, id))
-    }
-
-    /// Records the outputs of a newly cached series.
-    fn add_outputs(&mut self, kind_byte: u8, hash: u64, targets: &Targets) {
-        match targets {
-            Targets::Dropped => {}
-            Targets::Same => self.colliding |= !self.outputs.insert(hash),
-            Targets::Ids(ids) => {
-                for id in ids {
-                    let fingerprint = self.fingerprint(kind_byte, id);
-                    self.colliding |= !self.outputs.insert(fingerprint);
-                }
-            }
-        }
+    /// Records the outputs of a newly cached series (`id` is its own).
+    fn add_outputs(&mut self, entry: &Entry, id: &[u8]) {
+        let kind_byte = entry.key()[0];
+        let (outputs, hasher, colliding) = (&mut self.outputs, &self.hasher, &mut self.colliding);
+        entry.for_each_id(id, |output| *colliding |= !outputs.insert(hasher.hash_one((kind_byte, output))));
     }
 
     /// Starts the cut of the window starting at `window_start_ms`; `None` when the set
@@ -134,7 +222,7 @@ impl RuleCache {
         self.outputs.clear();
         self.colliding = false;
         for entry in self.cache.drain() {
-            for admission in &entry.outcome.admissions {
+            for admission in entry.admissions() {
                 if let Some(active) = &self.active {
                     active.release(admission);
                 }
@@ -162,33 +250,21 @@ impl CutRules<'_> {
         let rules = &mut *self.rules;
         let kind_byte = kind_byte(kind);
         let hash = rules.hasher.hash_one((kind_byte, id));
-        let matches = |entry: &Entry| entry.key[0] == kind_byte && &entry.key[1..] == id;
+        let matches = |entry: &Entry| entry.key()[0] == kind_byte && &entry.key()[1..] == id;
         let entry = match rules.cache.find_mut(hash, matches) {
             Some(entry) => entry,
             None => {
-                let outcome = self.set.apply(kind, id);
-                let mut key = Vec::with_capacity(id.len() + 1);
-                key.push(kind_byte);
-                key.extend_from_slice(id);
+                let entry = Entry::new(hash, kind_byte, id, self.set.apply(kind, id));
                 rules.metrics.rule_cache_series.inc();
-                rules.add_outputs(kind_byte, hash, &outcome.targets);
-                let entry = Entry { hash, key: key.into(), outcome, last_window_ms: i64::MIN };
+                rules.add_outputs(&entry, id);
                 rules.cache.insert_unique(hash, entry, |entry| entry.hash).into_mut()
             }
         };
         entry.last_window_ms = entry.last_window_ms.max(self.window_start_ms);
-        for slot in &entry.outcome.hits {
-            rules.counts[*slot as usize] += 1;
+        for slot in entry.hits() {
+            rules.counts[slot as usize] += 1;
         }
-        match &entry.outcome.targets {
-            Targets::Same => each(id),
-            Targets::Dropped => {}
-            Targets::Ids(ids) => {
-                for target in ids {
-                    each(target);
-                }
-            }
-        }
+        entry.for_each_id(id, &mut each);
     }
 
     /// Publishes the cut's counts and forgets idle series; returns whether the cut may
@@ -207,7 +283,7 @@ impl CutRules<'_> {
             rules.cache.retain(|entry| {
                 let keep = entry.last_window_ms >= oldest_kept_ms;
                 if !keep {
-                    for admission in &entry.outcome.admissions {
+                    for admission in entry.admissions() {
                         set.release(admission);
                     }
                     // Once colliding, a fingerprint may stand for two series: keep them all.
@@ -230,15 +306,8 @@ fn forget_outputs(
     hasher: &foldhash::fast::RandomState,
     entry: &Entry,
 ) {
-    match &entry.outcome.targets {
-        Targets::Dropped => {}
-        Targets::Same => {
-            outputs.remove(&entry.hash);
-        }
-        Targets::Ids(ids) => {
-            for id in ids {
-                outputs.remove(&hasher.hash_one((entry.key[0], &**id)));
-            }
-        }
-    }
+    let (kind_byte, own_id) = (entry.key()[0], &entry.key()[1..]);
+    entry.for_each_id(own_id, |id| {
+        outputs.remove(&hasher.hash_one((kind_byte, id)));
+    });
 }
