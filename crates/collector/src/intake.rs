@@ -38,6 +38,7 @@ use crate::config::{Config, GaugeDeltasConfig};
 use crate::metrics::Metrics;
 pub use reader::{Cut, CutEntry, FlusherLinks, ReaderSettings, cut_links};
 use reader::{CutLinks, Reader};
+pub use sys::lower_this_thread_priority;
 use udp::KernelDrops;
 pub use udp::poll_kernel_drops;
 

@@ -54,6 +54,9 @@ pub use metrics::{Metrics, PREFIX as METRIC_PREFIX};
 pub use tessera_runtime::StartError;
 pub use tessera_topology::{PlacementHandle, PlacementSource};
 
+/// How many nice steps the flusher runs below the readers.
+const FLUSHER_NICE: i32 = 10;
+
 /// A running collector.
 pub struct Collector {
     udp_addr: Option<SocketAddr>,
@@ -141,7 +144,13 @@ impl Collector {
             rules_idle_ms: i64::from(expire_windows + 1) * window_ms,
         };
         let flusher = Flusher::new(flusher_links, flush_settings, router, metrics.clone());
-        let flusher = spawn_thread("flusher", move || flusher.run())?;
+        let flusher = spawn_thread("flusher", move || {
+            // The readers go first when both want one core (see `lower_this_thread_priority`).
+            if let Err(error) = intake::lower_this_thread_priority(FLUSHER_NICE) {
+                tracing::warn!(%error, "cannot lower the flusher's priority");
+            }
+            flusher.run()
+        })?;
 
         let source = rules::RuleSource {
             config_file: tessera_runtime::daemon::config_file().map(Into::into),

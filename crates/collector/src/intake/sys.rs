@@ -1,6 +1,6 @@
 //! The only unsafe code of the collector: batched receive with `recvmmsg`
-//! (with each datagram's kernel receive stamp), and the reuseport
-//! distribution program, thin wrappers over libc.
+//! (with each datagram's kernel receive stamp), the reuseport distribution
+//! program, and the flusher's thread priority, thin wrappers over libc.
 #![allow(unsafe_code)]
 
 use std::io;
@@ -214,6 +214,19 @@ pub fn attach_random_reuseport_program(socket: &impl AsRawFd, group_size: u32) -
     Ok(())
 }
 
+/// Lowers the calling thread's scheduling priority by `nice` steps (Linux applies
+/// `setpriority` to one thread when given its thread id). The flusher calls it: when it
+/// and the readers want the same core, the readers, which must keep up with the
+/// sockets, go first, and the flusher's work waits (its cost is latency, not data).
+pub fn lower_this_thread_priority(nice: i32) -> io::Result<()> {
+    // SAFETY: gettid has no preconditions and cannot fail.
+    let thread = unsafe { libc::gettid() };
+    // SAFETY: setpriority takes plain integers; `thread` is this thread's id, so only
+    // this thread's priority changes.
+    let result = unsafe { libc::setpriority(libc::PRIO_PROCESS, thread as libc::id_t, nice) };
+    if result == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -270,5 +283,23 @@ mod tests {
         let after = now_ns();
         assert!(stamps.iter().all(|(_, stamp)| (before..=after).contains(stamp)), "{stamps:?} in {before}..{after}");
         assert!(stamps.windows(2).all(|pair| pair[0].0 < pair[1].0 && pair[0].1 <= pair[1].1), "{stamps:?}");
+    }
+
+    #[test]
+    fn the_flusher_can_lower_its_own_priority_and_no_other_thread_s() {
+        let nice_of_this_thread = || {
+            let stat = std::fs::read_to_string("/proc/thread-self/stat").unwrap();
+            let after_name = &stat[stat.rfind(')').unwrap() + 2..];
+            after_name.split(' ').nth(16).unwrap().parse::<i32>().unwrap()
+        };
+        let before = nice_of_this_thread();
+        let lowered = std::thread::spawn(move || {
+            lower_this_thread_priority(5).unwrap();
+            nice_of_this_thread()
+        })
+        .join()
+        .unwrap();
+        assert_eq!(lowered, 5, "the nice value of the thread that asked");
+        assert_eq!(nice_of_this_thread(), before, "other threads keep theirs");
     }
 }
