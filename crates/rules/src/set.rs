@@ -181,16 +181,18 @@ impl RuleSet {
             deny.push(glob("rules.deny".into(), text)?);
             deny_slots.push(slots.slot(&format!("deny[{index}]:{text}"), Action::Dropped));
         }
-        let mut tags = Vec::new();
-        for (index, rule) in rules.tags.iter().enumerate() {
-            let matches = glob(format!("rules.tags[{index}].match"), &rule.matches)?;
-            tags.push(compile_tag_rule(index, rule, matches, &mut slots)?);
-        }
-        let mut rollups = Vec::new();
-        for (index, rule) in rules.rollup.iter().enumerate() {
-            let matches = glob(format!("rules.rollup[{index}].match"), &rule.matches)?;
-            rollups.push(compile_rollup(index, rule, matches, &mut slots)?);
-        }
+        let tags = each_rule(
+            "tags",
+            &rules.tags,
+            |rule| &rule.matches,
+            |key, rule, glob| compile_tag_rule(key, rule, glob, &mut slots),
+        )?;
+        let rollups = each_rule(
+            "rollup",
+            &rules.rollup,
+            |rule| &rule.matches,
+            |key, rule, glob| compile_rollup(key, rule, glob, &mut slots),
+        )?;
         let mut global_tags = Vec::new();
         for (key, value) in &rules.global_tags {
             check_tag_part(&format!("rules.global_tags.{key}"), key)?;
@@ -206,11 +208,12 @@ impl RuleSet {
                 ),
             });
         }
-        let mut limits = Vec::new();
-        for (index, rule) in rules.limit.iter().enumerate() {
-            let matches = glob(format!("rules.limit[{index}].match"), &rule.matches)?;
-            limits.push(compile_limit(index, rule, matches, &mut slots)?);
-        }
+        let limits = each_rule(
+            "limit",
+            &rules.limit,
+            |rule| &rule.matches,
+            |key, rule, glob| compile_limit(key, rule, glob, &mut slots),
+        )?;
         Ok(RuleSet {
             notes: mapping.as_ref().map(|file| file.notes().to_vec()).unwrap_or_default(),
             mapping,
@@ -428,13 +431,30 @@ impl Limit {
     }
 }
 
-fn compile_tag_rule(
-    index: usize,
-    rule: &TagRuleConfig,
-    glob: NameGlob,
-    slots: &mut Slots<'_>,
-) -> Result<TagRule, RulesError> {
-    let key = format!("rules.tags[{index}]");
+/// Compiles every rule of `[[rules.<table>]]` with `compile(key, rule, glob)`, where
+/// `key` is `rules.<table>[<index>]` and `glob` the rule's `match`, compiled.
+fn each_rule<C, R>(
+    table: &str,
+    rules: &[C],
+    matches: impl Fn(&C) -> &String,
+    mut compile: impl FnMut(&str, &C, NameGlob) -> Result<R, RulesError>,
+) -> Result<Vec<R>, RulesError> {
+    let mut compiled = Vec::with_capacity(rules.len());
+    for (index, rule) in rules.iter().enumerate() {
+        let key = format!("rules.{table}[{index}]");
+        let glob =
+            NameGlob::new(matches(rule)).map_err(|source| RulesError::Glob { key: format!("{key}.match"), source })?;
+        compiled.push(compile(&key, rule, glob)?);
+    }
+    Ok(compiled)
+}
+
+/// The `rule` label of the rule at `key` (`rules.tags[0]` → `tags[0]:<glob>`).
+fn rule_label(key: &str, glob: &NameGlob) -> String {
+    format!("{}:{}", key.trim_start_matches("rules."), glob.as_str())
+}
+
+fn compile_tag_rule(key: &str, rule: &TagRuleConfig, glob: NameGlob, slots: &mut Slots) -> Result<TagRule, RulesError> {
     let mut rename = Vec::new();
     for (old, new) in &rule.rename {
         check_tag_part(&format!("{key}.rename.{old}"), old)?;
@@ -444,26 +464,22 @@ fn compile_tag_rule(
     let drop = tag_keys(&format!("{key}.drop"), &rule.drop)?;
     let keep = tag_keys(&format!("{key}.keep"), &rule.keep)?;
     if drop.is_empty() && rename.is_empty() && keep.is_empty() {
-        return Err(RulesError::Invalid { key, reason: "the rule has no `drop`, `rename` or `keep`".into() });
+        let reason = "the rule has no `drop`, `rename` or `keep`".into();
+        return Err(RulesError::Invalid { key: key.to_owned(), reason });
     }
-    let slot = slots.slot(&format!("tags[{index}]:{}", glob.as_str()), Action::Rewritten);
+    let slot = slots.slot(&rule_label(key, &glob), Action::Rewritten);
     Ok(TagRule { glob, drop, rename, keep, slot })
 }
 
-fn compile_rollup(
-    index: usize,
-    rule: &RollupConfig,
-    glob: NameGlob,
-    slots: &mut Slots<'_>,
-) -> Result<Rollup, RulesError> {
-    let key = format!("rules.rollup[{index}]");
+fn compile_rollup(key: &str, rule: &RollupConfig, glob: NameGlob, slots: &mut Slots) -> Result<Rollup, RulesError> {
     if rule.aggregate_without.is_empty() {
-        return Err(RulesError::Invalid { key, reason: "`aggregate_without` is empty: nothing to roll up".into() });
+        let reason = "`aggregate_without` is empty: nothing to roll up".into();
+        return Err(RulesError::Invalid { key: key.to_owned(), reason });
     }
     let without = tag_keys(&format!("{key}.aggregate_without"), &rule.aggregate_without)?;
     if rule.keep_original && rule.name.is_none() {
         return Err(RulesError::Invalid {
-            key,
+            key: key.to_owned(),
             reason: "`keep_original = true` needs a `name` for the rolled-up series: under the same name, \
                      Prometheus sums would count every value twice"
                 .into(),
@@ -478,7 +494,7 @@ fn compile_rollup(
         });
     }
     Ok(Rollup {
-        slot: slots.slot(&format!("rollup[{index}]:{}", glob.as_str()), Action::RolledUp),
+        slot: slots.slot(&rule_label(key, &glob), Action::RolledUp),
         glob,
         without,
         keep_original: rule.keep_original,
@@ -486,14 +502,14 @@ fn compile_rollup(
     })
 }
 
-fn compile_limit(index: usize, rule: &LimitConfig, glob: NameGlob, slots: &mut Slots<'_>) -> Result<Limit, RulesError> {
+fn compile_limit(key: &str, rule: &LimitConfig, glob: NameGlob, slots: &mut Slots) -> Result<Limit, RulesError> {
     if rule.max_series == 0 {
         return Err(RulesError::Invalid {
-            key: format!("rules.limit[{index}].max_series"),
+            key: format!("{key}.max_series"),
             reason: "0 admits no series; use `deny` to drop a name".into(),
         });
     }
-    let label = format!("limit[{index}]:{}", glob.as_str());
+    let label = rule_label(key, &glob);
     slots.metrics.series_limit(&label).set(rule.max_series as i64);
     let series = slots.metrics.limited_series(&label);
     series.set(0);

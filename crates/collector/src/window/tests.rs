@@ -77,39 +77,36 @@ fn cut(reader: usize, window_start_ms: i64, through_ms: i64, ids: &[&str]) -> Cu
     cut
 }
 
-/// Every batch queued so far: (window start, partials, watermark), in send order.
-fn sent(destinations: &Destinations) -> Vec<(i64, usize, i64)> {
+/// Every batch queued so far, decoded, in send order (taken off the queues).
+fn sent_batches(destinations: &Destinations) -> Vec<tessera_proto::PartialBatch> {
     let mut batches = Vec::new();
     for queue in destinations.queues() {
         while let Some(batch) = queue.pop_front() {
             let (frame, _) = framing::decode_frame(&batch.frame, 1 << 20).unwrap().unwrap();
             let Some(Body::Partials(partials)) = frame.body else { panic!("not partials") };
-            let count = partials.shards.iter().map(|shard| shard.series.len()).sum();
-            batches.push((partials.window_start_ms, count, partials.watermark_ms));
+            batches.push(partials);
         }
     }
     batches
 }
 
+/// Every batch queued so far: (window start, partials, watermark), in send order.
+fn sent(destinations: &Destinations) -> Vec<(i64, usize, i64)> {
+    let count = |batch: &tessera_proto::PartialBatch| batch.shards.iter().map(|shard| shard.series.len()).sum();
+    sent_batches(destinations).iter().map(|batch| (batch.window_start_ms, count(batch), batch.watermark_ms)).collect()
+}
+
 /// Every series sent so far: (window start, id, counter value), sorted.
 fn sent_series(destinations: &Destinations) -> Vec<(i64, String, f64)> {
     let mut series = Vec::new();
-    for queue in destinations.queues() {
-        while let Some(batch) = queue.pop_front() {
-            let (frame, _) = framing::decode_frame(&batch.frame, 1 << 20).unwrap().unwrap();
-            let Some(Body::Partials(partials)) = frame.body else { panic!("not partials") };
-            for value in partials.shards.iter().flat_map(|shard| &shard.series) {
-                let Some(tessera_proto::aggregate::Value::Counter(counter)) =
-                    value.aggregate.as_ref().and_then(|aggregate| aggregate.value.clone())
-                else {
-                    panic!("not a counter: {value:?}")
-                };
-                series.push((
-                    partials.window_start_ms,
-                    String::from_utf8_lossy(&value.series_id).into_owned(),
-                    counter,
-                ));
-            }
+    for batch in sent_batches(destinations) {
+        for value in batch.shards.iter().flat_map(|shard| &shard.series) {
+            let Some(tessera_proto::aggregate::Value::Counter(counter)) =
+                value.aggregate.as_ref().and_then(|aggregate| aggregate.value.clone())
+            else {
+                panic!("not a counter: {value:?}")
+            };
+            series.push((batch.window_start_ms, String::from_utf8_lossy(&value.series_id).into_owned(), counter));
         }
     }
     series.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
