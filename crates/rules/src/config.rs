@@ -21,7 +21,7 @@
 //! aggregate_without = ["user_id"]
 //! keep_original = false            # M3's keep_original; needs `name` when true
 //!
-//! [[rules.limit]]                  # distinct series per metric name, on this collector
+//! [[rules.limit]]                  # distinct series of each name, on this collector
 //! match = "api_*"
 //! max_series = 10000
 //! overflow = "fold"                # or "drop"
@@ -98,15 +98,15 @@ pub struct RollupConfig {
     pub name: Option<String>,
 }
 
-/// `[[rules.limit]]`: at most `max_series` distinct series for the names matching.
+/// `[[rules.limit]]`: at most `max_series` distinct series for each name matching.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LimitConfig {
-    /// Name glob; the limit counts the series of all names it matches together.
+    /// Name glob; every name it matches may have at most `max_series` series.
     #[serde(rename = "match")]
     pub matches: String,
-    /// Most distinct series at once on this collector (idle series expire and free
-    /// their place).
+    /// Most distinct series of one name at once on this collector (idle series expire
+    /// and free their place).
     pub max_series: usize,
     /// What happens to a series past the limit.
     #[serde(default)]

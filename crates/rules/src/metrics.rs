@@ -4,7 +4,7 @@
 //! |---|---|---|
 //! | `rule_partials_total` | counter | `rule`, `action` (mapped, dropped, rewritten, rolled_up, admitted, overflowed) |
 //! | `rule_series_limit` | gauge | `rule`: each cardinality limit |
-//! | `rule_series` | gauge | `rule`: distinct series each limit holds now |
+//! | `rule_series` | gauge | `rule`: the most distinct series one name of the limit holds now |
 //! | `rule_evaluation_duration_seconds` | histogram | time to take one reader's cut of a window through the rules |
 //! | `rule_cache_series` | gauge | series whose outcome the cache holds |
 //! | `rules_reloads_total` | counter | `result` (applied, failed) |
@@ -48,9 +48,9 @@ tessera_runtime::metrics! {
         /// Series partials (one series in one window of one reader) each rule acted on, per rule
         /// and action
         rule_partials: Family<ByRuleAction, Counter>,
-        /// Most distinct series each cardinality limit admits on this collector
+        /// Most distinct series each cardinality limit admits for one name on this collector
         rule_series_limit: Family<ByRule, Gauge>,
-        /// Distinct series each cardinality limit holds now
+        /// Distinct series now held by the name closest to each cardinality limit
         rule_series: Family<ByRule, Gauge>,
         /// Time to take one reader's cut of a window through the rules
         pub rule_evaluation_duration: Histogram [seconds] = latency_histogram(),

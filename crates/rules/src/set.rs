@@ -97,10 +97,48 @@ struct Limit {
     overflow: Overflow,
     /// Hit slots: admitted, and past the limit (overflowed or dropped).
     slots: (u32, u32),
-    /// Admitted ids and how many cache entries hold each.
-    admitted: Mutex<HashMap<Box<[u8]>, u32>>,
+    label: String,
+    state: Mutex<LimitState>,
+    /// The series of the name closest to the limit.
     series: Gauge,
 }
+
+/// What a limit has admitted.
+#[derive(Default)]
+struct LimitState {
+    /// Admitted ids and how many cache entries hold each.
+    admitted: HashMap<Box<[u8]>, u32>,
+    /// Admitted ids per name.
+    per_name: HashMap<Box<[u8]>, usize>,
+    /// How many names have each count of ids (the last key is the most any name has).
+    names_by_count: std::collections::BTreeMap<usize, usize>,
+}
+
+impl LimitState {
+    /// Moves one name from `from` ids to `to` (0: no entry) in `names_by_count`.
+    fn recount(&mut self, from: usize, to: usize) {
+        if from > 0
+            && let Some(names) = self.names_by_count.get_mut(&from)
+        {
+            *names -= 1;
+            if *names == 0 {
+                self.names_by_count.remove(&from);
+            }
+        }
+        if to > 0 {
+            *self.names_by_count.entry(to).or_insert(0) += 1;
+        }
+    }
+
+    /// The most ids any name has.
+    fn most(&self) -> i64 {
+        self.names_by_count.keys().next_back().copied().unwrap_or(0) as i64
+    }
+}
+
+/// Series past a limit, logged with their name at most this often a second.
+static PAST_LIMIT_LOG: tessera_runtime::logging::RateLimitedLog =
+    tessera_runtime::logging::RateLimitedLog::new("collector.rule_limit", 1);
 
 /// A place a limit holds for one cache entry; handed back with [`RuleSet::release`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -404,30 +442,52 @@ impl TagRule {
 }
 
 impl Limit {
-    /// Takes a place for `id` (or shares the one it holds); false when the limit is full.
+    /// Takes a place for `id` among the series of its name (or shares the one it holds);
+    /// false when its name has `max_series` series already.
     fn admit(&self, id: &[u8]) -> bool {
-        let mut admitted = self.admitted.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(holders) = admitted.get_mut(id) {
+        let mut state = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(holders) = state.admitted.get_mut(id) {
             *holders += 1;
             return true;
         }
-        if admitted.len() >= self.max_series {
+        let (name, _) = split_id(id);
+        let count = state.per_name.get(name).copied().unwrap_or(0);
+        if count >= self.max_series {
+            if PAST_LIMIT_LOG.allow() {
+                let name = String::from_utf8_lossy(name);
+                tracing::warn!(rule = self.label, %name, max_series = self.max_series, "series past the limit of its name");
+            }
             return false;
         }
-        admitted.insert(id.into(), 1);
-        self.series.set(admitted.len() as i64);
+        state.admitted.insert(id.into(), 1);
+        match state.per_name.get_mut(name) {
+            Some(count) => *count += 1,
+            None => {
+                state.per_name.insert(name.into(), 1);
+            }
+        }
+        state.recount(count, count + 1);
+        self.series.set(state.most());
         true
     }
 
     fn release(&self, id: &[u8]) {
-        let mut admitted = self.admitted.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(holders) = admitted.get_mut(id) {
-            *holders -= 1;
-            if *holders == 0 {
-                admitted.remove(id);
-                self.series.set(admitted.len() as i64);
-            }
+        let mut state = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let Some(holders) = state.admitted.get_mut(id) else { return };
+        *holders -= 1;
+        if *holders > 0 {
+            return;
         }
+        state.admitted.remove(id);
+        let (name, _) = split_id(id);
+        let Some(count) = state.per_name.get_mut(name) else { return };
+        *count -= 1;
+        let now = *count;
+        if now == 0 {
+            state.per_name.remove(name);
+        }
+        state.recount(now + 1, now);
+        self.series.set(state.most());
     }
 }
 
@@ -515,7 +575,15 @@ fn compile_limit(key: &str, rule: &LimitConfig, glob: NameGlob, slots: &mut Slot
     series.set(0);
     let past = if rule.overflow == Overflow::Fold { Action::Overflowed } else { Action::Dropped };
     let slots = (slots.slot(&label, Action::Admitted), slots.slot(&label, past));
-    Ok(Limit { glob, max_series: rule.max_series, overflow: rule.overflow, slots, admitted: Mutex::default(), series })
+    Ok(Limit {
+        glob,
+        max_series: rule.max_series,
+        overflow: rule.overflow,
+        slots,
+        label,
+        state: Mutex::default(),
+        series,
+    })
 }
 
 /// The tag keys of `list` (the value of `key`), each checked with [`check_tag_part`].

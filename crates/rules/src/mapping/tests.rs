@@ -5,6 +5,9 @@
 //! Configuration" and its subsections; "mapper_test" is
 //! `pkg/mapper/mapper_test.go` (`TestMetricMapperYAML`, `TestAction`,
 //! `TestMultipleMatches`).
+//!
+//! The README examples' mapping files are in `tests/data/statsd_exporter_readme/`, read
+//! here and by the end-to-end test (`tests/tests/rules.rs` at the workspace root).
 
 use proptest::prelude::*;
 use tessera_core::parse::MetricKind;
@@ -65,24 +68,7 @@ fn invalid_at(yaml: &str) -> (Option<usize>, Option<usize>, String) {
 /// and its three documented translations.
 #[test]
 fn readme_first_example() {
-    let file = load(
-        r#"
-mappings:
-- match: "test.dispatcher.*.*.*"
-  name: "dispatcher_events_total"
-  labels:
-    processor: "$1"
-    action: "$2"
-    outcome: "$3"
-    job: "test_dispatcher"
-- match: "*.signup.*.*"
-  name: "signup_events_total"
-  labels:
-    provider: "$2"
-    outcome: "$3"
-    job: "${1}_server"
-"#,
-    );
+    let file = load(include_str!("../../tests/data/statsd_exporter_readme/first.yml"));
     let dispatcher =
         [("processor", "FooProcessor"), ("action", "send"), ("outcome", "success"), ("job", "test_dispatcher")];
     let signup = [("provider", "facebook"), ("outcome", "failure"), ("job", "foo_product_server")];
@@ -101,11 +87,8 @@ mappings:
 /// README: dynamic names, glob (`"${2}_total"`) and the regex form of it.
 #[test]
 fn readme_dynamic_names_glob_and_regex() {
-    let glob =
-        load("mappings:\n- match: \"test.*.*.counter\"\n  name: \"${2}_total\"\n  labels:\n    provider: \"$1\"\n");
-    let regex = load(
-        "mappings:\n- match: \"test\\\\.(\\\\w+)\\\\.(\\\\w+)\\\\.counter\"\n  match_type: regex\n  name: \"${2}_total\"\n  labels:\n    provider: \"$1\"\n",
-    );
+    let glob = load(include_str!("../../tests/data/statsd_exporter_readme/dynamic_names_glob.yml"));
+    let regex = load(include_str!("../../tests/data/statsd_exporter_readme/dynamic_names_regex.yml"));
     for file in [&glob, &regex] {
         assert_eq!(map(file, "test.aws.requests.counter"), expect("requests_total", &[("provider", "aws")]));
     }
@@ -120,19 +103,7 @@ fn readme_dynamic_names_glob_and_regex() {
 /// README, "Regular expression matching".
 #[test]
 fn readme_regex_example() {
-    let file = load(
-        r#"
-mappings:
-- match: "(.*)\\.(.*)--(.*)\\.status\\.(.*)\\.count"
-  match_type: regex
-  name: "request_total"
-  labels:
-    hostname: "$1"
-    exec: "$2"
-    protocol: "$3"
-    code: "$4"
-"#,
-    );
+    let file = load(include_str!("../../tests/data/statsd_exporter_readme/regex.yml"));
     assert_eq!(
         map(&file, "web1.api--http.status.200.count"),
         expect("request_total", &[("hostname", "web1"), ("exec", "api"), ("protocol", "http"), ("code", "200")])
@@ -143,39 +114,7 @@ mappings:
 /// noted, and the labels map as documented.
 #[test]
 fn readme_timer_and_defaults_examples() {
-    let file = load(
-        r#"
-defaults:
-  observer_type: histogram
-  buckets: [.005, .01, .025, .05, .1, .25, .5, 1, 2.5 ]
-  match_type: glob
-  glob_disable_ordering: false
-  ttl: 0 # metrics do not expire
-mappings:
-# This will be a histogram using the buckets set in `defaults`.
-- match: "test.timing.*.*.*"
-  name: "my_timer"
-  labels:
-    provider: "$2"
-    outcome: "$3"
-    job: "${1}_server"
-# This will be a summary timer.
-- match: "other.timing.*.*.*"
-  observer_type: summary
-  name: "other_timer"
-  labels:
-    provider: "$2"
-    outcome: "$3"
-    job: "${1}_server_other"
-  summary_options:
-    quantiles:
-      - quantile: 0.99
-        error: 0.001
-    max_summary_age: 30s
-    summary_age_buckets: 3
-    stream_buffer_size: 1000
-"#,
-    );
+    let file = load(include_str!("../../tests/data/statsd_exporter_readme/timers_and_defaults.yml"));
     assert_eq!(
         map_kind(&file, "test.timing.api.aws.ok", MetricKind::Timer),
         expect("my_timer", &[("provider", "aws"), ("outcome", "ok"), ("job", "api_server")])
@@ -201,21 +140,7 @@ mappings:
 /// drop all".
 #[test]
 fn readme_drop_example() {
-    let file = load(
-        r#"
-mappings:
-- match: "test.timing.*.*.*"
-  name: "my_timer"
-  labels:
-    provider: "$2"
-    outcome: "$3"
-    job: "${1}_server"
-- match: "."
-  match_type: regex
-  action: drop
-  name: "dropped"
-"#,
-    );
+    let file = load(include_str!("../../tests/data/statsd_exporter_readme/drop.yml"));
     assert_eq!(
         map(&file, "test.timing.a.b.c"),
         expect("my_timer", &[("provider", "b"), ("outcome", "c"), ("job", "a_server")])
@@ -232,24 +157,7 @@ mappings:
 /// multiple explicit metric types".
 #[test]
 fn match_metric_type_selects_by_kind() {
-    let file = load(
-        r#"
-mappings:
-- match: test.foo.*
-  name: "test_foo_sum"
-  match_metric_type: counter
-- match: test.foo.*
-  name: "test_foo_current"
-  match_metric_type: gauge
-- match: test.foo.*
-  name: "test_foo_seconds"
-  match_metric_type: observer
-- match: "test\\.bar\\..*"
-  match_type: regex
-  name: "bar_gauge"
-  match_metric_type: gauge
-"#,
-    );
+    let file = load(include_str!("../../tests/data/statsd_exporter_readme/explicit_metric_type.yml"));
     assert_eq!(map_kind(&file, "test.foo.x", MetricKind::Counter), expect("test_foo_sum", &[]));
     assert_eq!(map_kind(&file, "test.foo.x", MetricKind::Gauge), expect("test_foo_current", &[]));
     for kind in [MetricKind::Timer, MetricKind::Histogram, MetricKind::Distribution] {

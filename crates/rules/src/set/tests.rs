@@ -122,8 +122,10 @@ max_series = 2
     assert_eq!(ids(&second), ["api.hits|#region:eu,user:2"]);
     assert_eq!(ids(&again), ids(&first), "an admitted id shares its place");
     assert_eq!(ids(&third), ["api.hits|#region:eu,tessera_overflow:true"]);
-    assert_eq!(apply(&set, "db.q|#user:9"), ["db.q|#region:eu,user:9"], "other names are not limited");
-    assert_eq!(set.limits[0].series.get(), 2);
+    assert_eq!(apply(&set, "db.q|#user:9"), ["db.q|#region:eu,user:9"], "names the glob misses are not limited");
+    let other_name = set.apply(MetricKind::Counter, b"api.errors|#user:1");
+    assert_eq!(ids(&other_name), ["api.errors|#region:eu,user:1"], "each name has its own limit");
+    assert_eq!(set.limits[0].series.get(), 2, "the most series of one name");
     for admission in first.admissions.iter().chain(&again.admissions) {
         set.release(admission);
     }
@@ -134,8 +136,9 @@ max_series = 2
 #[test]
 fn a_dropping_limit_drops_series_past_it() {
     let set = set("[[limit]]\nmatch = \"*\"\nmax_series = 1\noverflow = \"drop\"\n");
-    assert_eq!(apply(&set, "a"), ["<same>"]);
-    assert!(apply(&set, "b").is_empty());
+    assert_eq!(apply(&set, "a|#u:1"), ["<same>"]);
+    assert!(apply(&set, "a|#u:2").is_empty(), "a's second series");
+    assert_eq!(apply(&set, "b|#u:2"), ["<same>"], "b's first");
 }
 
 #[test]
