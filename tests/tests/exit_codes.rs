@@ -126,3 +126,29 @@ fn rules_that_cannot_load_exit_64_naming_the_file_or_key() {
         String::from_utf8_lossy(&check.stderr)
     );
 }
+
+#[test]
+fn tessera_check_shows_what_the_rules_make_of_a_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let mapping = dir.path().join("mapping.yml");
+    std::fs::write(
+        &mapping,
+        "mappings:\n- match: api.*.*\n  name: api_requests\n  labels:\n    method: $1\n    code: $2\n",
+    )
+    .unwrap();
+    let config = dir.path().join("collector.toml");
+    std::fs::write(&config, "[rules]\ndeny = [\"debug.*\"]\nglobal_tags = { region = \"eu\" }\n").unwrap();
+    let check = Command::new(binary("tessera"))
+        .args(["check", "--mapping", &mapping.display().to_string(), "--rules", &config.display().to_string()])
+        .args(["--line", "api.GET.200:1|c", "--line", "debug.x:1|c", "--line", "other:1|g"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&check.stdout);
+    assert!(check.status.success(), "{stdout}{}", String::from_utf8_lossy(&check.stderr));
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines[0], "rules ok");
+    assert!(lines[1].contains("-> api_requests|#code:200,method:GET,region:eu\tshard="), "{}", lines[1]);
+    assert!(lines[1].ends_with("rules=mapping[0]:api.*.* mapped"), "{}", lines[1]);
+    assert!(lines[2].ends_with("-> dropped\trules=deny[0]:debug.* dropped"), "{}", lines[2]);
+    assert!(lines[3].contains("-> other|#region:eu\tshard="), "{}", lines[3]);
+}

@@ -55,11 +55,11 @@ fn load_rules(args: &Args) -> anyhow::Result<Option<RuleSet>> {
 fn describe_rules(rules: &RuleSet, kind: MetricKind, id: &[u8], num_shards: u32) -> String {
     let outcome = rules.apply(kind, id);
     let targets = match &outcome.targets {
-        Targets::Same => format!("unchanged	shard={}", shard_of(id, num_shards)),
+        Targets::Same => format!("unchanged\tshard={}", shard_of(id, num_shards)),
         Targets::Dropped => "dropped".to_owned(),
         Targets::Ids(ids) => ids
             .iter()
-            .map(|id| format!("{}	shard={}", String::from_utf8_lossy(id), shard_of(id, num_shards)))
+            .map(|id| format!("{}\tshard={}", String::from_utf8_lossy(id), shard_of(id, num_shards)))
             .collect::<Vec<_>>()
             .join("\t+ "),
     };
