@@ -76,6 +76,14 @@ pub fn ingester_config(
     )
 }
 
+/// Starts an ingester on a free port that queues in `dir/ingester` and writes to
+/// `prometheus`, with `settings` as in [`ingester_config`]; returns it and its port.
+pub fn start_ingester(dir: &Path, prometheus: &Prometheus, settings: &str) -> (Daemon, u16) {
+    let port = free_port();
+    let config = ingester_config(port, &dir.join("ingester"), &prometheus.remote_write_url(), settings, "");
+    (start_daemon("ingester", "tessera-ingester", &config, free_port()), port)
+}
+
 /// Aggregator `id`'s config: it listens on `port` with `settings` (top-level
 /// keys, `policies` among them), finds its shards in `placement` and sends to
 /// the ingester on `ingester_port`; `ingester_settings` go into `[ingester]`.

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tessera_testkit::daemons::{Daemon, binary};
 use tessera_testkit::prometheus::Prometheus;
 use tessera_testkit::{free_port, http_get};
-use tessera_tests::{aggregator_config, collector_config, ingester_config, loopback, scalar, start_daemon, wait_until};
+use tessera_tests::{aggregator_config, collector_config, loopback, scalar, start_daemon, start_ingester, wait_until};
 use tessera_topology::testing::EtcdServer;
 
 const SERIES: usize = 10;
@@ -80,10 +80,7 @@ fn a_killed_leader_costs_no_tile_through_the_real_ingester() {
     let etcd = EtcdServer::start().expect("etcd starts");
     let prometheus = Prometheus::start();
     let dir = tempfile::tempdir().unwrap();
-    let ingester_port = free_port();
-    let ingester_text =
-        ingester_config(ingester_port, &dir.path().join("ingester"), &prometheus.remote_write_url(), "", "");
-    let ingester = start_daemon("ingester", "tessera-ingester", &ingester_text, free_port());
+    let (ingester, ingester_port) = start_ingester(dir.path(), &prometheus, "");
 
     let ports = [free_port(), free_port()];
     let status = Command::new(binary("tessera"))

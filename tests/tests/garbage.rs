@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use tessera_testkit::prometheus::Prometheus;
 use tessera_testkit::{free_port, http_get};
 use tessera_tests::{
-    collector_config, ingester_config, loopback, scalar, start_daemon, start_lone_aggregator, wait_for_scalar,
+    collector_config, loopback, scalar, start_daemon, start_ingester, start_lone_aggregator, wait_for_scalar,
 };
 
 /// The aggregator's one policy: 1 s tiles.
@@ -71,10 +71,8 @@ fn http_garbage(address: SocketAddr) {
 fn garbage_on_every_port_is_refused_and_counted_and_good_data_beside_it_arrives() {
     let prometheus = Prometheus::start();
     let dir = tempfile::tempdir().unwrap();
-    let (ingester_port, aggregator_port, statsd_port) = (free_port(), free_port(), free_port());
-    let ingester_text =
-        ingester_config(ingester_port, &dir.path().join("ingester"), &prometheus.remote_write_url(), "", "");
-    let ingester = start_daemon("ingester", "tessera-ingester", &ingester_text, free_port());
+    let (aggregator_port, statsd_port) = (free_port(), free_port());
+    let (ingester, ingester_port) = start_ingester(dir.path(), &prometheus, "");
     let (aggregator, placement) = start_lone_aggregator(dir.path(), aggregator_port, POLICY, ingester_port, "");
     let collector_text = collector_config("host-1", statsd_port, &placement, "");
     let tcp_listener = format!("[tcp]\nlisten = \"127.0.0.1:{statsd_port}\"\n");

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tessera_testkit::daemons::Daemon;
 use tessera_testkit::free_port;
 use tessera_testkit::prometheus::Prometheus;
-use tessera_tests::{aggregator_config, collector_config, ingester_config, loopback, scalar, start_daemon, wait_until};
+use tessera_tests::{aggregator_config, collector_config, loopback, scalar, start_daemon, start_ingester, wait_until};
 
 const USERS: usize = 10_000;
 const HOSTS: usize = 3;
@@ -183,10 +183,7 @@ fn tile_closes(aggregators: &[Daemon]) -> Vec<f64> {
 fn three_hosts_roll_up_ten_thousand_users_exactly_on_one_aggregator_per_series() {
     let prometheus = Prometheus::start();
     let dir = tempfile::tempdir().unwrap();
-    let ingester_port = free_port();
-    let ingester_text =
-        ingester_config(ingester_port, &dir.path().join("ingester"), &prometheus.remote_write_url(), "", "");
-    let _ingester = start_daemon("ingester", "tessera-ingester", &ingester_text, free_port());
+    let (_ingester, ingester_port) = start_ingester(dir.path(), &prometheus, "");
 
     let aggregator_ports = [free_port(), free_port()];
     let placement = two_aggregator_placement(dir.path(), aggregator_ports);

@@ -4,8 +4,9 @@
 //! with the exact label set of its series (the documented labels, plus the `resolution`
 //! the ingester adds; a counter's name gets `_total` unless it ends so already).
 //!
-//! - **statsd_exporter's README examples**, each mapping file exactly as
-//!   `crates/rules/src/mapping/tests.rs` uses it, on a collector of its own: each line
+//! - **statsd_exporter's README examples**, each mapping file the one
+//!   `crates/rules/src/mapping/tests.rs` reads (`crates/rules/tests/data/statsd_exporter_readme/`,
+//!   each citing its README section), on a collector of its own: each line
 //!   arrives under the documented name and labels with its exact value; the `drop`
 //!   example's line never arrives and is counted in `rule_partials_total{action="dropped"}`.
 //! - **allow, deny, tag rules, global tags and the name prefix**: exact names, labels and
@@ -28,7 +29,7 @@ use tessera_testkit::daemons::Daemon;
 use tessera_testkit::free_port;
 use tessera_testkit::prometheus::Prometheus;
 use tessera_tests::{
-    aggregator_config, collector_config, ingester_config, loopback, scalar, start_daemon, static_placement,
+    aggregator_config, collector_config, loopback, scalar, start_daemon, start_ingester, static_placement,
     wait_for_scalar, wait_until,
 };
 
@@ -67,10 +68,8 @@ impl Stack {
     fn start(collectors: &[CollectorRules]) -> Stack {
         let prometheus = Prometheus::start();
         let dir = tempfile::tempdir().unwrap();
-        let (ingester_port, aggregator_port) = (free_port(), free_port());
-        let ingester_text =
-            ingester_config(ingester_port, &dir.path().join("ingester"), &prometheus.remote_write_url(), "", "");
-        let ingester = start_daemon("ingester", "tessera-ingester", &ingester_text, free_port());
+        let aggregator_port = free_port();
+        let (ingester, ingester_port) = start_ingester(dir.path(), &prometheus, "");
         let placement = static_placement(dir.path(), aggregator_port);
         let aggregator_text = aggregator_config(
             "agg-1",
@@ -198,109 +197,32 @@ fn expected_labels(name: &str, labels: &[(&str, &str)]) -> BTreeMap<String, Stri
     expected
 }
 
+// statsd_exporter's README examples: the mapping files the rules crate's unit tests read.
+
 /// README, "Metric Mapping and Configuration": the first example mapping.
-const README_FIRST: &str = r#"
-mappings:
-- match: "test.dispatcher.*.*.*"
-  name: "dispatcher_events_total"
-  labels:
-    processor: "$1"
-    action: "$2"
-    outcome: "$3"
-    job: "test_dispatcher"
-- match: "*.signup.*.*"
-  name: "signup_events_total"
-  labels:
-    provider: "$2"
-    outcome: "$3"
-    job: "${1}_server"
-"#;
+const README_FIRST: &str = include_str!("../../crates/rules/tests/data/statsd_exporter_readme/first.yml");
 
 /// README: dynamic names, glob form.
 const README_DYNAMIC_GLOB: &str =
-    "mappings:\n- match: \"test.*.*.counter\"\n  name: \"${2}_total\"\n  labels:\n    provider: \"$1\"\n";
+    include_str!("../../crates/rules/tests/data/statsd_exporter_readme/dynamic_names_glob.yml");
 
 /// README: dynamic names, regex form.
-const README_DYNAMIC_REGEX: &str = "mappings:\n- match: \"test\\\\.(\\\\w+)\\\\.(\\\\w+)\\\\.counter\"\n  match_type: regex\n  name: \"${2}_total\"\n  labels:\n    provider: \"$1\"\n";
+const README_DYNAMIC_REGEX: &str =
+    include_str!("../../crates/rules/tests/data/statsd_exporter_readme/dynamic_names_regex.yml");
 
 /// README, "Regular expression matching".
-const README_REGEX: &str = r#"
-mappings:
-- match: "(.*)\\.(.*)--(.*)\\.status\\.(.*)\\.count"
-  match_type: regex
-  name: "request_total"
-  labels:
-    hostname: "$1"
-    exec: "$2"
-    protocol: "$3"
-    code: "$4"
-"#;
+const README_REGEX: &str = include_str!("../../crates/rules/tests/data/statsd_exporter_readme/regex.yml");
 
 /// README, "StatsD timers" / "Global defaults".
-const README_TIMERS: &str = r#"
-defaults:
-  observer_type: histogram
-  buckets: [.005, .01, .025, .05, .1, .25, .5, 1, 2.5 ]
-  match_type: glob
-  glob_disable_ordering: false
-  ttl: 0 # metrics do not expire
-mappings:
-# This will be a histogram using the buckets set in `defaults`.
-- match: "test.timing.*.*.*"
-  name: "my_timer"
-  labels:
-    provider: "$2"
-    outcome: "$3"
-    job: "${1}_server"
-# This will be a summary timer.
-- match: "other.timing.*.*.*"
-  observer_type: summary
-  name: "other_timer"
-  labels:
-    provider: "$2"
-    outcome: "$3"
-    job: "${1}_server_other"
-  summary_options:
-    quantiles:
-      - quantile: 0.99
-        error: 0.001
-    max_summary_age: 30s
-    summary_age_buckets: 3
-    stream_buffer_size: 1000
-"#;
+const README_TIMERS: &str =
+    include_str!("../../crates/rules/tests/data/statsd_exporter_readme/timers_and_defaults.yml");
 
 /// README, "`drop` action".
-const README_DROP: &str = r#"
-mappings:
-- match: "test.timing.*.*.*"
-  name: "my_timer"
-  labels:
-    provider: "$2"
-    outcome: "$3"
-    job: "${1}_server"
-- match: "."
-  match_type: regex
-  action: drop
-  name: "dropped"
-"#;
+const README_DROP: &str = include_str!("../../crates/rules/tests/data/statsd_exporter_readme/drop.yml");
 
 /// README, "Explicit metric type mapping".
-const README_METRIC_TYPE: &str = r#"
-mappings:
-- match: test.foo.*
-  name: "test_foo_sum"
-  match_metric_type: counter
-- match: test.foo.*
-  name: "test_foo_current"
-  match_metric_type: gauge
-- match: test.foo.*
-  name: "test_foo_seconds"
-  match_metric_type: observer
-- match: "test\\.bar\\..*"
-  match_type: regex
-  name: "bar_gauge"
-  match_metric_type: gauge
-"#;
+const README_METRIC_TYPE: &str =
+    include_str!("../../crates/rules/tests/data/statsd_exporter_readme/explicit_metric_type.yml");
 
 #[test]
 fn statsd_exporter_readme_examples_arrive_with_the_documented_names_and_labels() {
@@ -478,6 +400,26 @@ fn hits_mapping(name: &str) -> String {
     format!("mappings:\n- match: \"reload.*.hits\"\n  name: \"{name}\"\n  labels:\n    svc: \"$1\"\n")
 }
 
+/// The series the web service's hits arrive as once mapped to `name` (a counter: `_total`).
+fn hits_series(name: &str) -> String {
+    selector(&format!("{name}_total"), &[("svc", "web")])
+}
+
+/// Waits until the web service's hits arrive under `name`.
+fn wait_for_hits_under(stack: &Stack, name: &str) {
+    let series = hits_series(name);
+    wait_until(&format!("{series} > 0"), WAIT, || stack.value_or_zero(&series) > 0.0);
+}
+
+/// One collector whose mapping file names the hits `first_name`, and a [`Sender`] of
+/// `reload.web.hits:1|c` to it, started once the hits arrive under `first_name`.
+fn start_sending_hits(first_name: &str) -> (Stack, Sender) {
+    let stack = Stack::start(&[CollectorRules::mapping(&hits_mapping(first_name))]);
+    let sender = Sender::start(stack.collectors[0].1, "reload.web.hits:1|c");
+    wait_for_hits_under(&stack, first_name);
+    (stack, sender)
+}
+
 /// Replaces `path` at once (written beside it, then renamed over it), so the collector
 /// never reads a half-written file; with `modified`, the new file keeps that time.
 fn replace_file(path: &Path, text: &str, modified: Option<SystemTime>) {
@@ -500,12 +442,12 @@ fn reloads(stack: &Stack, result: &str) -> f64 {
     stack.collector(0).metric("tessera_collector_rules_reloads_total", &format!("result=\"{result}\""))
 }
 
-/// Stops `sender` and waits until the series of `names` (`svc="web"`) hold, together,
-/// exactly what was sent, which the collector received whole.
+/// Stops `sender` and waits until the hits under `names` (see [`hits_series`]) hold,
+/// together, exactly what was sent, which the collector received whole.
 fn assert_every_line_arrived_once(stack: &Stack, sender: Sender, names: &[&str]) {
     let sent = sender.stop() as f64;
     stack.wait_for_collector_metric(0, "lines_received_total", "", sent);
-    let queries: Vec<String> = names.iter().map(|name| selector(name, &[("svc", "web")])).collect();
+    let queries: Vec<String> = names.iter().map(|name| hits_series(name)).collect();
     let mut last = Vec::new();
     wait_until(&format!("{names:?} to hold {sent} together"), WAIT, || {
         last = queries.iter().map(|query| stack.value_or_zero(query)).collect();
@@ -517,11 +459,9 @@ fn assert_every_line_arrived_once(stack: &Stack, sender: Sender, names: &[&str])
 
 #[test]
 fn a_broken_mapping_file_keeps_the_rules_and_a_good_one_applies_without_losing_a_partial() {
-    let stack = Stack::start(&[CollectorRules::mapping(&hits_mapping("hits_a"))]);
+    let (stack, sender) = start_sending_hits("hits_a");
     let path = stack.collectors[0].2.clone();
-    let (a, b) = (selector("hits_a_total", &[("svc", "web")]), selector("hits_b_total", &[("svc", "web")]));
-    let sender = Sender::start(stack.collectors[0].1, "reload.web.hits:1|c");
-    wait_until(&format!("{a} > 0"), WAIT, || stack.value_or_zero(&a) > 0.0);
+    let a = hits_series("hits_a");
 
     // Broken YAML: refused, counted, and A's rules stay.
     replace_file(&path, "mappings:\n- match: [unclosed\n", None);
@@ -533,9 +473,9 @@ fn a_broken_mapping_file_keeps_the_rules_and_a_good_one_applies_without_losing_a
     // A good file: applied, from the next window on.
     replace_file(&path, &hits_mapping("hits_b"), None);
     stack.wait_for_collector_metric(0, "rules_reloads_total", "result=\"applied\"", 1.0);
-    wait_until(&format!("{b} > 0"), WAIT, || stack.value_or_zero(&b) > 0.0);
+    wait_for_hits_under(&stack, "hits_b");
 
-    assert_every_line_arrived_once(&stack, sender, &["hits_a_total", "hits_b_total"]);
+    assert_every_line_arrived_once(&stack, sender, &["hits_a", "hits_b"]);
     assert_eq!((reloads(&stack, "failed"), reloads(&stack, "applied")), (1.0, 1.0));
     // Nothing went through unmapped (as an empty or half-read file would have made it).
     stack.assert_absent("reload.*");
@@ -543,11 +483,8 @@ fn a_broken_mapping_file_keeps_the_rules_and_a_good_one_applies_without_losing_a
 
 #[test]
 fn sighup_reloads_a_mapping_file_whose_change_the_poll_cannot_see() {
-    let stack = Stack::start(&[CollectorRules::mapping(&hits_mapping("hup_aa"))]);
+    let (stack, sender) = start_sending_hits("hup_aa");
     let path = stack.collectors[0].2.clone();
-    let (aa, bb) = (selector("hup_aa_total", &[("svc", "web")]), selector("hup_bb_total", &[("svc", "web")]));
-    let sender = Sender::start(stack.collectors[0].1, "reload.web.hits:1|c");
-    wait_until(&format!("{aa} > 0"), WAIT, || stack.value_or_zero(&aa) > 0.0);
 
     // Same size, same modification time: only a SIGHUP makes the collector read it.
     let before = stamp(&path);
@@ -555,9 +492,9 @@ fn sighup_reloads_a_mapping_file_whose_change_the_poll_cannot_see() {
     assert_eq!(stamp(&path), before, "the poll sees no change");
     stack.collector(0).signal("HUP");
     stack.wait_for_collector_metric(0, "rules_reloads_total", "result=\"applied\"", 1.0);
-    wait_until(&format!("{bb} > 0"), WAIT, || stack.value_or_zero(&bb) > 0.0);
+    wait_for_hits_under(&stack, "hup_bb");
 
-    assert_every_line_arrived_once(&stack, sender, &["hup_aa_total", "hup_bb_total"]);
+    assert_every_line_arrived_once(&stack, sender, &["hup_aa", "hup_bb"]);
     assert_eq!((reloads(&stack, "failed"), reloads(&stack, "applied")), (0.0, 1.0));
     assert!(stack.collector(0).log().contains("SIGHUP"), "{}", stack.collector(0).log());
 }

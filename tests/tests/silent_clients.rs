@@ -20,9 +20,7 @@ use tessera_proto::Role;
 use tessera_testkit::daemons::Daemon;
 use tessera_testkit::free_port;
 use tessera_testkit::prometheus::Prometheus;
-use tessera_tests::{
-    collector_config, ingester_config, loopback, start_daemon, start_lone_aggregator, wait_for_scalar,
-};
+use tessera_tests::{collector_config, loopback, start_daemon, start_ingester, start_lone_aggregator, wait_for_scalar};
 use tessera_wire::client;
 use tessera_wire::stream::WireStream;
 use tokio::io::AsyncWriteExt;
@@ -80,11 +78,9 @@ async fn silent_slow_and_flooding_clients_do_not_hold_up_a_real_flow() {
 
     let prometheus = Prometheus::start();
     let dir = tempfile::tempdir().unwrap();
-    let (ingester_port, aggregator_port, statsd_port) = (free_port(), free_port(), free_port());
+    let (aggregator_port, statsd_port) = (free_port(), free_port());
     let idle_timeout = format!("idle_timeout_ms = {IDLE_MS}\n");
-    let ingester_text =
-        ingester_config(ingester_port, &dir.path().join("ingester"), &prometheus.remote_write_url(), &idle_timeout, "");
-    let ingester = start_daemon("ingester", "tessera-ingester", &ingester_text, free_port());
+    let (ingester, ingester_port) = start_ingester(dir.path(), &prometheus, &idle_timeout);
     let (aggregator, placement) = start_lone_aggregator(
         dir.path(),
         aggregator_port,
