@@ -16,8 +16,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use tessera_proto::AckReason;
-use tessera_runtime::telemetry::{Labels, Registry, labels, lag_histogram, latency_histogram};
-use tessera_wire::metrics::{DestinationMetrics, Items, ListenerMetrics, SenderMetrics};
+use tessera_runtime::telemetry::{Registry, lag_histogram, latency_histogram};
+use tessera_wire::metrics::{ByReasonUnit, DestinationMetrics, Drops, Items, ListenerMetrics, SenderMetrics};
 
 /// Every aggregator metric's name starts with this.
 pub const PREFIX: &str = "tessera_aggregator_";
@@ -60,7 +60,7 @@ tessera_runtime::metrics! {
         /// Time from a tile's end to its batches being queued, per policy
         flush_lag: Family<ByPolicy, Histogram> [seconds] = Family::new_with_constructor(lag_histogram),
         /// Data dropped by the aggregator, per reason and unit
-        drops: Family<Labels, Counter> = every_label(&DROP_REASONS.map(|(reason, unit)| [("reason", reason), ("unit", unit)])),
+        drops: Drops = every_drop(),
         /// Version of the ingesters' placement in use (0 with a fixed endpoint list)
         pub ingester_placement_version: Gauge,
         /// Ingesters of the ingesters' placement that tiles go to
@@ -185,12 +185,13 @@ pub const DROP_REASONS: [(&str, &str); 13] = [
     ("expansion_failed", "series"),
 ];
 
-/// A family with every label set of `each` exported from the start, at 0: "nothing
-/// dropped" reads as 0, not as no data, so alerts and dashboards need no `or vector(0)`.
-fn every_label<const N: usize>(each: &[[(&'static str, &str); N]]) -> Family<Labels, Counter> {
-    let family = Family::<Labels, Counter>::default();
-    for pairs in each {
-        let _ = family.get_or_create(&labels(pairs));
+/// The drops family with every reason of [`DROP_REASONS`] exported from the start, at 0:
+/// "nothing dropped" reads as 0, not as no data, so alerts and dashboards need no
+/// `or vector(0)`.
+fn every_drop() -> Drops {
+    let family = Drops::default();
+    for (reason, unit) in DROP_REASONS {
+        let _ = family.get_or_create(&ByReasonUnit { reason, unit });
     }
     family
 }
@@ -290,13 +291,13 @@ impl Metrics {
     /// Counts `count` of `unit` (`series`, `batches`) dropped for `reason`.
     pub fn dropped(&self, reason: &'static str, unit: &'static str, count: u64) {
         if count > 0 {
-            self.drops.get_or_create(&labels(&[("reason", reason), ("unit", unit)])).inc_by(count);
+            self.drops.get_or_create(&ByReasonUnit { reason, unit }).inc_by(count);
         }
     }
 
     /// Dropped so far for `reason` in `unit`.
     pub fn drops(&self, reason: &'static str, unit: &'static str) -> u64 {
-        self.drops.get_or_create(&labels(&[("reason", reason), ("unit", unit)])).get()
+        self.drops.get_or_create(&ByReasonUnit { reason, unit }).get()
     }
 
     /// Counts `count` re-routed `unit`s (`batches` or `series`).

@@ -65,7 +65,7 @@ pub async fn start(
     metrics: &Metrics,
     shutdown: &Shutdown,
 ) -> Result<Listeners, StartError> {
-    let new_reader = |listener: &str, gauge_deltas: GaugeDeltasConfig| {
+    let new_reader = |listener: &'static str, gauge_deltas: GaugeDeltasConfig| {
         Reader::new(settings, gauge_deltas.into(), links.clone(), metrics.listener(listener), metrics.clone())
     };
 

@@ -3,14 +3,15 @@
 //! Hot paths hold cloned handles ([`ListenerMetrics`], [`DestinationMetrics`])
 //! and add to them once per batch, never once per line.
 
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use tessera_core::parse::RejectReason;
 use tessera_rules::RuleMetrics;
-use tessera_runtime::telemetry::{Labels, labels, latency_histogram};
-use tessera_wire::metrics::{DestinationMetrics, Items, SenderMetrics};
+use tessera_runtime::telemetry::latency_histogram;
+use tessera_wire::metrics::{ByReasonUnit, DestinationMetrics, Drops, Items, SenderMetrics};
 
 /// Every collector metric's name starts with this.
 pub const PREFIX: &str = "tessera_collector_";
@@ -24,29 +25,49 @@ const ITEMS: Items = Items {
     dictionaries: true,
 };
 
+/// `{listener}`: `udp`, `tcp` or `unix`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ByListener {
+    listener: &'static str,
+}
+
+/// `{listener, reason}`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ByListenerReason {
+    listener: &'static str,
+    reason: &'static str,
+}
+
+/// `{listener, socket}`: one UDP reader socket.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ByListenerSocket {
+    listener: &'static str,
+    socket: String,
+}
+
 tessera_runtime::metrics! {
     /// The collector's metrics.
     pub struct Metrics {
         /// Datagrams (or stream reads) received, per listener
-        datagrams_received: Family<Labels, Counter>,
+        datagrams_received: Family<ByListener, Counter>,
         /// Bytes received, per listener
-        bytes_received: Family<Labels, Counter>,
+        bytes_received: Family<ByListener, Counter>,
         /// Metric lines accepted, per listener
-        lines_received: Family<Labels, Counter>,
+        lines_received: Family<ByListener, Counter>,
         /// DogStatsD events and service checks recognised (not forwarded)
-        events_received: Family<Labels, Counter>,
+        events_received: Family<ByListener, Counter>,
         /// Lines rejected by the parser, per listener and reason
-        parse_errors: Family<Labels, Counter>,
+        parse_errors: Family<ByListenerReason, Counter>,
         /// Receive (UDP, Unix) or accept (TCP) calls that failed, per listener
-        receive_errors: Family<Labels, Counter>,
+        receive_errors: Family<ByListener, Counter>,
         /// Statsd stream connections refused, per listener and reason (too_many_connections)
-        frame_errors: Family<Labels, Counter>,
+        frame_errors: Family<ByListenerReason, Counter>,
         /// Statsd TCP connections open, per listener
-        connections: Family<Labels, Gauge>,
+        connections: Family<ByListener, Gauge>,
         /// Datagrams the kernel dropped because a socket's receive queue was full
-        pub kernel_drops: Family<Labels, Counter>,
+        pub kernel_drops: Family<ByListenerSocket, Counter>,
         /// Data dropped by the collector, per reason and unit
-        drops: Family<Labels, Counter> = partial_drops(),
+        drops: Drops = partial_drops(),
         /// Series in the last window, merged over every reader
         pub active_series: Gauge,
         /// Idle series forgotten by reader tables
@@ -76,28 +97,24 @@ pub const PARTIAL_DROP_REASONS: [&str; 5] = ["no_owner", "queue_full", "rejected
 /// The drops family, with every partial drop reason exported from the start at 0:
 /// "nothing dropped" reads as 0, not as no data, so alerts and dashboards need no
 /// `or vector(0)`.
-fn partial_drops() -> Family<Labels, Counter> {
-    let drops = Family::<Labels, Counter>::default();
+fn partial_drops() -> Drops {
+    let drops = Drops::default();
     for reason in PARTIAL_DROP_REASONS {
-        let _ = drops.get_or_create(&labels(&[("reason", reason), ("unit", "partials")]));
+        let _ = drops.get_or_create(&ByReasonUnit { reason, unit: "partials" });
     }
     drops
 }
 
 impl Metrics {
     /// Handles for one listener (`udp`, `tcp`, `unix`).
-    pub fn listener(&self, listener: &str) -> ListenerMetrics {
-        let by_listener = labels(&[("listener", listener)]);
+    pub fn listener(&self, listener: &'static str) -> ListenerMetrics {
+        let by_listener = ByListener { listener };
         let mut parse_errors = Vec::with_capacity(RejectReason::ALL.len());
         for reason in RejectReason::ALL {
-            parse_errors.push(
-                self.parse_errors
-                    .get_or_create(&labels(&[("listener", listener), ("reason", reason.as_str())]))
-                    .clone(),
-            );
+            let by = ByListenerReason { listener, reason: reason.as_str() };
+            parse_errors.push(self.parse_errors.get_or_create(&by).clone());
         }
-        let drops =
-            |reason: &str, unit: &str| self.drops.get_or_create(&labels(&[("reason", reason), ("unit", unit)])).clone();
+        let drops = |reason, unit| self.drops.get_or_create(&ByReasonUnit { reason, unit }).clone();
         ListenerMetrics {
             datagrams: self.datagrams_received.get_or_create(&by_listener).clone(),
             bytes: self.bytes_received.get_or_create(&by_listener).clone(),
@@ -110,7 +127,7 @@ impl Metrics {
             truncated: drops("truncated", "datagrams"),
             refused_connections: self
                 .frame_errors
-                .get_or_create(&labels(&[("listener", listener), ("reason", "too_many_connections")]))
+                .get_or_create(&ByListenerReason { listener, reason: "too_many_connections" })
                 .clone(),
         }
     }
@@ -126,15 +143,15 @@ impl Metrics {
     }
 
     /// Counts series partials dropped for `reason`.
-    pub fn drop_partials(&self, reason: &str, partials: u64) {
-        self.drops.get_or_create(&labels(&[("reason", reason), ("unit", "partials")])).inc_by(partials);
+    pub fn drop_partials(&self, reason: &'static str, partials: u64) {
+        self.drops.get_or_create(&ByReasonUnit { reason, unit: "partials" }).inc_by(partials);
     }
 
     /// Sets the kernel drop counter of UDP socket `socket` to `total` (exported from the
     /// first poll, at 0 while nothing was dropped).
     pub fn record_kernel_drops(&self, socket: usize, previous: u64, total: u64) {
-        let socket = socket.to_string();
-        let counter = self.kernel_drops.get_or_create(&labels(&[("listener", "udp"), ("socket", &socket)]));
+        let counter =
+            self.kernel_drops.get_or_create(&ByListenerSocket { listener: "udp", socket: socket.to_string() });
         if total > previous {
             counter.inc_by(total - previous);
         }

@@ -29,7 +29,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use tessera_proto::AckReason;
-use tessera_runtime::telemetry::{Labels, Registry, labels, latency_histogram};
+use tessera_runtime::telemetry::{Registry, latency_histogram};
 
 use crate::inbound::InboundCounters;
 use crate::outbound::{Batch, DropReason, GenerationEnd, OutboundMetrics};
@@ -52,6 +52,18 @@ struct ByDestinationReason {
     destination: String,
     reason: String,
 }
+
+/// `{reason, unit}`: what a daemon dropped, why, and in which unit it is counted.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ByReasonUnit {
+    /// Why (`queue_full`, `rejected`, ...).
+    pub reason: &'static str,
+    /// What is counted (`batches`, `partials`, `series`, ...).
+    pub unit: &'static str,
+}
+
+/// A daemon's `drops_total{reason,unit}`, which its senders count their drops in.
+pub type Drops = Family<ByReasonUnit, Counter>;
 
 /// `{destination, result}`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -206,7 +218,7 @@ impl SenderMetrics {
     }
 
     /// Handles for the queue and sender of `destination`; its drops are counted in `drops`.
-    pub fn destination(&self, destination: &str, drops: &Family<Labels, Counter>) -> DestinationMetrics {
+    pub fn destination(&self, destination: &str, drops: &Drops) -> DestinationMetrics {
         let by_destination = ByDestination { destination: destination.to_owned() };
         let families = &self.families;
         for reason in AckReason::refusal_labels(self.items.refusals) {
@@ -256,7 +268,7 @@ pub struct DestinationMetrics {
     pub dictionary_series: Gauge,
     families: SenderFamilies,
     dictionaries: DictionaryFamilies,
-    drops: Family<Labels, Counter>,
+    drops: Drops,
     items: Items,
     destination: String,
 }
@@ -269,12 +281,12 @@ impl DestinationMetrics {
     }
 
     /// Counts `batches` batches of `items` items dropped for `reason`.
-    pub fn dropped(&self, reason: &str, batches: u64, items: u64) {
+    pub fn dropped(&self, reason: &'static str, batches: u64, items: u64) {
         if self.items.count_batches && batches > 0 {
-            self.drops.get_or_create(&labels(&[("reason", reason), ("unit", "batches")])).inc_by(batches);
+            self.drops.get_or_create(&ByReasonUnit { reason, unit: "batches" }).inc_by(batches);
         }
         if items > 0 || !self.items.count_batches {
-            self.drops.get_or_create(&labels(&[("reason", reason), ("unit", self.items.unit)])).inc_by(items);
+            self.drops.get_or_create(&ByReasonUnit { reason, unit: self.items.unit }).inc_by(items);
         }
     }
 }
@@ -373,8 +385,8 @@ mod tests {
 
     #[test]
     fn drops_are_counted_in_the_daemons_units() {
-        let drops = Family::<Labels, Counter>::default();
-        let get = |reason: &str, unit: &str| drops.get_or_create(&labels(&[("reason", reason), ("unit", unit)])).get();
+        let drops = Drops::default();
+        let get = |reason, unit| drops.get_or_create(&ByReasonUnit { reason, unit }).get();
         let items = Items { unit: "series", count_batches: true, refusals: &[], dictionaries: false };
         let destination = SenderMetrics::new(items).destination("d", &drops);
         OutboundMetrics::dropped(&destination, DropReason::Overflow, 2, 10);
