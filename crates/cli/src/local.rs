@@ -388,15 +388,15 @@ tessera_aggregator_drops_total{reason=\"queue_full\",unit=\"series\"} 9
         assert_eq!(drops_and_errors(&parse_metrics(text)), 30.0 + 4.0 + 1.0 + 2.0 + 9.0);
     }
 
+    /// `local.<service>.hits` becomes `local_requests{service}`.
+    const LOCAL_MAPPING: &str =
+        "mappings:\n- match: local.*.hits\n  name: local_requests\n  labels:\n    service: $1\n";
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_local_pipeline_writes_what_it_receives_to_openmetrics_files() {
         let dir = tempfile::tempdir().unwrap();
         let mapping = dir.path().join("mapping.yml");
-        std::fs::write(
-            &mapping,
-            "mappings:\n- match: local.*.hits\n  name: local_requests\n  labels:\n    service: $1\n",
-        )
-        .unwrap();
+        std::fs::write(&mapping, LOCAL_MAPPING).unwrap();
         let args = Args {
             statsd: "127.0.0.1:0".parse().unwrap(),
             data_dir: dir.path().join("data"),

@@ -219,18 +219,8 @@ impl RuleSet {
             deny.push(glob("rules.deny".into(), text)?);
             deny_slots.push(slots.slot(&format!("deny[{index}]:{text}"), Action::Dropped));
         }
-        let tags = each_rule(
-            "tags",
-            &rules.tags,
-            |rule| &rule.matches,
-            |key, rule, glob| compile_tag_rule(key, rule, glob, &mut slots),
-        )?;
-        let rollups = each_rule(
-            "rollup",
-            &rules.rollup,
-            |rule| &rule.matches,
-            |key, rule, glob| compile_rollup(key, rule, glob, &mut slots),
-        )?;
+        let tags = each_rule("tags", &rules.tags, |rule| &rule.matches, &mut slots, compile_tag_rule)?;
+        let rollups = each_rule("rollup", &rules.rollup, |rule| &rule.matches, &mut slots, compile_rollup)?;
         let mut global_tags = Vec::new();
         for (key, value) in &rules.global_tags {
             check_tag_part(&format!("rules.global_tags.{key}"), key)?;
@@ -246,12 +236,7 @@ impl RuleSet {
                 ),
             });
         }
-        let limits = each_rule(
-            "limit",
-            &rules.limit,
-            |rule| &rule.matches,
-            |key, rule, glob| compile_limit(key, rule, glob, &mut slots),
-        )?;
+        let limits = each_rule("limit", &rules.limit, |rule| &rule.matches, &mut slots, compile_limit)?;
         Ok(RuleSet {
             notes: mapping.as_ref().map(|file| file.notes().to_vec()).unwrap_or_default(),
             mapping,
@@ -491,20 +476,21 @@ impl Limit {
     }
 }
 
-/// Compiles every rule of `[[rules.<table>]]` with `compile(key, rule, glob)`, where
-/// `key` is `rules.<table>[<index>]` and `glob` the rule's `match`, compiled.
+/// Compiles every rule of `[[rules.<table>]]` with `compile(key, rule, glob, slots)`,
+/// where `key` is `rules.<table>[<index>]` and `glob` the rule's `match`, compiled.
 fn each_rule<C, R>(
     table: &str,
     rules: &[C],
     matches: impl Fn(&C) -> &String,
-    mut compile: impl FnMut(&str, &C, NameGlob) -> Result<R, RulesError>,
+    slots: &mut Slots,
+    compile: fn(&str, &C, NameGlob, &mut Slots) -> Result<R, RulesError>,
 ) -> Result<Vec<R>, RulesError> {
     let mut compiled = Vec::with_capacity(rules.len());
     for (index, rule) in rules.iter().enumerate() {
         let key = format!("rules.{table}[{index}]");
         let glob =
             NameGlob::new(matches(rule)).map_err(|source| RulesError::Glob { key: format!("{key}.match"), source })?;
-        compiled.push(compile(&key, rule, glob)?);
+        compiled.push(compile(&key, rule, glob, slots)?);
     }
     Ok(compiled)
 }
