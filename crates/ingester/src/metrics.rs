@@ -1,9 +1,10 @@
 //! Every metric the ingester exports, declared once.
 //!
 //! Hot paths hold cloned handles ([`TargetMetrics`], [`crate::queue::QueueMetrics`]) and
-//! add to them once per batch or request. Labels come from closed sets: `target` (the
-//! configured sink targets), `resolution` (the storage policies the aggregators use),
-//! `reason`, `status`, `outcome`, `worker`.
+//! add to them once per batch or request. Labels are typed structs (`ByTarget`,
+//! `ByTargetOutcome`, ...; prometheus-client's `EncodeLabelSet`), encoded in field order,
+//! with values from closed sets: `target` (the configured sink targets), `resolution` (the
+//! storage policies the aggregators use), `reason`, `status`, `outcome`, `worker`.
 //!
 //! | metric | type | labels |
 //! |---|---|---|
@@ -48,7 +49,6 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::metrics::{MetricType, TypedMetric};
-use tessera_runtime::telemetry::{Labels, labels};
 use tessera_wire::metrics::ListenerMetrics;
 
 use crate::admit::{SkipReason, SkippedTiles};
@@ -197,9 +197,57 @@ impl EncodeMetric for AgeGauge {
     }
 }
 
-/// `{reason}`.
+/// `{reason}`: why tiles gave no sample.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ByReason {
+    reason: &'static str,
+}
+
+/// `{status, reason}`: an acknowledgement's status and reason (empty for a batch taken).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ByStatusReason {
+    status: &'static str,
+    reason: &'static str,
+}
+
+/// `{resolution}`: a storage policy's resolution (`10s`), as the tile batch names it.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ByResolution {
+    resolution: String,
+}
+
+/// `{target}`: a configured sink target.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ByTarget {
+    target: String,
+}
+
+/// `{target, outcome}`: how a storage request ended (`ok`, `rejected`,
+/// `histograms_refused`, or a retryable reason).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ByTargetOutcome {
+    target: String,
+    outcome: &'static str,
+}
+
+/// `{target, status}`: the HTTP status storage refused samples with.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ByTargetStatus {
+    target: String,
+    status: u16,
+}
+
+/// `{target, worker}`: a worker of a target's pool, by index.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ByTargetWorker {
+    target: String,
+    worker: usize,
+}
+
+/// `{target, reason}`: why a checkpoint failed ([`CheckpointFailure`]).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ByTargetReason {
+    target: String,
     reason: &'static str,
 }
 
@@ -218,7 +266,7 @@ tessera_runtime::metrics! {
         /// Tiles received
         pub tiles_received: Counter,
         /// Acknowledgements sent, per status and reason
-        batch_acks: Family<Labels, Counter> = refusing_acks(),
+        batch_acks: Family<ByStatusReason, Counter> = refusing_acks(),
         /// Tiles that gave no sample, per reason
         tiles_skipped: Family<ByReason, Counter> = skip_reasons(),
         /// Samples made durable in the queue
@@ -226,80 +274,80 @@ tessera_runtime::metrics! {
         /// Time from a batch read to its acknowledgement (convert, write, fsync)
         pub durable_duration: Histogram [seconds] = storage_histogram(),
         /// Time from the aggregator's flush to the batch's receipt, per resolution
-        intake_lag: Family<Labels, Histogram> [seconds] = Family::new_with_constructor(storage_histogram),
+        intake_lag: Family<ByResolution, Histogram> [seconds] = Family::new_with_constructor(storage_histogram),
         /// Series with a running total (counters, sums, counts) in memory
         pub cumulative_series: Gauge,
         /// Native histograms (cumulative sketches) in memory
         pub cumulative_histograms: Gauge,
         /// Bytes of queue segment files, per target
-        queue_bytes: Family<Labels, Gauge>,
+        queue_bytes: Family<ByTarget, Gauge>,
         /// The queue's byte bound, per target
-        queue_max_bytes: Family<Labels, Gauge>,
+        queue_max_bytes: Family<ByTarget, Gauge>,
         /// Queued records not yet written to storage, per target
-        queue_records: Family<Labels, Gauge>,
+        queue_records: Family<ByTarget, Gauge>,
         /// Queue segment files, per target
-        queue_segments: Family<Labels, Gauge>,
+        queue_segments: Family<ByTarget, Gauge>,
         /// Records found in the queue at start, per target
-        queue_replayed_records: Family<Labels, Counter>,
+        queue_replayed_records: Family<ByTarget, Counter>,
         /// Torn or corrupt queue records cut off, per target
-        queue_corrupt_records: Family<Labels, Counter>,
+        queue_corrupt_records: Family<ByTarget, Counter>,
         /// Fsyncs of queue segments, per target
-        queue_fsyncs: Family<Labels, Counter>,
+        queue_fsyncs: Family<ByTarget, Counter>,
         /// Failed fsyncs of queue segments (each seals its segment), per target
-        queue_fsync_errors: Family<Labels, Counter>,
+        queue_fsync_errors: Family<ByTarget, Counter>,
         /// Acknowledged records (fsync = interval) not known to be on disk when an fsync failed; still
         /// delivered, per target
-        queue_records_at_risk: Family<Labels, Counter>,
+        queue_records_at_risk: Family<ByTarget, Counter>,
         /// Storage requests, per target and outcome
-        sink_requests: Family<Labels, Counter>,
+        sink_requests: Family<ByTargetOutcome, Counter>,
         /// Duration of one storage request, per target
-        sink_request_duration: Family<Labels, Histogram> [seconds] = Family::new_with_constructor(storage_histogram),
+        sink_request_duration: Family<ByTarget, Histogram> [seconds] = Family::new_with_constructor(storage_histogram),
         /// Storage requests sent again after a retryable error, per target
-        sink_retries: Family<Labels, Counter>,
+        sink_retries: Family<ByTarget, Counter>,
         /// Remote-write TLS or bearer token files that changed on disk but did not load (the
         /// previous ones stay in use)
         pub sink_reload_errors: Counter,
         /// Samples storage refused for good, per target and status
-        sink_rejected_samples: Family<Labels, Counter>,
+        sink_rejected_samples: Family<ByTargetStatus, Counter>,
         /// Samples storage acknowledged, per target
-        samples_written: Family<Labels, Counter>,
+        samples_written: Family<ByTarget, Counter>,
         /// Queue records fully written to storage, per target
-        records_written: Family<Labels, Counter>,
+        records_written: Family<ByTarget, Counter>,
         /// Time each worker spent on requests (sending, pacing, backing off)
-        worker_busy: Family<Labels, Counter<f64, AtomicU64>> [seconds],
+        worker_busy: Family<ByTargetWorker, Counter<f64, AtomicU64>> [seconds],
         /// Current adaptive limit on storage requests in flight, per target
-        in_flight_limit: Family<Labels, Gauge>,
+        in_flight_limit: Family<ByTarget, Gauge>,
         /// Storage requests in flight, per target
-        in_flight_requests: Family<Labels, Gauge>,
+        in_flight_requests: Family<ByTarget, Gauge>,
         /// Samples written per second over the last second, per target
-        pace: Family<Labels, Gauge<f64, AtomicU64>> [samples_per_second],
+        pace: Family<ByTarget, Gauge<f64, AtomicU64>> [samples_per_second],
         /// OpenMetrics files closed, per target
-        file_sink_files_closed: Family<Labels, Counter>,
+        file_sink_files_closed: Family<ByTarget, Counter>,
         /// Journal lines skipped when closing a file (torn by a crash), per target
-        file_sink_bad_journal_lines: Family<Labels, Counter>,
+        file_sink_bad_journal_lines: Family<ByTarget, Counter>,
         /// Native histogram samples in a file target's queue (kept from a remote-write configuration), not
         /// written
-        file_sink_histograms_skipped: Family<Labels, Counter>,
+        file_sink_histograms_skipped: Family<ByTarget, Counter>,
         /// Storage acknowledgement time minus tile end, one observation per tile, per resolution
-        end_to_end_latency: Family<Labels, WeightedHistogram> [seconds] = Family::new_with_constructor(WeightedHistogram::end_to_end),
+        end_to_end_latency: Family<ByResolution, WeightedHistogram> [seconds] = Family::new_with_constructor(WeightedHistogram::end_to_end),
         /// Time from receipt to the first storage request of a tile's record, one observation per tile, per
         /// resolution
-        queue_time: Family<Labels, WeightedHistogram> [seconds] = Family::new_with_constructor(WeightedHistogram::end_to_end),
+        queue_time: Family<ByResolution, WeightedHistogram> [seconds] = Family::new_with_constructor(WeightedHistogram::end_to_end),
         /// Time since the last checkpoint of the running totals was made durable (or since start, without one),
         /// per target
-        checkpoint_age: Family<Labels, AgeGauge> [seconds],
+        checkpoint_age: Family<ByTarget, AgeGauge> [seconds],
         /// Checkpoints of the running totals made durable, per target
-        checkpoints: Family<Labels, Counter>,
+        checkpoints: Family<ByTarget, Counter>,
         /// Checkpoints not written, or not read or refused at start (totals then start from the queued
         /// records), per target and reason
-        checkpoint_errors: Family<Labels, Counter>,
+        checkpoint_errors: Family<ByTargetReason, Counter>,
         /// Time to take one checkpoint: encoding on the intake writer thread and the durable file write, per
         /// target
-        checkpoint_duration: Family<Labels, Histogram> [seconds] = Family::new_with_constructor(storage_histogram),
+        checkpoint_duration: Family<ByTarget, Histogram> [seconds] = Family::new_with_constructor(storage_histogram),
         /// Running totals in the last checkpoint written, per target
-        checkpoint_series: Family<Labels, Gauge>,
+        checkpoint_series: Family<ByTarget, Gauge>,
         /// Running totals restored at start (from the checkpoint and the queued records after it), per target
-        checkpoint_restored_series: Family<Labels, Gauge>,;
+        checkpoint_restored_series: Family<ByTarget, Gauge>,;
         /// The wire listener's metrics (connections from aggregators)
         pub listener: ListenerMetrics = ListenerMetrics::default().with_frame_error_reasons(&FRAME_ERROR_REASONS),
     }
@@ -354,10 +402,10 @@ impl CheckpointFailure {
 
 /// Acknowledgements, with every refusal exported from the start at 0: "nothing
 /// refused" reads as 0, not as no data, so alerts and dashboards need no `or vector(0)`.
-fn refusing_acks() -> Family<Labels, Counter> {
-    let acks = Family::<Labels, Counter>::default();
+fn refusing_acks() -> Family<ByStatusReason, Counter> {
+    let acks = Family::<ByStatusReason, Counter>::default();
     for (status, reason) in REFUSING_ACKS {
-        let _ = acks.get_or_create(&labels(&[("status", status), ("reason", reason)]));
+        let _ = acks.get_or_create(&ByStatusReason { status, reason });
     }
     acks
 }
@@ -372,9 +420,9 @@ fn skip_reasons() -> Family<ByReason, Counter> {
 }
 
 impl Metrics {
-    /// Counts an acknowledgement.
-    pub fn ack(&self, status: &str, reason: &str) {
-        self.batch_acks.get_or_create(&labels(&[("status", status), ("reason", reason)])).inc();
+    /// Counts an acknowledgement (`reason` empty for a batch taken).
+    pub fn ack(&self, status: &'static str, reason: &'static str) {
+        self.batch_acks.get_or_create(&ByStatusReason { status, reason }).inc();
     }
 
     /// Counts the tiles of one batch skipped, per reason.
@@ -388,22 +436,22 @@ impl Metrics {
 
     /// Records the lag from the aggregator's flush to receipt.
     pub fn intake_lag(&self, resolution: &str, seconds: f64) {
-        self.intake_lag.get_or_create(&labels(&[("resolution", resolution)])).observe(seconds);
+        self.intake_lag.get_or_create(&ByResolution { resolution: resolution.to_owned() }).observe(seconds);
     }
 
     /// The end-to-end latency histogram of `resolution`.
     pub fn end_to_end(&self, resolution: &str) -> WeightedHistogram {
-        self.end_to_end_latency.get_or_create(&labels(&[("resolution", resolution)])).clone()
+        self.end_to_end_latency.get_or_create(&ByResolution { resolution: resolution.to_owned() }).clone()
     }
 
     /// The queue-time histogram of `resolution`.
     pub fn queue_time(&self, resolution: &str) -> WeightedHistogram {
-        self.queue_time.get_or_create(&labels(&[("resolution", resolution)])).clone()
+        self.queue_time.get_or_create(&ByResolution { resolution: resolution.to_owned() }).clone()
     }
 
     /// Handles of one target's queue.
     pub fn queue(&self, target: &str, max_bytes: u64) -> QueueMetrics {
-        let by_target = labels(&[("target", target)]);
+        let by_target = ByTarget { target: target.to_owned() };
         self.queue_max_bytes.get_or_create(&by_target).set(max_bytes as i64);
         QueueMetrics {
             bytes: self.queue_bytes.get_or_create(&by_target).clone(),
@@ -419,7 +467,7 @@ impl Metrics {
 
     /// Handles of one target's file sink.
     pub fn file_sink(&self, target: &str) -> FileSinkMetrics {
-        let by_target = labels(&[("target", target)]);
+        let by_target = ByTarget { target: target.to_owned() };
         FileSinkMetrics {
             files_closed: self.file_sink_files_closed.get_or_create(&by_target).clone(),
             bad_journal_lines: self.file_sink_bad_journal_lines.get_or_create(&by_target).clone(),
@@ -429,9 +477,10 @@ impl Metrics {
 
     /// Handles of one target's checkpoints; every error reason is exported at 0.
     pub fn checkpoint(&self, target: &str) -> CheckpointMetrics {
-        let by_target = labels(&[("target", target)]);
+        let by_target = ByTarget { target: target.to_owned() };
         let errors = CheckpointFailure::ALL.map(|failure| {
-            self.checkpoint_errors.get_or_create(&labels(&[("target", target), ("reason", failure.label())])).clone()
+            let by_target_reason = ByTargetReason { target: target.to_owned(), reason: failure.label() };
+            self.checkpoint_errors.get_or_create(&by_target_reason).clone()
         });
         CheckpointMetrics {
             age: self.checkpoint_age.get_or_create(&by_target).clone(),
@@ -445,10 +494,10 @@ impl Metrics {
 
     /// Handles of one target's workers.
     pub fn target(&self, target: &str) -> TargetMetrics {
-        let by_target = labels(&[("target", target)]);
+        let by_target = ByTarget { target: target.to_owned() };
         // Storage refuses samples for good with 400 (Prometheus: out of order, invalid);
         // exported at 0 from the start. Other 4xx statuses appear when they happen.
-        let _ = self.sink_rejected_samples.get_or_create(&labels(&[("target", target), ("status", "400")]));
+        let _ = self.sink_rejected_samples.get_or_create(&ByTargetStatus { target: target.to_owned(), status: 400 });
         TargetMetrics {
             target: target.to_owned(),
             requests: self.sink_requests.clone(),
@@ -499,17 +548,17 @@ impl CheckpointMetrics {
 #[derive(Clone)]
 pub struct TargetMetrics {
     target: String,
-    requests: Family<Labels, Counter>,
+    requests: Family<ByTargetOutcome, Counter>,
     /// Duration of one storage request.
     pub request_duration: Histogram,
     /// Requests sent again.
     pub retries: Counter,
-    rejected_samples: Family<Labels, Counter>,
+    rejected_samples: Family<ByTargetStatus, Counter>,
     /// Samples acknowledged by storage.
     pub samples_written: Counter,
     /// Records fully written.
     pub records_written: Counter,
-    worker_busy: Family<Labels, Counter<f64, AtomicU64>>,
+    worker_busy: Family<ByTargetWorker, Counter<f64, AtomicU64>>,
     /// The adaptive limit.
     pub in_flight_limit: Gauge,
     /// Requests in flight.
@@ -525,21 +574,20 @@ impl TargetMetrics {
         &self.target
     }
 
-    /// Counts a request by outcome (`ok`, `rejected`, or a retryable reason).
-    pub fn request(&self, outcome: &str) {
-        self.requests.get_or_create(&labels(&[("target", &self.target), ("outcome", outcome)])).inc();
+    /// Counts a request by outcome (`ok`, `rejected`, `histograms_refused`, or a retryable
+    /// reason).
+    pub fn request(&self, outcome: &'static str) {
+        self.requests.get_or_create(&ByTargetOutcome { target: self.target.clone(), outcome }).inc();
     }
 
     /// Counts samples refused for good with `status`.
     pub fn rejected(&self, status: u16, samples: u64) {
-        let status = status.to_string();
-        self.rejected_samples.get_or_create(&labels(&[("target", &self.target), ("status", &status)])).inc_by(samples);
+        self.rejected_samples.get_or_create(&ByTargetStatus { target: self.target.clone(), status }).inc_by(samples);
     }
 
     /// The busy-time counter of worker `index`.
     pub fn worker_busy(&self, index: usize) -> Counter<f64, AtomicU64> {
-        let worker = index.to_string();
-        self.worker_busy.get_or_create(&labels(&[("target", &self.target), ("worker", &worker)])).clone()
+        self.worker_busy.get_or_create(&ByTargetWorker { target: self.target.clone(), worker: index }).clone()
     }
 
     /// The ingester-wide metrics (latency histograms).
@@ -568,6 +616,34 @@ mod tests {
         assert!(text.contains("h_seconds_count 1010"), "{text}");
         assert!(text.contains("h_seconds_bucket{le=\"0.002\"} 1000"), "{text}");
         assert!(text.contains("h_seconds_bucket{le=\"+Inf\"} 1010"), "{text}");
+    }
+
+    #[test]
+    fn labels_encode_in_field_order_with_the_values_dashboards_read() {
+        let telemetry = tessera_runtime::Telemetry::new("ingester", "test");
+        let metrics = Metrics::default();
+        telemetry.with_registry(|registry| metrics.register(registry, PREFIX));
+        metrics.ack("ok", "");
+        metrics.intake_lag("10s", 0.5);
+        metrics.checkpoint("default").error(CheckpointFailure::Read);
+        let target = metrics.target("default");
+        target.request("status_5xx");
+        target.rejected(500, 3);
+        target.worker_busy(2).inc_by(1.5);
+        let text = telemetry.encode().unwrap();
+        for line in [
+            r#"tessera_ingester_batch_acks_total{status="ok",reason=""} 1"#,
+            r#"tessera_ingester_batch_acks_total{status="retryable",reason="queue_full"} 0"#,
+            r#"tessera_ingester_intake_lag_seconds_count{resolution="10s"} 1"#,
+            r#"tessera_ingester_checkpoint_errors_total{target="default",reason="read"} 1"#,
+            r#"tessera_ingester_sink_requests_total{target="default",outcome="status_5xx"} 1"#,
+            r#"tessera_ingester_sink_rejected_samples_total{target="default",status="400"} 0"#,
+            r#"tessera_ingester_sink_rejected_samples_total{target="default",status="500"} 3"#,
+            r#"tessera_ingester_worker_busy_seconds_total{target="default",worker="2"} 1.5"#,
+            r#"tessera_ingester_samples_written_total{target="default"} 0"#,
+        ] {
+            assert!(text.lines().any(|exported| exported == line), "{line} not in\n{text}");
+        }
     }
 }
 

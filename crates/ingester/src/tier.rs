@@ -41,13 +41,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use tessera_core::clock::now_ms;
 use tessera_runtime::Shutdown;
 use tessera_runtime::logging::error_chain;
-use tessera_runtime::telemetry::{Labels, labels};
 use tessera_topology::{EtcdConfig, MoveTiming, Placement, PlacementStore, StoreError, Tier, Watcher};
 use tessera_wire::backoff::{Backoff, sleep_or_stop};
 
@@ -273,10 +273,10 @@ tessera_runtime::metrics! {
         /// Version of the ingesters' placement this ingester saw last
         pub tier_placement_version: Gauge,
         /// Shards this ingester gained or lost in the ingesters' placement, by direction
-        shard_moves: Family<Labels, Counter> = every(&[("direction", "gained"), ("direction", "lost")]),
+        shard_moves: Family<ByDirection, Counter> = every_direction(),
         /// Changes this ingester wrote to the ingesters' placement: init, join, fail_over (a dead
         /// ingester's shards handed to live ones), finalize
-        placement_changes: Family<Labels, Counter> = every(&CHANGES.map(|change| ("change", change))),
+        placement_changes: Family<ByChange, Counter> = every_change(),
         /// etcd requests of the ingester tier task that failed
         pub tier_errors: Counter,
         /// Cumulative series that started over (with an explicit reset) because their shard came to
@@ -290,11 +290,35 @@ tessera_runtime::metrics! {
 /// Every `change` of `tessera_ingester_placement_changes_total`.
 pub const CHANGES: [&str; 4] = ["init", "join", "fail_over", "finalize"];
 
-/// A family with one label, each of `values` exported at 0 from the start.
-fn every(values: &[(&'static str, &str)]) -> Family<Labels, Counter> {
-    let family = Family::<Labels, Counter>::default();
-    for pair in values {
-        let _ = family.get_or_create(&labels(&[*pair]));
+/// Every `direction` of `tessera_ingester_shard_moves_total`.
+pub const DIRECTIONS: [&str; 2] = ["gained", "lost"];
+
+/// `{direction}`: `gained` or `lost`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ByDirection {
+    direction: &'static str,
+}
+
+/// `{change}`: one of [`CHANGES`].
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ByChange {
+    change: &'static str,
+}
+
+/// Shard moves, with every direction exported from the start at 0.
+fn every_direction() -> Family<ByDirection, Counter> {
+    let family = Family::<ByDirection, Counter>::default();
+    for direction in DIRECTIONS {
+        let _ = family.get_or_create(&ByDirection { direction });
+    }
+    family
+}
+
+/// Placement changes, with every change exported from the start at 0.
+fn every_change() -> Family<ByChange, Counter> {
+    let family = Family::<ByChange, Counter>::default();
+    for change in CHANGES {
+        let _ = family.get_or_create(&ByChange { change });
     }
     family
 }
@@ -302,18 +326,18 @@ fn every(values: &[(&'static str, &str)]) -> Family<Labels, Counter> {
 impl TierMetrics {
     fn moved(&self, direction: &'static str, count: usize) {
         if count > 0 {
-            self.shard_moves.get_or_create(&labels(&[("direction", direction)])).inc_by(count as u64);
+            self.shard_moves.get_or_create(&ByDirection { direction }).inc_by(count as u64);
         }
     }
 
     /// Shards moved in `direction` (`gained` or `lost`) so far.
     #[cfg(test)]
     fn moves(&self, direction: &'static str) -> u64 {
-        self.shard_moves.get_or_create(&labels(&[("direction", direction)])).get()
+        self.shard_moves.get_or_create(&ByDirection { direction }).get()
     }
 
     fn changed(&self, change: &'static str) {
-        self.placement_changes.get_or_create(&labels(&[("change", change)])).inc();
+        self.placement_changes.get_or_create(&ByChange { change }).inc();
     }
 }
 

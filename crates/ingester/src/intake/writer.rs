@@ -155,7 +155,9 @@ impl Writer {
                 Job::Frame { body, read_at, reply } => {
                     let verdict = self.handle(&body);
                     if let Verdict::Ack(ack) = &verdict {
-                        self.metrics.ack(status_label(ack.status), &ack.reason);
+                        // Every ack is built here: a known reason, or none for a batch taken.
+                        let reason = AckReason::parse(&ack.reason).map_or("", AckReason::as_str);
+                        self.metrics.ack(status_label(ack.status), reason);
                         self.metrics.durable_duration.observe(read_at.elapsed().as_secs_f64());
                     }
                     let _ = reply.send(verdict);
