@@ -26,10 +26,42 @@ pub mod victoria;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 /// A loopback port that nobody listens on right now, on TCP and UDP.
+///
+/// Taken below the kernel's ephemeral range (`ip_local_port_range`), where the kernel
+/// never puts the source port of an outgoing connection nor a `bind(0)`: a port from
+/// inside that range could be taken by any test's client connection between this call
+/// and the daemon's bind (seen as "Address already in use" under a parallel test run).
+/// Each process walks the ports below the range from its own starting point (its pid),
+/// so parallel test processes rarely try the same one; every port is checked by binding
+/// it. Falls back to a port the kernel picks when the range starts too low.
 pub fn free_port() -> u16 {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let ephemeral_start = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32768);
+    const LOWEST: u32 = 10_000;
+    if ephemeral_start <= LOWEST + 1_000 {
+        return kernel_free_port();
+    }
+    let span = ephemeral_start - LOWEST;
+    let start = std::process::id().wrapping_mul(7919) % span;
+    for _ in 0..span {
+        let offset = (start + NEXT.fetch_add(1, Ordering::Relaxed)) % span;
+        let port = (LOWEST + offset) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() && std::net::UdpSocket::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    kernel_free_port()
+}
+
+/// A free loopback port the kernel picks (inside its ephemeral range).
+fn kernel_free_port() -> u16 {
     loop {
         let port = TcpListener::bind("127.0.0.1:0").expect("bind a free port").local_addr().expect("address").port();
         if std::net::UdpSocket::bind(("127.0.0.1", port)).is_ok() {
