@@ -64,7 +64,6 @@
 //! record is durable, [`Converter::rollback`] restores them when it could not be queued.
 
 pub mod checkpoint;
-mod metrics;
 pub mod names;
 
 use tessera_runtime::RateLimitedLog;
@@ -87,7 +86,6 @@ use tessera_core::sketch::{MIN_SCHEMA, Sketch};
 use crate::queue::record::{Record, SampleKind, StoredSample};
 use crate::sink::prompb::{HistogramEncoder, encode_label};
 use crate::tier::Ownership;
-pub use metrics::AdmitMetrics;
 
 /// How timers, histograms and distributions are written to a target.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]

@@ -21,7 +21,6 @@
 //! the reason (`frame_too_large`, `malformed_frame`) before the connection is closed.
 
 pub mod checkpoint;
-mod metrics;
 pub mod writer;
 
 use std::net::SocketAddr;
@@ -36,7 +35,6 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::metrics::Metrics;
-pub use metrics::{CheckpointFailure, CheckpointMetrics, IntakeMetrics};
 pub use writer::{Job, Verdict};
 
 static FRAME_ERROR_LOG: RateLimitedLog = RateLimitedLog::new("ingester.frame_error", 5);
@@ -52,7 +50,7 @@ pub async fn accept_loop(
     stop: Shutdown,
 ) {
     let accept = AcceptSettings { max_connections: settings.max_connections, peer: "aggregator" };
-    let counters = metrics.intake.listener.clone();
+    let counters = metrics.listener.clone();
     let context = (jobs, settings, metrics, stop.clone());
     inbound::accept_loop(listener, accept, counters, &FRAME_ERROR_LOG, stop, context, connection).await;
 }
@@ -111,7 +109,7 @@ fn ended(metrics: &Metrics, peer: SocketAddr, error: &WireError) {
 }
 
 fn frame_error(metrics: &Metrics, peer: SocketAddr, reason: &'static str, message: &str) {
-    metrics.intake.listener.frame_error(reason);
+    metrics.listener.frame_error(reason);
     if FRAME_ERROR_LOG.allow() {
         tracing::warn!(%peer, reason, message, "bad frame; closing the connection");
     }

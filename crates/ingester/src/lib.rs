@@ -31,11 +31,7 @@
 //! - `pool`: the fixed worker pool and how it paces writes (`pool/pacing.rs`).
 //! - `sink`: remote write (with its messages, `sink/prompb.rs`), OpenMetrics files.
 //! - `tier`: this ingester's place among the ingesters: the shards it owns.
-//! - `config`: every key.
-//! - `metrics`: the [`Metrics`] that registers every `tessera_ingester_*` metric: each
-//!   stage declares its own in its folder (`intake/metrics.rs`, ..., `sink/metrics.rs`),
-//!   nested here under one prefix; `shared_metrics` holds the label sets and buckets
-//!   several stages use.
+//! - `config`, `metrics`: every key, every `tessera_ingester_*` metric.
 //!
 //! What other crates (the `tessera` CLI, tests, benchmarks and examples) use is
 //! re-exported below in one `pub use` block.
@@ -76,7 +72,6 @@ mod intake;
 mod metrics;
 mod pool;
 mod queue;
-mod shared_metrics;
 mod sink;
 mod tier;
 
@@ -178,7 +173,7 @@ impl Ingester {
         });
         for (index, (name, policy, sink_config)) in config.targets().into_iter().enumerate() {
             let dir = config.data_dir.join("queue").join(target_dir_name(&name));
-            let checkpoint_metrics = metrics.intake.checkpoint(&name);
+            let checkpoint_metrics = metrics.checkpoint(&name);
             let mut converter = converter_for(&config, &sink_config, &tier);
             let covers = intake::checkpoint::load(&dir, &name, &checkpoint_metrics, &mut converter);
             let from_checkpoint = converter.cumulative_series();
@@ -207,11 +202,8 @@ impl Ingester {
                     }
                 }
             };
-            let (queue, writer, reader, replay) = queue::open_visiting(
-                options,
-                metrics.queue.queue(&name, config.queue.max_queue_bytes),
-                &mut replay_record,
-            )?;
+            let (queue, writer, reader, replay) =
+                queue::open_visiting(options, metrics.queue(&name, config.queue.max_queue_bytes), &mut replay_record)?;
             let restored = converter.cumulative_series();
             checkpoint_metrics.restored_series.set(restored as i64);
             if restored > 0 || rolled_forward > 0 {
@@ -282,9 +274,8 @@ impl Ingester {
         ));
 
         let (jobs, job_receiver) = mpsc::channel(config.max_connections.clamp(1, 1024));
-        metrics.admit.cumulative_series.set(converters.iter().map(Converter::cumulative_series).sum::<usize>() as i64);
+        metrics.cumulative_series.set(converters.iter().map(Converter::cumulative_series).sum::<usize>() as i64);
         metrics
-            .admit
             .cumulative_histograms
             .set(converters.iter().map(Converter::cumulative_histograms).sum::<usize>() as i64);
         let checkpoints =
@@ -305,7 +296,7 @@ impl Ingester {
             TcpListener::bind(config.listen).await.map_err(|source| StartError::bind(config.listen, source))?;
         let listen_addr = listener.local_addr().map_err(|source| StartError::bind(config.listen, source))?;
         let settings = config
-            .listener_settings(instance_id.clone(), metrics.intake.listener.listener_tls_reload_errors.clone())
+            .listener_settings(instance_id.clone(), metrics.listener.listener_tls_reload_errors.clone())
             .map_err(|error| StartError::setup("cannot load the TLS files of [tls]", error))?;
         tokio::spawn(accept_loop(listener, jobs, settings, metrics.clone(), shutdown.clone()));
         if let (Some(placement), Some((ownership, tier_metrics))) = (&config.placement, tier) {
@@ -393,12 +384,12 @@ fn build_sink(config: &Config, name: &str, sink: &SinkConfig, metrics: &Metrics)
                 fsync: file.fsync,
             };
             let sink =
-                FileSink::open(settings, metrics.sink.file_sink(name), config.pool.workers * 2).map_err(sink_error)?;
+                FileSink::open(settings, metrics.file_sink(name), config.pool.workers * 2).map_err(sink_error)?;
             Ok(AnySink::File(sink))
         }
         SinkConfig::RemoteWrite(remote) => {
             let settings = remote
-                .settings(config.pool.workers, metrics.sink.sink_reload_errors.clone())
+                .settings(config.pool.workers, metrics.sink_reload_errors.clone())
                 .map_err(|(field, reason)| sink_error(std::io::Error::other(format!("{field}: {reason}"))))?;
             let sink = RemoteWriteSink::new(settings).map_err(|error| sink_error(std::io::Error::other(error)))?;
             Ok(AnySink::RemoteWrite(Box::new(sink)))
@@ -418,8 +409,8 @@ async fn tick_writer(jobs: mpsc::Sender<Job>, every: Duration, shutdown: Shutdow
 }
 
 /// Sets each target's pace gauge to the samples written over the last second.
-async fn measure_pace(targets: Vec<pool::TargetMetrics>, shutdown: Shutdown) {
-    let mut previous: Vec<u64> = targets.iter().map(|target| target.sink.samples_written.get()).collect();
+async fn measure_pace(targets: Vec<metrics::TargetMetrics>, shutdown: Shutdown) {
+    let mut previous: Vec<u64> = targets.iter().map(|target| target.samples_written.get()).collect();
     let mut interval = tokio::time::interval(Duration::from_secs(1));
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last = tokio::time::Instant::now();
@@ -427,7 +418,7 @@ async fn measure_pace(targets: Vec<pool::TargetMetrics>, shutdown: Shutdown) {
         let elapsed = last.elapsed().as_secs_f64().max(0.001);
         last = tokio::time::Instant::now();
         for (target, before) in targets.iter().zip(previous.iter_mut()) {
-            let now = target.sink.samples_written.get();
+            let now = target.samples_written.get();
             target.pace.set((now - *before) as f64 / elapsed);
             *before = now;
         }

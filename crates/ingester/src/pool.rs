@@ -29,10 +29,7 @@
 //! - [`pacing`]: the adaptive in-flight limit and the samples/s ceiling every worker
 //!   obeys.
 //! - [`worker`]: one worker's loop: pace, send, retry with backoff, complete.
-//! - `metrics`: the pool's metrics ([`PoolMetrics`]) and each target's worker handles
-//!   ([`TargetMetrics`]).
 
-mod metrics;
 pub mod pacing;
 pub mod worker;
 
@@ -45,11 +42,11 @@ use tessera_runtime::Shutdown;
 use tessera_runtime::daemon::{ThreadError, spawn_thread};
 use tokio::sync::mpsc;
 
+use crate::metrics::TargetMetrics;
 use crate::queue::record::{self, StoredSample};
 use crate::queue::{Queue, QueueReader, RequestKey};
 use crate::sink::rejected::RejectedLog;
 use crate::sink::{RecordInfo, Sink, SinkRequest};
-pub use metrics::{PoolMetrics, TargetMetrics};
 use pacing::{AdaptiveLimit, Pace};
 
 /// How a pool splits and retries.

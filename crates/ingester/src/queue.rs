@@ -51,7 +51,6 @@
 //! assert_eq!(queue.pending_records(), 0);
 //! ```
 
-mod metrics;
 mod reader;
 pub mod record;
 pub mod segment;
@@ -68,7 +67,6 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use tessera_runtime::logging::RateLimitedLog;
 
-pub use metrics::QueueFamilies;
 pub use reader::QueueReader;
 pub use segment::RequestKey;
 

@@ -157,8 +157,8 @@ impl Writer {
                     if let Verdict::Ack(ack) = &verdict {
                         // Every ack is built here: a known reason, or none for a batch taken.
                         let reason = AckReason::parse(&ack.reason).map_or("", AckReason::as_str);
-                        self.metrics.intake.ack(status_label(ack.status), reason);
-                        self.metrics.intake.durable_duration.observe(read_at.elapsed().as_secs_f64());
+                        self.metrics.ack(status_label(ack.status), reason);
+                        self.metrics.durable_duration.observe(read_at.elapsed().as_secs_f64());
                     }
                     let _ = reply.send(verdict);
                 }
@@ -187,7 +187,7 @@ impl Writer {
 
     /// Decides what to do with one frame body.
     pub fn handle(&mut self, body: &[u8]) -> Verdict {
-        self.metrics.intake.bytes_received.inc_by(body.len() as u64);
+        self.metrics.bytes_received.inc_by(body.len() as u64);
         let frame = match Frame::decode(body) {
             Ok(frame) => frame,
             Err(error) => {
@@ -216,12 +216,12 @@ impl Writer {
         if batch.tiles.is_empty() {
             // A heartbeat (an aggregator keeping an idle connection open), or a batch
             // with nothing to store: acknowledged, nothing queued.
-            self.metrics.intake.heartbeats.inc();
+            self.metrics.heartbeats.inc();
             return Verdict::Ack(taken(batch.sequence));
         }
         let received_at_ms = now_ms();
-        self.metrics.intake.batches_received.inc();
-        self.metrics.intake.tiles_received.inc_by(batch.tiles.len() as u64);
+        self.metrics.batches_received.inc();
+        self.metrics.tiles_received.inc_by(batch.tiles.len() as u64);
         let sequence = batch.sequence;
         let key = batch_key(&batch.source, &batch.storage_policy, batch.tile_end_ms, sequence);
         if self.recent.contains(key) {
@@ -243,15 +243,15 @@ impl Writer {
             Ok(_) => {
                 converter.commit();
                 self.recent.insert(key);
-                self.metrics.admit.tiles_skipped(&conversion.skipped);
-                self.metrics.intake.samples_queued.inc_by(conversion.record.samples.len() as u64);
+                self.metrics.tiles_skipped(&conversion.skipped);
+                self.metrics.samples_queued.inc_by(conversion.record.samples.len() as u64);
                 let series: usize = self.converters.iter().map(Converter::cumulative_series).sum();
-                self.metrics.admit.cumulative_series.set(series as i64);
+                self.metrics.cumulative_series.set(series as i64);
                 let histograms: usize = self.converters.iter().map(Converter::cumulative_histograms).sum();
-                self.metrics.admit.cumulative_histograms.set(histograms as i64);
+                self.metrics.cumulative_histograms.set(histograms as i64);
                 if batch.flushed_at_ms > 0 {
                     let lag = (received_at_ms - batch.flushed_at_ms).max(0) as f64 / 1000.0;
-                    self.metrics.intake.intake_lag(&conversion.record.resolution, lag);
+                    self.metrics.intake_lag(&conversion.record.resolution, lag);
                 }
                 Verdict::Ack(taken(sequence))
             }
