@@ -14,15 +14,13 @@
 //! With replicas, it flushes only as the shard set's leader and otherwise
 //! holds each tile until the leader's flush mark passes it
 //! ([`leadership`]: the state the flusher and the etcd election share, and
-//! the election task). The stage's metrics are declared in [`metrics`].
+//! the election task).
 
 mod gatherer;
 mod leadership;
-mod metrics;
 
 pub use gatherer::Gatherer;
 pub use leadership::{ElectionSettings, Leadership, run_election};
-pub use metrics::FlushMetrics;
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -111,27 +109,27 @@ impl Held {
         let before = self.tiles.len();
         let marks = leadership.marks();
         self.tiles.retain(|tile| marks.get(tile.policy_index).is_none_or(|&mark| tile.tile_end_ms > mark));
-        metrics.flush.tiles_discarded("flushed_by_leader", (before - self.tiles.len()) as u64);
+        metrics.tiles_discarded("flushed_by_leader", (before - self.tiles.len()) as u64);
         let flush = leadership.may_flush() || (at_shutdown && leadership.may_flush_at_shutdown());
         if flush {
             while let Some(tile) = self.tiles.pop_front() {
                 if leadership.counts_incomplete(tile.tile_start_ms) {
-                    metrics.flush.incomplete_tiles.inc();
+                    metrics.incomplete_tiles.inc();
                 }
                 flush_tile(tile, flusher);
             }
         } else if at_shutdown {
-            metrics.flush.tiles_discarded("shutdown", self.tiles.len() as u64);
+            metrics.tiles_discarded("shutdown", self.tiles.len() as u64);
             self.tiles.clear();
         }
         let mut series: usize = self.tiles.iter().map(|tile| tile.values.len()).sum();
         while series > MAX_HELD_SERIES && self.tiles.len() > 1 {
             let oldest = self.tiles.pop_front().expect("more than one tile held");
             series -= oldest.values.len();
-            metrics.flush.tiles_discarded("held_limit", 1);
+            metrics.tiles_discarded("held_limit", 1);
         }
-        metrics.flush.held_tiles.set(self.tiles.len() as i64);
-        metrics.flush.held_series.set(series as i64);
+        metrics.held_tiles.set(self.tiles.len() as i64);
+        metrics.held_series.set(series as i64);
         leadership.holding(self.tiles.front().map(|tile| tile.tile_start_ms));
     }
 }

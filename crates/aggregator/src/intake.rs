@@ -13,7 +13,6 @@
 //! - [`decode`]: turns a frame into a batch split by merge thread, or into
 //!   the refusal to send back (frame, ownership, aggregates).
 //! - [`dictionary`]: each connection's series dictionary.
-//! - [`metrics`]: the intake's metrics, the wire listener's included.
 //!
 //! The decoder thread ([`run_decoder`]) runs off the async runtime and
 //! passes what it decoded (and every connection's opening and end) on to
@@ -22,11 +21,9 @@
 mod decode;
 mod dictionary;
 mod listener;
-mod metrics;
 
 pub use decode::{Decoded, Decoder};
 pub use listener::accept_loop;
-pub use metrics::IntakeMetrics;
 
 use crossbeam_channel::{Receiver, Sender};
 use tessera_proto::AckReason;
@@ -76,38 +73,38 @@ pub fn run_decoder(jobs: Receiver<Inbound>, mut decoder: Decoder, admission: Sen
             }
             Inbound::Closed { connection } => {
                 decoder.closed(connection);
-                metrics.intake.dictionary_refs.set(decoder.dictionary_refs() as i64);
+                metrics.dictionary_refs.set(decoder.dictionary_refs() as i64);
                 let _ = admission.send(AdmissionJob::Closed { connection });
                 continue;
             }
         };
-        metrics.intake.batches_received.inc();
-        metrics.intake.bytes_received.inc_by(job.frame.len() as u64);
+        metrics.batches_received.inc();
+        metrics.bytes_received.inc_by(job.frame.len() as u64);
         let connection = job.connection;
         let decoded = decoder.decode(connection, &job.frame);
         if let Some(connection) = decoder.take_forgotten() {
-            metrics.intake.dictionaries_restarted.inc();
+            metrics.dictionaries_restarted.inc();
             let _ = admission.send(AdmissionJob::Forget { connection });
         }
-        metrics.intake.dictionary_refs.set(decoder.dictionary_refs() as i64);
+        metrics.dictionary_refs.set(decoder.dictionary_refs() as i64);
         let reply = match decoded {
             Decoded::Batch { sequence, batch } => {
-                metrics.intake.partials_received.inc_by(batch.partials());
+                metrics.partials_received.inc_by(batch.partials());
                 let job = AdmissionJob::Batch { connection, sequence, batch, reply: job.reply };
                 match admission.send(job) {
                     Ok(()) => continue,
                     Err(crossbeam_channel::SendError(job)) => {
                         let AdmissionJob::Batch { batch, reply, .. } = job else { unreachable!("sent a batch") };
                         let partials = batch.partials();
-                        metrics.intake.rejected(AckReason::ShuttingDown, partials);
+                        metrics.rejected(AckReason::ShuttingDown, partials);
                         let _ = reply.send(Reply::refusal(sequence, AckReason::ShuttingDown, "shutting down".into()));
                         continue;
                     }
                 }
             }
             Decoded::Refused { sequence, reason, message, partials, watermark_ms } => {
-                metrics.intake.partials_received.inc_by(partials);
-                metrics.intake.rejected(reason, partials);
+                metrics.partials_received.inc_by(partials);
+                metrics.rejected(reason, partials);
                 if REFUSAL_LOG.allow() {
                     tracing::warn!(reason = reason.as_str(), partials, %message, "partial batch refused");
                 }
@@ -117,7 +114,7 @@ pub fn run_decoder(jobs: Receiver<Inbound>, mut decoder: Decoder, admission: Sen
                 Reply::refusal(sequence, reason, message)
             }
             Decoded::Protocol { reason, message } => {
-                metrics.intake.listener.frame_error(reason);
+                metrics.listener.frame_error(reason);
                 Reply::Close { reason, message }
             }
         };

@@ -30,9 +30,8 @@
 //! - `outbound`: one queue and sender task per ingester, with
 //!   acknowledgements, retries, a bounded buffer, and re-routing when an
 //!   ingester leaves the ingesters' placement.
-//! - `config` reads the configuration file; `metrics` gathers every
-//!   stage's metrics (each declared in its stage's folder) into one set;
-//!   this file wires the threads together.
+//! - `config` reads the configuration file; `metrics` declares every
+//!   metric; this file wires the threads together.
 //!
 //! Decoding, merging and cutting never run on a tokio worker. Each
 //! connection waits for the answer to one batch before reading the next,
@@ -159,7 +158,7 @@ impl Aggregator {
         let listen_addr = listener.local_addr().map_err(|source| StartError::bind(config.listen, source))?;
         // The TLS files are read before any thread or task of the pipeline starts.
         let server_settings = config
-            .listener_settings(instance_id.clone(), metrics.intake.listener.listener_tls_reload_errors.clone())
+            .listener_settings(instance_id.clone(), metrics.listener.listener_tls_reload_errors.clone())
             .map_err(|error| StartError::setup("cannot load the TLS files of [tls]", error))?;
 
         let ingesters = match ingester_placement(&config).await? {
@@ -177,7 +176,7 @@ impl Aggregator {
                 tessera_proto::Role::Aggregator,
                 "ingester",
                 Some(heartbeat),
-                metrics.outbound.senders.tls_reload_errors(),
+                metrics.senders.tls_reload_errors(),
             )
             .map_err(|error| StartError::setup("cannot load the TLS files of [ingester.tls]", error))?;
         ingesters.spawn_senders(&sender_settings, &stop_senders);

@@ -30,8 +30,7 @@
 //! counted).
 //!
 //! The queue and sender are the shared sending side
-//! ([`tessera_wire::outbound`]), as in the collector's forwarding. The stage's
-//! metrics are declared in [`metrics`].
+//! ([`tessera_wire::outbound`]), as in the collector's forwarding.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -48,10 +47,8 @@ use crate::metrics::Metrics;
 use tessera_wire::metrics::DestinationMetrics;
 
 mod encode;
-mod metrics;
 
 pub use encode::{TileHead, encode_values};
-pub use metrics::OutboundMetrics;
 
 /// One ingester endpoint's bounded buffer of framed tile batches.
 pub type OutboundQueue = outbound::OutboundQueue<DestinationMetrics>;
@@ -230,8 +227,8 @@ impl Ingesters {
                 );
             }
         }
-        self.inner.metrics.outbound.ingester_destinations.set(current as i64);
-        self.inner.metrics.outbound.ingester_placement_version.set(routing.version() as i64);
+        self.inner.metrics.ingester_destinations.set(current as i64);
+        self.inner.metrics.ingester_placement_version.set(routing.version() as i64);
     }
 
     /// Every queue, by index.
@@ -369,8 +366,8 @@ impl Ingesters {
                 (reroute.on_rerouted)(&storage_policy, tile_end_ms, queue, last_sequence);
             }
         }
-        metrics.outbound.rerouted("batches", 1);
-        metrics.outbound.rerouted("series", series);
+        metrics.rerouted("batches", 1);
+        metrics.rerouted("series", series);
     }
 }
 

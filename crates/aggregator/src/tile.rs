@@ -16,12 +16,10 @@
 //! - [`tiler`]: the tiles themselves, one set per storage policy (late and
 //!   early data, gauge resolution, expiry);
 //! - [`policy`]: storage policies, `resolution:retention`;
-//! - [`ownership`]: the shards this instance owns, watched in the placement;
-//! - [`metrics`]: the stage's metrics.
+//! - [`ownership`]: the shards this instance owns, watched in the placement.
 
 mod admission;
 mod merge;
-mod metrics;
 mod ownership;
 mod policy;
 mod tiler;
@@ -29,7 +27,6 @@ mod watermark;
 
 pub use admission::{AdmissionJob, REFUSAL_LOG, Reply, SplitBatch, run_admission};
 pub use merge::{MERGE_QUEUE_JOBS, MergeOutput, MergeTier, run_merge_thread, thread_of};
-pub use metrics::TileMetrics;
 pub use ownership::watch_ownership;
 pub use policy::{DEFAULT_POLICIES, StoragePolicy};
 pub use tiler::{Batch, ClosedTile, Partial, Tiler, TilerSettings, Via, tables_per_policy};

@@ -317,7 +317,7 @@ pub async fn run_election(
             if ELECTION_LOG.allow() {
                 tracing::warn!(error = %error_chain(&error), "leader election: etcd request failed");
             }
-            task.metrics.flush.election_errors.inc();
+            task.metrics.election_errors.inc();
         }
         task.publish_state();
         tokio::select! {
@@ -378,11 +378,11 @@ impl ElectionTask {
             if !others_alive || self.leadership.complete(self.settings.max_buffer_past_ms) {
                 leader = election.campaign(lease_id).await?;
                 if leader == Leader::Us {
-                    self.metrics.flush.election("won");
-                    self.metrics.flush.takeover_duration.observe(since.elapsed().as_secs_f64());
+                    self.metrics.election("won");
+                    self.metrics.takeover_duration.observe(since.elapsed().as_secs_f64());
                     tracing::info!(shard_set, "elected leader of the shard set");
                 } else {
-                    self.metrics.flush.election("lost");
+                    self.metrics.election("lost");
                 }
             }
         }
@@ -410,7 +410,7 @@ impl ElectionTask {
                 if acknowledged != self.recorded {
                     let marks = self.leadership.marks_text(&acknowledged);
                     if election.record_flushed(lease_id, &marks).await? {
-                        self.metrics.flush.flush_marks_recorded.inc();
+                        self.metrics.flush_marks_recorded.inc();
                         self.leadership.recorded(&acknowledged);
                         self.recorded = acknowledged;
                     } else {
@@ -428,7 +428,7 @@ impl ElectionTask {
             .filter(|(_, mark)| *mark != i64::MIN)
             .map(|(policy, mark)| (policy.to_string(), (now - mark).max(0) as f64 / 1000.0))
             .collect();
-        self.metrics.flush.set_flush_mark_lags(&lags);
+        self.metrics.set_flush_mark_lags(&lags);
         Ok(())
     }
 
@@ -438,14 +438,14 @@ impl ElectionTask {
     /// logged and counted once per episode.
     fn publish_state(&mut self) {
         let Some((shard_set, _)) = self.election.as_ref().filter(|_| self.leadership.replicated()) else {
-            self.metrics.flush.set_leader(None);
+            self.metrics.set_leader(None);
             return;
         };
         let flushes = self.leadership.may_flush();
-        self.metrics.flush.set_leader(Some((*shard_set, flushes)));
+        self.metrics.set_leader(Some((*shard_set, flushes)));
         let fenced = self.leadership.leads() && !flushes;
         if fenced && !self.fenced {
-            self.metrics.flush.fenced.inc();
+            self.metrics.fenced.inc();
             tracing::warn!(
                 shard_set,
                 remaining_ms = self.leadership.lease_remaining().as_millis() as u64,

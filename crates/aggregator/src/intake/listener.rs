@@ -37,7 +37,7 @@ pub async fn accept_loop(
     shutdown: Shutdown,
 ) {
     let accept = AcceptSettings { max_connections: settings.max_connections, peer: "collector" };
-    let counters = metrics.intake.listener.clone();
+    let counters = metrics.listener.clone();
     let context = (jobs, settings, metrics, shutdown.clone());
     inbound::accept_loop(listener, accept, counters, &CONNECTION_LOG, shutdown, context, serve_connection).await;
 }
@@ -67,7 +67,7 @@ async fn serve_connection(stream: TcpStream, peer: SocketAddr, (jobs, settings, 
 /// Counts and logs (at a limited rate) why a connection ended, unless it ended cleanly.
 fn closed(metrics: &Metrics, peer: SocketAddr, source: &str, error: &WireError) {
     if let Some(reason) = error.reason() {
-        metrics.intake.listener.frame_error(reason);
+        metrics.listener.frame_error(reason);
         if CONNECTION_LOG.allow() {
             tracing::warn!(%peer, source, reason, error = %error_chain(error), "closing connection");
         }

@@ -89,7 +89,7 @@ fn with_a_placement_every_series_goes_to_the_one_owner_of_its_shard() {
         }
     }
     assert_eq!(seen.len(), 3_000);
-    assert_eq!(metrics.outbound.ingester_destinations.get(), 3);
+    assert_eq!(metrics.ingester_destinations.get(), 3);
 }
 
 #[test]
@@ -164,5 +164,5 @@ fn a_departed_ingesters_queue_goes_to_the_new_owners_of_its_series() {
         }
     }
     assert_eq!(delivered.len(), 3_000, "every series once, the departed one's included");
-    assert_eq!(metrics.outbound.rerouted_count("series"), dead_share as u64);
+    assert_eq!(metrics.rerouted_count("series"), dead_share as u64);
 }

@@ -189,7 +189,7 @@ impl Admission {
             let lags = self.watermarks.lags_ms(now);
             let mut gone = std::mem::take(&mut self.lag_sources);
             gone.retain(|source| lags.iter().all(|(connected, _)| connected != source));
-            self.metrics.tile.set_watermark_lags(&lags, &gone);
+            self.metrics.set_watermark_lags(&lags, &gone);
             self.lag_sources = lags.iter().map(|(source, _)| (*source).to_owned()).collect();
         }
     }
@@ -204,7 +204,7 @@ impl Admission {
         self.close_due();
         if !self.ingesters.has_room() {
             self.tier.bind(connection, batch.window_start_ms, batch.window_ms, batch.shares);
-            self.metrics.intake.rejected(AckReason::BufferFull, partials);
+            self.metrics.rejected(AckReason::BufferFull, partials);
             return Reply::refusal(sequence, AckReason::BufferFull, "every ingester buffer is full".into());
         }
         // The shadow holds no series: applying the empty batch opens its
@@ -228,7 +228,7 @@ impl Admission {
                 // from this batch must hold on the merge threads too.
                 self.tier.bind(connection, batch.window_start_ms, batch.window_ms, batch.shares);
                 let reason = refused.reason();
-                self.metrics.intake.rejected(reason, partials);
+                self.metrics.rejected(reason, partials);
                 if REFUSAL_LOG.allow() {
                     tracing::warn!(reason = reason.as_str(), partials, error = %refused, "partial batch refused");
                 }

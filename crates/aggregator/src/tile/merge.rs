@@ -96,9 +96,9 @@ pub fn run_merge_thread(mut tiler: Tiler, jobs: Receiver<MergeJob>, out: Sender<
                 // Opening a tile closes nothing here unless the clock jumped;
                 // such a part joins the last round.
                 let applied = tiler.apply(&batch, &mut part(round));
-                metrics.tile.merge_duration.observe(started.elapsed().as_secs_f64());
-                metrics.tile.partials_merged.inc_by(applied.partials);
-                metrics.tile.gauge_order_ambiguous.inc_by(applied.gauge_order_ambiguous);
+                metrics.merge_duration.observe(started.elapsed().as_secs_f64());
+                metrics.partials_merged.inc_by(applied.partials);
+                metrics.gauge_order_ambiguous.inc_by(applied.gauge_order_ambiguous);
                 metrics.dropped("series_limit", "series", applied.series_limit);
                 metrics.dropped("unknown_series_ref", "series", applied.unknown_refs);
             }
@@ -138,7 +138,7 @@ impl MergeTier {
         }
         let mut closed = 0;
         shadow.close_through(horizon_ms, &mut |_| closed += 1);
-        metrics.tile.tiles_closed(trigger.as_str(), closed);
+        metrics.tiles_closed(trigger.as_str(), closed);
         self.round += 1;
         for jobs in &self.jobs {
             let _ = jobs.send(MergeJob::CloseThrough { round: self.round, horizon_ms });
@@ -149,7 +149,7 @@ impl MergeTier {
     pub fn close_all(&mut self, shadow: &mut Tiler, metrics: &Metrics) {
         let mut closed = 0;
         shadow.close_all(&mut |_| closed += 1);
-        metrics.tile.tiles_closed(Trigger::Shutdown.as_str(), closed);
+        metrics.tiles_closed(Trigger::Shutdown.as_str(), closed);
         self.round += 1;
         for jobs in &self.jobs {
             let _ = jobs.send(MergeJob::CloseAll { round: self.round });

@@ -36,11 +36,11 @@ pub async fn watch_ownership(
         if seen_version != Some(current.version()) {
             seen_version = Some(current.version());
             describe(&current, &instance_id, &policies);
-            metrics.tile.placement_version.set(current.version() as i64);
+            metrics.placement_version.set(current.version() as i64);
             ready.mark_ready();
         }
         let owned = current.owned_shards(&instance_id, now_ms()).count();
-        metrics.tile.shards_owned.set(owned as i64);
+        metrics.shards_owned.set(owned as i64);
         if owned_before.is_some_and(|before| before != owned) {
             tracing::info!(version = current.version(), shards = owned, "owned shards changed");
         }
