@@ -20,7 +20,6 @@
 //!
 //! Nothing on the receive path is shared between readers.
 
-mod metrics;
 mod reader;
 mod stream;
 mod sys;
@@ -37,7 +36,6 @@ use tessera_runtime::{Shutdown, StartError};
 
 use crate::config::{Config, GaugeDeltasConfig};
 use crate::metrics::Metrics;
-pub use metrics::{IntakeMetrics, ListenerMetrics};
 pub use reader::{Cut, CutEntry, FlusherLinks, ReaderSettings, cut_links};
 use reader::{CutLinks, Reader};
 pub use sys::lower_this_thread_priority;
@@ -78,10 +76,10 @@ pub async fn start(
         let threads = config.udp_reader_threads();
         let what = format!("udp {}", config.udp.listen);
         let (sockets, stamped) = udp::bind(&config.udp, threads).map_err(|source| StartError::bind(what, source))?;
-        metrics.intake.udp_receive_stamps.set(i64::from(stamped));
+        metrics.udp_receive_stamps.set(i64::from(stamped));
         udp_addr = sockets.first().and_then(|socket| socket.local_addr().ok());
         let granted = udp::granted_recv_buffer(&sockets[0]);
-        metrics.intake.udp_recv_buffer_bytes.set(granted as i64);
+        metrics.udp_recv_buffer_bytes.set(granted as i64);
         if granted < config.udp.recv_buffer_bytes {
             tracing::warn!(
                 granted,

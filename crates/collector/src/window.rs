@@ -45,10 +45,6 @@ use tessera_core::parse::MetricKind;
 use tessera_core::table::{Table, TableOptions};
 use tessera_rules::{RuleCache, RulesHandle};
 
-mod metrics;
-
-pub use metrics::WindowMetrics;
-
 use crate::intake::{Cut, CutEntry, FlusherLinks};
 use crate::metrics::Metrics;
 use crate::outbound::Router;
@@ -170,7 +166,7 @@ impl Flusher {
             }
         };
         if let Window::Merged(table) = &mut window {
-            self.metrics.window.gauge_order_ambiguous.inc_by(table.take_ambiguous_merges());
+            self.metrics.gauge_order_ambiguous.inc_by(table.take_ambiguous_merges());
         }
         self.windows.insert(start, window);
     }
@@ -308,10 +304,10 @@ impl Flusher {
     ) {
         let started = Instant::now();
         let emitted = self.send_window(window_start_ms, series);
-        self.metrics.window.active_series.set(emitted as i64);
-        self.metrics.window.flush_duration.observe(started.elapsed().as_secs_f64());
+        self.metrics.active_series.set(emitted as i64);
+        self.metrics.flush_duration.observe(started.elapsed().as_secs_f64());
         let lag_ms = now_ms() - (window_start_ms + self.settings.window_ms);
-        self.metrics.window.flush_lag.observe(lag_ms.max(0) as f64 / 1000.0);
+        self.metrics.flush_lag.observe(lag_ms.max(0) as f64 / 1000.0);
     }
 
     /// Hands one window to the router with the watermark; returns its series.

@@ -30,8 +30,7 @@ use tessera_core::aggregate::{Aggregate, GaugeDeltas};
 use tessera_core::parse::{MetricKind, ParseOptions};
 use tessera_core::table::{Folded, Table, TableOptions};
 
-use super::metrics::{BatchCounts, ListenerMetrics};
-use crate::metrics::Metrics;
+use crate::metrics::{BatchCounts, ListenerMetrics, Metrics};
 
 /// The partials one reader held for one window, and how far it has got.
 #[derive(Debug, Default)]
@@ -234,7 +233,7 @@ impl Reader {
             cut.ids.extend_from_slice(id);
             cut.entries.push(CutEntry { kind, id_start, id_end: cut.ids.len() as u32, aggregate: aggregate.clone() });
         });
-        self.metrics.intake.series_expired.inc_by(stats.expired as u64);
+        self.metrics.series_expired.inc_by(stats.expired as u64);
         if self.links.cuts.send(cut).is_err() {
             // The flusher is gone: the daemon is shutting down past its grace.
             self.metrics.drop_partials("shutdown", stats.emitted as u64);

@@ -164,7 +164,7 @@ impl KernelDrops {
 /// `kernel_drops_total{socket}`.
 pub async fn poll_kernel_drops(mut drops: KernelDrops, metrics: Metrics, shutdown: Shutdown) {
     while !shutdown.is_triggered() {
-        drops.poll(|socket, previous, total| metrics.intake.record_kernel_drops(socket, previous, total));
+        drops.poll(|socket, previous, total| metrics.record_kernel_drops(socket, previous, total));
         tokio::select! {
             () = tokio::time::sleep(Duration::from_secs(1)) => {}
             () = shutdown.wait() => {}
