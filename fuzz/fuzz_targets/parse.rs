@@ -51,11 +51,9 @@ fuzz_target!(|data: &[u8]| {
             }
             key.build(&line).expect("accepted lines have at most MAX_TAGS tags");
             let outcome = rules().apply(line.kind, key.id());
-            if let Targets::Ids(ids) = &outcome.targets {
-                for id in ids {
-                    let (name, _) = tessera_core::series::split_id(id);
-                    assert!(name.starts_with(b"f_"), "{:?}", String::from_utf8_lossy(id));
-                }
+            for id in outcome.targets.new_ids() {
+                let (name, _) = tessera_core::series::split_id(id);
+                assert!(name.starts_with(b"f_"), "{:?}", String::from_utf8_lossy(id));
             }
             for admission in &outcome.admissions {
                 rules().release(admission);

@@ -57,8 +57,8 @@ fn describe_rules(rules: &RuleSet, kind: MetricKind, id: &[u8], num_shards: u32)
     let targets = match &outcome.targets {
         Targets::Same => format!("unchanged\tshard={}", shard_of(id, num_shards)),
         Targets::Dropped => "dropped".to_owned(),
-        Targets::Ids(ids) => ids
-            .iter()
+        targets => targets
+            .new_ids()
             .map(|id| format!("{}\tshard={}", String::from_utf8_lossy(id), shard_of(id, num_shards)))
             .collect::<Vec<_>>()
             .join("\t+ "),

@@ -12,10 +12,10 @@
 //!
 //! **Duplicate ids.** Rules can send two series under one id (a rollup, two names mapped
 //! to one); such a cut must be merged before it is sent. Merging a whole cut costs as
-//! much as cutting it, so the reader tracks instead whether any two of its cached series
+//! much as cutting it, so the cache tracks instead whether any two of its series
 //! may give the same id: a fingerprint (64-bit hash of kind and id) of every output goes
 //! in a set as the outcome is cached, and leaves it when the series is forgotten. A
-//! fingerprint already present marks the reader as colliding until the cache is emptied
+//! fingerprint already present marks the cache as colliding until it is emptied
 //! (a false positive from a hash clash only costs a merge). [`CutRules::finish`] says
 //! whether the cut may hold an id twice.
 
@@ -88,8 +88,6 @@ enum Route {
 struct Extra {
     hits: Vec<u32>,
     admissions: Vec<Admission>,
-    /// Ids past the second, which no rule set gives today.
-    more_ids: Vec<Box<[u8]>>,
 }
 
 impl Entry {
@@ -102,15 +100,11 @@ impl Entry {
         let route = match outcome.targets {
             Targets::Same => Route::Same,
             Targets::Dropped => Route::Dropped,
-            Targets::Ids(ids) => {
+            targets => {
                 let mut ends = [0u32; 2];
-                for (index, target) in ids.into_iter().enumerate() {
-                    if index < 2 {
-                        bytes.extend_from_slice(&target);
-                        ends[index] = bytes.len() as u32;
-                    } else {
-                        extra.more_ids.push(target);
-                    }
+                for (end, target) in ends.iter_mut().zip(targets.new_ids()) {
+                    bytes.extend_from_slice(target);
+                    *end = bytes.len() as u32;
                 }
                 Route::Ids(ends)
             }
@@ -120,8 +114,7 @@ impl Entry {
         hits[..hit_count].copy_from_slice(&outcome.hits[..hit_count]);
         extra.hits.extend_from_slice(&outcome.hits[hit_count..]);
         extra.admissions = outcome.admissions;
-        let extra = (!extra.hits.is_empty() || !extra.admissions.is_empty() || !extra.more_ids.is_empty())
-            .then(|| Box::new(extra));
+        let extra = (!extra.hits.is_empty() || !extra.admissions.is_empty()).then(|| Box::new(extra));
         Entry {
             hash,
             last_window_ms: i64::MIN,
@@ -148,9 +141,6 @@ impl Entry {
                 if second != 0 {
                     each(&self.bytes[first as usize..second as usize]);
                 }
-                for more in self.extra.iter().flat_map(|extra| &extra.more_ids) {
-                    each(more);
-                }
             }
         }
     }
@@ -165,7 +155,7 @@ impl Entry {
     }
 }
 
-/// The rules of one cut, borrowed from its reader.
+/// The rules of one cut, borrowed from the cache.
 pub struct CutRules<'r> {
     rules: &'r mut RuleCache,
     window_start_ms: i64,
@@ -231,7 +221,7 @@ impl RuleCache {
         self.cache.shrink_to_fit(|entry| entry.hash);
     }
 
-    /// Series whose outcome this reader holds.
+    /// Series whose outcome the cache holds.
     pub fn cached(&self) -> usize {
         self.cache.len()
     }

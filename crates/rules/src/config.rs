@@ -128,10 +128,3 @@ pub enum Overflow {
 fn every_name() -> String {
     "*".to_owned()
 }
-
-impl RulesConfig {
-    /// Whether no rule is configured.
-    pub fn is_empty(&self) -> bool {
-        *self == RulesConfig::default()
-    }
-}

@@ -42,10 +42,4 @@ impl RulesHandle {
             sets[0].0 = i64::MIN;
         }
     }
-
-    /// The newest set (for `tessera check`-like callers and logs).
-    pub fn newest(&self) -> Arc<RuleSet> {
-        let sets = self.sets.lock().unwrap_or_else(PoisonError::into_inner);
-        sets[sets.len() - 1].1.clone()
-    }
 }

@@ -32,7 +32,7 @@
 //! "#.replace("[[rules.", "[[").as_str()).unwrap();
 //! let set = RuleSet::load(&MappingConfig::default(), &rules, &RuleMetrics::default()).unwrap();
 //! let outcome = set.apply(MetricKind::Counter, b"api.hits|#route:/a,user:42");
-//! assert_eq!(outcome.targets, Targets::Ids(vec![b"api.hits|#region:eu,route:/a".as_slice().into()]));
+//! assert_eq!(outcome.targets, Targets::One(b"api.hits|#region:eu,route:/a".as_slice().into()));
 //! ```
 
 mod cache;

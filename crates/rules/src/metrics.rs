@@ -82,10 +82,4 @@ impl RuleMetrics {
         let result = if applied { "applied" } else { "failed" };
         self.rules_reloads.get_or_create(&ByResult { result }).inc();
     }
-
-    /// Reloads so far with this result (for tests and logs).
-    pub fn reloads(&self, applied: bool) -> u64 {
-        let result = if applied { "applied" } else { "failed" };
-        self.rules_reloads.get_or_create(&ByResult { result }).get()
-    }
 }

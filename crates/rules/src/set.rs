@@ -154,8 +154,22 @@ pub enum Targets {
     Same,
     /// Nowhere: a rule dropped it.
     Dropped,
-    /// Under these ids (one, or two when a rollup keeps the original).
-    Ids(Vec<Box<[u8]>>),
+    /// Under a new id.
+    One(Box<[u8]>),
+    /// Under two ids: the original and its rollup (a rollup that keeps the original).
+    Two(Box<[u8]>, Box<[u8]>),
+}
+
+impl Targets {
+    /// The new ids (none for [`Targets::Same`] and [`Targets::Dropped`]).
+    pub fn new_ids(&self) -> impl Iterator<Item = &[u8]> {
+        let (first, second) = match self {
+            Targets::Same | Targets::Dropped => (None, None),
+            Targets::One(id) => (Some(&**id), None),
+            Targets::Two(first, second) => (Some(&**first), Some(&**second)),
+        };
+        first.into_iter().chain(second)
+    }
 }
 
 /// What the rules made of one series.
@@ -289,7 +303,6 @@ impl RuleSet {
         let dropped = |hits| Outcome { targets: Targets::Dropped, hits, admissions: Vec::new() };
         let (name, raw_tags) = split_id(id);
         let mut draft = Draft { name: name.to_vec(), tags: parse_tags(raw_tags), matched_name: Vec::new() };
-        let mut changed = false;
 
         if let (Some(mapping), Ok(text)) = (&self.mapping, std::str::from_utf8(name)) {
             let mut mapped = Mapped::default();
@@ -301,17 +314,17 @@ impl RuleSet {
                 }
                 MapOutcome::Mapped { rule } => {
                     hits.push(self.mapping_slots[rule].0);
-                    draft.name = clean_part(mapped.name.as_bytes(), false);
-                    for (key, value) in &mapped.labels {
-                        let key = clean_part(key.as_bytes(), true);
+                    // The mapping file gives names, label names and values a tag can hold.
+                    draft.name = mapped.name.into_bytes();
+                    for (key, value) in mapped.labels {
+                        let key = key.into_bytes();
                         let carried = draft.tags.iter().any(|(existing, _)| *existing == key);
                         if carried && mapped.honor_labels {
                             continue;
                         }
                         draft.tags.retain(|(existing, _)| *existing != key);
-                        draft.tags.push((key, Some(clean_part(value.as_bytes(), false))));
+                        draft.tags.push((key, Some(value.into_bytes())));
                     }
-                    changed = true;
                 }
             }
         }
@@ -328,7 +341,6 @@ impl RuleSet {
         for rule in self.tags.iter().filter(|rule| rule.glob.matches(&draft.matched_name)) {
             if rule.apply(&mut draft.tags) {
                 hits.push(rule.slot);
-                changed = true;
             }
         }
         let mut drafts = vec![draft];
@@ -344,19 +356,14 @@ impl RuleSet {
             } else {
                 drafts[0] = rolled;
             }
-            changed = true;
         }
         for draft in &mut drafts {
             for (key, value) in &self.global_tags {
                 if !draft.tags.iter().any(|(existing, _)| existing == key) {
                     draft.tags.push((key.clone(), Some(value.clone())));
-                    changed = true;
                 }
             }
-            if !self.prefix.is_empty() {
-                draft.name.splice(0..0, self.prefix.iter().copied());
-                changed = true;
-            }
+            draft.name.splice(0..0, self.prefix.iter().copied());
         }
         let mut admissions = Vec::new();
         let mut ids = Vec::with_capacity(drafts.len());
@@ -372,19 +379,21 @@ impl RuleSet {
                 } else if limit.overflow == Overflow::Fold {
                     hits.push(limit.slots.1);
                     id = self.overflow_id(&mut key, kind, &draft.name);
-                    changed = true;
                 } else {
                     hits.push(limit.slots.1);
-                    changed = true;
                     continue;
                 }
             }
             ids.push(id);
         }
-        let targets = match ids.as_slice() {
-            [] => Targets::Dropped,
-            [only] if !changed && **only == *id => Targets::Same,
-            _ => Targets::Ids(ids),
+        // Ids are canonical on both sides: a series the rules left as it was has its own.
+        // There are at most two drafts: the series and its rollup.
+        let mut ids = ids.into_iter();
+        let targets = match (ids.next(), ids.next()) {
+            (None, _) => Targets::Dropped,
+            (Some(only), None) if *only == *id => Targets::Same,
+            (Some(only), None) => Targets::One(only),
+            (Some(first), Some(second)) => Targets::Two(first, second),
         };
         Outcome { targets, hits, admissions }
     }
@@ -586,15 +595,6 @@ fn check_tag_part(key: &str, text: &str) -> Result<(), RulesError> {
         });
     }
     Ok(())
-}
-
-/// A mapped name, label name or label value as a canonical id can hold it: `|` and `,`
-/// (and `:` in a key) become `_`, surrounding spaces go.
-fn clean_part(text: &[u8], is_key: bool) -> Vec<u8> {
-    let text = text.trim_ascii();
-    text.iter()
-        .map(|&byte| if byte == b'|' || byte == b',' || (is_key && byte == b':') { b'_' } else { byte })
-        .collect()
 }
 
 fn parse_tags(raw: &[u8]) -> Vec<(Vec<u8>, Option<Vec<u8>>)> {

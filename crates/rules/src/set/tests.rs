@@ -18,7 +18,7 @@ fn ids(outcome: &Outcome) -> Vec<String> {
     match &outcome.targets {
         Targets::Same => vec!["<same>".to_owned()],
         Targets::Dropped => Vec::new(),
-        Targets::Ids(ids) => ids.iter().map(|id| String::from_utf8_lossy(id).into_owned()).collect(),
+        targets => targets.new_ids().map(|id| String::from_utf8_lossy(id).into_owned()).collect(),
     }
 }
 
@@ -235,11 +235,14 @@ proptest::proptest! {
         let config = rules(include_str!("../../tests/data/every_rule.toml"));
         let set = RuleSet::compile(Some(mapping), &config, &RuleMetrics::default()).unwrap();
         let outcome = set.apply(parsed.kind, key.id());
-        if let Targets::Ids(ids) = &outcome.targets {
-            for id in ids {
-                let text = std::str::from_utf8(id).unwrap();
-                proptest::prop_assert!(text.starts_with("f_"), "{}", text);
-            }
+        proptest::prop_assert!(outcome.targets != Targets::Same, "the prefix renames every series");
+        let name = std::str::from_utf8(parsed.name).unwrap();
+        if !name.starts_with("denied") && !name.starts_with("drop.") {
+            proptest::prop_assert!(outcome.targets.new_ids().next().is_some(), "{} was dropped", line);
+        }
+        for id in outcome.targets.new_ids() {
+            let text = std::str::from_utf8(id).unwrap();
+            proptest::prop_assert!(text.starts_with("f_"), "{}", text);
         }
     }
 }
