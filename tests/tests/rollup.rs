@@ -279,11 +279,13 @@ fn three_hosts_roll_up_ten_thousand_users_exactly_on_one_aggregator_per_series()
     let held = active_series(&aggregators);
     println!("active series per aggregator: {held:?}");
     assert_eq!(held.iter().sum::<f64>(), (ROUTES.len() * 2) as f64, "series held by agg-1 and agg-2");
+    assert!(held.iter().all(|series| *series > 0.0), "the rolled-up series spread over both aggregators: {held:?}");
     let partials: Vec<f64> = aggregators
         .iter()
         .map(|aggregator| aggregator.metric("tessera_aggregator_partials_received_total", ""))
         .collect();
     println!("partials received per aggregator: {partials:?}");
+    assert!(partials.iter().all(|received| *received > 0.0), "each aggregator got its series' partials: {partials:?}");
 
     // (c) Each collector rolled up every series it saw: one partial per series, since each
     // series has one line per host (in one window of one reader).

@@ -343,6 +343,10 @@ impl MappingFile {
             let Some(regex) = &rule.regex else {
                 continue;
             };
+            // A miss costs the regex's fast search only; captures allocate, so only a match takes them.
+            if !regex.is_match(name) {
+                continue;
+            }
             let Some(captures) = regex.captures(name) else {
                 continue;
             };

@@ -57,6 +57,8 @@ pub struct RuleSet {
     allow_slot: u32,
     /// Hit slot of each deny glob.
     deny_slots: Vec<u32>,
+    /// Series whose tags the rules took past `MAX_TAGS`.
+    truncated: Counter,
     notes: Vec<String>,
 }
 
@@ -266,6 +268,7 @@ impl RuleSet {
             mapping_slots,
             allow_slot,
             deny_slots,
+            truncated: metrics.rule_truncated_series.clone(),
         })
     }
 
@@ -369,6 +372,9 @@ impl RuleSet {
         let mut ids = Vec::with_capacity(drafts.len());
         let mut key = SeriesKey::default();
         for draft in &drafts {
+            if draft.tags.len() > MAX_TAGS {
+                self.truncated.inc();
+            }
             let mut id = canonical_id(&mut key, kind, &draft.name, &draft.tags);
             if let Some((index, limit)) =
                 self.limits.iter().enumerate().find(|(_, limit)| limit.glob.matches(&draft.matched_name))
@@ -610,7 +616,7 @@ fn parse_tags(raw: &[u8]) -> Vec<(Vec<u8>, Option<Vec<u8>>)> {
 /// The canonical id of `name` with `tags` (sorted, duplicates collapsed).
 fn canonical_id(key: &mut SeriesKey, kind: MetricKind, name: &[u8], tags: &[(Vec<u8>, Option<Vec<u8>>)]) -> Box<[u8]> {
     // A mapping may add labels past what a line may carry: keep the first ones rather
-    // than lose the series.
+    // than lose the series (counted by the caller).
     let tags = &tags[..tags.len().min(MAX_TAGS)];
     let mut raw = Vec::new();
     for (tag_key, value) in tags {

@@ -246,3 +246,17 @@ proptest::proptest! {
         }
     }
 }
+
+#[test]
+fn tags_past_what_a_line_may_carry_are_cut_and_counted() {
+    let metrics = RuleMetrics::default();
+    let global_tags: Vec<String> = (0..MAX_TAGS).map(|index| format!("g{index:02} = \"x\"")).collect();
+    let text = format!("global_tags = {{ {} }}", global_tags.join(", "));
+    let set = RuleSet::compile(None, &rules(&text), &metrics).unwrap();
+    let outcome = set.apply(MetricKind::Counter, b"a|#own:1");
+    let kept = ids(&outcome)[0].split(',').count();
+    assert_eq!(kept, MAX_TAGS, "the first {MAX_TAGS} tags stay");
+    assert_eq!(metrics.rule_truncated_series.get(), 1);
+    set.apply(MetricKind::Counter, b"b");
+    assert_eq!(metrics.rule_truncated_series.get(), 1, "exactly MAX_TAGS tags fit");
+}
