@@ -233,10 +233,13 @@ impl ServerTlsConfig {
 }
 
 /// A configuration built from files, rebuilt when they change; see the [module docs](self).
-pub struct Reloading<T> {
+/// `E` is what a failed build says (a TLS error for certificates; the ingester's bearer
+/// token file uses it too).
+pub struct Reloading<T, E = TlsError> {
     files: Vec<PathBuf>,
-    build: Box<dyn Fn() -> Result<Arc<T>, TlsError> + Send + Sync>,
-    on_error: Box<dyn Fn(&TlsError) + Send + Sync>,
+    check_every: Duration,
+    build: Box<dyn Fn() -> Result<Arc<T>, E> + Send + Sync>,
+    on_error: Box<dyn Fn(&E) + Send + Sync>,
     state: Mutex<State<T>>,
 }
 
@@ -253,44 +256,61 @@ pub fn file_stamp(path: &Path) -> Option<(SystemTime, u64)> {
     Some((metadata.modified().ok()?, metadata.len()))
 }
 
-impl<T> std::fmt::Debug for Reloading<T> {
+impl<T, E> std::fmt::Debug for Reloading<T, E> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Reloading").field("files", &self.files).finish_non_exhaustive()
     }
 }
 
-impl<T> Reloading<T> {
+impl<T, E> Reloading<T, E> {
     /// Builds the configuration now (an error here is a startup error), and again
-    /// whenever one of `files` changes; `on_error` hears of every failed rebuild.
+    /// whenever one of `files` changes, looked at most once a second; `on_error` hears
+    /// of every change that does not build.
     ///
     /// # Errors
     ///
     /// When the first build fails.
     pub fn new(
         files: Vec<PathBuf>,
-        build: impl Fn() -> Result<Arc<T>, TlsError> + Send + Sync + 'static,
-        on_error: impl Fn(&TlsError) + Send + Sync + 'static,
-    ) -> Result<Reloading<T>, TlsError> {
+        build: impl Fn() -> Result<Arc<T>, E> + Send + Sync + 'static,
+        on_error: impl Fn(&E) + Send + Sync + 'static,
+    ) -> Result<Reloading<T, E>, E> {
+        Reloading::checked_every(files, RELOAD_CHECK, build, on_error)
+    }
+
+    /// [`Reloading::new`], with the files looked at most once per `check_every` (zero:
+    /// at every [`Reloading::current`]).
+    ///
+    /// # Errors
+    ///
+    /// When the first build fails.
+    pub fn checked_every(
+        files: Vec<PathBuf>,
+        check_every: Duration,
+        build: impl Fn() -> Result<Arc<T>, E> + Send + Sync + 'static,
+        on_error: impl Fn(&E) + Send + Sync + 'static,
+    ) -> Result<Reloading<T, E>, E> {
         let stamps = files.iter().map(|path| file_stamp(path)).collect();
         let current = build()?;
         let state = Mutex::new(State { current, stamps, checked: Instant::now() });
-        Ok(Reloading { files, build: Box::new(build), on_error: Box::new(on_error), state })
+        Ok(Reloading { files, check_every, build: Box::new(build), on_error: Box::new(on_error), state })
     }
 
-    /// The configuration to use for a new connection.
+    /// The configuration to use now.
     pub fn current(&self) -> Arc<T> {
         let mut state = self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if state.checked.elapsed() >= RELOAD_CHECK {
+        if state.checked.elapsed() >= self.check_every {
             state.checked = Instant::now();
             let stamps: Vec<_> = self.files.iter().map(|path| file_stamp(path)).collect();
             if stamps != state.stamps {
+                // Each change is built once: a broken file is counted once, not at every
+                // look; a rotation half written changes again when it is done.
+                state.stamps = stamps;
                 match (self.build)() {
                     Ok(config) => {
-                        tracing::info!(files = ?self.files, "TLS files changed: reloaded");
+                        tracing::info!(files = ?self.files, "files changed: reloaded");
                         state.current = config;
-                        state.stamps = stamps;
                     }
-                    // Keep the stamps: the next check tries again (a rotation half written).
                     Err(error) => (self.on_error)(&error),
                 }
             }

@@ -52,7 +52,7 @@ use hyper_util::rt::TokioExecutor;
 use rustls::ClientConfig;
 use tessera_runtime::logging::{RateLimitedLog, error_chain};
 use tessera_wire::client::ClientTls;
-use tessera_wire::tls::file_stamp;
+use tessera_wire::tls::Reloading;
 
 use super::prompb;
 use super::{Sink, SinkError, SinkRequest, StoredSample, shorten};
@@ -118,14 +118,10 @@ impl Authorization {
 }
 
 /// A bearer token in a file, re-read when the file's modification time or size changes
-/// (checked at each request); a change that does not read keeps the old token, logged and
-/// counted.
+/// (looked at at each request: a rotated token is used by the next one); a change that
+/// does not read keeps the old token, logged and counted once.
 #[derive(Debug)]
-pub struct TokenFile {
-    path: PathBuf,
-    state: Mutex<(Option<(std::time::SystemTime, u64)>, HeaderValue)>,
-    reload_errors: tessera_wire::config::Counter,
-}
+pub struct TokenFile(Reloading<HeaderValue, String>);
 
 static TOKEN_LOG: RateLimitedLog = RateLimitedLog::new("ingester.bearer_token", 5);
 
@@ -136,29 +132,20 @@ impl TokenFile {
     ///
     /// When the file cannot be read or its content is not a header value.
     pub fn open(path: PathBuf, reload_errors: tessera_wire::config::Counter) -> Result<TokenFile, String> {
-        let value = read_token(&path)?;
-        Ok(TokenFile { state: Mutex::new((file_stamp(&path), value)), path, reload_errors })
+        let file = path.clone();
+        let on_error = move |error: &String| {
+            reload_errors.inc();
+            if TOKEN_LOG.allow() {
+                tracing::warn!(error, "cannot re-read the bearer token; the previous one stays in use");
+            }
+        };
+        let reloading =
+            Reloading::checked_every(vec![path], Duration::ZERO, move || read_token(&file).map(Arc::new), on_error)?;
+        Ok(TokenFile(reloading))
     }
 
     fn current(&self) -> Result<HeaderValue, SinkError> {
-        let mut state = self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let now = file_stamp(&self.path);
-        if now != state.0 {
-            match read_token(&self.path) {
-                Ok(value) => {
-                    tracing::info!(path = %self.path.display(), "bearer token file changed: re-read");
-                    *state = (now, value);
-                }
-                // A rotation half written: keep the old token, try again at the next request.
-                Err(error) => {
-                    self.reload_errors.inc();
-                    if TOKEN_LOG.allow() {
-                        tracing::warn!(error, "cannot re-read the bearer token; the previous one stays in use");
-                    }
-                }
-            }
-        }
-        Ok(state.1.clone())
+        Ok(HeaderValue::clone(&self.0.current()))
     }
 }
 
@@ -442,6 +429,8 @@ mod tests {
         std::fs::write(&path, "").unwrap();
         assert_eq!(file.current().unwrap(), "Bearer second-and-longer", "an empty rotation keeps the old token");
         assert_eq!(errors.get(), 1, "and is counted");
+        assert_eq!(file.current().unwrap(), "Bearer second-and-longer");
+        assert_eq!(errors.get(), 1, "once, not at every request while it stays broken");
         assert!(TokenFile::open(dir.path().join("missing"), errors).unwrap_err().contains("missing"));
     }
 }
