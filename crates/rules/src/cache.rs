@@ -29,6 +29,7 @@ use tessera_core::prehashed::BuildPrehashed;
 use tessera_core::series::kind_byte;
 
 use crate::handle::RulesHandle;
+use crate::mapping::Mapped;
 use crate::metrics::RuleMetrics;
 use crate::set::{Admission, Outcome, RuleSet, Targets};
 
@@ -53,6 +54,8 @@ pub struct RuleCache {
     outputs: hashbrown::HashSet<u64, BuildPrehashed>,
     /// Whether two cached series may give one id (sticky until the cache is emptied).
     colliding: bool,
+    /// The mapping file's buffers, kept from one new series to the next.
+    mapped: Mapped,
     metrics: RuleMetrics,
 }
 
@@ -178,6 +181,7 @@ impl RuleCache {
             counts: Vec::new(),
             outputs: hashbrown::HashSet::default(),
             colliding: false,
+            mapped: Mapped::default(),
             metrics,
         }
     }
@@ -244,7 +248,7 @@ impl CutRules<'_> {
         let entry = match rules.cache.find_mut(hash, matches) {
             Some(entry) => entry,
             None => {
-                let entry = Entry::new(hash, kind_byte, id, self.set.apply(kind, id));
+                let entry = Entry::new(hash, kind_byte, id, self.set.apply_with(kind, id, &mut rules.mapped));
                 rules.metrics.rule_cache_series.inc();
                 rules.add_outputs(&entry, id);
                 rules.cache.insert_unique(hash, entry, |entry| entry.hash).into_mut()

@@ -302,14 +302,19 @@ impl RuleSet {
 
     /// Takes the series `id` of `kind` through every rule.
     pub fn apply(&self, kind: MetricKind, id: &[u8]) -> Outcome {
+        self.apply_with(kind, id, &mut Mapped::default())
+    }
+
+    /// [`RuleSet::apply`] with the mapping file's buffers in `mapped`, kept by the caller
+    /// from one series to the next.
+    pub fn apply_with(&self, kind: MetricKind, id: &[u8], mapped: &mut Mapped) -> Outcome {
         let mut hits = Vec::new();
         let dropped = |hits| Outcome { targets: Targets::Dropped, hits, admissions: Vec::new() };
         let (name, raw_tags) = split_id(id);
         let mut draft = Draft { name: name.to_vec(), tags: parse_tags(raw_tags), matched_name: Vec::new() };
 
         if let (Some(mapping), Ok(text)) = (&self.mapping, std::str::from_utf8(name)) {
-            let mut mapped = Mapped::default();
-            match mapping.map(text, kind, &mut mapped) {
+            match mapping.map(text, kind, mapped) {
                 MapOutcome::NoMatch => {}
                 MapOutcome::Drop { rule } | MapOutcome::EmptyName { rule } => {
                     hits.push(self.mapping_slots[rule].1);
@@ -318,15 +323,15 @@ impl RuleSet {
                 MapOutcome::Mapped { rule } => {
                     hits.push(self.mapping_slots[rule].0);
                     // The mapping file gives names, label names and values a tag can hold.
-                    draft.name = mapped.name.into_bytes();
-                    for (key, value) in mapped.labels {
-                        let key = key.into_bytes();
-                        let carried = draft.tags.iter().any(|(existing, _)| *existing == key);
+                    draft.name = mapped.name.as_bytes().to_vec();
+                    for (key, value) in &mapped.labels {
+                        let key = key.as_bytes();
+                        let carried = draft.tags.iter().any(|(existing, _)| existing == key);
                         if carried && mapped.honor_labels {
                             continue;
                         }
-                        draft.tags.retain(|(existing, _)| *existing != key);
-                        draft.tags.push((key, Some(value.into_bytes())));
+                        draft.tags.retain(|(existing, _)| existing != key);
+                        draft.tags.push((key.to_vec(), Some(value.as_bytes().to_vec())));
                     }
                 }
             }
