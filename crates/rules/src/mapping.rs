@@ -291,16 +291,6 @@ impl MappingFile {
         self.rules.iter().map(|rule| &*rule.pattern)
     }
 
-    /// How many mappings the file has.
-    pub fn len(&self) -> usize {
-        self.rules.len()
-    }
-
-    /// Whether the file has no mapping.
-    pub fn is_empty(&self) -> bool {
-        self.rules.is_empty()
-    }
-
     /// Maps the statsd name `name` of a series of type `kind`. On
     /// [`MapOutcome::Mapped`], `out` holds the new name and labels; on any
     /// other outcome its name and labels are empty.
