@@ -29,9 +29,10 @@ use std::time::{Duration, Instant};
 use tessera_proto::framing::{self, FrameError};
 use tessera_proto::{AckReason, Frame, frame::Body};
 use tessera_runtime::{RateLimitedLog, Shutdown};
-use tessera_wire::inbound::{self, AcceptSettings, ListenerSettings, WireConnection, WireError};
+use tessera_wire::inbound::{self, ListenerSettings, WireConnection, WireError};
+use tessera_wire::metrics::ListenerMetrics;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::metrics::Metrics;
@@ -49,39 +50,35 @@ pub async fn accept_loop(
     metrics: Metrics,
     stop: Shutdown,
 ) {
-    let accept = AcceptSettings { max_connections: settings.max_connections, peer: "aggregator" };
     let counters = metrics.listener.clone();
-    let context = (jobs, settings, metrics, stop.clone());
-    inbound::accept_loop(listener, accept, counters, &FRAME_ERROR_LOG, stop, context, connection).await;
+    let context = (jobs, counters.clone(), stop.clone());
+    inbound::serve_wire(listener, settings, "aggregator", counters, &FRAME_ERROR_LOG, stop, context, connection).await;
 }
 
-/// What every connection's task holds.
-type Context = (mpsc::Sender<Job>, ListenerSettings, Metrics, Shutdown);
-
-async fn connection(stream: TcpStream, peer: SocketAddr, (jobs, settings, metrics, stop): Context) {
-    let (settings, metrics, stop) = (&settings, &metrics, &stop);
-    let mut wire = match WireConnection::accept(stream, settings, stop).await {
-        Ok(wire) => wire,
-        Err(error) => return ended(metrics, peer, &error),
-    };
+/// Serves one aggregator after its handshake: a frame at a time, each answered.
+async fn connection(
+    mut wire: WireConnection,
+    peer: SocketAddr,
+    (jobs, counters, stop): (mpsc::Sender<Job>, ListenerMetrics, Shutdown),
+) -> Result<(), WireError> {
     tracing::debug!(%peer, source = %wire.hello.instance_id, "aggregator connected");
     loop {
-        let body = match wire.next_frame(false, stop).await {
+        let body = match wire.next_frame(false, &stop).await {
             Ok(body) => body,
             Err(error) => {
                 if let WireError::Frame(FrameError::TooLarge { len, max }) = error {
                     let message = format!("frame of {len} bytes exceeds the maximum of {max} bytes");
                     refuse(&mut wire.stream, AckReason::FrameTooLarge, message).await;
                 }
-                return ended(metrics, peer, &error);
+                return Err(error);
             }
         };
         let (reply, verdict) = oneshot::channel();
         let job = Job::Frame { body, read_at: Instant::now(), reply };
         if jobs.send(job).await.is_err() {
-            return;
+            return Ok(());
         }
-        let Ok(verdict) = verdict.await else { return };
+        let Ok(verdict) = verdict.await else { return Ok(()) };
         match verdict {
             Verdict::Ack(ack) => {
                 let frame = Frame { body: Some(Body::Ack(ack)) };
@@ -89,29 +86,18 @@ async fn connection(stream: TcpStream, peer: SocketAddr, (jobs, settings, metric
                     framing::write_frame(&mut wire.stream, &frame, framing::DEFAULT_MAX_FRAME_BYTES).await
                 {
                     tracing::debug!(%peer, %error, "cannot send an acknowledgement; closing");
-                    return;
+                    return Ok(());
                 }
             }
             Verdict::Close { reason, message } => {
-                frame_error(metrics, peer, reason, &message);
+                counters.frame_error(reason);
+                if FRAME_ERROR_LOG.allow() {
+                    tracing::warn!(%peer, source = %wire.hello.instance_id, reason, message, "closing connection");
+                }
                 refuse(&mut wire.stream, AckReason::MalformedFrame, message).await;
-                return;
+                return Ok(());
             }
         }
-    }
-}
-
-/// Counts and logs why a connection ended, unless it ended cleanly.
-fn ended(metrics: &Metrics, peer: SocketAddr, error: &WireError) {
-    if let Some(reason) = error.reason() {
-        frame_error(metrics, peer, reason, &tessera_runtime::logging::error_chain(error));
-    }
-}
-
-fn frame_error(metrics: &Metrics, peer: SocketAddr, reason: &'static str, message: &str) {
-    metrics.listener.frame_error(reason);
-    if FRAME_ERROR_LOG.allow() {
-        tracing::warn!(%peer, reason, message, "bad frame; closing the connection");
     }
 }
 

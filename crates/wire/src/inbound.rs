@@ -40,6 +40,7 @@ use rustls::ServerConfig;
 use tessera_runtime::Shutdown;
 use tessera_runtime::logging::RateLimitedLog;
 
+use crate::metrics::ListenerMetrics;
 use crate::stream::WireStream;
 use crate::tls::{Reloading, failure_label};
 
@@ -53,6 +54,23 @@ pub trait InboundCounters: Clone + Send + Sync + 'static {
     fn opened(&self);
     /// A connection ended and gave its slot back.
     fn closed(&self);
+}
+
+/// A wire listener counts into the wire's own metrics.
+impl InboundCounters for ListenerMetrics {
+    fn accept_error(&self) {
+        self.accept_errors.inc();
+    }
+    fn refused(&self) {
+        self.frame_error("too_many_connections");
+    }
+    fn opened(&self) {
+        self.connections_accepted.inc();
+        self.connections.inc();
+    }
+    fn closed(&self) {
+        self.connections.dec();
+    }
 }
 
 /// Settings of a wire listener (an aggregator's for collectors, an ingester's for
@@ -142,6 +160,61 @@ pub async fn accept_loop<C, T, S, F>(
             connection.await;
             counters.closed();
         });
+    }
+}
+
+/// Accepts wire connections until `shutdown` through [`accept_loop`] (under
+/// `settings.max_connections`; `peer` names what connects, for logs), takes each one's TLS
+/// and handshake ([`WireConnection::accept`]), then runs `serve` on the connection with a
+/// clone of `context`. A connection that fails before `serve`, or that `serve` ends with
+/// an error, is counted and logged by [`connection_ended`].
+#[allow(clippy::too_many_arguments)]
+pub async fn serve_wire<T, S, F>(
+    listener: TcpListener,
+    settings: ListenerSettings,
+    peer: &'static str,
+    metrics: ListenerMetrics,
+    log: &'static RateLimitedLog,
+    shutdown: Shutdown,
+    context: T,
+    serve: S,
+) where
+    T: Clone + Send + 'static,
+    S: Fn(WireConnection, SocketAddr, T) -> F + Copy + Send + 'static,
+    F: Future<Output = Result<(), WireError>> + Send + 'static,
+{
+    let accept = AcceptSettings { max_connections: settings.max_connections, peer };
+    let each = (Arc::new(settings), metrics.clone(), shutdown.clone(), context);
+    accept_loop(listener, accept, metrics, log, shutdown, each, move |stream, address, each| {
+        let (settings, metrics, shutdown, context) = each;
+        async move {
+            let (source, ended) = match WireConnection::accept(stream, &settings, &shutdown).await {
+                Ok(wire) => (wire.hello.instance_id.clone(), serve(wire, address, context).await),
+                Err(error) => (String::new(), Err(error)),
+            };
+            if let Err(error) = ended {
+                connection_ended(&metrics, log, address, &source, &error);
+            }
+        }
+    })
+    .await;
+}
+
+/// Counts (`frame_errors_total{reason}`) and logs, at `log`'s rate, why the wire
+/// connection from `peer` (instance `source`, empty before its handshake) ended, unless
+/// it ended cleanly.
+pub fn connection_ended(
+    metrics: &ListenerMetrics,
+    log: &RateLimitedLog,
+    peer: SocketAddr,
+    source: &str,
+    error: &WireError,
+) {
+    let Some(reason) = error.reason() else { return };
+    metrics.frame_error(reason);
+    if log.allow() {
+        let error = tessera_runtime::logging::error_chain(error);
+        tracing::warn!(%peer, source, reason, %error, "closing connection");
     }
 }
 

@@ -31,7 +31,6 @@ use prometheus_client::metrics::histogram::Histogram;
 use tessera_proto::AckReason;
 use tessera_runtime::telemetry::{Registry, latency_histogram};
 
-use crate::inbound::InboundCounters;
 use crate::outbound::{Batch, DropReason, GenerationEnd, OutboundMetrics};
 
 /// `{reason}`: why a connection was closed or refused.
@@ -108,22 +107,6 @@ impl ListenerMetrics {
     /// Connections closed for `reason` so far.
     pub fn frame_errors(&self, reason: &'static str) -> u64 {
         self.frame_errors.get_or_create(&ByReason { reason }).get()
-    }
-}
-
-impl InboundCounters for ListenerMetrics {
-    fn accept_error(&self) {
-        self.accept_errors.inc();
-    }
-    fn refused(&self) {
-        self.frame_error("too_many_connections");
-    }
-    fn opened(&self) {
-        self.connections_accepted.inc();
-        self.connections.inc();
-    }
-    fn closed(&self) {
-        self.connections.dec();
     }
 }
 

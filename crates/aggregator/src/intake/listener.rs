@@ -14,14 +14,13 @@ use crossbeam_channel::Sender;
 use tessera_proto::framing;
 use tessera_proto::{Frame, frame::Body};
 use tessera_runtime::{RateLimitedLog, Shutdown};
-use tessera_wire::inbound::{self, AcceptSettings, ListenerSettings, WireConnection, WireError};
-use tokio::net::{TcpListener, TcpStream};
+use tessera_wire::inbound::{self, ListenerSettings, WireConnection, WireError};
+use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 
 use super::{FrameJob, Inbound};
 use crate::metrics::Metrics;
 use crate::tile::Reply;
-use tessera_runtime::logging::error_chain;
 
 static CONNECTION_LOG: RateLimitedLog = RateLimitedLog::new("aggregator.connection", 5);
 
@@ -36,42 +35,37 @@ pub async fn accept_loop(
     metrics: Metrics,
     shutdown: Shutdown,
 ) {
-    let accept = AcceptSettings { max_connections: settings.max_connections, peer: "collector" };
     let counters = metrics.listener.clone();
-    let context = (jobs, settings, metrics, shutdown.clone());
-    inbound::accept_loop(listener, accept, counters, &CONNECTION_LOG, shutdown, context, serve_connection).await;
+    let context = (jobs, shutdown.clone());
+    inbound::serve_wire(
+        listener,
+        settings,
+        "collector",
+        counters,
+        &CONNECTION_LOG,
+        shutdown,
+        context,
+        serve_connection,
+    )
+    .await;
 }
 
-/// What every connection's task holds.
-type Context = (Sender<Inbound>, ListenerSettings, Metrics, Shutdown);
-
-async fn serve_connection(stream: TcpStream, peer: SocketAddr, (jobs, settings, metrics, shutdown): Context) {
-    let (jobs, settings, metrics, shutdown) = (&jobs, &settings, &metrics, &shutdown);
-    let mut wire = match WireConnection::accept(stream, settings, shutdown).await {
-        Ok(wire) => wire,
-        Err(error) => return closed(metrics, peer, "", &error),
-    };
+/// Serves one collector after its handshake; whatever ended the connection, it holds no
+/// tile back any more.
+async fn serve_connection(
+    mut wire: WireConnection,
+    peer: SocketAddr,
+    (jobs, shutdown): (Sender<Inbound>, Shutdown),
+) -> Result<(), WireError> {
     let source = wire.hello.instance_id.clone();
     tracing::debug!(%peer, %source, "collector connected");
     let connection = NEXT_CONNECTION.fetch_add(1, Ordering::Relaxed);
-    if jobs.send(Inbound::Opened { connection, source: source.clone() }).is_err() {
-        return;
+    if jobs.send(Inbound::Opened { connection, source }).is_err() {
+        return Ok(());
     }
-    if let Err(error) = serve_frames(&mut wire, connection, jobs, shutdown).await {
-        closed(metrics, peer, &source, &error);
-    }
-    // Whatever ended the connection, it holds no tile back any more.
+    let served = serve_frames(&mut wire, connection, &jobs, &shutdown).await;
     let _ = jobs.send(Inbound::Closed { connection });
-}
-
-/// Counts and logs (at a limited rate) why a connection ended, unless it ended cleanly.
-fn closed(metrics: &Metrics, peer: SocketAddr, source: &str, error: &WireError) {
-    if let Some(reason) = error.reason() {
-        metrics.listener.frame_error(reason);
-        if CONNECTION_LOG.allow() {
-            tracing::warn!(%peer, source, reason, error = %error_chain(error), "closing connection");
-        }
-    }
+    served
 }
 
 /// Reads frames and writes their answers until the connection ends; `Ok` when
