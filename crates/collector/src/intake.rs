@@ -20,6 +20,7 @@
 //!
 //! Nothing on the receive path is shared between readers.
 
+mod metrics;
 mod reader;
 mod stream;
 mod sys;
@@ -35,10 +36,11 @@ use tessera_runtime::daemon::spawn_thread;
 use tessera_runtime::{Shutdown, StartError};
 
 use crate::config::{Config, GaugeDeltasConfig};
-use crate::metrics::Metrics;
+pub use metrics::IntakeMetrics;
 pub use reader::{Cut, CutEntry, FlusherLinks, ReaderSettings, cut_links};
 use reader::{CutLinks, Reader};
 pub use sys::lower_this_thread_priority;
+use tessera_wire::metrics::Drops;
 use udp::KernelDrops;
 pub use udp::poll_kernel_drops;
 
@@ -62,11 +64,19 @@ pub async fn start(
     config: &Config,
     settings: &ReaderSettings,
     links: CutLinks,
-    metrics: &Metrics,
+    metrics: &IntakeMetrics,
+    drops: &Drops,
     shutdown: &Shutdown,
 ) -> Result<Listeners, StartError> {
     let new_reader = |listener: &'static str, gauge_deltas: GaugeDeltasConfig| {
-        Reader::new(settings, gauge_deltas.into(), links.clone(), metrics.listener(listener), metrics.clone())
+        Reader::new(
+            settings,
+            gauge_deltas.into(),
+            links.clone(),
+            metrics.listener(listener, drops),
+            metrics.clone(),
+            drops.clone(),
+        )
     };
 
     let mut readers = Vec::new();
@@ -121,7 +131,13 @@ pub async fn start(
             max_line_bytes: config.parse.max_line_bytes,
             max_connections: config.tcp.max_connections,
         };
-        tokio::spawn(stream::accept_loop(listener, line_sender, settings, metrics.listener("tcp"), shutdown.clone()));
+        tokio::spawn(stream::accept_loop(
+            listener,
+            line_sender,
+            settings,
+            metrics.listener("tcp", drops),
+            shutdown.clone(),
+        ));
         tracing::info!(address = ?tcp_addr, "listening on tcp");
     }
     Ok(Listeners { readers, udp_addr, tcp_addr, unix_path, kernel_drops })

@@ -124,7 +124,8 @@ impl Collector {
                 )
                 .map_err(|error| StartError::setup("cannot load the TLS files of [forward.tls]", error))?,
         };
-        let listeners = intake::start(&config, &reader_settings, cut_links, &metrics, &shutdown).await?;
+        let listeners =
+            intake::start(&config, &reader_settings, cut_links, &metrics.intake, &metrics.drops, &shutdown).await?;
 
         let stop_senders = Shutdown::new();
         let destinations = Destinations::default();
@@ -134,7 +135,8 @@ impl Collector {
             destinations.clone(),
             tokio::runtime::Handle::current(),
             stop_senders.clone(),
-            metrics.clone(),
+            metrics.senders.clone(),
+            metrics.drops.clone(),
         );
         let flush_settings = FlushSettings {
             window_ms,
@@ -143,7 +145,8 @@ impl Collector {
             rules: rules.clone(),
             rules_idle_ms: i64::from(expire_windows + 1) * window_ms,
         };
-        let flusher = Flusher::new(flusher_links, flush_settings, router, metrics.clone());
+        let flusher =
+            Flusher::new(flusher_links, flush_settings, router, metrics.window.clone(), metrics.rules.clone());
         let flusher = spawn_thread("flusher", move || {
             // The readers go first when both want one core (see `lower_this_thread_priority`).
             if let Err(error) = intake::lower_this_thread_priority(FLUSHER_NICE) {
@@ -156,10 +159,10 @@ impl Collector {
             config_file: tessera_runtime::daemon::config_file().map(Into::into),
             config: config.clone(),
         };
-        tokio::spawn(rules::reload_loop(rules, source, window_ms, metrics.clone(), shutdown.clone()));
+        tokio::spawn(rules::reload_loop(rules, source, window_ms, metrics.rules.clone(), shutdown.clone()));
 
         if let Some(drops) = listeners.kernel_drops {
-            tokio::spawn(intake::poll_kernel_drops(drops, metrics.clone(), shutdown.clone()));
+            tokio::spawn(intake::poll_kernel_drops(drops, metrics.intake.clone(), shutdown.clone()));
         }
 
         let server = match config.telemetry.listen {
@@ -256,7 +259,7 @@ async fn supervise(
     stop_senders.trigger();
     let abandoned = destinations.abandon_all();
     if abandoned > 0 {
-        metrics.drop_partials("shutdown", abandoned);
+        tessera_wire::metrics::count_drops(&metrics.drops, "shutdown", "partials", abandoned);
         tracing::warn!(partials = abandoned, "shutdown grace elapsed with partials undelivered");
     }
     if let Some(server) = server {

@@ -29,10 +29,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use tessera_runtime::shutdown::Shutdown;
-use tessera_wire::metrics::DestinationMetrics;
+use tessera_wire::metrics::{DestinationMetrics, Drops, SenderMetrics};
 use tessera_wire::outbound::{OutboundQueue, SenderSettings, run_sender};
 
-use crate::metrics::Metrics;
 pub use route::Router;
 
 /// One destination aggregator's bounded queue.
@@ -90,7 +89,9 @@ struct Senders {
     runtime: tokio::runtime::Handle,
     /// Stops every sender task.
     stop: Shutdown,
-    metrics: Metrics,
+    metrics: SenderMetrics,
+    /// Where the queues count what they drop.
+    drops: Drops,
 }
 
 impl Senders {
@@ -104,7 +105,7 @@ impl Senders {
         let queue = Arc::new(DestinationQueue::new(
             endpoint.to_owned(),
             self.max_queue_bytes,
-            self.metrics.destination(instance),
+            self.metrics.destination(instance, &self.drops),
         ));
         let sender = run_sender(queue.clone(), self.sender.clone(), self.stop.clone());
         self.runtime.spawn(sender);
@@ -118,6 +119,7 @@ mod tests {
     use tessera_wire::outbound::Batch;
 
     use super::*;
+    use crate::metrics::Metrics;
 
     fn batch(sequence: u64, bytes: usize, partials: u64) -> Batch {
         Batch { sequence, frame: vec![0; bytes], items: partials, refs: None }

@@ -24,7 +24,7 @@ use tessera_runtime::Shutdown;
 use tessera_wire::tls::file_stamp;
 
 use crate::config::Config;
-use crate::metrics::Metrics;
+use tessera_rules::RuleMetrics;
 
 /// How often the files are looked at.
 const CHECK_INTERVAL: Duration = Duration::from_secs(1);
@@ -48,11 +48,11 @@ impl RuleSource {
     }
 
     /// Reads and compiles the rules again; the error says why they were refused.
-    fn reload(&mut self, metrics: &Metrics) -> Result<tessera_rules::RuleSet, String> {
+    fn reload(&mut self, metrics: &RuleMetrics) -> Result<tessera_rules::RuleSet, String> {
         if let Some(path) = &self.config_file {
             self.config = read_config(path)?;
         }
-        self.config.rule_set(&metrics.rules).map_err(|error| error.to_string())
+        self.config.rule_set(metrics).map_err(|error| error.to_string())
     }
 }
 
@@ -65,7 +65,7 @@ pub async fn reload_loop(
     handle: Arc<RulesHandle>,
     mut source: RuleSource,
     window_ms: i64,
-    metrics: Metrics,
+    metrics: RuleMetrics,
     shutdown: Shutdown,
 ) {
     let mut hangups = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
@@ -103,12 +103,12 @@ pub async fn reload_loop(
                     tracing::info!(note, "mapping file");
                 }
                 handle.replace(set, from_ms);
-                metrics.rules.reloaded(true);
+                metrics.reloaded(true);
                 tracing::info!(why, from_window_ms = from_ms, "rules reloaded; in force from the next window");
             }
             Err(error) => {
                 (source.config_file, source.config) = previous;
-                metrics.rules.reloaded(false);
+                metrics.reloaded(false);
                 tracing::warn!(why, %error, "rules not reloaded; the rules in force stay");
             }
         }

@@ -43,11 +43,13 @@ use tessera_core::aggregate::Aggregate;
 use tessera_core::clock::now_ms;
 use tessera_core::parse::MetricKind;
 use tessera_core::table::{Table, TableOptions};
-use tessera_rules::{RuleCache, RulesHandle};
+use tessera_rules::{RuleCache, RuleMetrics, RulesHandle};
 
 use crate::intake::{Cut, CutEntry, FlusherLinks};
-use crate::metrics::Metrics;
 use crate::outbound::Router;
+pub use metrics::WindowMetrics;
+
+mod metrics;
 
 /// Settings of the flusher.
 #[derive(Clone)]
@@ -83,7 +85,7 @@ pub struct Flusher {
     settings: FlushSettings,
     /// Where each flushed window goes.
     router: Router,
-    metrics: Metrics,
+    metrics: WindowMetrics,
     /// How far each reader has got (`Cut::through_ms`), by reader id.
     readers: HashMap<usize, i64>,
     /// The newest watermark sent to the destinations, unix ms.
@@ -98,9 +100,16 @@ pub struct Flusher {
 }
 
 impl Flusher {
-    /// A flusher reading the cuts of `links` and handing each window to `router`.
-    pub fn new(links: FlusherLinks, settings: FlushSettings, router: Router, metrics: Metrics) -> Flusher {
-        let rules = RuleCache::new(settings.rules.clone(), metrics.rules.clone(), settings.rules_idle_ms);
+    /// A flusher reading the cuts of `links` and handing each window to `router`; the
+    /// rules count what they do in `rules`.
+    pub fn new(
+        links: FlusherLinks,
+        settings: FlushSettings,
+        router: Router,
+        metrics: WindowMetrics,
+        rules: RuleMetrics,
+    ) -> Flusher {
+        let rules = RuleCache::new(settings.rules.clone(), rules, settings.rules_idle_ms);
         Flusher {
             rules,
             spare_ids: Vec::new(),

@@ -64,6 +64,11 @@ pub struct ByReasonUnit {
 /// A daemon's `drops_total{reason,unit}`, which its senders count their drops in.
 pub type Drops = Family<ByReasonUnit, Counter>;
 
+/// Adds `count` to `drops_total{reason, unit}`.
+pub fn count_drops(drops: &Drops, reason: &'static str, unit: &'static str, count: u64) {
+    drops.get_or_create(&ByReasonUnit { reason, unit }).inc_by(count);
+}
+
 /// `{destination, result}`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ByDestinationResult {
@@ -266,10 +271,10 @@ impl DestinationMetrics {
     /// Counts `batches` batches of `items` items dropped for `reason`.
     pub fn dropped(&self, reason: &'static str, batches: u64, items: u64) {
         if self.items.count_batches && batches > 0 {
-            self.drops.get_or_create(&ByReasonUnit { reason, unit: "batches" }).inc_by(batches);
+            count_drops(&self.drops, reason, "batches", batches);
         }
         if items > 0 || !self.items.count_batches {
-            self.drops.get_or_create(&ByReasonUnit { reason, unit: self.items.unit }).inc_by(items);
+            count_drops(&self.drops, reason, self.items.unit, items);
         }
     }
 }

@@ -30,7 +30,9 @@ use tessera_core::aggregate::{Aggregate, GaugeDeltas};
 use tessera_core::parse::{MetricKind, ParseOptions};
 use tessera_core::table::{Folded, Table, TableOptions};
 
-use crate::metrics::{BatchCounts, ListenerMetrics, Metrics};
+use tessera_wire::metrics::{Drops, count_drops};
+
+use super::metrics::{BatchCounts, IntakeMetrics, ListenerMetrics};
 
 /// The partials one reader held for one window, and how far it has got.
 #[derive(Debug, Default)]
@@ -121,7 +123,8 @@ pub struct Reader {
     parse_options: ParseOptions,
     links: CutLinks,
     listener: ListenerMetrics,
-    metrics: Metrics,
+    metrics: IntakeMetrics,
+    drops: Drops,
     counts: BatchCounts,
 }
 
@@ -132,7 +135,8 @@ impl Reader {
         gauge_deltas: GaugeDeltas,
         links: CutLinks,
         listener: ListenerMetrics,
-        metrics: Metrics,
+        metrics: IntakeMetrics,
+        drops: Drops,
     ) -> Reader {
         let options = TableOptions {
             max_series: settings.max_series,
@@ -148,6 +152,7 @@ impl Reader {
             links,
             listener,
             metrics,
+            drops,
             counts: BatchCounts::default(),
         }
     }
@@ -236,7 +241,7 @@ impl Reader {
         self.metrics.series_expired.inc_by(stats.expired as u64);
         if self.links.cuts.send(cut).is_err() {
             // The flusher is gone: the daemon is shutting down past its grace.
-            self.metrics.drop_partials("shutdown", stats.emitted as u64);
+            count_drops(&self.drops, "shutdown", "partials", stats.emitted as u64);
         }
     }
 }

@@ -18,10 +18,9 @@ use tessera_wire::inbound::{self, AcceptSettings};
 use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};
 
+use super::metrics::{BatchCounts, ListenerMetrics};
 use super::reader::Reader;
 use super::udp::RECV_TIMEOUT;
-use crate::metrics::BatchCounts;
-use crate::metrics::ListenerMetrics;
 use tessera_core::clock::{now_ms, now_ns};
 
 /// Chunks of whole lines waiting for the line thread.

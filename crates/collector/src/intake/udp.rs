@@ -8,10 +8,10 @@ use socket2::{Domain, Protocol, Socket, Type};
 use tessera_core::clock::{now_ms, now_ns};
 use tessera_runtime::shutdown::Shutdown;
 
+use super::metrics::IntakeMetrics;
 use super::reader::Reader;
 use super::sys::{RecvBatch, attach_random_reuseport_program, enable_receive_stamps};
 use crate::config::{Distribution, UdpConfig};
-use crate::metrics::Metrics;
 
 /// How long a blocked receive waits before the reader checks its window
 /// and the shutdown flag.
@@ -162,7 +162,7 @@ impl KernelDrops {
 
 /// Reads the kernel drop counters every second until `shutdown`, into
 /// `kernel_drops_total{socket}`.
-pub async fn poll_kernel_drops(mut drops: KernelDrops, metrics: Metrics, shutdown: Shutdown) {
+pub async fn poll_kernel_drops(mut drops: KernelDrops, metrics: IntakeMetrics, shutdown: Shutdown) {
     while !shutdown.is_triggered() {
         drops.poll(|socket, previous, total| metrics.record_kernel_drops(socket, previous, total));
         tokio::select! {

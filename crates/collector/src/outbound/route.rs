@@ -26,7 +26,7 @@ use tessera_wire::outbound::{Batch, GenerationEnd, Refs};
 
 use super::dictionary::{Dictionary, DictionaryWindow, Name};
 use super::{DestinationKey, DestinationQueue, Destinations, OutboundSettings, Senders};
-use crate::metrics::Metrics;
+use tessera_wire::metrics::{Drops, SenderMetrics, count_drops};
 
 /// The routing table of one placement version and the queue of each of its destinations.
 struct Routes {
@@ -47,20 +47,23 @@ pub struct Router {
     /// Series dictionaries per destination of `routes`.
     dictionaries: Vec<Dictionary>,
     senders: Senders,
-    metrics: Metrics,
+    /// Where partials no aggregator owns are counted.
+    drops: Drops,
 }
 
 impl Router {
     /// A router for the destinations of `placement`; their queues go into
     /// `destinations`, their sender tasks are spawned on `runtime` and stop
-    /// when `stop_senders` fires.
+    /// when `stop_senders` fires. The senders count into `metrics`, and every drop goes
+    /// to `drops`.
     pub fn new(
         settings: OutboundSettings,
         placement: PlacementHandle,
         destinations: Destinations,
         runtime: tokio::runtime::Handle,
         stop_senders: Shutdown,
-        metrics: Metrics,
+        metrics: SenderMetrics,
+        drops: Drops,
     ) -> Router {
         let senders = Senders {
             destinations,
@@ -68,9 +71,10 @@ impl Router {
             sender: settings.sender.clone(),
             runtime,
             stop: stop_senders,
-            metrics: metrics.clone(),
+            metrics,
+            drops: drops.clone(),
         };
-        Router { settings, placement, routes: None, shares: Vec::new(), dictionaries: Vec::new(), senders, metrics }
+        Router { settings, placement, routes: None, shares: Vec::new(), dictionaries: Vec::new(), senders, drops }
     }
 
     /// Routes and queues the window at `window_start_ms`, its batches
@@ -121,7 +125,7 @@ impl Router {
         });
         drop(windows);
         if unrouted > 0 {
-            self.metrics.drop_partials("no_owner", unrouted);
+            count_drops(&self.drops, "no_owner", "partials", unrouted);
         }
         let version = routes.routing.version();
         for (destination, share) in self.shares.iter_mut().enumerate() {

@@ -10,6 +10,8 @@ use tessera_proto::framing;
 use tessera_rules::RuleSet;
 use tessera_runtime::shutdown::Shutdown;
 use tessera_topology::{Placement, PlacementHandle};
+
+use crate::metrics::Metrics;
 use tessera_wire::outbound::SenderSettings;
 
 use super::*;
@@ -60,9 +62,10 @@ fn harness_with_rules(readers: usize, rules: &str) -> Harness {
     let settings = FlushSettings { window_ms: 1_000, flush_delay_ms: 150, readers, rules, rules_idle_ms: 10_000 };
     let placement = PlacementHandle::fixed(Placement::init(&[("agg-1", "127.0.0.1:9")], 4, 1, 0).unwrap());
     let destinations = Destinations::default();
+    let (senders, drops) = (metrics.senders.clone(), metrics.drops.clone());
     let router =
-        Router::new(outbound, placement, destinations.clone(), runtime.handle().clone(), stop_senders, metrics.clone());
-    let flusher = Flusher::new(flusher_links, settings, router, metrics);
+        Router::new(outbound, placement, destinations.clone(), runtime.handle().clone(), stop_senders, senders, drops);
+    let flusher = Flusher::new(flusher_links, settings, router, metrics.window, metrics.rules);
     Harness { flusher, destinations, _runtime: runtime }
 }
 
