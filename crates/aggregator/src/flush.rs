@@ -18,16 +18,19 @@
 
 mod gatherer;
 mod leadership;
+mod metrics;
 
 pub use gatherer::Gatherer;
 pub use leadership::{ElectionSettings, Leadership, run_election};
+pub use metrics::{FlushMetrics, PolicyMetrics};
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 
-use crate::metrics::{Metrics, PolicyMetrics};
+use tessera_wire::metrics::{Drops, count_drops};
+
 use crate::outbound::{Ingesters, TileHead};
 use crate::tile::{ClosedTile, MergeOutput};
 use tessera_core::clock::now_ms;
@@ -73,8 +76,10 @@ pub struct Flusher {
     pub ingesters: Ingesters,
     /// Settings.
     pub settings: FlushSettings,
-    /// The aggregator's metrics.
-    pub metrics: Metrics,
+    /// The flush stage's metrics.
+    pub metrics: FlushMetrics,
+    /// Where series no ingester owns are counted.
+    pub drops: Drops,
     /// Per-policy handles, indexed like the policies.
     pub policies: Vec<PolicyMetrics>,
     /// Whether to flush or hold.
@@ -135,14 +140,14 @@ impl Held {
 }
 
 fn flush_tile(tile: ClosedTile, flusher: &Flusher) {
-    let Flusher { ingesters, settings, metrics, policies, leadership } = flusher;
+    let Flusher { ingesters, settings, drops, policies, leadership, .. } = flusher;
     let Some(policy) = policies.get(tile.policy_index) else { return };
     let started = Instant::now();
     let ClosedTile { policy_index, policy: storage_policy, tile_start_ms, tile_end_ms, values, cut_duration, .. } =
         tile;
     let series = values.len() as u64;
     let (shares, unowned) = ingesters.assign(values, tile_start_ms);
-    metrics.dropped("no_ingester", "series", unowned);
+    count_drops(drops, "no_ingester", "series", unowned);
     let storage_policy = storage_policy.to_string();
     let head = TileHead {
         storage_policy: &storage_policy,

@@ -21,16 +21,17 @@
 mod decode;
 mod dictionary;
 mod listener;
+mod metrics;
 
 pub use decode::{Decoded, Decoder};
 pub use listener::accept_loop;
+pub use metrics::IntakeMetrics;
 
 use crossbeam_channel::{Receiver, Sender};
 use tessera_proto::AckReason;
 use tokio::sync::oneshot;
 
-use crate::metrics::Metrics;
-use crate::tile::{AdmissionJob, REFUSAL_LOG, Reply};
+use crate::tile::{AdmissionJob, REFUSAL_LOG, Refusals, Reply};
 
 /// What a connection task hands the decoder.
 pub enum Inbound {
@@ -61,8 +62,15 @@ pub struct FrameJob {
 }
 
 /// The decoder thread: decodes and checks frames until every connection
-/// and the accept loop have hung up, then returns (closing admission's input).
-pub fn run_decoder(jobs: Receiver<Inbound>, mut decoder: Decoder, admission: Sender<AdmissionJob>, metrics: Metrics) {
+/// and the accept loop have hung up, then returns (closing admission's input). A batch
+/// refused here is counted in `refusals`, with admission's.
+pub fn run_decoder(
+    jobs: Receiver<Inbound>,
+    mut decoder: Decoder,
+    admission: Sender<AdmissionJob>,
+    metrics: IntakeMetrics,
+    refusals: Refusals,
+) {
     while let Ok(job) = jobs.recv() {
         let job = match job {
             Inbound::Frame(job) => job,
@@ -96,7 +104,7 @@ pub fn run_decoder(jobs: Receiver<Inbound>, mut decoder: Decoder, admission: Sen
                     Err(crossbeam_channel::SendError(job)) => {
                         let AdmissionJob::Batch { batch, reply, .. } = job else { unreachable!("sent a batch") };
                         let partials = batch.partials();
-                        metrics.rejected(AckReason::ShuttingDown, partials);
+                        refusals.rejected(AckReason::ShuttingDown, partials);
                         let _ = reply.send(Reply::refusal(sequence, AckReason::ShuttingDown, "shutting down".into()));
                         continue;
                     }
@@ -104,7 +112,7 @@ pub fn run_decoder(jobs: Receiver<Inbound>, mut decoder: Decoder, admission: Sen
             }
             Decoded::Refused { sequence, reason, message, partials, watermark_ms } => {
                 metrics.partials_received.inc_by(partials);
-                metrics.rejected(reason, partials);
+                refusals.rejected(reason, partials);
                 if REFUSAL_LOG.allow() {
                     tracing::warn!(reason = reason.as_str(), partials, %message, "partial batch refused");
                 }

@@ -30,8 +30,9 @@
 //! - `outbound`: one queue and sender task per ingester, with
 //!   acknowledgements, retries, a bounded buffer, and re-routing when an
 //!   ingester leaves the ingesters' placement.
-//! - `config` reads the configuration file; `metrics` declares every
-//!   metric; this file wires the threads together.
+//! - `config` reads the configuration file; each stage declares its own
+//!   metrics (`<stage>/metrics.rs`) and `metrics` gathers them with the
+//!   drops under the daemon's prefix; this file wires the threads together.
 //!
 //! Decoding, merging and cutting never run on a tokio worker. Each
 //! connection waits for the answer to one batch before reading the next,
@@ -116,7 +117,7 @@ impl Aggregator {
                 aggregator.leadership.clone(),
                 aggregator.placement.clone(),
                 aggregator.ingesters.clone(),
-                aggregator.metrics.clone(),
+                aggregator.metrics.flush.clone(),
                 shutdown,
             ));
         } else if aggregator.placement.current().replication_factor() > 1 {
@@ -158,12 +159,19 @@ impl Aggregator {
         let listen_addr = listener.local_addr().map_err(|source| StartError::bind(config.listen, source))?;
         // The TLS files are read before any thread or task of the pipeline starts.
         let server_settings = config
-            .listener_settings(instance_id.clone(), metrics.listener.listener_tls_reload_errors.clone())
+            .listener_settings(instance_id.clone(), metrics.intake.listener.listener_tls_reload_errors.clone())
             .map_err(|error| StartError::setup("cannot load the TLS files of [tls]", error))?;
 
         let ingesters = match ingester_placement(&config).await? {
-            Some(placement) => Ingesters::placed(placement, config.ingester.max_queue_bytes, &metrics),
-            None => Ingesters::new(&config.ingester.endpoints, config.ingester.max_queue_bytes, &metrics),
+            Some(placement) => {
+                Ingesters::placed(placement, config.ingester.max_queue_bytes, &metrics.outbound, &metrics.drops)
+            }
+            None => Ingesters::new(
+                &config.ingester.endpoints,
+                config.ingester.max_queue_bytes,
+                &metrics.outbound,
+                &metrics.drops,
+            ),
         }
         .reserving(config.ingester.max_frame_bytes.min(config.ingester.max_queue_bytes / 2));
         let stop_senders = Shutdown::new();
@@ -176,7 +184,7 @@ impl Aggregator {
                 tessera_proto::Role::Aggregator,
                 "ingester",
                 Some(heartbeat),
-                metrics.senders.tls_reload_errors(),
+                metrics.outbound.senders.tls_reload_errors(),
             )
             .map_err(|error| StartError::setup("cannot load the TLS files of [ingester.tls]", error))?;
         ingesters.spawn_senders(&sender_settings, &stop_senders);
@@ -192,7 +200,7 @@ impl Aggregator {
         };
         let started_ms = now_ms();
         let shadow = Tiler::new(tiler_settings.clone(), started_ms);
-        let policy_metrics = config.policies.iter().map(|policy| metrics.policy(&policy.to_string())).collect();
+        let policy_metrics = config.policies.iter().map(|policy| metrics.flush.policy(&policy.to_string())).collect();
         let (frame_sender, frame_receiver) = crossbeam_channel::unbounded();
         let (batch_sender, batch_receiver) = crossbeam_channel::unbounded();
         let (part_sender, part_receiver) = crossbeam_channel::unbounded();
@@ -215,8 +223,8 @@ impl Aggregator {
         }
         // Shutdown joins the threads in this order: each one's exit closes the next one's input.
         let mut threads = vec![spawn_thread("decoder", {
-            let metrics = metrics.clone();
-            move || intake::run_decoder(frame_receiver, decoder, batch_sender, metrics)
+            let (metrics, refusals) = (metrics.intake.clone(), metrics.tile.refusals.clone());
+            move || intake::run_decoder(frame_receiver, decoder, batch_sender, metrics, refusals)
         })?];
         let mut merge_jobs = Vec::with_capacity(merge_threads);
         let mut merge_handles = Vec::with_capacity(merge_threads);
@@ -224,14 +232,14 @@ impl Aggregator {
             let (jobs, job_receiver) = crossbeam_channel::bounded(tile::MERGE_QUEUE_JOBS);
             merge_jobs.push(jobs);
             let tiler = Tiler::new(tiler_settings.clone(), started_ms);
-            let (parts, metrics) = (part_sender.clone(), metrics.clone());
+            let (parts, metrics, drops) = (part_sender.clone(), metrics.tile.clone(), metrics.drops.clone());
             merge_handles.push(spawn_thread(&format!("merge-{index}"), move || {
-                tile::run_merge_thread(tiler, job_receiver, parts, metrics)
+                tile::run_merge_thread(tiler, job_receiver, parts, metrics, drops)
             })?);
         }
         drop(part_sender);
         threads.push(spawn_thread("admission", {
-            let (ingesters, metrics) = (ingesters.clone(), metrics.clone());
+            let (ingesters, metrics) = (ingesters.clone(), metrics.tile.clone());
             let tier = tile::MergeTier::new(merge_jobs);
             let watermarks = Watermarks::new(config.buffer_past_ms as i64, config.max_buffer_past_ms() as i64);
             move || tile::run_admission(shadow, tier, watermarks, batch_receiver, ingesters, metrics)
@@ -241,7 +249,8 @@ impl Aggregator {
             let flusher = flush::Flusher {
                 ingesters: ingesters.clone(),
                 settings: flush_settings,
-                metrics: metrics.clone(),
+                metrics: metrics.flush.clone(),
+                drops: metrics.drops.clone(),
                 policies: policy_metrics,
                 leadership: leadership.clone(),
             };
@@ -253,11 +262,17 @@ impl Aggregator {
             placement.clone(),
             instance_id.clone(),
             config.policies.clone(),
-            metrics.clone(),
+            metrics.tile.clone(),
             placement_ready,
             shutdown.clone(),
         ));
-        tokio::spawn(intake::accept_loop(listener, frame_sender, server_settings, metrics.clone(), shutdown.clone()));
+        tokio::spawn(intake::accept_loop(
+            listener,
+            frame_sender,
+            server_settings,
+            metrics.intake.listener.clone(),
+            shutdown.clone(),
+        ));
 
         let server = match config.telemetry.listen {
             Some(address) => Some(tessera_runtime::serve(address, telemetry, readiness, shutdown.clone()).await?),
@@ -344,8 +359,8 @@ impl Drain {
         self.stop_senders.trigger();
         let (batches, series) = self.ingesters.abandon_all();
         if batches > 0 {
-            self.metrics.dropped("shutdown", "batches", batches);
-            self.metrics.dropped("shutdown", "series", series);
+            tessera_wire::metrics::count_drops(&self.metrics.drops, "shutdown", "batches", batches);
+            tessera_wire::metrics::count_drops(&self.metrics.drops, "shutdown", "series", series);
             tracing::warn!(batches, series, "shutdown grace elapsed with tile batches undelivered");
         }
         if let Some(server) = self.server {

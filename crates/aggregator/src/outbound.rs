@@ -43,12 +43,13 @@ use tessera_runtime::Shutdown;
 use tessera_topology::{Destination, PlacementHandle, Routing};
 use tessera_wire::outbound::{self, Batch, SenderSettings};
 
-use crate::metrics::Metrics;
-use tessera_wire::metrics::DestinationMetrics;
+use tessera_wire::metrics::{DestinationMetrics, Drops, count_drops};
 
 mod encode;
+mod metrics;
 
 pub use encode::{TileHead, encode_values};
+pub use metrics::RoutingMetrics;
 
 /// One ingester endpoint's bounded buffer of framed tile batches.
 pub type OutboundQueue = outbound::OutboundQueue<DestinationMetrics>;
@@ -89,7 +90,9 @@ struct Inner {
     /// The placement generation the queues were last matched against.
     seen_generation: AtomicU64,
     max_queue_bytes: usize,
-    metrics: Metrics,
+    metrics: RoutingMetrics,
+    /// Where series and batches that cannot be delivered are counted.
+    drops: Drops,
     senders: OnceLock<Senders>,
 }
 
@@ -108,9 +111,10 @@ pub struct Share {
 }
 
 impl Ingesters {
-    /// One queue per endpoint, each bounded at `max_queue_bytes`; a tile goes to one of them.
-    pub fn new(endpoints: &[String], max_queue_bytes: usize, metrics: &Metrics) -> Ingesters {
-        let ingesters = Ingesters::with(None, max_queue_bytes, metrics);
+    /// One queue per endpoint, each bounded at `max_queue_bytes`; a tile goes to one of
+    /// them. What cannot be delivered is counted in `drops`.
+    pub fn new(endpoints: &[String], max_queue_bytes: usize, metrics: &RoutingMetrics, drops: &Drops) -> Ingesters {
+        let ingesters = Ingesters::with(None, max_queue_bytes, metrics, drops);
         for endpoint in endpoints {
             ingesters.queue_for(&Destination { instance_id: endpoint.clone(), endpoint: endpoint.clone() });
         }
@@ -118,13 +122,23 @@ impl Ingesters {
     }
 
     /// Queues made as the ingesters' `placement` names them; each series goes to its owner.
-    pub fn placed(placement: PlacementHandle, max_queue_bytes: usize, metrics: &Metrics) -> Ingesters {
-        let ingesters = Ingesters::with(Some(placement.clone()), max_queue_bytes, metrics);
+    pub fn placed(
+        placement: PlacementHandle,
+        max_queue_bytes: usize,
+        metrics: &RoutingMetrics,
+        drops: &Drops,
+    ) -> Ingesters {
+        let ingesters = Ingesters::with(Some(placement.clone()), max_queue_bytes, metrics, drops);
         ingesters.current_routing(&placement);
         ingesters
     }
 
-    fn with(placement: Option<PlacementHandle>, max_queue_bytes: usize, metrics: &Metrics) -> Ingesters {
+    fn with(
+        placement: Option<PlacementHandle>,
+        max_queue_bytes: usize,
+        metrics: &RoutingMetrics,
+        drops: &Drops,
+    ) -> Ingesters {
         Ingesters {
             inner: Arc::new(Inner {
                 placement,
@@ -135,6 +149,7 @@ impl Ingesters {
                 seen_generation: AtomicU64::default(),
                 max_queue_bytes,
                 metrics: metrics.clone(),
+                drops: drops.clone(),
                 senders: OnceLock::new(),
             }),
         }
@@ -178,7 +193,7 @@ impl Ingesters {
         if let Some(&known) = index.get(destination) {
             return known;
         }
-        let metrics = self.inner.metrics.destination(&destination.endpoint);
+        let metrics = self.inner.metrics.destination(&destination.endpoint, &self.inner.drops);
         let queue = Arc::new(OutboundQueue::new(destination.endpoint.clone(), self.inner.max_queue_bytes, metrics));
         let entry = Arc::new(Entry { destination: destination.clone(), queue: queue.clone(), departed: false.into() });
         let mut entries = self.inner.entries.write().unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -297,7 +312,7 @@ impl Ingesters {
         let queue = self.queue(share.queue)?;
         let (batches, too_large) =
             encode_values(head, share.values, source, max_frame_bytes, &mut || queue.next_sequence());
-        self.inner.metrics.dropped("too_large", "series", too_large);
+        count_drops(&self.inner.drops, "too_large", "series", too_large);
         let last_sequence = batches.last()?.sequence;
         queue.push_all(batches);
         Some((share.queue, last_sequence))
@@ -349,7 +364,7 @@ impl Ingesters {
             _ => {
                 // Only this process encodes these frames: this is a bug, counted, not a peer's fault.
                 tracing::error!(series = batch.items, "a queued tile batch does not decode; dropped");
-                metrics.dropped("unroutable", "series", batch.items);
+                count_drops(&self.inner.drops, "unroutable", "series", batch.items);
                 return;
             }
         };
@@ -357,7 +372,7 @@ impl Ingesters {
         let series = values.len() as u64;
         let tile_start_ms = tile_end_ms - i64::from(resolution_ms);
         let (shares, unowned) = self.split(routing, values, tile_start_ms);
-        metrics.dropped("no_ingester", "series", unowned);
+        count_drops(&self.inner.drops, "no_ingester", "series", unowned);
         let head = TileHead { storage_policy: &storage_policy, resolution_ms, tile_end_ms, flushed_at_ms };
         for share in shares {
             if let Some((queue, last_sequence)) =

@@ -20,6 +20,7 @@
 
 mod admission;
 mod merge;
+mod metrics;
 mod ownership;
 mod policy;
 mod tiler;
@@ -27,6 +28,7 @@ mod watermark;
 
 pub use admission::{AdmissionJob, REFUSAL_LOG, Reply, SplitBatch, run_admission};
 pub use merge::{MERGE_QUEUE_JOBS, MergeOutput, MergeTier, run_merge_thread, thread_of};
+pub use metrics::{Refusals, TileMetrics};
 pub use ownership::watch_ownership;
 pub use policy::{DEFAULT_POLICIES, StoragePolicy};
 pub use tiler::{Batch, ClosedTile, Partial, Tiler, TilerSettings, Via, tables_per_policy};

@@ -78,7 +78,7 @@ async fn a_real_collector_feeds_exact_totals_through_the_aggregator(merge_thread
     }
     let metrics = aggregator.metrics();
     for reason in [AckReason::TooLate, AckReason::NotOwner, AckReason::Malformed, AckReason::TooEarly] {
-        assert_eq!(metrics.rejected_batches(reason), 0, "{reason:?}");
+        assert_eq!(metrics.tile.refusals.rejected_batches(reason), 0, "{reason:?}");
     }
     shutdown.trigger();
     aggregator.wait().await;

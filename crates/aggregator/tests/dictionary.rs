@@ -71,7 +71,7 @@ fn totals(receivers: &[&TileReceiver], policy: &str, id: &str) -> f64 {
 /// No batch was refused as too late, malformed or naming an unknown ref, nor for any of `more`.
 fn assert_none_refused(metrics: &tessera_aggregator::Metrics, more: &[AckReason]) {
     for &reason in [AckReason::TooLate, AckReason::Malformed, AckReason::UnknownSeriesRef].iter().chain(more) {
-        assert_eq!(metrics.rejected_batches(reason), 0, "{reason:?}");
+        assert_eq!(metrics.tile.refusals.rejected_batches(reason), 0, "{reason:?}");
     }
 }
 
@@ -168,7 +168,7 @@ async fn tiles_stay_exact_when_the_connection_breaks_mid_stream() {
     let mut refs_seen = 0;
     let rounds = 120;
     send_rounds(&collector, rounds, async |round| {
-        refs_seen = refs_seen.max(metrics.dictionary_refs.get());
+        refs_seen = refs_seen.max(metrics.intake.dictionary_refs.get());
         // Three breaks, each while batches of the old dictionary may be queued or in flight.
         if round % 30 == 29 {
             relay.cut();
@@ -197,7 +197,7 @@ async fn tiles_stay_exact_across_an_aggregator_restart() {
     let mut restarted = None;
     send_rounds(&collector, rounds, async |round| {
         if round == 50 {
-            let refs = aggregator.as_ref().unwrap().metrics().dictionary_refs.get();
+            let refs = aggregator.as_ref().unwrap().metrics().intake.dictionary_refs.get();
             assert!(refs >= SERIES as i64, "series went by ref before the restart ({refs})");
             shutdown.trigger();
             aggregator.take().unwrap().wait().await;
@@ -205,7 +205,7 @@ async fn tiles_stay_exact_across_an_aggregator_restart() {
             aggregator = Some(start_aggregator(&after_restart, &listen, &shutdown).await);
         }
         if round == rounds - 1 {
-            restarted = Some(aggregator.as_ref().unwrap().metrics().dictionary_refs.get());
+            restarted = Some(aggregator.as_ref().unwrap().metrics().intake.dictionary_refs.get());
         }
     })
     .await;
@@ -239,7 +239,7 @@ async fn tiles_stay_exact_when_shards_move_while_dictionaries_are_live() {
     send_rounds(&collector, rounds, async |round| {
         // Half the shards move while every series already goes by ref to agg-1.
         if round == 40 {
-            refs_before_move = aggregator_1.metrics().dictionary_refs.get();
+            refs_before_move = aggregator_1.metrics().intake.dictionary_refs.get();
             let timing = MoveTiming::new(now_ms()).with_delay_ms(1_000).with_boundary_ms(1_000);
             let (current, revision) = store.get().await.unwrap();
             let moved = current.add_instance("agg-2", &address_2, timing).unwrap();
@@ -260,7 +260,7 @@ async fn tiles_stay_exact_when_shards_move_while_dictionaries_are_live() {
         .filter(|flushed| flushed.source == "agg-2")
         .count();
     assert!(flushed_by_2 > 100, "agg-2 flushed {flushed_by_2} tile values after the move");
-    let refs_2 = aggregator_2.metrics().dictionary_refs.get();
+    let refs_2 = aggregator_2.metrics().intake.dictionary_refs.get();
     assert!(refs_2 > 0, "the collector named series to agg-2 by ref ({refs_2})");
     for aggregator in [&aggregator_1, &aggregator_2] {
         assert_none_refused(aggregator.metrics(), &[AckReason::NotOwner]);

@@ -90,7 +90,7 @@ async fn past_the_buffer_bound_senders_are_pushed_back_and_drops_are_counted(mer
     let sent = send(routed, first, 12, 300, 2).await;
     let metrics = aggregator.metrics();
     assert!(metrics.drops("queue_full", "series") > 0, "tiles pushed out of the full buffer are counted");
-    assert!(metrics.rejected_batches(AckReason::BufferFull) > 0, "collectors were pushed back");
+    assert!(metrics.tile.refusals.rejected_batches(AckReason::BufferFull) > 0, "collectors were pushed back");
     assert!(sent.refused("buffer_full") >= 5, "{:?}", sent.refused);
     let model = sent.model;
 

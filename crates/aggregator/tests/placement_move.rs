@@ -107,8 +107,8 @@ async fn shards_move_between_running_aggregators_without_loss_or_double_count(me
     assert!(first + 40 * WINDOW_MS > cutover + 1_000, "traffic flowed well past the cutover");
     // A sender that saw the move late would be refused `not_owner` (counted, never merged);
     // with a 1 s delay, nobody is.
-    let not_owner = aggregator_a.metrics().rejected_batches(AckReason::NotOwner)
-        + aggregator_b.metrics().rejected_batches(AckReason::NotOwner);
+    let not_owner = aggregator_a.metrics().tile.refusals.rejected_batches(AckReason::NotOwner)
+        + aggregator_b.metrics().tile.refusals.rejected_batches(AckReason::NotOwner);
     assert_eq!(not_owner, 0, "refusals: {:?}", sent.refused);
     assert!(sent.refused.values().sum::<u64>() <= 8, "refusals: {:?}", sent.refused);
 
@@ -142,10 +142,10 @@ async fn shards_move_between_running_aggregators_without_loss_or_double_count(me
     })
     .await;
     wait_until("shards owned to settle", Duration::from_secs(5), || {
-        aggregator_a.metrics().shards_owned.get() == 4 && aggregator_b.metrics().shards_owned.get() == 4
+        aggregator_a.metrics().tile.shards_owned.get() == 4 && aggregator_b.metrics().tile.shards_owned.get() == 4
     })
     .await;
-    assert_eq!(aggregator_b.metrics().placement_version.get(), settled.version() as i64);
+    assert_eq!(aggregator_b.metrics().tile.placement_version.get(), settled.version() as i64);
 
     shutdown_a.trigger();
     shutdown_b.trigger();

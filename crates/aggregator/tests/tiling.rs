@@ -92,7 +92,7 @@ async fn tiles_are_exact_across_many_series_tiles_and_senders(merge_threads: usi
     let late = sent.refused("too_late");
     assert_eq!(sent.refused.len(), usize::from(late > 0), "unexpected refusals: {:?}", sent.refused);
     assert!(late <= 7, "{late} of 75 windows too late");
-    assert_eq!(aggregator.metrics().rejected_batches(AckReason::TooLate), late);
+    assert_eq!(aggregator.metrics().tile.refusals.rejected_batches(AckReason::TooLate), late);
 
     let received = sent.model.assert_received(&receiver).await;
     assert!(sent.model.len() > 4_000, "{} tile values", sent.model.len());
@@ -102,10 +102,11 @@ async fn tiles_are_exact_across_many_series_tiles_and_senders(merge_threads: usi
         assert_eq!(tile_end % resolution_ms, 0, "{policy} tile ending {tile_end} is not epoch-aligned");
     }
 
-    let merged = aggregator.metrics().partials_merged.get();
+    let merged = aggregator.metrics().tile.partials_merged.get();
     assert_eq!(
         merged,
-        aggregator.metrics().partials_received.get() - aggregator.metrics().rejected_partials(AckReason::TooLate)
+        aggregator.metrics().intake.partials_received.get()
+            - aggregator.metrics().tile.refusals.rejected_partials(AckReason::TooLate)
     );
     assert!(metric_value(&telemetry, "tessera_aggregator_tiles_flushed_total", "policy=\"200ms:1h\"").unwrap() >= 10.0);
     assert!(metric_value(&telemetry, "tessera_aggregator_flush_lag_seconds_count", "policy=\"1s:1h\"").unwrap() >= 2.0);
@@ -165,9 +166,9 @@ async fn refused_batches_are_refused_whole_and_counted_by_reason(merge_threads: 
     for (reason, batches) in
         [(AckReason::TooLate, 1), (AckReason::TooEarly, 1), (AckReason::NotOwner, 1), (AckReason::Malformed, 2)]
     {
-        assert_eq!(metrics.rejected_batches(reason), batches, "{reason:?}");
+        assert_eq!(metrics.tile.refusals.rejected_batches(reason), batches, "{reason:?}");
     }
-    assert_eq!(metrics.rejected_partials(AckReason::NotOwner), 2);
+    assert_eq!(metrics.tile.refusals.rejected_partials(AckReason::NotOwner), 2);
     let exported = metric_value(&telemetry, "tessera_aggregator_partials_rejected_total", "reason=\"not_owner\"");
     assert_eq!(exported, Some(2.0));
     assert_eq!(metric_value(&telemetry, "tessera_aggregator_shards_owned", ""), Some(4.0));

@@ -64,9 +64,11 @@ pub struct ByReasonUnit {
 /// A daemon's `drops_total{reason,unit}`, which its senders count their drops in.
 pub type Drops = Family<ByReasonUnit, Counter>;
 
-/// Adds `count` to `drops_total{reason, unit}`.
+/// Adds `count` (when not 0) to `drops_total{reason, unit}`.
 pub fn count_drops(drops: &Drops, reason: &'static str, unit: &'static str, count: u64) {
-    drops.get_or_create(&ByReasonUnit { reason, unit }).inc_by(count);
+    if count > 0 {
+        drops.get_or_create(&ByReasonUnit { reason, unit }).inc_by(count);
+    }
 }
 
 /// `{destination, result}`.

@@ -60,7 +60,7 @@ use tessera_topology::{
 };
 use tessera_wire::backoff::{Backoff, sleep_or_stop};
 
-use crate::metrics::Metrics;
+use super::metrics::FlushMetrics;
 use crate::outbound::Ingesters;
 use crate::tile::StoragePolicy;
 use tessera_core::clock::now_ms;
@@ -295,7 +295,7 @@ pub async fn run_election(
     leadership: Leadership,
     placement: PlacementHandle,
     ingesters: Ingesters,
-    metrics: Metrics,
+    metrics: FlushMetrics,
     shutdown: Shutdown,
 ) {
     let Some((store, registration)) = register(&settings, &shutdown).await else { return };
@@ -336,7 +336,7 @@ struct ElectionTask {
     store: PlacementStore,
     registration: Registration,
     ingesters: Ingesters,
-    metrics: Metrics,
+    metrics: FlushMetrics,
     /// The shard set's election, once the placement names one.
     election: Option<(u32, Election)>,
     /// When this replica first saw no leader, for the takeover time.
@@ -506,6 +506,7 @@ async fn register(settings: &ElectionSettings, shutdown: &Shutdown) -> Option<(P
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::metrics::Metrics;
 
     fn policies() -> Vec<StoragePolicy> {
         vec!["10s:2d".parse().unwrap(), "1m:40d".parse().unwrap()]
@@ -540,7 +541,7 @@ mod tests {
     #[test]
     fn marks_move_on_only_for_tiles_acknowledged_with_every_tile_before() {
         let metrics = Metrics::default();
-        let ingesters = Ingesters::new(&["i:1".to_owned()], 1 << 20, &metrics);
+        let ingesters = Ingesters::new(&["i:1".to_owned()], 1 << 20, &metrics.outbound, &metrics.drops);
         let queues = ingesters.queues();
         let queue = &queues[0];
         let leadership = Leadership::new(policies(), 0);
@@ -566,7 +567,9 @@ mod tests {
 
     #[test]
     fn a_tile_sent_to_several_ingesters_is_acknowledged_once_every_share_is() {
-        let ingesters = Ingesters::new(&["i:1".to_owned(), "i:2".to_owned()], 1 << 20, &Metrics::default());
+        let metrics = Metrics::default();
+        let ingesters =
+            Ingesters::new(&["i:1".to_owned(), "i:2".to_owned()], 1 << 20, &metrics.outbound, &metrics.drops);
         let queues = ingesters.queues();
         let leadership = Leadership::new(policies(), 0);
         leadership.inner.replicated.store(true, Ordering::Release);

@@ -15,11 +15,11 @@ use tessera_proto::framing;
 use tessera_proto::{Frame, frame::Body};
 use tessera_runtime::{RateLimitedLog, Shutdown};
 use tessera_wire::inbound::{self, ListenerSettings, WireConnection, WireError};
+use tessera_wire::metrics::ListenerMetrics;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 
 use super::{FrameJob, Inbound};
-use crate::metrics::Metrics;
 use crate::tile::Reply;
 
 static CONNECTION_LOG: RateLimitedLog = RateLimitedLog::new("aggregator.connection", 5);
@@ -32,10 +32,9 @@ pub async fn accept_loop(
     listener: TcpListener,
     jobs: Sender<Inbound>,
     settings: ListenerSettings,
-    metrics: Metrics,
+    counters: ListenerMetrics,
     shutdown: Shutdown,
 ) {
-    let counters = metrics.listener.clone();
     let context = (jobs, shutdown.clone());
     inbound::serve_wire(
         listener,

@@ -3,6 +3,7 @@ use tessera_proto::MetricType;
 use tessera_topology::Placement;
 
 use super::*;
+use crate::metrics::Metrics;
 
 fn batch(sequence: u64, bytes: usize, series: u64) -> Batch {
     Batch { sequence, frame: vec![0; bytes], items: series, refs: None }
@@ -29,7 +30,7 @@ fn decoded(batch: &Batch) -> TileBatch {
 #[test]
 fn overflow_drops_are_counted_as_queue_full_per_batch_and_series() {
     let metrics = Metrics::default();
-    let queue = OutboundQueue::new("i:1".into(), 250, metrics.destination("i:1"));
+    let queue = OutboundQueue::new("i:1".into(), 250, metrics.outbound.destination("i:1", &metrics.drops));
     queue.push_all(vec![batch(1, 100, 10), batch(2, 100, 20)]);
     assert_eq!(queue.push(batch(3, 100, 30)), 10, "the oldest goes");
     assert_eq!((metrics.drops("queue_full", "batches"), metrics.drops("queue_full", "series")), (1, 10));
@@ -37,7 +38,8 @@ fn overflow_drops_are_counted_as_queue_full_per_batch_and_series() {
 
 #[test]
 fn a_tile_bigger_than_the_bound_is_kept_whole() {
-    let queue = OutboundQueue::new("i:1".into(), 150, Metrics::default().destination("i:1"));
+    let queue =
+        OutboundQueue::new("i:1".into(), 150, Metrics::default().outbound.destination("i:1", &Drops::default()));
     queue.push_all(vec![batch(1, 100, 1)]);
     assert_eq!(queue.push_all(vec![batch(2, 100, 2), batch(3, 100, 3)]), 1);
     assert!(queue.is_full());
@@ -47,7 +49,8 @@ fn a_tile_bigger_than_the_bound_is_kept_whole() {
 
 #[test]
 fn tiles_go_to_the_connected_endpoint_with_the_least_queued() {
-    let ingesters = Ingesters::new(&["a:1".into(), "b:1".into()], 1000, &Metrics::default());
+    let ingesters =
+        Ingesters::new(&["a:1".into(), "b:1".into()], 1000, &Metrics::default().outbound, &Drops::default());
     let queues = ingesters.queues();
     let [a, b] = [&queues[0], &queues[1]];
     a.set_connected(true);
@@ -71,7 +74,8 @@ fn three_ingesters() -> Placement {
 fn with_a_placement_every_series_goes_to_the_one_owner_of_its_shard() {
     let placement = three_ingesters();
     let metrics = Metrics::default();
-    let ingesters = Ingesters::placed(PlacementHandle::fixed(placement.clone()), 1 << 20, &metrics);
+    let ingesters =
+        Ingesters::placed(PlacementHandle::fixed(placement.clone()), 1 << 20, &metrics.outbound, &metrics.drops);
     assert_eq!(ingesters.queues().len(), 3, "a queue per destination from the start");
     let (shares, unowned) = ingesters.assign(values(3_000), 10_000);
     assert_eq!(unowned, 0);
@@ -89,7 +93,7 @@ fn with_a_placement_every_series_goes_to_the_one_owner_of_its_shard() {
         }
     }
     assert_eq!(seen.len(), 3_000);
-    assert_eq!(metrics.ingester_destinations.get(), 3);
+    assert_eq!(metrics.outbound.ingester_destinations.get(), 3);
 }
 
 #[test]
@@ -98,7 +102,8 @@ fn a_pending_move_routes_by_the_tile_start() {
     let timing = tessera_topology::MoveTiming::new(0).with_delay_ms(60_000);
     let moved = before.add_instance("ing-4", "127.0.0.1:4", timing).unwrap();
     let cutover = timing.cutover_ms().unwrap();
-    let ingesters = Ingesters::placed(PlacementHandle::fixed(moved), 1 << 20, &Metrics::default());
+    let ingesters =
+        Ingesters::placed(PlacementHandle::fixed(moved), 1 << 20, &Metrics::default().outbound, &Drops::default());
     let queues = ingesters.queues();
     let (shares, _) = ingesters.assign(values(2_000), cutover - 10_000);
     assert!(shares.iter().all(|share| queues[share.queue].endpoint() != "127.0.0.1:4"));
@@ -110,7 +115,8 @@ fn a_pending_move_routes_by_the_tile_start() {
 fn a_full_queue_pushes_back_until_its_ingester_leaves_the_placement() {
     let placement = three_ingesters();
     let handle = PlacementHandle::fixed(placement.clone());
-    let ingesters = Ingesters::placed(handle.clone(), 1000, &Metrics::default()).reserving(100);
+    let ingesters =
+        Ingesters::placed(handle.clone(), 1000, &Metrics::default().outbound, &Drops::default()).reserving(100);
     assert!(ingesters.has_room());
     let dead = ingesters.queues().into_iter().find(|queue| queue.endpoint() == "127.0.0.1:2").unwrap();
     dead.push_all(vec![batch(1, 950, 1)]);
@@ -125,7 +131,7 @@ fn a_departed_ingesters_queue_goes_to_the_new_owners_of_its_series() {
     let placement = three_ingesters();
     let handle = PlacementHandle::fixed(placement.clone());
     let metrics = Metrics::default();
-    let ingesters = Ingesters::placed(handle.clone(), 1 << 20, &metrics);
+    let ingesters = Ingesters::placed(handle.clone(), 1 << 20, &metrics.outbound, &metrics.drops);
     let reroute =
         Reroute { source: "agg-1".into(), max_frame_bytes: 64 << 10, on_rerouted: Arc::new(|_: &str, _, _, _| {}) };
     let head = TileHead { storage_policy: "10s:2d", resolution_ms: 10_000, tile_end_ms: 20_000, flushed_at_ms: 1 };
@@ -164,5 +170,5 @@ fn a_departed_ingesters_queue_goes_to_the_new_owners_of_its_series() {
         }
     }
     assert_eq!(delivered.len(), 3_000, "every series once, the departed one's included");
-    assert_eq!(metrics.rerouted_count("series"), dead_share as u64);
+    assert_eq!(metrics.outbound.rerouted_count("series"), dead_share as u64);
 }

@@ -19,9 +19,9 @@ use tessera_runtime::RateLimitedLog;
 use tokio::sync::oneshot;
 
 use super::merge::MergeTier;
+use super::metrics::TileMetrics;
 use super::tiler::{Batch, Partial, Tiler};
 use super::watermark::Watermarks;
-use crate::metrics::Metrics;
 use crate::outbound::Ingesters;
 use tessera_core::clock::now_ms;
 
@@ -130,7 +130,7 @@ pub fn run_admission(
     watermarks: Watermarks,
     jobs: Receiver<AdmissionJob>,
     ingesters: Ingesters,
-    metrics: Metrics,
+    metrics: TileMetrics,
 ) {
     let mut admission =
         Admission { shadow, tier, watermarks, ingesters, metrics, lags_exported_ms: 0, lag_sources: Vec::new() };
@@ -172,7 +172,7 @@ struct Admission {
     tier: MergeTier,
     watermarks: Watermarks,
     ingesters: Ingesters,
-    metrics: Metrics,
+    metrics: TileMetrics,
     lags_exported_ms: i64,
     /// Collectors whose watermark lag was exported last time.
     lag_sources: Vec<String>,
@@ -204,7 +204,7 @@ impl Admission {
         self.close_due();
         if !self.ingesters.has_room() {
             self.tier.bind(connection, batch.window_start_ms, batch.window_ms, batch.shares);
-            self.metrics.rejected(AckReason::BufferFull, partials);
+            self.metrics.refusals.rejected(AckReason::BufferFull, partials);
             return Reply::refusal(sequence, AckReason::BufferFull, "every ingester buffer is full".into());
         }
         // The shadow holds no series: applying the empty batch opens its
@@ -228,7 +228,7 @@ impl Admission {
                 // from this batch must hold on the merge threads too.
                 self.tier.bind(connection, batch.window_start_ms, batch.window_ms, batch.shares);
                 let reason = refused.reason();
-                self.metrics.rejected(reason, partials);
+                self.metrics.refusals.rejected(reason, partials);
                 if REFUSAL_LOG.allow() {
                     tracing::warn!(reason = reason.as_str(), partials, error = %refused, "partial batch refused");
                 }

@@ -33,7 +33,9 @@ use crossbeam_channel::{Receiver, Sender};
 
 use super::tiler::{Batch, ClosedTile, Partial, Tiler, Via};
 use super::watermark::Trigger;
-use crate::metrics::Metrics;
+use tessera_wire::metrics::{Drops, count_drops};
+
+use super::metrics::TileMetrics;
 
 /// Jobs queued on each merge thread before admission waits.
 pub const MERGE_QUEUE_JOBS: usize = 64;
@@ -84,7 +86,13 @@ pub enum MergeOutput {
 }
 
 /// A merge thread: applies shares and closes tiles until admission hangs up.
-pub fn run_merge_thread(mut tiler: Tiler, jobs: Receiver<MergeJob>, out: Sender<MergeOutput>, metrics: Metrics) {
+pub fn run_merge_thread(
+    mut tiler: Tiler,
+    jobs: Receiver<MergeJob>,
+    out: Sender<MergeOutput>,
+    metrics: TileMetrics,
+    drops: Drops,
+) {
     let mut round = 0;
     // The flusher outlives the merge threads; if it is gone, so is the process.
     let out = &out;
@@ -99,8 +107,8 @@ pub fn run_merge_thread(mut tiler: Tiler, jobs: Receiver<MergeJob>, out: Sender<
                 metrics.merge_duration.observe(started.elapsed().as_secs_f64());
                 metrics.partials_merged.inc_by(applied.partials);
                 metrics.gauge_order_ambiguous.inc_by(applied.gauge_order_ambiguous);
-                metrics.dropped("series_limit", "series", applied.series_limit);
-                metrics.dropped("unknown_series_ref", "series", applied.unknown_refs);
+                count_drops(&drops, "series_limit", "series", applied.series_limit);
+                count_drops(&drops, "unknown_series_ref", "series", applied.unknown_refs);
             }
             MergeJob::Bind(batch) => tiler.bind_definitions(&batch),
             MergeJob::Forget { connection } => tiler.forget_dictionary(connection),
@@ -132,7 +140,7 @@ impl MergeTier {
 
     /// Closes every tile ending at or before `horizon_ms` in `shadow` and,
     /// if there was one, on every merge thread; counts them by `trigger`.
-    pub fn close_through(&mut self, shadow: &mut Tiler, horizon_ms: i64, trigger: Trigger, metrics: &Metrics) {
+    pub fn close_through(&mut self, shadow: &mut Tiler, horizon_ms: i64, trigger: Trigger, metrics: &TileMetrics) {
         if horizon_ms < shadow.next_tile_end_ms() {
             return;
         }
@@ -146,7 +154,7 @@ impl MergeTier {
     }
 
     /// Closes every open tile everywhere (shutdown).
-    pub fn close_all(&mut self, shadow: &mut Tiler, metrics: &Metrics) {
+    pub fn close_all(&mut self, shadow: &mut Tiler, metrics: &TileMetrics) {
         let mut closed = 0;
         shadow.close_all(&mut |_| closed += 1);
         metrics.tiles_closed(Trigger::Shutdown.as_str(), closed);

@@ -12,8 +12,8 @@ use std::time::Duration;
 use tessera_runtime::{ReadinessCondition, Shutdown};
 use tessera_topology::{Placement, PlacementHandle};
 
+use super::metrics::TileMetrics;
 use super::policy::StoragePolicy;
-use crate::metrics::Metrics;
 use tessera_core::clock::now_ms;
 
 /// How often the owned-shard gauge is refreshed (ownership changes with time at cutovers).
@@ -24,7 +24,7 @@ pub async fn watch_ownership(
     placement: PlacementHandle,
     instance_id: String,
     policies: Vec<StoragePolicy>,
-    metrics: Metrics,
+    metrics: TileMetrics,
     ready: ReadinessCondition,
     shutdown: Shutdown,
 ) {

@@ -82,11 +82,13 @@ fn merge_tier(threads: usize) -> (Tiles, Vec<bool>) {
         let (sender, receiver) = crossbeam_channel::bounded(MERGE_QUEUE_JOBS);
         jobs.push(sender);
         let (tiler, out) = (Tiler::new(settings(), T0), out.clone());
-        handles.push(std::thread::spawn(move || run_merge_thread(tiler, receiver, out, Metrics::default())));
+        handles.push(std::thread::spawn(move || {
+            run_merge_thread(tiler, receiver, out, TileMetrics::default(), Drops::default())
+        }));
     }
     drop(out);
     let mut tier = MergeTier::new(jobs);
-    let metrics = Metrics::default();
+    let metrics = TileMetrics::default();
     let mut shadow = Tiler::new(settings(), T0);
     let mut admitted = Vec::new();
     for (window, now) in arrivals() {

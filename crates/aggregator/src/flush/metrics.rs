@@ -1,0 +1,167 @@
+//! The flush stage's metrics: tiles flushed per storage policy and how late, and the
+//! replicas' leadership (elections, fencing, flush marks, held tiles).
+
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use tessera_runtime::telemetry::{Registry, lag_histogram, latency_histogram};
+
+/// `{reason}`: why held tiles were let go.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ByReason {
+    reason: &'static str,
+}
+
+/// `{policy}`: a storage policy, by its name (`10s:2d`), from the configuration.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ByPolicy {
+    policy: String,
+}
+
+/// `{result}`: how a campaign ended.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ByResult {
+    result: &'static str,
+}
+
+/// `{shard_set}`: the shard set this replica is in.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ByShardSet {
+    shard_set: u32,
+}
+
+tessera_runtime::metrics! {
+    /// The flush stage's metrics.
+    pub struct FlushMetrics {
+        /// Series held per storage policy
+        active_series: Family<ByPolicy, Gauge>,
+        /// Series forgotten after their empty tiles, per policy
+        series_expired: Family<ByPolicy, Counter>,
+        /// Tiles closed and handed to the ingester client, per policy
+        tiles_flushed: Family<ByPolicy, Counter>,
+        /// Series values in flushed tiles, per policy
+        series_flushed: Family<ByPolicy, Counter>,
+        /// Time to cut, encode and queue one closed tile, per policy
+        flush_duration: Family<ByPolicy, Histogram> [seconds] = Family::new_with_constructor(latency_histogram),
+        /// Time from a tile's end to its batches being queued, per policy
+        flush_lag: Family<ByPolicy, Histogram> [seconds] = Family::new_with_constructor(lag_histogram),
+        /// Campaigns for the shard set's leader key, by result (won, lost)
+        elections: Family<ByResult, Counter>,
+        /// etcd requests of the election that failed
+        pub election_errors: Counter,
+        /// From first seeing the shard set without a leader to winning its election
+        pub takeover_duration: Histogram [seconds] = lag_histogram(),
+        /// Times this replica, leading, stopped flushing because etcd had not confirmed its lease for
+        /// TTL minus the fence margin (etcd away, or the process paused)
+        pub fenced: Counter,
+        /// Flush marks written to etcd by the leader
+        pub flush_marks_recorded: Counter,
+        /// Now minus the shard set leader's flush mark (end of the last tile acknowledged), per policy
+        flush_mark_lag: Family<ByPolicy, Gauge<f64, AtomicU64>> [seconds],
+        /// Tiles flushed by a replica that started after they began (the only replica left to flush
+        /// them)
+        pub incomplete_tiles: Counter,
+        /// Closed tiles held unflushed until the leader's flush mark passes them
+        pub held_tiles: Gauge,
+        /// Series values in the held tiles
+        pub held_series: Gauge,
+        /// Held tiles let go without flushing, by reason: flushed_by_leader (the normal case),
+        /// held_limit, shutdown
+        tiles_discarded: Family<ByReason, Counter>;
+        /// Whether this replica leads its shard set
+        leader: LeaderGauge,
+    }
+}
+
+/// `tessera_aggregator_leader{shard_set}`: one series, for the shard set this replica
+/// is in; the previous one is removed when the shard set changes.
+#[derive(Clone, Debug, Default)]
+struct LeaderGauge {
+    family: Family<ByShardSet, Gauge>,
+    shown: Arc<Mutex<Option<u32>>>,
+}
+
+impl LeaderGauge {
+    fn register(&self, registry: &mut Registry, prefix: &str) {
+        registry.register(
+            format!("{prefix}leader"),
+            "1 while this replica leads its shard set with a live lease (and flushes), 0 while it follows or is \
+             fenced off; absent without replicas",
+            self.family.clone(),
+        );
+    }
+
+    fn set(&self, state: Option<(u32, bool)>) {
+        let mut shown = self.shown.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(previous) = *shown
+            && state.is_none_or(|(shard_set, _)| shard_set != previous)
+        {
+            self.family.remove(&ByShardSet { shard_set: previous });
+        }
+        *shown = state.map(|(shard_set, _)| shard_set);
+        if let Some((shard_set, leads)) = state {
+            self.family.get_or_create(&ByShardSet { shard_set }).set(i64::from(leads));
+        }
+    }
+}
+
+impl FlushMetrics {
+    /// Exports whether this replica leads `shard_set` (`None`: not replicated).
+    pub fn set_leader(&self, state: Option<(u32, bool)>) {
+        self.leader.set(state);
+    }
+
+    /// Counts a campaign by `result` (`won`, `lost`).
+    pub fn election(&self, result: &'static str) {
+        self.elections.get_or_create(&ByResult { result }).inc();
+    }
+
+    /// Exports the flush mark lag of each policy that has a mark.
+    pub fn set_flush_mark_lags(&self, lags: &[(String, f64)]) {
+        for (policy, lag) in lags {
+            self.flush_mark_lag.get_or_create(&ByPolicy { policy: policy.clone() }).set(*lag);
+        }
+    }
+
+    /// Counts `tiles` held tiles let go unflushed for `reason`.
+    pub fn tiles_discarded(&self, reason: &'static str, tiles: u64) {
+        if tiles > 0 {
+            self.tiles_discarded.get_or_create(&ByReason { reason }).inc_by(tiles);
+        }
+    }
+
+    /// Handles for one storage policy (labelled by its name, e.g. `10s:2d`).
+    pub fn policy(&self, policy: &str) -> PolicyMetrics {
+        let by_policy = ByPolicy { policy: policy.to_owned() };
+        PolicyMetrics {
+            active_series: self.active_series.get_or_create(&by_policy).clone(),
+            series_expired: self.series_expired.get_or_create(&by_policy).clone(),
+            tiles_flushed: self.tiles_flushed.get_or_create(&by_policy).clone(),
+            series_flushed: self.series_flushed.get_or_create(&by_policy).clone(),
+            flush_duration: self.flush_duration.get_or_create(&by_policy).clone(),
+            flush_lag: self.flush_lag.get_or_create(&by_policy).clone(),
+        }
+    }
+}
+
+/// Handles of one storage policy.
+#[derive(Clone)]
+pub struct PolicyMetrics {
+    /// Series held.
+    pub active_series: Gauge,
+    /// Series forgotten.
+    pub series_expired: Counter,
+    /// Tiles flushed.
+    pub tiles_flushed: Counter,
+    /// Series values flushed.
+    pub series_flushed: Counter,
+    /// Cut + encode + queue time of one tile.
+    pub flush_duration: Histogram,
+    /// Tile end to queued.
+    pub flush_lag: Histogram,
+}

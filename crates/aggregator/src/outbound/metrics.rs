@@ -1,0 +1,64 @@
+//! The outbound stage's metrics: which ingesters tiles go to, what was re-routed when
+//! one left, and the senders' own ([`SenderMetrics`], per ingester).
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use tessera_proto::AckReason;
+use tessera_wire::metrics::{DestinationMetrics, Drops, Items, SenderMetrics};
+
+/// What the aggregator's batches towards ingesters hold: series values, refused for
+/// the ingester's reasons; drops are counted in batches and series.
+const ITEMS: Items =
+    Items { unit: "series", count_batches: true, refusals: &AckReason::FROM_INGESTER, dictionaries: false };
+
+/// `{unit}`: what was counted (`batches`, `series`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ByUnit {
+    unit: &'static str,
+}
+
+tessera_runtime::metrics! {
+    /// The outbound stage's metrics.
+    pub struct RoutingMetrics {
+        /// Version of the ingesters' placement in use (0 with a fixed endpoint list)
+        pub ingester_placement_version: Gauge,
+        /// Ingesters of the ingesters' placement that tiles go to
+        pub ingester_destinations: Gauge,
+        /// Tile batches (and their series) queued for an ingester that left the placement, sent to the
+        /// new owners of their series instead, per unit
+        rerouted: Family<ByUnit, Counter> = every_unit(&["batches", "series"]);
+        /// The senders' metrics, per ingester destination
+        pub senders: SenderMetrics = SenderMetrics::new(ITEMS),
+    }
+}
+
+/// A family per unit of `units`, each exported from the start at 0.
+fn every_unit(units: &[&'static str]) -> Family<ByUnit, Counter> {
+    let family = Family::<ByUnit, Counter>::default();
+    for &unit in units {
+        let _ = family.get_or_create(&ByUnit { unit });
+    }
+    family
+}
+
+impl RoutingMetrics {
+    /// Counts `count` re-routed `unit`s (`batches` or `series`).
+    pub fn rerouted(&self, unit: &'static str, count: u64) {
+        if count > 0 {
+            self.rerouted.get_or_create(&ByUnit { unit }).inc_by(count);
+        }
+    }
+
+    /// Re-routed `unit`s so far.
+    pub fn rerouted_count(&self, unit: &'static str) -> u64 {
+        self.rerouted.get_or_create(&ByUnit { unit }).get()
+    }
+
+    /// Handles for one ingester destination (labelled by its endpoint); its drops go to
+    /// `drops`.
+    pub fn destination(&self, endpoint: &str, drops: &Drops) -> DestinationMetrics {
+        self.senders.destination(endpoint, drops)
+    }
+}

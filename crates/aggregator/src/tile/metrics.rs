@@ -1,0 +1,119 @@
+//! The tile stage's metrics: batches refused, partials merged, tiles closed and
+//! what closed them, each collector's watermark lag, and the shards owned.
+
+use std::sync::atomic::AtomicU64;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use tessera_proto::AckReason;
+use tessera_runtime::telemetry::latency_histogram;
+
+/// `{reason}`: why batches were refused.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ByReason {
+    reason: &'static str,
+}
+
+/// `{trigger}`: what closed a tile.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ByTrigger {
+    trigger: &'static str,
+}
+
+/// `{source}`: a connected collector's instance id (bounded by `max_connections`,
+/// removed when it disconnects).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BySource {
+    source: String,
+}
+
+tessera_runtime::metrics! {
+    /// Partial batches refused: by admission (what does not fit the tiles) and by the
+    /// intake (what does not decode, or comes at shutdown).
+    pub struct Refusals {
+        /// Partial batches refused, per reason
+        batches_rejected: Family<ByReason, Counter> = by_refusal(),
+        /// Series partials in refused batches, per reason
+        partials_rejected: Family<ByReason, Counter> = by_refusal(),
+    }
+}
+
+/// A family per refusal reason, each exported from the start at 0.
+fn by_refusal() -> Family<ByReason, Counter> {
+    let family = Family::<ByReason, Counter>::default();
+    for reason in AckReason::FROM_AGGREGATOR {
+        let _ = family.get_or_create(&ByReason { reason: reason.as_str() });
+    }
+    family
+}
+
+impl Refusals {
+    /// Counts a refused batch of `partials` series partials.
+    pub fn rejected(&self, reason: AckReason, partials: u64) {
+        let by_reason = ByReason { reason: reason.as_str() };
+        self.batches_rejected.get_or_create(&by_reason).inc();
+        self.partials_rejected.get_or_create(&by_reason).inc_by(partials);
+    }
+
+    /// Batches refused so far for `reason` (for tests and status lines).
+    pub fn rejected_batches(&self, reason: AckReason) -> u64 {
+        self.batches_rejected.get_or_create(&ByReason { reason: reason.as_str() }).get()
+    }
+
+    /// Partials in batches refused so far for `reason`.
+    pub fn rejected_partials(&self, reason: AckReason) -> u64 {
+        self.partials_rejected.get_or_create(&ByReason { reason: reason.as_str() }).get()
+    }
+}
+
+tessera_runtime::metrics! {
+    /// The tile stage's metrics.
+    pub struct TileMetrics {
+        /// Series partials merged into tiles
+        pub partials_merged: Counter,
+        /// Gauge partials merged without knowing the order of every line (deltas of one window
+        /// spanning another window's or collector's set, or two sets with one stamp)
+        pub gauge_order_ambiguous: Counter,
+        /// Time for the tiler to check and merge one partial batch
+        pub merge_duration: Histogram [seconds] = latency_histogram(),
+        /// Tiles closed (per policy, empty ones included), by what closed them: every collector's
+        /// watermark, max_buffer_past, buffer_past (no watermark known) or shutdown
+        tile_closes: Family<ByTrigger, Counter>,
+        /// Per connected collector: now minus the end of the newest window it has sent in full
+        watermark_lag: Family<BySource, Gauge<f64, AtomicU64>> [seconds],
+        /// Shards this instance owns now
+        pub shards_owned: Gauge,
+        /// Version of the placement in use
+        pub placement_version: Gauge;
+        /// Batches refused (the intake counts here too)
+        pub refusals: Refusals,
+    }
+}
+
+impl TileMetrics {
+    /// Counts `tiles` closed by `trigger` (`watermark`, `max_buffer_past`, `buffer_past`, `shutdown`).
+    pub fn tiles_closed(&self, trigger: &'static str, tiles: u64) {
+        if tiles > 0 {
+            self.tile_closes.get_or_create(&ByTrigger { trigger }).inc_by(tiles);
+        }
+    }
+
+    /// Tiles closed so far by `trigger`.
+    pub fn tile_closes(&self, trigger: &'static str) -> u64 {
+        self.tile_closes.get_or_create(&ByTrigger { trigger }).get()
+    }
+
+    /// Sets the watermark lag of every connected collector, and removes the
+    /// series of those in `gone` (connected at the last call, not now).
+    pub fn set_watermark_lags(&self, lags: &[(&str, i64)], gone: &[String]) {
+        for source in gone {
+            self.watermark_lag.remove(&BySource { source: source.clone() });
+        }
+        for (source, lag_ms) in lags {
+            self.watermark_lag.get_or_create(&BySource { source: (*source).to_owned() }).set(*lag_ms as f64 / 1000.0);
+        }
+    }
+}
