@@ -74,7 +74,7 @@ fn main() {
         queues: vec![queue_writer],
         routes: HashMap::new(),
         recent: RecentBatches::new(1024),
-        metrics: Metrics::default(),
+        metrics: Metrics::default().intake,
         checkpoints: None,
     };
     let tiles: Vec<SeriesValue> = (0..flags.series)

@@ -21,6 +21,7 @@
 //! the reason (`frame_too_large`, `malformed_frame`) before the connection is closed.
 
 pub mod checkpoint;
+mod metrics;
 pub mod writer;
 
 use std::net::SocketAddr;
@@ -35,7 +36,7 @@ use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::metrics::Metrics;
+pub use metrics::{CheckpointFailure, CheckpointMetrics, IntakeMetrics};
 pub use writer::{Job, Verdict};
 
 static FRAME_ERROR_LOG: RateLimitedLog = RateLimitedLog::new("ingester.frame_error", 5);
@@ -47,10 +48,9 @@ pub async fn accept_loop(
     listener: TcpListener,
     jobs: mpsc::Sender<Job>,
     settings: ListenerSettings,
-    metrics: Metrics,
+    counters: ListenerMetrics,
     stop: Shutdown,
 ) {
-    let counters = metrics.listener.clone();
     let context = (jobs, counters.clone(), stop.clone());
     inbound::serve_wire(listener, settings, "aggregator", counters, &FRAME_ERROR_LOG, stop, context, connection).await;
 }

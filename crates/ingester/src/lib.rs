@@ -173,7 +173,7 @@ impl Ingester {
         });
         for (index, (name, policy, sink_config)) in config.targets().into_iter().enumerate() {
             let dir = config.data_dir.join("queue").join(target_dir_name(&name));
-            let checkpoint_metrics = metrics.checkpoint(&name);
+            let checkpoint_metrics = metrics.intake.checkpoint(&name);
             let mut converter = converter_for(&config, &sink_config, &tier);
             let covers = intake::checkpoint::load(&dir, &name, &checkpoint_metrics, &mut converter);
             let from_checkpoint = converter.cumulative_series();
@@ -202,8 +202,11 @@ impl Ingester {
                     }
                 }
             };
-            let (queue, writer, reader, replay) =
-                queue::open_visiting(options, metrics.queue(&name, config.queue.max_queue_bytes), &mut replay_record)?;
+            let (queue, writer, reader, replay) = queue::open_visiting(
+                options,
+                metrics.queue.target(&name, config.queue.max_queue_bytes),
+                &mut replay_record,
+            )?;
             let restored = converter.cumulative_series();
             checkpoint_metrics.restored_series.set(restored as i64);
             if restored > 0 || rolled_forward > 0 {
@@ -225,7 +228,7 @@ impl Ingester {
                     "replaying the queue"
                 );
             }
-            let sink = Arc::new(build_sink(&config, &name, &sink_config, &metrics)?);
+            let sink = Arc::new(build_sink(&config, &name, &sink_config, &metrics.sink)?);
             let workers = config.pool.workers;
             let pacing = &config.pacing;
             let max_in_flight = pacing.max_in_flight.min(workers);
@@ -235,7 +238,7 @@ impl Ingester {
                 pacing.initial_in_flight,
                 pacing.latency_ratio,
             );
-            let target_metrics = metrics.target(&name);
+            let target_metrics = metrics.pool.target(&name, &metrics.sink);
             let limit =
                 AdaptiveLimit::new(aimd, target_metrics.in_flight_limit.clone(), target_metrics.in_flight.clone());
             let target = Target {
@@ -269,13 +272,14 @@ impl Ingester {
             running.push(RunningTarget { name, queue, pool, sink });
         }
         tokio::spawn(measure_pace(
-            running.iter().map(|target| metrics.target(&target.name)).collect(),
+            running.iter().map(|target| metrics.pool.target(&target.name, &metrics.sink)).collect(),
             shutdown.clone(),
         ));
 
         let (jobs, job_receiver) = mpsc::channel(config.max_connections.clamp(1, 1024));
-        metrics.cumulative_series.set(converters.iter().map(Converter::cumulative_series).sum::<usize>() as i64);
+        metrics.intake.cumulative_series.set(converters.iter().map(Converter::cumulative_series).sum::<usize>() as i64);
         metrics
+            .intake
             .cumulative_histograms
             .set(converters.iter().map(Converter::cumulative_histograms).sum::<usize>() as i64);
         let checkpoints =
@@ -285,7 +289,7 @@ impl Ingester {
             queues: writers,
             routes,
             recent,
-            metrics: metrics.clone(),
+            metrics: metrics.intake.clone(),
             checkpoints: Some(checkpoints),
         };
         let writer = tessera_runtime::daemon::spawn_thread("intake-writer", move || writer.run(job_receiver))?;
@@ -296,9 +300,9 @@ impl Ingester {
             TcpListener::bind(config.listen).await.map_err(|source| StartError::bind(config.listen, source))?;
         let listen_addr = listener.local_addr().map_err(|source| StartError::bind(config.listen, source))?;
         let settings = config
-            .listener_settings(instance_id.clone(), metrics.listener.listener_tls_reload_errors.clone())
+            .listener_settings(instance_id.clone(), metrics.intake.listener.listener_tls_reload_errors.clone())
             .map_err(|error| StartError::setup("cannot load the TLS files of [tls]", error))?;
-        tokio::spawn(accept_loop(listener, jobs, settings, metrics.clone(), shutdown.clone()));
+        tokio::spawn(accept_loop(listener, jobs, settings, metrics.intake.listener.clone(), shutdown.clone()));
         if let (Some(placement), Some((ownership, tier_metrics))) = (&config.placement, tier) {
             let settings = placement.settings(&instance_id, listen_addr);
             tracing::info!(instance_id, endpoint = settings.endpoint, "joining the ingesters' placement");
@@ -371,7 +375,12 @@ fn converter_for(
     }
 }
 
-fn build_sink(config: &Config, name: &str, sink: &SinkConfig, metrics: &Metrics) -> Result<AnySink, StartError> {
+fn build_sink(
+    config: &Config,
+    name: &str,
+    sink: &SinkConfig,
+    metrics: &sink::SinkMetrics,
+) -> Result<AnySink, StartError> {
     let sink_error =
         |source: std::io::Error| StartError::failed(format!("cannot set up the sink of target `{name}`"), source);
     match sink {
@@ -409,8 +418,8 @@ async fn tick_writer(jobs: mpsc::Sender<Job>, every: Duration, shutdown: Shutdow
 }
 
 /// Sets each target's pace gauge to the samples written over the last second.
-async fn measure_pace(targets: Vec<metrics::TargetMetrics>, shutdown: Shutdown) {
-    let mut previous: Vec<u64> = targets.iter().map(|target| target.samples_written.get()).collect();
+async fn measure_pace(targets: Vec<pool::TargetMetrics>, shutdown: Shutdown) {
+    let mut previous: Vec<u64> = targets.iter().map(|target| target.sink.samples_written.get()).collect();
     let mut interval = tokio::time::interval(Duration::from_secs(1));
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last = tokio::time::Instant::now();
@@ -418,7 +427,7 @@ async fn measure_pace(targets: Vec<metrics::TargetMetrics>, shutdown: Shutdown) 
         let elapsed = last.elapsed().as_secs_f64().max(0.001);
         last = tokio::time::Instant::now();
         for (target, before) in targets.iter().zip(previous.iter_mut()) {
-            let now = target.samples_written.get();
+            let now = target.sink.samples_written.get();
             target.pace.set((now - *before) as f64 / elapsed);
             *before = now;
         }

@@ -30,6 +30,7 @@
 //!   obeys.
 //! - [`worker`]: one worker's loop: pace, send, retry with backoff, complete.
 
+mod metrics;
 pub mod pacing;
 pub mod worker;
 
@@ -42,11 +43,11 @@ use tessera_runtime::Shutdown;
 use tessera_runtime::daemon::{ThreadError, spawn_thread};
 use tokio::sync::mpsc;
 
-use crate::metrics::TargetMetrics;
 use crate::queue::record::{self, StoredSample};
 use crate::queue::{Queue, QueueReader, RequestKey};
 use crate::sink::rejected::RejectedLog;
 use crate::sink::{RecordInfo, Sink, SinkRequest};
+pub use metrics::{PoolMetrics, TargetMetrics};
 use pacing::{AdaptiveLimit, Pace};
 
 /// How a pool splits and retries.

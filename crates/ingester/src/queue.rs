@@ -51,6 +51,7 @@
 //! assert_eq!(queue.pending_records(), 0);
 //! ```
 
+mod metrics;
 mod reader;
 pub mod record;
 pub mod segment;
@@ -63,10 +64,9 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::gauge::Gauge;
 use tessera_runtime::logging::RateLimitedLog;
 
+pub use metrics::{QueueMetrics, TargetQueueMetrics};
 pub use reader::QueueReader;
 pub use segment::RequestKey;
 
@@ -107,28 +107,6 @@ impl QueueOptions {
     pub fn new(dir: PathBuf, max_queue_bytes: u64, segment_max_bytes: u64, fsync: FsyncPolicy) -> Self {
         QueueOptions { dir, max_queue_bytes, segment_max_bytes, max_record_bytes: 1 << 30, fsync, checkpointed: None }
     }
-}
-
-/// Metric handles the queue keeps current.
-#[derive(Clone, Default)]
-pub struct QueueMetrics {
-    /// Bytes of segment files.
-    pub bytes: Gauge,
-    /// Records not yet done.
-    pub records: Gauge,
-    /// Segment files.
-    pub segments: Gauge,
-    /// Records found by the replay at start.
-    pub replayed_records: Counter,
-    /// Torn or corrupt records found (and cut off).
-    pub corrupt_records: Counter,
-    /// Fsyncs of segment files.
-    pub fsyncs: Counter,
-    /// Fsyncs that failed (each seals its segment).
-    pub fsync_errors: Counter,
-    /// Acknowledged records (`fsync = "interval"`) written since the last good fsync when an
-    /// fsync failed: still delivered, but not known to be on disk.
-    pub records_at_risk: Counter,
 }
 
 /// Why the queue could not be opened.
@@ -206,7 +184,7 @@ struct Shared {
     options: QueueOptions,
     state: Mutex<State>,
     wakeup: Condvar,
-    metrics: QueueMetrics,
+    metrics: TargetQueueMetrics,
 }
 
 #[derive(Default)]
@@ -235,7 +213,7 @@ struct Segment {
 pub type Opened = (Queue, QueueWriter, QueueReader, Replay);
 
 /// Opens (replaying) the queue in `options.dir`.
-pub fn open(options: QueueOptions, metrics: QueueMetrics) -> Result<Opened, OpenError> {
+pub fn open(options: QueueOptions, metrics: TargetQueueMetrics) -> Result<Opened, OpenError> {
     open_visiting(options, metrics, &mut |_, _| {})
 }
 
@@ -243,7 +221,7 @@ pub fn open(options: QueueOptions, metrics: QueueMetrics) -> Result<Opened, Open
 /// `visit`, in append order (to rebuild state that depends on what is queued).
 pub fn open_visiting(
     options: QueueOptions,
-    metrics: QueueMetrics,
+    metrics: TargetQueueMetrics,
     visit: &mut dyn FnMut(Position, &[u8]),
 ) -> Result<Opened, OpenError> {
     let dir = options.dir.clone();

@@ -16,6 +16,7 @@
 //! either.
 
 pub mod file;
+mod metrics;
 #[cfg_attr(
     not(test),
     expect(dead_code, reason = "`write_journal_line` is used by its tests alone; sink/ is under TLS edits")
@@ -30,6 +31,7 @@ use std::sync::Arc;
 
 use crate::queue::record::{Record, StoredSample};
 use crate::queue::{Position, RequestKey};
+pub use metrics::{SinkMetrics, TargetSinkMetrics};
 
 /// The record a request belongs to, shared by all of the record's requests.
 #[derive(Debug)]

@@ -34,9 +34,9 @@ use std::time::{Duration, Instant};
 use tessera_runtime::RateLimitedLog;
 use tessera_runtime::daemon::{ThreadError, spawn_thread};
 
+use super::{CheckpointFailure, CheckpointMetrics};
 use crate::admit::Converter;
 use crate::admit::checkpoint::{CheckpointEncoder, CheckpointError, CheckpointMeta, EncodedCheckpoint, FILE_NAME};
-use crate::metrics::{CheckpointFailure, CheckpointMetrics};
 use crate::queue::{Position, Queue, QueueWriter, segment};
 use tessera_core::clock::now_ms;
 
@@ -365,7 +365,7 @@ pub fn load(dir: &Path, target: &str, metrics: &CheckpointMetrics, converter: &m
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::metrics::Metrics;
+    use crate::intake::IntakeMetrics;
     use crate::queue::{self, FsyncPolicy, QueueOptions};
 
     fn target(dir: &Path) -> CheckpointTarget {
@@ -375,7 +375,7 @@ mod tests {
             name: "default".into(),
             dir: dir.to_owned(),
             queue,
-            metrics: Metrics::default().checkpoint("default"),
+            metrics: IntakeMetrics::default().checkpoint("default"),
         }
     }
 
@@ -387,7 +387,7 @@ mod tests {
             ..QueueOptions::new(dir.path().to_owned(), 1 << 20, 1 << 16, FsyncPolicy::Never)
         };
         let (queue, mut writer, ..) = queue::open(options, Default::default()).unwrap();
-        let metrics = Metrics::default().checkpoint("default");
+        let metrics = IntakeMetrics::default().checkpoint("default");
         let target = CheckpointTarget { name: "default".into(), dir: dir.path().to_owned(), queue, metrics };
         let mut checkpoints = Checkpoints::start(vec![target.clone()], Duration::ZERO).unwrap();
         let converters = [Converter::new(&[0.5], 3_600_000)];

@@ -30,8 +30,8 @@ use tokio::sync::mpsc::error::TryRecvError;
 use tokio::sync::{mpsc, oneshot};
 
 use super::checkpoint::Checkpoints;
+use super::metrics::IntakeMetrics;
 use crate::admit::Converter;
-use crate::metrics::Metrics;
 use tessera_core::clock::now_ms;
 
 static QUEUE_IO_LOG: RateLimitedLog = RateLimitedLog::new("ingester.queue_io", 5);
@@ -111,7 +111,7 @@ pub struct Writer {
     /// Batches queued recently (rebuilt from the queue at start).
     pub recent: RecentBatches,
     /// Metric handles.
-    pub metrics: Metrics,
+    pub metrics: IntakeMetrics,
     /// Takes the converters' checkpoints (`None`: none, as in benchmarks).
     pub checkpoints: Option<Checkpoints>,
 }

@@ -57,7 +57,7 @@ async fn send<S: Sink>(target: &Target<S>, item: &WorkItem, settings: &PoolSetti
     let metrics = &target.metrics;
     if !item.ticket.started.swap(true, Ordering::AcqRel) {
         let waited = (now_ms() - record.received_at_ms).max(0) as f64 / 1000.0;
-        metrics.all().queue_time(&record.resolution).observe_n(waited, u64::from(record.tiles));
+        metrics.pool().queue_time(&record.resolution).observe_n(waited, u64::from(record.tiles));
     }
     let mut attempt = 0u32;
     let mut backoff = Backoff::new(settings.retry_initial_backoff, settings.retry_max_backoff);
@@ -75,18 +75,18 @@ async fn send<S: Sink>(target: &Target<S>, item: &WorkItem, settings: &PoolSetti
         }
         let started = Instant::now();
         let result = target.sink.write(&request).await;
-        metrics.request_duration.observe(started.elapsed().as_secs_f64());
+        metrics.sink.request_duration.observe(started.elapsed().as_secs_f64());
         match result {
             Ok(()) => {
                 permit.finish(Outcome::Success);
-                metrics.request("ok");
-                metrics.samples_written.inc_by(samples as u64);
+                metrics.sink.request("ok");
+                metrics.sink.samples_written.inc_by(samples as u64);
                 complete(target, item);
                 return;
             }
             Err(SinkError::Permanent { status, message }) => {
                 permit.finish(Outcome::Neutral);
-                metrics.request("rejected");
+                metrics.sink.request("rejected");
                 reject(target, &request, status, &message);
                 complete(target, item);
                 return;
@@ -95,7 +95,7 @@ async fn send<S: Sink>(target: &Target<S>, item: &WorkItem, settings: &PoolSetti
                 // Refused for good, but only for the histograms: they are rejected, and the
                 // rest goes again alone, at once.
                 permit.finish(Outcome::Neutral);
-                metrics.request("histograms_refused");
+                metrics.sink.request("histograms_refused");
                 let is_histogram = |sample: &StoredSample| !sample.histogram.is_empty();
                 let message = format!(
                     "{message} (start Prometheus with --enable-feature=native-histograms, or set histograms = \"summary\" for this target)"
@@ -109,11 +109,11 @@ async fn send<S: Sink>(target: &Target<S>, item: &WorkItem, settings: &PoolSetti
             }
             Err(SinkError::Retryable { reason, message, overloaded }) => {
                 permit.finish(if overloaded { Outcome::Overloaded } else { Outcome::Neutral });
-                metrics.request(reason);
+                metrics.sink.request(reason);
                 if stop.is_triggered() {
                     return;
                 }
-                metrics.retries.inc();
+                metrics.sink.retries.inc();
                 let delay = backoff.next_delay();
                 attempt = attempt.saturating_add(1);
                 if RETRY_LOG.allow() {
@@ -140,7 +140,7 @@ async fn send<S: Sink>(target: &Target<S>, item: &WorkItem, settings: &PoolSetti
 /// rejected-samples log).
 fn reject<S: Sink>(target: &Target<S>, request: &SinkRequest, status: u16, message: &str) {
     let samples = request.samples.len();
-    target.metrics.rejected(status, samples as u64);
+    target.metrics.sink.rejected(status, samples as u64);
     target.rejected.write(&target.name, request, status, message);
     if REJECT_LOG.allow() {
         tracing::warn!(target = target.name, status, samples, message, log = %target.rejected.path().display(), "storage refused samples for good; logged them");
@@ -161,10 +161,10 @@ fn complete<S: Sink>(target: &Target<S>, item: &WorkItem) {
     let counted = if last { share + tiles.saturating_sub(reported) } else { share };
     let latency = (now_ms() - record.tile_end_ms).max(0) as f64 / 1000.0;
     if counted > 0 {
-        target.metrics.all().end_to_end(&record.resolution).observe_n(latency, counted);
+        target.metrics.pool().end_to_end(&record.resolution).observe_n(latency, counted);
     }
     if last {
         target.queue.complete(record.position);
-        target.metrics.records_written.inc();
+        target.metrics.sink.records_written.inc();
     }
 }

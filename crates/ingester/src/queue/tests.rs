@@ -27,7 +27,7 @@ fn reads_in_order_and_deletes_a_segment_only_when_every_record_is_done() {
     let dir = tempfile::tempdir().unwrap();
     // Segments of about two records each.
     let (queue, mut writer, mut reader, replay) =
-        open(options(dir.path(), 1 << 20, 250), QueueMetrics::default()).unwrap();
+        open(options(dir.path(), 1 << 20, 250), TargetQueueMetrics::default()).unwrap();
     assert_eq!(replay, Replay::default());
     let mut positions = Vec::new();
     for i in 0..6 {
@@ -68,7 +68,7 @@ fn replay_cuts_a_torn_tail_and_counts_it() {
     let dir = tempfile::tempdir().unwrap();
     {
         let (_queue, mut writer, _reader, _) =
-            open(options(dir.path(), 1 << 20, 1 << 20), QueueMetrics::default()).unwrap();
+            open(options(dir.path(), 1 << 20, 1 << 20), TargetQueueMetrics::default()).unwrap();
         for i in 0..3 {
             writer.append(&frame(i, 10)).unwrap();
         }
@@ -81,7 +81,7 @@ fn replay_cuts_a_torn_tail_and_counts_it() {
     file.write_all(&fourth[..fourth.len() / 2]).unwrap();
     drop(file);
 
-    let metrics = QueueMetrics::default();
+    let metrics = TargetQueueMetrics::default();
     let (queue, _writer, mut reader, replay) = open(options(dir.path(), 1 << 20, 1 << 20), metrics.clone()).unwrap();
     assert_eq!(replay.records, 3);
     assert_eq!(replay.corrupt, 1);
@@ -101,7 +101,7 @@ fn replay_cuts_at_a_checksum_mismatch_and_sets_aside_a_bad_header() {
     let first_len;
     {
         let (_queue, mut writer, _reader, _) =
-            open(options(dir.path(), 1 << 20, 1 << 20), QueueMetrics::default()).unwrap();
+            open(options(dir.path(), 1 << 20, 1 << 20), TargetQueueMetrics::default()).unwrap();
         first_len = frame(0, 10).len() as u64;
         for i in 0..3 {
             writer.append(&frame(i, 10)).unwrap();
@@ -116,7 +116,7 @@ fn replay_cuts_at_a_checksum_mismatch_and_sets_aside_a_bad_header() {
     std::fs::write(segment::segment_path(dir.path(), 2), b"not a segment at all").unwrap();
 
     let (_queue, _writer, mut reader, replay) =
-        open(options(dir.path(), 1 << 20, 1 << 20), QueueMetrics::default()).unwrap();
+        open(options(dir.path(), 1 << 20, 1 << 20), TargetQueueMetrics::default()).unwrap();
     assert_eq!(replay.records, 1, "only the record before the damage is kept");
     assert_eq!(replay.corrupt, 2);
     assert!(dir.path().join(format!("{:020}.corrupt", 2)).exists());
@@ -129,7 +129,7 @@ fn refuses_appends_over_the_bound_until_space_is_freed() {
     let one = frame(0, 100).len() as u64;
     let bound = 8 + 3 * one;
     let (queue, mut writer, mut reader, _) =
-        open(options(dir.path(), bound, one + 8), QueueMetrics::default()).unwrap();
+        open(options(dir.path(), bound, one + 8), TargetQueueMetrics::default()).unwrap();
     let mut accepted = 0;
     let err = loop {
         match writer.append(&frame(accepted, 100)) {
@@ -151,7 +151,8 @@ fn refuses_appends_over_the_bound_until_space_is_freed() {
 #[test]
 fn a_record_larger_than_the_bound_is_taken_when_nothing_is_pending() {
     let dir = tempfile::tempdir().unwrap();
-    let (_queue, mut writer, _reader, _) = open(options(dir.path(), 64, 1 << 20), QueueMetrics::default()).unwrap();
+    let (_queue, mut writer, _reader, _) =
+        open(options(dir.path(), 64, 1 << 20), TargetQueueMetrics::default()).unwrap();
     writer.append(&frame(0, 500)).unwrap();
     assert!(matches!(writer.append(&frame(1, 500)), Err(AppendError::Full { .. })));
 }
@@ -162,7 +163,7 @@ fn the_done_log_survives_a_restart() {
     let key = |shard, chunk| RequestKey { shard, chunk, fingerprint: 7 };
     {
         let (queue, mut writer, mut reader, _) =
-            open(options(dir.path(), 1 << 20, 1 << 20), QueueMetrics::default()).unwrap();
+            open(options(dir.path(), 1 << 20, 1 << 20), TargetQueueMetrics::default()).unwrap();
         writer.append(&frame(0, 10)).unwrap();
         writer.append(&frame(1, 10)).unwrap();
         let first = reader.next_record().unwrap().unwrap();
@@ -174,7 +175,7 @@ fn the_done_log_survives_a_restart() {
     done.write_all(&[1, 2, 3]).unwrap();
     drop(done);
     let (_queue, _writer, mut reader, replay) =
-        open(options(dir.path(), 1 << 20, 1 << 20), QueueMetrics::default()).unwrap();
+        open(options(dir.path(), 1 << 20, 1 << 20), TargetQueueMetrics::default()).unwrap();
     assert_eq!(replay.records, 2);
     let first = reader.next_record().unwrap().unwrap();
     assert_eq!(first.already_done, vec![key(0, 0), key(3, 1)]);
@@ -185,7 +186,7 @@ fn the_done_log_survives_a_restart() {
 fn the_reader_waits_for_appends_and_stops_when_closed() {
     let dir = tempfile::tempdir().unwrap();
     let (queue, mut writer, mut reader, _) =
-        open(options(dir.path(), 1 << 20, 1 << 20), QueueMetrics::default()).unwrap();
+        open(options(dir.path(), 1 << 20, 1 << 20), TargetQueueMetrics::default()).unwrap();
     let consumer = std::thread::spawn(move || {
         let mut seen = Vec::new();
         while let Some(record) = reader.next_record().unwrap() {
@@ -208,7 +209,7 @@ fn done_segments_stay_until_a_checkpoint_covers_them_and_new_ones_are_numbered_a
     let dir = tempfile::tempdir().unwrap();
     let with_checkpoint = |covers| QueueOptions { checkpointed: Some(covers), ..options(dir.path(), 1 << 20, 250) };
     let (queue, mut writer, mut reader, _) =
-        open(with_checkpoint(Position::default()), QueueMetrics::default()).unwrap();
+        open(with_checkpoint(Position::default()), TargetQueueMetrics::default()).unwrap();
     let mut marks = Vec::new();
     for i in 0..6 {
         writer.append(&frame(i, 100)).unwrap();
@@ -238,6 +239,6 @@ fn done_segments_stay_until_a_checkpoint_covers_them_and_new_ones_are_numbered_a
         segment::remove(dir.path(), id).unwrap();
     }
     let covers = Position { segment: 9, offset: 500 };
-    let (_queue, mut writer, _reader, _) = open(with_checkpoint(covers), QueueMetrics::default()).unwrap();
+    let (_queue, mut writer, _reader, _) = open(with_checkpoint(covers), TargetQueueMetrics::default()).unwrap();
     assert_eq!(writer.append(&frame(7, 10)).unwrap().segment, 10);
 }

@@ -49,6 +49,17 @@ pub fn latency_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.0001, 2.0, 19))
 }
 
+/// The buckets of storage requests, fsyncs and checkpoints, slower than the wire's
+/// acknowledgements: 1 ms to about 65 s.
+pub fn storage_buckets() -> impl Iterator<Item = f64> {
+    exponential_buckets(0.001, 2.0, 17)
+}
+
+/// A histogram with the [`storage_buckets`].
+pub fn storage_histogram() -> Histogram {
+    Histogram::new(storage_buckets())
+}
+
 /// The buckets of every lag (end of a window to an event): 10 ms to about 164 s.
 pub fn lag_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.01, 2.0, 15))

@@ -1,0 +1,267 @@
+//! The intake's metrics: tile batches received and acknowledged, what they gave the
+//! queue, the running totals in memory, the wire listener's, and each target's
+//! checkpoints of those totals ([`CheckpointMetrics`]).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+
+use prometheus_client::encoding::{EncodeLabelSet, EncodeMetric, MetricEncoder};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::metrics::{MetricType, TypedMetric};
+use tessera_core::clock::now_ms;
+use tessera_runtime::telemetry::storage_histogram;
+use tessera_wire::metrics::ListenerMetrics;
+
+use crate::admit::{SkipReason, SkippedTiles};
+
+/// `{reason}`: why tiles gave no sample.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ByReason {
+    reason: &'static str,
+}
+
+/// `{status, reason}`: an acknowledgement's status and reason (empty for a batch taken).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ByStatusReason {
+    status: &'static str,
+    reason: &'static str,
+}
+
+/// `{resolution}`: a storage policy's resolution (`10s`), as the tile batch names it.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ByResolution {
+    resolution: String,
+}
+
+/// `{target}`: a configured sink target.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ByTarget {
+    target: String,
+}
+
+/// `{target, reason}`: why a checkpoint failed ([`CheckpointFailure`]).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ByTargetReason {
+    target: String,
+    reason: &'static str,
+}
+
+tessera_runtime::metrics! {
+    /// The intake's metrics.
+    pub struct IntakeMetrics {
+        /// Empty tile batches acknowledged without queueing (aggregators keeping an idle connection open)
+        pub heartbeats: Counter,
+        /// Tile batches received
+        pub batches_received: Counter,
+        /// Frame bytes received after the handshake
+        pub bytes_received: Counter,
+        /// Tiles received
+        pub tiles_received: Counter,
+        /// Acknowledgements sent, per status and reason
+        batch_acks: Family<ByStatusReason, Counter> = refusing_acks(),
+        /// Tiles that gave no sample, per reason
+        tiles_skipped: Family<ByReason, Counter> = skip_reasons(),
+        /// Samples made durable in the queue
+        pub samples_queued: Counter,
+        /// Time from a batch read to its acknowledgement (convert, write, fsync)
+        pub durable_duration: Histogram [seconds] = storage_histogram(),
+        /// Time from the aggregator's flush to the batch's receipt, per resolution
+        intake_lag: Family<ByResolution, Histogram> [seconds] = Family::new_with_constructor(storage_histogram),
+        /// Series with a running total (counters, sums, counts) in memory
+        pub cumulative_series: Gauge,
+        /// Native histograms (cumulative sketches) in memory
+        pub cumulative_histograms: Gauge,
+        /// Time since the last checkpoint of the running totals was made durable (or since start, without one),
+        /// per target
+        checkpoint_age: Family<ByTarget, AgeGauge> [seconds],
+        /// Checkpoints of the running totals made durable, per target
+        checkpoints: Family<ByTarget, Counter>,
+        /// Checkpoints not written, or not read or refused at start (totals then start from the queued
+        /// records), per target and reason
+        checkpoint_errors: Family<ByTargetReason, Counter>,
+        /// Time to take one checkpoint: encoding on the intake writer thread and the durable file write, per
+        /// target
+        checkpoint_duration: Family<ByTarget, Histogram> [seconds] = Family::new_with_constructor(storage_histogram),
+        /// Running totals in the last checkpoint written, per target
+        checkpoint_series: Family<ByTarget, Gauge>,
+        /// Running totals restored at start (from the checkpoint and the queued records after it), per target
+        checkpoint_restored_series: Family<ByTarget, Gauge>;
+        /// The wire listener's metrics (connections from aggregators)
+        pub listener: ListenerMetrics = ListenerMetrics::default().with_frame_error_reasons(&FRAME_ERROR_REASONS),
+    }
+}
+
+/// Every `reason` of `frame_errors_total`: the inbound side's, and the writer's.
+pub const FRAME_ERROR_REASONS: [&str; 9] = [
+    "handshake",
+    "idle_timeout",
+    "too_large",
+    "io",
+    "too_many_connections",
+    "malformed",
+    "empty",
+    "unexpected_frame",
+    "tls",
+];
+
+/// Every `(status, reason)` of `batch_acks_total` other than `ok`.
+pub const REFUSING_ACKS: [(&str, &str); 4] = [
+    ("retryable", "queue_full"),
+    ("retryable", "queue_io"),
+    ("permanent", "invalid_batch"),
+    ("permanent", "unexpected_frame"),
+];
+
+/// Acknowledgements, with every refusal exported from the start at 0: "nothing
+/// refused" reads as 0, not as no data, so alerts and dashboards need no `or vector(0)`.
+fn refusing_acks() -> Family<ByStatusReason, Counter> {
+    let acks = Family::<ByStatusReason, Counter>::default();
+    for (status, reason) in REFUSING_ACKS {
+        let _ = acks.get_or_create(&ByStatusReason { status, reason });
+    }
+    acks
+}
+
+/// Skipped tiles, with every reason exported from the start at 0.
+fn skip_reasons() -> Family<ByReason, Counter> {
+    let skipped = Family::<ByReason, Counter>::default();
+    for reason in SkipReason::ALL {
+        let _ = skipped.get_or_create(&ByReason { reason: reason.as_str() });
+    }
+    skipped
+}
+
+impl IntakeMetrics {
+    /// Counts an acknowledgement (`reason` empty for a batch taken).
+    pub fn ack(&self, status: &'static str, reason: &'static str) {
+        self.batch_acks.get_or_create(&ByStatusReason { status, reason }).inc();
+    }
+
+    /// Counts the tiles of one batch skipped, per reason.
+    pub fn tiles_skipped(&self, skipped: &SkippedTiles) {
+        for (reason, tiles) in skipped.by_reason() {
+            if tiles > 0 {
+                self.tiles_skipped.get_or_create(&ByReason { reason: reason.as_str() }).inc_by(tiles);
+            }
+        }
+    }
+
+    /// Records the lag from the aggregator's flush to receipt.
+    pub fn intake_lag(&self, resolution: &str, seconds: f64) {
+        self.intake_lag.get_or_create(&ByResolution { resolution: resolution.to_owned() }).observe(seconds);
+    }
+
+    /// Handles of one target's checkpoints; every error reason is exported at 0.
+    pub fn checkpoint(&self, target: &str) -> CheckpointMetrics {
+        let by_target = ByTarget { target: target.to_owned() };
+        let errors = CheckpointFailure::ALL.map(|failure| {
+            let by_target_reason = ByTargetReason { target: target.to_owned(), reason: failure.label() };
+            self.checkpoint_errors.get_or_create(&by_target_reason).clone()
+        });
+        CheckpointMetrics {
+            age: self.checkpoint_age.get_or_create(&by_target).clone(),
+            taken: self.checkpoints.get_or_create(&by_target).clone(),
+            errors,
+            duration: self.checkpoint_duration.get_or_create(&by_target).clone(),
+            series: self.checkpoint_series.get_or_create(&by_target).clone(),
+            restored_series: self.checkpoint_restored_series.get_or_create(&by_target).clone(),
+        }
+    }
+}
+
+/// The `reason` of `checkpoint_errors_total` (see [`crate::intake::checkpoint`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CheckpointFailure {
+    /// A checkpoint could not be written (the previous one stays).
+    Write = 0,
+    /// The checkpoint found at start could not be read.
+    Read = 1,
+    /// The checkpoint found at start was read and refused.
+    Corrupt = 2,
+}
+
+impl CheckpointFailure {
+    /// Every reason, in label order.
+    pub const ALL: [CheckpointFailure; 3] =
+        [CheckpointFailure::Write, CheckpointFailure::Read, CheckpointFailure::Corrupt];
+
+    /// The label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            CheckpointFailure::Write => "write",
+            CheckpointFailure::Read => "read",
+            CheckpointFailure::Corrupt => "corrupt",
+        }
+    }
+}
+
+/// Handles of one target's checkpoints.
+#[derive(Clone, Debug)]
+pub struct CheckpointMetrics {
+    /// Time since the last durable checkpoint.
+    pub age: AgeGauge,
+    /// Checkpoints made durable.
+    pub taken: Counter,
+    /// Errors, by [`CheckpointFailure`].
+    errors: [Counter; 3],
+    /// Encoding plus writing one checkpoint.
+    pub duration: Histogram,
+    /// Running totals in the last checkpoint written.
+    pub series: Gauge,
+    /// Running totals restored at start.
+    pub restored_series: Gauge,
+}
+
+impl CheckpointMetrics {
+    /// Counts an error.
+    pub fn error(&self, failure: CheckpointFailure) {
+        self.errors[failure as usize].inc();
+    }
+
+    /// Errors counted for `failure`.
+    pub fn errors(&self, failure: CheckpointFailure) -> u64 {
+        self.errors[failure as usize].get()
+    }
+}
+
+/// A gauge of the seconds since a moment, computed when scraped (so it grows between
+/// updates): the age of the last checkpoint. Starts at its creation.
+#[derive(Clone, Debug)]
+pub struct AgeGauge {
+    since_ms: Arc<AtomicI64>,
+}
+
+impl Default for AgeGauge {
+    fn default() -> Self {
+        AgeGauge { since_ms: Arc::new(AtomicI64::new(now_ms())) }
+    }
+}
+
+impl AgeGauge {
+    /// Counts the age from `unix_ms`.
+    pub fn set(&self, unix_ms: i64) {
+        self.since_ms.store(unix_ms, Ordering::Relaxed);
+    }
+
+    /// Seconds since then (0 for a moment in the future).
+    pub fn seconds(&self) -> f64 {
+        (now_ms() - self.since_ms.load(Ordering::Relaxed)).max(0) as f64 / 1000.0
+    }
+}
+
+impl TypedMetric for AgeGauge {
+    const TYPE: MetricType = MetricType::Gauge;
+}
+
+impl EncodeMetric for AgeGauge {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        encoder.encode_gauge(&self.seconds())
+    }
+
+    fn metric_type(&self) -> MetricType {
+        Self::TYPE
+    }
+}
