@@ -20,6 +20,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
+use tessera_runtime::telemetry::labels::ByResult;
 use tessera_runtime::telemetry::latency_histogram;
 
 use crate::Action;
@@ -35,12 +36,6 @@ struct ByRuleAction {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ByRule {
     rule: String,
-}
-
-/// `{result}`.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ByResult {
-    result: &'static str,
 }
 
 tessera_runtime::metrics! {

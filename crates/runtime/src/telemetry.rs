@@ -55,6 +55,7 @@
 
 pub mod dashboard;
 pub mod declare;
+pub mod labels;
 pub mod naming;
 mod process;
 pub mod profile;
@@ -70,7 +71,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Metric;
 
-pub use declare::{Labels, labels, lag_histogram, latency_histogram, storage_buckets, storage_histogram};
+pub use declare::{lag_histogram, latency_histogram, storage_buckets, storage_histogram};
 pub use prometheus_client::registry::Registry;
 pub use readiness::{Readiness, ReadinessCondition};
 pub use server::{ServeError, ServerHandle, serve};

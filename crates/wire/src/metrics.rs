@@ -29,15 +29,10 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use tessera_proto::AckReason;
+use tessera_runtime::telemetry::labels::ByReason;
 use tessera_runtime::telemetry::{Registry, latency_histogram};
 
 use crate::outbound::{Batch, DropReason, GenerationEnd, OutboundMetrics};
-
-/// `{reason}`: why a connection was closed or refused.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ByReason {
-    reason: &'static str,
-}
 
 /// `{destination}`: the endpoint or instance a sender sends to.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

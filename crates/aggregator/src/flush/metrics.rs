@@ -9,24 +9,13 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
+use tessera_runtime::telemetry::labels::{ByReason, ByResult};
 use tessera_runtime::telemetry::{Registry, lag_histogram, latency_histogram};
-
-/// `{reason}`: why held tiles were let go.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ByReason {
-    reason: &'static str,
-}
 
 /// `{policy}`: a storage policy, by its name (`10s:2d`), from the configuration.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ByPolicy {
     policy: String,
-}
-
-/// `{result}`: how a campaign ended.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ByResult {
-    result: &'static str,
 }
 
 /// `{shard_set}`: the shard set this replica is in.

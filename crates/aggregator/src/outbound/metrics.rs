@@ -1,23 +1,17 @@
 //! The outbound stage's metrics: which ingesters tiles go to, what was re-routed when
 //! one left, and the senders' own ([`SenderMetrics`], per ingester).
 
-use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use tessera_proto::AckReason;
+use tessera_runtime::telemetry::labels::ByUnit;
 use tessera_wire::metrics::{DestinationMetrics, Drops, Items, SenderMetrics};
 
 /// What the aggregator's batches towards ingesters hold: series values, refused for
 /// the ingester's reasons; drops are counted in batches and series.
 const ITEMS: Items =
     Items { unit: "series", count_batches: true, refusals: &AckReason::FROM_INGESTER, dictionaries: false };
-
-/// `{unit}`: what was counted (`batches`, `series`).
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ByUnit {
-    unit: &'static str,
-}
 
 tessera_runtime::metrics! {
     /// The outbound stage's metrics.

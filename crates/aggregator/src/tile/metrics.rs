@@ -9,13 +9,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use tessera_proto::AckReason;
+use tessera_runtime::telemetry::labels::ByReason;
 use tessera_runtime::telemetry::latency_histogram;
-
-/// `{reason}`: why batches were refused.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ByReason {
-    reason: &'static str,
-}
 
 /// `{trigger}`: what closed a tile.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

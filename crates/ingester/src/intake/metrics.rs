@@ -12,34 +12,17 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::metrics::{MetricType, TypedMetric};
 use tessera_core::clock::now_ms;
+use tessera_runtime::telemetry::labels::{ByReason, ByResolution, ByTarget};
 use tessera_runtime::telemetry::storage_histogram;
 use tessera_wire::metrics::ListenerMetrics;
 
 use crate::admit::{SkipReason, SkippedTiles};
-
-/// `{reason}`: why tiles gave no sample.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ByReason {
-    reason: &'static str,
-}
 
 /// `{status, reason}`: an acknowledgement's status and reason (empty for a batch taken).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ByStatusReason {
     status: &'static str,
     reason: &'static str,
-}
-
-/// `{resolution}`: a storage policy's resolution (`10s`), as the tile batch names it.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ByResolution {
-    resolution: String,
-}
-
-/// `{target}`: a configured sink target.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ByTarget {
-    target: String,
 }
 
 /// `{target, reason}`: why a checkpoint failed ([`CheckpointFailure`]).

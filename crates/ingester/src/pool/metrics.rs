@@ -10,27 +10,16 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::{MetricType, TypedMetric};
+use tessera_runtime::telemetry::labels::{ByResolution, ByTarget};
 use tessera_runtime::telemetry::storage_buckets;
 
 use crate::sink::{SinkMetrics, TargetSinkMetrics};
-
-/// `{target}`: a configured sink target.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ByTarget {
-    target: String,
-}
 
 /// `{target, worker}`: a worker of a target's pool, by index.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ByTargetWorker {
     target: String,
     worker: usize,
-}
-
-/// `{resolution}`: a storage policy's resolution (`10s`), as the tile batch names it.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ByResolution {
-    resolution: String,
 }
 
 tessera_runtime::metrics! {

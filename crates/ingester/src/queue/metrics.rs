@@ -1,15 +1,9 @@
 //! The queue's metrics: each target's segment files, records, replay and fsyncs.
 
-use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-
-/// `{target}`: a configured sink target.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ByTarget {
-    target: String,
-}
+use tessera_runtime::telemetry::labels::ByTarget;
 
 tessera_runtime::metrics! {
     /// The queue's metrics.

@@ -5,15 +5,10 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
+use tessera_runtime::telemetry::labels::ByTarget;
 use tessera_runtime::telemetry::storage_histogram;
 
 use super::file::FileSinkMetrics;
-
-/// `{target}`: a configured sink target.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ByTarget {
-    target: String,
-}
 
 /// `{target, outcome}`: how a storage request ended (`ok`, `rejected`,
 /// `histograms_refused`, or a retryable reason).

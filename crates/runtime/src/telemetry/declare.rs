@@ -8,7 +8,8 @@
 //! use prometheus_client::metrics::counter::Counter;
 //! use prometheus_client::metrics::family::Family;
 //! use prometheus_client::metrics::histogram::Histogram;
-//! use tessera_runtime::telemetry::{Labels, Telemetry, latency_histogram};
+//! use tessera_runtime::telemetry::labels::ByReason;
+//! use tessera_runtime::telemetry::{Telemetry, latency_histogram};
 //!
 //! tessera_runtime::metrics! {
 //!     /// A stage's metrics.
@@ -16,7 +17,7 @@
 //!         /// Lines accepted
 //!         pub lines_received: Counter,
 //!         /// Lines refused, per reason
-//!         refused: Family<Labels, Counter>,
+//!         refused: Family<ByReason, Counter>,
 //!         /// Time to flush one window
 //!         pub flush_duration: Histogram [seconds] = latency_histogram(),
 //!     }
@@ -34,15 +35,6 @@
 //! ```
 
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
-
-/// A metric's labels as name and value pairs, for families whose label values are
-/// only known at run time (a listener, a destination, a reason).
-pub type Labels = Vec<(&'static str, String)>;
-
-/// `pairs` as [`Labels`].
-pub fn labels(pairs: &[(&'static str, &str)]) -> Labels {
-    pairs.iter().map(|(key, value)| (*key, (*value).to_owned())).collect()
-}
 
 /// The buckets of every request, flush and acknowledgement time: 100 µs to about 26 s.
 pub fn latency_histogram() -> Histogram {
