@@ -101,6 +101,14 @@ pub fn aggregator_config(
     )
 }
 
+/// Aggregator settings for 1 s tiles kept an hour, so that a test sees its data in
+/// Prometheus within seconds.
+pub const ONE_SECOND_TILES: &str = "policies = [\"1s:1h\"]\n";
+
+/// Sender settings that reconnect after 20 ms to 200 ms, so that a test does not wait on
+/// the default backoff.
+pub const FAST_RECONNECT: &str = "reconnect_min_ms = 20\nreconnect_max_ms = 200\n";
+
 /// Starts aggregator `agg-1` on `aggregator_port`, alone in a static placement written in
 /// `dir` (see [`static_placement`]), with `settings` and `ingester_settings` as in
 /// [`aggregator_config`]; returns it and the `[placement]` section its collectors use.
@@ -123,6 +131,6 @@ pub fn start_lone_aggregator(
 pub fn collector_config(id: &str, statsd_port: u16, placement: &str, forward_settings: &str) -> String {
     format!(
         "instance_id = \"{id}\"\n[udp]\nlisten = \"127.0.0.1:{statsd_port}\"\n{placement}\
-         [forward]\nreconnect_min_ms = 20\nreconnect_max_ms = 200\n{forward_settings}"
+         [forward]\n{FAST_RECONNECT}{forward_settings}"
     )
 }

@@ -13,11 +13,10 @@ use std::time::{Duration, Instant};
 use tessera_testkit::prometheus::Prometheus;
 use tessera_testkit::{free_port, http_get};
 use tessera_tests::{
-    collector_config, loopback, scalar, start_daemon, start_ingester, start_lone_aggregator, wait_for_scalar,
+    ONE_SECOND_TILES, collector_config, loopback, scalar, start_daemon, start_ingester, start_lone_aggregator,
+    wait_for_scalar,
 };
 
-/// The aggregator's one policy: 1 s tiles.
-const POLICY: &str = "policies = [\"1s:1h\"]\n";
 /// How long the good counters may take to reach Prometheus.
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -73,7 +72,8 @@ fn garbage_on_every_port_is_refused_and_counted_and_good_data_beside_it_arrives(
     let dir = tempfile::tempdir().unwrap();
     let (aggregator_port, statsd_port) = (free_port(), free_port());
     let (ingester, ingester_port) = start_ingester(dir.path(), &prometheus, "");
-    let (aggregator, placement) = start_lone_aggregator(dir.path(), aggregator_port, POLICY, ingester_port, "");
+    let (aggregator, placement) =
+        start_lone_aggregator(dir.path(), aggregator_port, ONE_SECOND_TILES, ingester_port, "");
     let collector_text = collector_config("host-1", statsd_port, &placement, "");
     let tcp_listener = format!("[tcp]\nlisten = \"127.0.0.1:{statsd_port}\"\n");
     let collector = start_daemon("collector", "tessera-collector", &(collector_text + &tcp_listener), free_port());

@@ -23,7 +23,10 @@ use tessera_core::sketch::bucket_relative_width;
 use tessera_testkit::daemons::Daemon;
 use tessera_testkit::free_port;
 use tessera_testkit::prometheus::Prometheus;
-use tessera_tests::{collector_config, ingester_config, loopback, start_daemon, start_lone_aggregator, wait_until};
+use tessera_tests::{
+    FAST_RECONNECT, ONE_SECOND_TILES, collector_config, ingester_config, loopback, start_daemon, start_lone_aggregator,
+    wait_until,
+};
 
 fn now_secs() -> f64 {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs_f64()
@@ -55,13 +58,8 @@ impl Stack {
             &format!("histograms = \"native\"\nmax_buckets = {max_buckets}\n"),
         );
         let ingester = start_daemon("ingester", "tessera-ingester", &ingester_text, ingester_telemetry);
-        let (aggregator, placement) = start_lone_aggregator(
-            dir.path(),
-            aggregator_port,
-            "policies = [\"1s:1h\"]\n",
-            ingester_port,
-            "reconnect_min_ms = 20\nreconnect_max_ms = 200\n",
-        );
+        let (aggregator, placement) =
+            start_lone_aggregator(dir.path(), aggregator_port, ONE_SECOND_TILES, ingester_port, FAST_RECONNECT);
         let collectors = (1..=hosts)
             .map(|host| {
                 let statsd_port = free_port();

@@ -29,8 +29,8 @@ use tessera_testkit::daemons::Daemon;
 use tessera_testkit::free_port;
 use tessera_testkit::prometheus::Prometheus;
 use tessera_tests::{
-    collector_config, loopback, scalar, start_daemon, start_ingester, start_lone_aggregator, wait_for_scalar,
-    wait_until,
+    FAST_RECONNECT, ONE_SECOND_TILES, collector_config, loopback, scalar, start_daemon, start_ingester,
+    start_lone_aggregator, wait_for_scalar, wait_until,
 };
 
 /// How long values, counters and reloads may take to show.
@@ -70,13 +70,8 @@ impl Stack {
         let dir = tempfile::tempdir().unwrap();
         let aggregator_port = free_port();
         let (ingester, ingester_port) = start_ingester(dir.path(), &prometheus, "");
-        let (aggregator, placement) = start_lone_aggregator(
-            dir.path(),
-            aggregator_port,
-            "policies = [\"1s:1h\"]\n",
-            ingester_port,
-            "reconnect_min_ms = 20\nreconnect_max_ms = 200\n",
-        );
+        let (aggregator, placement) =
+            start_lone_aggregator(dir.path(), aggregator_port, ONE_SECOND_TILES, ingester_port, FAST_RECONNECT);
         let configs: Vec<(String, u16, PathBuf)> = collectors
             .iter()
             .enumerate()

@@ -20,14 +20,12 @@ use std::time::Duration;
 use tessera_proto::Role;
 use tessera_testkit::free_port;
 use tessera_testkit::tls::Pki;
-use tessera_tests::{collector_config, loopback, start_daemon, start_lone_aggregator, wait_until};
+use tessera_tests::{ONE_SECOND_TILES, collector_config, loopback, start_daemon, start_lone_aggregator, wait_until};
 use tessera_wire::client::{ClientTls, connect};
 use tessera_wire::config::Counter;
 use tessera_wire::stream::WireStream;
 use tessera_wire::tls::{ClientTlsConfig, load_certs};
 
-/// The aggregator's one policy: 1 s tiles.
-const POLICY: &str = "policies = [\"1s:1h\"]\n";
 /// How long values, counts and reloads may take to show.
 const WAIT: Duration = Duration::from_secs(20);
 /// Counter lines sent before the rotation, and after it by a collector started anew.
@@ -134,7 +132,7 @@ fn mutual_tls_on_both_links_delivers_exactly_refuses_strangers_and_follows_a_rot
     let (aggregator, placement) = start_lone_aggregator(
         dir.path(),
         aggregator_port,
-        &format!("{POLICY}{}", listener_tls(&pki)),
+        &format!("{ONE_SECOND_TILES}{}", listener_tls(&pki)),
         ingester_port,
         &sender_tls("ingester", &pki, &pki.ca, true),
     );
