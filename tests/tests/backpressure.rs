@@ -19,7 +19,8 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
+use tessera_core::clock::now_ms;
 
 use tessera_testkit::free_port;
 use tessera_testkit::prometheus::Prometheus;
@@ -34,10 +35,6 @@ const PASS: u8 = 0;
 const UNAVAILABLE: u8 = 1;
 const TOO_MANY: u8 = 2;
 const SLOW: u8 = 3;
-
-fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64
-}
 
 /// An HTTP/1.1 front that passes requests on to `upstream`, or answers 503 or
 /// 429, or passes them on after 2 s, as `mode` says; counts what it refused.
@@ -164,7 +161,7 @@ fn storage_trouble_backs_up_the_chain_and_every_loss_is_counted_where_it_happene
     let statsd = loopback(statsd_port);
     let mut rounds = 0u64;
     let mut send_round = || {
-        std::thread::sleep(Duration::from_millis(1_500 - (now_ms() + 1_000) % 1_000));
+        std::thread::sleep(Duration::from_millis(1_500 - ((now_ms() as u64) + 1_000) % 1_000));
         let mut datagram = String::new();
         for series in 0..SERIES {
             datagram.push_str(&format!("chain.hits:1|c|#series:s{series}\n"));

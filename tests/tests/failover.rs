@@ -16,7 +16,8 @@
 use std::collections::BTreeMap;
 use std::net::{SocketAddr, UdpSocket};
 use std::process::Command;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
+use tessera_core::clock::now_ms;
 
 use tessera_testkit::daemons::{Daemon, binary};
 use tessera_testkit::prometheus::Prometheus;
@@ -27,10 +28,6 @@ use tessera_topology::testing::EtcdServer;
 const SERIES: usize = 10;
 const RESOLUTIONS: [&str; 2] = ["1s", "10s"];
 const TTL_SECS: u64 = 2;
-
-fn now_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as i64
-}
 
 /// Sends one increment of every counter each 20 ms for `duration`; returns the rounds sent.
 fn send_for(socket: &UdpSocket, target: SocketAddr, duration: Duration) -> u64 {

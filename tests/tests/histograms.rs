@@ -17,7 +17,8 @@
 //! the data is measured from.
 
 use std::net::{SocketAddr, UdpSocket};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
+use tessera_core::clock::now_secs;
 
 use tessera_core::sketch::bucket_relative_width;
 use tessera_testkit::daemons::Daemon;
@@ -27,10 +28,6 @@ use tessera_tests::{
     FAST_RECONNECT, ONE_SECOND_TILES, collector_config, ingester_config, loopback, start_daemon, start_lone_aggregator,
     wait_until,
 };
-
-fn now_secs() -> f64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs_f64()
-}
 
 struct Stack {
     prometheus: Prometheus,

@@ -30,7 +30,8 @@ use std::net::{SocketAddr, UdpSocket};
 use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
+use tessera_core::clock::now_secs;
 
 use tessera_testkit::daemons::{Daemon, binary};
 use tessera_testkit::free_port;
@@ -43,10 +44,6 @@ const SERIES: usize = 10_000;
 /// between the kill and the failover, so the dead ingester has batches queued to re-route.
 const TTL_SECS: u64 = 8;
 const ENV: &str = "tier";
-
-fn now_secs() -> f64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs_f64()
-}
 
 /// One increment of every series, in datagrams under 1400 bytes.
 fn round_datagrams() -> Vec<Vec<u8>> {

@@ -5,17 +5,14 @@
 
 use std::net::{SocketAddr, UdpSocket};
 use std::process::Command;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
+use tessera_core::clock::now_secs;
 
 use tessera_testkit::daemons::{Daemon, binary};
 use tessera_testkit::free_port;
 use tessera_testkit::prometheus::Prometheus;
 use tessera_tests::{aggregator_config, ingester_config, loopback, scalar, start_daemon};
 use tessera_topology::testing::EtcdServer;
-
-fn now_secs() -> f64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs_f64()
-}
 
 /// Polls `check` until it returns `Some`, or fails with `what` after `timeout`.
 fn eventually<T>(what: &str, timeout: Duration, mut check: impl FnMut() -> Option<T>) -> T {

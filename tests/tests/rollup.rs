@@ -21,7 +21,8 @@
 use std::collections::BTreeSet;
 use std::net::{SocketAddr, UdpSocket};
 use std::path::Path;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
+use tessera_core::clock::now_secs;
 
 use tessera_testkit::daemons::Daemon;
 use tessera_testkit::free_port;
@@ -129,10 +130,6 @@ fn two_aggregator_placement(dir: &Path, ports: [u16; 2]) -> String {
         .collect();
     std::fs::write(&path, format!("num_shards = 16\n{instances}")).unwrap();
     format!("[placement]\nkind = \"static\"\npath = {:?}\n", path.display().to_string())
-}
-
-fn now_secs() -> f64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs_f64()
 }
 
 /// The selector of `name` for `route` at the test's resolution.

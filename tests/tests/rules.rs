@@ -23,7 +23,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
+use tessera_core::clock::now_secs;
 
 use tessera_testkit::daemons::Daemon;
 use tessera_testkit::free_port;
@@ -35,10 +36,6 @@ use tessera_tests::{
 
 /// How long values, counters and reloads may take to show.
 const WAIT: Duration = Duration::from_secs(40);
-
-fn now_secs() -> f64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs_f64()
-}
 
 /// One collector's rules: a mapping file's YAML, and `[rules]` text.
 struct CollectorRules<'a> {

@@ -17,7 +17,8 @@ use std::collections::HashMap;
 use std::io::Write;
 use std::net::{TcpStream, UdpSocket};
 use std::os::unix::net::UnixDatagram;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
+use tessera_core::clock::now_ms;
 
 use receiver::Receiver;
 use tessera_collector::{Collector, Config, PlacementHandle};
@@ -97,10 +98,6 @@ fn due(semantic: Semantic, round: i64, name: &str) -> f64 {
         (true, Semantic::Absolute) => -2.0,
         (false, _) => (round + 3) as f64,
     }
-}
-
-fn now_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as i64
 }
 
 /// Sleeps until 400 ms into the next tile, and returns that tile's start.
