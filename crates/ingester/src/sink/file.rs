@@ -23,7 +23,7 @@ use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError, sync_channel};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use prometheus_client::metrics::counter::Counter;
 use tokio::sync::oneshot;
@@ -229,7 +229,7 @@ impl Writer {
 }
 
 fn unused_name(dir: &Path) -> PathBuf {
-    let now_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |elapsed| elapsed.as_millis());
+    let now_ms = tessera_core::clock::now_ms();
     let mut path = dir.join(format!("tessera-{now_ms}.om"));
     let mut n = 1;
     while path.exists() {

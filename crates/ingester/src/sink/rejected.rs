@@ -16,7 +16,6 @@ use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Mutex;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::SinkRequest;
 use super::openmetrics::{write_series, write_value};
@@ -42,7 +41,7 @@ impl RejectedLog {
 
     /// Appends every sample of `request`, refused with `status` and `reason`.
     pub fn write(&self, target: &str, request: &SinkRequest, status: u16, reason: &str) {
-        let logged_at_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |elapsed| elapsed.as_millis());
+        let logged_at_ms = tessera_core::clock::now_ms();
         let reason = reason.replace(['\n', '"'], " ");
         let mut text = String::with_capacity(request.samples.len() * 128);
         for sample in &request.samples {
