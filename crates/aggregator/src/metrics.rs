@@ -10,6 +10,7 @@
 //! [`DestinationMetrics`](tessera_wire::metrics::DestinationMetrics)) and add once per
 //! batch or tile, never once per series.
 
+use tessera_runtime::telemetry::zeroed_family;
 use tessera_wire::metrics::{ByReasonUnit, Drops};
 
 use crate::flush::FlushMetrics;
@@ -24,7 +25,7 @@ tessera_runtime::metrics! {
     /// The aggregator's metrics.
     pub struct Metrics {
         /// Data dropped by the aggregator, per reason and unit
-        pub drops: Drops = every_drop();
+        pub drops: Drops = zeroed_family(DROP_REASONS.map(|(reason, unit)| ByReasonUnit { reason, unit }));
         /// The intake's metrics (batches from collectors, dictionaries, the wire listener)
         pub intake: IntakeMetrics,
         /// The tile stage's metrics (refusals, merges, closes, watermarks, shards)
@@ -36,7 +37,7 @@ tessera_runtime::metrics! {
     }
 }
 
-/// Every `(reason, unit)` of `drops_total`.
+/// Every `(reason, unit)` of `drops_total`, each exported from the start at 0.
 pub const DROP_REASONS: [(&str, &str); 13] = [
     ("no_ingester", "series"),
     ("unroutable", "series"),
@@ -52,17 +53,6 @@ pub const DROP_REASONS: [(&str, &str); 13] = [
     ("expansion_failed", "batches"),
     ("expansion_failed", "series"),
 ];
-
-/// The drops family with every reason of [`DROP_REASONS`] exported from the start, at 0:
-/// "nothing dropped" reads as 0, not as no data, so alerts and dashboards need no
-/// `or vector(0)`.
-fn every_drop() -> Drops {
-    let family = Drops::default();
-    for (reason, unit) in DROP_REASONS {
-        let _ = family.get_or_create(&ByReasonUnit { reason, unit });
-    }
-    family
-}
 
 impl Metrics {
     /// Dropped so far for `reason` in `unit`.

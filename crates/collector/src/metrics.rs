@@ -6,6 +6,7 @@
 //! [`DestinationMetrics`]) and add to them once per batch, never once per line.
 
 use tessera_rules::RuleMetrics;
+use tessera_runtime::telemetry::zeroed_family;
 use tessera_wire::metrics::{ByReasonUnit, DestinationMetrics, Drops, Items, SenderMetrics};
 
 use crate::intake::IntakeMetrics;
@@ -27,7 +28,7 @@ tessera_runtime::metrics! {
     /// The collector's metrics.
     pub struct Metrics {
         /// Data dropped by the collector, per reason and unit
-        pub drops: Drops = partial_drops();
+        pub drops: Drops = zeroed_family(PARTIAL_DROP_REASONS.map(|reason| ByReasonUnit { reason, unit: "partials" }));
         /// The intake's metrics (listeners, UDP sockets, reader tables)
         pub intake: IntakeMetrics,
         /// The window stage's metrics (merge, flush)
@@ -39,19 +40,9 @@ tessera_runtime::metrics! {
     }
 }
 
-/// Why the flusher or a destination queue drops partials (`drops_total{unit="partials"}`).
+/// Why the flusher or a destination queue drops partials (`drops_total{unit="partials"}`),
+/// each exported from the start at 0.
 pub const PARTIAL_DROP_REASONS: [&str; 5] = ["no_owner", "queue_full", "rejected", "expansion_failed", "shutdown"];
-
-/// The drops family, with every partial drop reason exported from the start at 0:
-/// "nothing dropped" reads as 0, not as no data, so alerts and dashboards need no
-/// `or vector(0)`.
-fn partial_drops() -> Drops {
-    let drops = Drops::default();
-    for reason in PARTIAL_DROP_REASONS {
-        let _ = drops.get_or_create(&ByReasonUnit { reason, unit: "partials" });
-    }
-    drops
-}
 
 impl Metrics {
     /// Handles for one destination instance.

@@ -48,6 +48,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use tessera_core::clock::now_ms;
 use tessera_runtime::Shutdown;
 use tessera_runtime::logging::error_chain;
+use tessera_runtime::telemetry::zeroed_family;
 use tessera_topology::{EtcdConfig, MoveTiming, Placement, PlacementStore, StoreError, Tier, Watcher};
 use tessera_wire::backoff::{Backoff, sleep_or_stop};
 
@@ -273,10 +274,10 @@ tessera_runtime::metrics! {
         /// Version of the ingesters' placement this ingester saw last
         pub tier_placement_version: Gauge,
         /// Shards this ingester gained or lost in the ingesters' placement, by direction
-        shard_moves: Family<ByDirection, Counter> = every_direction(),
+        shard_moves: Family<ByDirection, Counter> = zeroed_family(DIRECTIONS.map(|direction| ByDirection { direction })),
         /// Changes this ingester wrote to the ingesters' placement: init, join, fail_over (a dead
         /// ingester's shards handed to live ones), finalize
-        placement_changes: Family<ByChange, Counter> = every_change(),
+        placement_changes: Family<ByChange, Counter> = zeroed_family(CHANGES.map(|change| ByChange { change })),
         /// etcd requests of the ingester tier task that failed
         pub tier_errors: Counter,
         /// Cumulative series that started over (with an explicit reset) because their shard came to
@@ -303,24 +304,6 @@ struct ByDirection {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ByChange {
     change: &'static str,
-}
-
-/// Shard moves, with every direction exported from the start at 0.
-fn every_direction() -> Family<ByDirection, Counter> {
-    let family = Family::<ByDirection, Counter>::default();
-    for direction in DIRECTIONS {
-        let _ = family.get_or_create(&ByDirection { direction });
-    }
-    family
-}
-
-/// Placement changes, with every change exported from the start at 0.
-fn every_change() -> Family<ByChange, Counter> {
-    let family = Family::<ByChange, Counter>::default();
-    for change in CHANGES {
-        let _ = family.get_or_create(&ByChange { change });
-    }
-    family
 }
 
 impl TierMetrics {

@@ -71,7 +71,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Metric;
 
-pub use declare::{lag_histogram, latency_histogram, storage_buckets, storage_histogram};
+pub use declare::{lag_histogram, latency_histogram, storage_buckets, storage_histogram, zeroed_family};
 pub use prometheus_client::registry::Registry;
 pub use readiness::{Readiness, ReadinessCondition};
 pub use server::{ServeError, ServerHandle, serve};

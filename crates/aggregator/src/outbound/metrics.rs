@@ -6,6 +6,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use tessera_proto::AckReason;
 use tessera_runtime::telemetry::labels::ByUnit;
+use tessera_runtime::telemetry::zeroed_family;
 use tessera_wire::metrics::{DestinationMetrics, Drops, Items, SenderMetrics};
 
 /// What the aggregator's batches towards ingesters hold: series values, refused for
@@ -22,19 +23,10 @@ tessera_runtime::metrics! {
         pub ingester_destinations: Gauge,
         /// Tile batches (and their series) queued for an ingester that left the placement, sent to the
         /// new owners of their series instead, per unit
-        rerouted: Family<ByUnit, Counter> = every_unit(&["batches", "series"]);
+        rerouted: Family<ByUnit, Counter> = zeroed_family(["batches", "series"].map(|unit| ByUnit { unit }));
         /// The senders' metrics, per ingester destination
         pub senders: SenderMetrics = SenderMetrics::new(ITEMS),
     }
-}
-
-/// A family per unit of `units`, each exported from the start at 0.
-fn every_unit(units: &[&'static str]) -> Family<ByUnit, Counter> {
-    let family = Family::<ByUnit, Counter>::default();
-    for &unit in units {
-        let _ = family.get_or_create(&ByUnit { unit });
-    }
-    family
 }
 
 impl RoutingMetrics {

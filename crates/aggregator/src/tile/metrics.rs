@@ -10,7 +10,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use tessera_proto::AckReason;
 use tessera_runtime::telemetry::labels::ByReason;
-use tessera_runtime::telemetry::latency_histogram;
+use tessera_runtime::telemetry::{latency_histogram, zeroed_family};
 
 /// `{trigger}`: what closed a tile.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -30,19 +30,15 @@ tessera_runtime::metrics! {
     /// intake (what does not decode, or comes at shutdown).
     pub struct Refusals {
         /// Partial batches refused, per reason
-        batches_rejected: Family<ByReason, Counter> = by_refusal(),
+        batches_rejected: Family<ByReason, Counter> = refusals(),
         /// Series partials in refused batches, per reason
-        partials_rejected: Family<ByReason, Counter> = by_refusal(),
+        partials_rejected: Family<ByReason, Counter> = refusals(),
     }
 }
 
-/// A family per refusal reason, each exported from the start at 0.
-fn by_refusal() -> Family<ByReason, Counter> {
-    let family = Family::<ByReason, Counter>::default();
-    for reason in AckReason::FROM_AGGREGATOR {
-        let _ = family.get_or_create(&ByReason { reason: reason.as_str() });
-    }
-    family
+/// A family with every reason an aggregator refuses a batch for, each at 0.
+fn refusals() -> Family<ByReason, Counter> {
+    zeroed_family(AckReason::FROM_AGGREGATOR.map(|reason| ByReason { reason: reason.as_str() }))
 }
 
 impl Refusals {

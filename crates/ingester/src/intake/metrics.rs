@@ -13,7 +13,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::metrics::{MetricType, TypedMetric};
 use tessera_core::clock::now_ms;
 use tessera_runtime::telemetry::labels::{ByReason, ByResolution, ByTarget};
-use tessera_runtime::telemetry::storage_histogram;
+use tessera_runtime::telemetry::{storage_histogram, zeroed_family};
 use tessera_wire::metrics::ListenerMetrics;
 
 use crate::admit::{SkipReason, SkippedTiles};
@@ -44,9 +44,10 @@ tessera_runtime::metrics! {
         /// Tiles received
         pub tiles_received: Counter,
         /// Acknowledgements sent, per status and reason
-        batch_acks: Family<ByStatusReason, Counter> = refusing_acks(),
+        batch_acks: Family<ByStatusReason, Counter> =
+            zeroed_family(REFUSING_ACKS.map(|(status, reason)| ByStatusReason { status, reason })),
         /// Tiles that gave no sample, per reason
-        tiles_skipped: Family<ByReason, Counter> = skip_reasons(),
+        tiles_skipped: Family<ByReason, Counter> = zeroed_family(SkipReason::ALL.map(|reason| ByReason { reason: reason.as_str() })),
         /// Samples made durable in the queue
         pub samples_queued: Counter,
         /// Time from a batch read to its acknowledgement (convert, write, fsync)
@@ -90,32 +91,14 @@ pub const FRAME_ERROR_REASONS: [&str; 9] = [
     "tls",
 ];
 
-/// Every `(status, reason)` of `batch_acks_total` other than `ok`.
+/// Every `(status, reason)` of `batch_acks_total` other than `ok`, each exported from the
+/// start at 0.
 pub const REFUSING_ACKS: [(&str, &str); 4] = [
     ("retryable", "queue_full"),
     ("retryable", "queue_io"),
     ("permanent", "invalid_batch"),
     ("permanent", "unexpected_frame"),
 ];
-
-/// Acknowledgements, with every refusal exported from the start at 0: "nothing
-/// refused" reads as 0, not as no data, so alerts and dashboards need no `or vector(0)`.
-fn refusing_acks() -> Family<ByStatusReason, Counter> {
-    let acks = Family::<ByStatusReason, Counter>::default();
-    for (status, reason) in REFUSING_ACKS {
-        let _ = acks.get_or_create(&ByStatusReason { status, reason });
-    }
-    acks
-}
-
-/// Skipped tiles, with every reason exported from the start at 0.
-fn skip_reasons() -> Family<ByReason, Counter> {
-    let skipped = Family::<ByReason, Counter>::default();
-    for reason in SkipReason::ALL {
-        let _ = skipped.get_or_create(&ByReason { reason: reason.as_str() });
-    }
-    skipped
-}
 
 impl IntakeMetrics {
     /// Counts an acknowledgement (`reason` empty for a batch taken).

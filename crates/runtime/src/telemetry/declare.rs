@@ -34,7 +34,25 @@
 //! assert_eq!(StageMetrics::NAMES, ["lines_received", "refused", "flush_duration_seconds"]);
 //! ```
 
+use std::hash::Hash;
+
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+
+/// A family with a series for each of `label_sets` from the start, at 0: "nothing
+/// dropped (refused, skipped)" reads as 0, not as no data, so alerts and dashboards need
+/// no `or vector(0)`. Other label sets appear when they are first counted.
+pub fn zeroed_family<S, M>(label_sets: impl IntoIterator<Item = S>) -> Family<S, M>
+where
+    S: Clone + Hash + Eq,
+    M: Default,
+{
+    let family = Family::<S, M>::default();
+    for labels in label_sets {
+        let _ = family.get_or_create(&labels);
+    }
+    family
+}
 
 /// The buckets of every request, flush and acknowledgement time: 100 µs to about 26 s.
 pub fn latency_histogram() -> Histogram {
