@@ -117,18 +117,26 @@ pub struct Writer {
 }
 
 /// The `status` label of an acknowledgement.
-pub fn status_label(status: i32) -> &'static str {
-    match AckStatus::try_from(status) {
-        Ok(AckStatus::Ok) => "ok",
-        Ok(AckStatus::Retryable) => "retryable",
-        Ok(AckStatus::Permanent) => "permanent",
-        _ => "unspecified",
+pub fn status_label(status: AckStatus) -> &'static str {
+    match status {
+        AckStatus::Ok => "ok",
+        AckStatus::Retryable => "retryable",
+        AckStatus::Permanent => "permanent",
+        AckStatus::Unspecified => "unspecified",
     }
 }
 
-/// Taken: acknowledged with no reason.
-fn taken(sequence: u64) -> Ack {
-    Ack { sequence, status: AckStatus::Ok as i32, ..Ack::default() }
+/// Answers `sequence` with `reason`, counted in `batch_acks_total` under its status and
+/// reason.
+fn answer(metrics: &IntakeMetrics, reason: AckReason, sequence: u64, message: String) -> Verdict {
+    metrics.ack(status_label(reason.status()), reason.as_str());
+    Verdict::Ack(reason.ack(sequence, message))
+}
+
+/// Takes `sequence`: acknowledged with no reason, counted.
+fn taken(metrics: &IntakeMetrics, sequence: u64) -> Verdict {
+    metrics.ack(status_label(AckStatus::Ok), "");
+    Verdict::Ack(Ack { sequence, status: AckStatus::Ok as i32, ..Ack::default() })
 }
 
 impl Writer {
@@ -154,10 +162,7 @@ impl Writer {
                 }
                 Job::Frame { body, read_at, reply } => {
                     let verdict = self.handle(&body);
-                    if let Verdict::Ack(ack) = &verdict {
-                        // Every ack is built here: a known reason, or none for a batch taken.
-                        let reason = AckReason::parse(&ack.reason).map_or("", AckReason::as_str);
-                        self.metrics.ack(status_label(ack.status), reason);
+                    if let Verdict::Ack(_) = &verdict {
                         self.metrics.durable_duration.observe(read_at.elapsed().as_secs_f64());
                     }
                     let _ = reply.send(verdict);
@@ -207,7 +212,7 @@ impl Writer {
                     _ => 0,
                 };
                 let message = format!("an ingester takes tile batches, not `{kind}` frames");
-                Verdict::Ack(AckReason::UnexpectedFrame.ack(sequence, message))
+                answer(&self.metrics, AckReason::UnexpectedFrame, sequence, message)
             }
         }
     }
@@ -217,7 +222,7 @@ impl Writer {
             // A heartbeat (an aggregator keeping an idle connection open), or a batch
             // with nothing to store: acknowledged, nothing queued.
             self.metrics.heartbeats.inc();
-            return Verdict::Ack(taken(batch.sequence));
+            return taken(&self.metrics, batch.sequence);
         }
         let received_at_ms = now_ms();
         self.metrics.batches_received.inc();
@@ -225,18 +230,18 @@ impl Writer {
         let sequence = batch.sequence;
         let key = batch_key(&batch.source, &batch.storage_policy, batch.tile_end_ms, sequence);
         if self.recent.contains(key) {
-            return Verdict::Ack(AckReason::Duplicate.ack(sequence, "batch already queued".to_owned()));
+            return answer(&self.metrics, AckReason::Duplicate, sequence, "batch already queued".to_owned());
         }
         let target = self.routes.get(batch.storage_policy.trim()).copied().unwrap_or(0);
         let (Some(queue), Some(converter)) = (self.queues.get_mut(target), self.converters.get_mut(target)) else {
-            return Verdict::Ack(AckReason::QueueIo.ack(sequence, "no queue for the target".to_owned()));
+            return answer(&self.metrics, AckReason::QueueIo, sequence, "no queue for the target".to_owned());
         };
         if queue.is_full() {
-            return Verdict::Ack(AckReason::QueueFull.ack(sequence, "ingester queue is full".to_owned()));
+            return answer(&self.metrics, AckReason::QueueFull, sequence, "ingester queue is full".to_owned());
         }
         let conversion = match converter.convert(batch, received_at_ms) {
             Ok(conversion) => conversion,
-            Err(error) => return Verdict::Ack(AckReason::InvalidBatch.ack(sequence, error.to_string())),
+            Err(error) => return answer(&self.metrics, AckReason::InvalidBatch, sequence, error.to_string()),
         };
         let frame = record::encode(&conversion.record);
         match queue.append(&frame) {
@@ -253,7 +258,7 @@ impl Writer {
                     let lag = (received_at_ms - batch.flushed_at_ms).max(0) as f64 / 1000.0;
                     self.metrics.intake_lag(&conversion.record.resolution, lag);
                 }
-                Verdict::Ack(taken(sequence))
+                taken(&self.metrics, sequence)
             }
             Err(error) => {
                 converter.rollback();
@@ -267,7 +272,7 @@ impl Writer {
                         AckReason::QueueIo
                     }
                 };
-                Verdict::Ack(reason.ack(sequence, format!("batch not queued: {}", reason.as_str())))
+                answer(&self.metrics, reason, sequence, format!("batch not queued: {}", reason.as_str()))
             }
         }
     }
