@@ -115,6 +115,9 @@ fn rules_that_cannot_load_exit_64_naming_the_file_or_key() {
         Command::new(binary("tessera")).args(["local", "--mapping-config", "/nonexistent/m.yml"]).output().unwrap();
     assert_eq!(local.status.code(), Some(64));
     assert!(String::from_utf8_lossy(&local.stderr).contains("/nonexistent/m.yml"));
+    let local = Command::new(binary("tessera")).args(["local", "--policy", "10s"]).output().unwrap();
+    assert_eq!(local.status.code(), Some(64));
+    assert!(String::from_utf8_lossy(&local.stderr).contains("--policy: storage policy `10s`"));
     let check = Command::new(binary("tessera"))
         .args(["check", "--mapping", &broken.display().to_string(), "--line", "a.b:1|c"])
         .output()

@@ -62,20 +62,53 @@ pub struct Args {
 
 /// Runs `tessera local` until Ctrl-C or SIGTERM; exits 64 on flags that cannot work.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    if let Err(error) = ingester_config(&args) {
-        eprintln!("tessera local: {error}");
-        return Ok(ExitCode::from(EXIT_CONFIG));
-    }
-    if let Some(path) = &args.mapping_config
-        && let Err(error) = tessera_rules::MappingFile::load(path)
-    {
-        eprintln!("tessera local: --mapping-config: {error}");
-        return Ok(ExitCode::from(EXIT_CONFIG));
-    }
+    let configs = match Configs::from_args(&args) {
+        Ok(configs) => configs,
+        Err(error) => {
+            eprintln!("tessera local: {error:#}");
+            return Ok(ExitCode::from(EXIT_CONFIG));
+        }
+    };
     logging::init(LogFormat::Text, &args.log_level).context("starting logging")?;
     let runtime =
         tokio::runtime::Builder::new_multi_thread().worker_threads(2).thread_name("local-io").enable_all().build()?;
-    runtime.block_on(run_async(args))
+    runtime.block_on(run_async(args, configs))
+}
+
+/// The three daemons' configurations, built once from the flags and checked as each
+/// daemon checks its own file. The aggregator's listen address and its ingester are set
+/// at start, once they are bound.
+pub struct Configs {
+    ingester: tessera_ingester::Config,
+    aggregator: tessera_aggregator::Config,
+    collector: tessera_collector::Config,
+}
+
+impl Configs {
+    /// The configurations `args` ask for.
+    ///
+    /// # Errors
+    ///
+    /// The first flag that cannot work, naming it (a remote-write flag, `--policy`,
+    /// `--mapping-config`).
+    pub fn from_args(args: &Args) -> anyhow::Result<Configs> {
+        let ingester = ingester_config(args)?;
+        let policies = args.policies.iter().map(|policy| policy.parse::<tessera_aggregator::StoragePolicy>());
+        let policies = policies.collect::<Result<Vec<_>, _>>().context("--policy")?;
+        let mut aggregator: tessera_aggregator::Config =
+            toml_config("instance_id = \"local\"\n[ingester]\nendpoints = [\"127.0.0.1:0\"]\n")?;
+        aggregator.policies = policies;
+        aggregator.telemetry.listen = None;
+        aggregator.validate_settings().context("--policy")?;
+        let mut collector: tessera_collector::Config = toml_config(&format!(
+            "instance_id = \"local\"\n[udp]\nlisten = \"{statsd}\"\n[tcp]\nlisten = \"{statsd}\"\n[telemetry]\nlisten = \"{telemetry}\"\n",
+            statsd = args.statsd,
+            telemetry = args.telemetry
+        ))?;
+        collector.mapping.file.clone_from(&args.mapping_config);
+        collector.validate_settings().context("--mapping-config")?;
+        Ok(Configs { ingester, aggregator, collector })
+    }
 }
 
 /// A running pipeline: the three daemons and their shutdown signals, in drain order.
@@ -88,15 +121,16 @@ pub struct Pipeline {
 }
 
 impl Pipeline {
-    /// Starts ingester, aggregator and collector, wired together on loopback.
-    pub async fn start(args: &Args) -> anyhow::Result<Pipeline> {
+    /// Starts ingester, aggregator and collector as `configs` say, wired together on
+    /// loopback.
+    pub async fn start(args: &Args, configs: Configs) -> anyhow::Result<Pipeline> {
         std::fs::create_dir_all(&args.data_dir)
             .with_context(|| format!("creating data directory {}", args.data_dir.display()))?;
         let telemetry = Telemetry::new("local", env!("CARGO_PKG_VERSION"));
         let shutdowns = [Shutdown::new(), Shutdown::new(), Shutdown::new()];
 
-        let ingester_config = ingester_config(args)?;
-        let ingester = tessera_ingester::Ingester::start(ingester_config, telemetry.clone(), shutdowns[2].clone())
+        let Configs { ingester, aggregator: mut aggregator_config, collector: collector_config } = configs;
+        let ingester = tessera_ingester::Ingester::start(ingester, telemetry.clone(), shutdowns[2].clone())
             .await
             .context("starting the ingester")?;
 
@@ -104,13 +138,8 @@ impl Pipeline {
         let placement = Placement::init(&[("local", &aggregator_address.to_string())], args.shards, 1, 0)
             .context("building the local placement")?;
         let placement = PlacementHandle::fixed(placement);
-        let policies: Vec<String> = args.policies.iter().map(|policy| format!("{policy:?}")).collect();
-        let mut aggregator_config: tessera_aggregator::Config = toml_config(&format!(
-            "instance_id = \"local\"\nlisten = \"{aggregator_address}\"\npolicies = [{}]\n[ingester]\nendpoints = [\"{}\"]\n",
-            policies.join(", "),
-            ingester.listen_addr()
-        ))?;
-        aggregator_config.telemetry.listen = None;
+        aggregator_config.listen = aggregator_address;
+        aggregator_config.ingester.endpoints = vec![ingester.listen_addr().to_string()];
         let aggregator = tessera_aggregator::Aggregator::start_with_placement(
             aggregator_config,
             placement.clone(),
@@ -120,12 +149,6 @@ impl Pipeline {
         .await
         .context("starting the aggregator")?;
 
-        let mut collector_config: tessera_collector::Config = toml_config(&format!(
-            "instance_id = \"local\"\n[udp]\nlisten = \"{statsd}\"\n[tcp]\nlisten = \"{statsd}\"\n[telemetry]\nlisten = \"{telemetry}\"\n",
-            statsd = args.statsd,
-            telemetry = args.telemetry
-        ))?;
-        collector_config.mapping.file.clone_from(&args.mapping_config);
         let collector =
             tessera_collector::Collector::start(collector_config, placement, telemetry.clone(), shutdowns[0].clone())
                 .await
@@ -174,9 +197,9 @@ fn ingester_config(args: &Args) -> Result<tessera_ingester::Config, FlagError> {
     Ok(config)
 }
 
-async fn run_async(args: Args) -> anyhow::Result<ExitCode> {
+async fn run_async(args: Args, configs: Configs) -> anyhow::Result<ExitCode> {
     let signals = Shutdown::from_signals().context("installing signal handlers")?;
-    let pipeline = Pipeline::start(&args).await?;
+    let pipeline = Pipeline::start(&args, configs).await?;
     let interactive = std::io::stdout().is_terminal() && !args.plain;
     let sink = match &args.remote_write.url {
         Some(url) => format!("remote write {url}"),
@@ -408,7 +431,8 @@ tessera_aggregator_drops_total{reason=\"queue_full\",unit=\"series\"} 9
             plain: true,
             log_level: "warn".to_owned(),
         };
-        let pipeline = Pipeline::start(&args).await.unwrap();
+        let configs = Configs::from_args(&args).unwrap();
+        let pipeline = Pipeline::start(&args, configs).await.unwrap();
         let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
         for _ in 0..10 {
             socket
