@@ -15,7 +15,7 @@ fn main() -> ExitCode {
         "tessera-aggregator",
         about,
         Config::validate,
-        |config: Config, telemetry, shutdown| async {
+        |config: Config, telemetry, shutdown, _config_file| async {
             Aggregator::start(config, telemetry, shutdown).await?.wait().await;
             Ok(())
         },

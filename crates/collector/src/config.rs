@@ -41,6 +41,10 @@ pub struct Config {
     /// Allow/deny, tag rules, rollups, global tags, a name prefix and cardinality limits,
     /// applied before sharding (see `tessera_rules::config`).
     pub rules: RulesConfig,
+    /// The file this configuration was read from, set by the binary (not a key): the
+    /// rules reload when it changes. `None` on the embedded defaults or in a library.
+    #[serde(skip)]
+    pub config_file: Option<PathBuf>,
 }
 
 /// How datagrams are spread over the UDP reader sockets.

@@ -15,7 +15,8 @@ fn main() -> ExitCode {
         "tessera-collector",
         about,
         Config::validate,
-        |config: Config, telemetry, shutdown| async {
+        |mut config: Config, telemetry, shutdown, config_file| async {
+            config.config_file = config_file;
             let placement = tessera_collector::start_placement(&config)
                 .await
                 .map_err(|error| StartError::setup("cannot load the placement", error))?;

@@ -37,9 +37,8 @@
 
 use std::fmt::Display;
 use std::future::Future;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::OnceLock;
 
 use serde::de::DeserializeOwned;
 
@@ -140,7 +139,8 @@ impl StartError {
 /// The whole `main` of the daemon binary `name` (`tessera-<daemon>`): parses the
 /// [`DaemonFlags`] (`-h` shows `about`, `--help` also `long_about`), then [`run_daemon`]
 /// with a fresh [`Telemetry`] registry for the daemon, handed to `start` with the
-/// configuration and the shutdown.
+/// configuration, the shutdown, and the `--config` file it was read from (what reloads
+/// from it needs the path; `None` on the embedded defaults).
 pub fn daemon_main<C, E, Start, Fut>(
     name: &'static str,
     [about, long_about]: [&'static str; 2],
@@ -150,7 +150,7 @@ pub fn daemon_main<C, E, Start, Fut>(
 where
     C: DeserializeOwned,
     E: Display,
-    Start: FnOnce(C, Telemetry, Shutdown) -> Fut,
+    Start: FnOnce(C, Telemetry, Shutdown, Option<PathBuf>) -> Fut,
     Fut: Future<Output = Result<(), StartError>>,
 {
     use clap::{Args, FromArgMatches};
@@ -163,18 +163,10 @@ where
         Err(error) => Err(error),
     };
     let flags = flags.unwrap_or_else(|error| error.exit());
+    let config_file = flags.config.clone();
     run_daemon(name, &flags, validate, |config, shutdown| {
-        start(config, Telemetry::new(daemon, env!("CARGO_PKG_VERSION")), shutdown)
+        start(config, Telemetry::new(daemon, env!("CARGO_PKG_VERSION")), shutdown, config_file)
     })
-}
-
-/// The `--config` file this process was started with (see [`config_file`]).
-static CONFIG_FILE: OnceLock<Option<PathBuf>> = OnceLock::new();
-
-/// The `--config` file [`run_daemon`] loaded, for what reloads from it (the collector's
-/// rules); `None` when the daemon runs on its defaults or was started as a library.
-pub fn config_file() -> Option<&'static Path> {
-    CONFIG_FILE.get().and_then(|path| path.as_deref())
 }
 
 /// Loads and validates the configuration, answers `--check-config`, starts
@@ -194,7 +186,6 @@ where
     Run: FnOnce(C, Shutdown) -> Fut,
     Fut: Future<Output = Result<(), StartError>>,
 {
-    let _ = CONFIG_FILE.set(flags.config.clone());
     let config: C = match load_toml(flags.config.as_deref()) {
         Ok(config) => config,
         Err(error) => {
