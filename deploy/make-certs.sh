@@ -20,7 +20,7 @@
 # (the compose stack's tls-init does at every `up`) renews only what is about to
 # expire, and the daemons reload it from disk without a restart. A new CA
 # re-issues every certificate. After changing the names, delete the certificate
-# concerned. The commands are the README's (*TLS and credentials*).
+# concerned. The README (*Recipe: mutual TLS on the wire*) shows how to run it.
 #
 # Usage: deploy/make-certs.sh DIR
 set -eu
