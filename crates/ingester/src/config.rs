@@ -108,8 +108,11 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-pub use crate::mapping::HistogramMode;
-use crate::queue::FsyncPolicy;
+use crate::admit::HistogramMode;
+use crate::pool::PoolSettings;
+use crate::pool::pacing::Aimd;
+use crate::queue::{FsyncPolicy, QueueOptions};
+use crate::sink::file::FileSinkSettings;
 use crate::sink::remote_write::{Authorization, RemoteWriteSettings, TokenFile, parse_url};
 use hyper::header::{HeaderMap, HeaderName, HeaderValue};
 
@@ -201,6 +204,22 @@ impl QueueConfig {
             FsyncConfig::Never => FsyncPolicy::Never,
         }
     }
+
+    /// The options of a target's queue in `dir`.
+    pub fn options(&self, dir: PathBuf) -> QueueOptions {
+        QueueOptions::new(dir, self.max_queue_bytes, self.segment_max_bytes, self.fsync_policy())
+    }
+
+    /// How often the intake writer looks whether an interval fsync is due: half the
+    /// interval, between 5 ms and 1 s.
+    pub fn writer_tick(&self) -> Duration {
+        Duration::from_millis((self.fsync_interval_ms / 2).clamp(5, 1000))
+    }
+
+    /// How often the running totals are checkpointed.
+    pub fn checkpoint_interval(&self) -> Duration {
+        Duration::from_secs(self.checkpoint_interval_secs)
+    }
 }
 
 /// `[pool]`
@@ -231,6 +250,19 @@ impl Default for PoolConfig {
     }
 }
 
+impl PoolConfig {
+    /// The settings of every target's pool.
+    pub fn settings(&self) -> PoolSettings {
+        PoolSettings {
+            workers: self.workers,
+            channel_requests: self.channel_requests,
+            max_samples_per_request: self.max_samples_per_request,
+            retry_initial_backoff: Duration::from_millis(self.retry_initial_backoff_ms),
+            retry_max_backoff: Duration::from_millis(self.retry_max_backoff_ms),
+        }
+    }
+}
+
 /// `[pacing]`
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -256,6 +288,14 @@ impl Default for PacingConfig {
             latency_ratio: 2.0,
             max_samples_per_sec: None,
         }
+    }
+}
+
+impl PacingConfig {
+    /// The in-flight limit of a target served by `workers` workers (which cap it too).
+    pub fn aimd(&self, workers: usize) -> Aimd {
+        let max_in_flight = self.max_in_flight.min(workers);
+        Aimd::new(self.min_in_flight.min(max_in_flight), max_in_flight, self.initial_in_flight, self.latency_ratio)
     }
 }
 
@@ -308,6 +348,18 @@ pub struct FileSinkConfig {
 impl Default for FileSinkConfig {
     fn default() -> Self {
         FileSinkConfig { dir: None, rotate_bytes: 64 << 20, rotate_secs: 60, fsync: true }
+    }
+}
+
+impl FileSinkConfig {
+    /// The file sink's settings, writing in `dir` (this `dir`, else the default given).
+    pub fn settings(&self, default_dir: impl FnOnce() -> PathBuf) -> FileSinkSettings {
+        FileSinkSettings {
+            dir: self.dir.clone().unwrap_or_else(default_dir),
+            rotate_bytes: self.rotate_bytes,
+            rotate_after: Duration::from_secs(self.rotate_secs),
+            fsync: self.fsync,
+        }
     }
 }
 
@@ -477,6 +529,11 @@ pub type TelemetryConfig = tessera_runtime::config::TelemetryConfig<9104>;
 pub type ConfigError = tessera_runtime::config::InvalidSetting;
 
 impl Config {
+    /// On SIGTERM, how long to keep writing what is queued.
+    pub fn shutdown_grace(&self) -> Duration {
+        Duration::from_secs(self.shutdown_grace_secs)
+    }
+
     /// Checks values that parse but cannot work.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let invalid = |key: &str, reason: &str| Err(ConfigError::new(key, reason));
@@ -594,6 +651,29 @@ mod tests {
         assert_eq!(config.listen.to_string(), "127.0.0.1:7500");
         assert!(matches!(config.sink, SinkConfig::File(_)));
         assert_eq!(config.targets().len(), 1);
+    }
+
+    #[test]
+    fn settings_carry_the_keys_as_durations_and_bounds() {
+        let config: Config = toml::from_str(
+            "[queue]\nfsync_interval_ms = 4\ncheckpoint_interval_secs = 7\n\
+             [pool]\nworkers = 3\nretry_initial_backoff_ms = 50\nretry_max_backoff_ms = 900\n\
+             [pacing]\nmax_in_flight = 8\ninitial_in_flight = 8\n\
+             [sink]\nkind = \"file\"\nrotate_secs = 30\n",
+        )
+        .unwrap();
+        assert_eq!(config.queue.writer_tick(), Duration::from_millis(5), "half the interval, at least 5 ms");
+        assert_eq!(config.queue.checkpoint_interval(), Duration::from_secs(7));
+        let pool = config.pool.settings();
+        assert_eq!(
+            (pool.workers, pool.retry_initial_backoff, pool.retry_max_backoff),
+            (3, Duration::from_millis(50), Duration::from_millis(900))
+        );
+        assert_eq!(config.pacing.aimd(config.pool.workers).limit(), 3, "the workers cap the in-flight limit");
+        let SinkConfig::File(file) = &config.sink else { panic!("a file sink") };
+        let settings = file.settings(|| PathBuf::from("/default"));
+        assert_eq!((settings.dir, settings.rotate_after), (PathBuf::from("/default"), Duration::from_secs(30)));
+        assert_eq!(config.shutdown_grace(), Duration::from_secs(10));
     }
 
     #[test]

@@ -102,18 +102,15 @@ pub use sink::remote_write::RemoteWriteSink;
 pub use sink::{RecordInfo, SinkRequest};
 pub use tessera_runtime::StartError;
 
-// `config.rs` still names `admit` by its old name (`crate::mapping::HistogramMode`);
-// this keeps that path working until it reads `crate::admit`.
-use admit as mapping;
 use config::{SinkConfig, target_dir_name};
 use intake::accept_loop;
 use intake::checkpoint::{CheckpointTarget, Checkpoints};
 use intake::writer::Job;
 use pool::pacing::{AdaptiveLimit, Pace};
-use pool::{Pool, PoolSettings, Target};
+use pool::{Pool, Target};
 use queue::QueueWriter;
 use record::{Record, RecordHead};
-use sink::file::{FileSink, FileSinkSettings};
+use sink::file::FileSink;
 use sink::rejected::RejectedLog;
 use sink::{AnySink, Sink};
 
@@ -177,12 +174,7 @@ impl Ingester {
             let mut converter = converter_for(&config, &sink_config, &tier);
             let covers = intake::checkpoint::load(&dir, &name, &checkpoint_metrics, &mut converter);
             let from_checkpoint = converter.cumulative_series();
-            let mut options = QueueOptions::new(
-                dir.clone(),
-                config.queue.max_queue_bytes,
-                config.queue.segment_max_bytes,
-                config.queue.fsync_policy(),
-            );
+            let mut options = config.queue.options(dir.clone());
             options.checkpointed = Some(covers);
             let mut rolled_forward = 0u64;
             let mut replay_record = |position: Position, payload: &[u8]| {
@@ -229,15 +221,7 @@ impl Ingester {
                 );
             }
             let sink = Arc::new(build_sink(&config, &name, &sink_config, &metrics.sink)?);
-            let workers = config.pool.workers;
-            let pacing = &config.pacing;
-            let max_in_flight = pacing.max_in_flight.min(workers);
-            let aimd = Aimd::new(
-                pacing.min_in_flight.min(max_in_flight),
-                max_in_flight,
-                pacing.initial_in_flight,
-                pacing.latency_ratio,
-            );
+            let aimd = config.pacing.aimd(config.pool.workers);
             let target_metrics = metrics.pool.target(&name, &metrics.sink);
             let limit =
                 AdaptiveLimit::new(aimd, target_metrics.in_flight_limit.clone(), target_metrics.in_flight.clone());
@@ -245,19 +229,12 @@ impl Ingester {
                 name: name.clone(),
                 sink: sink.clone(),
                 limit,
-                pace: Pace::new(pacing.max_samples_per_sec),
+                pace: Pace::new(config.pacing.max_samples_per_sec),
                 metrics: target_metrics,
                 rejected: rejected.clone(),
                 queue: queue.clone(),
             };
-            let settings = PoolSettings {
-                workers,
-                channel_requests: config.pool.channel_requests,
-                max_samples_per_request: config.pool.max_samples_per_request,
-                retry_initial_backoff: Duration::from_millis(config.pool.retry_initial_backoff_ms),
-                retry_max_backoff: Duration::from_millis(config.pool.retry_max_backoff_ms),
-            };
-            let pool = Pool::start(target, reader, settings, shutdown.clone())?;
+            let pool = Pool::start(target, reader, config.pool.settings(), shutdown.clone())?;
             if let Some(policy) = policy {
                 routes.insert(policy, index);
             }
@@ -282,8 +259,7 @@ impl Ingester {
             .intake
             .cumulative_histograms
             .set(converters.iter().map(Converter::cumulative_histograms).sum::<usize>() as i64);
-        let checkpoints =
-            Checkpoints::start(checkpoint_targets, Duration::from_secs(config.queue.checkpoint_interval_secs))?;
+        let checkpoints = Checkpoints::start(checkpoint_targets, config.queue.checkpoint_interval())?;
         let writer = Writer {
             converters,
             queues: writers,
@@ -293,8 +269,7 @@ impl Ingester {
             checkpoints: Some(checkpoints),
         };
         let writer = tessera_runtime::daemon::spawn_thread("intake-writer", move || writer.run(job_receiver))?;
-        let tick = Duration::from_millis((config.queue.fsync_interval_ms / 2).clamp(5, 1000));
-        tokio::spawn(tick_writer(jobs.clone(), tick, shutdown.clone()));
+        tokio::spawn(tick_writer(jobs.clone(), config.queue.writer_tick(), shutdown.clone()));
 
         let listener =
             TcpListener::bind(config.listen).await.map_err(|source| StartError::bind(config.listen, source))?;
@@ -318,8 +293,7 @@ impl Ingester {
         tracing::info!(instance_id, listen = %listen_addr, telemetry = ?telemetry_addr, targets = running.len(), "ingester started");
 
         let queues = running.iter().map(|target| (target.name.clone(), target.queue.clone())).collect();
-        let grace = Duration::from_secs(config.shutdown_grace_secs);
-        let supervisor = tokio::spawn(supervise(shutdown, writer, running, grace, server));
+        let supervisor = tokio::spawn(supervise(shutdown, writer, running, config.shutdown_grace(), server));
         Ok(Ingester { listen_addr, telemetry_addr, metrics, queues, supervisor })
     }
 
@@ -385,13 +359,7 @@ fn build_sink(
         |source: std::io::Error| StartError::failed(format!("cannot set up the sink of target `{name}`"), source);
     match sink {
         SinkConfig::File(file) => {
-            let dir = file.dir.clone().unwrap_or_else(|| default_file_sink_dir(&config.data_dir, name));
-            let settings = FileSinkSettings {
-                dir,
-                rotate_bytes: file.rotate_bytes,
-                rotate_after: Duration::from_secs(file.rotate_secs),
-                fsync: file.fsync,
-            };
+            let settings = file.settings(|| default_file_sink_dir(&config.data_dir, name));
             let sink =
                 FileSink::open(settings, metrics.file_sink(name), config.pool.workers * 2).map_err(sink_error)?;
             Ok(AnySink::File(sink))
