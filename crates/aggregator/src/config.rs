@@ -43,9 +43,11 @@
 //! listen = "0.0.0.0:9103"
 //! ```
 
+use std::time::Duration;
+
 use tessera_topology::PlacementSource;
 
-use crate::tile::{DEFAULT_POLICIES, StoragePolicy, tables_per_policy};
+use crate::tile::{DEFAULT_POLICIES, StoragePolicy, TilerSettings, tables_per_policy};
 
 /// Most tables (open tiles) a policy may need; bounds memory per series.
 pub const MAX_TABLES_PER_POLICY: usize = 16;
@@ -231,9 +233,32 @@ impl Config {
     pub fn instance_id(&self) -> &str {
         self.instance_id.as_deref().unwrap_or_default()
     }
+
+    /// The settings of each of `merge_threads` tilers (and of admission's shadow one):
+    /// the series cap is shared out among the threads.
+    pub fn tiler_settings(&self, merge_threads: usize) -> TilerSettings {
+        TilerSettings {
+            policies: self.policies.clone(),
+            buffer_past_ms: self.buffer_past_ms as i64,
+            max_buffer_past_ms: self.max_buffer_past_ms() as i64,
+            buffer_future_ms: self.buffer_future_ms as i64,
+            expire_after_empty_tiles: self.expire_after_empty_tiles,
+            max_series_per_policy: self.max_series_per_policy.map(|cap| cap.div_ceil(merge_threads.max(1))),
+        }
+    }
+
+    /// How long this instance's liveness lease lasts without a renewal.
+    pub fn liveness_ttl(&self) -> Duration {
+        Duration::from_secs(self.liveness_ttl_secs)
+    }
 }
 
 impl IngesterConfig {
+    /// How long a connection to an ingester may have nothing to send before a heartbeat.
+    pub fn heartbeat(&self) -> Duration {
+        Duration::from_millis(self.heartbeat_ms)
+    }
+
     fn validate(&self) -> Result<(), ConfigError> {
         let invalid = |key, reason: &str| Err(ConfigError::new(key, reason));
         match (&self.placement, self.endpoints.is_empty()) {
@@ -275,6 +300,22 @@ mod tests {
         [ingester]
         endpoints = ["127.0.0.1:7500"]
     "#;
+
+    #[test]
+    fn the_tilers_share_the_series_cap_and_durations_come_from_the_keys() {
+        let text = format!("{MINIMAL}\nheartbeat_ms = 2500\n");
+        let text = text.replace(
+            "instance_id = \"agg-1\"",
+            "instance_id = \"agg-1\"\nmax_series_per_policy = 10\nliveness_ttl_secs = 4",
+        );
+        let config: Config = toml::from_str(&text).unwrap();
+        config.validate().unwrap();
+        let settings = config.tiler_settings(3);
+        assert_eq!(settings.max_series_per_policy, Some(4), "10 series over 3 threads, rounded up");
+        assert_eq!(settings.max_buffer_past_ms, config.max_buffer_past_ms() as i64);
+        assert_eq!(config.liveness_ttl(), Duration::from_secs(4));
+        assert_eq!(config.ingester.heartbeat(), Duration::from_millis(2500));
+    }
 
     #[test]
     fn a_minimal_config_gets_the_documented_defaults() {

@@ -109,7 +109,7 @@ impl Aggregator {
             let settings = flush::ElectionSettings {
                 etcd,
                 instance_id: config.instance_id().to_owned(),
-                ttl: Duration::from_secs(config.liveness_ttl_secs),
+                ttl: config.liveness_ttl(),
                 max_buffer_past_ms: config.max_buffer_past_ms() as i64,
             };
             tokio::spawn(flush::run_election(
@@ -175,8 +175,7 @@ impl Aggregator {
         }
         .reserving(config.ingester.max_frame_bytes.min(config.ingester.max_queue_bytes / 2));
         let stop_senders = Shutdown::new();
-        let heartbeat =
-            Heartbeat { after: Duration::from_millis(config.ingester.heartbeat_ms), frame: outbound::heartbeat_frame };
+        let heartbeat = Heartbeat { after: config.ingester.heartbeat(), frame: outbound::heartbeat_frame };
         let sender_settings = config
             .ingester
             .sender_settings(
@@ -190,14 +189,7 @@ impl Aggregator {
         ingesters.spawn_senders(&sender_settings, &stop_senders);
 
         let merge_threads = config.merge_threads();
-        let tiler_settings = TilerSettings {
-            policies: config.policies.clone(),
-            buffer_past_ms: config.buffer_past_ms as i64,
-            max_buffer_past_ms: config.max_buffer_past_ms() as i64,
-            buffer_future_ms: config.buffer_future_ms as i64,
-            expire_after_empty_tiles: config.expire_after_empty_tiles,
-            max_series_per_policy: config.max_series_per_policy.map(|cap| cap.div_ceil(merge_threads)),
-        };
+        let tiler_settings = config.tiler_settings(merge_threads);
         let started_ms = now_ms();
         let shadow = Tiler::new(tiler_settings.clone(), started_ms);
         let policy_metrics = config.policies.iter().map(|policy| metrics.flush.policy(&policy.to_string())).collect();

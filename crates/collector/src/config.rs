@@ -187,6 +187,24 @@ impl Default for AggregationConfig {
     }
 }
 
+impl AggregationConfig {
+    /// The window length, ms.
+    pub fn window_ms(&self) -> i64 {
+        self.interval_ms as i64
+    }
+
+    /// Windows a series may stay idle before a reader's table forgets it (at least one).
+    pub fn expire_after_idle_windows(&self) -> u32 {
+        (self.expire_after_idle_secs * 1000 / self.interval_ms.max(1)).max(1) as u32
+    }
+
+    /// How long the rules keep a series' outcome after its last window, ms: one window
+    /// longer than the readers keep the series.
+    pub fn rules_idle_ms(&self) -> i64 {
+        i64::from(self.expire_after_idle_windows() + 1) * self.window_ms()
+    }
+}
+
 tessera_wire::sender_config! {
     /// `[forward]`
     pub struct ForwardConfig {
@@ -276,6 +294,16 @@ mod tests {
         assert_eq!(config.udp.listen.to_string(), "127.0.0.1:8125");
         let err = Config::default().validate().unwrap_err();
         assert!(err.to_string().starts_with("invalid `placement`: missing"), "{err}");
+    }
+
+    #[test]
+    fn windows_and_idle_times_come_from_the_aggregation_keys() {
+        let aggregation: AggregationConfig = toml::from_str("interval_ms = 500\nexpire_after_idle_secs = 3\n").unwrap();
+        assert_eq!(aggregation.window_ms(), 500);
+        assert_eq!(aggregation.expire_after_idle_windows(), 6);
+        assert_eq!(aggregation.rules_idle_ms(), 3_500, "one window longer than the readers keep a series");
+        let brief: AggregationConfig = toml::from_str("interval_ms = 10000\nexpire_after_idle_secs = 1\n").unwrap();
+        assert_eq!(brief.expire_after_idle_windows(), 1, "at least one window");
     }
 
     #[test]

@@ -90,9 +90,7 @@ impl Collector {
         let listening = readiness.condition("listening");
 
         let instance_id = config.instance_id.clone().unwrap_or_else(|| tessera_runtime::daemon::hostname("collector"));
-        let window_ms = config.aggregation.interval_ms as i64;
-        let expire_windows =
-            (config.aggregation.expire_after_idle_secs * 1000 / config.aggregation.interval_ms).max(1) as u32;
+        let window_ms = config.aggregation.window_ms();
         let parse_options = ParseOptions { max_line_bytes: config.parse.max_line_bytes };
         let (cut_links, flusher_links) = intake::cut_links(1024);
         let rule_set = config.rule_set(&metrics.rules)?;
@@ -103,7 +101,7 @@ impl Collector {
         let reader_settings = ReaderSettings {
             window_ms,
             max_series: config.aggregation.max_series,
-            expire_after_idle_windows: expire_windows,
+            expire_after_idle_windows: config.aggregation.expire_after_idle_windows(),
             parse_options,
         };
         // Everything that can fail on a bad file (the TLS files) before the readers start,
@@ -143,7 +141,7 @@ impl Collector {
             flush_delay_ms: config.aggregation.flush_delay_ms as i64,
             readers: listeners.readers.len(),
             rules: rules.clone(),
-            rules_idle_ms: i64::from(expire_windows + 1) * window_ms,
+            rules_idle_ms: config.aggregation.rules_idle_ms(),
         };
         let flusher =
             Flusher::new(flusher_links, flush_settings, router, metrics.window.clone(), metrics.rules.clone());
