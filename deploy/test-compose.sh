@@ -406,10 +406,10 @@ test_with_compose_tool() {
     log "sending statsd (run tag $run_id) to udp 127.0.0.1:$TESSERA_STATSD_PORT"
     start_background_timer
     send_known_statsd
-    # With both replicas alive, neither campaigns for the shard set's lead until every tile
-    # it may flush began after it started, the 1m tiles included: up to a minute and
-    # max_buffer_past after start (held tiles, not lost). Waiting 60 s failed when the
-    # stack came up in the last seconds of a minute; 120 s covers every start.
+    # The replicas start together. When the first statsd lands in a tile that began before
+    # both did, neither saw it whole: one leads once etcd has said "no leader" for the
+    # longest tile plus max_buffer_past (68 s with the 1m policy), and flushes what it held.
+    # 120 s covers that.
     wait_until_resolution_exact 10s 120 "the 10s tiles in Prometheus" || return 1
     if ! wait_until both_ingesters_write 30 "both ingesters to write a share of the series"; then
         return 1

@@ -66,8 +66,12 @@ fn etcd_section(etcd: &EtcdServer, env: &str) -> String {
 }
 
 fn start_replica(id: &'static str, port: u16, placement: &str, receiver: SocketAddr) -> Daemon {
+    start_replica_with(id, port, placement, receiver, &POLICIES)
+}
+
+fn start_replica_with(id: &'static str, port: u16, placement: &str, receiver: SocketAddr, policies: &[&str]) -> Daemon {
     let telemetry = free_port();
-    let policies = POLICIES.map(|policy| format!("\"{policy}\"")).join(", ");
+    let policies = policies.iter().map(|policy| format!("\"{policy}\"")).collect::<Vec<_>>().join(", ");
     Daemon::start(
         id,
         "tessera-aggregator",
@@ -216,12 +220,17 @@ fn totals(receiver: &TileReceiver) -> HashMap<(String, Vec<u8>), f64> {
 }
 
 async fn assert_exact(receiver: &TileReceiver, sent: u64) {
+    assert_exact_in(receiver, sent, &POLICIES).await;
+}
+
+/// Every series' total over the distinct tiles of each of `policies` is `sent`.
+async fn assert_exact_in(receiver: &TileReceiver, sent: u64, policies: &[&str]) {
     let expected = sent as f64;
     let complete = || {
         let totals = totals(receiver);
         (0..SERIES).all(|series| {
             let id = format!("ha.hits|#series:s{series}").into_bytes();
-            POLICIES.iter().all(|policy| totals.get(&((*policy).to_owned(), id.clone())) >= Some(&expected))
+            policies.iter().all(|policy| totals.get(&((*policy).to_owned(), id.clone())) >= Some(&expected))
         })
     };
     wait_until("every increment in the tiles of both policies", Duration::from_secs(30), complete).await;
@@ -229,8 +238,8 @@ async fn assert_exact(receiver: &TileReceiver, sent: u64) {
     let totals = totals(receiver);
     for series in 0..SERIES {
         let id = format!("ha.hits|#series:s{series}").into_bytes();
-        for policy in POLICIES {
-            assert_eq!(totals.get(&(policy.to_owned(), id.clone())), Some(&expected), "{policy} s{series}");
+        for policy in policies {
+            assert_eq!(totals.get(&((*policy).to_owned(), id.clone())), Some(&expected), "{policy} s{series}");
         }
     }
 }
@@ -418,5 +427,60 @@ async fn with_etcd_away_one_replica_at_most_flushes_and_no_tile_is_lost() {
     eprintln!(
         "etcd frozen for {frozen_for:?}; a leader {leaderless_after_thaw:?} after it was back; \
          flushing replicas in turn: {sources:?}; leader now {leaders:?}"
+    );
+}
+
+/// Both replicas alive, no leader, and data in a tile that began before either started
+/// (replicas started together, mid-tile): neither saw that tile whole, so neither is
+/// "complete". Once etcd has said "no leader" for the grace (the longest tile plus
+/// max_buffer_past), one leads anyway, flushes that tile (counted incomplete) and every
+/// tile after it, exactly. Before, both held it, and everything after it, for as long
+/// as both lived. The test holds the leader key itself while the replicas start, so that
+/// neither can win a race to campaign before the other is alive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_that_saw_no_tile_whole_elect_a_leader_after_the_grace() {
+    const FIRST_TILE_POLICIES: [&str; 2] = ["1s:1h", "10s:1h"];
+    let etcd = tokio::task::block_in_place(EtcdServer::start).expect("starting etcd");
+    let store = PlacementStore::connect(etcd.config("ha-together")).await.unwrap();
+    let ports = [free_port(), free_port()];
+    let endpoints = ports.map(|port| loopback(port).to_string());
+    let placement =
+        Placement::init(&[("agg-1", endpoints[0].as_str()), ("agg-2", endpoints[1].as_str())], 8, 2, now_ms()).unwrap();
+    store.compare_and_swap(None, &placement).await.unwrap();
+    let shard_set = *placement.shard_sets().keys().next().expect("one shard set");
+    let holder = store.register_instance("key-holder", Duration::from_secs(30)).await.unwrap();
+    let campaign = store.election(shard_set, "key-holder").campaign(holder.lease_id()).await.unwrap();
+    assert_eq!(campaign, tessera_topology::Leader::Us, "the test holds the leader key");
+    let receiver = TileReceiver::start().await;
+    let section = etcd_section(&etcd, "ha-together");
+    // Just after a 10 s tile began: the replicas, the collector and the first datagrams all
+    // fit in that tile, which began before the replicas did.
+    sleep_until_mid(20_000).await;
+    let started_ms = now_ms();
+    let first_tile_end = started_ms - started_ms.rem_euclid(10_000) + 10_000;
+    let replicas = [("agg-1", ports[0]), ("agg-2", ports[1])].map(|(id, port)| Replica {
+        id,
+        daemon: Some(start_replica_with(id, port, &section, receiver.address, &FIRST_TILE_POLICIES)),
+    });
+    let (_collector, statsd) = start_collector(&section);
+    let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let datagram: String = (0..SERIES).map(|series| format!("ha.hits:1|c|#series:s{series}\n")).collect();
+    let mut sent = support::send_every_20ms(&socket, statsd, &datagram, Duration::from_millis(1_000)).await;
+    assert!(now_ms() < first_tile_end, "the first datagrams went out before the replicas' first 10 s tile ended");
+    wait_until("both replicas to hold the first 10 s tile, following the key holder", Duration::from_secs(30), || {
+        replicas.iter().all(|replica| replica.daemon().metric("tessera_aggregator_held_tiles", "") >= 1.0)
+    })
+    .await;
+    holder.revoke().await.unwrap();
+    wait_until("one leader, after the grace", Duration::from_secs(40), || {
+        replicas.iter().filter(|replica| replica.is_leader()).count() == 1
+    })
+    .await;
+    sent += support::send_every_20ms(&socket, statsd, &datagram, Duration::from_millis(1_000)).await;
+    assert_exact_in(&receiver, sent, &FIRST_TILE_POLICIES).await;
+    let leader = replicas.iter().find(|replica| replica.is_leader()).expect("a leader");
+    assert!(
+        leader.daemon().metric("tessera_aggregator_incomplete_tiles_total", "") >= 1.0,
+        "the first 10 s tile began before the leader started"
     );
 }

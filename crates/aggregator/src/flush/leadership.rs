@@ -38,8 +38,13 @@
 //! A replica that started after a tile began did not see all of it. It does
 //! not campaign while another replica of its shard set is alive and one of
 //! its own unflushed or open tiles began before it started: a replica that
-//! saw the tile whole leads. If it leads anyway (it is the only one left),
-//! it flushes such a tile, which holds what reached it, and counts it in
+//! saw the tile whole leads. It leads anyway when it is the only one left, or
+//! when etcd has answered that the shard set has no leader for longer than
+//! the longest tile plus `max_buffer_past` ([`Leadership::leaderless_grace`]):
+//! a replica that saw its tiles whole would have campaigned within a tick, so
+//! none did (replicas started together, with data in their first tile, would
+//! otherwise hold it, and every tile after it, for as long as both live). A
+//! leader flushes such a tile, which holds what reached it, and counts it in
 //! `tessera_aggregator_incomplete_tiles_total`.
 //!
 //! # Shutdown
@@ -213,6 +218,14 @@ impl Leadership {
         self.inner.deadline.get().map_or(Duration::ZERO, |deadline| deadline.remaining(lease))
     }
 
+    /// How long the shard set may answer "no leader" before an incomplete replica
+    /// campaigns: the longest tile plus `max_buffer_past_ms`, by which time a replica
+    /// that saw every tile whole would have campaigned.
+    pub fn leaderless_grace(&self, max_buffer_past_ms: i64) -> Duration {
+        let longest = self.inner.policies.iter().map(StoragePolicy::resolution_ms).max().unwrap_or(0);
+        Duration::from_millis((longest + max_buffer_past_ms).max(0) as u64)
+    }
+
     /// Whether every tile this replica may still flush began after it started.
     fn complete(&self, max_buffer_past_ms: i64) -> bool {
         let started_ms = self.inner.started_ms;
@@ -309,6 +322,7 @@ pub async fn run_election(
         metrics,
         election: None,
         leaderless_since: None,
+        answered_leaderless_since: None,
         recorded: Vec::new(),
         fenced: false,
     };
@@ -318,6 +332,8 @@ pub async fn run_election(
                 tracing::warn!(error = %error_chain(&error), "leader election: etcd request failed");
             }
             task.metrics.election_errors.inc();
+            // The other replicas may not have been heard either: the grace starts over.
+            task.answered_leaderless_since = None;
         }
         task.publish_state();
         tokio::select! {
@@ -341,6 +357,9 @@ struct ElectionTask {
     election: Option<(u32, Election)>,
     /// When this replica first saw no leader, for the takeover time.
     leaderless_since: Option<Instant>,
+    /// Since when every tick's etcd answer said the shard set has no leader (reset by a
+    /// failed request), for [`Leadership::leaderless_grace`].
+    answered_leaderless_since: Option<Instant>,
     /// The marks last recorded.
     recorded: Vec<i64>,
     /// Leading but fenced off at the last tick (for the log and the count).
@@ -375,7 +394,10 @@ impl ElectionTask {
         let mut leader = observed.leader;
         if leader == Leader::Nobody {
             let since = *self.leaderless_since.get_or_insert_with(Instant::now);
-            if !others_alive || self.leadership.complete(self.settings.max_buffer_past_ms) {
+            let answered_since = *self.answered_leaderless_since.get_or_insert_with(Instant::now);
+            let max_buffer_past_ms = self.settings.max_buffer_past_ms;
+            let nobody_whole = answered_since.elapsed() >= self.leadership.leaderless_grace(max_buffer_past_ms);
+            if !others_alive || nobody_whole || self.leadership.complete(max_buffer_past_ms) {
                 leader = election.campaign(lease_id).await?;
                 if leader == Leader::Us {
                     self.metrics.election("won");
@@ -388,6 +410,7 @@ impl ElectionTask {
         }
         if leader != Leader::Nobody {
             self.leaderless_since = None;
+            self.answered_leaderless_since = None;
         }
         let leads_on = if leader == Leader::Us { lease_id } else { 0 };
         let led_on = inner.leader_lease.load(Ordering::Acquire);
@@ -603,5 +626,6 @@ mod tests {
         assert!(leadership.counts_incomplete(10_000) && !leadership.counts_incomplete(20_000));
         leadership.holding(Some(10_000));
         assert!(!leadership.complete(0));
+        assert_eq!(leadership.leaderless_grace(8_000), Duration::from_secs(68), "the 1m tile plus 8 s");
     }
 }

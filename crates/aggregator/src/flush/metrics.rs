@@ -53,7 +53,7 @@ tessera_runtime::metrics! {
         /// Now minus the shard set leader's flush mark (end of the last tile acknowledged), per policy
         flush_mark_lag: Family<ByPolicy, Gauge<f64, AtomicU64>> [seconds],
         /// Tiles flushed by a replica that started after they began (the only replica left to flush
-        /// them)
+        /// them, or none of the replicas saw them whole)
         pub incomplete_tiles: Counter,
         /// Closed tiles held unflushed until the leader's flush mark passes them
         pub held_tiles: Gauge,
