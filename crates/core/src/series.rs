@@ -32,6 +32,15 @@ use crate::parse::{Line, MAX_TAGS, MetricKind, RejectReason, Tags, split_tag};
 /// Separates the name from the tags in a canonical id.
 pub const TAGS_SEPARATOR: &[u8] = b"|#";
 
+/// Label names tessera sets itself on what it writes to storage.
+pub const RESERVED_LABELS: [&str; 2] = ["resolution", "quantile"];
+
+/// Whether a tag key, as a label name, is tessera's ([`RESERVED_LABELS`]) or reserved by
+/// Prometheus (`__` first): the ingester writes such a tag as `tag_<key>`.
+pub fn is_reserved_label(key: &str) -> bool {
+    key.starts_with("__") || RESERVED_LABELS.contains(&key)
+}
+
 /// A reusable buffer holding one series' table key: a kind byte followed by
 /// the canonical id.
 #[derive(Debug, Clone, Default)]

@@ -854,7 +854,7 @@ impl Converter {
     /// Encodes the labels of `<name><suffix>` into the arena; returns their span.
     ///
     /// The labels tessera adds sort as `__name__` < `quantile` < `resolution`, and tags
-    /// never carry those names ([`names::RESERVED_LABELS`]), so one merge of two sorted
+    /// never carry those names ([`tessera_core::series::RESERVED_LABELS`]), so one merge of two sorted
     /// lists gives the sorted label set without a sort or an allocation.
     fn encode(&mut self, resolution: &str, suffix: &str, quantile: Option<&str>) -> (usize, usize) {
         let start = self.arena.len();

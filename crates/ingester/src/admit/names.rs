@@ -13,9 +13,6 @@
 
 use std::borrow::Cow;
 
-/// Label names tessera sets itself; tags with these keys are renamed `tag_<key>`.
-pub const RESERVED_LABELS: [&str; 2] = ["resolution", "quantile"];
-
 /// Appends `raw` to `out` with every byte outside `[a-zA-Z0-9_]` (and `:` when
 /// `allow_colon`) replaced by `_`, one `_` per non-ASCII character (or invalid byte).
 fn push_sanitized(out: &mut String, raw: &[u8], allow_colon: bool) {
@@ -52,7 +49,7 @@ pub fn label_name(raw: &[u8], out: &mut String) -> bool {
         return false;
     }
     push_sanitized(out, raw, false);
-    if out.starts_with("__") || RESERVED_LABELS.contains(&out.as_str()) {
+    if tessera_core::series::is_reserved_label(out) {
         out.insert_str(0, "tag_");
     } else if out.starts_with(|c: char| c.is_ascii_digit()) {
         out.insert(0, '_');

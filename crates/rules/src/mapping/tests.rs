@@ -455,6 +455,22 @@ fn empty_files_and_rule_labels() {
     assert!(file.notes().is_empty(), "{:?}", file.notes());
 }
 
+/// A mapped label tessera sets itself, or Prometheus reserves, is noted with its line and
+/// what the ingester writes instead; other labels are not.
+#[test]
+fn reserved_label_names_are_noted() {
+    let file = load(
+        "mappings:\n- match: a.*\n  name: a\n  labels:\n    quantile: $1\n    route: $1\n\
+         - match: b.*\n  name: b\n  labels:\n    __shard: $1\n    resolution: x\n",
+    );
+    let notes = file.notes().join("\n");
+    assert!(notes.contains("mappings[0] (line 4): labels: `quantile` is a label tessera sets"), "{notes}");
+    assert!(notes.contains("writes this label as `tag_quantile`"), "{notes}");
+    assert!(notes.contains("`__shard`") && notes.contains("`resolution`"), "{notes}");
+    assert!(!notes.contains("`route`"), "{notes}");
+    assert_eq!(file.notes().len(), 3, "{notes}");
+}
+
 /// Every key statsd_exporter reads that tessera does not use is noted.
 #[test]
 fn noted_keys() {
