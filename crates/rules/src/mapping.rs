@@ -110,7 +110,6 @@ use self::template::{
 pub struct MappingFile {
     rules: Vec<Rule>,
     globs: GlobMatcher,
-    has_globs: bool,
     /// Indexes into `rules` of the regex rules, in file order.
     regex_rules: Vec<usize>,
     notes: Vec<String>,
@@ -257,7 +256,6 @@ impl MappingFile {
             rules.push(rule);
         }
         globs.finish();
-        let has_globs = regex_rules.len() < rules.len();
         if let Some(&first_regex) = regex_rules.first()
             && rules[first_regex..].iter().any(|rule| rule.regex.is_none())
         {
@@ -268,7 +266,7 @@ impl MappingFile {
                  (as in statsd_exporter), so a later glob rule wins over this regex rule",
             );
         }
-        Ok(MappingFile { rules, globs, has_globs, regex_rules, notes: loader.notes })
+        Ok(MappingFile { rules, globs, regex_rules, notes: loader.notes })
     }
 
     /// Reads and validates the mapping file at `path`.
@@ -301,7 +299,8 @@ impl MappingFile {
         let Some(class) = type_class(kind) else {
             return MapOutcome::NoMatch;
         };
-        if self.has_globs
+        // Every rule that is not a regex rule is a glob rule.
+        if self.regex_rules.len() < self.rules.len()
             && let Some(found) = self.globs.find(name, class, &mut out.glob)
         {
             let index = found.rule as usize;
