@@ -222,3 +222,76 @@ impl GlobMatcher {
         if self.ordered { ends.min_by_key(|found| found.rule) } else { ends.next() }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// statsd_exporter's glob rules read literally: every rule of `class` whose components
+    /// are each `*` or equal to the name's; the first in file order when `ordered`, else
+    /// the one with a literal before a `*` furthest left (the earliest of equal patterns).
+    fn naive(rules: &[(String, Option<TypeClass>)], ordered: bool, name: &str, class: TypeClass) -> Option<GlobMatch> {
+        let parts: Vec<&str> = name.split('.').collect();
+        let matching = rules.iter().enumerate().filter_map(|(index, (pattern, rule_class))| {
+            if rule_class.is_some_and(|wanted| wanted != class) {
+                return None;
+            }
+            let components: Vec<&str> = pattern.split('.').collect();
+            let fits = components.len() == parts.len()
+                && components.iter().zip(&parts).all(|(component, part)| *component == "*" || component == part);
+            let stars: Vec<bool> = components.iter().map(|component| *component == "*").collect();
+            fits.then_some((index, stars))
+        });
+        let best = if ordered {
+            matching.min_by_key(|(index, _)| *index)
+        } else {
+            matching.min_by(|(a_index, a_stars), (b_index, b_stars)| (a_stars, a_index).cmp(&(b_stars, b_index)))
+        };
+        best.map(|(index, stars)| GlobMatch {
+            rule: index as u32,
+            stars: stars.iter().enumerate().filter(|(_, star)| **star).fold(0, |mask, (at, _)| mask | (1u64 << at)),
+        })
+    }
+
+    fn component() -> impl Strategy<Value = &'static str> {
+        prop_oneof![Just("a"), Just("b"), Just("*")]
+    }
+
+    fn class() -> impl Strategy<Value = Option<TypeClass>> {
+        prop_oneof![
+            Just(None),
+            Just(Some(TypeClass::Counter)),
+            Just(Some(TypeClass::Gauge)),
+            Just(Some(TypeClass::Observer))
+        ]
+    }
+
+    proptest! {
+        /// The breadth-first trie finds the rule and the captures the literal reading
+        /// does, ordered or not, for every name and type.
+        #[test]
+        fn the_trie_agrees_with_the_literal_reading(
+            rules in prop::collection::vec((prop::collection::vec(component(), 1..5), class()), 0..12),
+            names in prop::collection::vec(prop::collection::vec(prop_oneof![Just("a"), Just("b"), Just("c"), Just("")], 1..5), 1..20),
+            ordered in any::<bool>(),
+        ) {
+            let rules: Vec<(String, Option<TypeClass>)> =
+                rules.into_iter().map(|(components, class)| (components.join("."), class)).collect();
+            let mut matcher = GlobMatcher::new(ordered);
+            for (index, (pattern, class)) in rules.iter().enumerate() {
+                matcher.insert(pattern, *class, index as u32);
+            }
+            matcher.finish();
+            let mut scratch = GlobScratch::default();
+            for name in names {
+                let name = name.join(".");
+                for class in TypeClass::ALL {
+                    let expected = naive(&rules, ordered, &name, class);
+                    prop_assert_eq!(matcher.find(&name, class, &mut scratch), expected, "{} as {:?}", name, class);
+                }
+            }
+        }
+    }
+}
