@@ -4,7 +4,9 @@
 //!
 //! The mapping file is the load benchmarks' (`RULES=1` in `benches/load/lib.sh`): 50 glob
 //! rules that miss every name here, and one regex rule that maps them all, the worst case
-//! for a series. A third figure takes a glob rule that matches, the common case.
+//! for a series. A third figure takes a glob rule that matches, the common case. A fourth
+//! takes a file of 50 regex rules that a name misses: what the one search of them all
+//! (a `RegexSet`) costs a new series that no rule maps.
 #![allow(missing_docs)] // criterion_group! generates undocumented items
 
 use std::sync::Arc;
@@ -32,6 +34,17 @@ fn mapping() -> MappingFile {
     MappingFile::from_yaml(&text).expect("the benchmark's mapping file loads")
 }
 
+/// 50 regex rules, none of which maps `other.metric.N`.
+fn regex_mapping() -> MappingFile {
+    let mut text = String::from("mappings:\n");
+    for i in 1..=50 {
+        text.push_str(&format!(
+            "- match: '^svc{i}\\.(\\w+)\\.latency$'\n  match_type: regex\n  name: \"svc{i}_latency\"\n  labels:\n    op: \"$1\"\n"
+        ));
+    }
+    MappingFile::from_yaml(&text).expect("the regex mapping file loads")
+}
+
 fn ids(pattern: &str) -> Vec<Vec<u8>> {
     (0..SERIES).map(|i| pattern.replace("{}", &i.to_string()).into_bytes()).collect()
 }
@@ -50,6 +63,15 @@ fn bench_rules(c: &mut Criterion) {
             })
         });
     }
+    let regex_set = RuleSet::compile(Some(regex_mapping()), &RulesConfig::default(), &RuleMetrics::default()).unwrap();
+    let misses = ids("other.metric.{}");
+    group.bench_function("new_series_regex_miss_50", |b| {
+        b.iter(|| {
+            for id in &misses {
+                black_box(regex_set.apply(MetricKind::Counter, black_box(id)));
+            }
+        })
+    });
     let handle = Arc::new(RulesHandle::new(set));
     let mut cache = RuleCache::new(handle, RuleMetrics::default(), i64::MAX);
     let ids = ids("loadgen.counter.{}");

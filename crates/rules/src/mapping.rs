@@ -93,7 +93,7 @@ mod tests;
 
 use std::path::{Path, PathBuf};
 
-use regex::Regex;
+use regex::{Regex, RegexSet};
 use tessera_core::parse::MetricKind;
 
 use self::config::{DefaultsConfig, FileConfig, MappingConfig};
@@ -112,6 +112,9 @@ pub struct MappingFile {
     globs: GlobMatcher,
     /// Indexes into `rules` of the regex rules, in file order.
     regex_rules: Vec<usize>,
+    /// Every regex rule's pattern, in the order of `regex_rules`: a name that matches
+    /// none of several costs one search, not one per rule.
+    regex_set: RegexSet,
     notes: Vec<String>,
 }
 
@@ -266,7 +269,11 @@ impl MappingFile {
                  (as in statsd_exporter), so a later glob rule wins over this regex rule",
             );
         }
-        Ok(MappingFile { rules, globs, regex_rules, notes: loader.notes })
+        let patterns = regex_rules.iter().map(|&index| rules[index].pattern.as_ref());
+        // Each pattern compiled alone above, so together they compile too (barring the size limit).
+        let regex_set = RegexSet::new(patterns)
+            .map_err(|error| loader.invalid(regex_rules.first().copied(), "match", format!("regex rules: {error}")))?;
+        Ok(MappingFile { rules, globs, regex_rules, regex_set, notes: loader.notes })
     }
 
     /// Reads and validates the mapping file at `path`.
@@ -324,6 +331,13 @@ impl MappingFile {
             out.captures = captures;
             return outcome;
         }
+        // With several regex rules, a name that matches none (the common case) costs one
+        // search of them all; one that matches some is then tried rule by rule, in file
+        // order. A miss costs each regex its fast search only; captures allocate, so only
+        // a match takes them.
+        if self.regex_rules.len() > 1 && !self.regex_set.is_match(name) {
+            return MapOutcome::NoMatch;
+        }
         for &index in &self.regex_rules {
             let rule = &self.rules[index];
             if rule.class.is_some_and(|wanted| wanted != class) {
@@ -332,7 +346,6 @@ impl MappingFile {
             let Some(regex) = &rule.regex else {
                 continue;
             };
-            // A miss costs the regex's fast search only; captures allocate, so only a match takes them.
             if !regex.is_match(name) {
                 continue;
             }

@@ -455,6 +455,27 @@ fn empty_files_and_rule_labels() {
     assert!(file.notes().is_empty(), "{:?}", file.notes());
 }
 
+/// Several regex rules: the first of the right type in file order wins, and a name that
+/// none matches maps to nothing (the one search of them all says so).
+#[test]
+fn several_regex_rules_keep_file_order_and_types() {
+    let file = load(
+        "mappings:\n\
+         - match: '^a\\.(\\w+)$'\n  match_type: regex\n  match_metric_type: gauge\n  name: gauge_$1\n\
+         - match: '^a\\.(\\w+)$'\n  match_type: regex\n  name: first_$1\n\
+         - match: '^a\\.b$'\n  match_type: regex\n  name: second\n\
+         - match: '^c\\.(\\w+)$'\n  match_type: regex\n  action: drop\n  name: dropped\n",
+    );
+    let mut out = Mapped::default();
+    assert_eq!(file.map("a.b", MetricKind::Gauge, &mut out), MapOutcome::Mapped { rule: 0 });
+    assert_eq!(out.name, "gauge_b");
+    assert_eq!(file.map("a.b", MetricKind::Counter, &mut out), MapOutcome::Mapped { rule: 1 });
+    assert_eq!(out.name, "first_b");
+    assert_eq!(file.map("c.x", MetricKind::Counter, &mut out), MapOutcome::Drop { rule: 3 });
+    assert_eq!(file.map("d.x", MetricKind::Counter, &mut out), MapOutcome::NoMatch);
+    assert_eq!(file.map("a.b.c", MetricKind::Counter, &mut out), MapOutcome::NoMatch);
+}
+
 /// A mapped label tessera sets itself, or Prometheus reserves, is noted with its line and
 /// what the ingester writes instead; other labels are not.
 #[test]
