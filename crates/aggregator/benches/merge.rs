@@ -13,7 +13,7 @@
 use std::time::Duration;
 
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
-use tessera_aggregator::{Batch, DEFAULT_POLICIES, Partial, Tiler, TilerSettings, Via};
+use tessera_aggregator::{DEFAULT_POLICIES, Partial, Tiler, TilerSettings, Via, WindowPartials};
 use tessera_core::aggregate::{Aggregate, Distribution, Gauge};
 use tessera_core::hll::HyperLogLog;
 use tessera_core::parse::MetricKind;
@@ -62,9 +62,9 @@ fn mixed(n: usize) -> Partial {
     }
 }
 
-fn batches(series: usize, make: fn(usize) -> Partial) -> Vec<Batch> {
+fn batches(series: usize, make: fn(usize) -> Partial) -> Vec<WindowPartials> {
     (0..series.div_ceil(BATCH))
-        .map(|index| Batch {
+        .map(|index| WindowPartials {
             connection: 0,
             window_start_ms: WINDOW,
             window_ms: 1000,
@@ -88,7 +88,7 @@ fn bench_merge(criterion: &mut Criterion) {
         ("mixed/1M_series", 1_000_000, mixed),
     ] {
         // Built on first use, so that a filtered-out benchmark costs nothing.
-        let mut state: Option<(Tiler, Vec<Batch>)> = None;
+        let mut state: Option<(Tiler, Vec<WindowPartials>)> = None;
         let mut next = 0;
         group.throughput(Throughput::Elements(BATCH as u64));
         group.bench_function(name, |bencher| {

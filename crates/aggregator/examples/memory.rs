@@ -19,7 +19,7 @@
 
 use std::process::Command;
 
-use tessera_aggregator::{Batch, Partial, Tiler, TilerSettings, Via};
+use tessera_aggregator::{Partial, Tiler, TilerSettings, Via, WindowPartials};
 use tessera_core::aggregate::{Aggregate, Distribution, Gauge};
 use tessera_core::hll::HyperLogLog;
 use tessera_core::parse::MetricKind;
@@ -83,7 +83,7 @@ fn measure(kind: &str, series: usize) {
     let settings = TilerSettings::new(vec!["10s:2d".parse().expect("a valid policy")]);
     let mut tiler = Tiler::new(settings, NOW);
     // Warm the allocator with one batch, so the input's own memory is in the baseline.
-    let warm = Batch {
+    let warm = WindowPartials {
         connection: 0,
         window_start_ms: WINDOW,
         window_ms: 1000,
@@ -94,7 +94,7 @@ fn measure(kind: &str, series: usize) {
     let mut start = 0;
     while start < series {
         let end = (start + BATCH).min(series);
-        let batch = Batch {
+        let batch = WindowPartials {
             connection: 0,
             window_start_ms: WINDOW,
             window_ms: 1000,

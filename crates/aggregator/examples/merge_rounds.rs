@@ -15,7 +15,7 @@
 //! done
 //! ```
 
-use tessera_aggregator::{Batch, DEFAULT_POLICIES, Partial, Tiler, TilerSettings, Via};
+use tessera_aggregator::{DEFAULT_POLICIES, Partial, Tiler, TilerSettings, Via, WindowPartials};
 use tessera_core::aggregate::Aggregate;
 use tessera_core::parse::MetricKind;
 
@@ -30,8 +30,8 @@ fn main() {
     // REFS=1: the first round names every series by id with a dictionary
     // slot, the others by the slot alone, as a collector's dictionary does.
     let by_ref = variable("REFS", 0) != 0;
-    let batches: Vec<Batch> = (0..series.div_ceil(BATCH))
-        .map(|index| Batch {
+    let batches: Vec<WindowPartials> = (0..series.div_ceil(BATCH))
+        .map(|index| WindowPartials {
             connection: 1,
             window_start_ms: WINDOW,
             window_ms: 1000,
@@ -55,14 +55,14 @@ fn main() {
     for batch in &batches {
         tiler.accept(batch, NOW, &mut |_| {}).expect("the window is open");
     }
-    let batches: Vec<Batch> = if by_ref {
+    let batches: Vec<WindowPartials> = if by_ref {
         let by_slot = |partial: &Partial| match partial.via {
             Via::Define { slot } => Partial { via: Via::Ref { slot }, id: Vec::new(), ..partial.clone() },
             _ => partial.clone(),
         };
         batches
             .iter()
-            .map(|batch| Batch { partials: batch.partials.iter().map(by_slot).collect(), ..batch.clone() })
+            .map(|batch| WindowPartials { partials: batch.partials.iter().map(by_slot).collect(), ..batch.clone() })
             .collect()
     } else {
         batches

@@ -70,7 +70,9 @@ pub use config::{Config, ConfigError};
 pub use intake::{Decoded, Decoder};
 pub use metrics::{Metrics, PREFIX as METRIC_PREFIX};
 pub use tessera_runtime::StartError;
-pub use tile::{Batch, DEFAULT_POLICIES, Partial, StoragePolicy, Tiler, TilerSettings, Trigger, Via, Watermarks};
+pub use tile::{
+    DEFAULT_POLICIES, Partial, StoragePolicy, Tiler, TilerSettings, Trigger, Via, Watermarks, WindowPartials,
+};
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};

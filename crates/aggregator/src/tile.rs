@@ -31,5 +31,5 @@ pub use merge::{MERGE_QUEUE_JOBS, MergeOutput, MergeTier, run_merge_thread, thre
 pub use metrics::{Refusals, TileMetrics};
 pub use ownership::watch_ownership;
 pub use policy::{DEFAULT_POLICIES, StoragePolicy};
-pub use tiler::{Batch, ClosedTile, Partial, Tiler, TilerSettings, Via, tables_per_policy};
+pub use tiler::{ClosedTile, Partial, Tiler, TilerSettings, Via, WindowPartials, tables_per_policy};
 pub use watermark::{Trigger, Watermarks};

@@ -20,7 +20,7 @@ use tokio::sync::oneshot;
 
 use super::merge::MergeTier;
 use super::metrics::TileMetrics;
-use super::tiler::{Batch, Partial, Tiler};
+use super::tiler::{Partial, Tiler, WindowPartials};
 use super::watermark::Watermarks;
 use crate::outbound::Ingesters;
 use tessera_core::clock::now_ms;
@@ -209,7 +209,7 @@ impl Admission {
         }
         // The shadow holds no series: applying the empty batch opens its
         // tiles, as the merge threads will.
-        let window = Batch {
+        let window = WindowPartials {
             connection,
             window_start_ms: batch.window_start_ms,
             window_ms: batch.window_ms,

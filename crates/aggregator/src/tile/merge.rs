@@ -31,7 +31,7 @@ use std::time::Instant;
 
 use crossbeam_channel::{Receiver, Sender};
 
-use super::tiler::{Batch, ClosedTile, Partial, Tiler, Via};
+use super::tiler::{ClosedTile, Partial, Tiler, Via, WindowPartials};
 use super::watermark::Trigger;
 use tessera_wire::metrics::{Drops, count_drops};
 
@@ -44,10 +44,10 @@ pub const MERGE_QUEUE_JOBS: usize = 64;
 #[derive(Debug)]
 pub enum MergeJob {
     /// Merge this share of an admitted batch.
-    Apply(Batch),
+    Apply(WindowPartials),
     /// Bind the dictionary slots this share of a refused batch defines,
     /// merging nothing ([`Tiler::bind_definitions`]).
-    Bind(Batch),
+    Bind(WindowPartials),
     /// Close every tile ending at or before `horizon_ms`, then report
     /// `round` done.
     CloseThrough {
@@ -169,7 +169,7 @@ impl MergeTier {
     pub fn dispatch(&self, connection: u64, window_start_ms: i64, window_ms: i64, shares: Vec<Vec<Partial>>) {
         for (jobs, partials) in self.jobs.iter().zip(shares) {
             if !partials.is_empty() {
-                let _ = jobs.send(MergeJob::Apply(Batch { connection, window_start_ms, window_ms, partials }));
+                let _ = jobs.send(MergeJob::Apply(WindowPartials { connection, window_start_ms, window_ms, partials }));
             }
         }
     }
@@ -180,7 +180,7 @@ impl MergeTier {
         for (jobs, mut partials) in self.jobs.iter().zip(shares) {
             partials.retain(|partial| matches!(partial.via, Via::Define { .. }));
             if !partials.is_empty() {
-                let _ = jobs.send(MergeJob::Bind(Batch { connection, window_start_ms, window_ms, partials }));
+                let _ = jobs.send(MergeJob::Bind(WindowPartials { connection, window_start_ms, window_ms, partials }));
             }
         }
     }

@@ -40,12 +40,12 @@
 //! previous tile ([`Gauge::resolve`](tessera_core::aggregate::Gauge::resolve)).
 //!
 //! ```
-//! use tessera_aggregator::{Batch, Partial, Tiler, TilerSettings, Via};
+//! use tessera_aggregator::{WindowPartials, Partial, Tiler, TilerSettings, Via};
 //! use tessera_core::{aggregate::Aggregate, parse::MetricKind};
 //!
 //! let settings = TilerSettings::new(vec!["10s:2d".parse().unwrap()]);
 //! let mut tiler = Tiler::new(settings, 1_000_000);
-//! let batch = Batch {
+//! let batch = WindowPartials {
 //!     window_start_ms: 1_000_000,
 //!     window_ms: 1_000,
 //!     connection: 0,
@@ -111,7 +111,7 @@ pub enum Via {
 
 /// The partials of one window from one sender.
 #[derive(Debug, Clone, PartialEq, Default)]
-pub struct Batch {
+pub struct WindowPartials {
     /// The connection it came on, whose dictionary its [`Via`] slots index.
     pub connection: u64,
     /// Window start, unix milliseconds.
@@ -364,7 +364,12 @@ impl Tiler {
 
     /// Closes what is due at `now_ms`, then merges the whole batch or
     /// refuses it as a whole.
-    pub fn accept(&mut self, batch: &Batch, now_ms: i64, emit: &mut dyn FnMut(ClosedTile)) -> Result<Applied, Refusal> {
+    pub fn accept(
+        &mut self,
+        batch: &WindowPartials,
+        now_ms: i64,
+        emit: &mut dyn FnMut(ClosedTile),
+    ) -> Result<Applied, Refusal> {
         self.close_due(now_ms, emit);
         self.check(batch.window_start_ms, batch.window_ms, now_ms)?;
         Ok(self.apply(batch, emit))
@@ -374,7 +379,7 @@ impl Tiler {
     /// due: a merge thread's tiler, told when to close by the admission
     /// thread (`tile/merge.rs`), which checked the batch against the same
     /// tiles.
-    pub fn apply(&mut self, batch: &Batch, emit: &mut dyn FnMut(ClosedTile)) -> Applied {
+    pub fn apply(&mut self, batch: &WindowPartials, emit: &mut dyn FnMut(ClosedTile)) -> Applied {
         self.slots.clear();
         for (index, policy) in self.policies.iter_mut().enumerate() {
             let start = policy.policy.tile_start_ms(batch.window_start_ms);
@@ -440,7 +445,7 @@ impl Tiler {
     /// or a retry) may name those series by ref alone. (Its partials were
     /// counted as refused: a definition the series cap refuses here is not
     /// counted again.)
-    pub fn bind_definitions(&mut self, batch: &Batch) {
+    pub fn bind_definitions(&mut self, batch: &WindowPartials) {
         let mut dictionary = self.dictionaries.remove(&batch.connection).unwrap_or_default();
         for partial in &batch.partials {
             let Via::Define { slot } = partial.via else { continue };

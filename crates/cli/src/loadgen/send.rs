@@ -25,7 +25,7 @@ use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use super::sendmmsg::BatchSender;
-use super::workload::{Batch, LineSource, Workload};
+use super::workload::{Burst, LineSource, Workload};
 
 /// How long a blocked send waits before the sender checks whether to stop.
 const SEND_TIMEOUT: Duration = Duration::from_millis(100);
@@ -293,7 +293,7 @@ pub fn run_sender(
 fn send_datagrams(
     mmsg: &mut BatchSender,
     socket: &OwnedFd,
-    batch: Batch<'_>,
+    batch: Burst<'_>,
     stop: &AtomicBool,
     report: &mut SenderReport,
 ) -> io::Result<()> {
@@ -327,7 +327,7 @@ fn send_datagrams(
 /// receiver never sees half a line.
 fn write_stream(
     stream: &mut TcpStream,
-    batch: Batch<'_>,
+    batch: Burst<'_>,
     stop: &AtomicBool,
     report: &mut SenderReport,
 ) -> io::Result<()> {

@@ -279,9 +279,9 @@ pub struct Packed {
     pub datagrams: Vec<Datagram>,
 }
 
-/// Datagrams handed to a transport at once.
+/// Datagrams handed to a transport at once (sent with `sendmmsg`, or written to a stream).
 #[derive(Debug, Clone, Copy)]
-pub struct Batch<'a> {
+pub struct Burst<'a> {
     /// The buffer the datagrams point into.
     pub bytes: &'a [u8],
     /// The datagrams, consecutive in `bytes`.
@@ -344,7 +344,7 @@ impl LineSource {
     /// The next datagrams, at most `max_datagrams` (at least one) and
     /// `max_lines` lines (at least one; the last datagram is cut short to
     /// fit). A batch never wraps around the end of the cycle.
-    pub fn next_batch(&mut self, max_datagrams: usize, max_lines: u64) -> Batch<'_> {
+    pub fn next_batch(&mut self, max_datagrams: usize, max_lines: u64) -> Burst<'_> {
         let max_datagrams = max_datagrams.max(1);
         let max_lines = max_lines.max(1);
         match self {
@@ -371,7 +371,7 @@ impl LineSource {
                 if *next == packed.datagrams.len() {
                     *next = 0;
                 }
-                Batch { bytes: &packed.bytes, datagrams: batch, lines }
+                Burst { bytes: &packed.bytes, datagrams: batch, lines }
             }
             LineSource::Stream { workload, series, next_line, packed } => {
                 packed.bytes.clear();
@@ -381,7 +381,7 @@ impl LineSource {
                 let limits = PackLimits { max_lines, max_datagrams, max_bytes: usize::MAX };
                 let lines = workload.pack(series, *next_line, limits, packed);
                 *next_line = (*next_line + lines) % cycle;
-                Batch { bytes: &packed.bytes, datagrams: &packed.datagrams, lines }
+                Burst { bytes: &packed.bytes, datagrams: &packed.datagrams, lines }
             }
         }
     }

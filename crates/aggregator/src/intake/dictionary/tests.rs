@@ -9,7 +9,7 @@ use tessera_topology::{Placement, PlacementHandle};
 
 use super::*;
 use crate::intake::{Decoded, Decoder};
-use crate::tile::{Batch, Tiler, TilerSettings};
+use crate::tile::{Tiler, TilerSettings, WindowPartials};
 
 #[test]
 fn slots_are_dense_per_thread_and_kept_for_a_repeated_definition() {
@@ -210,7 +210,7 @@ fn merge(windows: &[Window], with_dictionary: bool, expiring: bool) -> Tiles {
             tilers.iter_mut().for_each(|tiler| tiler.forget_dictionary(connection));
         }
         for (tiler, share) in tilers.iter_mut().zip(batch.shares) {
-            let batch = Batch {
+            let batch = WindowPartials {
                 connection: window.connection,
                 window_start_ms: batch.window_start_ms,
                 window_ms: batch.window_ms,

@@ -66,7 +66,7 @@ fn single_tiler() -> (Tiles, Vec<bool>) {
     let mut admitted = Vec::new();
     for (window, now) in arrivals() {
         let partials = partials(window).into_iter().map(|(_, partial)| partial).collect();
-        let batch = Batch { connection: 0, window_start_ms: window, window_ms: 1000, partials };
+        let batch = WindowPartials { connection: 0, window_start_ms: window, window_ms: 1000, partials };
         admitted.push(tiler.accept(&batch, now, &mut |tile| record(&mut tiles, &tile)).is_ok());
     }
     tiler.close_all(&mut |tile| record(&mut tiles, &tile));
@@ -93,7 +93,7 @@ fn merge_tier(threads: usize) -> (Tiles, Vec<bool>) {
     let mut admitted = Vec::new();
     for (window, now) in arrivals() {
         tier.close_through(&mut shadow, now - settings().buffer_past_ms, Trigger::BufferPast, &metrics);
-        let empty = Batch { connection: 0, window_start_ms: window, window_ms: 1000, partials: Vec::new() };
+        let empty = WindowPartials { connection: 0, window_start_ms: window, window_ms: 1000, partials: Vec::new() };
         let ok = shadow.accept(&empty, now, &mut |_| {}).is_ok();
         if ok {
             let mut shares = vec![Vec::new(); threads];

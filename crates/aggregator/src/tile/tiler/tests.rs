@@ -36,8 +36,8 @@ fn gauge(id: &str, gauge: Gauge) -> Partial {
     }
 }
 
-fn batch(window_start_ms: i64, window_ms: i64, partials: Vec<Partial>) -> Batch {
-    Batch { connection: 0, window_start_ms, window_ms, partials }
+fn batch(window_start_ms: i64, window_ms: i64, partials: Vec<Partial>) -> WindowPartials {
+    WindowPartials { connection: 0, window_start_ms, window_ms, partials }
 }
 
 /// `partial`, also defining dictionary slot `slot` as its series.
@@ -383,9 +383,11 @@ fn dictionary_slots_reach_their_series_and_pin_them_until_forgotten() {
     let mut sink = Sink::default();
     // A batch may name some series by id alone before it defines slots.
     let first = vec![counter("plain", 1.0), defining(0, counter("named", 2.0))];
-    tiler.accept(&Batch { connection: 7, ..batch(T0, 1000, first) }, T0 + 1100, &mut sink.emit()).unwrap();
-    let by_ref =
-        Batch { connection: 7, ..batch(T0 + 1000, 1000, vec![counter_by_slot(0, 3.0), counter_by_slot(1, 4.0)]) };
+    tiler.accept(&WindowPartials { connection: 7, ..batch(T0, 1000, first) }, T0 + 1100, &mut sink.emit()).unwrap();
+    let by_ref = WindowPartials {
+        connection: 7,
+        ..batch(T0 + 1000, 1000, vec![counter_by_slot(0, 3.0), counter_by_slot(1, 4.0)])
+    };
     let applied = tiler.accept(&by_ref, T0 + 2100, &mut sink.emit()).unwrap();
     assert_eq!((applied.partials, applied.unknown_refs), (2, 1), "slot 1 was never defined");
     tiler.close_due(T0 + 3_000, &mut sink.emit());
@@ -404,17 +406,20 @@ fn a_slot_defined_while_the_series_cap_is_reached_counts_its_refs_as_series_limi
     let mut tiler = Tiler::new(TilerSettings { max_series_per_policy: Some(1), ..settings(&["1s:1h"]) }, T0);
     let mut sink = Sink::default();
     let define = vec![defining(0, counter("in", 1.0)), defining(1, counter("over", 1.0))];
-    let applied =
-        tiler.accept(&Batch { connection: 3, ..batch(T0, 1000, define) }, T0 + 1100, &mut sink.emit()).unwrap();
+    let applied = tiler
+        .accept(&WindowPartials { connection: 3, ..batch(T0, 1000, define) }, T0 + 1100, &mut sink.emit())
+        .unwrap();
     assert_eq!((applied.series_limit, applied.unknown_refs), (1, 0));
-    let refs =
-        Batch { connection: 3, ..batch(T0 + 1000, 1000, vec![counter_by_slot(0, 2.0), counter_by_slot(1, 2.0)]) };
+    let refs = WindowPartials {
+        connection: 3,
+        ..batch(T0 + 1000, 1000, vec![counter_by_slot(0, 2.0), counter_by_slot(1, 2.0)])
+    };
     let applied = tiler.accept(&refs, T0 + 2100, &mut sink.emit()).unwrap();
     assert_eq!((applied.series_limit, applied.unknown_refs), (1, 0), "a capped slot is not an unknown ref");
     // Definitions of a refused batch bind the same way, and count nothing more.
-    let refused = Batch { connection: 4, ..batch(T0, 1000, vec![defining(0, counter("x", 1.0))]) };
+    let refused = WindowPartials { connection: 4, ..batch(T0, 1000, vec![defining(0, counter("x", 1.0))]) };
     tiler.bind_definitions(&refused);
-    let refs = Batch { connection: 4, ..batch(T0 + 2000, 1000, vec![counter_by_slot(0, 1.0)]) };
+    let refs = WindowPartials { connection: 4, ..batch(T0 + 2000, 1000, vec![counter_by_slot(0, 1.0)]) };
     let applied = tiler.accept(&refs, T0 + 3100, &mut sink.emit()).unwrap();
     assert_eq!((applied.series_limit, applied.unknown_refs), (1, 0));
 }
