@@ -10,7 +10,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use tessera_aggregator::{Batch, Decoded, Decoder, Tiler, TilerSettings};
+use tessera_aggregator::{Decoded, Decoder, Tiler, TilerSettings, WindowPartials};
 use tessera_core::aggregate::Aggregate;
 use tessera_proto::{frame::Body, framing};
 use tessera_topology::{Placement, PlacementHandle};
@@ -53,7 +53,7 @@ fuzz_target!(|data: &[u8]| {
                 tilers.iter_mut().for_each(|tiler| tiler.close_through(window_start_ms - 20_000, &mut |_| {}));
             }
             for (tiler, partials) in tilers.iter_mut().zip(batch.shares) {
-                let batch = Batch { connection, window_start_ms, window_ms: 1_000, partials };
+                let batch = WindowPartials { connection, window_start_ms, window_ms: 1_000, partials };
                 if !admitted {
                     tiler.bind_definitions(&batch);
                     continue;

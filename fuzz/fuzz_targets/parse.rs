@@ -12,7 +12,7 @@ use tessera_core::aggregate::Aggregate;
 use tessera_core::parse::{MetricKind, ParseOptions, Parsed, parse_datagram};
 use tessera_core::series::SeriesKey;
 use tessera_core::table::{Table, TableOptions};
-use tessera_rules::{MappingFile, RuleMetrics, RuleSet, Targets};
+use tessera_rules::{MappingFile, RuleMetrics, RuleSet};
 
 /// Every kind of rule once, shared with the rules' property test.
 const MAPPING: &str = include_str!("../../crates/rules/tests/data/every_rule.yml");
