@@ -1,6 +1,8 @@
 //! The sink stage's metrics: storage requests and what storage took or refused, per
 //! target, and the file target's own.
 
+use std::sync::Arc;
+
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -14,14 +16,14 @@ use super::file::FileSinkMetrics;
 /// `histograms_refused`, or a retryable reason).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ByTargetOutcome {
-    target: String,
+    target: Arc<String>,
     outcome: &'static str,
 }
 
 /// `{target, status}`: the HTTP status storage refused samples with.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ByTargetStatus {
-    target: String,
+    target: Arc<String>,
     status: u16,
 }
 
@@ -69,9 +71,10 @@ impl SinkMetrics {
     /// happen.
     pub fn target(&self, target: &str) -> TargetSinkMetrics {
         let by_target = ByTarget { target: target.to_owned() };
-        let _ = self.sink_rejected_samples.get_or_create(&ByTargetStatus { target: target.to_owned(), status: 400 });
+        let target = Arc::new(target.to_owned());
+        let _ = self.sink_rejected_samples.get_or_create(&ByTargetStatus { target: target.clone(), status: 400 });
         TargetSinkMetrics {
-            target: target.to_owned(),
+            target,
             requests: self.sink_requests.clone(),
             request_duration: self.sink_request_duration.get_or_create(&by_target).clone(),
             retries: self.sink_retries.get_or_create(&by_target).clone(),
@@ -85,7 +88,8 @@ impl SinkMetrics {
 /// Handles of one target's storage requests.
 #[derive(Clone)]
 pub struct TargetSinkMetrics {
-    target: String,
+    /// Shared by the label sets of each request, so that counting one allocates nothing.
+    target: Arc<String>,
     requests: Family<ByTargetOutcome, Counter>,
     /// Duration of one storage request.
     pub request_duration: Histogram,
