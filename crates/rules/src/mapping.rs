@@ -113,8 +113,9 @@ pub struct MappingFile {
     /// Indexes into `rules` of the regex rules, in file order.
     regex_rules: Vec<usize>,
     /// Every regex rule's pattern, in the order of `regex_rules`: a name that matches
-    /// none of several costs one search, not one per rule.
-    regex_set: RegexSet,
+    /// none of several costs one search, not one per rule. `None` when they are too large
+    /// to compile together (each was compiled alone): then each rule is tried in turn.
+    regex_set: Option<RegexSet>,
     notes: Vec<String>,
 }
 
@@ -270,9 +271,16 @@ impl MappingFile {
             );
         }
         let patterns = regex_rules.iter().map(|&index| rules[index].pattern.as_ref());
-        // Each pattern compiled alone above, so together they compile too (barring the size limit).
-        let regex_set = RegexSet::new(patterns)
-            .map_err(|error| loader.invalid(regex_rules.first().copied(), "match", format!("regex rules: {error}")))?;
+        // Each pattern compiled alone above; together they may pass the size limit, which
+        // costs speed, not the file.
+        let regex_set = match RegexSet::new(patterns) {
+            Ok(set) => Some(set),
+            Err(error) => {
+                let message = format!("the regex rules are tried one at a time ({error})");
+                loader.note(regex_rules.first().copied(), "match", &message);
+                None
+            }
+        };
         Ok(MappingFile { rules, globs, regex_rules, regex_set, notes: loader.notes })
     }
 
@@ -335,7 +343,7 @@ impl MappingFile {
         // search of them all; one that matches some is then tried rule by rule, in file
         // order. A miss costs each regex its fast search only; captures allocate, so only
         // a match takes them.
-        if self.regex_rules.len() > 1 && !self.regex_set.is_match(name) {
+        if self.regex_rules.len() > 1 && self.regex_set.as_ref().is_some_and(|set| !set.is_match(name)) {
             return MapOutcome::NoMatch;
         }
         for &index in &self.regex_rules {
