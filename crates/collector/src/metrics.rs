@@ -3,11 +3,12 @@
 //! ([`SenderMetrics`]) and the rules' ([`RuleMetrics`]), registered under one prefix.
 //!
 //! Hot paths hold cloned handles (a listener's, from [`IntakeMetrics::listener`],
-//! [`DestinationMetrics`]) and add to them once per batch, never once per line.
+//! a destination's, from [`SenderMetrics::destination`]) and add to them once per batch,
+//! never once per line.
 
 use tessera_rules::RuleMetrics;
 use tessera_runtime::telemetry::zeroed_family;
-use tessera_wire::metrics::{ByReasonUnit, DestinationMetrics, Drops, Items, SenderMetrics};
+use tessera_wire::metrics::{ByReasonUnit, Drops, Items, SenderMetrics};
 
 use crate::intake::IntakeMetrics;
 use crate::window::WindowMetrics;
@@ -45,11 +46,6 @@ tessera_runtime::metrics! {
 pub const PARTIAL_DROP_REASONS: [&str; 5] = ["no_owner", "queue_full", "rejected", "expansion_failed", "shutdown"];
 
 impl Metrics {
-    /// Handles for one destination instance.
-    pub fn destination(&self, instance: &str) -> DestinationMetrics {
-        self.senders.destination(instance, &self.drops)
-    }
-
     /// Dictionary generations of `destination` ended for `reason` so far.
     pub fn dictionary_generations_ended(&self, destination: &str, reason: &str) -> u64 {
         self.senders.dictionary_generations_ended(destination, reason)

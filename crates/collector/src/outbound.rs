@@ -127,7 +127,10 @@ mod tests {
 
     #[test]
     fn a_full_queue_drops_the_oldest_batches_first() {
-        let queue = DestinationQueue::new("a:1".into(), 250, Metrics::default().destination("a"));
+        let queue = DestinationQueue::new("a:1".into(), 250, {
+            let metrics = Metrics::default();
+            metrics.senders.destination("a", &metrics.drops)
+        });
         assert_eq!(queue.push(batch(1, 100, 10)), 0);
         assert_eq!(queue.push(batch(2, 100, 20)), 0);
         assert_eq!(queue.push(batch(3, 100, 30)), 10, "batch 1 dropped");
@@ -138,7 +141,10 @@ mod tests {
 
     #[test]
     fn a_batch_larger_than_the_bound_is_still_kept_alone() {
-        let queue = DestinationQueue::new("a:1".into(), 50, Metrics::default().destination("a"));
+        let queue = DestinationQueue::new("a:1".into(), 50, {
+            let metrics = Metrics::default();
+            metrics.senders.destination("a", &metrics.drops)
+        });
         queue.push(batch(1, 100, 1));
         assert_eq!(queue.abandon().1, 1);
     }

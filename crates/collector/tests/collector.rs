@@ -352,7 +352,7 @@ async fn the_watermark_moves_with_every_window_and_never_runs_ahead_of_the_data(
         round += 1;
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
-    let idle_from_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
+    let idle_from_ms = tessera_core::clock::now_ms();
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let log = receiver.received.lock().unwrap().batch_log.clone();
     shutdown.trigger();

@@ -191,7 +191,10 @@ mod tests {
     const COUNTER: i32 = MetricType::Counter as i32;
 
     fn queue() -> DestinationQueue {
-        DestinationQueue::new("a:1".into(), 1 << 20, Metrics::default().destination("a"))
+        DestinationQueue::new("a:1".into(), 1 << 20, {
+            let metrics = Metrics::default();
+            metrics.senders.destination("a", &metrics.drops)
+        })
     }
 
     fn names(dictionary: &mut Dictionary, queue: &DestinationQueue, ids: &[&str]) -> Vec<(u32, bool)> {
