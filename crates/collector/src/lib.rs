@@ -153,7 +153,7 @@ impl Collector {
             flusher.run()
         })?;
 
-        let source = rules::RuleSource { config_file: config.config_file.clone(), config: config.clone() };
+        let source = rules::RuleSource { config: config.clone() };
         tokio::spawn(rules::reload_loop(rules, source, window_ms, metrics.rules.clone(), shutdown.clone()));
 
         if let Some(drops) = listeners.kernel_drops {

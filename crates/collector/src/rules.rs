@@ -14,7 +14,7 @@
 //! once, so no window is split between two sets. Only the rules reload; the rest of the
 //! file applies at the next start.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -29,11 +29,10 @@ use tessera_rules::RuleMetrics;
 /// How often the files are looked at.
 const CHECK_INTERVAL: Duration = Duration::from_secs(1);
 
-/// Where reloaded rules come from.
+/// Where reloaded rules come from: the configuration in force, whose `config_file` is
+/// read again on reload; without one, the rules given at start stay and only the mapping
+/// file is read again.
 pub struct RuleSource {
-    /// The `--config` file, read again on reload; without one, the rules given at start
-    /// stay and only the mapping file is read again.
-    pub config_file: Option<PathBuf>,
     /// The configuration in force.
     pub config: Config,
 }
@@ -42,15 +41,17 @@ type Stamp = Option<(SystemTime, u64)>;
 
 impl RuleSource {
     fn stamps(&self) -> (Stamp, Stamp) {
-        let config = self.config_file.as_deref().and_then(file_stamp);
+        let config = self.config.config_file.as_deref().and_then(file_stamp);
         let mapping = self.config.mapping.file.as_deref().and_then(file_stamp);
         (config, mapping)
     }
 
     /// Reads and compiles the rules again; the error says why they were refused.
     fn reload(&mut self, metrics: &RuleMetrics) -> Result<tessera_rules::RuleSet, String> {
-        if let Some(path) = &self.config_file {
-            self.config = read_config(path)?;
+        if let Some(path) = &self.config.config_file {
+            let mut config = read_config(path)?;
+            config.config_file = Some(path.clone());
+            self.config = config;
         }
         self.config.rule_set(metrics).map_err(|error| error.to_string())
     }
@@ -94,7 +95,7 @@ pub async fn reload_loop(
                 "a file changed"
             }
         };
-        let previous = (source.config_file.clone(), source.config.clone());
+        let previous = source.config.clone();
         match source.reload(&metrics) {
             Ok(set) => {
                 let now = now_ms();
@@ -107,7 +108,7 @@ pub async fn reload_loop(
                 tracing::info!(why, from_window_ms = from_ms, "rules reloaded; in force from the next window");
             }
             Err(error) => {
-                (source.config_file, source.config) = previous;
+                source.config = previous;
                 metrics.reloaded(false);
                 tracing::warn!(why, %error, "rules not reloaded; the rules in force stay");
             }
