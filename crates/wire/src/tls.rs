@@ -245,9 +245,18 @@ pub struct Reloading<T, E = TlsError> {
 
 struct State<T> {
     current: Arc<T>,
-    stamps: Vec<Option<(SystemTime, u64)>>,
+    /// The files' stamps when `current` was built.
+    stamps: Vec<Stamp>,
+    /// The stamps of the last change that failed to build, and when it was tried.
+    failed: Option<(Vec<Stamp>, Instant)>,
     checked: Instant,
 }
+
+/// A file's [`file_stamp`].
+type Stamp = Option<(SystemTime, u64)>;
+
+/// How often a change that failed to build is tried again while the files stay as they are.
+const RETRY_FAILED_EVERY: Duration = Duration::from_secs(1);
 
 /// What tells a file's new version from its old one: its modification time and size
 /// (`None` while it cannot be read).
@@ -292,7 +301,7 @@ impl<T, E> Reloading<T, E> {
     ) -> Result<Reloading<T, E>, E> {
         let stamps = files.iter().map(|path| file_stamp(path)).collect();
         let current = build()?;
-        let state = Mutex::new(State { current, stamps, checked: Instant::now() });
+        let state = Mutex::new(State { current, stamps, failed: None, checked: Instant::now() });
         Ok(Reloading { files, check_every, build: Box::new(build), on_error: Box::new(on_error), state })
     }
 
@@ -302,16 +311,26 @@ impl<T, E> Reloading<T, E> {
         if state.checked.elapsed() >= self.check_every {
             state.checked = Instant::now();
             let stamps: Vec<_> = self.files.iter().map(|path| file_stamp(path)).collect();
-            if stamps != state.stamps {
-                // Each change is built once: a broken file is counted once, not at every
-                // look; a rotation half written changes again when it is done.
-                state.stamps = stamps;
+            // A change that failed is tried again at most once a second (a fix need not
+            // change a file's time or size: a chmod), and counted once, not at every look.
+            let retry = state
+                .failed
+                .as_ref()
+                .is_none_or(|(failed, at)| *failed != stamps || at.elapsed() >= RETRY_FAILED_EVERY);
+            if stamps != state.stamps && retry {
                 match (self.build)() {
                     Ok(config) => {
                         tracing::info!(files = ?self.files, "files changed: reloaded");
                         state.current = config;
+                        state.stamps = stamps;
+                        state.failed = None;
                     }
-                    Err(error) => (self.on_error)(&error),
+                    Err(error) => {
+                        if state.failed.as_ref().is_none_or(|(failed, _)| *failed != stamps) {
+                            (self.on_error)(&error);
+                        }
+                        state.failed = Some((stamps, Instant::now()));
+                    }
                 }
             }
         }
