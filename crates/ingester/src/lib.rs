@@ -158,6 +158,7 @@ impl Ingester {
             Arc::new(RejectedLog::new(config.data_dir.join("rejected-samples.log"), config.rejected_log_max_bytes));
         let mut recent = RecentBatches::new(RECENT_BATCHES);
         let mut running = Vec::new();
+        let mut paced = Vec::new();
         let mut writers: Vec<QueueWriter> = Vec::new();
         let mut converters = Vec::new();
         let mut routes = HashMap::new();
@@ -230,7 +231,7 @@ impl Ingester {
                 sink: sink.clone(),
                 limit,
                 pace: Pace::new(config.pacing.max_samples_per_sec),
-                metrics: target_metrics,
+                metrics: target_metrics.clone(),
                 rejected: rejected.clone(),
                 queue: queue.clone(),
             };
@@ -247,11 +248,9 @@ impl Ingester {
                 metrics: checkpoint_metrics,
             });
             running.push(RunningTarget { name, queue, pool, sink });
+            paced.push(target_metrics);
         }
-        tokio::spawn(measure_pace(
-            running.iter().map(|target| metrics.pool.target(&target.name, &metrics.sink)).collect(),
-            shutdown.clone(),
-        ));
+        tokio::spawn(measure_pace(paced, shutdown.clone()));
 
         let (jobs, job_receiver) = mpsc::channel(config.max_connections.clamp(1, 1024));
         metrics.intake.cumulative_series.set(converters.iter().map(Converter::cumulative_series).sum::<usize>() as i64);

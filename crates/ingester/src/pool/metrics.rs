@@ -84,11 +84,6 @@ pub struct TargetMetrics {
 }
 
 impl TargetMetrics {
-    /// The target's name.
-    pub fn target(&self) -> &str {
-        &self.target
-    }
-
     /// The busy-time counter of worker `index`.
     pub fn worker_busy(&self, index: usize) -> Counter<f64, AtomicU64> {
         self.worker_busy.get_or_create(&ByTargetWorker { target: self.target.clone(), worker: index }).clone()
