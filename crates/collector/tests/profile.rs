@@ -79,7 +79,7 @@ fn pipe_through(program: &str, args: &[&str], input: &[u8]) -> (bool, String, St
 
 /// pprof's protobuf decoded by protoc, as text.
 fn protoc_decode(profile: &[u8]) -> String {
-    let proto_dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data");
+    let proto_dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/third_party/pprof");
     let args = ["--decode=perftools.profiles.Profile", "-I", proto_dir, "profile.proto"];
     let (decoded, text, errors) = pipe_through("protoc", &args, profile);
     assert!(decoded, "protoc could not decode the profile: {errors}");
