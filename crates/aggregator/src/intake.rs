@@ -121,10 +121,7 @@ pub fn run_decoder(
                 }
                 Reply::refusal(sequence, reason, message)
             }
-            Decoded::Protocol { reason, message } => {
-                metrics.listener.frame_error(reason);
-                Reply::Close { reason, message }
-            }
+            Decoded::Protocol { reason, message } => Reply::Close { reason, message },
         };
         // The connection may be gone already; nothing to do then.
         let _ = job.reply.send(reply);

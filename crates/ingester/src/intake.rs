@@ -51,7 +51,7 @@ pub async fn accept_loop(
     counters: ListenerMetrics,
     stop: Shutdown,
 ) {
-    let context = (jobs, counters.clone(), stop.clone());
+    let context = (jobs, stop.clone());
     inbound::serve_wire(listener, settings, "aggregator", counters, &FRAME_ERROR_LOG, stop, context, connection).await;
 }
 
@@ -59,7 +59,7 @@ pub async fn accept_loop(
 async fn connection(
     mut wire: WireConnection,
     peer: SocketAddr,
-    (jobs, counters, stop): (mpsc::Sender<Job>, ListenerMetrics, Shutdown),
+    (jobs, stop): (mpsc::Sender<Job>, Shutdown),
 ) -> Result<(), WireError> {
     tracing::debug!(%peer, source = %wire.hello.instance_id, "aggregator connected");
     loop {
@@ -82,20 +82,11 @@ async fn connection(
         match verdict {
             Verdict::Ack(ack) => {
                 let frame = Frame { body: Some(Body::Ack(ack)) };
-                if let Err(error) =
-                    framing::write_frame(&mut wire.stream, &frame, framing::DEFAULT_MAX_FRAME_BYTES).await
-                {
-                    tracing::debug!(%peer, %error, "cannot send an acknowledgement; closing");
-                    return Ok(());
-                }
+                framing::write_frame(&mut wire.stream, &frame, framing::DEFAULT_MAX_FRAME_BYTES).await?;
             }
             Verdict::Close { reason, message } => {
-                counters.frame_error(reason);
-                if FRAME_ERROR_LOG.allow() {
-                    tracing::warn!(%peer, source = %wire.hello.instance_id, reason, message, "closing connection");
-                }
-                refuse(&mut wire.stream, AckReason::MalformedFrame, message).await;
-                return Ok(());
+                refuse(&mut wire.stream, AckReason::MalformedFrame, message.clone()).await;
+                return Err(WireError::Closed { reason, message });
             }
         }
     }

@@ -76,7 +76,7 @@ mod tests {
         let telemetry = tessera_runtime::Telemetry::new("ingester", "test");
         let metrics = Metrics::default();
         telemetry.with_registry(|registry| metrics.register(registry, PREFIX));
-        metrics.intake.ack("ok", "");
+        metrics.intake.ack(None);
         metrics.intake.intake_lag("10s", 0.5);
         metrics.intake.checkpoint("default").error(CheckpointFailure::Read);
         let target = metrics.pool.target("default", &metrics.sink);

@@ -82,7 +82,7 @@ async fn bad_frames_close_only_their_connection() {
     assert_eq!(ack.status, AckStatus::Ok as i32);
 
     let text = telemetry.encode().unwrap();
-    for reason in ["malformed", "too_large", "handshake"] {
+    for reason in ["malformed_frame", "too_large", "handshake"] {
         assert_eq!(
             metric_value(&text, "tessera_ingester_frame_errors_total", &format!("reason=\"{reason}\"")),
             1.0,

@@ -40,7 +40,7 @@ use rustls::ServerConfig;
 use tessera_runtime::Shutdown;
 use tessera_runtime::logging::RateLimitedLog;
 
-use crate::metrics::ListenerMetrics;
+use crate::metrics::{CloseReason, ListenerMetrics};
 use crate::stream::WireStream;
 use crate::tls::{Reloading, failure_label};
 
@@ -62,7 +62,7 @@ impl InboundCounters for ListenerMetrics {
         self.accept_errors.inc();
     }
     fn refused(&self) {
-        self.frame_error("too_many_connections");
+        self.frame_error(CloseReason::TooManyConnections);
     }
     fn opened(&self) {
         self.connections_accepted.inc();
@@ -202,7 +202,10 @@ pub async fn serve_wire<T, S, F>(
 
 /// Counts (`frame_errors_total{reason}`) and logs, at `log`'s rate, why the wire
 /// connection from `peer` (instance `source`, empty before its handshake) ended, unless
-/// it ended cleanly.
+/// it ended cleanly. Every close a listener decides comes through here, whether the
+/// wire found it (a deadline, a frame too large) or the daemon behind it did
+/// ([`WireError::Closed`]: a frame that does not decode), so that the count and the log
+/// line never drift apart.
 pub fn connection_ended(
     metrics: &ListenerMetrics,
     log: &RateLimitedLog,
@@ -214,7 +217,7 @@ pub fn connection_ended(
     metrics.frame_error(reason);
     if log.allow() {
         let error = tessera_runtime::logging::error_chain(error);
-        tracing::warn!(%peer, source, reason, %error, "closing connection");
+        tracing::warn!(%peer, source, reason = reason.as_str(), %error, "closing connection");
     }
 }
 
@@ -245,6 +248,15 @@ pub enum WireError {
     /// Reading a frame failed; [`FrameError::Closed`] is a clean end.
     #[error(transparent)]
     Frame(#[from] FrameError),
+    /// The daemon behind the listener closed the connection: what it read cannot be
+    /// trusted (not a frame, no body, a frame of the wrong kind).
+    #[error("{message}")]
+    Closed {
+        /// Why, for `frame_errors_total`.
+        reason: CloseReason,
+        /// What was wrong, for the log.
+        message: String,
+    },
     /// The process is shutting down.
     #[error("shutting down")]
     Shutdown,
@@ -261,14 +273,15 @@ impl WireError {
 
     /// The `reason` label of `frame_errors_total`, or `None` for a clean end
     /// (the peer closed between frames, or shutdown).
-    pub fn reason(&self) -> Option<&'static str> {
+    pub fn reason(&self) -> Option<CloseReason> {
         match self {
-            WireError::HandshakeTimeout(_) | WireError::Handshake(_) => Some("handshake"),
-            WireError::Tls(_) => Some("tls"),
-            WireError::Idle(_) => Some("idle_timeout"),
+            WireError::HandshakeTimeout(_) | WireError::Handshake(_) => Some(CloseReason::Handshake),
+            WireError::Tls(_) => Some(CloseReason::Tls),
+            WireError::Idle(_) => Some(CloseReason::IdleTimeout),
             WireError::Frame(FrameError::Closed) | WireError::Shutdown => None,
-            WireError::Frame(FrameError::TooLarge { .. }) => Some("too_large"),
-            WireError::Frame(_) => Some("io"),
+            WireError::Frame(FrameError::TooLarge { .. }) => Some(CloseReason::TooLarge),
+            WireError::Frame(_) => Some(CloseReason::Io),
+            WireError::Closed { reason, .. } => Some(*reason),
         }
     }
 }

@@ -30,7 +30,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use tessera_proto::AckReason;
 use tessera_runtime::telemetry::labels::ByReason;
-use tessera_runtime::telemetry::{Registry, latency_histogram};
+use tessera_runtime::telemetry::{Registry, latency_histogram, zeroed_family};
 
 use crate::outbound::{Batch, DropReason, GenerationEnd, OutboundMetrics};
 
@@ -73,6 +73,61 @@ struct ByDestinationResult {
     result: &'static str,
 }
 
+/// Why a wire listener closed or refused a connection: the `reason` label of
+/// `frame_errors_total`, one closed set for the aggregator's listener and the
+/// ingester's, each exported at 0 from the start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CloseReason {
+    /// Over `max_connections`: refused at once.
+    TooManyConnections,
+    /// No handshake within the deadline, or a failed one.
+    Handshake,
+    /// The TLS handshake failed.
+    Tls,
+    /// Silent for the idle deadline.
+    IdleTimeout,
+    /// A frame declared longer than `max_frame_bytes`.
+    TooLarge,
+    /// Reading or writing the stream failed.
+    Io,
+    /// Bytes that do not decode as a frame.
+    MalformedFrame,
+    /// A frame without a body.
+    EmptyFrame,
+    /// A frame of a kind this listener does not take.
+    UnexpectedFrame,
+}
+
+impl CloseReason {
+    /// Every reason, in the order they are exported.
+    pub const ALL: [CloseReason; 9] = [
+        CloseReason::TooManyConnections,
+        CloseReason::Handshake,
+        CloseReason::Tls,
+        CloseReason::IdleTimeout,
+        CloseReason::TooLarge,
+        CloseReason::Io,
+        CloseReason::MalformedFrame,
+        CloseReason::EmptyFrame,
+        CloseReason::UnexpectedFrame,
+    ];
+
+    /// The label value.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            CloseReason::TooManyConnections => "too_many_connections",
+            CloseReason::Handshake => "handshake",
+            CloseReason::Tls => "tls",
+            CloseReason::IdleTimeout => "idle_timeout",
+            CloseReason::TooLarge => "too_large",
+            CloseReason::Io => "io",
+            CloseReason::MalformedFrame => "malformed_frame",
+            CloseReason::EmptyFrame => "empty",
+            CloseReason::UnexpectedFrame => "unexpected_frame",
+        }
+    }
+}
+
 tessera_runtime::metrics! {
     /// A wire listener's metrics (an aggregator's for collectors, an ingester's for
     /// aggregators).
@@ -85,7 +140,7 @@ tessera_runtime::metrics! {
         pub accept_errors: Counter,
         /// Wire connections closed for an error or refused, per reason (tls: the TLS handshake
         /// failed, e.g. no valid client certificate)
-        frame_errors: Family<ByReason, Counter>,
+        frame_errors: Family<ByReason, Counter> = zeroed_family(CloseReason::ALL.map(|reason| ByReason { reason: reason.as_str() })),
         /// The listener's TLS files that changed on disk but did not load (the previous
         /// certificates stay in use)
         pub listener_tls_reload_errors: Counter,
@@ -93,22 +148,14 @@ tessera_runtime::metrics! {
 }
 
 impl ListenerMetrics {
-    /// Exports `reasons` of `frame_errors_total` at 0, so that "none" reads as 0.
-    pub fn with_frame_error_reasons(self, reasons: &[&'static str]) -> Self {
-        for reason in reasons {
-            let _ = self.frame_errors.get_or_create(&ByReason { reason });
-        }
-        self
-    }
-
     /// Counts a connection closed (or refused) for `reason`.
-    pub fn frame_error(&self, reason: &'static str) {
-        self.frame_errors.get_or_create(&ByReason { reason }).inc();
+    pub fn frame_error(&self, reason: CloseReason) {
+        self.frame_errors.get_or_create(&ByReason { reason: reason.as_str() }).inc();
     }
 
     /// Connections closed for `reason` so far.
-    pub fn frame_errors(&self, reason: &'static str) -> u64 {
-        self.frame_errors.get_or_create(&ByReason { reason }).get()
+    pub fn frame_errors(&self, reason: CloseReason) -> u64 {
+        self.frame_errors.get_or_create(&ByReason { reason: reason.as_str() }).get()
     }
 }
 
@@ -335,6 +382,28 @@ mod tests {
         text.lines()
             .filter(|line| line.starts_with(name) && line.contains(labels))
             .find_map(|line| line.rsplit_once(' ')?.1.parse().ok())
+    }
+
+    /// Every reason a listener closes a connection for is exported at 0 from the start
+    /// and counted under its own label.
+    #[test]
+    fn every_close_reason_is_exported_and_counted_under_its_own_label() {
+        let telemetry = Telemetry::new("x", "test");
+        let listener = ListenerMetrics::default();
+        telemetry.with_registry(|registry| listener.register(registry, "tessera_x_"));
+        let before = telemetry.encode().unwrap();
+        for (counted, reason) in CloseReason::ALL.into_iter().enumerate() {
+            let labels = format!("{{reason=\"{}\"}}", reason.as_str());
+            assert_eq!(sample(&before, "tessera_x_frame_errors_total", &labels), Some(0.0), "{labels}");
+            for _ in 0..=counted {
+                listener.frame_error(reason);
+            }
+        }
+        let after = telemetry.encode().unwrap();
+        for (counted, reason) in CloseReason::ALL.into_iter().enumerate() {
+            let labels = format!("{{reason=\"{}\"}}", reason.as_str());
+            assert_eq!(sample(&after, "tessera_x_frame_errors_total", &labels), Some(counted as f64 + 1.0), "{labels}");
+        }
     }
 
     /// Every permanent refusal either end can send is counted under its own label on the

@@ -37,6 +37,7 @@ use super::dictionary::ConnectionDictionary;
 use crate::tile::{Partial, SplitBatch, Via, thread_of};
 use tessera_proto::AckReason;
 use tessera_runtime::logging::error_chain;
+use tessera_wire::metrics::CloseReason;
 
 /// What became of one frame.
 #[derive(Debug)]
@@ -63,8 +64,8 @@ pub enum Decoded {
     },
     /// The frame cannot be trusted; the connection is closed.
     Protocol {
-        /// A closed-set label: `malformed_frame` or `unexpected_frame`.
-        reason: &'static str,
+        /// Why: [`CloseReason::MalformedFrame`] or [`CloseReason::UnexpectedFrame`].
+        reason: CloseReason,
         /// Details for the log.
         message: String,
     },
@@ -132,14 +133,14 @@ impl Decoder {
     pub fn decode(&mut self, connection: u64, frame: &[u8]) -> Decoded {
         let decoded = match framing::decode_frame(frame, self.max_frame_bytes) {
             Ok(Some((frame, _))) => frame,
-            Ok(None) => return protocol("malformed_frame", "truncated frame".to_owned()),
-            Err(error) => return protocol("malformed_frame", error_chain(&error)),
+            Ok(None) => return protocol(CloseReason::MalformedFrame, "truncated frame".to_owned()),
+            Err(error) => return protocol(CloseReason::MalformedFrame, error_chain(&error)),
         };
         let batch = match decoded.body {
             Some(Body::Partials(batch)) => batch,
             other => {
                 let kind = framing::body_kind(&tessera_proto::Frame { body: other });
-                return protocol("unexpected_frame", format!("expected a partial batch, got `{kind}`"));
+                return protocol(CloseReason::UnexpectedFrame, format!("expected a partial batch, got `{kind}`"));
             }
         };
         self.check(connection, batch)
@@ -293,7 +294,7 @@ fn aggregate_of(
     Ok(aggregate)
 }
 
-fn protocol(reason: &'static str, message: String) -> Decoded {
+fn protocol(reason: CloseReason, message: String) -> Decoded {
     Decoded::Protocol { reason, message }
 }
 
@@ -402,9 +403,9 @@ mod tests {
         }
         let mut garbage = vec![0, 0, 0, 4];
         garbage.extend_from_slice(&[0xff; 4]);
-        assert!(matches!(decoder.decode(1, &garbage), Decoded::Protocol { reason: "malformed_frame", .. }));
+        assert!(matches!(decoder.decode(1, &garbage), Decoded::Protocol { reason: CloseReason::MalformedFrame, .. }));
         let ack = framing::encode_frame(&Frame { body: Some(Body::Ack(Default::default())) }, 1024).unwrap();
-        assert!(matches!(decoder.decode(1, &ack), Decoded::Protocol { reason: "unexpected_frame", .. }));
+        assert!(matches!(decoder.decode(1, &ack), Decoded::Protocol { reason: CloseReason::UnexpectedFrame, .. }));
     }
 
     #[test]

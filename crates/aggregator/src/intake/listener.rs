@@ -67,8 +67,8 @@ async fn serve_connection(
     served
 }
 
-/// Reads frames and writes their answers until the connection ends; `Ok` when
-/// the pipeline closed it (it logged why) or is gone.
+/// Reads frames and writes their answers until the connection ends; `Ok` when the
+/// pipeline is gone, [`WireError::Closed`] when it found a frame it cannot trust.
 async fn serve_frames(
     wire: &mut WireConnection,
     connection: u64,
@@ -87,12 +87,7 @@ async fn serve_frames(
                 let frame = Frame { body: Some(Body::Ack(ack)) };
                 framing::write_frame(&mut wire.stream, &frame, 1 << 20).await?;
             }
-            Reply::Close { reason, message } => {
-                if CONNECTION_LOG.allow() {
-                    tracing::warn!(source = %wire.hello.instance_id, reason, %message, "closing connection");
-                }
-                return Ok(());
-            }
+            Reply::Close { reason, message } => return Err(WireError::Closed { reason, message }),
         }
     }
 }

@@ -5,18 +5,6 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use tessera_wire::metrics::ListenerMetrics;
 
-/// Every `reason` of `frame_errors_total`: the inbound side's, and the decoder's.
-pub const FRAME_ERROR_REASONS: [&str; 8] = [
-    "handshake",
-    "idle_timeout",
-    "too_large",
-    "io",
-    "too_many_connections",
-    "malformed_frame",
-    "unexpected_frame",
-    "tls",
-];
-
 tessera_runtime::metrics! {
     /// The intake's metrics.
     pub struct IntakeMetrics {
@@ -32,6 +20,6 @@ tessera_runtime::metrics! {
         /// rotation)
         pub dictionaries_restarted: Counter;
         /// The wire listener's metrics (connections from collectors)
-        pub listener: ListenerMetrics = ListenerMetrics::default().with_frame_error_reasons(&FRAME_ERROR_REASONS),
+        pub listener: ListenerMetrics,
     }
 }

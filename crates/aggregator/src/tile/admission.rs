@@ -16,6 +16,7 @@ use std::time::Duration;
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 use tessera_proto::{Ack, AckReason, AckStatus};
 use tessera_runtime::RateLimitedLog;
+use tessera_wire::metrics::CloseReason;
 use tokio::sync::oneshot;
 
 use super::merge::MergeTier;
@@ -41,8 +42,8 @@ pub enum Reply {
     Ack(Ack),
     /// Close the connection (the stream cannot be trusted).
     Close {
-        /// Closed-set label for the frame error counter.
-        reason: &'static str,
+        /// Why, for the frame error counter.
+        reason: CloseReason,
         /// Details for the log.
         message: String,
     },

@@ -12,6 +12,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::metrics::{MetricType, TypedMetric};
 use tessera_core::clock::now_ms;
+use tessera_proto::{AckReason, AckStatus};
 use tessera_runtime::telemetry::labels::{ByReason, ByResolution, ByTarget};
 use tessera_runtime::telemetry::{storage_histogram, zeroed_family};
 use tessera_wire::metrics::ListenerMetrics;
@@ -44,8 +45,7 @@ tessera_runtime::metrics! {
         /// Tiles received
         pub tiles_received: Counter,
         /// Acknowledgements sent, per status and reason
-        batch_acks: Family<ByStatusReason, Counter> =
-            zeroed_family(REFUSING_ACKS.map(|(status, reason)| ByStatusReason { status, reason })),
+        batch_acks: Family<ByStatusReason, Counter> = zeroed_family(WRITER_REFUSALS.map(|reason| by_ack(Some(reason)))),
         /// Tiles that gave no sample, per reason
         tiles_skipped: Family<ByReason, Counter> = zeroed_family(SkipReason::ALL.map(|reason| ByReason { reason: reason.as_str() })),
         /// Samples made durable in the queue
@@ -74,36 +74,31 @@ tessera_runtime::metrics! {
         /// Running totals restored at start (from the checkpoint and the queued records after it), per target
         checkpoint_restored_series: Family<ByTarget, Gauge>;
         /// The wire listener's metrics (connections from aggregators)
-        pub listener: ListenerMetrics = ListenerMetrics::default().with_frame_error_reasons(&FRAME_ERROR_REASONS),
+        pub listener: ListenerMetrics,
     }
 }
 
-/// Every `reason` of `frame_errors_total`: the inbound side's, and the writer's.
-pub const FRAME_ERROR_REASONS: [&str; 9] = [
-    "handshake",
-    "idle_timeout",
-    "too_large",
-    "io",
-    "too_many_connections",
-    "malformed",
-    "empty",
-    "unexpected_frame",
-    "tls",
-];
+/// The reasons the writer refuses a batch with, each exported in `batch_acks_total`
+/// from the start at 0 (under the status [`AckReason::status`] gives it).
+const WRITER_REFUSALS: [AckReason; 4] =
+    [AckReason::QueueFull, AckReason::QueueIo, AckReason::InvalidBatch, AckReason::UnexpectedFrame];
 
-/// Every `(status, reason)` of `batch_acks_total` other than `ok`, each exported from the
-/// start at 0.
-pub const REFUSING_ACKS: [(&str, &str); 4] = [
-    ("retryable", "queue_full"),
-    ("retryable", "queue_io"),
-    ("permanent", "invalid_batch"),
-    ("permanent", "unexpected_frame"),
-];
+/// The labels of an acknowledgement: `None` for a batch taken (status `ok`, reason empty).
+fn by_ack(reason: Option<AckReason>) -> ByStatusReason {
+    let status = match reason.map_or(AckStatus::Ok, AckReason::status) {
+        AckStatus::Ok => "ok",
+        AckStatus::Retryable => "retryable",
+        AckStatus::Permanent => "permanent",
+        AckStatus::Unspecified => "unspecified",
+    };
+    ByStatusReason { status, reason: reason.map_or("", AckReason::as_str) }
+}
 
 impl IntakeMetrics {
-    /// Counts an acknowledgement (`reason` empty for a batch taken).
-    pub fn ack(&self, status: &'static str, reason: &'static str) {
-        self.batch_acks.get_or_create(&ByStatusReason { status, reason }).inc();
+    /// Counts an acknowledgement: `None` for a batch taken, else the reason it answers
+    /// with (its status follows from the reason).
+    pub fn ack(&self, reason: Option<AckReason>) {
+        self.batch_acks.get_or_create(&by_ack(reason)).inc();
     }
 
     /// Counts the tiles of one batch skipped, per reason.

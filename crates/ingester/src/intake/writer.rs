@@ -26,6 +26,7 @@ use tessera_proto::frame::Body;
 use tessera_proto::framing::body_kind;
 use tessera_proto::{Ack, AckReason, AckStatus, Frame, TileBatch};
 use tessera_runtime::RateLimitedLog;
+use tessera_wire::metrics::CloseReason;
 use tokio::sync::mpsc::error::TryRecvError;
 use tokio::sync::{mpsc, oneshot};
 
@@ -60,8 +61,8 @@ pub enum Verdict {
     Ack(Ack),
     /// The frame is not a frame: count `reason`, tell the peer, close the connection.
     Close {
-        /// Closed-set reason (`malformed`, `empty`).
-        reason: &'static str,
+        /// Why: [`CloseReason::MalformedFrame`] or [`CloseReason::EmptyFrame`].
+        reason: CloseReason,
         /// What was wrong.
         message: String,
     },
@@ -116,26 +117,16 @@ pub struct Writer {
     pub checkpoints: Option<Checkpoints>,
 }
 
-/// The `status` label of an acknowledgement.
-pub fn status_label(status: AckStatus) -> &'static str {
-    match status {
-        AckStatus::Ok => "ok",
-        AckStatus::Retryable => "retryable",
-        AckStatus::Permanent => "permanent",
-        AckStatus::Unspecified => "unspecified",
-    }
-}
-
 /// Answers `sequence` with `reason`, counted in `batch_acks_total` under its status and
 /// reason.
 fn answer(metrics: &IntakeMetrics, reason: AckReason, sequence: u64, message: String) -> Verdict {
-    metrics.ack(status_label(reason.status()), reason.as_str());
+    metrics.ack(Some(reason));
     Verdict::Ack(reason.ack(sequence, message))
 }
 
 /// Takes `sequence`: acknowledged with no reason, counted.
 fn taken(metrics: &IntakeMetrics, sequence: u64) -> Verdict {
-    metrics.ack(status_label(AckStatus::Ok), "");
+    metrics.ack(None);
     Verdict::Ack(Ack { sequence, status: AckStatus::Ok as i32, ..Ack::default() })
 }
 
@@ -197,14 +188,14 @@ impl Writer {
             Ok(frame) => frame,
             Err(error) => {
                 return Verdict::Close {
-                    reason: "malformed",
+                    reason: CloseReason::MalformedFrame,
                     message: format!("malformed frame of {} bytes: {error}", body.len()),
                 };
             }
         };
         match frame.body {
             Some(Body::Tiles(batch)) => self.batch(&batch),
-            None => Verdict::Close { reason: "empty", message: "frame without a body".to_owned() },
+            None => Verdict::Close { reason: CloseReason::EmptyFrame, message: "frame without a body".to_owned() },
             Some(other) => {
                 let kind = body_kind(&Frame { body: Some(other.clone()) });
                 let sequence = match &other {

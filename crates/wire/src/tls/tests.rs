@@ -81,7 +81,7 @@ async fn mutual_tls_connects_and_a_client_without_a_certificate_is_refused_at_th
     let error = connect(&address, client(&pki, &pki.ca, false)).await.unwrap_err();
     assert_eq!(error.tls_failure(), Some("no_certificate"), "{error:?}");
     let refused = accepted.await.unwrap().unwrap_err();
-    assert_eq!(refused.reason(), Some("tls"), "{refused:?}");
+    assert_eq!(refused.reason(), Some(crate::metrics::CloseReason::Tls), "{refused:?}");
     assert_eq!(refused.tls_failure(), Some("no_certificate"), "{refused:?}");
 }
 
