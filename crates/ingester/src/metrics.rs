@@ -103,12 +103,14 @@ mod tests {
 #[cfg(test)]
 mod naming {
     #[test]
-    fn every_exported_metric_follows_the_naming_rule() {
-        let telemetry = tessera_runtime::Telemetry::new("ingester", "test");
-        telemetry.with_registry(|registry| super::Metrics::default().register(registry, super::PREFIX));
-        let tier = crate::tier::TierMetrics::default();
-        telemetry.with_registry(|registry| tier.register(registry, super::PREFIX));
-        let families = tessera_runtime::telemetry::naming::check_registry(&telemetry, "ingester");
-        assert!(families.as_ref().is_ok_and(|count| *count >= 20), "{families:#?}");
+    fn every_exported_metric_follows_the_naming_rule_and_is_listed() {
+        tessera_runtime::telemetry::naming::assert_exports(
+            "ingester",
+            |registry| {
+                super::Metrics::default().register(registry, super::PREFIX);
+                crate::tier::TierMetrics::default().register(registry, super::PREFIX);
+            },
+            include_str!("../../../docs/metrics/ingester.txt"),
+        );
     }
 }

@@ -2,7 +2,8 @@
 //! `tessera_<daemon>_<noun>[_<unit>]`, `_total` only on counters (the text
 //! format adds it to a counter's samples, so no family name ends with it),
 //! times in `_seconds` and sizes in `_bytes`. Each daemon's tests run its
-//! whole registry through [`naming_violations`].
+//! whole registry through [`assert_exports`]: the rule, and the daemon's list of
+//! every family it exports (`docs/metrics/<daemon>.txt`).
 //!
 //! ```
 //! use tessera_runtime::telemetry::naming::naming_violations;
@@ -60,14 +61,44 @@ pub fn naming_violations(exposition: &str, daemon: &str) -> Vec<String> {
     violations
 }
 
-/// For a daemon's tests: the families `telemetry` exports for `daemon`, or every family
-/// that breaks the rule (see [`naming_violations`]).
-pub fn check_registry(telemetry: &crate::Telemetry, daemon: &str) -> Result<usize, Vec<String>> {
-    let text = telemetry.encode().map_err(|error| vec![format!("cannot encode the registry: {error}")])?;
+/// Every family `exposition` declares, as `name type` lines, sorted; `process_*`
+/// families left out (the standard ones, platform-dependent).
+pub fn exported_families(exposition: &str) -> Vec<String> {
+    let mut families: Vec<String> = exposition
+        .lines()
+        .filter_map(|line| line.strip_prefix("# TYPE "))
+        .filter(|family| !family.starts_with("process_"))
+        .map(str::to_owned)
+        .collect();
+    families.sort();
+    families
+}
+
+/// For a daemon's tests: registers the daemon's metrics through `register`, then checks
+/// that every exported family follows the rule (see [`naming_violations`]) and that the
+/// families are exactly those of `listed` (a `name type` line each, `#` comments and
+/// blank lines skipped: the daemon's list in `docs/metrics/`), so that a metric added,
+/// renamed or lost (a stage's whole set forgotten at registration) shows in review.
+///
+/// # Panics
+///
+/// On a violation or a difference, with the families exported.
+pub fn assert_exports(daemon: &str, register: impl FnOnce(&mut crate::telemetry::Registry), listed: &str) {
+    let telemetry = crate::Telemetry::new(daemon, "test");
+    telemetry.with_registry(register);
+    let text = telemetry.encode().expect("the registry encodes");
     let violations = naming_violations(&text, daemon);
-    if !violations.is_empty() {
-        return Err(violations);
-    }
-    let prefix = format!("# TYPE tessera_{daemon}_");
-    Ok(text.lines().filter(|line| line.starts_with(&prefix)).count())
+    assert!(violations.is_empty(), "metrics that break the naming rule:\n{}", violations.join("\n"));
+    let exported = exported_families(&text);
+    let mut expected: Vec<&str> =
+        listed.lines().map(str::trim).filter(|line| !line.is_empty() && !line.starts_with('#')).collect();
+    expected.sort_unstable();
+    let missing: Vec<&&str> = expected.iter().filter(|line| !exported.iter().any(|family| family == **line)).collect();
+    let unlisted: Vec<&String> = exported.iter().filter(|family| !expected.contains(&family.as_str())).collect();
+    assert!(
+        missing.is_empty() && unlisted.is_empty(),
+        "the {daemon}'s metrics differ from its list\nlisted, not exported: {missing:#?}\nexported, not listed: \
+         {unlisted:#?}\nevery family exported:\n{}",
+        exported.join("\n")
+    );
 }
