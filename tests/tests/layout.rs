@@ -1,6 +1,7 @@
-//! How the code is laid out, checked: no two top-level modules of a crate
-//! import each other (`crate::a` in `b` and `crate::b` in `a`, outside comments
-//! and tests), so that each crate's modules form layers a reader can follow.
+//! How the code is laid out, checked: no top-level modules of a crate import each
+//! other in a circle (`crate::b` in `a` and `crate::a` in `b`, or longer: `a` → `b` →
+//! `c` → `a`; outside comments and tests), so that each crate's modules form layers a
+//! reader can follow.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -41,8 +42,42 @@ fn imported_modules(text: &str) -> BTreeSet<String> {
     modules
 }
 
+/// Every circle in `imports` (module → modules it names), each once, as the path that
+/// closes it (`a -> b -> c -> a`): a depth-first search that reports each back edge.
+fn circles_in(imports: &BTreeMap<String, BTreeSet<String>>) -> Vec<Vec<String>> {
+    fn visit<'a>(
+        module: &'a str,
+        imports: &'a BTreeMap<String, BTreeSet<String>>,
+        path: &mut Vec<&'a str>,
+        done: &mut BTreeSet<&'a str>,
+        circles: &mut Vec<Vec<String>>,
+    ) {
+        if let Some(at) = path.iter().position(|on_path| *on_path == module) {
+            let mut circle: Vec<String> = path[at..].iter().map(|name| (*name).to_owned()).collect();
+            circle.push(module.to_owned());
+            circles.push(circle);
+            return;
+        }
+        if done.contains(module) {
+            return;
+        }
+        path.push(module);
+        for next in imports.get(module).into_iter().flatten() {
+            visit(next, imports, path, done, circles);
+        }
+        path.pop();
+        done.insert(module);
+    }
+    let mut circles = Vec::new();
+    let mut done = BTreeSet::new();
+    for module in imports.keys() {
+        visit(module, imports, &mut Vec::new(), &mut done, &mut circles);
+    }
+    circles
+}
+
 #[test]
-fn no_two_modules_of_a_crate_import_each_other() {
+fn no_modules_of_a_crate_import_each_other_in_a_circle() {
     let crates = Path::new(env!("CARGO_MANIFEST_DIR")).join("../crates");
     let mut circles = Vec::new();
     let mut crates_seen = 0;
@@ -65,12 +100,8 @@ fn no_two_modules_of_a_crate_import_each_other() {
             let found: Vec<String> = imported_modules(&text).into_iter().filter(|other| *other != module).collect();
             imports.entry(module).or_default().extend(found);
         }
-        for (module, others) in &imports {
-            for other in others {
-                if module < other && imports.get(other).is_some_and(|back| back.contains(module)) {
-                    circles.push(format!("{}: {module} <-> {other}", src.display()));
-                }
-            }
+        for circle in circles_in(&imports) {
+            circles.push(format!("{}: {}", src.display(), circle.join(" -> ")));
         }
     }
     assert!(crates_seen >= 8, "found {crates_seen} crates under {}", crates.display());
@@ -78,8 +109,60 @@ fn no_two_modules_of_a_crate_import_each_other() {
 }
 
 #[test]
+fn circles_of_any_length_are_found_and_layers_are_not() {
+    let graph = |edges: &[(&str, &str)]| {
+        let mut imports: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for (from, to) in edges {
+            imports.entry((*from).to_owned()).or_default().insert((*to).to_owned());
+        }
+        imports
+    };
+    let layers = graph(&[("a", "b"), ("a", "c"), ("b", "c"), ("d", "c")]);
+    assert!(circles_in(&layers).is_empty());
+    assert_eq!(circles_in(&graph(&[("a", "b"), ("b", "a")])), [["a", "b", "a"]]);
+    assert_eq!(circles_in(&graph(&[("a", "b"), ("b", "c"), ("c", "a"), ("d", "a")])), [["a", "b", "c", "a"]]);
+}
+
+#[test]
 fn the_scan_sees_imports_and_skips_comments() {
     let text = "use crate::flush::Flusher;\n// crate::ignored\n/// see [`crate::docs`]\nlet x = crate::metrics::labels();\n#[cfg(test)]\nuse crate::testing;\n";
     let found: Vec<String> = imported_modules(text).into_iter().collect();
     assert_eq!(found, ["flush", "metrics"]);
+}
+
+/// `SystemTime::now` outside the `#[cfg(test)]` part of `text` and outside comments.
+fn reads_the_wall_clock(text: &str) -> bool {
+    let code = text.split("#[cfg(test)]").next().unwrap_or_default();
+    code.lines().filter(|line| !line.trim_start().starts_with("//")).any(|line| line.contains("SystemTime::now"))
+}
+
+/// One clock: every crate reads the wall clock through `tessera_core::clock`, so no module
+/// takes it from a sibling or keeps its own copy.
+#[test]
+fn the_wall_clock_is_read_only_in_core_clock() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(root.join("crates")).unwrap() {
+        let crate_dir = entry.unwrap().path();
+        for dir in ["src", "examples"] {
+            if crate_dir.join(dir).is_dir() {
+                rust_files(&crate_dir.join(dir), &mut files);
+            }
+        }
+    }
+    rust_files(&root.join("benches"), &mut files);
+    assert!(files.len() > 100, "found {} files", files.len());
+    let clock = Path::new("crates/core/src/clock.rs");
+    let readers: Vec<String> = files
+        .iter()
+        .filter(|file| !file.ends_with(clock))
+        .filter(|file| reads_the_wall_clock(&std::fs::read_to_string(file).unwrap()))
+        .map(|file| file.display().to_string())
+        .collect();
+    assert!(
+        readers.is_empty(),
+        "files that read SystemTime::now instead of tessera_core::clock:\n{}",
+        readers.join("\n")
+    );
+    assert!(reads_the_wall_clock(&std::fs::read_to_string(root.join(clock)).unwrap()));
 }

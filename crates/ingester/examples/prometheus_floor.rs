@@ -140,7 +140,7 @@ async fn main() {
     let url = prometheus.remote_write_url();
     let client: HttpClient = Client::builder(TokioExecutor::new()).build(HttpConnector::new());
     let labels = labels(flags.series, flags.labels == "minimal");
-    let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_millis() as i64;
+    let now_ms = tessera_core::clock::now_ms();
     let mut timestamp_ms = (now_ms - 30 * 60_000) / 10_000 * 10_000;
     let mut value = 0.0;
     let gap = Duration::from_secs(flags.gap_secs);

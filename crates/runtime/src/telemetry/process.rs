@@ -7,8 +7,6 @@
 //! `/proc/self/auxv` (`AT_CLKTCK`, `AT_PAGESZ`), read once, which needs no `unsafe`
 //! `sysconf` call.
 
-use std::time::{SystemTime, UNIX_EPOCH};
-
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::gauge::ConstGauge;
@@ -26,8 +24,7 @@ impl ProcessCollector {
         if let Some(start_time_seconds) = linux::start_time_seconds() {
             return Self { start_time_seconds };
         }
-        let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
-        Self { start_time_seconds: now.as_secs_f64() }
+        Self { start_time_seconds: tessera_core::clock::now_secs() }
     }
 }
 
@@ -215,7 +212,7 @@ mod tests {
         assert!(usage.resident_memory_bytes > 0);
         assert!(usage.cpu_seconds >= 0.0);
         let start = start_time_seconds().expect("/proc/stat is readable on Linux");
-        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
+        let now = tessera_core::clock::now_secs();
         assert!(start <= now + 1.0 && start > now - 86_400.0 * 365.0, "start {start}, now {now}");
     }
 }

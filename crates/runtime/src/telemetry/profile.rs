@@ -191,14 +191,14 @@ fn sample(request: ProfileRequest, shutdown: &Shutdown) -> Result<(Vec<u8>, Dura
         .blocklist(&["libc", "libgcc", "pthread", "vdso"])
         .build()?;
     // Sampling starts now (building the guard reads the loaded libraries first).
-    let started = std::time::SystemTime::now();
+    let (started_ns, sampling) = (tessera_core::clock::now_ns(), std::time::Instant::now());
     shutdown.wait_blocking_timeout(Duration::from_secs(request.seconds));
     // How long it sampled; symbolising the report comes after.
-    let duration = started.elapsed().unwrap_or_default();
+    let duration = sampling.elapsed();
     let report = guard.report().build()?;
     drop(guard);
     let profile = match request.format {
-        Format::Pprof => encode::pprof_gzipped(&report, request.frequency_hz, started, duration),
+        Format::Pprof => encode::pprof_gzipped(&report, request.frequency_hz, started_ns, duration),
         Format::Flamegraph => encode::flamegraph_svg(&report).into_bytes(),
     };
     Ok((profile, duration))

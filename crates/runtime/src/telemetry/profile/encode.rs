@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::io::Write as _;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use flate2::Compression;
 use flate2::write::GzEncoder;
@@ -45,8 +45,9 @@ fn function_name(mangled: &str) -> String {
     format!("{:#}", rustc_demangle::demangle(mangled))
 }
 
-/// The profile as pprof's protobuf, gzipped (what `pprof` and `go tool pprof` read).
-pub fn pprof_gzipped(report: &Report, frequency_hz: u32, started: SystemTime, duration: Duration) -> Vec<u8> {
+/// The profile as pprof's protobuf, gzipped (what `pprof` and `go tool pprof` read);
+/// `started_ns`: when sampling began, unix nanoseconds.
+pub fn pprof_gzipped(report: &Report, frequency_hz: u32, started_ns: i64, duration: Duration) -> Vec<u8> {
     let mut strings = Strings::default();
     let (samples_type, count_unit) = (strings.id("samples"), strings.id("count"));
     let (cpu_type, nanos_unit) = (strings.id("cpu"), strings.id("nanoseconds"));
@@ -57,7 +58,7 @@ pub fn pprof_gzipped(report: &Report, frequency_hz: u32, started: SystemTime, du
             ValueType { r#type: samples_type, unit: count_unit },
             ValueType { r#type: cpu_type, unit: nanos_unit },
         ],
-        time_nanos: started.duration_since(UNIX_EPOCH).map_or(0, |since| since.as_nanos() as i64),
+        time_nanos: started_ns,
         duration_nanos: duration.as_nanos() as i64,
         period_type: Some(ValueType { r#type: cpu_type, unit: nanos_unit }),
         period: period_ns,
