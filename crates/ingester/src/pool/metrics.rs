@@ -11,7 +11,6 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::{MetricType, TypedMetric};
 use tessera_runtime::telemetry::labels::{ByResolution, ByTarget};
-use tessera_runtime::telemetry::storage_buckets;
 
 use crate::sink::{SinkMetrics, TargetSinkMetrics};
 
@@ -123,11 +122,6 @@ impl WeightedHistogram {
         WeightedHistogram { inner: Arc::new(Mutex::new(WeightedInner { sum: 0.0, count: 0, buckets })) }
     }
 
-    /// A histogram with the latency buckets (1 ms .. ~65 s, doubling).
-    pub fn latency() -> WeightedHistogram {
-        WeightedHistogram::new(&storage_buckets().collect::<Vec<_>>())
-    }
-
     /// A histogram with the end-to-end buckets: 50 ms to 2 min, about 25 % apart from 1 s
     /// to 20 s, where the end-to-end latency of 10 s and 1 m tiles lives.
     pub fn end_to_end() -> WeightedHistogram {
@@ -192,7 +186,8 @@ mod tests {
 
     #[test]
     fn weighted_histogram_counts_each_observation_and_encodes() {
-        let histogram = WeightedHistogram::latency();
+        let storage_buckets: Vec<f64> = tessera_runtime::telemetry::storage_buckets().collect();
+        let histogram = WeightedHistogram::new(&storage_buckets);
         histogram.observe_n(0.0015, 1000);
         histogram.observe_n(3.0, 10);
         histogram.observe_n(1.0, 0);
