@@ -58,7 +58,13 @@ mod naming {
     fn every_exported_metric_follows_the_naming_rule_and_is_listed() {
         tessera_runtime::telemetry::naming::assert_exports(
             "collector",
-            |registry| super::Metrics::default().register(registry, super::PREFIX),
+            |registry| {
+                super::Metrics::default().register(registry, super::PREFIX);
+                // Registered beside the daemon's own set at start.
+                let placement = tessera_topology::PlacementHandle::fixed(tessera_topology::Placement::default());
+                let watch = tessera_topology::WatchStatsCollector::new("tessera_collector", placement);
+                registry.register_collector(Box::new(watch));
+            },
             include_str!("../../../docs/metrics/collector.txt"),
         );
     }
