@@ -67,7 +67,13 @@ mod naming {
     fn every_exported_metric_follows_the_naming_rule_and_is_listed() {
         tessera_runtime::telemetry::naming::assert_exports(
             "aggregator",
-            |registry| super::Metrics::default().register(registry, super::PREFIX),
+            |registry| {
+                super::Metrics::default().register(registry, super::PREFIX);
+                // Registered beside the daemon's own set at start.
+                let placement = tessera_topology::PlacementHandle::fixed(tessera_topology::Placement::default());
+                let watch = tessera_topology::WatchStatsCollector::new("tessera_aggregator", placement);
+                registry.register_collector(Box::new(watch));
+            },
             include_str!("../../../docs/metrics/aggregator.txt"),
         );
     }

@@ -59,14 +59,15 @@ async fn start_aggregator(
     etcd: &EtcdConfig,
     ingester: &str,
     merge_threads: usize,
-) -> (Aggregator, Shutdown) {
+) -> (Aggregator, Shutdown, Telemetry) {
     let mut config = test_config(id, ingester, &POLICIES, merge_threads);
     config.listen = listen.parse().unwrap();
     config.placement = Some(PlacementSource::Etcd(etcd.clone()));
     config.liveness_ttl_secs = 2;
     let shutdown = Shutdown::new();
-    let aggregator = Aggregator::start(config, Telemetry::new("aggregator", "test"), shutdown.clone()).await.unwrap();
-    (aggregator, shutdown)
+    let telemetry = Telemetry::new("aggregator", "test");
+    let aggregator = Aggregator::start(config, telemetry.clone(), shutdown.clone()).await.unwrap();
+    (aggregator, shutdown, telemetry)
 }
 
 async fn shards_move_between_running_aggregators_without_loss_or_double_count(merge_threads: usize) {
@@ -79,10 +80,10 @@ async fn shards_move_between_running_aggregators_without_loss_or_double_count(me
     let initial = Placement::init(&[("agg-a", address_a.as_str())], NUM_SHARDS, 1, now_ms()).unwrap();
     store.compare_and_swap(None, &initial).await.unwrap();
 
-    let (aggregator_a, shutdown_a) =
+    let (aggregator_a, shutdown_a, _) =
         start_aggregator("agg-a", &address_a, &etcd_config, &ingester, merge_threads).await;
     // agg-b is not in the placement yet: it runs and owns nothing.
-    let (aggregator_b, shutdown_b) =
+    let (aggregator_b, shutdown_b, telemetry_b) =
         start_aggregator("agg-b", &address_b, &etcd_config, &ingester, merge_threads).await;
     wait_until_async("both liveness leases", Duration::from_secs(10), || async {
         store.alive_instances().await.unwrap_or_default() == ["agg-a", "agg-b"]
@@ -145,7 +146,9 @@ async fn shards_move_between_running_aggregators_without_loss_or_double_count(me
         aggregator_a.metrics().tile.shards_owned.get() == 4 && aggregator_b.metrics().tile.shards_owned.get() == 4
     })
     .await;
-    assert_eq!(aggregator_b.metrics().tile.placement_version.get(), settled.version() as i64);
+    let exported = telemetry_b.encode().unwrap();
+    let version = format!("tessera_aggregator_placement_version {}", settled.version());
+    assert!(exported.lines().any(|line| line == version), "{version} not in\n{exported}");
 
     shutdown_a.trigger();
     shutdown_b.trigger();

@@ -3,7 +3,8 @@
 //! Every daemon that watches a placement registers one
 //! [`WatchStatsCollector`], so the collector and the aggregator report the
 //! same counters under their own prefix:
-//! `<prefix>_placement_events_total{event="updates_applied"|"etcd_errors"|...}`.
+//! `<prefix>_placement_events_total{event="updates_applied"|"etcd_errors"|...}`
+//! and `<prefix>_placement_version`.
 
 use std::sync::Arc;
 

@@ -76,9 +76,7 @@ tessera_runtime::metrics! {
         /// Per connected collector: now minus the end of the newest window it has sent in full
         watermark_lag: Family<BySource, Gauge<f64, AtomicU64>> [seconds],
         /// Shards this instance owns now
-        pub shards_owned: Gauge,
-        /// Version of the placement in use
-        pub placement_version: Gauge;
+        pub shards_owned: Gauge;
         /// Batches refused (the intake counts here too)
         pub refusals: Refusals,
     }

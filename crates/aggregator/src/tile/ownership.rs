@@ -36,7 +36,6 @@ pub async fn watch_ownership(
         if seen_version != Some(current.version()) {
             seen_version = Some(current.version());
             describe(&current, &instance_id, &policies);
-            metrics.placement_version.set(current.version() as i64);
             ready.mark_ready();
         }
         let owned = current.owned_shards(&instance_id, now_ms()).count();
