@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use criterion::{Criterion, Throughput, black_box, criterion_group, criterion_main};
 use tessera_core::parse::MetricKind;
-use tessera_rules::config::RulesConfig;
+use tessera_rules::RulesConfig;
 use tessera_rules::{MappingFile, RuleCache, RuleMetrics, RuleSet, RulesHandle};
 
 const SERIES: usize = 10_000;

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 use tessera_core::aggregate::GaugeDeltas;
-use tessera_rules::config::{MappingConfig, RulesConfig};
+use tessera_rules::{MappingConfig, RulesConfig};
 use tessera_rules::{RuleMetrics, RuleSet, RulesError};
 use tessera_topology::PlacementSource;
 

@@ -13,7 +13,7 @@
 //!                 readers' cuts ──▶ RuleCache (cache: id → Outcome) ──▶ ids of the window
 //! ```
 //!
-//! - [`config`]: `[mapping]` and `[rules]`;
+//! - [`MappingConfig`] and [`RulesConfig`]: `[mapping]` and `[rules]`;
 //! - [`RuleSet`]: the compiled rules and what they make of one series;
 //! - the statsd_exporter mapping file ([`MappingFile`]);
 //! - [`RuleCache`]: the window stage's cache of outcomes, and its counts;
@@ -22,7 +22,7 @@
 //!
 //! ```
 //! use tessera_core::parse::MetricKind;
-//! use tessera_rules::{RuleMetrics, RuleSet, Targets, config::{MappingConfig, RulesConfig}};
+//! use tessera_rules::{MappingConfig, RuleMetrics, RuleSet, RulesConfig, Targets};
 //!
 //! let rules: RulesConfig = toml::from_str(r#"
 //!     global_tags = { region = "eu" }
@@ -36,7 +36,7 @@
 //! ```
 
 mod cache;
-pub mod config;
+mod config;
 mod handle;
 mod mapping;
 mod metrics;
@@ -46,6 +46,7 @@ mod set;
 use std::path::PathBuf;
 
 pub use cache::{CutRules, RuleCache};
+pub use config::{LimitConfig, MappingConfig, Overflow, RollupConfig, RulesConfig, TagRuleConfig};
 pub use handle::RulesHandle;
 pub use mapping::{MapOutcome, Mapped, MappingError, MappingFile};
 pub use metrics::RuleMetrics;

@@ -4,15 +4,14 @@
 //! - [`Placement`] wraps the wire type [`tessera_proto::Placement`]:
 //!   [`validate`](Placement::validate), ownership queries in time
 //!   ([`owners`](Placement::owners), [`owns`](Placement::owns)), and the
-//!   changes `init`, `add`, `remove`, `replace` and `finalize` (see
-//!   [`placement::ops`] for the shard set model and how shards move at a
-//!   tile boundary, [`MoveTiming`]).
+//!   changes `init`, `add`, `remove`, `replace` and `finalize` (the shard
+//!   set model and how shards move at a tile boundary: [`MoveTiming`]).
 //! - [`Routing`] is the hot-path table built from a placement: shard →
 //!   destination indices, with cutover and cutoff applied per call.
-//! - [`static_file`]: a placement written in TOML ([`load_static`]).
-//! - [`etcd`]: the placement in etcd — [`PlacementStore`] (get,
+//! - [`StaticFile`]: a placement written in TOML ([`load_static`]).
+//! - The placement in etcd: [`PlacementStore`] (get,
 //!   compare-and-swap, liveness leases) and [`Watcher`] (watch, survive
-//!   outages, cache file).
+//!   outages, cache file: [`read_cache`], [`write_cache`]).
 //! - [`PlacementSource`] is what a daemon's config names; it starts into a
 //!   [`PlacementHandle`] with a cheap [`current`](PlacementHandle::current)
 //!   placement, change notifications and [`WatchStats`] counters.
@@ -54,21 +53,24 @@
 //! assert_eq!(owners.len(), 1);
 //! ```
 
-pub mod cache;
-pub mod error;
-pub mod etcd;
-pub mod handle;
-pub mod placement;
-pub mod routing;
-pub mod source;
-pub mod static_file;
-pub mod stats;
-pub mod telemetry;
+mod cache;
+mod error;
+mod etcd;
+mod handle;
+mod placement;
+mod routing;
+mod source;
+mod static_file;
+mod stats;
+mod telemetry;
 #[cfg(feature = "testing")]
 pub mod testing;
 
+pub use cache::{read_cache, write_cache};
 pub use error::{CacheError, PlacementError, SourceError, StaticFileError, StoreError, WatchError};
-pub use etcd::{Election, EtcdConfig, FlushMarks, Leader, LeaseDeadline, PlacementStore, Registration, Tier, Watcher};
+pub use etcd::{
+    Election, EtcdConfig, FlushMarks, Leader, LeaseDeadline, Observed, PlacementStore, Registration, Tier, Watcher,
+};
 pub use etcd_client;
 pub use handle::PlacementHandle;
 pub use placement::ops::MoveTiming;

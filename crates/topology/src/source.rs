@@ -35,7 +35,7 @@ use crate::handle::PlacementHandle;
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum PlacementSource {
     /// A static TOML placement file, read once at start (see
-    /// [`static_file`](crate::static_file)).
+    /// [`StaticFile`](crate::StaticFile)).
     Static {
         /// The placement file.
         path: PathBuf,

@@ -123,7 +123,7 @@ async fn watcher_survives_etcd_outages_and_starts_from_its_cache() {
 
     let watcher = Watcher::start(config.clone()).await.unwrap();
     assert_eq!(*watcher.current(), first);
-    assert_eq!(tessera_topology::cache::read_cache(&cache_path).unwrap(), first, "the cache is written at start");
+    assert_eq!(tessera_topology::read_cache(&cache_path).unwrap(), first, "the cache is written at start");
 
     // etcd dies: the watcher notices and keeps the placement.
     let stats = watcher.stats();
@@ -146,7 +146,7 @@ async fn watcher_survives_etcd_outages_and_starts_from_its_cache() {
         assert!(watching.stats().get(WatchEvent::Reconnects) > 0, "{name} reconnected");
     }
     eventually("the cache holds version 2", || async {
-        tessera_topology::cache::read_cache(&cache_path).is_ok_and(|cached| cached == second)
+        tessera_topology::read_cache(&cache_path).is_ok_and(|cached| cached == second)
     })
     .await;
 }

@@ -2,8 +2,8 @@
 
 use std::path::Path;
 
-use tessera_topology::cache::{read_cache, write_cache};
 use tessera_topology::{CacheError, Placement, PlacementSource, StaticFileError, load_static};
+use tessera_topology::{read_cache, write_cache};
 
 fn write(directory: &Path, name: &str, text: &str) -> std::path::PathBuf {
     let path = directory.join(name);

@@ -75,7 +75,7 @@ impl Drop for Registration {
 /// answered with. etcd starts the TTL when it receives the request, later
 /// than that, so the deadline errs on the early side; a process paused past
 /// it (or cut off from etcd) sees it passed as soon as it runs again.
-/// This is what fencing rests on ([`Election`](super::election)).
+/// This is what fencing rests on ([`Election`](crate::Election)).
 ///
 /// The deadline belongs to one lease: when the lease expired and a new one
 /// was granted, whatever was held on the old one (a leader key) is gone,
