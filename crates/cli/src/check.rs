@@ -69,9 +69,7 @@ fn describe_rules(rules: &RuleSet, kind: MetricKind, id: &[u8], num_shards: u32)
         .filter_map(|slot| rules.hit_label(*slot))
         .map(|(rule, action)| format!("{rule} {}", action.as_str()))
         .collect();
-    for admission in &outcome.admissions {
-        rules.release(admission);
-    }
+    rules.release_outcome(&outcome, id);
     if hits.is_empty() { format!("\t-> {targets}") } else { format!("\t-> {targets}\trules={}", hits.join("; ")) }
 }
 

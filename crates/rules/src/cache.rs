@@ -31,7 +31,7 @@ use tessera_core::series::kind_byte;
 use crate::handle::RulesHandle;
 use crate::mapping::Mapped;
 use crate::metrics::RuleMetrics;
-use crate::set::{Admission, Outcome, RuleSet, Targets};
+use crate::set::{Admission, MAX_LIMITS, Outcome, RuleSet, Targets};
 
 /// Cuts between sweeps of the cache for idle series.
 const SWEEP_EVERY_CUTS: u64 = 8;
@@ -60,7 +60,9 @@ pub struct RuleCache {
 }
 
 /// One cached series, compact: a million of them are held at once. Its key and the ids
-/// it goes under share one allocation; up to two hits are held inline.
+/// it goes under share one allocation; up to two hits and the limits' places of its ids
+/// are held inline (a series under a limit costs nothing more: the place is handed back
+/// with the id the entry keeps anyway).
 struct Entry {
     hash: u64,
     /// Start of the newest window the series was in.
@@ -72,9 +74,15 @@ struct Entry {
     /// Hit slots, the first two of them.
     hits: [u32; 2],
     hit_count: u8,
-    /// More hits, and the limits' places held: rare.
+    /// `admitted[i]`: the limit that holds a place for the `i`th id the series goes
+    /// under, or [`NOT_ADMITTED`].
+    admitted: [u16; 2],
+    /// More hits: rare.
     extra: Option<Box<Extra>>,
 }
+
+/// No limit holds a place for this id (limit indexes stay below [`MAX_LIMITS`]).
+const NOT_ADMITTED: u16 = MAX_LIMITS as u16;
 
 /// Where a cached series goes.
 #[derive(Clone, Copy)]
@@ -87,10 +95,8 @@ enum Route {
     Ids([u32; 2]),
 }
 
-#[derive(Default)]
 struct Extra {
     hits: Vec<u32>,
-    admissions: Vec<Admission>,
 }
 
 impl Entry {
@@ -99,7 +105,6 @@ impl Entry {
         bytes.push(kind_byte);
         bytes.extend_from_slice(id);
         let key_end = bytes.len() as u32;
-        let mut extra = Extra::default();
         let route = match outcome.targets {
             Targets::Same => Route::Same,
             Targets::Dropped => Route::Dropped,
@@ -115,9 +120,9 @@ impl Entry {
         let mut hits = [0u32; 2];
         let hit_count = outcome.hits.len().min(2);
         hits[..hit_count].copy_from_slice(&outcome.hits[..hit_count]);
-        extra.hits.extend_from_slice(&outcome.hits[hit_count..]);
-        extra.admissions = outcome.admissions;
-        let extra = (!extra.hits.is_empty() || !extra.admissions.is_empty()).then(|| Box::new(extra));
+        let more_hits = &outcome.hits[hit_count..];
+        let extra = (!more_hits.is_empty()).then(|| Box::new(Extra { hits: more_hits.to_vec() }));
+        let admitted = outcome.admissions.map(|admission| admission.map_or(NOT_ADMITTED, Admission::limit));
         Entry {
             hash,
             last_window_ms: i64::MIN,
@@ -126,6 +131,7 @@ impl Entry {
             route,
             hits,
             hit_count: hit_count as u8,
+            admitted,
             extra,
         }
     }
@@ -153,8 +159,18 @@ impl Entry {
         self.hits[..self.hit_count as usize].iter().copied().chain(more)
     }
 
-    fn admissions(&self) -> &[Admission] {
-        self.extra.as_ref().map_or(&[], |extra| &extra.admissions)
+    /// Hands back to `set` the limits' places the series' ids hold.
+    fn release_admissions(&self, set: &RuleSet) {
+        if self.admitted == [NOT_ADMITTED; 2] {
+            return;
+        }
+        let mut index = 0;
+        self.for_each_id(&self.key()[1..], |id| {
+            if let Some(&limit) = self.admitted.get(index).filter(|limit| **limit != NOT_ADMITTED) {
+                set.release(Admission::new(limit), id);
+            }
+            index += 1;
+        });
     }
 }
 
@@ -216,10 +232,8 @@ impl RuleCache {
         self.outputs.clear();
         self.colliding = false;
         for entry in self.cache.drain() {
-            for admission in entry.admissions() {
-                if let Some(active) = &self.active {
-                    active.release(admission);
-                }
+            if let Some(active) = &self.active {
+                entry.release_admissions(active);
             }
         }
         self.cache.shrink_to_fit(|entry| entry.hash);
@@ -277,9 +291,7 @@ impl CutRules<'_> {
             rules.cache.retain(|entry| {
                 let keep = entry.last_window_ms >= oldest_kept_ms;
                 if !keep {
-                    for admission in entry.admissions() {
-                        set.release(admission);
-                    }
+                    entry.release_admissions(set);
                     // Once colliding, a fingerprint may stand for two series: keep them all.
                     if !colliding {
                         forget_outputs(outputs, hasher, entry);
@@ -304,4 +316,14 @@ fn forget_outputs(
     entry.for_each_id(own_id, |id| {
         outputs.remove(&hasher.hash_one((kind_byte, id)));
     });
+}
+
+#[cfg(test)]
+mod tests {
+    /// A million entries are held at once: the limits' places and up to two hits live in
+    /// what would be padding, so an entry stays at 72 bytes (plus its key and ids).
+    #[test]
+    fn an_entry_stays_compact() {
+        assert_eq!(std::mem::size_of::<super::Entry>(), 72);
+    }
 }

@@ -8,7 +8,7 @@
 //! | `rule_evaluation_duration_seconds` | histogram | time to take one reader's cut of a window through the rules |
 //! | `rule_cache_series` | gauge | series whose outcome the cache holds |
 //! | `rules_reloads_total` | counter | `result` (applied, failed) |
-//! | `rule_truncated_series_total` | counter | series the rules gave more tags than a line may carry |
+//! | `rule_truncated_series_total` | counter | evaluations that gave a series more tags than a line may carry |
 //!
 //! A *partial* is one series in one window of one reader: rules run once per series per
 //! window, never per line. `rule` labels come from the configuration (a closed set):
@@ -55,7 +55,9 @@ tessera_runtime::metrics! {
         /// Rule reloads, per result (applied; failed: the previous rules stay)
         rules_reloads: Family<ByResult, Counter>,
         /// Series given more tags than a line may carry by the rules (a mapping's labels beside
-        /// the line's tags): the first ones in the rules' order are kept
+        /// the line's tags): the first ones in the rules' order are kept. Counted each time the
+        /// rules evaluate such a series: when it is first seen, and again after a reload or once
+        /// it idled out of the cache
         pub rule_truncated_series: Counter,
     }
 }

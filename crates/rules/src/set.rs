@@ -142,12 +142,27 @@ impl LimitState {
 static PAST_LIMIT_LOG: tessera_runtime::logging::RateLimitedLog =
     tessera_runtime::logging::RateLimitedLog::new("collector.rule_limit", 1);
 
-/// A place a limit holds for one cache entry; handed back with [`RuleSet::release`].
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A place a limit holds for one id of a series; handed back with [`RuleSet::release`]
+/// and that id (kept once, by whoever holds the outcome, not copied here).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Admission {
-    limit: usize,
-    id: Box<[u8]>,
+    limit: u16,
 }
+
+impl Admission {
+    /// A place held by limit `limit` (an index below [`MAX_LIMITS`]).
+    pub(crate) fn new(limit: u16) -> Admission {
+        Admission { limit }
+    }
+
+    /// The index of the limit that holds the place.
+    pub fn limit(self) -> u16 {
+        self.limit
+    }
+}
+
+/// Most `[[rules.limit]]` tables: an [`Admission`] names its limit in 16 bits.
+pub const MAX_LIMITS: usize = u16::MAX as usize;
 
 /// Where a series' partial goes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -181,8 +196,9 @@ pub struct Outcome {
     pub targets: Targets,
     /// The hit slots of the rules that acted on it.
     pub hits: Vec<u32>,
-    /// The limits' places it holds.
-    pub admissions: Vec<Admission>,
+    /// The limits' places it holds: `admissions[i]` for the `i`th id it goes under (its
+    /// own for [`Targets::Same`]).
+    pub admissions: [Option<Admission>; 2],
 }
 
 /// A series on its way through the rules.
@@ -252,6 +268,10 @@ impl RuleSet {
                 ),
             });
         }
+        if rules.limit.len() > MAX_LIMITS {
+            let reason = format!("{} tables; at most {MAX_LIMITS}", rules.limit.len());
+            return Err(RulesError::Invalid { key: "rules.limit".into(), reason });
+        }
         let limits = each_rule("limit", &rules.limit, |rule| &rule.matches, &mut slots, compile_limit)?;
         Ok(RuleSet {
             notes: mapping.as_ref().map(|file| file.notes().to_vec()).unwrap_or_default(),
@@ -309,7 +329,7 @@ impl RuleSet {
     /// from one series to the next.
     pub fn apply_with(&self, kind: MetricKind, id: &[u8], mapped: &mut Mapped) -> Outcome {
         let mut hits = Vec::new();
-        let dropped = |hits| Outcome { targets: Targets::Dropped, hits, admissions: Vec::new() };
+        let dropped = |hits| Outcome { targets: Targets::Dropped, hits, admissions: [None; 2] };
         let (name, raw_tags) = split_id(id);
         let mut draft = Draft { name: name.to_vec(), tags: parse_tags(raw_tags), matched_name: Vec::new() };
 
@@ -373,7 +393,7 @@ impl RuleSet {
             }
             draft.name.splice(0..0, self.prefix.iter().copied());
         }
-        let mut admissions = Vec::new();
+        let mut admissions = [None; 2];
         let mut ids = Vec::with_capacity(drafts.len());
         let mut key = SeriesKey::default();
         for draft in &drafts {
@@ -386,7 +406,8 @@ impl RuleSet {
             {
                 if limit.admit(&id) {
                     hits.push(limit.slots.0);
-                    admissions.push(Admission { limit: index, id: id.clone() });
+                    // At most two drafts; the limits were counted at compile.
+                    admissions[ids.len()] = Some(Admission { limit: index as u16 });
                 } else if limit.overflow == Overflow::Fold {
                     hits.push(limit.slots.1);
                     id = self.overflow_id(&mut key, kind, &draft.name);
@@ -409,10 +430,25 @@ impl RuleSet {
         Outcome { targets, hits, admissions }
     }
 
-    /// Hands back a place [`RuleSet::apply`] took.
-    pub fn release(&self, admission: &Admission) {
-        if let Some(limit) = self.limits.get(admission.limit) {
-            limit.release(&admission.id);
+    /// Hands back every place [`RuleSet::apply`] took for `outcome`, the outcome of the
+    /// series `own_id` (what a caller that keeps no outcome does at once).
+    pub fn release_outcome(&self, outcome: &Outcome, own_id: &[u8]) {
+        let ids: Vec<&[u8]> = match &outcome.targets {
+            Targets::Same => vec![own_id],
+            targets => targets.new_ids().collect(),
+        };
+        for (admission, id) in outcome.admissions.iter().zip(ids) {
+            if let Some(admission) = admission {
+                self.release(*admission, id);
+            }
+        }
+    }
+
+    /// Hands back the place [`RuleSet::apply`] took for `id` (the id of the outcome the
+    /// admission stands beside).
+    pub fn release(&self, admission: Admission, id: &[u8]) {
+        if let Some(limit) = self.limits.get(usize::from(admission.limit)) {
+            limit.release(id);
         }
     }
 

@@ -126,8 +126,10 @@ max_series = 2
     let other_name = set.apply(MetricKind::Counter, b"api.errors|#user:1");
     assert_eq!(ids(&other_name), ["api.errors|#region:eu,user:1"], "each name has its own limit");
     assert_eq!(set.limits[0].series.get(), 2, "the most series of one name");
-    for admission in first.admissions.iter().chain(&again.admissions) {
-        set.release(admission);
+    for outcome in [&first, &again] {
+        let id = outcome.targets.new_ids().next().expect("one new id");
+        assert_eq!(outcome.admissions, [Some(Admission::new(0)), None]);
+        set.release(outcome.admissions[0].expect("admitted"), id);
     }
     assert_eq!(set.limits[0].series.get(), 1);
     assert_eq!(apply(&set, "api.hits|#user:3"), ["api.hits|#region:eu,user:3"], "a freed place is taken");
@@ -204,6 +206,50 @@ fn a_cut_needs_merging_only_once_two_series_may_give_one_id() {
     assert!(cut_of(&mut cache, 2000, &[b"a|#u:2"]), "a|#u:2 gives `a` too");
     assert!(cut_of(&mut cache, 3000, &[b"a"]), "so does the series `a` itself");
     assert!(cut_of(&mut cache, 4000, &[b"z"]), "colliding stays until the cache empties");
+}
+
+/// A rollup that keeps the original gives a series two ids, each of which may hold a
+/// limit's place: both are handed back when the series leaves the cache, each under its
+/// own id (the second id's offset in the entry is the one that counts).
+#[test]
+fn a_series_under_a_limit_with_two_ids_hands_back_both_places() {
+    let metrics = RuleMetrics::default();
+    let text = r#"
+[[rollup]]
+match = "api.*"
+aggregate_without = ["user"]
+keep_original = true
+name = "api.by_route"
+[[limit]]
+match = "api.*"
+max_series = 10
+"#;
+    let set = RuleSet::compile(None, &rules(text), &metrics).unwrap();
+    let outcome = set.apply(MetricKind::Counter, b"api.hits|#route:/a,user:1");
+    assert_eq!(ids(&outcome), ["api.hits|#route:/a,user:1", "api.by_route|#route:/a"]);
+    assert_eq!(outcome.admissions, [Some(Admission::new(0)), Some(Admission::new(0))]);
+    set.release_outcome(&outcome, b"api.hits|#route:/a,user:1");
+    assert_eq!(metrics.limited_series("limit[0]:api.*").get(), 0);
+    let handle = Arc::new(RulesHandle::new(set));
+    let mut cache = RuleCache::new(handle.clone(), metrics.clone(), 1000);
+    let mut cut = cache.begin(0).unwrap();
+    for user in 1..=3 {
+        let id = format!("api.hits|#route:/a,user:{user}");
+        cut.route(MetricKind::Counter, id.as_bytes(), |_| {});
+    }
+    cut.finish();
+    // Three originals of `api.hits` and one rollup of `api.by_route` shared by all three.
+    assert_eq!(metrics.limited_series("limit[0]:api.*").get(), 3);
+    let mut cut = cache.begin(1000).unwrap();
+    cut.route(MetricKind::Counter, b"api.hits|#route:/a,user:1", |_| {});
+    cut.finish();
+    for window in 2..=16 {
+        cache.begin(window * 1000).unwrap().finish();
+    }
+    assert_eq!(cache.cached(), 0);
+    assert_eq!(metrics.limited_series("limit[0]:api.*").get(), 0, "every place of both ids is handed back");
+    let limit = handle.for_window(0).limits[0].state.lock().unwrap().admitted.len();
+    assert_eq!(limit, 0, "no id still holds a place");
 }
 
 #[test]
