@@ -41,6 +41,17 @@ pub fn is_reserved_label(key: &str) -> bool {
     key.starts_with("__") || RESERVED_LABELS.contains(&key)
 }
 
+/// For a rule that gives series the tag `key`: what to tell its author when the key is
+/// reserved ([`is_reserved_label`]), since the label will not be written under that name.
+pub fn reserved_label_note(key: &str) -> Option<String> {
+    is_reserved_label(key).then(|| {
+        format!(
+            "`{key}` is a label tessera sets itself (resolution, quantile) or Prometheus reserves (`__`): the \
+             ingester writes this label as `tag_{key}`"
+        )
+    })
+}
+
 /// A reusable buffer holding one series' table key: a kind byte followed by
 /// the canonical id.
 #[derive(Debug, Clone, Default)]

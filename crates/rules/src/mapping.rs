@@ -559,11 +559,7 @@ impl Loader {
                 }
             };
             let key_path = format!("labels.{key}");
-            if tessera_core::series::is_reserved_label(key) {
-                let message = format!(
-                    "`{key}` is a label tessera sets itself (resolution, quantile) or Prometheus reserves \
-                     (`__`): the ingester writes this label as `tag_{key}`"
-                );
+            if let Some(message) = tessera_core::series::reserved_label_note(key) {
                 self.note(at, "labels", &message);
             }
             let template = self.template(index, &key_path, &text, regex.as_ref(), wildcards);

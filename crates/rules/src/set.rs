@@ -273,8 +273,10 @@ impl RuleSet {
             return Err(RulesError::Invalid { key: "rules.limit".into(), reason });
         }
         let limits = each_rule("limit", &rules.limit, |rule| &rule.matches, &mut slots, compile_limit)?;
+        let mut notes = mapping.as_ref().map(|file| file.notes().to_vec()).unwrap_or_default();
+        notes.extend(reserved_tag_notes(rules));
         Ok(RuleSet {
-            notes: mapping.as_ref().map(|file| file.notes().to_vec()).unwrap_or_default(),
+            notes,
             mapping,
             allow,
             deny,
@@ -530,6 +532,19 @@ impl Limit {
         state.recount(now + 1, now);
         self.series.set(state.most());
     }
+}
+
+/// A note for each tag `rules` gives series under a reserved label name (a global tag,
+/// a tag rule's rename), naming its key.
+fn reserved_tag_notes(rules: &RulesConfig) -> Vec<String> {
+    let global = rules.global_tags.keys().map(|key| (format!("rules.global_tags.{key}"), key));
+    let renamed = rules.tags.iter().enumerate().flat_map(|(index, rule)| {
+        rule.rename.iter().map(move |(old, new)| (format!("rules.tags[{index}].rename.{old}"), new))
+    });
+    global
+        .chain(renamed)
+        .filter_map(|(at, key)| tessera_core::series::reserved_label_note(key).map(|note| format!("{at}: {note}")))
+        .collect()
 }
 
 /// Compiles every rule of `[[rules.<table>]]` with `compile(key, rule, glob, slots)`,

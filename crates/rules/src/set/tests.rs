@@ -136,6 +136,19 @@ max_series = 2
 }
 
 #[test]
+fn a_global_tag_or_a_rename_to_a_reserved_label_is_noted_with_its_key() {
+    let set = set(r#"
+global_tags = { quantile = "x", region = "eu" }
+[[tags]]
+rename = { host = "__name__", dc = "zone" }
+"#);
+    assert_eq!(set.notes().len(), 2, "{:?}", set.notes());
+    assert!(set.notes()[0].starts_with("rules.global_tags.quantile: `quantile` is a label tessera sets itself"));
+    assert!(set.notes()[1].starts_with("rules.tags[0].rename.host: `__name__` is a label"), "{:?}", set.notes());
+    assert!(set.notes()[1].ends_with("the ingester writes this label as `tag___name__`"), "{:?}", set.notes());
+}
+
+#[test]
 fn a_dropping_limit_drops_series_past_it() {
     let set = set("[[limit]]\nmatch = \"*\"\nmax_series = 1\noverflow = \"drop\"\n");
     assert_eq!(apply(&set, "a|#u:1"), ["<same>"]);
