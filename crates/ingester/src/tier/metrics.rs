@@ -1,0 +1,66 @@
+//! The tier task's metrics: shards owned and moved, the changes it wrote to the
+//! ingesters' placement, its etcd errors and its liveness.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use tessera_runtime::telemetry::zeroed_family;
+
+tessera_runtime::metrics! {
+    /// The tier task's metrics.
+    pub struct TierMetrics {
+        /// Shards of the ingesters' placement this ingester owns
+        pub owned_shards: Gauge,
+        /// Version of the ingesters' placement this ingester saw last
+        pub tier_placement_version: Gauge,
+        /// Shards this ingester gained or lost in the ingesters' placement, by direction
+        shard_moves: Family<ByDirection, Counter> = zeroed_family(DIRECTIONS.map(|direction| ByDirection { direction })),
+        /// Changes this ingester wrote to the ingesters' placement: init, join, fail_over (a dead
+        /// ingester's shards handed to live ones), finalize
+        placement_changes: Family<ByChange, Counter> = zeroed_family(CHANGES.map(|change| ByChange { change })),
+        /// etcd requests of the ingester tier task that failed
+        pub tier_errors: Counter,
+        /// Cumulative series that started over (with an explicit reset) because their shard came to
+        /// this ingester
+        pub series_adopted: Counter,
+        /// 1 while this ingester holds its liveness lease in etcd
+        pub liveness_registered: Gauge,
+    }
+}
+
+/// Every `change` of `tessera_ingester_placement_changes_total`.
+pub const CHANGES: [&str; 4] = ["init", "join", "fail_over", "finalize"];
+
+/// Every `direction` of `tessera_ingester_shard_moves_total`.
+pub const DIRECTIONS: [&str; 2] = ["gained", "lost"];
+
+/// `{direction}`: `gained` or `lost`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ByDirection {
+    direction: &'static str,
+}
+
+/// `{change}`: one of [`CHANGES`].
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ByChange {
+    change: &'static str,
+}
+
+impl TierMetrics {
+    pub(super) fn moved(&self, direction: &'static str, count: usize) {
+        if count > 0 {
+            self.shard_moves.get_or_create(&ByDirection { direction }).inc_by(count as u64);
+        }
+    }
+
+    /// Shards moved in `direction` (`gained` or `lost`) so far.
+    #[cfg(test)]
+    pub(super) fn moves(&self, direction: &'static str) -> u64 {
+        self.shard_moves.get_or_create(&ByDirection { direction }).get()
+    }
+
+    pub(super) fn changed(&self, change: &'static str) {
+        self.placement_changes.get_or_create(&ByChange { change }).inc();
+    }
+}

@@ -1,0 +1,76 @@
+//! Which shards this ingester owns: the tier task publishes an [`OwnershipView`] of
+//! every placement it sees, and the converter reads the latest through [`Ownership`].
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use tessera_topology::Placement;
+
+/// Which shards this ingester owns now, as the converter reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OwnershipView {
+    /// The placement's shard count.
+    pub num_shards: u32,
+    /// Whether this ingester has an entry for each shard.
+    pub owned: Vec<bool>,
+    /// Whether it takes the shard at a cutover still to come or passed (joining: it was
+    /// not its owner all along).
+    pub joining: Vec<bool>,
+    /// Version of the placement this comes from.
+    pub version: u64,
+}
+
+impl OwnershipView {
+    /// What `instance_id` owns in `placement`.
+    pub fn of(placement: &Placement, instance_id: &str) -> OwnershipView {
+        let num_shards = placement.num_shards();
+        let mut owned = vec![false; num_shards as usize];
+        let mut joining = vec![false; num_shards as usize];
+        for entry in placement.shards_of(instance_id) {
+            if let Some(slot) = owned.get_mut(entry.id as usize) {
+                *slot = true;
+                joining[entry.id as usize] = entry.cutover_ms > 0;
+            }
+        }
+        OwnershipView { num_shards, owned, joining, version: placement.version() }
+    }
+
+    /// Shards owned.
+    pub fn owned_count(&self) -> usize {
+        self.owned.iter().filter(|owned| **owned).count()
+    }
+}
+
+/// The latest [`OwnershipView`], shared between the tier task and the converter.
+#[derive(Debug, Default)]
+pub struct Ownership {
+    generation: AtomicU64,
+    view: Mutex<Option<Arc<OwnershipView>>>,
+}
+
+impl Ownership {
+    /// Publishes `view` (when it differs from the current one).
+    pub fn publish(&self, view: OwnershipView) {
+        let mut current = self.view.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if current.as_deref() == Some(&view) {
+            return;
+        }
+        *current = Some(Arc::new(view));
+        self.generation.fetch_add(1, Ordering::Release);
+    }
+
+    /// The current view, if any.
+    pub fn current(&self) -> Option<Arc<OwnershipView>> {
+        self.view.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone()
+    }
+
+    /// The current view, if it changed since generation `seen` (which is updated).
+    pub fn changed_since(&self, seen: &mut u64) -> Option<Arc<OwnershipView>> {
+        let generation = self.generation.load(Ordering::Acquire);
+        if generation == *seen {
+            return None;
+        }
+        *seen = generation;
+        self.view.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone()
+    }
+}
