@@ -55,9 +55,7 @@ fuzz_target!(|data: &[u8]| {
                 let (name, _) = tessera_core::series::split_id(id);
                 assert!(name.starts_with(b"f_"), "{:?}", String::from_utf8_lossy(id));
             }
-            for admission in &outcome.admissions {
-                rules().release(admission);
-            }
+            rules().release_outcome(&outcome, key.id());
             let _ = full.observe(&line, 0);
         }
     });

@@ -24,11 +24,27 @@ fn top_module(src: &Path, file: &Path) -> String {
     first.trim_end_matches(".rs").to_owned()
 }
 
+/// The code of `text` before its test module (`#[cfg(test)]` then `mod`); a
+/// `#[cfg(test)]` on a single item does not end the code.
+fn code_before_tests(text: &str) -> &str {
+    let mut rest = text;
+    let mut offset = 0;
+    while let Some(at) = rest.find("#[cfg(test)]") {
+        let after = rest[at + "#[cfg(test)]".len()..].trim_start();
+        if after.starts_with("mod ") || after.starts_with("pub mod ") {
+            return &text[..offset + at];
+        }
+        offset += at + 1;
+        rest = &rest[at + 1..];
+    }
+    text
+}
+
 /// Modules named as `crate::<module>` in the code of `text` (not in comments, not in the
 /// `#[cfg(test)]` part at the end of a file).
 fn imported_modules(text: &str) -> BTreeSet<String> {
-    let code = text.split("#[cfg(test)]").next().unwrap_or_default();
     let mut modules = BTreeSet::new();
+    let code = code_before_tests(text);
     for line in code.lines().filter(|line| !line.trim_start().starts_with("//")) {
         let mut rest = line;
         while let Some(at) = rest.find("crate::") {
@@ -42,8 +58,9 @@ fn imported_modules(text: &str) -> BTreeSet<String> {
     modules
 }
 
-/// Every circle in `imports` (module → modules it names), each once, as the path that
-/// closes it (`a -> b -> c -> a`): a depth-first search that reports each back edge.
+/// Circles in `imports` (module → modules it names), each as the path that closes it
+/// (`a -> b -> c -> a`): a depth-first search reports the circle each back edge closes,
+/// so that the tree has a circle exactly when this is not empty.
 fn circles_in(imports: &BTreeMap<String, BTreeSet<String>>) -> Vec<Vec<String>> {
     fn visit<'a>(
         module: &'a str,
@@ -125,15 +142,18 @@ fn circles_of_any_length_are_found_and_layers_are_not() {
 
 #[test]
 fn the_scan_sees_imports_and_skips_comments() {
-    let text = "use crate::flush::Flusher;\n// crate::ignored\n/// see [`crate::docs`]\nlet x = crate::metrics::labels();\n#[cfg(test)]\nuse crate::testing;\n";
+    let text = "use crate::flush::Flusher;\n// crate::ignored\n/// see [`crate::docs`]\nlet x = crate::metrics::labels();\n\
+                #[cfg(test)]\nfn helper() {}\nuse crate::later;\n#[cfg(test)]\nmod tests {\n    use crate::testing;\n}\n";
     let found: Vec<String> = imported_modules(text).into_iter().collect();
-    assert_eq!(found, ["flush", "metrics"]);
+    assert_eq!(found, ["flush", "later", "metrics"], "a test-only item does not end the code; the test module does");
 }
 
 /// `SystemTime::now` outside the `#[cfg(test)]` part of `text` and outside comments.
 fn reads_the_wall_clock(text: &str) -> bool {
-    let code = text.split("#[cfg(test)]").next().unwrap_or_default();
-    code.lines().filter(|line| !line.trim_start().starts_with("//")).any(|line| line.contains("SystemTime::now"))
+    code_before_tests(text)
+        .lines()
+        .filter(|line| !line.trim_start().starts_with("//"))
+        .any(|line| line.contains("SystemTime::now"))
 }
 
 /// One clock: every crate reads the wall clock through `tessera_core::clock`, so no module

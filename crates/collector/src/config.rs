@@ -39,7 +39,7 @@ pub struct Config {
     /// A statsd_exporter mapping file: dotted name parts become labels.
     pub mapping: MappingConfig,
     /// Allow/deny, tag rules, rollups, global tags, a name prefix and cardinality limits,
-    /// applied before sharding (see `tessera_rules::config`).
+    /// applied before sharding (see `tessera_rules::RulesConfig`).
     pub rules: RulesConfig,
     /// The file this configuration was read from, set by the binary (not a key): the
     /// rules reload when it changes. `None` on the embedded defaults or in a library.

@@ -59,7 +59,8 @@ pub enum Job {
 pub enum Verdict {
     /// Send this acknowledgement and read the next frame.
     Ack(Ack),
-    /// The frame is not a frame: count `reason`, tell the peer, close the connection.
+    /// The frame is not a frame: tell the peer, close the connection; the wire counts and
+    /// logs `reason` as the connection ends.
     Close {
         /// Why: [`CloseReason::MalformedFrame`] or [`CloseReason::EmptyFrame`].
         reason: CloseReason,
