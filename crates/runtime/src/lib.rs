@@ -66,5 +66,7 @@ pub mod telemetry;
 pub use config::{ConfigError, EXIT_CONFIG};
 pub use daemon::{DaemonFlags, StartError, daemon_main, run_daemon};
 pub use logging::{LogFormat, RateLimitedLog};
+#[doc(hidden)]
+pub use prometheus_client as __prometheus_client;
 pub use shutdown::Shutdown;
 pub use telemetry::{Readiness, ReadinessCondition, ServeError, ServerHandle, Telemetry, serve};

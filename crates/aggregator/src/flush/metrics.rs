@@ -27,18 +27,6 @@ struct ByShardSet {
 tessera_runtime::metrics! {
     /// The flush stage's metrics.
     pub struct FlushMetrics {
-        /// Series held per storage policy
-        active_series: Family<ByPolicy, Gauge>,
-        /// Series forgotten after their empty tiles, per policy
-        series_expired: Family<ByPolicy, Counter>,
-        /// Tiles closed and handed to the ingester client, per policy
-        tiles_flushed: Family<ByPolicy, Counter>,
-        /// Series values in flushed tiles, per policy
-        series_flushed: Family<ByPolicy, Counter>,
-        /// Time to cut, encode and queue one closed tile, per policy
-        flush_duration: Family<ByPolicy, Histogram> [seconds] = Family::new_with_constructor(latency_histogram),
-        /// Time from a tile's end to its batches being queued, per policy
-        flush_lag: Family<ByPolicy, Histogram> [seconds] = Family::new_with_constructor(lag_histogram),
         /// Campaigns for the shard set's leader key, by result (won, lost)
         elections: Family<ByResult, Counter>,
         /// etcd requests of the election that failed
@@ -62,8 +50,30 @@ tessera_runtime::metrics! {
         /// Held tiles let go without flushing, by reason: flushed_by_leader (the normal case),
         /// held_limit, shutdown
         tiles_discarded: Family<ByReason, Counter>;
+        /// The tiles flushed and series held of each storage policy
+        policies: PolicyFamilies,
         /// Whether this replica leads its shard set
         leader: LeaderGauge,
+    }
+}
+
+tessera_runtime::labelled_metrics! {
+    /// The flush stage's metrics of each storage policy.
+    pub struct PolicyFamilies;
+    /// Handles of one storage policy.
+    pub struct PolicyMetrics by ByPolicy {
+        /// Series held per storage policy
+        pub active_series: Gauge = active_series,
+        /// Series forgotten after their empty tiles, per policy
+        pub series_expired: Counter = series_expired,
+        /// Tiles closed and handed to the ingester client, per policy
+        pub tiles_flushed: Counter = tiles_flushed,
+        /// Series values in flushed tiles, per policy
+        pub series_flushed: Counter = series_flushed,
+        /// Time to cut, encode and queue one closed tile, per policy
+        pub flush_duration: Histogram = flush_duration [seconds] with latency_histogram,
+        /// Time from a tile's end to its batches being queued, per policy
+        pub flush_lag: Histogram = flush_lag [seconds] with lag_histogram,
     }
 }
 
@@ -126,31 +136,6 @@ impl FlushMetrics {
 
     /// Handles for one storage policy (labelled by its name, e.g. `10s:2d`).
     pub fn policy(&self, policy: &str) -> PolicyMetrics {
-        let by_policy = ByPolicy { policy: policy.to_owned() };
-        PolicyMetrics {
-            active_series: self.active_series.get_or_create(&by_policy).clone(),
-            series_expired: self.series_expired.get_or_create(&by_policy).clone(),
-            tiles_flushed: self.tiles_flushed.get_or_create(&by_policy).clone(),
-            series_flushed: self.series_flushed.get_or_create(&by_policy).clone(),
-            flush_duration: self.flush_duration.get_or_create(&by_policy).clone(),
-            flush_lag: self.flush_lag.get_or_create(&by_policy).clone(),
-        }
+        self.policies.handles(&ByPolicy { policy: policy.to_owned() })
     }
-}
-
-/// Handles of one storage policy.
-#[derive(Clone)]
-pub struct PolicyMetrics {
-    /// Series held.
-    pub active_series: Gauge,
-    /// Series forgotten.
-    pub series_expired: Counter,
-    /// Tiles flushed.
-    pub tiles_flushed: Counter,
-    /// Series values flushed.
-    pub series_flushed: Counter,
-    /// Cut + encode + queue time of one tile.
-    pub flush_duration: Histogram,
-    /// Tile end to queued.
-    pub flush_lag: Histogram,
 }

@@ -146,3 +146,102 @@ macro_rules! metrics {
     (@name $field:ident) => { stringify!($field) };
     (@name $field:ident, $unit:ident) => { concat!(stringify!($field), "_", stringify!($unit)) };
 }
+
+/// Declares a set of families that share one label set, and the handles of one label
+/// set of them: the families struct (`Clone`, `Default`, `NAMES`, `register(registry,
+/// prefix)`, `handles(&labels)`) and the handles struct (`Clone`), from one list.
+///
+/// Each field is `/// help`, an optional visibility, `handle: Type = metric_name`, an
+/// optional unit in brackets appended to the exported name, and an optional
+/// `with constructor` (a `fn() -> Type`, for histograms). The families are named by the
+/// rule of [`metrics!`](crate::metrics); a stage that keeps a label set's handles asks
+/// [`handles`] for them once, and its hot path holds them.
+///
+/// ```
+/// use prometheus_client::metrics::counter::Counter;
+/// use prometheus_client::metrics::histogram::Histogram;
+/// use tessera_runtime::telemetry::labels::ByTarget;
+/// use tessera_runtime::telemetry::{Telemetry, storage_histogram};
+///
+/// tessera_runtime::labelled_metrics! {
+///     /// A stage's metrics, per target.
+///     pub struct TargetFamilies;
+///     /// Handles of one target.
+///     pub struct TargetHandles by ByTarget {
+///         /// Records written, per target
+///         pub written: Counter = records_written,
+///         /// Time to write one record, per target
+///         pub duration: Histogram = write_duration [seconds] with storage_histogram,
+///     }
+/// }
+///
+/// let telemetry = Telemetry::new("x", "test");
+/// let families = TargetFamilies::default();
+/// telemetry.with_registry(|registry| families.register(registry, "tessera_x_"));
+/// let handles = families.handles(&ByTarget { target: "default".to_owned() });
+/// handles.written.inc();
+/// let text = telemetry.encode().unwrap();
+/// assert!(text.contains(r#"tessera_x_records_written_total{target="default"} 1"#), "{text}");
+/// assert_eq!(TargetFamilies::NAMES, ["records_written", "write_duration_seconds"]);
+/// ```
+///
+/// [`handles`]: #method.handles
+#[macro_export]
+macro_rules! labelled_metrics {
+    (
+        $(#[$families_meta:meta])*
+        $families_vis:vis struct $families:ident;
+        $(#[$meta:meta])*
+        $vis:vis struct $handles:ident by $labels:ty {
+            $(
+                $(#[doc = $help:literal])+
+                $fvis:vis $field:ident : $ty:ty = $metric:ident $([$unit:ident])? $(with $new:expr)?
+            ),* $(,)?
+        }
+    ) => {
+        $(#[$families_meta])*
+        #[derive(Clone)]
+        $families_vis struct $families {
+            $( $metric: $crate::__prometheus_client::metrics::family::Family<$labels, $ty>, )*
+        }
+
+        impl ::core::default::Default for $families {
+            fn default() -> Self {
+                Self { $( $metric: $crate::labelled_metrics!(@family $($new)?), )* }
+            }
+        }
+
+        impl $families {
+            /// The name of every metric below the prefix, in declaration order.
+            #[allow(dead_code)]
+            pub const NAMES: &'static [&'static str] = &[ $( $crate::metrics!(@name $metric $(, $unit)?), )* ];
+
+            /// Registers every family in `registry` as `prefix` + its name.
+            pub fn register(&self, registry: &mut $crate::telemetry::Registry, prefix: &str) {
+                $(
+                    registry.register(
+                        format!("{prefix}{}", $crate::metrics!(@name $metric $(, $unit)?)),
+                        concat!($($help),+).trim(),
+                        self.$metric.clone(),
+                    );
+                )*
+            }
+
+            /// The handles of `labels`' series (made, at 0, when first asked for).
+            pub fn handles(&self, labels: &$labels) -> $handles {
+                $handles { $( $field: self.$metric.get_or_create(labels).clone(), )* }
+            }
+        }
+
+        $(#[$meta])*
+        #[derive(Clone)]
+        $vis struct $handles {
+            $(
+                $(#[doc = $help])+
+                $fvis $field: $ty,
+            )*
+        }
+    };
+    (@family) => { $crate::__prometheus_client::metrics::family::Family::default() };
+    (@family $new:expr) => { $crate::__prometheus_client::metrics::family::Family::new_with_constructor($new) };
+}
