@@ -201,7 +201,7 @@ impl Ingester {
                 &mut replay_record,
             )?;
             let restored = converter.cumulative_series();
-            checkpoint_metrics.restored_series.set(restored as i64);
+            checkpoint_metrics.taken.restored_series.set(restored as i64);
             if restored > 0 || rolled_forward > 0 {
                 tracing::info!(
                     target = name,
@@ -224,8 +224,11 @@ impl Ingester {
             let sink = Arc::new(build_sink(&config, &name, &sink_config, &metrics.sink)?);
             let aimd = config.pacing.aimd(config.pool.workers);
             let target_metrics = metrics.pool.target(&name, &metrics.sink);
-            let limit =
-                AdaptiveLimit::new(aimd, target_metrics.in_flight_limit.clone(), target_metrics.in_flight.clone());
+            let limit = AdaptiveLimit::new(
+                aimd,
+                target_metrics.gauges.in_flight_limit.clone(),
+                target_metrics.gauges.in_flight.clone(),
+            );
             let target = Target {
                 name: name.clone(),
                 sink: sink.clone(),
@@ -395,7 +398,7 @@ async fn measure_pace(targets: Vec<pool::TargetMetrics>, shutdown: Shutdown) {
         last = tokio::time::Instant::now();
         for (target, before) in targets.iter().zip(previous.iter_mut()) {
             let now = target.sink.samples_written.get();
-            target.pace.set((now - *before) as f64 / elapsed);
+            target.gauges.pace.set((now - *before) as f64 / elapsed);
             *before = now;
         }
     }

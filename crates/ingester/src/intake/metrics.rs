@@ -58,21 +58,11 @@ tessera_runtime::metrics! {
         pub cumulative_series: Gauge,
         /// Native histograms (cumulative sketches) in memory
         pub cumulative_histograms: Gauge,
-        /// Time since the last checkpoint of the running totals was made durable (or since start, without one),
-        /// per target
-        checkpoint_age: Family<ByTarget, AgeGauge> [seconds],
-        /// Checkpoints of the running totals made durable, per target
-        checkpoints: Family<ByTarget, Counter>,
         /// Checkpoints not written, or not read or refused at start (totals then start from the queued
         /// records), per target and reason
-        checkpoint_errors: Family<ByTargetReason, Counter>,
-        /// Time to take one checkpoint: encoding on the intake writer thread and the durable file write, per
-        /// target
-        checkpoint_duration: Family<ByTarget, Histogram> [seconds] = Family::new_with_constructor(storage_histogram),
-        /// Running totals in the last checkpoint written, per target
-        checkpoint_series: Family<ByTarget, Gauge>,
-        /// Running totals restored at start (from the checkpoint and the queued records after it), per target
-        checkpoint_restored_series: Family<ByTarget, Gauge>;
+        checkpoint_errors: Family<ByTargetReason, Counter>;
+        /// Each target's checkpoints
+        checkpoints: CheckpointFamilies,
         /// The wire listener's metrics (connections from aggregators)
         pub listener: ListenerMetrics,
     }
@@ -117,19 +107,11 @@ impl IntakeMetrics {
 
     /// Handles of one target's checkpoints; every error reason is exported at 0.
     pub fn checkpoint(&self, target: &str) -> CheckpointMetrics {
-        let by_target = ByTarget { target: target.to_owned() };
         let errors = CheckpointFailure::ALL.map(|failure| {
             let by_target_reason = ByTargetReason { target: target.to_owned(), reason: failure.label() };
             self.checkpoint_errors.get_or_create(&by_target_reason).clone()
         });
-        CheckpointMetrics {
-            age: self.checkpoint_age.get_or_create(&by_target).clone(),
-            taken: self.checkpoints.get_or_create(&by_target).clone(),
-            errors,
-            duration: self.checkpoint_duration.get_or_create(&by_target).clone(),
-            series: self.checkpoint_series.get_or_create(&by_target).clone(),
-            restored_series: self.checkpoint_restored_series.get_or_create(&by_target).clone(),
-        }
+        CheckpointMetrics { taken: self.checkpoints.handles(&ByTarget { target: target.to_owned() }), errors }
     }
 }
 
@@ -159,21 +141,34 @@ impl CheckpointFailure {
     }
 }
 
+tessera_runtime::labelled_metrics! {
+    /// The checkpoints' metrics, per target.
+    pub struct CheckpointFamilies;
+    /// What one target's checkpoints took.
+    #[derive(Debug)]
+    pub struct CheckpointTaken by ByTarget {
+        /// Time since the last checkpoint of the running totals was made durable (or since start, without one),
+        /// per target
+        pub age: AgeGauge = checkpoint_age [seconds],
+        /// Checkpoints of the running totals made durable, per target
+        pub count: Counter = checkpoints,
+        /// Time to take one checkpoint: encoding on the intake writer thread and the durable file write, per
+        /// target
+        pub duration: Histogram = checkpoint_duration [seconds] with storage_histogram,
+        /// Running totals in the last checkpoint written, per target
+        pub series: Gauge = checkpoint_series,
+        /// Running totals restored at start (from the checkpoint and the queued records after it), per target
+        pub restored_series: Gauge = checkpoint_restored_series,
+    }
+}
+
 /// Handles of one target's checkpoints.
 #[derive(Clone, Debug)]
 pub struct CheckpointMetrics {
-    /// Time since the last durable checkpoint.
-    pub age: AgeGauge,
-    /// Checkpoints made durable.
-    pub taken: Counter,
+    /// What the checkpoints took.
+    pub taken: CheckpointTaken,
     /// Errors, by [`CheckpointFailure`].
     errors: [Counter; 3],
-    /// Encoding plus writing one checkpoint.
-    pub duration: Histogram,
-    /// Running totals in the last checkpoint written.
-    pub series: Gauge,
-    /// Running totals restored at start.
-    pub restored_series: Gauge,
 }
 
 impl CheckpointMetrics {

@@ -26,17 +26,27 @@ tessera_runtime::metrics! {
     pub struct PoolMetrics {
         /// Time each worker spent on requests (sending, pacing, backing off)
         worker_busy: Family<ByTargetWorker, Counter<f64, AtomicU64>> [seconds],
-        /// Current adaptive limit on storage requests in flight, per target
-        in_flight_limit: Family<ByTarget, Gauge>,
-        /// Storage requests in flight, per target
-        in_flight_requests: Family<ByTarget, Gauge>,
-        /// Samples written per second over the last second, per target
-        pace: Family<ByTarget, Gauge<f64, AtomicU64>> [samples_per_second],
         /// Storage acknowledgement time minus tile end, one observation per tile, per resolution
         end_to_end_latency: Family<ByResolution, WeightedHistogram> [seconds] = Family::new_with_constructor(WeightedHistogram::end_to_end),
         /// Time from receipt to the first storage request of a tile's record, one observation per tile, per
         /// resolution
-        queue_time: Family<ByResolution, WeightedHistogram> [seconds] = Family::new_with_constructor(WeightedHistogram::end_to_end),
+        queue_time: Family<ByResolution, WeightedHistogram> [seconds] = Family::new_with_constructor(WeightedHistogram::end_to_end);
+        /// Each target's requests in flight and pace
+        targets: WorkerFamilies,
+    }
+}
+
+tessera_runtime::labelled_metrics! {
+    /// The pool's metrics, per target.
+    pub struct WorkerFamilies;
+    /// A target's requests in flight and pace.
+    pub struct WorkerGauges by ByTarget {
+        /// Current adaptive limit on storage requests in flight, per target
+        pub in_flight_limit: Gauge = in_flight_limit,
+        /// Storage requests in flight, per target
+        pub in_flight: Gauge = in_flight_requests,
+        /// Samples written per second over the last second, per target
+        pub pace: Gauge<f64, AtomicU64> = pace [samples_per_second],
     }
 }
 
@@ -53,14 +63,11 @@ impl PoolMetrics {
 
     /// Handles of one target's workers, with its storage requests' from `sink`.
     pub fn target(&self, target: &str, sink: &SinkMetrics) -> TargetMetrics {
-        let by_target = ByTarget { target: target.to_owned() };
         TargetMetrics {
             target: target.to_owned(),
             sink: sink.target(target),
             worker_busy: self.worker_busy.clone(),
-            in_flight_limit: self.in_flight_limit.get_or_create(&by_target).clone(),
-            in_flight: self.in_flight_requests.get_or_create(&by_target).clone(),
-            pace: self.pace.get_or_create(&by_target).clone(),
+            gauges: self.targets.handles(&ByTarget { target: target.to_owned() }),
             pool: self.clone(),
         }
     }
@@ -73,12 +80,8 @@ pub struct TargetMetrics {
     /// Its storage requests.
     pub sink: TargetSinkMetrics,
     worker_busy: Family<ByTargetWorker, Counter<f64, AtomicU64>>,
-    /// The adaptive limit.
-    pub in_flight_limit: Gauge,
-    /// Requests in flight.
-    pub in_flight: Gauge,
-    /// Samples written over the last second.
-    pub pace: Gauge<f64, AtomicU64>,
+    /// The adaptive limit, requests in flight, samples written over the last second.
+    pub gauges: WorkerGauges,
     pool: PoolMetrics,
 }
 

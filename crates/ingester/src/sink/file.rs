@@ -25,9 +25,9 @@ use std::sync::Mutex;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError, sync_channel};
 use std::time::{Duration, Instant};
 
-use prometheus_client::metrics::counter::Counter;
 use tokio::sync::oneshot;
 
+use super::metrics::FileSinkMetrics;
 use super::openmetrics::{close_journal, write_journal_line_encoded};
 use super::{Sink, SinkError, SinkRequest};
 use crate::queue::segment::{cut_back, sync_dir};
@@ -47,17 +47,6 @@ pub struct FileSinkSettings {
     pub rotate_after: Duration,
     /// Fsync the journal before acknowledging a request.
     pub fsync: bool,
-}
-
-/// Counters the file sink keeps.
-#[derive(Clone, Default)]
-pub struct FileSinkMetrics {
-    /// `.om` files closed.
-    pub files_closed: Counter,
-    /// Journal lines that could not be read when closing (torn by a crash).
-    pub bad_journal_lines: Counter,
-    /// Native histogram samples found in the queue and not written (see `append`).
-    pub histograms_skipped: Counter,
 }
 
 /// An OpenMetrics file target; see the [module docs](self).

@@ -10,8 +10,6 @@ use prometheus_client::metrics::histogram::Histogram;
 use tessera_runtime::telemetry::labels::ByTarget;
 use tessera_runtime::telemetry::storage_histogram;
 
-use super::file::FileSinkMetrics;
-
 /// `{target, outcome}`: how a storage request ended (`ok`, `rejected`,
 /// `histograms_refused`, or a retryable reason).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -44,26 +42,32 @@ tessera_runtime::metrics! {
         /// Samples storage acknowledged, per target
         samples_written: Family<ByTarget, Counter>,
         /// Queue records fully written to storage, per target
-        records_written: Family<ByTarget, Counter>,
+        records_written: Family<ByTarget, Counter>;
+        /// The file targets' own
+        file_sinks: FileSinkFamilies,
+    }
+}
+
+tessera_runtime::labelled_metrics! {
+    /// The file targets' metrics.
+    pub struct FileSinkFamilies;
+    /// Counters a file target keeps.
+    #[derive(Default)]
+    pub struct FileSinkMetrics by ByTarget {
         /// OpenMetrics files closed, per target
-        file_sink_files_closed: Family<ByTarget, Counter>,
+        pub files_closed: Counter = file_sink_files_closed,
         /// Journal lines skipped when closing a file (torn by a crash), per target
-        file_sink_bad_journal_lines: Family<ByTarget, Counter>,
+        pub bad_journal_lines: Counter = file_sink_bad_journal_lines,
         /// Native histogram samples in a file target's queue (kept from a remote-write configuration), not
         /// written
-        file_sink_histograms_skipped: Family<ByTarget, Counter>,
+        pub histograms_skipped: Counter = file_sink_histograms_skipped,
     }
 }
 
 impl SinkMetrics {
     /// Handles of one target's file sink.
     pub fn file_sink(&self, target: &str) -> FileSinkMetrics {
-        let by_target = ByTarget { target: target.to_owned() };
-        FileSinkMetrics {
-            files_closed: self.file_sink_files_closed.get_or_create(&by_target).clone(),
-            bad_journal_lines: self.file_sink_bad_journal_lines.get_or_create(&by_target).clone(),
-            histograms_skipped: self.file_sink_histograms_skipped.get_or_create(&by_target).clone(),
-        }
+        self.file_sinks.handles(&ByTarget { target: target.to_owned() })
     }
 
     /// Handles of one target's storage requests; refusals with 400 (Prometheus: out of
