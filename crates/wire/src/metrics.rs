@@ -162,18 +162,6 @@ impl ListenerMetrics {
 tessera_runtime::metrics! {
     /// Every destination's sender metrics.
     struct SenderFamilies {
-        /// Batches acknowledged, per destination
-        batches_sent: Family<ByDestination, Counter>,
-        /// Bytes of acknowledged batches, per destination
-        bytes_sent: Family<ByDestination, Counter>,
-        /// Batches waiting, per destination
-        queue_batches: Family<ByDestination, Gauge>,
-        /// Bytes waiting, per destination
-        queue_bytes: Family<ByDestination, Gauge>,
-        /// Time from sending a batch to its acknowledgement, per destination
-        ack_latency: Family<ByDestination, Histogram> [seconds] = Family::new_with_constructor(latency_histogram),
-        /// Failed connection attempts, per destination
-        connect_errors: Family<ByDestination, Counter>,
         /// Connections lost while sending or awaiting an ack, per destination and reason
         send_errors: Family<ByDestinationReason, Counter>,
         /// Batches a destination refused for good, per destination and reason
@@ -183,7 +171,29 @@ tessera_runtime::metrics! {
         tls_errors: Family<ByDestinationReason, Counter>,
         /// The senders' TLS files that changed on disk but did not load (the previous
         /// certificates stay in use)
-        sender_tls_reload_errors: Counter,
+        sender_tls_reload_errors: Counter;
+        /// Each destination's queue and acknowledgements
+        destinations: DestinationFamilies,
+    }
+}
+
+tessera_runtime::labelled_metrics! {
+    /// The sender metrics of each destination.
+    struct DestinationFamilies;
+    /// One destination's queue and acknowledgements.
+    struct DestinationHandles by ByDestination {
+        /// Batches acknowledged, per destination
+        batches_sent: Counter = batches_sent,
+        /// Bytes of acknowledged batches, per destination
+        bytes_sent: Counter = bytes_sent,
+        /// Batches waiting, per destination
+        queue_batches: Gauge = queue_batches,
+        /// Bytes waiting, per destination
+        queue_bytes: Gauge = queue_bytes,
+        /// Time from sending a batch to its acknowledgement, per destination
+        ack_latency: Histogram = ack_latency [seconds] with latency_histogram,
+        /// Failed connection attempts, per destination
+        connect_errors: Counter = connect_errors,
     }
 }
 
@@ -258,13 +268,8 @@ impl SenderMetrics {
             let _ = families.rejected_batches.get_or_create(&by);
         }
         DestinationMetrics {
-            batches_sent: families.batches_sent.get_or_create(&by_destination).clone(),
-            bytes_sent: families.bytes_sent.get_or_create(&by_destination).clone(),
+            handles: families.destinations.handles(&by_destination),
             items_sent: self.items_sent.get_or_create(&by_destination).clone(),
-            queue_batches: families.queue_batches.get_or_create(&by_destination).clone(),
-            queue_bytes: families.queue_bytes.get_or_create(&by_destination).clone(),
-            ack_latency: families.ack_latency.get_or_create(&by_destination).clone(),
-            connect_errors: families.connect_errors.get_or_create(&by_destination).clone(),
             dictionary_series: self.dictionaries.dictionary_series.get_or_create(&by_destination).clone(),
             families: self.families.clone(),
             dictionaries: self.dictionaries.clone(),
@@ -289,13 +294,8 @@ impl SenderMetrics {
 /// Handles of one destination's queue and sender.
 #[derive(Clone)]
 pub struct DestinationMetrics {
-    batches_sent: Counter,
-    bytes_sent: Counter,
+    handles: DestinationHandles,
     items_sent: Counter,
-    queue_batches: Gauge,
-    queue_bytes: Gauge,
-    ack_latency: Histogram,
-    connect_errors: Counter,
     /// Series in the destination's current dictionary.
     pub dictionary_series: Gauge,
     families: SenderFamilies,
@@ -325,8 +325,8 @@ impl DestinationMetrics {
 
 impl OutboundMetrics for DestinationMetrics {
     fn queued(&self, batches: usize, bytes: usize) {
-        self.queue_batches.set(batches as i64);
-        self.queue_bytes.set(bytes as i64);
+        self.handles.queue_batches.set(batches as i64);
+        self.handles.queue_bytes.set(bytes as i64);
     }
 
     fn dropped(&self, reason: DropReason, batches: u64, items: u64) {
@@ -339,7 +339,7 @@ impl OutboundMetrics for DestinationMetrics {
     }
 
     fn connect_error(&self) {
-        self.connect_errors.inc();
+        self.handles.connect_errors.inc();
     }
 
     fn tls_error(&self, reason: &'static str) {
@@ -355,9 +355,9 @@ impl OutboundMetrics for DestinationMetrics {
     }
 
     fn delivered(&self, batch: &Batch, latency: Duration) {
-        self.ack_latency.observe(latency.as_secs_f64());
-        self.batches_sent.inc();
-        self.bytes_sent.inc_by(batch.frame.len() as u64);
+        self.handles.ack_latency.observe(latency.as_secs_f64());
+        self.handles.batches_sent.inc();
+        self.handles.bytes_sent.inc_by(batch.frame.len() as u64);
         self.items_sent.inc_by(batch.items);
     }
 
