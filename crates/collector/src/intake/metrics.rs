@@ -34,22 +34,10 @@ struct ByListenerSocket {
 tessera_runtime::metrics! {
     /// The intake's metrics.
     pub struct IntakeMetrics {
-        /// Datagrams (or stream reads) received, per listener
-        datagrams_received: Family<ByListener, Counter>,
-        /// Bytes received, per listener
-        bytes_received: Family<ByListener, Counter>,
-        /// Metric lines accepted, per listener
-        lines_received: Family<ByListener, Counter>,
-        /// DogStatsD events and service checks recognised (not forwarded)
-        events_received: Family<ByListener, Counter>,
         /// Lines rejected by the parser, per listener and reason
         parse_errors: Family<ByListenerReason, Counter>,
-        /// Receive (UDP, Unix) or accept (TCP) calls that failed, per listener
-        receive_errors: Family<ByListener, Counter>,
         /// Statsd stream connections refused, per listener and reason (too_many_connections)
         frame_errors: Family<ByListenerReason, Counter>,
-        /// Statsd TCP connections open, per listener
-        connections: Family<ByListener, Gauge>,
         /// Datagrams the kernel dropped because a socket's receive queue was full
         kernel_drops: Family<ByListenerSocket, Counter>,
         /// Idle series forgotten by reader tables
@@ -58,7 +46,29 @@ tessera_runtime::metrics! {
         pub udp_recv_buffer_bytes: Gauge,
         /// 1 when the kernel stamps each UDP datagram with its receive time (gauge lines keep their
         /// order across reader threads), 0 when datagrams are stamped when read
-        pub udp_receive_stamps: Gauge,
+        pub udp_receive_stamps: Gauge;
+        /// What each listener received
+        listeners: ListenerFamilies,
+    }
+}
+
+tessera_runtime::labelled_metrics! {
+    /// The intake's metrics, per listener.
+    struct ListenerFamilies;
+    /// What one listener received.
+    struct ListenerCounts by ByListener {
+        /// Datagrams (or stream reads) received, per listener
+        datagrams: Counter = datagrams_received,
+        /// Bytes received, per listener
+        bytes: Counter = bytes_received,
+        /// Metric lines accepted, per listener
+        lines: Counter = lines_received,
+        /// DogStatsD events and service checks recognised (not forwarded)
+        events: Counter = events_received,
+        /// Receive (UDP, Unix) or accept (TCP) calls that failed, per listener
+        receive_errors: Counter = receive_errors,
+        /// Statsd TCP connections open, per listener
+        connections: Gauge = connections,
     }
 }
 
@@ -66,7 +76,6 @@ impl IntakeMetrics {
     /// Handles for one listener (`udp`, `tcp`, `unix`); its lines and datagrams lost go to
     /// `drops`.
     pub fn listener(&self, listener: &'static str, drops: &Drops) -> ListenerMetrics {
-        let by_listener = ByListener { listener };
         let mut parse_errors = Vec::with_capacity(RejectReason::ALL.len());
         for reason in RejectReason::ALL {
             let by = ByListenerReason { listener, reason: reason.as_str() };
@@ -74,13 +83,8 @@ impl IntakeMetrics {
         }
         let drops = |reason, unit| drops.get_or_create(&ByReasonUnit { reason, unit }).clone();
         ListenerMetrics {
-            datagrams: self.datagrams_received.get_or_create(&by_listener).clone(),
-            bytes: self.bytes_received.get_or_create(&by_listener).clone(),
-            lines: self.lines_received.get_or_create(&by_listener).clone(),
-            events: self.events_received.get_or_create(&by_listener).clone(),
+            counts: self.listeners.handles(&ByListener { listener }),
             parse_errors,
-            receive_errors: self.receive_errors.get_or_create(&by_listener).clone(),
-            connections: self.connections.get_or_create(&by_listener).clone(),
             series_limit: drops("series_limit", "lines"),
             truncated: drops("truncated", "datagrams"),
             refused_connections: self
@@ -104,14 +108,8 @@ impl IntakeMetrics {
 /// Handles a reader thread adds its batch counts to.
 #[derive(Clone)]
 pub struct ListenerMetrics {
-    datagrams: Counter,
-    bytes: Counter,
-    lines: Counter,
-    events: Counter,
+    counts: ListenerCounts,
     parse_errors: Vec<Counter>,
-    receive_errors: Counter,
-    /// Connections open (TCP).
-    connections: Gauge,
     /// Lines of new series refused because a reader's table was full.
     series_limit: Counter,
     /// Datagrams the kernel cut at the buffer size (their last line is lost).
@@ -126,12 +124,12 @@ impl ListenerMetrics {
         // A window can turn between counting a truncated datagram and counting it
         // received: every field is added on its own, none hides behind another.
         if counts.datagrams > 0 {
-            self.datagrams.inc_by(counts.datagrams);
+            self.counts.datagrams.inc_by(counts.datagrams);
         }
-        self.bytes.inc_by(counts.bytes);
-        self.lines.inc_by(counts.lines);
+        self.counts.bytes.inc_by(counts.bytes);
+        self.counts.lines.inc_by(counts.lines);
         if counts.events > 0 {
-            self.events.inc_by(counts.events);
+            self.counts.events.inc_by(counts.events);
         }
         for (counter, count) in self.parse_errors.iter().zip(counts.rejected) {
             if count > 0 {
@@ -148,30 +146,30 @@ impl ListenerMetrics {
 
     /// Counts a failed receive (or accept) call.
     pub fn receive_error(&self) {
-        self.receive_errors.inc();
+        self.counts.receive_errors.inc();
     }
 }
 
 /// A statsd stream listener counts its connections here.
 impl tessera_wire::inbound::InboundCounters for ListenerMetrics {
     fn accept_error(&self) {
-        self.receive_errors.inc();
+        self.counts.receive_errors.inc();
     }
     fn refused(&self) {
         self.refused_connections.inc();
     }
     fn opened(&self) {
-        self.connections.inc();
+        self.counts.connections.inc();
     }
     fn closed(&self) {
-        self.connections.dec();
+        self.counts.connections.dec();
     }
 }
 
 impl ListenerMetrics {
     /// Metric lines accepted so far (for tests and the status line).
     pub fn lines(&self) -> u64 {
-        self.lines.get()
+        self.counts.lines.get()
     }
 }
 
