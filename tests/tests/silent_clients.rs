@@ -21,8 +21,8 @@ use tessera_testkit::daemons::Daemon;
 use tessera_testkit::free_port;
 use tessera_testkit::prometheus::Prometheus;
 use tessera_tests::{collector_config, loopback, start_daemon, start_ingester, start_lone_aggregator, wait_for_scalar};
-use tessera_wire::client;
-use tessera_wire::stream::WireStream;
+
+use tessera_wire::WireStream;
 use tokio::io::AsyncWriteExt;
 
 const SILENT: usize = 1_000;
@@ -37,7 +37,7 @@ async fn silent_clients(address: SocketAddr, role: Role) -> Vec<WireStream> {
     for index in 0..SILENT {
         let endpoint = endpoint.clone();
         connecting.spawn(async move {
-            client::connect(&endpoint, role, &format!("silent-{index}"), Duration::from_secs(5), None).await.ok()
+            tessera_wire::connect(&endpoint, role, &format!("silent-{index}"), Duration::from_secs(5), None).await.ok()
         });
     }
     connecting.join_all().await.into_iter().flatten().collect()
@@ -46,7 +46,8 @@ async fn silent_clients(address: SocketAddr, role: Role) -> Vec<WireStream> {
 /// Handshakes, then sends a frame one byte a second (never finishing it);
 /// returns how long the server kept the connection.
 async fn byte_a_second(address: SocketAddr, role: Role) -> Duration {
-    let mut stream = client::connect(&address.to_string(), role, "slow", Duration::from_secs(5), None).await.unwrap();
+    let mut stream =
+        tessera_wire::connect(&address.to_string(), role, "slow", Duration::from_secs(5), None).await.unwrap();
     let started = Instant::now();
     let frame = 1_000u32.to_be_bytes().into_iter().chain(std::iter::repeat(0u8));
     for byte in frame.take(60) {

@@ -17,14 +17,14 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use prometheus_client::metrics::counter::Counter;
 use tessera_proto::Role;
 use tessera_testkit::free_port;
 use tessera_testkit::tls::Pki;
 use tessera_tests::{ONE_SECOND_TILES, collector_config, loopback, start_daemon, start_lone_aggregator, wait_until};
-use tessera_wire::client::{ClientTls, connect};
-use tessera_wire::config::Counter;
-use tessera_wire::stream::WireStream;
-use tessera_wire::tls::{ClientTlsConfig, load_certs};
+use tessera_wire::WireStream;
+use tessera_wire::{ClientTls, connect};
+use tessera_wire::{ClientTlsConfig, load_certs};
 
 /// How long values, counts and reloads may take to show.
 const WAIT: Duration = Duration::from_secs(20);
@@ -85,7 +85,7 @@ fn send_counter(statsd: SocketAddr, name: &str, count: u64) {
 
 /// A wire client's TLS from `config`, as the daemons build theirs.
 fn client_tls(config: ClientTlsConfig) -> Arc<ClientTls> {
-    tessera_wire::config::client_tls(Some(&config), Counter::default()).unwrap().expect("TLS configured")
+    tessera_wire::client_tls(Some(&config), Counter::default()).unwrap().expect("TLS configured")
 }
 
 /// Connects to `address` as a tool and hands back the server's leaf certificate (DER),

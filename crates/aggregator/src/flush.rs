@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 
-use tessera_wire::metrics::{Drops, count_drops};
+use tessera_wire::{Drops, count_drops};
 
 use crate::outbound::{Ingesters, TileHead};
 use crate::tile::{ClosedTile, MergeOutput};
@@ -177,7 +177,7 @@ mod tests {
 
     use super::*;
     use crate::outbound::encode_values;
-    use tessera_wire::outbound::Batch;
+    use tessera_wire::Batch;
 
     /// Splits a whole `tile` into framed batches ([`encode_values`], as for
     /// one ingester's share); also returns the values too large to send.

@@ -80,7 +80,7 @@ use std::time::{Duration, Instant};
 use tessera_core::clock::now_ms;
 use tessera_runtime::{Readiness, ServerHandle, Shutdown, Telemetry};
 use tessera_topology::{PlacementHandle, PlacementSource, Tier, WatchStatsCollector};
-use tessera_wire::outbound::Heartbeat;
+use tessera_wire::Heartbeat;
 
 use flush::{FlushSettings, Leadership};
 use outbound::Ingesters;
@@ -357,8 +357,8 @@ impl Drain {
         self.stop_senders.trigger();
         let (batches, series) = self.ingesters.abandon_all();
         if batches > 0 {
-            tessera_wire::metrics::count_drops(&self.metrics.drops, "shutdown", "batches", batches);
-            tessera_wire::metrics::count_drops(&self.metrics.drops, "shutdown", "series", series);
+            tessera_wire::count_drops(&self.metrics.drops, "shutdown", "batches", batches);
+            tessera_wire::count_drops(&self.metrics.drops, "shutdown", "series", series);
             tracing::warn!(batches, series, "shutdown grace elapsed with tile batches undelivered");
         }
         if let Some(server) = self.server {

@@ -7,11 +7,11 @@
 //! `source`: the instance ids of connected collectors (bounded by `max_connections`,
 //! removed when they disconnect). Hot paths hold cloned handles
 //! ([`PolicyMetrics`](crate::flush::PolicyMetrics),
-//! [`DestinationMetrics`](tessera_wire::metrics::DestinationMetrics)) and add once per
+//! [`DestinationMetrics`](tessera_wire::DestinationMetrics)) and add once per
 //! batch or tile, never once per series.
 
 use tessera_runtime::telemetry::zeroed_family;
-use tessera_wire::metrics::{ByReasonUnit, Drops};
+use tessera_wire::{ByReasonUnit, Drops};
 
 use crate::flush::FlushMetrics;
 use crate::intake::IntakeMetrics;

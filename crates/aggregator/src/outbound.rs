@@ -30,7 +30,7 @@
 //! counted).
 //!
 //! The queue and sender are the shared sending side
-//! ([`tessera_wire::outbound`]), as in the collector's forwarding.
+//! ([`tessera_wire::run_sender`]), as in the collector's forwarding.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -41,9 +41,9 @@ use tessera_core::shard::shard_of;
 use tessera_proto::{Frame, SeriesValue, TileBatch, frame::Body, framing};
 use tessera_runtime::Shutdown;
 use tessera_topology::{Destination, PlacementHandle, Routing};
-use tessera_wire::outbound::{self, Batch, SenderSettings};
+use tessera_wire::{Batch, SenderSettings};
 
-use tessera_wire::metrics::{DestinationMetrics, Drops, count_drops};
+use tessera_wire::{DestinationMetrics, Drops, count_drops};
 
 mod encode;
 mod metrics;
@@ -52,7 +52,7 @@ pub use encode::{TileHead, encode_values};
 pub use metrics::RoutingMetrics;
 
 /// One ingester endpoint's bounded buffer of framed tile batches.
-pub type OutboundQueue = outbound::OutboundQueue<DestinationMetrics>;
+pub type OutboundQueue = tessera_wire::OutboundQueue<DestinationMetrics>;
 
 /// A heartbeat for an idle ingester connection: an empty tile batch, sequence 0. The
 /// ingester acknowledges it without queueing anything.
@@ -178,7 +178,7 @@ impl Ingesters {
 
     fn spawn_sender(&self, queue: &Arc<OutboundQueue>) {
         if let Some(senders) = self.inner.senders.get() {
-            let sender = outbound::run_sender(queue.clone(), senders.settings.clone(), senders.stop.clone());
+            let sender = tessera_wire::run_sender(queue.clone(), senders.settings.clone(), senders.stop.clone());
             senders.runtime.spawn(sender);
         }
     }

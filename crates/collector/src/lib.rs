@@ -254,7 +254,7 @@ async fn supervise(
     stop_senders.trigger();
     let abandoned = destinations.abandon_all();
     if abandoned > 0 {
-        tessera_wire::metrics::count_drops(&metrics.drops, "shutdown", "partials", abandoned);
+        tessera_wire::count_drops(&metrics.drops, "shutdown", "partials", abandoned);
         tracing::warn!(partials = abandoned, "shutdown grace elapsed with partials undelivered");
     }
     if let Some(server) = server {

@@ -8,7 +8,7 @@
 
 use tessera_rules::RuleMetrics;
 use tessera_runtime::telemetry::zeroed_family;
-use tessera_wire::metrics::{ByReasonUnit, Drops, Items, SenderMetrics};
+use tessera_wire::{ByReasonUnit, Drops, Items, SenderMetrics};
 
 use crate::intake::IntakeMetrics;
 use crate::window::WindowMetrics;

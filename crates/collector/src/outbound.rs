@@ -1,7 +1,7 @@
 //! The outbound side: each window routed by shard to the aggregators that
 //! own it, encoded, and sent through one bounded queue and one sender task
 //! per destination aggregator (the shared sending side of
-//! [`tessera_wire::outbound`]).
+//! [`tessera_wire::run_sender`]).
 //!
 //! ```text
 //!  flusher ──route_window(window, watermark)──▶ Router (route.rs)
@@ -20,7 +20,7 @@
 //! aggregator costs bounded memory and the freshest data goes first when it
 //! returns; a batch the aggregator refuses for good is counted by reason
 //! and dropped (`reason="rejected"`). The counting is the wire's
-//! ([`tessera_wire::metrics`]), the same as the aggregator's towards ingesters.
+//! ([`tessera_wire::SenderMetrics`]), the same as the aggregator's towards ingesters.
 
 mod dictionary;
 mod route;
@@ -29,8 +29,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use tessera_runtime::shutdown::Shutdown;
-use tessera_wire::metrics::{DestinationMetrics, Drops, SenderMetrics};
-use tessera_wire::outbound::{OutboundQueue, SenderSettings, run_sender};
+use tessera_wire::{DestinationMetrics, Drops, SenderMetrics};
+use tessera_wire::{OutboundQueue, SenderSettings, run_sender};
 
 pub use route::Router;
 
@@ -116,7 +116,7 @@ impl Senders {
 
 #[cfg(test)]
 mod tests {
-    use tessera_wire::outbound::Batch;
+    use tessera_wire::Batch;
 
     use super::*;
     use crate::metrics::Metrics;

@@ -381,7 +381,7 @@ pub struct RemoteWriteConfig {
     pub max_buckets: usize,
     /// `[sink.tls]`: for an `https` url, the CA file to trust (else the system's roots),
     /// a client certificate and key (mTLS), `server_name`, `insecure_skip_verify` (tests only).
-    pub tls: Option<tessera_wire::tls::ClientTlsConfig>,
+    pub tls: Option<tessera_wire::ClientTlsConfig>,
     /// `[sink.basic_auth]`: `username`, and the password from `password_file` or the
     /// environment variable `password_env` (never from this file, never logged).
     pub basic_auth: Option<BasicAuthConfig>,
@@ -459,7 +459,7 @@ impl RemoteWriteConfig {
     pub fn settings(
         &self,
         max_idle_connections: usize,
-        reload_errors: tessera_wire::config::Counter,
+        reload_errors: prometheus_client::metrics::counter::Counter,
     ) -> Result<RemoteWriteSettings, (&'static str, String)> {
         let url = parse_url(&self.url).map_err(|error| ("url", error.to_string()))?;
         let https = url.scheme_str() == Some("https");
@@ -468,11 +468,9 @@ impl RemoteWriteConfig {
         }
         if https && self.tls.is_none() {
             // The system's roots: there must be some.
-            tessera_wire::tls::ClientTlsConfig::default()
-                .client_config()
-                .map_err(|error| ("url", error.to_string()))?;
+            tessera_wire::ClientTlsConfig::default().client_config().map_err(|error| ("url", error.to_string()))?;
         }
-        let tls = tessera_wire::config::client_tls(self.tls.as_ref(), reload_errors.clone())
+        let tls = tessera_wire::client_tls(self.tls.as_ref(), reload_errors.clone())
             .map_err(|error| ("tls", error.to_string()))?;
         let authorization = match (&self.basic_auth, &self.bearer_token_file) {
             (Some(_), Some(_)) => {
@@ -621,7 +619,7 @@ fn validate_sink(key: &str, sink: &SinkConfig) -> Result<(), ConfigError> {
             }
         }
         SinkConfig::RemoteWrite(remote) => {
-            if let Err((field, reason)) = remote.settings(1, tessera_wire::config::Counter::default()) {
+            if let Err((field, reason)) = remote.settings(1, prometheus_client::metrics::counter::Counter::default()) {
                 return invalid(field, reason);
             }
             if remote.request_timeout_ms == 0 || remote.connect_timeout_ms == 0 {

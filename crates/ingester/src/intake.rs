@@ -8,7 +8,7 @@
 //! that aggregators hold their tiles and send them again: backpressure, never a silent
 //! drop.
 //!
-//! Connections are accepted through [`tessera_wire::inbound`]: over `max_connections`
+//! Connections are accepted through [`tessera_wire::serve_wire`]: over `max_connections`
 //! a new one is closed at once, the handshake has a deadline, and after it a connection
 //! silent for `idle_timeout_ms` is closed (`reason="idle_timeout"`). An empty tile batch
 //! is an aggregator's heartbeat: acknowledged, nothing queued.
@@ -30,8 +30,8 @@ use std::time::{Duration, Instant};
 use tessera_proto::framing::{self, FrameError};
 use tessera_proto::{AckReason, Frame, frame::Body};
 use tessera_runtime::{RateLimitedLog, Shutdown};
-use tessera_wire::inbound::{self, ListenerSettings, WireConnection, WireError};
-use tessera_wire::metrics::ListenerMetrics;
+use tessera_wire::ListenerMetrics;
+use tessera_wire::{ListenerSettings, WireConnection, WireError};
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot};
@@ -52,7 +52,8 @@ pub async fn accept_loop(
     stop: Shutdown,
 ) {
     let context = (jobs, stop.clone());
-    inbound::serve_wire(listener, settings, "aggregator", counters, &FRAME_ERROR_LOG, stop, context, connection).await;
+    tessera_wire::serve_wire(listener, settings, "aggregator", counters, &FRAME_ERROR_LOG, stop, context, connection)
+        .await;
 }
 
 /// Serves one aggregator after its handshake: a frame at a time, each answered.

@@ -44,7 +44,7 @@ use tessera_core::clock::now_ms;
 use tessera_runtime::Shutdown;
 use tessera_runtime::logging::error_chain;
 use tessera_topology::{EtcdConfig, MoveTiming, Placement, PlacementStore, StoreError, Tier, Watcher};
-use tessera_wire::backoff::{Backoff, sleep_or_stop};
+use tessera_wire::{Backoff, sleep_or_stop};
 
 mod config;
 mod metrics;

@@ -3,7 +3,7 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use tessera_wire::backoff::Backoff;
+//! use tessera_wire::Backoff;
 //!
 //! let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
 //! let first = backoff.next_delay();

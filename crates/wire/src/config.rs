@@ -124,8 +124,8 @@ fn on_reload_error(reload_errors: Counter) -> impl Fn(&TlsError) + Send + Sync +
     }
 }
 
-/// A sender's TLS, reloaded from its files.
-#[doc(hidden)]
+/// A sender's TLS, reloaded from its files (`None` without `tls`); a change that does
+/// not load counts in `reload_errors` and keeps the previous configuration.
 pub fn client_tls(tls: Option<&ClientTlsConfig>, reload_errors: Counter) -> Result<Option<Arc<ClientTls>>, TlsError> {
     let Some(settings) = tls.cloned() else { return Ok(None) };
     let build = settings.clone();
@@ -133,8 +133,8 @@ pub fn client_tls(tls: Option<&ClientTlsConfig>, reload_errors: Counter) -> Resu
     Ok(Some(Arc::new(ClientTls { config, settings })))
 }
 
-/// A listener's TLS, reloaded from its files.
-#[doc(hidden)]
+/// A listener's TLS, reloaded from its files (`None` without `tls`); a change that does
+/// not load counts in `reload_errors` and keeps the previous configuration.
 pub fn server_tls(
     tls: Option<&ServerTlsConfig>,
     reload_errors: Counter,
@@ -151,7 +151,7 @@ pub fn millis(ms: u64) -> Duration {
 }
 
 /// Declares a config struct holding a sender's keys beside the daemon's own; see the
-/// [module docs](crate::config). Each own field is `/// doc`, `name: Type = default`.
+/// [crate docs](crate). Each own field is `/// doc`, `name: Type = default`.
 /// The struct gets `Default`, `validate_sender(table)` and `sender_settings(..)`.
 #[macro_export]
 macro_rules! sender_config {
@@ -186,7 +186,7 @@ macro_rules! sender_config {
             pub shutdown_grace_secs: u64,
             /// TLS towards the destinations (`ca_file`, `cert_file`, `key_file`,
             /// `server_name`, `insecure_skip_verify`); plain TCP when absent.
-            pub tls: Option<$crate::tls::ClientTlsConfig>,
+            pub tls: Option<$crate::ClientTlsConfig>,
         }
 
         impl ::core::default::Default for $name {
@@ -212,14 +212,14 @@ macro_rules! sender_config {
             ///
             /// The first key that cannot be used, and why.
             pub fn validate_sender(&self, table: &str) -> Result<(), $crate::__runtime::config::InvalidSetting> {
-                $crate::config::validate_sender(
+                $crate::__config::validate_sender(
                     table,
                     self.max_queue_bytes,
                     self.max_frame_bytes,
                     [self.connect_timeout_ms, self.ack_timeout_ms],
                     (self.reconnect_min_ms, self.reconnect_max_ms),
                 )?;
-                $crate::config::validate_client_tls(table, self.tls.as_ref())
+                $crate::__config::validate_client_tls(table, self.tls.as_ref())
             }
 
             /// The sender's settings: it connects as `source` in `role` to a `peer`; a TLS
@@ -233,20 +233,20 @@ macro_rules! sender_config {
                 source: String,
                 role: $crate::__proto::Role,
                 peer: &'static str,
-                heartbeat: Option<$crate::outbound::Heartbeat>,
-                reload_errors: $crate::config::Counter,
-            ) -> Result<$crate::outbound::SenderSettings, $crate::tls::TlsError> {
-                Ok($crate::outbound::SenderSettings {
+                heartbeat: Option<$crate::Heartbeat>,
+                reload_errors: $crate::__config::Counter,
+            ) -> Result<$crate::SenderSettings, $crate::TlsError> {
+                Ok($crate::SenderSettings {
                     source,
                     role,
                     peer,
-                    connect_timeout: $crate::config::millis(self.connect_timeout_ms),
-                    ack_timeout: $crate::config::millis(self.ack_timeout_ms),
-                    reconnect_min: $crate::config::millis(self.reconnect_min_ms),
-                    reconnect_max: $crate::config::millis(self.reconnect_max_ms),
+                    connect_timeout: $crate::__config::millis(self.connect_timeout_ms),
+                    ack_timeout: $crate::__config::millis(self.ack_timeout_ms),
+                    reconnect_min: $crate::__config::millis(self.reconnect_min_ms),
+                    reconnect_max: $crate::__config::millis(self.reconnect_max_ms),
                     rejection_label: $crate::__proto::AckReason::label,
                     heartbeat,
-                    tls: $crate::config::client_tls(self.tls.as_ref(), reload_errors)?,
+                    tls: $crate::__config::client_tls(self.tls.as_ref(), reload_errors)?,
                 })
             }
 
@@ -259,7 +259,7 @@ macro_rules! sender_config {
 }
 
 /// Declares a config struct holding a wire listener's keys beside the daemon's own; see
-/// the [module docs](crate::config). Each own field is `/// doc`, `name: Type = default`.
+/// the [crate docs](crate). Each own field is `/// doc`, `name: Type = default`.
 /// The struct gets `Default`, `validate_listener()` and `listener_settings(..)`.
 #[macro_export]
 macro_rules! listener_config {
@@ -290,7 +290,7 @@ macro_rules! listener_config {
             pub idle_timeout_ms: u64,
             /// `[tls]`: TLS on the wire listener (`cert_file`, `key_file`, and `client_ca_file`
             /// to require client certificates); plain TCP when absent.
-            pub tls: Option<$crate::tls::ServerTlsConfig>,
+            pub tls: Option<$crate::ServerTlsConfig>,
             $( $(#[$fmeta])* $fvis $field: $ty, )*
         }
 
@@ -298,7 +298,7 @@ macro_rules! listener_config {
             fn default() -> Self {
                 $name {
                     listen: $listen.parse().expect("a valid default address"),
-                    max_frame_bytes: $crate::config::DEFAULT_MAX_FRAME_BYTES,
+                    max_frame_bytes: $crate::DEFAULT_MAX_FRAME_BYTES,
                     max_connections: $connections,
                     handshake_timeout_ms: $handshake,
                     idle_timeout_ms: 30_000,
@@ -315,13 +315,13 @@ macro_rules! listener_config {
             ///
             /// The first key that cannot be used, and why.
             pub fn validate_listener(&self) -> Result<(), $crate::__runtime::config::InvalidSetting> {
-                $crate::config::validate_listener(
+                $crate::__config::validate_listener(
                     self.max_frame_bytes,
                     self.max_connections,
                     self.handshake_timeout_ms,
                     self.idle_timeout_ms,
                 )?;
-                $crate::config::validate_server_tls(self.tls.as_ref())
+                $crate::__config::validate_server_tls(self.tls.as_ref())
             }
 
             /// The listener's settings; it answers handshakes as `instance_id`; a TLS file
@@ -333,15 +333,15 @@ macro_rules! listener_config {
             pub fn listener_settings(
                 &self,
                 instance_id: String,
-                reload_errors: $crate::config::Counter,
-            ) -> Result<$crate::inbound::ListenerSettings, $crate::tls::TlsError> {
-                Ok($crate::inbound::ListenerSettings {
+                reload_errors: $crate::__config::Counter,
+            ) -> Result<$crate::ListenerSettings, $crate::TlsError> {
+                Ok($crate::ListenerSettings {
                     instance_id,
                     max_frame_bytes: self.max_frame_bytes,
                     max_connections: self.max_connections,
-                    handshake_timeout: $crate::config::millis(self.handshake_timeout_ms),
-                    idle_timeout: $crate::config::millis(self.idle_timeout_ms),
-                    tls: $crate::config::server_tls(self.tls.as_ref(), reload_errors)?,
+                    handshake_timeout: $crate::__config::millis(self.handshake_timeout_ms),
+                    idle_timeout: $crate::__config::millis(self.idle_timeout_ms),
+                    tls: $crate::__config::server_tls(self.tls.as_ref(), reload_errors)?,
                 })
             }
         }

@@ -122,7 +122,7 @@ pub trait OutboundMetrics: Send + Sync + 'static {
     fn dropped(&self, reason: DropReason, batches: u64, items: u64);
     /// A connect or handshake failed.
     fn connect_error(&self);
-    /// The TLS handshake failed, for `reason` ([`crate::tls::failure_label`]).
+    /// The TLS handshake failed, for `reason` ([`crate::failure_label`]).
     fn tls_error(&self, _reason: &'static str) {}
     /// The connection was lost while sending or awaiting an ack.
     fn send_error(&self, reason: &'static str);
@@ -397,7 +397,7 @@ pub struct SenderSettings {
 }
 
 /// When connected and idle for `after`, send `frame()` (a batch with nothing in it,
-/// sequence 0), so that the receiver's idle deadline ([`crate::inbound`]) does not
+/// sequence 0), so that the receiver's idle deadline ([`crate::WireConnection`]) does not
 /// close a healthy connection.
 #[derive(Debug, Clone, Copy)]
 pub struct Heartbeat {

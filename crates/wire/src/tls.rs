@@ -232,7 +232,11 @@ impl ServerTlsConfig {
     }
 }
 
-/// A configuration built from files, rebuilt when they change; see the [module docs](self).
+/// A configuration built from files, rebuilt when one of them changes (checked at most
+/// once a second, by modification time and size): a new connection uses the new
+/// certificates, established ones keep theirs. A file that changed but does not load (a
+/// half-written rotation) keeps the previous configuration, logged and counted, until it
+/// loads.
 /// `E` is what a failed build says (a TLS error for certificates; the ingester's bearer
 /// token file uses it too).
 pub struct Reloading<T, E = TlsError> {

@@ -63,7 +63,7 @@ use tessera_runtime::logging::{RateLimitedLog, error_chain};
 use tessera_topology::{
     Election, EtcdConfig, FlushMarks, Leader, LeaseDeadline, PlacementHandle, PlacementStore, Registration,
 };
-use tessera_wire::backoff::{Backoff, sleep_or_stop};
+use tessera_wire::{Backoff, sleep_or_stop};
 
 use super::metrics::FlushMetrics;
 use crate::outbound::Ingesters;
@@ -571,7 +571,7 @@ mod tests {
         leadership.inner.replicated.store(true, Ordering::Release);
         let push = |end: i64| {
             let sequence = queue.next_sequence();
-            queue.push(tessera_wire::outbound::Batch { sequence, frame: vec![0; 8], items: 1, refs: None });
+            queue.push(tessera_wire::Batch { sequence, frame: vec![0; 8], items: 1, refs: None });
             leadership.flushed(0, vec![(0, sequence)], end);
         };
         push(10_000);
@@ -598,7 +598,7 @@ mod tests {
         leadership.inner.replicated.store(true, Ordering::Release);
         let push = |index: usize| {
             let sequence = queues[index].next_sequence();
-            queues[index].push(tessera_wire::outbound::Batch { sequence, frame: vec![0; 8], items: 1, refs: None });
+            queues[index].push(tessera_wire::Batch { sequence, frame: vec![0; 8], items: 1, refs: None });
             sequence
         };
         let deliver = |index: usize| {

@@ -37,7 +37,7 @@ use super::dictionary::ConnectionDictionary;
 use crate::tile::{Partial, SplitBatch, Via, thread_of};
 use tessera_proto::AckReason;
 use tessera_runtime::logging::error_chain;
-use tessera_wire::metrics::CloseReason;
+use tessera_wire::CloseReason;
 
 /// What became of one frame.
 #[derive(Debug)]

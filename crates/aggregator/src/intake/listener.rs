@@ -14,8 +14,8 @@ use crossbeam_channel::Sender;
 use tessera_proto::framing;
 use tessera_proto::{Frame, frame::Body};
 use tessera_runtime::{RateLimitedLog, Shutdown};
-use tessera_wire::inbound::{self, ListenerSettings, WireConnection, WireError};
-use tessera_wire::metrics::ListenerMetrics;
+use tessera_wire::ListenerMetrics;
+use tessera_wire::{ListenerSettings, WireConnection, WireError};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 
@@ -36,7 +36,7 @@ pub async fn accept_loop(
     shutdown: Shutdown,
 ) {
     let context = (jobs, shutdown.clone());
-    inbound::serve_wire(
+    tessera_wire::serve_wire(
         listener,
         settings,
         "collector",

@@ -3,7 +3,7 @@
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
-use tessera_wire::metrics::ListenerMetrics;
+use tessera_wire::ListenerMetrics;
 
 tessera_runtime::metrics! {
     /// The intake's metrics.

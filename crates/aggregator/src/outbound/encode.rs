@@ -5,7 +5,7 @@
 use prost::Message;
 use tessera_proto::framing;
 use tessera_proto::{Frame, SeriesValue, TileBatch, frame::Body};
-use tessera_wire::outbound::Batch;
+use tessera_wire::Batch;
 
 /// Per-value overhead of the repeated field (tag and length prefix), bytes, at most.
 const VALUE_OVERHEAD_BYTES: usize = 6;

@@ -7,7 +7,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use tessera_proto::AckReason;
 use tessera_runtime::telemetry::labels::ByUnit;
 use tessera_runtime::telemetry::zeroed_family;
-use tessera_wire::metrics::{DestinationMetrics, Drops, Items, SenderMetrics};
+use tessera_wire::{DestinationMetrics, Drops, Items, SenderMetrics};
 
 /// What the aggregator's batches towards ingesters hold: series values, refused for
 /// the ingester's reasons; drops are counted in batches and series.

@@ -16,7 +16,7 @@ use std::time::Duration;
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 use tessera_proto::{Ack, AckReason, AckStatus};
 use tessera_runtime::RateLimitedLog;
-use tessera_wire::metrics::CloseReason;
+use tessera_wire::CloseReason;
 use tokio::sync::oneshot;
 
 use super::merge::MergeTier;

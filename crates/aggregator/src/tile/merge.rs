@@ -33,7 +33,7 @@ use crossbeam_channel::{Receiver, Sender};
 
 use super::tiler::{ClosedTile, Partial, Tiler, Via, WindowPartials};
 use super::watermark::Trigger;
-use tessera_wire::metrics::{Drops, count_drops};
+use tessera_wire::{Drops, count_drops};
 
 use super::metrics::TileMetrics;
 

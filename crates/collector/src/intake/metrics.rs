@@ -9,7 +9,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use tessera_core::parse::RejectReason;
-use tessera_wire::metrics::{ByReasonUnit, Drops};
+use tessera_wire::{ByReasonUnit, Drops};
 
 /// `{listener}`: `udp`, `tcp` or `unix`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -151,7 +151,7 @@ impl ListenerMetrics {
 }
 
 /// A statsd stream listener counts its connections here.
-impl tessera_wire::inbound::InboundCounters for ListenerMetrics {
+impl tessera_wire::InboundCounters for ListenerMetrics {
     fn accept_error(&self) {
         self.counts.receive_errors.inc();
     }

@@ -14,7 +14,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TrySendError};
 use tessera_core::parse::RejectReason;
 use tessera_runtime::RateLimitedLog;
 use tessera_runtime::shutdown::Shutdown;
-use tessera_wire::inbound::{self, AcceptSettings};
+use tessera_wire::AcceptSettings;
 use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};
 
@@ -50,7 +50,7 @@ pub async fn accept_loop(
 ) {
     let accept = AcceptSettings { max_connections: settings.max_connections, peer: "statsd client" };
     let context = (lines, settings, metrics.clone(), shutdown.clone());
-    inbound::accept_loop(listener, accept, metrics, &CONNECTION_LOG, shutdown, context, serve).await;
+    tessera_wire::accept_loop(listener, accept, metrics, &CONNECTION_LOG, shutdown, context, serve).await;
 }
 
 /// What every connection's task holds.

@@ -4,7 +4,7 @@
 //! straight to its slot for the series, with no hash of the id.
 //!
 //! The generation is the destination queue's
-//! ([`OutboundQueue::generation`](tessera_wire::outbound::OutboundQueue::generation)):
+//! ([`OutboundQueue::generation`](tessera_wire::OutboundQueue::generation)):
 //! it ends with every new connection and every dropped batch, and the
 //! dictionary starts empty again when it sees that. Batches still queued
 //! from an ended generation are expanded to full ids before they are sent,
@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use hashbrown::HashTable;
 use tessera_core::table::KeyBytes;
 use tessera_proto::partials::{MAX_SERIES_REFS, expand_refs};
-use tessera_wire::outbound::{Batch, Expand, GenerationEnd};
+use tessera_wire::{Batch, Expand, GenerationEnd};
 
 use super::DestinationQueue;
 

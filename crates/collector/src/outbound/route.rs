@@ -22,11 +22,11 @@ use tessera_proto::PartialBatch;
 use tessera_proto::partials::{ShardSeries, cut_frames};
 use tessera_runtime::shutdown::Shutdown;
 use tessera_topology::{PlacementHandle, Routing};
-use tessera_wire::outbound::{Batch, GenerationEnd, Refs};
+use tessera_wire::{Batch, GenerationEnd, Refs};
 
 use super::dictionary::{Dictionary, DictionaryWindow, Name};
 use super::{DestinationKey, DestinationQueue, Destinations, OutboundSettings, Senders};
-use tessera_wire::metrics::{Drops, SenderMetrics, count_drops};
+use tessera_wire::{Drops, SenderMetrics, count_drops};
 
 /// The routing table of one placement version and the queue of each of its destinations.
 struct Routes {

@@ -12,7 +12,7 @@ use tessera_runtime::shutdown::Shutdown;
 use tessera_topology::{Placement, PlacementHandle};
 
 use crate::metrics::Metrics;
-use tessera_wire::outbound::SenderSettings;
+use tessera_wire::SenderSettings;
 
 use super::*;
 use crate::intake::{Cut, CutEntry, cut_links};

@@ -15,7 +15,7 @@ use tessera_core::clock::now_ms;
 use tessera_proto::{AckReason, AckStatus};
 use tessera_runtime::telemetry::labels::{ByReason, ByResolution, ByTarget};
 use tessera_runtime::telemetry::{storage_histogram, zeroed_family};
-use tessera_wire::metrics::ListenerMetrics;
+use tessera_wire::ListenerMetrics;
 
 use crate::admit::{SkipReason, SkippedTiles};
 

@@ -26,7 +26,7 @@ use tessera_proto::frame::Body;
 use tessera_proto::framing::body_kind;
 use tessera_proto::{Ack, AckReason, AckStatus, Frame, TileBatch};
 use tessera_runtime::RateLimitedLog;
-use tessera_wire::metrics::CloseReason;
+use tessera_wire::CloseReason;
 use tokio::sync::mpsc::error::TryRecvError;
 use tokio::sync::{mpsc, oneshot};
 

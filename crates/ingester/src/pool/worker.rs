@@ -16,7 +16,7 @@ use std::time::Instant;
 use tessera_core::clock::now_ms;
 
 use tessera_runtime::{RateLimitedLog, Shutdown};
-use tessera_wire::backoff::Backoff;
+use tessera_wire::Backoff;
 use tokio::sync::mpsc;
 
 use super::pacing::Outcome;

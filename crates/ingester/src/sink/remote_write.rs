@@ -16,7 +16,7 @@
 //!
 //! **HTTPS and credentials.** An `https://` URL is spoken over rustls (HTTP/1.1), trusting
 //! `[sink.tls] ca_file` or the system's roots, presenting `cert_file`/`key_file` (mTLS)
-//! when set; the TLS files are reloaded when they change ([`tessera_wire::tls`]). Every
+//! when set; the TLS files are reloaded when they change ([`tessera_wire::Reloading`]). Every
 //! request carries `Authorization` (`basic_auth`, or a bearer token re-read from its file
 //! when the file changes: rotating tokens work) and the configured `headers`
 //! (`X-Scope-OrgID` for Mimir, Cortex, Grafana Cloud). With `tenant_label`, each request is
@@ -51,8 +51,8 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use rustls::ClientConfig;
 use tessera_runtime::logging::{RateLimitedLog, error_chain};
-use tessera_wire::client::ClientTls;
-use tessera_wire::tls::Reloading;
+use tessera_wire::ClientTls;
+use tessera_wire::Reloading;
 
 use super::prompb;
 use super::{Sink, SinkError, SinkRequest, StoredSample, shorten};
@@ -131,7 +131,10 @@ impl TokenFile {
     /// # Errors
     ///
     /// When the file cannot be read or its content is not a header value.
-    pub fn open(path: PathBuf, reload_errors: tessera_wire::config::Counter) -> Result<TokenFile, String> {
+    pub fn open(
+        path: PathBuf,
+        reload_errors: prometheus_client::metrics::counter::Counter,
+    ) -> Result<TokenFile, String> {
         let file = path.clone();
         let on_error = move |error: &String| {
             reload_errors.inc();
@@ -216,10 +219,10 @@ impl RemoteWriteSink {
     /// # Errors
     ///
     /// For an `https` URL without `tls`, when the system has no roots to trust.
-    pub fn new(settings: RemoteWriteSettings) -> Result<RemoteWriteSink, tessera_wire::tls::TlsError> {
+    pub fn new(settings: RemoteWriteSettings) -> Result<RemoteWriteSink, tessera_wire::TlsError> {
         let tls = match (&settings.tls, settings.url.scheme_str()) {
             (Some(tls), _) => tls.config.current(),
-            (None, Some("https")) => tessera_wire::tls::ClientTlsConfig::default().client_config()?,
+            (None, Some("https")) => tessera_wire::ClientTlsConfig::default().client_config()?,
             (None, _) => unused_tls(),
         };
         let client = Self::client_with(&settings, tls.clone());
@@ -273,7 +276,7 @@ impl RemoteWriteSink {
     async fn exchange(&self, request: hyper::Request<Full<Bytes>>) -> Result<(), SinkError> {
         let response = self.client().request(request).await.map_err(|error| {
             // A refused certificate (unknown CA, expired, wrong name) is told from the network.
-            match tessera_wire::tls::tls_failure(&error) {
+            match tessera_wire::tls_failure(&error) {
                 Some(failure) => SinkError::Retryable {
                     reason: "tls",
                     message: format!("TLS handshake failed ({failure}): {}", error_chain(&error)),
@@ -421,7 +424,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("token");
         std::fs::write(&path, "first\n").unwrap();
-        let errors = tessera_wire::config::Counter::default();
+        let errors = prometheus_client::metrics::counter::Counter::default();
         let file = TokenFile::open(path.clone(), errors.clone()).unwrap();
         assert_eq!(file.current().unwrap(), "Bearer first");
         std::fs::write(&path, "second-and-longer").unwrap();
