@@ -79,7 +79,7 @@ use std::time::{Duration, Instant};
 
 use tessera_core::clock::now_ms;
 use tessera_runtime::{Readiness, ServerHandle, Shutdown, Telemetry};
-use tessera_topology::{PlacementHandle, PlacementSource, Tier, WatchStatsCollector};
+use tessera_topology::{PlacementHandle, PlacementSource, Tier};
 use tessera_wire::Heartbeat;
 
 use flush::{FlushSettings, Leadership};
@@ -150,11 +150,7 @@ impl Aggregator {
         config.validate_settings()?;
         let instance_id = config.instance_id().to_owned();
         let metrics = Metrics::default();
-        telemetry.with_registry(|registry| metrics.register(registry, METRIC_PREFIX));
-        // The placement's version and its source's events (etcd errors, reconnects, cold
-        // starts from the cache file), as the collector exports them.
-        let placement_watch = WatchStatsCollector::new(METRIC_PREFIX.trim_end_matches('_'), placement.clone());
-        telemetry.register_collector(Box::new(placement_watch));
+        telemetry.with_registry(|registry| metrics.register_with_placement(registry, &placement));
         let readiness = Readiness::new();
         let listening = readiness.condition("listening");
         let placement_ready = readiness.condition("placement");

@@ -10,7 +10,8 @@
 //! [`DestinationMetrics`](tessera_wire::DestinationMetrics)) and add once per
 //! batch or tile, never once per series.
 
-use tessera_runtime::telemetry::zeroed_family;
+use tessera_runtime::telemetry::{Registry, zeroed_family};
+use tessera_topology::{PlacementHandle, WatchStatsCollector};
 use tessera_wire::{ByReasonUnit, Drops};
 
 use crate::flush::FlushMetrics;
@@ -55,6 +56,15 @@ pub const DROP_REASONS: [(&str, &str); 13] = [
 ];
 
 impl Metrics {
+    /// Registers the daemon's metrics under [`PREFIX`], and beside them its placement
+    /// source's events and version (etcd errors, reconnects, cold starts from the cache
+    /// file; `<prefix>placement_*`), read from `placement` at each scrape.
+    pub fn register_with_placement(&self, registry: &mut Registry, placement: &PlacementHandle) {
+        self.register(registry, PREFIX);
+        let watch = WatchStatsCollector::new(PREFIX.trim_end_matches('_'), placement.clone());
+        registry.register_collector(Box::new(watch));
+    }
+
     /// Dropped so far for `reason` in `unit`.
     pub fn drops(&self, reason: &'static str, unit: &'static str) -> u64 {
         self.drops.get_or_create(&ByReasonUnit { reason, unit }).get()
@@ -68,11 +78,8 @@ mod naming {
         tessera_runtime::telemetry::naming::assert_exports(
             "aggregator",
             |registry| {
-                super::Metrics::default().register(registry, super::PREFIX);
-                // Registered beside the daemon's own set at start.
                 let placement = tessera_topology::PlacementHandle::fixed(tessera_topology::Placement::default());
-                let watch = tessera_topology::WatchStatsCollector::new("tessera_aggregator", placement);
-                registry.register_collector(Box::new(watch));
+                super::Metrics::default().register_with_placement(registry, &placement);
             },
             include_str!("../../../docs/metrics/aggregator.txt"),
         );

@@ -81,11 +81,7 @@ impl Collector {
     ) -> Result<Collector, StartError> {
         config.validate_settings()?;
         let metrics = Metrics::default();
-        telemetry.with_registry(|registry| metrics.register(registry, metrics::PREFIX));
-        telemetry.register_collector(Box::new(tessera_topology::WatchStatsCollector::new(
-            "tessera_collector",
-            placement.clone(),
-        )));
+        telemetry.with_registry(|registry| metrics.register_with_placement(registry, &placement));
         let readiness = Readiness::new();
         let listening = readiness.condition("listening");
 

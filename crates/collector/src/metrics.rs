@@ -7,7 +7,8 @@
 //! never once per line.
 
 use tessera_rules::RuleMetrics;
-use tessera_runtime::telemetry::zeroed_family;
+use tessera_runtime::telemetry::{Registry, zeroed_family};
+use tessera_topology::{PlacementHandle, WatchStatsCollector};
 use tessera_wire::{ByReasonUnit, Drops, Items, SenderMetrics};
 
 use crate::intake::IntakeMetrics;
@@ -46,6 +47,15 @@ tessera_runtime::metrics! {
 pub const PARTIAL_DROP_REASONS: [&str; 5] = ["no_owner", "queue_full", "rejected", "expansion_failed", "shutdown"];
 
 impl Metrics {
+    /// Registers the daemon's metrics under [`PREFIX`], and beside them its placement
+    /// source's events and version (etcd errors, reconnects, cold starts from the cache
+    /// file; `<prefix>placement_*`), read from `placement` at each scrape.
+    pub fn register_with_placement(&self, registry: &mut Registry, placement: &PlacementHandle) {
+        self.register(registry, PREFIX);
+        let watch = WatchStatsCollector::new(PREFIX.trim_end_matches('_'), placement.clone());
+        registry.register_collector(Box::new(watch));
+    }
+
     /// Dictionary generations of `destination` ended for `reason` so far.
     pub fn dictionary_generations_ended(&self, destination: &str, reason: &str) -> u64 {
         self.senders.dictionary_generations_ended(destination, reason)
@@ -59,11 +69,8 @@ mod naming {
         tessera_runtime::telemetry::naming::assert_exports(
             "collector",
             |registry| {
-                super::Metrics::default().register(registry, super::PREFIX);
-                // Registered beside the daemon's own set at start.
                 let placement = tessera_topology::PlacementHandle::fixed(tessera_topology::Placement::default());
-                let watch = tessera_topology::WatchStatsCollector::new("tessera_collector", placement);
-                registry.register_collector(Box::new(watch));
+                super::Metrics::default().register_with_placement(registry, &placement);
             },
             include_str!("../../../docs/metrics/collector.txt"),
         );
