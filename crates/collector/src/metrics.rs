@@ -52,8 +52,7 @@ impl Metrics {
     /// file; `<prefix>placement_*`), read from `placement` at each scrape.
     pub fn register_with_placement(&self, registry: &mut Registry, placement: &PlacementHandle) {
         self.register(registry, PREFIX);
-        let watch = WatchStatsCollector::new(PREFIX.trim_end_matches('_'), placement.clone());
-        registry.register_collector(Box::new(watch));
+        WatchStatsCollector::register(registry, PREFIX, placement);
     }
 
     /// Dictionary generations of `destination` ended for `reason` so far.

@@ -12,6 +12,7 @@ use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::registry::Registry;
 
 use crate::handle::PlacementHandle;
 use crate::stats::{WatchEvent, WatchStats};
@@ -34,6 +35,13 @@ impl WatchStatsCollector {
     /// Reports `handle`'s counters as `<prefix>_placement_*`.
     pub fn new(prefix: &str, handle: PlacementHandle) -> WatchStatsCollector {
         WatchStatsCollector { prefix: prefix.to_owned(), stats: handle.stats(), handle }
+    }
+
+    /// Registers `handle`'s counters and version in `registry` under a daemon's metric
+    /// prefix (`tessera_collector_`: its trailing `_` is the separator).
+    pub fn register(registry: &mut Registry, metric_prefix: &str, handle: &PlacementHandle) {
+        let collector = WatchStatsCollector::new(metric_prefix.trim_end_matches('_'), handle.clone());
+        registry.register_collector(Box::new(collector));
     }
 }
 
