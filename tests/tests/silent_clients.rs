@@ -21,7 +21,6 @@ use tessera_testkit::daemons::Daemon;
 use tessera_testkit::free_port;
 use tessera_testkit::prometheus::Prometheus;
 use tessera_tests::{collector_config, loopback, start_daemon, start_ingester, start_lone_aggregator, wait_for_scalar};
-
 use tessera_wire::WireStream;
 use tokio::io::AsyncWriteExt;
 

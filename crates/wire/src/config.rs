@@ -1,31 +1,4 @@
-//! The wire's configuration keys, declared once for every daemon: a sender's
-//! ([`sender_config!`](crate::sender_config): the collector's `[forward]`, the
-//! aggregator's `[ingester]`) and a listener's
-//! ([`listener_config!`](crate::listener_config): the aggregator's and the
-//! ingester's top level).
-//!
-//! Each macro declares a daemon's config struct with the wire's keys in it, beside the
-//! daemon's own, so that the keys stay where users write them (no extra table) and
-//! unknown keys are still refused with their line (`deny_unknown_fields`; serde's
-//! `flatten` would lose both). Every field is written once, with its doc and its
-//! default; only the defaults that differ between daemons are given per daemon.
-//!
-//! ```
-//! tessera_wire::sender_config! {
-//!     /// `[forward]`
-//!     pub struct ForwardConfig {
-//!         /// Name each series once per connection.
-//!         pub series_dictionary: bool = false,
-//!     }
-//!     defaults { max_queue_bytes: 256 << 20, ack_timeout_ms: 10_000, shutdown_grace_secs: 5 }
-//! }
-//!
-//! let config: ForwardConfig = toml::from_str("max_buffer_bytes = 33554432\nseries_dictionary = true\n").unwrap();
-//! assert_eq!((config.max_queue_bytes, config.ack_timeout_ms, config.series_dictionary), (32 << 20, 10_000, true));
-//! assert!(config.validate_sender("forward").is_ok());
-//! let error = toml::from_str::<ForwardConfig>("ack_timeout = 1\n").unwrap_err();
-//! assert!(error.to_string().contains("unknown field `ack_timeout`"), "{error}");
-//! ```
+//! A sender's and a listener's configuration keys; see the crate docs, *Configuration*.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -151,7 +124,7 @@ pub fn millis(ms: u64) -> Duration {
 }
 
 /// Declares a config struct holding a sender's keys beside the daemon's own; see the
-/// [crate docs](crate). Each own field is `/// doc`, `name: Type = default`.
+/// [crate docs](crate), *Configuration*. Each own field is `/// doc`, `name: Type = default`.
 /// The struct gets `Default`, `validate_sender(table)` and `sender_settings(..)`.
 #[macro_export]
 macro_rules! sender_config {

@@ -1,29 +1,4 @@
-//! The inbound side every listener shares, the mirror of [`outbound`](crate::outbound):
-//! the aggregator's and the ingester's wire listeners and the collector's statsd TCP
-//! listener all accept through [`accept_loop`], and the two wire listeners read through
-//! [`WireConnection`].
-//!
-//! - **Connection cap**: a new connection over `max_connections` is closed at once and
-//!   counted ([`InboundCounters::refused`]), never left waiting in the backlog, so a
-//!   flood of clients cannot stall the peers already connected. The cap is a semaphore:
-//!   a slot is taken before the connection's task starts and given back when it ends,
-//!   with no race between the check and the count.
-//! - **TLS** (optional, [`ListenerSettings::tls`]): the TLS handshake comes first, under
-//!   the same handshake deadline; a client without a valid certificate (when a client CA
-//!   is set), or one that does not speak TLS, is refused there and counted
-//!   (`frame_errors_total{reason="tls"}`, the detail logged).
-//! - **Handshake deadline** ([`WireConnection::accept`]): a wire client that does not
-//!   complete the handshake in time is closed and counted.
-//! - **Idle deadline** ([`WireConnection::next_frame`]): after the handshake, a wire
-//!   connection silent for `idle_timeout` is closed and counted. Senders keep healthy
-//!   connections alive: a collector sends a batch every window, empty or not; an
-//!   aggregator sends an empty tile batch (a heartbeat) when it has had nothing to send
-//!   for a third of the ingester's idle timeout ([`crate::outbound::SenderSettings::heartbeat`]).
-//! - Statsd TCP connections may stay idle for long (a client library keeps one open),
-//!   so they have no idle deadline; they are bounded by the cap and by the memory each
-//!   may hold (a line longer than the limit is skipped and counted).
-//! - Log lines about a peer go through a [`RateLimitedLog`] per site, so a flood of bad
-//!   clients cannot flood the log.
+//! The inbound side every listener shares; see the crate docs, *Inbound*.
 
 use std::future::Future;
 use std::net::SocketAddr;

@@ -1,25 +1,4 @@
-//! The wire's metrics, declared once for every daemon: a listener's
-//! ([`ListenerMetrics`]) and a sender's, per destination ([`SenderMetrics`],
-//! whose [`DestinationMetrics`] are the [`OutboundMetrics`] of one queue).
-//!
-//! Both ends of a link export the same names below their daemon's prefix:
-//!
-//! | metric | type | labels |
-//! |---|---|---|
-//! | `connections`, `connections_accepted_total`, `accept_errors_total` | gauge, counters | |
-//! | `frame_errors_total` | counter | `reason` (a refused connection is `too_many_connections`) |
-//! | `batches_sent_total`, `bytes_sent_total`, `<unit>_sent_total` | counter | `destination` |
-//! | `queue_batches`, `queue_bytes` | gauge | `destination` |
-//! | `ack_latency_seconds` | histogram | `destination` |
-//! | `connect_errors_total` | counter | `destination` |
-//! | `tls_errors_total` | counter | `destination`, `reason` |
-//! | `listener_tls_reload_errors_total`, `sender_tls_reload_errors_total` | counter | |
-//! | `send_errors_total`, `rejected_batches_total` | counter | `destination`, `reason` |
-//! | `dictionary_series`, `dictionary_generations_total`, `batches_expanded_total` | gauge, counters | `destination` (senders with series dictionaries) |
-//!
-//! Labels are typed (`ByDestination`, `ByDestinationReason`, ...), encoded in field order.
-//! Drops on the way to a destination go to the daemon's own `drops_total{reason,unit}`
-//! (`queue_full`, `rejected`, `expansion_failed`), handed to [`SenderMetrics::destination`].
+//! The listener's and the senders' metrics; see the crate docs, *Metrics*.
 
 use std::time::Duration;
 

@@ -59,7 +59,7 @@ tessera_runtime::metrics! {
 
 tessera_runtime::labelled_metrics! {
     /// The flush stage's metrics of each storage policy.
-    pub struct PolicyFamilies;
+    struct PolicyFamilies;
     /// Handles of one storage policy.
     pub struct PolicyMetrics by ByPolicy {
         /// Series held per storage policy

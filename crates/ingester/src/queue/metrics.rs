@@ -7,7 +7,7 @@ use tessera_runtime::telemetry::labels::ByTarget;
 tessera_runtime::labelled_metrics! {
     /// The queue's metrics, per target.
     pub struct QueueMetrics;
-    /// Handles of one target's queue, which the queue keeps current.
+    /// Handles of one target's queue: its bound, set once, and what the queue keeps current.
     #[derive(Default)]
     pub struct TargetQueueMetrics by ByTarget {
         /// Bytes of queue segment files, per target

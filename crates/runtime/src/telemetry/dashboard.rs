@@ -8,7 +8,7 @@
 //! `dashboard.css`, compiled into the binary) polls `GET /dashboard/data?since=<ms>`
 //! for the points after the last one it has and draws them as SVG.
 //!
-//! What is shown is one fixed set of [`PANELS`] for every daemon: a panel
+//! What is shown is one fixed set of panels (`PANELS`) for every daemon: a panel
 //! appears when the registry exports at least one metric it reads, so the
 //! collector's page shows intake and queues, the ingester's storage and
 //! end-to-end latency, and `tessera local`'s page all of them.

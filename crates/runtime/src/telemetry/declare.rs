@@ -3,6 +3,9 @@
 //! the struct, its `Default`, its registration and a list of what it exports.
 //! A metric is written in one place: add a field and it is exported, named by
 //! the rule `<prefix><field>[_<unit>]` (counters get `_total` from the encoder).
+//! Metrics a stage keeps handles of per label set (a target, a policy, a
+//! destination) are declared with [`labelled_metrics!`](crate::labelled_metrics),
+//! which also makes the handles struct and the call that fills it.
 //!
 //! ```
 //! use prometheus_client::metrics::counter::Counter;
@@ -155,7 +158,7 @@ macro_rules! metrics {
 /// optional unit in brackets appended to the exported name, and an optional
 /// `with constructor` (a `fn() -> Type`, for histograms). The families are named by the
 /// rule of [`metrics!`](crate::metrics); a stage that keeps a label set's handles asks
-/// [`handles`] for them once, and its hot path holds them.
+/// the families' `handles` for them once, and its hot path holds them.
 ///
 /// ```
 /// use prometheus_client::metrics::counter::Counter;
@@ -184,8 +187,6 @@ macro_rules! metrics {
 /// assert!(text.contains(r#"tessera_x_records_written_total{target="default"} 1"#), "{text}");
 /// assert_eq!(TargetFamilies::NAMES, ["records_written", "write_duration_seconds"]);
 /// ```
-///
-/// [`handles`]: #method.handles
 #[macro_export]
 macro_rules! labelled_metrics {
     (
