@@ -1,5 +1,5 @@
 //! Outbound: the sender towards ingesters, one bounded [`OutboundQueue`] and one long-lived
-//! sender task ([`outbound::run_sender`]) per ingester.
+//! sender task ([`tessera_wire::run_sender`]) per ingester.
 //!
 //! Where tiles go depends on `[ingester]` in the config:
 //!

@@ -5,7 +5,7 @@
 //! Collectors (to aggregators) and aggregators (to ingesters) both send
 //! one batch at a time over a long-lived connection; this module is that
 //! shared exchange, so each sender only decides what to do with the
-//! [`Ack`](tessera_proto::Ack).
+//! [`tessera_proto::Ack`].
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -7,7 +7,7 @@
 //! and merge the same tiles. [`run_election`] (a tokio task, one tick every
 //! [`TICK`]) keeps this instance's liveness lease, campaigns for the shard
 //! set's leader key on that lease
-//! ([`Election`](tessera_topology::Election)), and, as leader, records the
+//! ([`tessera_topology::Election`]), and, as leader, records the
 //! flush marks: per policy, the end of the last tile every batch of which
 //! the ingester acknowledged (with every tile before it). As follower it
 //! reads them. The flusher ([`super`]) asks [`Leadership`] before

@@ -10,7 +10,7 @@
 //! never depends on whether its 10 s tiles were complete, and the sum of a
 //! policy's tiles always equals the sum of the accepted partials.
 //!
-//! Every series gets a number from the tiler's [`Registry`](series::Registry)
+//! Every series gets a number from the tiler's [`series::Registry`]
 //! when first seen: its id is hashed and compared there, once per partial
 //! (or never, for a partial that came by a connection dictionary's
 //! reference, `intake/dictionary.rs`). A policy keeps `R` tables indexed by

@@ -2,7 +2,7 @@
 //! packed from those lines.
 //!
 //! Series `i` (numbered from 0 across all types) is called
-//! `loadgen.<type>.<i>`; its type comes from the [`Mix`](super::mix::Mix).
+//! `loadgen.<type>.<i>`; its type comes from the [`super::mix::Mix`].
 //! Its line at pass `p` is
 //!
 //! ```text

@@ -124,7 +124,7 @@ impl PlacementConfig {
     }
 }
 
-/// What [`run_tier`] needs.
+/// What [`run_tier`](super::run_tier) needs.
 #[derive(Debug, Clone)]
 pub struct TierSettings {
     /// etcd (the ingesters' key is used whatever `tier` says).
