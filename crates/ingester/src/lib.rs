@@ -389,7 +389,7 @@ async fn tick_writer(jobs: mpsc::Sender<Job>, every: Duration, shutdown: Shutdow
 
 /// Sets each target's pace gauge to the samples written over the last second.
 async fn measure_pace(targets: Vec<pool::TargetMetrics>, shutdown: Shutdown) {
-    let mut previous: Vec<u64> = targets.iter().map(|target| target.sink.samples_written.get()).collect();
+    let mut previous: Vec<u64> = targets.iter().map(|target| target.sink.writes.samples_written.get()).collect();
     let mut interval = tokio::time::interval(Duration::from_secs(1));
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last = tokio::time::Instant::now();
@@ -397,7 +397,7 @@ async fn measure_pace(targets: Vec<pool::TargetMetrics>, shutdown: Shutdown) {
         let elapsed = last.elapsed().as_secs_f64().max(0.001);
         last = tokio::time::Instant::now();
         for (target, before) in targets.iter().zip(previous.iter_mut()) {
-            let now = target.sink.samples_written.get();
+            let now = target.sink.writes.samples_written.get();
             target.gauges.pace.set((now - *before) as f64 / elapsed);
             *before = now;
         }

@@ -75,12 +75,12 @@ async fn send<S: Sink>(target: &Target<S>, item: &WorkItem, settings: &PoolSetti
         }
         let started = Instant::now();
         let result = target.sink.write(&request).await;
-        metrics.sink.request_duration.observe(started.elapsed().as_secs_f64());
+        metrics.sink.writes.request_duration.observe(started.elapsed().as_secs_f64());
         match result {
             Ok(()) => {
                 permit.finish(Outcome::Success);
                 metrics.sink.request("ok");
-                metrics.sink.samples_written.inc_by(samples as u64);
+                metrics.sink.writes.samples_written.inc_by(samples as u64);
                 complete(target, item);
                 return;
             }
@@ -113,7 +113,7 @@ async fn send<S: Sink>(target: &Target<S>, item: &WorkItem, settings: &PoolSetti
                 if stop.is_triggered() {
                     return;
                 }
-                metrics.sink.retries.inc();
+                metrics.sink.writes.retries.inc();
                 let delay = backoff.next_delay();
                 attempt = attempt.saturating_add(1);
                 if RETRY_LOG.allow() {
@@ -165,6 +165,6 @@ fn complete<S: Sink>(target: &Target<S>, item: &WorkItem) {
     }
     if last {
         target.queue.complete(record.position);
-        target.metrics.sink.records_written.inc();
+        target.metrics.sink.writes.records_written.inc();
     }
 }

@@ -30,21 +30,31 @@ tessera_runtime::metrics! {
     pub struct SinkMetrics {
         /// Storage requests, per target and outcome
         sink_requests: Family<ByTargetOutcome, Counter>,
-        /// Duration of one storage request, per target
-        sink_request_duration: Family<ByTarget, Histogram> [seconds] = Family::new_with_constructor(storage_histogram),
-        /// Storage requests sent again after a retryable error, per target
-        sink_retries: Family<ByTarget, Counter>,
         /// Remote-write TLS or bearer token files that changed on disk but did not load (the
         /// previous ones stay in use)
         pub sink_reload_errors: Counter,
         /// Samples storage refused for good, per target and status
-        sink_rejected_samples: Family<ByTargetStatus, Counter>,
-        /// Samples storage acknowledged, per target
-        samples_written: Family<ByTarget, Counter>,
-        /// Queue records fully written to storage, per target
-        records_written: Family<ByTarget, Counter>;
+        sink_rejected_samples: Family<ByTargetStatus, Counter>;
+        /// Each target's requests and what storage took
+        targets: TargetFamilies,
         /// The file targets' own
         file_sinks: FileSinkFamilies,
+    }
+}
+
+tessera_runtime::labelled_metrics! {
+    /// The sink stage's metrics, per target.
+    pub struct TargetFamilies;
+    /// One target's storage requests and what storage took.
+    pub struct TargetWrites by ByTarget {
+        /// Duration of one storage request, per target
+        pub request_duration: Histogram = sink_request_duration [seconds] with storage_histogram,
+        /// Storage requests sent again after a retryable error, per target
+        pub retries: Counter = sink_retries,
+        /// Samples storage acknowledged, per target
+        pub samples_written: Counter = samples_written,
+        /// Queue records fully written to storage, per target
+        pub records_written: Counter = records_written,
     }
 }
 
@@ -74,17 +84,14 @@ impl SinkMetrics {
     /// order, invalid) are exported at 0 from the start, other 4xx statuses when they
     /// happen.
     pub fn target(&self, target: &str) -> TargetSinkMetrics {
-        let by_target = ByTarget { target: target.to_owned() };
+        let writes = self.targets.handles(&ByTarget { target: target.to_owned() });
         let target = Arc::new(target.to_owned());
         let _ = self.sink_rejected_samples.get_or_create(&ByTargetStatus { target: target.clone(), status: 400 });
         TargetSinkMetrics {
             target,
             requests: self.sink_requests.clone(),
-            request_duration: self.sink_request_duration.get_or_create(&by_target).clone(),
-            retries: self.sink_retries.get_or_create(&by_target).clone(),
             rejected_samples: self.sink_rejected_samples.clone(),
-            samples_written: self.samples_written.get_or_create(&by_target).clone(),
-            records_written: self.records_written.get_or_create(&by_target).clone(),
+            writes,
         }
     }
 }
@@ -95,15 +102,9 @@ pub struct TargetSinkMetrics {
     /// Shared by the label sets of each request, so that counting one allocates nothing.
     target: Arc<String>,
     requests: Family<ByTargetOutcome, Counter>,
-    /// Duration of one storage request.
-    pub request_duration: Histogram,
-    /// Requests sent again.
-    pub retries: Counter,
     rejected_samples: Family<ByTargetStatus, Counter>,
-    /// Samples acknowledged by storage.
-    pub samples_written: Counter,
-    /// Records fully written.
-    pub records_written: Counter,
+    /// Request durations, retries, samples and records written.
+    pub writes: TargetWrites,
 }
 
 impl TargetSinkMetrics {
