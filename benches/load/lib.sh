@@ -44,7 +44,7 @@ wait_ready() {
 # writes DIR/placement.toml (one aggregator owning 64 shards) and DIR/collector.toml.
 # SERIES_DICTIONARY=true|false sets `[forward] series_dictionary` (left out
 # when unset, for binaries that predate it). RULES=1 adds a mapping file
-# (write_mapping_rules).
+# (write_mapping_rules); LIMIT=1 a catch-all cardinality limit (write_limit_rule).
 write_collector_config() {
     cat > "$1/placement.toml" <<TOML
 num_shards = 64
@@ -67,6 +67,14 @@ TOML
         printf '[forward]\nseries_dictionary = %s\n' "$SERIES_DICTIONARY" >> "$1/collector.toml"
     fi
     write_mapping_rules "$1"
+    write_limit_rule "$1"
+}
+
+# write_limit_rule DIR: with LIMIT=1, `[[rules.limit]] match = "*"` with a bound no run
+# reaches: every series takes a place under the limit, and none is folded.
+write_limit_rule() {
+    [ "${LIMIT:-0}" = 1 ] || return 0
+    printf '[[rules.limit]]\nmatch = "*"\nmax_series = 100000000\n' >> "$1/collector.toml"
 }
 
 # write_mapping_rules DIR: with RULES=1, a statsd_exporter mapping file of 50 glob rules

@@ -17,6 +17,7 @@
 #   MERGE_THREADS=N (default: the aggregator's default, the cores available)
 #   PROFILE_HZ=99: take a CPU profile of the collector at that frequency for
 #   the whole run (/debug/pprof/profile), to measure what profiling costs
+#   LIMIT=1: a catch-all [[rules.limit]] in the collector (every series under a limit)
 #   WIRE_TLS=1: mutual TLS on both wire links (collector -> aggregator -> ingester),
 #   certificates made with openssl for the run
 #
