@@ -232,7 +232,7 @@ macro_rules! sender_config {
 }
 
 /// Declares a config struct holding a wire listener's keys beside the daemon's own; see
-/// the [crate docs](crate). Each own field is `/// doc`, `name: Type = default`.
+/// the [crate docs](crate), *Configuration*. Each own field is `/// doc`, `name: Type = default`.
 /// The struct gets `Default`, `validate_listener()` and `listener_settings(..)`.
 #[macro_export]
 macro_rules! listener_config {
