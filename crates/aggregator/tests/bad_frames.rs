@@ -1,0 +1,80 @@
+//! A frame the aggregator cannot trust after a good handshake (bytes that are no frame, a
+//! frame of the wrong kind) closes its connection only, and the wire counts why
+//! (`frame_errors_total{reason}`), as it counts a close it finds itself.
+
+mod support;
+
+use std::time::Duration;
+
+use support::{TileReceiver, metric_value, test_config, wait_until};
+use tessera_aggregator::Aggregator;
+use tessera_proto::framing::{self, DEFAULT_MAX_FRAME_BYTES};
+use tessera_proto::{Ack, Frame, PartialBatch, Role, frame::Body};
+use tessera_runtime::{Shutdown, Telemetry};
+use tessera_topology::{Placement, PlacementHandle};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+async fn connect(address: std::net::SocketAddr, name: &str) -> TcpStream {
+    let mut stream = TcpStream::connect(address).await.unwrap();
+    framing::client_handshake(&mut stream, Role::Collector, name).await.unwrap();
+    stream
+}
+
+/// Reads until the aggregator closes the connection; panics if it does not within 5 s.
+async fn expect_closed(stream: &mut TcpStream) {
+    let mut rest = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut rest)).await;
+    assert!(matches!(read, Ok(Ok(_)) | Ok(Err(_))), "the connection was not closed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frame_that_cannot_be_trusted_closes_its_connection_and_is_counted_by_reason() {
+    let receiver = TileReceiver::start().await;
+    let telemetry = Telemetry::new("aggregator", "test");
+    let shutdown = Shutdown::new();
+    let config = test_config("agg-1", &receiver.address.to_string(), &["1s:1h"], 1);
+    let own = PlacementHandle::fixed(Placement::init(&[("agg-1", "127.0.0.1:1")], 8, 1, 0).unwrap());
+    let aggregator = Aggregator::start_with_placement(config, own, telemetry.clone(), shutdown.clone()).await.unwrap();
+    let address = aggregator.listen_addr();
+    let counted = |reason: &str| {
+        metric_value(&telemetry, "tessera_aggregator_frame_errors_total", &format!("reason=\"{reason}\""))
+    };
+    assert_eq!(counted("malformed_frame"), Some(0.0), "every reason is exported from the start");
+
+    // A length prefix, then bytes that are no protobuf frame.
+    let mut garbage = connect(address, "garbage-host").await;
+    garbage.write_all(&[0, 0, 0, 6, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff]).await.unwrap();
+    expect_closed(&mut garbage).await;
+    // A well-formed frame of a kind a collector never sends.
+    let mut confused = connect(address, "confused-host").await;
+    let ack = Frame { body: Some(Body::Ack(Ack { sequence: 3, ..Ack::default() })) };
+    framing::write_frame(&mut confused, &ack, DEFAULT_MAX_FRAME_BYTES).await.unwrap();
+    expect_closed(&mut confused).await;
+    wait_until("both closes to be counted", Duration::from_secs(5), || {
+        counted("malformed_frame") == Some(1.0) && counted("unexpected_frame") == Some(1.0)
+    })
+    .await;
+
+    // A good connection is unaffected: its batch is acknowledged.
+    let mut good = connect(address, "good-host").await;
+    let window_start_ms = tessera_core::clock::now_ms() / 1000 * 1000 - 1000;
+    let batch = PartialBatch {
+        source: "good-host".into(),
+        sequence: 1,
+        window_start_ms,
+        window_ms: 1000,
+        watermark_ms: window_start_ms + 1000,
+        ..PartialBatch::default()
+    };
+    framing::write_frame(&mut good, &Frame { body: Some(Body::Partials(batch)) }, DEFAULT_MAX_FRAME_BYTES)
+        .await
+        .unwrap();
+    let mut scratch = Vec::new();
+    let answer = framing::read_frame(&mut good, &mut scratch, DEFAULT_MAX_FRAME_BYTES).await.unwrap();
+    assert!(matches!(&answer.body, Some(Body::Ack(ack)) if ack.sequence == 1), "{answer:?}");
+    assert_eq!(counted("malformed_frame"), Some(1.0), "counted once");
+    assert_eq!(counted("unexpected_frame"), Some(1.0), "counted once");
+    shutdown.trigger();
+    aggregator.wait().await;
+}
