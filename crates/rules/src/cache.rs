@@ -31,7 +31,7 @@ use tessera_core::series::kind_byte;
 use crate::handle::RulesHandle;
 use crate::mapping::Mapped;
 use crate::metrics::RuleMetrics;
-use crate::set::{Admission, MAX_LIMITS, Outcome, RuleSet, Targets};
+use crate::set::{Admission, Outcome, RuleSet, Targets};
 
 /// Cuts between sweeps of the cache for idle series.
 const SWEEP_EVERY_CUTS: u64 = 8;
@@ -74,15 +74,11 @@ struct Entry {
     /// Hit slots, the first two of them.
     hits: [u32; 2],
     hit_count: u8,
-    /// `admitted[i]`: the limit that holds a place for the `i`th id the series goes
-    /// under, or [`NOT_ADMITTED`].
-    admitted: [u16; 2],
+    /// `admitted[i]`: the limit's place the `i`th id the series goes under holds, if any.
+    admitted: [Option<Admission>; 2],
     /// More hits: rare.
     extra: Option<Box<Extra>>,
 }
-
-/// No limit holds a place for this id (limit indexes stay below [`MAX_LIMITS`]).
-const NOT_ADMITTED: u16 = MAX_LIMITS as u16;
 
 /// Where a cached series goes.
 #[derive(Clone, Copy)]
@@ -122,7 +118,6 @@ impl Entry {
         hits[..hit_count].copy_from_slice(&outcome.hits[..hit_count]);
         let more_hits = &outcome.hits[hit_count..];
         let extra = (!more_hits.is_empty()).then(|| Box::new(Extra { hits: more_hits.to_vec() }));
-        let admitted = outcome.admissions.map(|admission| admission.map_or(NOT_ADMITTED, Admission::limit));
         Entry {
             hash,
             last_window_ms: i64::MIN,
@@ -131,7 +126,7 @@ impl Entry {
             route,
             hits,
             hit_count: hit_count as u8,
-            admitted,
+            admitted: outcome.admissions,
             extra,
         }
     }
@@ -161,13 +156,13 @@ impl Entry {
 
     /// Hands back to `set` the limits' places the series' ids hold.
     fn release_admissions(&self, set: &RuleSet) {
-        if self.admitted == [NOT_ADMITTED; 2] {
+        if self.admitted == [None; 2] {
             return;
         }
         let mut index = 0;
         self.for_each_id(&self.key()[1..], |id| {
-            if let Some(&limit) = self.admitted.get(index).filter(|limit| **limit != NOT_ADMITTED) {
-                set.release(Admission::new(limit), id);
+            if let Some(&Some(admission)) = self.admitted.get(index) {
+                set.release(admission, id);
             }
             index += 1;
         });

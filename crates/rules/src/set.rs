@@ -21,6 +21,7 @@
 //! [`crate::RuleCache`]), so it may allocate.
 
 use std::collections::HashMap;
+use std::num::NonZeroU16;
 use std::sync::Mutex;
 
 use prometheus_client::metrics::counter::Counter;
@@ -144,20 +145,24 @@ static PAST_LIMIT_LOG: tessera_runtime::logging::RateLimitedLog =
 
 /// A place a limit holds for one id of a series; handed back with [`RuleSet::release`]
 /// and that id (kept once, by whoever holds the outcome, not copied here).
+///
+/// Two bytes, and `Option<Admission>` too: the cache keeps one per id of each series.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Admission {
-    limit: u16,
+    /// The limit's index plus one.
+    limit: NonZeroU16,
 }
 
 impl Admission {
-    /// A place held by limit `limit` (an index below [`MAX_LIMITS`]).
-    pub(crate) fn new(limit: u16) -> Admission {
-        Admission { limit }
+    /// A place held by the limit at `index` (below [`MAX_LIMITS`]).
+    pub(crate) fn new(index: usize) -> Admission {
+        let limit = u16::try_from(index + 1).ok().and_then(NonZeroU16::new);
+        Admission { limit: limit.expect("compile refuses more than MAX_LIMITS limits") }
     }
 
     /// The index of the limit that holds the place.
-    pub fn limit(self) -> u16 {
-        self.limit
+    fn index(self) -> usize {
+        usize::from(self.limit.get()) - 1
     }
 }
 
@@ -409,7 +414,7 @@ impl RuleSet {
                 if limit.admit(&id) {
                     hits.push(limit.slots.0);
                     // At most two drafts; the limits were counted at compile.
-                    admissions[ids.len()] = Some(Admission { limit: index as u16 });
+                    admissions[ids.len()] = Some(Admission::new(index));
                 } else if limit.overflow == Overflow::Fold {
                     hits.push(limit.slots.1);
                     id = self.overflow_id(&mut key, kind, &draft.name);
@@ -435,11 +440,8 @@ impl RuleSet {
     /// Hands back every place [`RuleSet::apply`] took for `outcome`, the outcome of the
     /// series `own_id` (what a caller that keeps no outcome does at once).
     pub fn release_outcome(&self, outcome: &Outcome, own_id: &[u8]) {
-        let ids: Vec<&[u8]> = match &outcome.targets {
-            Targets::Same => vec![own_id],
-            targets => targets.new_ids().collect(),
-        };
-        for (admission, id) in outcome.admissions.iter().zip(ids) {
+        let own = matches!(outcome.targets, Targets::Same).then_some(own_id);
+        for (admission, id) in outcome.admissions.iter().zip(own.into_iter().chain(outcome.targets.new_ids())) {
             if let Some(admission) = admission {
                 self.release(*admission, id);
             }
@@ -449,7 +451,7 @@ impl RuleSet {
     /// Hands back the place [`RuleSet::apply`] took for `id` (the id of the outcome the
     /// admission stands beside).
     pub fn release(&self, admission: Admission, id: &[u8]) {
-        if let Some(limit) = self.limits.get(usize::from(admission.limit)) {
+        if let Some(limit) = self.limits.get(admission.index()) {
             limit.release(id);
         }
     }

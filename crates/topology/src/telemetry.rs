@@ -33,7 +33,7 @@ pub struct WatchStatsCollector {
 
 impl WatchStatsCollector {
     /// Reports `handle`'s counters as `<prefix>_placement_*`.
-    pub fn new(prefix: &str, handle: PlacementHandle) -> WatchStatsCollector {
+    fn new(prefix: &str, handle: PlacementHandle) -> WatchStatsCollector {
         WatchStatsCollector { prefix: prefix.to_owned(), stats: handle.stats(), handle }
     }
 

@@ -131,11 +131,6 @@ impl ListenerMetrics {
     pub fn frame_error(&self, reason: CloseReason) {
         self.frame_errors.get_or_create(&ByReason { reason: reason.as_str() }).inc();
     }
-
-    /// Connections closed for `reason` so far.
-    pub fn frame_errors(&self, reason: CloseReason) -> u64 {
-        self.frame_errors.get_or_create(&ByReason { reason: reason.as_str() }).get()
-    }
 }
 
 tessera_runtime::metrics! {

@@ -1,6 +1,6 @@
 //! Metrics declared once: [`metrics!`](crate::metrics) turns one list of
 //! fields, each with its help text, type, optional unit and constructor, into
-//! the struct, its `Default`, its registration and a list of what it exports.
+//! the struct, its `Default` and its registration.
 //! A metric is written in one place: add a field and it is exported, named by
 //! the rule `<prefix><field>[_<unit>]` (counters get `_total` from the encoder).
 //! Metrics a stage keeps handles of per label set (a target, a policy, a
@@ -34,7 +34,6 @@
 //! assert!(text.contains("# HELP tessera_x_lines_received Lines accepted."));
 //! assert!(text.contains("tessera_x_lines_received_total 1"));
 //! assert!(text.contains("# TYPE tessera_x_flush_duration_seconds histogram"));
-//! assert_eq!(StageMetrics::NAMES, ["lines_received", "refused", "flush_duration_seconds"]);
 //! ```
 
 use std::hash::Hash;
@@ -85,8 +84,8 @@ pub fn lag_histogram() -> Histogram {
 /// the exported name (`[seconds]`, `[bytes]`), and an optional `= constructor` (else
 /// `Default::default()`). After a `;`, fields in the same form without a unit are sets
 /// declared elsewhere (a stage's, the wire's): each has `register(&mut Registry, &str)`
-/// and is registered under the same prefix. The struct gets `Clone`, `Default`,
-/// `register(registry, prefix)` and `NAMES`, the names of its own metrics below the prefix.
+/// and is registered under the same prefix. The struct gets `Clone`, `Default`
+/// and `register(registry, prefix)`.
 #[macro_export]
 macro_rules! metrics {
     (
@@ -127,10 +126,6 @@ macro_rules! metrics {
         }
 
         impl $name {
-            /// The name of every metric below the prefix, in declaration order.
-            #[allow(dead_code)]
-            pub const NAMES: &'static [&'static str] = &[ $( $crate::metrics!(@name $field $(, $unit)?), )* ];
-
             /// Registers every metric in `registry` as `prefix` + its name.
             pub fn register(&self, registry: &mut $crate::telemetry::Registry, prefix: &str) {
                 $(
@@ -151,7 +146,7 @@ macro_rules! metrics {
 }
 
 /// Declares a set of families that share one label set, and the handles of one label
-/// set of them: the families struct (`Clone`, `Default`, `NAMES`, `register(registry,
+/// set of them: the families struct (`Clone`, `Default`, `register(registry,
 /// prefix)`, `handles(&labels)`) and the handles struct (`Clone`), from one list.
 ///
 /// Each field is `/// help`, an optional visibility, `handle: Type = metric_name`, an
@@ -185,7 +180,7 @@ macro_rules! metrics {
 /// handles.written.inc();
 /// let text = telemetry.encode().unwrap();
 /// assert!(text.contains(r#"tessera_x_records_written_total{target="default"} 1"#), "{text}");
-/// assert_eq!(TargetFamilies::NAMES, ["records_written", "write_duration_seconds"]);
+/// assert!(text.contains("# TYPE tessera_x_write_duration_seconds histogram"), "{text}");
 /// ```
 #[macro_export]
 macro_rules! labelled_metrics {
@@ -213,10 +208,6 @@ macro_rules! labelled_metrics {
         }
 
         impl $families {
-            /// The name of every metric below the prefix, in declaration order.
-            #[allow(dead_code)]
-            pub const NAMES: &'static [&'static str] = &[ $( $crate::metrics!(@name $metric $(, $unit)?), )* ];
-
             /// Registers every family in `registry` as `prefix` + its name.
             pub fn register(&self, registry: &mut $crate::telemetry::Registry, prefix: &str) {
                 $(
