@@ -6,20 +6,14 @@ mod support;
 
 use std::time::Duration;
 
-use support::{TileReceiver, metric_value, test_config, wait_until};
+use support::{TileReceiver, connect_collector, empty_batch, metric_value, test_config, wait_until};
 use tessera_aggregator::Aggregator;
 use tessera_proto::framing::{self, DEFAULT_MAX_FRAME_BYTES};
-use tessera_proto::{Ack, Frame, PartialBatch, Role, frame::Body};
+use tessera_proto::{Ack, Frame, frame::Body};
 use tessera_runtime::{Shutdown, Telemetry};
 use tessera_topology::{Placement, PlacementHandle};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-
-async fn connect(address: std::net::SocketAddr, name: &str) -> TcpStream {
-    let mut stream = TcpStream::connect(address).await.unwrap();
-    framing::client_handshake(&mut stream, Role::Collector, name).await.unwrap();
-    stream
-}
 
 /// Reads until the aggregator closes the connection; panics if it does not within 5 s.
 async fn expect_closed(stream: &mut TcpStream) {
@@ -43,11 +37,11 @@ async fn a_frame_that_cannot_be_trusted_closes_its_connection_and_is_counted_by_
     assert_eq!(counted("malformed_frame"), Some(0.0), "every reason is exported from the start");
 
     // A length prefix, then bytes that are no protobuf frame.
-    let mut garbage = connect(address, "garbage-host").await;
+    let mut garbage = connect_collector(address, "garbage-host").await;
     garbage.write_all(&[0, 0, 0, 6, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff]).await.unwrap();
     expect_closed(&mut garbage).await;
     // A well-formed frame of a kind a collector never sends.
-    let mut confused = connect(address, "confused-host").await;
+    let mut confused = connect_collector(address, "confused-host").await;
     let ack = Frame { body: Some(Body::Ack(Ack { sequence: 3, ..Ack::default() })) };
     framing::write_frame(&mut confused, &ack, DEFAULT_MAX_FRAME_BYTES).await.unwrap();
     expect_closed(&mut confused).await;
@@ -57,19 +51,8 @@ async fn a_frame_that_cannot_be_trusted_closes_its_connection_and_is_counted_by_
     .await;
 
     // A good connection is unaffected: its batch is acknowledged.
-    let mut good = connect(address, "good-host").await;
-    let window_start_ms = tessera_core::clock::now_ms() / 1000 * 1000 - 1000;
-    let batch = PartialBatch {
-        source: "good-host".into(),
-        sequence: 1,
-        window_start_ms,
-        window_ms: 1000,
-        watermark_ms: window_start_ms + 1000,
-        ..PartialBatch::default()
-    };
-    framing::write_frame(&mut good, &Frame { body: Some(Body::Partials(batch)) }, DEFAULT_MAX_FRAME_BYTES)
-        .await
-        .unwrap();
+    let mut good = connect_collector(address, "good-host").await;
+    framing::write_frame(&mut good, &empty_batch("good-host", 1), DEFAULT_MAX_FRAME_BYTES).await.unwrap();
     let mut scratch = Vec::new();
     let answer = framing::read_frame(&mut good, &mut scratch, DEFAULT_MAX_FRAME_BYTES).await.unwrap();
     assert!(matches!(&answer.body, Some(Body::Ack(ack)) if ack.sequence == 1), "{answer:?}");

@@ -6,19 +6,12 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use support::{TileReceiver, metric_value, test_config};
+use support::{TileReceiver, connect_collector, empty_batch, metric_value, test_config};
 use tessera_aggregator::Aggregator;
+use tessera_proto::frame::Body;
 use tessera_proto::framing::{self, DEFAULT_MAX_FRAME_BYTES};
-use tessera_proto::{Frame, PartialBatch, Role, frame::Body};
 use tessera_runtime::{Shutdown, Telemetry};
 use tessera_topology::{Placement, PlacementHandle};
-use tokio::net::TcpStream;
-
-async fn connect(address: std::net::SocketAddr, name: &str) -> TcpStream {
-    let mut stream = TcpStream::connect(address).await.unwrap();
-    framing::client_handshake(&mut stream, Role::Collector, name).await.unwrap();
-    stream
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_connection_is_closed_and_counted_and_a_heartbeating_one_stays() {
@@ -31,25 +24,14 @@ async fn a_silent_connection_is_closed_and_counted_and_a_heartbeating_one_stays(
     let aggregator = Aggregator::start_with_placement(config, own, telemetry.clone(), shutdown.clone()).await.unwrap();
     let address = aggregator.listen_addr();
 
-    let mut silent = connect(address, "stuck-host").await;
-    let mut alive = connect(address, "busy-host").await;
+    let mut silent = connect_collector(address, "stuck-host").await;
+    let mut alive = connect_collector(address, "busy-host").await;
     let started = Instant::now();
     let mut scratch = Vec::new();
     // The live one sends an empty batch (what an idle collector sends every window)
     // every 300 ms for 2.5 s, and each is acknowledged.
     for sequence in 1..=8u64 {
-        let window_start_ms = tessera_core::clock::now_ms() / 1000 * 1000 - 1000;
-        let batch = PartialBatch {
-            source: "busy-host".into(),
-            sequence,
-            window_start_ms,
-            window_ms: 1000,
-            watermark_ms: window_start_ms + 1000,
-            ..PartialBatch::default()
-        };
-        framing::write_frame(&mut alive, &Frame { body: Some(Body::Partials(batch)) }, DEFAULT_MAX_FRAME_BYTES)
-            .await
-            .unwrap();
+        framing::write_frame(&mut alive, &empty_batch("busy-host", sequence), DEFAULT_MAX_FRAME_BYTES).await.unwrap();
         let answer = framing::read_frame(&mut alive, &mut scratch, DEFAULT_MAX_FRAME_BYTES).await.unwrap();
         assert!(matches!(answer.body, Some(Body::Ack(ack)) if ack.sequence == sequence));
         tokio::time::sleep(Duration::from_millis(300)).await;

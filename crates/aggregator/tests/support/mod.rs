@@ -20,6 +20,28 @@ pub use ingester::{Flushed, TileKey, TileReceiver};
 #[allow(unused_imports)]
 pub use sender::{RoutingSender, Sent, Window, join_senders, send_windows, spawn_senders};
 
+/// A raw connection to an aggregator after its handshake, as collector `name`.
+pub async fn connect_collector(address: std::net::SocketAddr, name: &str) -> tokio::net::TcpStream {
+    let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
+    tessera_proto::framing::client_handshake(&mut stream, tessera_proto::Role::Collector, name).await.unwrap();
+    stream
+}
+
+/// The empty batch an idle collector `source` sends for the last whole second, as frame
+/// `sequence`.
+pub fn empty_batch(source: &str, sequence: u64) -> tessera_proto::Frame {
+    let window_start_ms = tessera_core::clock::now_ms() / 1000 * 1000 - 1000;
+    let batch = tessera_proto::PartialBatch {
+        source: source.into(),
+        sequence,
+        window_start_ms,
+        window_ms: 1000,
+        watermark_ms: window_start_ms + 1000,
+        ..tessera_proto::PartialBatch::default()
+    };
+    tessera_proto::Frame { body: Some(tessera_proto::frame::Body::Partials(batch)) }
+}
+
 /// Window length the test senders use.
 pub const WINDOW_MS: i64 = 100;
 

@@ -146,8 +146,9 @@ macro_rules! metrics {
 }
 
 /// Declares a set of families that share one label set, and the handles of one label
-/// set of them: the families struct (`Clone`, `Default`, `register(registry,
-/// prefix)`, `handles(&labels)`) and the handles struct (`Clone`), from one list.
+/// set of them: the families struct (made by [`metrics!`](crate::metrics), so `Clone`,
+/// `Default`, `register(registry, prefix)`, and `handles(&labels)`) and the handles struct
+/// (`Clone`), from one list.
 ///
 /// Each field is `/// help`, an optional visibility, `handle: Type = metric_name`, an
 /// optional unit in brackets appended to the exported name, and an optional
@@ -195,30 +196,18 @@ macro_rules! labelled_metrics {
             ),* $(,)?
         }
     ) => {
-        $(#[$families_meta])*
-        #[derive(Clone)]
-        $families_vis struct $families {
-            $( $metric: $crate::__prometheus_client::metrics::family::Family<$labels, $ty>, )*
-        }
-
-        impl ::core::default::Default for $families {
-            fn default() -> Self {
-                Self { $( $metric: $crate::labelled_metrics!(@family $($new)?), )* }
+        $crate::metrics! {
+            $(#[$families_meta])*
+            $families_vis struct $families {
+                $(
+                    $(#[doc = $help])+
+                    $metric: $crate::__prometheus_client::metrics::family::Family<$labels, $ty> $([$unit])?
+                        = $crate::labelled_metrics!(@family $($new)?)
+                ),*
             }
         }
 
         impl $families {
-            /// Registers every family in `registry` as `prefix` + its name.
-            pub fn register(&self, registry: &mut $crate::telemetry::Registry, prefix: &str) {
-                $(
-                    registry.register(
-                        format!("{prefix}{}", $crate::metrics!(@name $metric $(, $unit)?)),
-                        concat!($($help),+).trim(),
-                        self.$metric.clone(),
-                    );
-                )*
-            }
-
             /// The handles of `labels`' series (made, at 0, when first asked for).
             pub fn handles(&self, labels: &$labels) -> $handles {
                 $handles { $( $field: self.$metric.get_or_create(labels).clone(), )* }
