@@ -201,7 +201,7 @@ impl Ingester {
                 &mut replay_record,
             )?;
             let restored = converter.cumulative_series();
-            checkpoint_metrics.taken.restored_series.set(restored as i64);
+            checkpoint_metrics.stats.restored_series.set(restored as i64);
             if restored > 0 || rolled_forward > 0 {
                 tracing::info!(
                     target = name,

@@ -239,7 +239,7 @@ impl Checkpoints {
             if let Some(files) = self.targets.get(target)
                 && files.queue.checkpoint_covers() == Some(queue.appended_through())
             {
-                files.metrics.taken.age.set(now_ms());
+                files.metrics.stats.age.set(now_ms());
                 continue;
             }
             return Some(Round::begin(target, converter, queue));
@@ -305,11 +305,11 @@ fn write_one(targets: &[CheckpointTarget], mut encoded: Encoded) {
     }
     target.queue.checkpointed(encoded.covers);
     let metrics = &target.metrics;
-    let taken = &metrics.taken;
-    taken.count.inc();
-    taken.age.set(now_ms());
-    taken.duration.observe(encoded.started.elapsed().as_secs_f64());
-    taken.series.set(encoded.checkpoint.series() as i64);
+    let stats = &metrics.stats;
+    stats.count.inc();
+    stats.age.set(now_ms());
+    stats.duration.observe(encoded.started.elapsed().as_secs_f64());
+    stats.series.set(encoded.checkpoint.series() as i64);
 }
 
 /// Writes `parts` one after the other as `dir/checkpoint` so that a crash at any point
@@ -352,7 +352,7 @@ pub fn load(dir: &Path, target: &str, metrics: &CheckpointMetrics, converter: &m
     };
     match converter.restore_checkpoint(&bytes) {
         Ok(meta) => {
-            metrics.taken.age.set(meta.taken_at_ms);
+            metrics.stats.age.set(meta.taken_at_ms);
             meta.covers
         }
         Err(source) => {
@@ -394,7 +394,7 @@ mod tests {
         let converters = [Converter::new(&[0.5], 3_600_000)];
         let written = |count: u64| {
             let deadline = Instant::now() + Duration::from_secs(10);
-            while target.metrics.taken.count.get() < count {
+            while target.metrics.stats.count.get() < count {
                 assert!(Instant::now() < deadline, "checkpoint {count} not written");
                 std::thread::sleep(Duration::from_millis(5));
             }
@@ -412,7 +412,7 @@ mod tests {
         written(2);
         assert_eq!(target.queue.checkpoint_covers(), Some(writer.appended_through()));
         checkpoints.finish(&converters, std::slice::from_ref(&writer));
-        assert_eq!(target.metrics.taken.count.get(), 2, "nothing new to write at shutdown");
+        assert_eq!(target.metrics.stats.count.get(), 2, "nothing new to write at shutdown");
         assert!(dir.path().join(FILE_NAME).exists() && !dir.path().join(TEMPORARY_NAME).exists());
     }
 

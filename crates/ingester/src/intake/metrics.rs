@@ -111,7 +111,7 @@ impl IntakeMetrics {
             let by_target_reason = ByTargetReason { target: target.to_owned(), reason: failure.label() };
             self.checkpoint_errors.get_or_create(&by_target_reason).clone()
         });
-        CheckpointMetrics { taken: self.checkpoints.handles(&ByTarget { target: target.to_owned() }), errors }
+        CheckpointMetrics { stats: self.checkpoints.handles(&ByTarget { target: target.to_owned() }), errors }
     }
 }
 
@@ -144,9 +144,9 @@ impl CheckpointFailure {
 tessera_runtime::labelled_metrics! {
     /// The checkpoints' metrics, per target.
     pub struct CheckpointFamilies;
-    /// What one target's checkpoints took.
+    /// One target's checkpoints: taken, their age, duration and size, and what was restored.
     #[derive(Debug)]
-    pub struct CheckpointTaken by ByTarget {
+    pub struct CheckpointStats by ByTarget {
         /// Time since the last checkpoint of the running totals was made durable (or since start, without one),
         /// per target
         pub age: AgeGauge = checkpoint_age [seconds],
@@ -165,8 +165,8 @@ tessera_runtime::labelled_metrics! {
 /// Handles of one target's checkpoints.
 #[derive(Clone, Debug)]
 pub struct CheckpointMetrics {
-    /// What the checkpoints took.
-    pub taken: CheckpointTaken,
+    /// Checkpoints taken, their age, duration and size, and the totals restored at start.
+    pub stats: CheckpointStats,
     /// Errors, by [`CheckpointFailure`].
     errors: [Counter; 3],
 }
