@@ -133,7 +133,9 @@ impl Aggregator {
     }
 
     /// Starts on a placement the caller provides (tests, `tessera local`);
-    /// `config.placement` is ignored. Binds the listener, starts the
+    /// `config.placement` only says whether an election will run (an etcd
+    /// placement: a replica of a replicated shard set then holds its tiles until
+    /// elected). Binds the listener, starts the
     /// decoder, tiler and flusher threads, the ingester senders and the
     /// telemetry endpoint, and returns once partials are accepted.
     ///
@@ -202,6 +204,15 @@ impl Aggregator {
         let flush_settings =
             FlushSettings { source: instance_id.clone(), max_frame_bytes: config.ingester.max_frame_bytes };
         let leadership = Leadership::new(config.policies.clone(), started_ms);
+        // A replica whose election will run (etcd placement, replicated shard set) holds
+        // every tile until that election says it leads.
+        let current = placement.current();
+        if matches!(config.placement, Some(PlacementSource::Etcd(_)))
+            && current.replication_factor() > 1
+            && current.instance(&instance_id).is_some()
+        {
+            leadership.hold_until_elected();
+        }
         if config.ingester.placement.is_some() {
             let reroute = outbound::Reroute {
                 source: instance_id.clone(),

@@ -23,6 +23,17 @@
 //! it before it started) is failed over only once it has been missing for a
 //! whole lease TTL.
 //!
+//! **An etcd outage is not a death.** When etcd is away (restarted, paused,
+//! partitioned) for longer than the TTL, it expires every lease at once when it
+//! is back, live ingesters' included, and each re-grants its own within a
+//! keep-alive. So after this ingester's own lease had to be granted again, or
+//! after etcd failed to answer, nobody is failed over until a whole TTL of
+//! healthy answers has passed: a live peer re-registers meanwhile. Failing a
+//! live ingester over would move its shards while it still writes them, and
+//! tiles sent again to the new owner (a new aggregator leader flushes from
+//! marks that etcd could not take during the outage) would count twice (found
+//! by the fault campaign, `tessera-chaos`).
+//!
 //! **Ownership and totals.** [`Ownership`] publishes, for each shard, whether
 //! this ingester owns it (any entry in the placement: available, moving in
 //! or moving out). The converter ([`crate::admit`]) gives every running
@@ -43,7 +54,7 @@ use std::time::{Duration, Instant};
 use tessera_core::clock::now_ms;
 use tessera_runtime::Shutdown;
 use tessera_runtime::logging::error_chain;
-use tessera_topology::{EtcdConfig, MoveTiming, Placement, PlacementStore, StoreError, Tier, Watcher};
+use tessera_topology::{EtcdConfig, MoveTiming, Placement, PlacementStore, Registration, StoreError, Tier, Watcher};
 use tessera_wire::{Backoff, sleep_or_stop};
 
 mod config;
@@ -74,8 +85,18 @@ pub async fn run_tier(settings: TierSettings, ownership: Arc<Ownership>, metrics
     };
     metrics.liveness_registered.set(1);
     tracing::info!(instance_id = %settings.instance_id, key = registration.key(), "ingester registered");
-    let mut keeper =
-        Keeper { settings, store, metrics, ownership, seen_alive: HashSet::new(), missing_since: HashMap::new() };
+    let lease_id = registration.lease_id();
+    let mut keeper = Keeper {
+        settings,
+        store,
+        metrics,
+        ownership,
+        seen_alive: HashSet::new(),
+        missing_since: HashMap::new(),
+        registration,
+        lease_id,
+        unsettled_until: None,
+    };
     let mut watcher: Option<Watcher> = None;
     loop {
         keeper.tick().await;
@@ -98,7 +119,7 @@ pub async fn run_tier(settings: TierSettings, ownership: Arc<Ownership>, metrics
     }
     // Keep the lease on a clean stop: a restart within the TTL keeps this ingester's
     // shards; if it does not come back, the lease expires and the others fail it over.
-    std::mem::forget(registration);
+    std::mem::forget(keeper.registration);
     keeper.metrics.liveness_registered.set(0);
 }
 
@@ -147,14 +168,36 @@ struct Keeper {
     seen_alive: HashSet<String>,
     /// Instances of the placement without a live lease, since when.
     missing_since: HashMap<String, Instant>,
+    /// This ingester's liveness registration (kept alive while the task runs).
+    registration: Registration,
+    /// The lease id seen at the last tick: another one means it was granted again.
+    lease_id: i64,
+    /// Until then nobody is failed over: etcd was away, or this ingester's own lease
+    /// had to be granted again (every lease expired), and live peers re-register.
+    unsettled_until: Option<Instant>,
 }
 
 impl Keeper {
     async fn tick(&mut self) {
+        let lease_id = self.registration.lease_id();
+        if lease_id != self.lease_id {
+            self.lease_id = lease_id;
+            self.unsettle("this ingester's liveness lease was granted again");
+        }
         if let Err(error) = self.try_tick().await {
+            self.unsettle("etcd did not answer");
             self.metrics.tier_errors.inc();
             tracing::warn!(error = %error_chain(&error), "ingester tier: cannot read or change the placement; will retry");
         }
+    }
+
+    /// Holds failovers for a lease TTL from now, and forgets who was missing since when.
+    fn unsettle(&mut self, why: &str) {
+        if self.unsettled_until.is_none_or(|until| until <= Instant::now()) {
+            tracing::info!(why, ttl_secs = self.settings.ttl.as_secs(), "holding failovers for a lease TTL");
+        }
+        self.unsettled_until = Some(Instant::now() + self.settings.ttl);
+        self.missing_since.clear();
     }
 
     async fn try_tick(&mut self) -> Result<(), StoreError> {
@@ -184,6 +227,9 @@ impl Keeper {
             if self.seen_alive.contains(&instance.id) || since.elapsed() >= ttl {
                 dead.push(instance.id.clone());
             }
+        }
+        if self.unsettled_until.is_some_and(|until| Instant::now() < until) {
+            dead.clear();
         }
         if !dead.is_empty() {
             let next = placement

@@ -11,6 +11,7 @@
 //! - [`shutdown`]: [`Shutdown`], one cloneable signal triggered by SIGTERM / SIGINT or by
 //!   code, awaited by tasks and polled by plain threads.
 //! - [`config`]: [`config::load_toml`] and [`EXIT_CONFIG`], the exit code for bad config.
+//! - [`failpoint`]: named waits a test can switch on (`TESSERA_FAILPOINTS`) to force a race.
 //!
 //! The wire between daemons (inbound and outbound sides, the exchange, the backoff) is
 //! its own crate, `tessera-wire`.
@@ -59,6 +60,7 @@
 
 pub mod config;
 pub mod daemon;
+pub mod failpoint;
 pub mod logging;
 pub mod shutdown;
 pub mod telemetry;

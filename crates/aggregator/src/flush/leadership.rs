@@ -47,6 +47,12 @@
 //! leader flushes such a tile, which holds what reached it, and counts it in
 //! `tessera_aggregator_incomplete_tiles_total`.
 //!
+//! A replica of a replicated shard set in etcd holds from its first moment
+//! ([`Leadership::hold_until_elected`]), not from its election's first tick: a
+//! replica restarted just before a tile ends, with etcd or the machine slow to
+//! grant its lease, would otherwise flush its partial copy of that tile before
+//! it knew another replica leads (found by the fault campaign, `tessera-chaos`).
+//!
 //! # Shutdown
 //!
 //! A leader stopped with SIGTERM while another replica is alive stops
@@ -141,6 +147,16 @@ impl Leadership {
                 state: Mutex::new(state),
             }),
         }
+    }
+
+    /// Holds every tile until the election says this replica leads: for a replica of a
+    /// replicated shard set in etcd, from its first moment. Until its election task has
+    /// registered its lease and looked at the leader key (a lease grant and a few etcd
+    /// requests, seconds when etcd or the machine is slow) it cannot know whether another
+    /// replica leads, and a replica restarted mid-tile would otherwise flush its partial
+    /// copy of that tile, which the ingester could take before the leader's whole one.
+    pub fn hold_until_elected(&self) {
+        self.inner.replicated.store(true, Ordering::Release);
     }
 
     /// Whether this replica may flush now.
@@ -502,6 +518,7 @@ impl ElectionTask {
 
 /// Registers the liveness lease, retrying while etcd is unreachable.
 async fn register(settings: &ElectionSettings, shutdown: &Shutdown) -> Option<(PlacementStore, Registration)> {
+    tessera_runtime::failpoint::delay("aggregator.election.before_register").await;
     let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
     loop {
         let attempt = async {

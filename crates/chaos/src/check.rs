@@ -1,0 +1,486 @@
+//! The checker: what the store holds, against what the ledger says was sent.
+//!
+//! For every series, resolution and written tile, from the raw samples (read back as
+//! PromQL's `increase()` reads them: a drop in a cumulative value is a reset and the new
+//! value counts whole):
+//!
+//! | kind | checked at each written tile `T` | checked at the end |
+//! |---|---|---|
+//! | counter, timer count | observed running total ≤ what may have been sent before `T` (else **doubled**); ≥ what surely was, less what faults excuse (else the tile is short: **late** if a later sample makes it up, **lost** if none does) | a sample at the last tile; total exact up to what faults excuse |
+//! | gauge | | the last value is the model's (else **wrong**) |
+//! | set | distinct members of the tile within what may and surely were sent (else **wrong** or **lost**); every tile that surely got members has a sample (else **lost**) | |
+//!
+//! A round's lines fell in the tile of the kernel's receive time, which lies between the
+//! ledger's clock before and after the round ([`crate::workload`]). *Excused* lines are
+//! those sent to a collector while a fault made losing them legitimate by design (the
+//! collector was killed, paused or starved: README, *Guarantees*): the checker never
+//! requires them, and never lets more than was sent through.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fmt;
+
+use crate::workload::{Kind, Line, Round, Workload, line};
+
+/// A storage policy as the checker sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resolution {
+    /// The `resolution` label (`10s`).
+    pub label: String,
+    /// The tile length.
+    pub tile_ms: i64,
+}
+
+/// A span of time during which a collector may lose what it is sent, by design.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Excuse {
+    /// The collector.
+    pub collector: usize,
+    /// From (unix ms).
+    pub from_ms: i64,
+    /// To (unix ms).
+    pub to_ms: i64,
+    /// Which fault.
+    pub why: String,
+}
+
+/// The raw samples of one metric at one resolution, per series number, in time order.
+pub type Samples = HashMap<u64, Vec<(i64, f64)>>;
+
+/// What was read back from the store, per kind and resolution label.
+pub type Observed = HashMap<(Kind, String), Samples>;
+
+/// What is wrong.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Problem {
+    /// Less than was surely sent, for good.
+    Lost,
+    /// More than was sent.
+    Doubled,
+    /// A value that no run of the sent lines gives.
+    Wrong,
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Problem::Lost => "lost",
+            Problem::Doubled => "doubled",
+            Problem::Wrong => "wrong",
+        })
+    }
+}
+
+/// One wrong series.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Violation {
+    /// What is wrong.
+    pub problem: Problem,
+    /// The metric's kind.
+    pub kind: Kind,
+    /// The resolution label.
+    pub resolution: String,
+    /// The series number (`series` tag).
+    pub series: u64,
+    /// The tile where it shows (its end, unix ms), or none for the whole run.
+    pub tile_end_ms: Option<i64>,
+    /// What the ledger allows.
+    pub expected: String,
+    /// What the store has.
+    pub observed: String,
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} {}{{series=\"{}\",resolution=\"{}\"}}",
+            self.problem,
+            self.kind.name(),
+            self.series,
+            self.resolution
+        )?;
+        match self.tile_end_ms {
+            Some(end) => write!(f, " tile ending {end}")?,
+            None => write!(f, " over the run")?,
+        }
+        write!(f, ": expected {}, found {}", self.expected, self.observed)
+    }
+}
+
+/// The checker's findings.
+#[derive(Debug, Default)]
+pub struct Report {
+    /// Every violation, in the order found (kind, resolution, series).
+    pub violations: Vec<Violation>,
+    /// Written tiles that were short and made up by a later sample.
+    pub late_tiles: u64,
+    /// Series × resolutions checked.
+    pub series_checked: u64,
+    /// Written tiles checked.
+    pub tiles_checked: u64,
+    /// Resets seen in cumulative series (explicit resets at moves of a shard).
+    pub resets: u64,
+    /// Lines sent while a fault excused their loss.
+    pub excused_lines: u64,
+    /// Cumulative units (counter increments, timer observations) that faults excused
+    /// and that are missing.
+    pub excused_missing: f64,
+}
+
+impl Report {
+    /// Counts of violations by problem.
+    pub fn counts(&self) -> BTreeMap<Problem, usize> {
+        let mut counts = BTreeMap::new();
+        for violation in &self.violations {
+            *counts.entry(violation.problem).or_insert(0) += 1;
+        }
+        counts
+    }
+}
+
+/// Where each round fell: the tile of its first and last possible receive time, and
+/// whether a fault excused its loss, per collector.
+struct Placed {
+    number: u64,
+    first_tile_end: i64,
+    last_tile_end: i64,
+    excused: Vec<bool>,
+}
+
+fn tile_end(time_ms: i64, tile_ms: i64) -> i64 {
+    time_ms.div_euclid(tile_ms) * tile_ms + tile_ms
+}
+
+fn place(ledger: &[Round], resolution: &Resolution, excuses: &[Excuse], collectors: usize) -> Vec<Placed> {
+    ledger
+        .iter()
+        .map(|round| Placed {
+            number: round.number,
+            first_tile_end: tile_end(round.before_ms, resolution.tile_ms),
+            last_tile_end: tile_end(round.after_ms, resolution.tile_ms),
+            excused: (0..collectors)
+                .map(|collector| {
+                    excuses.iter().any(|excuse| {
+                        excuse.collector == collector
+                            && round.before_ms <= excuse.to_ms
+                            && round.after_ms >= excuse.from_ms
+                    })
+                })
+                .collect(),
+        })
+        .collect()
+}
+
+/// Checks every series of `workload` in `observed` against `ledger`.
+pub fn check(
+    workload: &Workload,
+    ledger: &[Round],
+    resolutions: &[Resolution],
+    excuses: &[Excuse],
+    observed: &Observed,
+) -> Report {
+    let mut report = Report::default();
+    if ledger.is_empty() {
+        return report;
+    }
+    let empty = Samples::new();
+    for kind in Kind::ALL {
+        for resolution in resolutions {
+            let placed = place(ledger, resolution, excuses, workload.collectors);
+            let samples = observed.get(&(kind, resolution.label.clone())).unwrap_or(&empty);
+            for series in 0..workload.series_per_kind {
+                let collector = workload.collector_of(series);
+                if kind == Kind::Counter || kind == Kind::Set {
+                    report.excused_lines += placed.iter().filter(|round| round.excused[collector]).count() as u64;
+                }
+                let points = samples.get(&series).map(Vec::as_slice).unwrap_or(&[]);
+                report.series_checked += 1;
+                report.tiles_checked += points.len() as u64;
+                let mut found = Found { report: &mut report, kind, resolution: &resolution.label, series };
+                match kind {
+                    Kind::Counter | Kind::Timer => check_cumulative(&mut found, &placed, collector, points),
+                    Kind::Gauge => check_gauge(&mut found, &placed, points),
+                    Kind::Set => check_set(&mut found, &placed, collector, points),
+                }
+            }
+        }
+    }
+    report
+}
+
+struct Found<'a> {
+    report: &'a mut Report,
+    kind: Kind,
+    resolution: &'a str,
+    series: u64,
+}
+
+impl Found<'_> {
+    fn violation(&mut self, problem: Problem, tile_end_ms: Option<i64>, expected: String, observed: String) {
+        self.report.violations.push(Violation {
+            problem,
+            kind: self.kind,
+            resolution: self.resolution.to_owned(),
+            series: self.series,
+            tile_end_ms,
+            expected,
+            observed,
+        });
+    }
+}
+
+/// What one round adds to a cumulative series.
+fn units(kind: Kind, series: u64, round: u64) -> f64 {
+    match line(kind, series, round) {
+        Line::Add(value) => value,
+        _ => 1.0,
+    }
+}
+
+const EPSILON: f64 = 1e-6;
+
+fn check_cumulative(found: &mut Found<'_>, placed: &[Placed], collector: usize, points: &[(i64, f64)]) {
+    let (kind, series) = (found.kind, found.series);
+    let total_sent: f64 = placed.iter().map(|round| units(kind, series, round.number)).sum();
+    let total_required: f64 =
+        placed.iter().filter(|round| !round.excused[collector]).map(|round| units(kind, series, round.number)).sum();
+    let last_tile = placed.last().map_or(0, |round| round.last_tile_end);
+
+    let (mut observed, mut previous) = (0.0, None::<f64>);
+    let (mut may, mut surely) = (0.0, 0.0);
+    let (mut next_may, mut next_surely) = (0, 0);
+    let mut short: Option<(i64, f64, f64)> = None;
+    let mut doubled = false;
+    for &(time_ms, value) in points {
+        match previous {
+            Some(last) if value < last - EPSILON => {
+                found.report.resets += 1;
+                observed += value;
+            }
+            Some(last) => observed += value - last,
+            None => observed += value,
+        }
+        previous = Some(value);
+        while next_may < placed.len() && placed[next_may].first_tile_end <= time_ms {
+            may += units(kind, series, placed[next_may].number);
+            next_may += 1;
+        }
+        while next_surely < placed.len() && placed[next_surely].last_tile_end <= time_ms {
+            if !placed[next_surely].excused[collector] {
+                surely += units(kind, series, placed[next_surely].number);
+            }
+            next_surely += 1;
+        }
+        if observed > may + EPSILON && !doubled {
+            doubled = true;
+            found.violation(Problem::Doubled, Some(time_ms), format!("at most {may}"), format!("{observed}"));
+        }
+        if observed < surely - EPSILON {
+            found.report.late_tiles += 1;
+            short.get_or_insert((time_ms, surely, observed));
+        }
+    }
+    let last_written = points.last().map_or(i64::MIN, |point| point.0);
+    if last_written < last_tile {
+        found.violation(
+            Problem::Lost,
+            Some(last_tile),
+            "a sample at the last tile".to_owned(),
+            if points.is_empty() { "no sample".to_owned() } else { format!("the last sample at {last_written}") },
+        );
+    } else if observed < total_required - EPSILON {
+        let (tile, expected, had) = short.unwrap_or((last_tile, total_required, observed));
+        found.violation(
+            Problem::Lost,
+            Some(tile),
+            format!("{expected} by this tile, {total_required} over the run"),
+            format!("{had}, and {observed} over the run"),
+        );
+    } else if observed > total_sent + EPSILON && !doubled {
+        found.violation(Problem::Doubled, None, format!("at most {total_sent}"), format!("{observed}"));
+    }
+    if observed < total_sent - EPSILON && observed >= total_required - EPSILON {
+        found.report.excused_missing += total_sent - observed;
+    }
+}
+
+fn check_gauge(found: &mut Found<'_>, placed: &[Placed], points: &[(i64, f64)]) {
+    let mut value = 0.0;
+    for round in placed {
+        match line(Kind::Gauge, found.series, round.number) {
+            Line::Set(set) => value = set,
+            Line::Delta(delta) => value += delta,
+            _ => {}
+        }
+    }
+    let last_tile = placed.last().map_or(0, |round| round.last_tile_end);
+    match points.last() {
+        Some(&(time_ms, last)) if time_ms >= last_tile && (last - value).abs() < EPSILON => {}
+        Some(&(time_ms, last)) => {
+            found.violation(Problem::Wrong, Some(time_ms), format!("{value} at {last_tile}"), format!("{last}"));
+        }
+        None => found.violation(Problem::Lost, Some(last_tile), format!("{value}"), "no sample".to_owned()),
+    }
+}
+
+fn check_set(found: &mut Found<'_>, placed: &[Placed], collector: usize, points: &[(i64, f64)]) {
+    let series = found.series;
+    let mut may: BTreeMap<i64, BTreeSet<u64>> = BTreeMap::new();
+    let mut surely: BTreeMap<i64, BTreeSet<u64>> = BTreeMap::new();
+    for round in placed {
+        let Line::Member(member) = line(Kind::Set, series, round.number) else { continue };
+        may.entry(round.first_tile_end).or_default().insert(member);
+        may.entry(round.last_tile_end).or_default().insert(member);
+        if round.first_tile_end == round.last_tile_end && !round.excused[collector] {
+            surely.entry(round.first_tile_end).or_default().insert(member);
+        }
+    }
+    let written: BTreeMap<i64, f64> = points.iter().copied().collect();
+    for (&tile, members) in &surely {
+        match written.get(&tile) {
+            None => {
+                found.violation(Problem::Lost, Some(tile), format!("{} members", members.len()), "no sample".into())
+            }
+            Some(&value) if value < members.len() as f64 - EPSILON => {
+                found.violation(Problem::Lost, Some(tile), format!("{} members", members.len()), format!("{value}"));
+            }
+            Some(_) => {}
+        }
+    }
+    for (&tile, &value) in &written {
+        let most = may.get(&tile).map_or(0, BTreeSet::len) as f64;
+        if value > most + EPSILON {
+            found.violation(Problem::Wrong, Some(tile), format!("at most {most} members"), format!("{value}"));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const WORKLOAD: Workload = Workload { series_per_kind: 2, collectors: 2 };
+
+    fn ten_seconds() -> Vec<Resolution> {
+        vec![Resolution { label: "10s".into(), tile_ms: 10_000 }]
+    }
+
+    /// Two rounds a second from t = 0 for `seconds`.
+    fn ledger(seconds: i64) -> Vec<Round> {
+        (0..seconds * 2)
+            .map(|n| Round { number: n as u64, before_ms: n * 500 + 250, after_ms: n * 500 + 260 })
+            .collect()
+    }
+
+    /// What an exact pipeline writes for every kind.
+    fn exact(ledger: &[Round]) -> Observed {
+        let mut observed = Observed::new();
+        for kind in Kind::ALL {
+            let samples = observed.entry((kind, "10s".into())).or_default();
+            for series in 0..WORKLOAD.series_per_kind {
+                let (mut total, mut gauge) = (0.0, 0.0);
+                let mut points = Vec::new();
+                for tile in ledger.chunks(20) {
+                    let mut members = BTreeSet::new();
+                    for round in tile {
+                        match line(kind, series, round.number) {
+                            Line::Add(value) => total += value,
+                            Line::Observe(_) => total += 1.0,
+                            Line::Set(value) => gauge = value,
+                            Line::Delta(delta) => gauge += delta,
+                            Line::Member(member) => {
+                                members.insert(member);
+                            }
+                        }
+                    }
+                    let end = tile_end(tile[0].before_ms, 10_000);
+                    let value = match kind {
+                        Kind::Counter | Kind::Timer => total,
+                        Kind::Gauge => gauge,
+                        Kind::Set => members.len() as f64,
+                    };
+                    points.push((end, value));
+                }
+                samples.insert(series, points);
+            }
+        }
+        observed
+    }
+
+    #[test]
+    fn an_exact_store_passes() {
+        let ledger = ledger(40);
+        let report = check(&WORKLOAD, &ledger, &ten_seconds(), &[], &exact(&ledger));
+        assert!(report.violations.is_empty(), "{:?}", report.violations);
+        assert_eq!(report.series_checked, 8);
+        assert_eq!(report.tiles_checked, 8 * 4);
+        assert_eq!(report.late_tiles, 0);
+    }
+
+    #[test]
+    fn a_lost_tile_a_doubled_tile_and_a_wrong_gauge_are_found() {
+        let ledger = ledger(40);
+        let mut observed = exact(&ledger);
+        let counters = observed.get_mut(&(Kind::Counter, "10s".into())).unwrap();
+        // Series 0: the second tile is never written and its increments never show.
+        let tile_two = counters[&0][1].1 - counters[&0][0].1;
+        for point in counters.get_mut(&0).unwrap().iter_mut().skip(1) {
+            point.1 -= tile_two;
+        }
+        counters.get_mut(&0).unwrap().remove(1);
+        // Series 1: the third tile counted twice.
+        let tile_three = counters[&1][2].1 - counters[&1][1].1;
+        for point in counters.get_mut(&1).unwrap().iter_mut().skip(2) {
+            point.1 += tile_three;
+        }
+        observed.get_mut(&(Kind::Gauge, "10s".into())).unwrap().get_mut(&1).unwrap().last_mut().unwrap().1 += 1.0;
+        let report = check(&WORKLOAD, &ledger, &ten_seconds(), &[], &observed);
+        let found: Vec<(Problem, Kind, u64)> =
+            report.violations.iter().map(|violation| (violation.problem, violation.kind, violation.series)).collect();
+        assert_eq!(
+            found,
+            [(Problem::Lost, Kind::Counter, 0), (Problem::Doubled, Kind::Counter, 1), (Problem::Wrong, Kind::Gauge, 1)]
+        );
+        assert_eq!(report.violations[0].tile_end_ms, Some(30_000), "the first short tile is named");
+    }
+
+    #[test]
+    fn a_late_tile_made_up_later_is_late_not_lost_and_a_reset_counts_the_new_value_whole() {
+        let ledger = ledger(40);
+        let mut observed = exact(&ledger);
+        let counters = observed.get_mut(&(Kind::Counter, "10s".into())).unwrap();
+        let points = counters.get_mut(&0).unwrap();
+        // The second tile arrives after the third was written: folded into the third.
+        let second = points[1].1 - points[0].1;
+        points.remove(1);
+        // Then the series moves: a 0 and the new owner's own total.
+        let (end, total) = points[2];
+        let before = points[1].1;
+        points[2] = (end - 1, 0.0);
+        points.push((end, total - before));
+        let _ = second;
+        let report = check(&WORKLOAD, &ledger, &ten_seconds(), &[], &observed);
+        assert!(report.violations.is_empty(), "{:?}", report.violations);
+        assert_eq!(report.resets, 1);
+    }
+
+    #[test]
+    fn a_loss_is_excused_only_while_a_fault_excuses_it_and_only_for_its_collector() {
+        let ledger = ledger(40);
+        let mut observed = exact(&ledger);
+        let counters = observed.get_mut(&(Kind::Counter, "10s".into())).unwrap();
+        for series in [0, 1] {
+            // The rounds of 12–14 s never arrived.
+            let lost: f64 = ledger[24..28].iter().map(|round| units(Kind::Counter, series, round.number)).sum();
+            for point in counters.get_mut(&series).unwrap().iter_mut().skip(1) {
+                point.1 -= lost;
+            }
+        }
+        let excuse = Excuse { collector: 0, from_ms: 11_900, to_ms: 14_100, why: "kill col-1".into() };
+        let report = check(&WORKLOAD, &ledger, &ten_seconds(), &[excuse], &observed);
+        let lost: Vec<(Problem, Kind, u64)> =
+            report.violations.iter().map(|violation| (violation.problem, violation.kind, violation.series)).collect();
+        assert_eq!(lost, [(Problem::Lost, Kind::Counter, 1)], "series 1 goes to collector 1, which had no fault");
+        assert!(report.excused_missing > 0.0);
+    }
+}

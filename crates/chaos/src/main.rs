@@ -1,0 +1,156 @@
+//! `tessera-chaos`: runs fault campaigns against the real binaries (see the crate docs).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::Parser;
+use tessera_chaos::run::{Campaign, run, summary};
+use tessera_chaos::schedule::{Shape, draw};
+
+/// Fault campaigns against the real tessera binaries, a real etcd and a real Prometheus:
+/// faults drawn from a seed, every series checked. Exit 1 when a campaign finds a lost,
+/// doubled or wrong series; 2 when a campaign cannot run.
+#[derive(Debug, Parser)]
+#[command(name = "tessera-chaos", version)]
+struct Args {
+    /// The seed of the fault schedule: the same seed replays the same faults.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Run several seeds one after another, `FIRST..=LAST`; overrides `--seed`.
+    #[arg(long, value_name = "FIRST..=LAST")]
+    seeds: Option<String>,
+    /// How long the workload is sent (`90s`, `5m`); faults end 25 s before.
+    #[arg(long, default_value = "5m")]
+    duration: String,
+    /// Collectors.
+    #[arg(long, default_value_t = 2)]
+    collectors: usize,
+    /// Aggregators: whole shard sets of `--replication-factor`.
+    #[arg(long, default_value_t = 4)]
+    aggregators: usize,
+    /// Replicas per shard set.
+    #[arg(long, default_value_t = 2)]
+    replication_factor: usize,
+    /// Ingesters (in their etcd placement).
+    #[arg(long, default_value_t = 2)]
+    ingesters: usize,
+    /// The aggregators' storage policies.
+    #[arg(long, value_delimiter = ',', default_value = "10s:1h,1m:1h")]
+    policies: Vec<String>,
+    /// Liveness lease TTL of aggregators and ingesters, seconds.
+    #[arg(long, default_value_t = 4)]
+    ttl_secs: u64,
+    /// Series of each kind (counter, gauge, timer, set).
+    #[arg(long, default_value_t = 1000)]
+    series_per_kind: u64,
+    /// Where the tessera binaries are (default: beside this one).
+    #[arg(long)]
+    bin_dir: Option<PathBuf>,
+    /// Where each run keeps its configs, data and logs (default: the temp dir); a
+    /// failed run's directory is kept.
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// Print the schedule of each seed and exit.
+    #[arg(long)]
+    dry_run: bool,
+}
+
+fn parse_duration(text: &str) -> anyhow::Result<Duration> {
+    let (number, unit) = text.split_at(text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len()));
+    let number: u64 = number.parse().with_context(|| format!("invalid duration `{text}`"))?;
+    Ok(Duration::from_secs(match unit {
+        "" | "s" => number,
+        "m" => number * 60,
+        "h" => number * 3_600,
+        _ => bail!("invalid duration `{text}`: use s, m or h"),
+    }))
+}
+
+/// The longest tile, plus the aggregators' default `max_buffer_past_ms` (8 s), plus a TTL.
+fn shard_set_recovery(policies: &[String], ttl_secs: u64) -> anyhow::Result<Duration> {
+    let resolutions = tessera_chaos::run::resolutions(policies)?;
+    let longest = resolutions.iter().map(|resolution| resolution.tile_ms).max().unwrap_or(0);
+    Ok(Duration::from_millis(longest as u64 + 8_000) + Duration::from_secs(ttl_secs))
+}
+
+fn seeds(args: &Args) -> anyhow::Result<Vec<u64>> {
+    let Some(range) = &args.seeds else { return Ok(vec![args.seed]) };
+    let (first, last) = range.split_once("..=").with_context(|| format!("invalid --seeds `{range}`: FIRST..=LAST"))?;
+    Ok((first.parse()?..=last.parse()?).collect())
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    match campaigns(&args) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(error) => {
+            eprintln!("tessera-chaos: {error:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn campaigns(args: &Args) -> anyhow::Result<bool> {
+    let duration = parse_duration(&args.duration)?;
+    let shape = Shape {
+        collectors: args.collectors,
+        aggregators: args.aggregators,
+        replication_factor: args.replication_factor,
+        ingesters: args.ingesters,
+        shard_set_recovery: shard_set_recovery(&args.policies, args.ttl_secs)?,
+    };
+    let bin_dir = match &args.bin_dir {
+        Some(dir) => dir.clone(),
+        None => std::env::current_exe()?.parent().context("the binary's directory")?.to_path_buf(),
+    };
+    let mut all_passed = true;
+    for seed in seeds(args)? {
+        let schedule = draw(seed, duration, &shape);
+        let dir = args
+            .dir
+            .clone()
+            .unwrap_or_else(std::env::temp_dir)
+            .join(format!("tessera-chaos-{seed}-{}", std::process::id()));
+        let campaign = Campaign {
+            seed,
+            duration,
+            shape,
+            policies: args.policies.clone(),
+            ttl_secs: args.ttl_secs,
+            series_per_kind: args.series_per_kind,
+            bin_dir: bin_dir.clone(),
+            dir: dir.clone(),
+            schedule,
+        };
+        if args.dry_run {
+            println!("seed {seed}:");
+            for fault in &campaign.schedule {
+                println!("  {fault}");
+            }
+            continue;
+        }
+        let outcome = run(&campaign, &mut |line| eprintln!("[seed {seed}] {line}"))?;
+        print!("{}", summary(&campaign, &outcome));
+        if outcome.passed() {
+            let _ = std::fs::remove_dir_all(&dir);
+        } else {
+            all_passed = false;
+            println!(
+                "replay: tessera-chaos --seed {seed} --duration {}s --collectors {} --aggregators {} --replication-factor {} \
+                 --ingesters {} --policies {} --ttl-secs {} --series-per-kind {}",
+                duration.as_secs(),
+                shape.collectors,
+                shape.aggregators,
+                shape.replication_factor,
+                shape.ingesters,
+                args.policies.join(","),
+                args.ttl_secs,
+                args.series_per_kind,
+            );
+        }
+    }
+    Ok(all_passed)
+}

@@ -1,0 +1,475 @@
+//! One campaign: start the cluster, send the workload, apply the schedule, heal, wait
+//! for the last tiles, read the store back and check every series.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use tessera_core::clock::now_ms;
+
+use crate::check::{Excuse, Observed, Report, Resolution, check};
+use crate::cluster::{Cluster, Settings};
+use crate::proxy::Mode;
+use crate::schedule::{Daemon, Fault, LinkFault, Scheduled, Shape, StoreFault};
+use crate::workload::{Kind, Round, Sender, Workload};
+
+/// What a campaign runs.
+#[derive(Debug, Clone)]
+pub struct Campaign {
+    /// The seed of the schedule.
+    pub seed: u64,
+    /// How long the workload is sent (faults end `QUIET_TAIL` before).
+    pub duration: Duration,
+    /// How many of each daemon.
+    pub shape: Shape,
+    /// The aggregators' storage policies.
+    pub policies: Vec<String>,
+    /// The liveness lease TTL of aggregators and ingesters.
+    pub ttl_secs: u64,
+    /// Series of each kind.
+    pub series_per_kind: u64,
+    /// Where the binaries are.
+    pub bin_dir: PathBuf,
+    /// The run's directory (configs, data, logs).
+    pub dir: PathBuf,
+    /// The faults, as drawn from the seed or given.
+    pub schedule: Vec<Scheduled>,
+}
+
+/// A fault as it was applied.
+#[derive(Debug, Clone)]
+pub struct Applied {
+    /// The fault.
+    pub fault: Scheduled,
+    /// When it began (unix ms).
+    pub began_ms: i64,
+    /// When it ended (unix ms): the restart, SIGCONT, or the proxy back to passing.
+    pub ended_ms: i64,
+    /// When a restarted collector was ready again.
+    pub ready_ms: Option<i64>,
+    /// Why it could not be applied as drawn, if so.
+    pub note: Option<String>,
+}
+
+/// What a campaign found.
+#[derive(Debug)]
+pub struct Outcome {
+    /// The checker's report.
+    pub report: Report,
+    /// Faults as applied.
+    pub applied: Vec<Applied>,
+    /// The followed counters, summed over the daemons and their lives.
+    pub counters: Vec<(String, f64)>,
+    /// Failures the checker does not see in the store: conflicting copies of a tile,
+    /// a daemon that died by itself.
+    pub failures: Vec<String>,
+    /// Rounds sent.
+    pub rounds: usize,
+}
+
+impl Outcome {
+    /// No lost, doubled or wrong series and no other failure.
+    pub fn passed(&self) -> bool {
+        self.report.violations.is_empty() && self.failures.is_empty()
+    }
+}
+
+/// `10s` → 10 000 ms (`s`, `m`, `h`).
+pub fn resolution_ms(label: &str) -> Option<i64> {
+    let (number, unit) = label.split_at(label.find(|c: char| !c.is_ascii_digit())?);
+    let number: i64 = number.parse().ok()?;
+    Some(
+        number
+            * match unit {
+                "s" => 1_000,
+                "m" => 60_000,
+                "h" => 3_600_000,
+                _ => return None,
+            },
+    )
+}
+
+/// The resolutions of `policies` (`10s:1h` → `10s`).
+pub fn resolutions(policies: &[String]) -> anyhow::Result<Vec<Resolution>> {
+    policies
+        .iter()
+        .map(|policy| {
+            let label = policy.split(':').next().unwrap_or_default().to_owned();
+            let tile_ms = resolution_ms(&label).with_context(|| format!("policy `{policy}`"))?;
+            Ok(Resolution { label, tile_ms })
+        })
+        .collect()
+}
+
+enum Step {
+    Begin(usize),
+    End(usize),
+}
+
+/// Runs the campaign; errors are failures to run it, not violations.
+pub fn run(campaign: &Campaign, log: &mut dyn FnMut(&str)) -> anyhow::Result<Outcome> {
+    let resolutions = resolutions(&campaign.policies)?;
+    std::fs::create_dir_all(&campaign.dir)?;
+    let mut cluster = Cluster::start(Settings {
+        shape: campaign.shape,
+        policies: campaign.policies.clone(),
+        ttl_secs: campaign.ttl_secs,
+        bin_dir: campaign.bin_dir.clone(),
+        dir: campaign.dir.clone(),
+    })?;
+    log(&format!("cluster ready in {}", campaign.dir.display()));
+    let workload = Workload { series_per_kind: campaign.series_per_kind, collectors: campaign.shape.collectors };
+    let sender = Sender::start(workload, cluster.statsd.clone())?;
+    let started = Instant::now();
+
+    let mut steps: Vec<(Duration, Step)> = Vec::new();
+    for (n, fault) in campaign.schedule.iter().enumerate() {
+        steps.push((fault.at, Step::Begin(n)));
+        steps.push((fault.ends(), Step::End(n)));
+    }
+    steps.sort_by_key(|(at, step)| (*at, matches!(step, Step::Begin(_))));
+    let mut applied: Vec<Applied> = campaign
+        .schedule
+        .iter()
+        .map(|fault| Applied { fault: *fault, began_ms: 0, ended_ms: 0, ready_ms: None, note: None })
+        .collect();
+    let mut failures = Vec::new();
+    let mut last_scrape = Instant::now();
+    for (at, step) in steps {
+        while started.elapsed() < at {
+            std::thread::sleep((at - started.elapsed()).min(Duration::from_millis(200)));
+            if last_scrape.elapsed() >= Duration::from_secs(2) {
+                scrape_all(&mut cluster, &mut failures);
+                last_scrape = Instant::now();
+            }
+        }
+        match step {
+            Step::Begin(n) => {
+                applied[n].began_ms = now_ms();
+                applied[n].note = begin(&mut cluster, &applied[n].fault.fault).err().map(|error| format!("{error:#}"));
+                log(&format!("{:>7.1}s begin {}", started.elapsed().as_secs_f64(), applied[n].fault.fault));
+            }
+            Step::End(n) => {
+                applied[n].ended_ms = now_ms();
+                match end(&mut cluster, &applied[n].fault.fault) {
+                    Ok(ready) => applied[n].ready_ms = ready,
+                    Err(error) => failures.push(format!("ending `{}`: {error:#}", applied[n].fault.fault)),
+                }
+                log(&format!("{:>7.1}s end   {}", started.elapsed().as_secs_f64(), applied[n].fault.fault));
+            }
+        }
+    }
+    while started.elapsed() < campaign.duration {
+        std::thread::sleep(Duration::from_millis(200).min(campaign.duration - started.elapsed()));
+        if last_scrape.elapsed() >= Duration::from_secs(2) {
+            scrape_all(&mut cluster, &mut failures);
+            last_scrape = Instant::now();
+        }
+    }
+    let ledger = sender.finish();
+    log(&format!("sent {} rounds; waiting for the last tiles", ledger.len()));
+
+    let waited = wait_for_last_tiles(&mut cluster, &resolutions, &ledger, campaign)?;
+    log(&format!("last tiles in after {:.1}s", waited.as_secs_f64()));
+    scrape_all(&mut cluster, &mut failures);
+    let observed = read_back(&cluster, &resolutions, &ledger)?;
+    let excuses = excuses(&applied);
+    let report = check(&workload, &ledger, &resolutions, &excuses, &observed);
+    write_evidence(&campaign.dir, &report, &observed, &ledger, &applied)?;
+    let mut counters = Vec::new();
+    for followed in crate::cluster::FOLLOWED {
+        let total: f64 = cluster.processes_mut().map(|process| process.counter(followed)).sum();
+        counters.push(((*followed).to_owned(), total));
+    }
+    let conflicts = counters.iter().find(|(name, _)| name.contains("conflict")).map_or(0.0, |(_, value)| *value);
+    if conflicts > 0.0 {
+        failures.push(format!(
+            "{conflicts} tiles reached an ingester twice with different values (tiles_skipped{{reason=\"conflict\"}})"
+        ));
+    }
+    cluster.shut_down();
+    Ok(Outcome { report, applied, counters, failures, rounds: ledger.len() })
+}
+
+fn scrape_all(cluster: &mut Cluster, failures: &mut Vec<String>) {
+    for process in cluster.processes_mut() {
+        if let Some(exit) = process.exited() {
+            failures.push(exit);
+        } else if process.pid().is_some() {
+            process.scrape();
+        }
+    }
+}
+
+fn begin(cluster: &mut Cluster, fault: &Fault) -> anyhow::Result<()> {
+    match *fault {
+        Fault::Kill(daemon) => cluster.process(daemon).kill(),
+        Fault::Pause(daemon) => cluster.process(daemon).signal(libc::SIGSTOP),
+        Fault::Starve(daemon, percent) => cluster.process(daemon).starve(percent)?,
+        Fault::EtcdRestart => cluster.etcd.stop(),
+        Fault::EtcdPause => signal_pid(cluster.etcd.pid(), libc::SIGSTOP),
+        Fault::Store(StoreFault::Slow(delay)) => cluster.store_proxy.set(Mode::Delay(delay)),
+        Fault::Store(StoreFault::Refuse) => cluster.store_proxy.set(Mode::Refuse503),
+        Fault::Link(daemon, kind) => {
+            let proxy = cluster.proxy(daemon).context("no proxy in front of that daemon")?;
+            proxy.set(match kind {
+                LinkFault::Delay(delay) => Mode::Delay(delay),
+                LinkFault::Stall => Mode::Stall,
+                LinkFault::Reset => Mode::Reset,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Ends a fault; a restarted collector is waited for, and when it was ready is returned.
+fn end(cluster: &mut Cluster, fault: &Fault) -> anyhow::Result<Option<i64>> {
+    match *fault {
+        Fault::Kill(daemon) => {
+            let process = cluster.process(daemon);
+            process.spawn()?;
+            if let Daemon::Collector(_) = daemon {
+                process.wait_ready(Duration::from_secs(30))?;
+                return Ok(Some(now_ms()));
+            }
+        }
+        Fault::Pause(daemon) => cluster.process(daemon).signal(libc::SIGCONT),
+        Fault::Starve(daemon, _) => cluster.process(daemon).unstarve(),
+        Fault::EtcdRestart => cluster.etcd.restart().context("restart etcd")?,
+        Fault::EtcdPause => signal_pid(cluster.etcd.pid(), libc::SIGCONT),
+        Fault::Store(_) => cluster.store_proxy.set(Mode::Pass),
+        Fault::Link(daemon, _) => {
+            if let Some(proxy) = cluster.proxy(daemon) {
+                proxy.set(Mode::Pass);
+            }
+        }
+    }
+    Ok(None)
+}
+
+fn signal_pid(pid: Option<u32>, signal: libc::c_int) {
+    if let Some(pid) = pid {
+        // SAFETY: none needed: kill(2) on a child's pid, no memory is shared.
+        #[allow(unsafe_code)]
+        unsafe {
+            libc::kill(pid as libc::pid_t, signal);
+        }
+    }
+}
+
+/// How far before a collector's kill what it was sent may be lost: its open window,
+/// the one it was about to flush, and the batch in flight.
+pub const KILL_LOOKBACK_MS: i64 = 2_500;
+
+/// The spans in which each collector's faults excuse a loss (README, *Guarantees*).
+pub fn excuses(applied: &[Applied]) -> Vec<Excuse> {
+    applied
+        .iter()
+        .filter(|fault| fault.note.is_none())
+        .filter_map(|fault| match fault.fault.fault {
+            Fault::Kill(Daemon::Collector(collector)) => Some(Excuse {
+                collector,
+                from_ms: fault.began_ms - KILL_LOOKBACK_MS,
+                to_ms: fault.ready_ms.unwrap_or(fault.ended_ms) + 500,
+                why: fault.fault.fault.to_string(),
+            }),
+            Fault::Pause(Daemon::Collector(collector)) | Fault::Starve(Daemon::Collector(collector), _) => {
+                Some(Excuse {
+                    collector,
+                    from_ms: fault.began_ms - 1_000,
+                    to_ms: fault.ended_ms + 2_000,
+                    why: fault.fault.fault.to_string(),
+                })
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// The store's name of each kind's checked series.
+pub fn metric_name(kind: Kind) -> &'static str {
+    match kind {
+        Kind::Counter => "chaos_counter_total",
+        Kind::Gauge => "chaos_gauge",
+        Kind::Timer => "chaos_timer_count",
+        Kind::Set => "chaos_set",
+    }
+}
+
+fn tile_end(time_ms: i64, tile_ms: i64) -> i64 {
+    time_ms.div_euclid(tile_ms) * tile_ms + tile_ms
+}
+
+/// Waits until every checked series has a sample at its last tile, at every
+/// resolution, or the longest tile plus a minute has passed since that tile ended.
+fn wait_for_last_tiles(
+    cluster: &mut Cluster,
+    resolutions: &[Resolution],
+    ledger: &[Round],
+    campaign: &Campaign,
+) -> anyhow::Result<Duration> {
+    let started = Instant::now();
+    let Some(last) = ledger.last() else { return Ok(Duration::ZERO) };
+    let longest = resolutions.iter().map(|resolution| resolution.tile_ms).max().unwrap_or(10_000);
+    let deadline_ms = tile_end(last.after_ms, longest) + 60_000 + 3 * campaign.ttl_secs as i64 * 1_000;
+    loop {
+        let mut complete = true;
+        for resolution in resolutions {
+            let last_tile = tile_end(last.after_ms, resolution.tile_ms);
+            for kind in Kind::ALL {
+                let query = format!(
+                    "count(timestamp({}{{resolution=\"{}\"}}) >= {})",
+                    metric_name(kind),
+                    resolution.label,
+                    last_tile as f64 / 1_000.0
+                );
+                let result = cluster.prometheus.query(&query, now_ms() as f64 / 1_000.0);
+                let count = result[0]["value"][1].as_str().and_then(|value| value.parse::<f64>().ok()).unwrap_or(0.0);
+                complete &= count as u64 >= campaign.series_per_kind;
+            }
+        }
+        if complete || now_ms() > deadline_ms {
+            return Ok(started.elapsed());
+        }
+        std::thread::sleep(Duration::from_secs(1));
+        if started.elapsed().as_secs().is_multiple_of(10) {
+            for process in cluster.processes_mut() {
+                process.scrape();
+            }
+        }
+    }
+}
+
+/// Reads every checked series' raw samples back from the store.
+fn read_back(cluster: &Cluster, resolutions: &[Resolution], ledger: &[Round]) -> anyhow::Result<Observed> {
+    let mut observed = Observed::new();
+    let first = ledger.first().map_or(now_ms(), |round| round.before_ms);
+    let now = now_ms();
+    let range_secs = (now - first) / 1_000 + 120;
+    for kind in Kind::ALL {
+        for resolution in resolutions {
+            let query = format!("{}{{resolution=\"{}\"}}[{range_secs}s]", metric_name(kind), resolution.label);
+            let result = cluster.prometheus.query(&query, now as f64 / 1_000.0);
+            let samples = observed.entry((kind, resolution.label.clone())).or_default();
+            for series in result.as_array().context("a result array")? {
+                let Some(number) = series["metric"]["series"].as_str().and_then(|value| value.parse::<u64>().ok())
+                else {
+                    continue;
+                };
+                let mut points: Vec<(i64, f64)> = series["values"]
+                    .as_array()
+                    .context("values")?
+                    .iter()
+                    .filter_map(|point| {
+                        let time_ms = (point[0].as_f64()? * 1_000.0).round() as i64;
+                        Some((time_ms, point[1].as_str()?.parse().ok()?))
+                    })
+                    .collect();
+                points.sort_by_key(|point| point.0);
+                samples.insert(number, points);
+            }
+        }
+    }
+    Ok(observed)
+}
+
+/// Writes `violations.txt` in the run's directory: every violation, with the raw samples
+/// of the first ones' series, the faults as applied (unix ms) and the ledger's rounds.
+fn write_evidence(
+    dir: &std::path::Path,
+    report: &Report,
+    observed: &Observed,
+    ledger: &[Round],
+    applied: &[Applied],
+) -> anyhow::Result<()> {
+    let mut text = String::new();
+    for fault in applied {
+        let _ = writeln!(
+            text,
+            "fault {} began {} ended {} ready {:?}",
+            fault.fault.fault, fault.began_ms, fault.ended_ms, fault.ready_ms
+        );
+    }
+    if let (Some(first), Some(last)) = (ledger.first(), ledger.last()) {
+        let _ = writeln!(
+            text,
+            "rounds {}..={} sent from {} to {}",
+            first.number, last.number, first.before_ms, last.after_ms
+        );
+    }
+    for (n, violation) in report.violations.iter().enumerate() {
+        let _ = writeln!(text, "{violation}");
+        if n < 20
+            && let Some(points) = observed
+                .get(&(violation.kind, violation.resolution.clone()))
+                .and_then(|samples| samples.get(&violation.series))
+        {
+            let points: Vec<String> = points.iter().map(|(time, value)| format!("{time}={value}")).collect();
+            let _ = writeln!(text, "    samples: {}", points.join(" "));
+        }
+    }
+    std::fs::write(dir.join("violations.txt"), text).context("write violations.txt")
+}
+
+/// The campaign's summary, for a person: the shape, the schedule as applied, what
+/// was checked, the followed counters, and the first violations.
+pub fn summary(campaign: &Campaign, outcome: &Outcome) -> String {
+    let mut text = String::new();
+    let shape = campaign.shape;
+    let _ = writeln!(
+        text,
+        "seed {}: {} s, {} collectors, {} aggregators (RF {}), {} ingesters, policies {}, {} series per kind",
+        campaign.seed,
+        campaign.duration.as_secs(),
+        shape.collectors,
+        shape.aggregators,
+        shape.replication_factor,
+        shape.ingesters,
+        campaign.policies.join(" "),
+        campaign.series_per_kind,
+    );
+    let _ = writeln!(text, "faults ({}):", outcome.applied.len());
+    for fault in &outcome.applied {
+        let _ = write!(text, "  {}", fault.fault);
+        if let Some(note) = &fault.note {
+            let _ = write!(text, "  [not applied: {note}]");
+        }
+        text.push('\n');
+    }
+    let report = &outcome.report;
+    let _ = writeln!(
+        text,
+        "checked: {} rounds, {} series x resolutions, {} written tiles; {} resets, {} short tiles made up later, {} lines excused by collector faults ({} units missing among them)",
+        outcome.rounds,
+        report.series_checked,
+        report.tiles_checked,
+        report.resets,
+        report.late_tiles,
+        report.excused_lines,
+        report.excused_missing,
+    );
+    let counters: Vec<String> = outcome
+        .counters
+        .iter()
+        .filter(|(_, value)| *value > 0.0)
+        .map(|(name, value)| format!("{name} {value}"))
+        .collect();
+    let _ = writeln!(text, "daemon counters: {}", counters.join(", "));
+    let counts: HashMap<String, usize> =
+        report.counts().into_iter().map(|(problem, count)| (problem.to_string(), count)).collect();
+    if outcome.passed() {
+        let _ = writeln!(text, "PASS: no lost, doubled or wrong series");
+    } else {
+        let _ = writeln!(text, "FAIL: {} violations {counts:?}", report.violations.len());
+        for failure in &outcome.failures {
+            let _ = writeln!(text, "  {failure}");
+        }
+        for violation in report.violations.iter().take(10) {
+            let _ = writeln!(text, "  {violation}");
+        }
+        let _ = writeln!(text, "run directory (configs, data, logs): {}", campaign.dir.display());
+    }
+    text
+}

@@ -1,0 +1,357 @@
+//! The fault schedule: which fault, on which daemon or link, when and for how long,
+//! drawn from one seed so that `--seed N` replays the same campaign.
+//!
+//! Faults are drawn one after another, a few seconds apart, between the warm-up and
+//! the quiet tail of the run. Each fault belongs to a *group* (a collector, a shard
+//! set of aggregators, the ingester tier, etcd, the store), and two faults of one
+//! group never overlap: the campaign checks the guarantees tessera makes (one replica
+//! of a shard set down at a time, one ingester at a time), not a double fault that
+//! the design says it cannot survive. Faults of different groups overlap freely.
+//!
+//! ```
+//! use std::time::Duration;
+//! use tessera_chaos::schedule::{Shape, draw};
+//!
+//! let shape = Shape {
+//!     collectors: 2,
+//!     aggregators: 4,
+//!     replication_factor: 2,
+//!     ingesters: 2,
+//!     shard_set_recovery: Duration::from_secs(72),
+//! };
+//! let faults = draw(7, Duration::from_secs(300), &shape);
+//! assert_eq!(faults, draw(7, Duration::from_secs(300), &shape));
+//! ```
+
+use std::fmt;
+use std::time::Duration;
+
+/// A small, fixed pseudo-random generator (SplitMix64): the same seed gives the same
+/// schedule on every machine and with every version of every dependency.
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    /// A generator for `seed`.
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed ^ 0x7e55_e7a0_c4a0_5eed)
+    }
+
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// A number in `low..=high`.
+    pub fn between(&mut self, low: u64, high: u64) -> u64 {
+        low + self.next_u64() % (high - low + 1)
+    }
+
+    /// A duration in `low..=high` milliseconds.
+    pub fn millis(&mut self, low: u64, high: u64) -> Duration {
+        Duration::from_millis(self.between(low, high))
+    }
+}
+
+/// One of the campaign's daemons.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Daemon {
+    /// Collector `n` (0-based).
+    Collector(usize),
+    /// Aggregator `n` (0-based; shard set `n / replication_factor`).
+    Aggregator(usize),
+    /// Ingester `n` (0-based).
+    Ingester(usize),
+}
+
+impl fmt::Display for Daemon {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Daemon::Collector(n) => write!(f, "col-{}", n + 1),
+            Daemon::Aggregator(n) => write!(f, "agg-{}", n + 1),
+            Daemon::Ingester(n) => write!(f, "ing-{}", n + 1),
+        }
+    }
+}
+
+/// What a link's proxy does to the bytes and connections through it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LinkFault {
+    /// Every chunk arrives this much later.
+    Delay(Duration),
+    /// Nothing goes through; connections stay open.
+    Stall,
+    /// Every open connection is cut, and new ones are cut as they come.
+    Reset,
+}
+
+/// What the store's proxy does to remote-write requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreFault {
+    /// Every chunk of every request and answer arrives this much later.
+    Slow(Duration),
+    /// Every request is answered `503 Service Unavailable`.
+    Refuse,
+}
+
+/// One fault.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// SIGKILL, then a restart on the same config and data when the fault ends.
+    Kill(Daemon),
+    /// SIGSTOP, then SIGCONT when the fault ends.
+    Pause(Daemon),
+    /// A CPU quota (cgroup v1 `cpu.cfs_quota_us`) of this many percent of one core.
+    Starve(Daemon, u32),
+    /// etcd SIGKILLed, restarted on its data when the fault ends.
+    EtcdRestart,
+    /// etcd SIGSTOPped, SIGCONTed when the fault ends.
+    EtcdPause,
+    /// The remote-write store is slow or refuses.
+    Store(StoreFault),
+    /// The wire link into a daemon (an aggregator or an ingester) misbehaves.
+    Link(Daemon, LinkFault),
+}
+
+impl fmt::Display for Fault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Fault::Kill(daemon) => write!(f, "kill {daemon}"),
+            Fault::Pause(daemon) => write!(f, "pause {daemon}"),
+            Fault::Starve(daemon, percent) => write!(f, "starve {daemon} to {percent}% of a core"),
+            Fault::EtcdRestart => write!(f, "kill etcd"),
+            Fault::EtcdPause => write!(f, "pause etcd"),
+            Fault::Store(StoreFault::Slow(delay)) => write!(f, "slow store (+{} ms)", delay.as_millis()),
+            Fault::Store(StoreFault::Refuse) => write!(f, "store refuses (503)"),
+            Fault::Link(daemon, LinkFault::Delay(delay)) => {
+                write!(f, "delay link to {daemon} (+{} ms)", delay.as_millis())
+            }
+            Fault::Link(daemon, LinkFault::Stall) => write!(f, "stall link to {daemon}"),
+            Fault::Link(daemon, LinkFault::Reset) => write!(f, "cut link to {daemon}"),
+        }
+    }
+}
+
+/// A fault with its start (from the start of the run) and its length.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Scheduled {
+    /// When it starts, from the start of sending.
+    pub at: Duration,
+    /// How long it lasts.
+    pub lasts: Duration,
+    /// What it is.
+    pub fault: Fault,
+}
+
+impl Scheduled {
+    /// When it ends.
+    pub fn ends(&self) -> Duration {
+        self.at + self.lasts
+    }
+}
+
+impl fmt::Display for Scheduled {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:>7.1}s {:>5.1}s  {}", self.at.as_secs_f64(), self.lasts.as_secs_f64(), self.fault)
+    }
+}
+
+/// The daemons of a campaign.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shape {
+    /// Collectors.
+    pub collectors: usize,
+    /// Aggregators (a whole number of shard sets).
+    pub aggregators: usize,
+    /// Replicas per shard set.
+    pub replication_factor: usize,
+    /// Ingesters.
+    pub ingesters: usize,
+    /// How long a shard set needs after a fault before it survives another: a replica
+    /// that was killed, paused or cut off is whole again only once every tile that was
+    /// open meanwhile has closed (the longest tile plus `max_buffer_past`, plus a lease
+    /// TTL for its election). Replication factor 2 survives one fault at a time.
+    pub shard_set_recovery: Duration,
+}
+
+/// Faults of one group never overlap, and a shard set gets its recovery time between two.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Group {
+    Collector(usize),
+    ShardSet(usize),
+    Ingesters,
+    Etcd,
+    Store,
+}
+
+/// The groups a fault touches. An etcd fault touches every shard set too: past a
+/// lease TTL it ends every leadership, and the shard sets elect again.
+fn groups(fault: &Fault, shape: &Shape) -> Vec<Group> {
+    let of = |daemon: &Daemon| match daemon {
+        Daemon::Collector(n) => Group::Collector(*n),
+        Daemon::Aggregator(n) => Group::ShardSet(n / shape.replication_factor),
+        Daemon::Ingester(_) => Group::Ingesters,
+    };
+    match fault {
+        Fault::Kill(daemon) | Fault::Pause(daemon) | Fault::Starve(daemon, _) | Fault::Link(daemon, _) => {
+            vec![of(daemon)]
+        }
+        Fault::EtcdRestart | Fault::EtcdPause => std::iter::once(Group::Etcd)
+            .chain((0..shape.aggregators / shape.replication_factor.max(1)).map(Group::ShardSet))
+            .collect(),
+        Fault::Store(_) => vec![Group::Store],
+    }
+}
+
+/// Whether two faults may not run at once, or `b` may not start yet after `a`.
+fn clash(a: &Scheduled, b_at: Duration, b: &Fault, shape: &Shape) -> bool {
+    let (touched, touching) = (groups(&a.fault, shape), groups(b, shape));
+    touching.iter().any(|group| {
+        let rest = match group {
+            Group::ShardSet(_) => shape.shard_set_recovery,
+            _ => Duration::from_secs(3),
+        };
+        touched.contains(group) && a.ends() + rest > b_at
+    })
+}
+
+/// When faults may start: after the warm-up, and ending before the quiet tail.
+pub const WARM_UP: Duration = Duration::from_secs(8);
+/// The end of the run with no fault, so that every series ends on known values.
+pub const QUIET_TAIL: Duration = Duration::from_secs(25);
+
+/// Draws the schedule of a run of `duration` (from the start of sending) from `seed`.
+pub fn draw(seed: u64, duration: Duration, shape: &Shape) -> Vec<Scheduled> {
+    let mut rng = Rng::new(seed);
+    let mut faults: Vec<Scheduled> = Vec::new();
+    let Some(last_end) = duration.checked_sub(QUIET_TAIL) else {
+        return faults;
+    };
+    let mut at = WARM_UP + rng.millis(0, 4_000);
+    while at < last_end {
+        let candidate = draw_fault(&mut rng, shape);
+        let lasts = draw_length(&mut rng, &candidate);
+        let busy = faults.iter().any(|other| clash(other, at, &candidate, shape));
+        if !busy && at + lasts <= last_end {
+            faults.push(Scheduled { at, lasts, fault: candidate });
+        }
+        at += rng.millis(2_000, 9_000);
+    }
+    faults
+}
+
+fn any_daemon(rng: &mut Rng, shape: &Shape) -> Daemon {
+    let total = shape.collectors + shape.aggregators + shape.ingesters;
+    let pick = rng.between(0, total as u64 - 1) as usize;
+    if pick < shape.collectors {
+        Daemon::Collector(pick)
+    } else if pick < shape.collectors + shape.aggregators {
+        Daemon::Aggregator(pick - shape.collectors)
+    } else {
+        Daemon::Ingester(pick - shape.collectors - shape.aggregators)
+    }
+}
+
+fn draw_fault(rng: &mut Rng, shape: &Shape) -> Fault {
+    match rng.between(0, 99) {
+        0..=29 => Fault::Kill(any_daemon(rng, shape)),
+        30..=44 => Fault::Pause(any_daemon(rng, shape)),
+        45..=54 => Fault::Starve(any_daemon(rng, shape), rng.between(3, 15) as u32),
+        55..=59 => Fault::EtcdRestart,
+        60..=64 => Fault::EtcdPause,
+        65..=69 => Fault::Store(StoreFault::Slow(rng.millis(500, 3_000))),
+        70..=74 => Fault::Store(StoreFault::Refuse),
+        draw => {
+            let into = if rng.between(0, 1) == 0 || shape.ingesters == 0 {
+                Daemon::Aggregator(rng.between(0, shape.aggregators as u64 - 1) as usize)
+            } else {
+                Daemon::Ingester(rng.between(0, shape.ingesters as u64 - 1) as usize)
+            };
+            let kind = match draw {
+                75..=84 => LinkFault::Delay(rng.millis(100, 2_500)),
+                85..=92 => LinkFault::Stall,
+                _ => LinkFault::Reset,
+            };
+            Fault::Link(into, kind)
+        }
+    }
+}
+
+fn draw_length(rng: &mut Rng, fault: &Fault) -> Duration {
+    match fault {
+        Fault::Kill(_) => rng.millis(1_000, 15_000),
+        Fault::Pause(_) => rng.millis(2_000, 14_000),
+        Fault::Starve(..) => rng.millis(5_000, 25_000),
+        Fault::EtcdRestart | Fault::EtcdPause => rng.millis(1_000, 12_000),
+        Fault::Store(_) => rng.millis(3_000, 20_000),
+        Fault::Link(_, LinkFault::Reset) => rng.millis(200, 5_000),
+        Fault::Link(..) => rng.millis(2_000, 15_000),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SHAPE: Shape = Shape {
+        collectors: 2,
+        aggregators: 4,
+        replication_factor: 2,
+        ingesters: 2,
+        shard_set_recovery: Duration::from_secs(72),
+    };
+
+    #[test]
+    fn a_seed_replays_its_schedule_and_another_seed_draws_another() {
+        let five_minutes = Duration::from_secs(300);
+        assert_eq!(draw(1, five_minutes, &SHAPE), draw(1, five_minutes, &SHAPE));
+        assert_ne!(draw(1, five_minutes, &SHAPE), draw(2, five_minutes, &SHAPE));
+        assert!(draw(1, five_minutes, &SHAPE).len() >= 15, "{:?}", draw(1, five_minutes, &SHAPE));
+    }
+
+    #[test]
+    fn faults_of_one_group_never_overlap_a_shard_set_recovers_between_two_and_all_end_before_the_tail() {
+        for seed in 0..200 {
+            let duration = Duration::from_secs(300);
+            let faults = draw(seed, duration, &SHAPE);
+            for (i, a) in faults.iter().enumerate() {
+                assert!(a.at >= WARM_UP && a.ends() <= duration - QUIET_TAIL, "seed {seed}: {a}");
+                for b in &faults[i + 1..] {
+                    let (a_groups, b_groups) = (groups(&a.fault, &SHAPE), groups(&b.fault, &SHAPE));
+                    for group in b_groups.iter().filter(|group| a_groups.contains(group)) {
+                        let rest = match group {
+                            Group::ShardSet(_) => SHAPE.shard_set_recovery,
+                            _ => Duration::from_secs(3),
+                        };
+                        assert!(b.at >= a.ends() + rest, "seed {seed}: {b} too soon after {a}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn every_kind_of_fault_is_drawn() {
+        let faults: Vec<Fault> =
+            (0..50).flat_map(|seed| draw(seed, Duration::from_secs(300), &SHAPE)).map(|s| s.fault).collect();
+        let kinds = [
+            faults.iter().any(|f| matches!(f, Fault::Kill(Daemon::Collector(_)))),
+            faults.iter().any(|f| matches!(f, Fault::Kill(Daemon::Aggregator(_)))),
+            faults.iter().any(|f| matches!(f, Fault::Kill(Daemon::Ingester(_)))),
+            faults.iter().any(|f| matches!(f, Fault::Pause(_))),
+            faults.iter().any(|f| matches!(f, Fault::Starve(..))),
+            faults.iter().any(|f| matches!(f, Fault::EtcdRestart)),
+            faults.iter().any(|f| matches!(f, Fault::EtcdPause)),
+            faults.iter().any(|f| matches!(f, Fault::Store(StoreFault::Slow(_)))),
+            faults.iter().any(|f| matches!(f, Fault::Store(StoreFault::Refuse))),
+            faults.iter().any(|f| matches!(f, Fault::Link(_, LinkFault::Delay(_)))),
+            faults.iter().any(|f| matches!(f, Fault::Link(_, LinkFault::Stall))),
+            faults.iter().any(|f| matches!(f, Fault::Link(_, LinkFault::Reset))),
+        ];
+        assert!(kinds.iter().all(|seen| *seen), "{kinds:?}");
+    }
+}
