@@ -14,6 +14,9 @@
 //! - **Restart then kill**: a follower restarted mid-tile never flushes a
 //!   tile it saw only in part (the leader flushed it whole); when the leader
 //!   is killed after that, it takes over from the next tile, exactly.
+//! - **Restarted just before a tile ends, election held back** (a failpoint delays
+//!   the restarted replica's lease registration by 6 s): it flushes no partial copy of
+//!   the tile it saw in part; the survivor takes over and flushes it whole.
 //! - **etcd away** (frozen with SIGSTOP for three lease TTLs): the leader
 //!   fences itself off within the TTL, the follower cannot campaign, both
 //!   hold their tiles; never two flushing replicas at once, and once etcd is
@@ -70,9 +73,20 @@ fn start_replica(id: &'static str, port: u16, placement: &str, receiver: SocketA
 }
 
 fn start_replica_with(id: &'static str, port: u16, placement: &str, receiver: SocketAddr, policies: &[&str]) -> Daemon {
+    start_replica_env(id, port, placement, receiver, policies, &[])
+}
+
+fn start_replica_env(
+    id: &'static str,
+    port: u16,
+    placement: &str,
+    receiver: SocketAddr,
+    policies: &[&str],
+    env: &[(&str, &str)],
+) -> Daemon {
     let telemetry = free_port();
     let policies = policies.iter().map(|policy| format!("\"{policy}\"")).collect::<Vec<_>>().join(", ");
-    Daemon::start(
+    Daemon::start_with_env(
         id,
         "tessera-aggregator",
         &format!(
@@ -83,6 +97,7 @@ fn start_replica_with(id: &'static str, port: u16, placement: &str, receiver: So
              [telemetry]\nlisten = \"127.0.0.1:{telemetry}\"\n"
         ),
         loopback(telemetry),
+        env,
     )
 }
 
@@ -282,6 +297,54 @@ async fn a_killed_leader_is_replaced_and_every_tile_stays_exact() {
         "{} killed; {} leads after {failover:?}; it recorded flush marks {marks} times in {led_for:?}",
         stack.replicas[leader].id, stack.replicas[follower].id
     );
+}
+
+/// The race the fault campaign found: a replica restarted just before a tile ends, whose
+/// election is slow to register its lease (etcd or the machine busy), must not flush its
+/// partial copy of that tile. The failpoint holds the restarted replica's registration
+/// back for 6 s, so the losing order happens every time: the old leader's lease still
+/// lives when the tile closes, the survivor cannot flush yet, and the restarted replica
+/// would (it did, before it held its tiles from its first moment).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_restarted_before_a_tile_ends_with_its_election_held_back_flushes_no_partial_copy() {
+    let mut stack = start_stack("ha-slow-election").await;
+    let (leader, follower) = stack.leader_and_follower();
+    let mut sent = stack.send_for(Duration::from_millis(2_000)).await;
+    // 1.5 s before a 5 s tile ends.
+    let soonest = now_ms() + 2_000;
+    let kill_at = soonest - soonest.rem_euclid(5_000) + 5_000 - 1_500;
+    sent += stack.send_until(kill_at).await;
+    let replica = &mut stack.replicas[leader];
+    replica.daemon.as_mut().unwrap().kill();
+    let restarted_at_ms = now_ms();
+    replica.daemon = Some(start_replica_env(
+        replica.id,
+        stack.ports[leader],
+        &stack.section,
+        stack.receiver.address,
+        &POLICIES,
+        &[("TESSERA_FAILPOINTS", "aggregator.election.before_register=6000")],
+    ));
+    let partial_tile_end = restarted_at_ms - restarted_at_ms.rem_euclid(5_000) + 5_000;
+    sent += stack.send_until(partial_tile_end + 3_000).await;
+    wait_until("the survivor to take over", Duration::from_secs(15), || stack.replicas[follower].is_leader()).await;
+    sent += stack.send_for(Duration::from_millis(2_000)).await;
+    assert_exact(&stack.receiver, sent).await;
+
+    let restarted_id = stack.replicas[leader].id;
+    let partial: Vec<_> = stack
+        .copies_in_flush_order()
+        .into_iter()
+        .filter(|(policy, tile_end, copy)| {
+            // Copies it flushed as the leader before it was killed are whole.
+            copy.source == restarted_id
+                && copy.flushed_at_ms > restarted_at_ms
+                && tile_end - resolution_ms(policy) < restarted_at_ms
+        })
+        .collect();
+    assert!(partial.is_empty(), "the restarted replica flushed tiles it saw only in part: {partial:?}");
+    let log = stack.replicas[leader].daemon().log();
+    assert!(log.contains("failpoint: waiting"), "the failpoint held the election back:\n{log}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

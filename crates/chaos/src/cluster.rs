@@ -78,6 +78,7 @@ pub const FOLLOWED: &[&str] = &[
     "tessera_aggregator_elections_total",
     "tessera_aggregator_fenced_total",
     "tessera_collector_drops_total",
+    "tessera_collector_kernel_drops_total",
     "tessera_aggregator_drops_total",
 ];
 

@@ -7,7 +7,10 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use clap::Parser;
 use tessera_chaos::run::{Campaign, run, summary};
-use tessera_chaos::schedule::{Shape, draw};
+use tessera_chaos::schedule::{Shape, draw, replica_kill};
+
+/// The replica-kill scenario's tile.
+const REPLICA_KILL_TILE: Duration = Duration::from_secs(10);
 
 /// Fault campaigns against the real tessera binaries, a real etcd and a real Prometheus:
 /// faults drawn from a seed, every series checked. Exit 1 when a campaign finds a lost,
@@ -55,6 +58,18 @@ struct Args {
     /// Print the schedule of each seed and exit.
     #[arg(long)]
     dry_run: bool,
+    /// Instead of a drawn schedule, the scripted replica-kill scenario: one collector,
+    /// two aggregators as one shard set (RF 2), one ingester, 10 s tiles; in each of
+    /// three rounds of one tile, a replica is SIGKILLed mid-tile and restarted, each in
+    /// turn. `--runs N` repeats it. Overrides the shape, policies and duration.
+    #[arg(long)]
+    replica_kill: bool,
+    /// Repeat each campaign this many times.
+    #[arg(long, default_value_t = 1)]
+    runs: u32,
+    /// Busy processes beside the cluster, each spinning on a core (`yes`).
+    #[arg(long, default_value_t = 0)]
+    busy_neighbours: usize,
 }
 
 fn parse_duration(text: &str) -> anyhow::Result<Duration> {
@@ -94,21 +109,33 @@ fn main() -> ExitCode {
 }
 
 fn campaigns(args: &Args) -> anyhow::Result<bool> {
-    let duration = parse_duration(&args.duration)?;
-    let shape = Shape {
+    let mut duration = parse_duration(&args.duration)?;
+    let mut policies = args.policies.clone();
+    let mut shape = Shape {
         collectors: args.collectors,
         aggregators: args.aggregators,
         replication_factor: args.replication_factor,
         ingesters: args.ingesters,
         shard_set_recovery: shard_set_recovery(&args.policies, args.ttl_secs)?,
     };
+    if args.replica_kill {
+        shape = Shape { collectors: 1, aggregators: 2, replication_factor: 2, ingesters: 1, ..shape };
+        policies = vec!["10s:1h".to_owned()];
+        duration = REPLICA_KILL_TILE * 9;
+    }
+    // The scenario runs on the daemons' default lease TTL.
+    let ttl_secs = if args.replica_kill { 10 } else { args.ttl_secs };
     let bin_dir = match &args.bin_dir {
         Some(dir) => dir.clone(),
         None => std::env::current_exe()?.parent().context("the binary's directory")?.to_path_buf(),
     };
     let mut all_passed = true;
-    for seed in seeds(args)? {
-        let schedule = draw(seed, duration, &shape);
+    let (mut runs, mut failed) = (0, 0);
+    let seeds: Vec<u64> =
+        seeds(args)?.into_iter().flat_map(|seed| std::iter::repeat_n(seed, args.runs as usize)).collect();
+    for seed in seeds {
+        let schedule =
+            if args.replica_kill { replica_kill(REPLICA_KILL_TILE, 3) } else { draw(seed, duration, &shape) };
         let dir = args
             .dir
             .clone()
@@ -118,12 +145,14 @@ fn campaigns(args: &Args) -> anyhow::Result<bool> {
             seed,
             duration,
             shape,
-            policies: args.policies.clone(),
-            ttl_secs: args.ttl_secs,
+            policies: policies.clone(),
+            ttl_secs,
             series_per_kind: args.series_per_kind,
             bin_dir: bin_dir.clone(),
             dir: dir.clone(),
             schedule,
+            align_ms: args.replica_kill.then_some(REPLICA_KILL_TILE.as_millis() as i64),
+            busy_neighbours: args.busy_neighbours,
         };
         if args.dry_run {
             println!("seed {seed}:");
@@ -134,10 +163,16 @@ fn campaigns(args: &Args) -> anyhow::Result<bool> {
         }
         let outcome = run(&campaign, &mut |line| eprintln!("[seed {seed}] {line}"))?;
         print!("{}", summary(&campaign, &outcome));
+        runs += 1;
         if outcome.passed() {
             let _ = std::fs::remove_dir_all(&dir);
         } else {
             all_passed = false;
+            failed += 1;
+            if args.replica_kill {
+                println!("replay: tessera-chaos --replica-kill --busy-neighbours {}", args.busy_neighbours);
+                continue;
+            }
             println!(
                 "replay: tessera-chaos --seed {seed} --duration {}s --collectors {} --aggregators {} --replication-factor {} \
                  --ingesters {} --policies {} --ttl-secs {} --series-per-kind {}",
@@ -146,11 +181,14 @@ fn campaigns(args: &Args) -> anyhow::Result<bool> {
                 shape.aggregators,
                 shape.replication_factor,
                 shape.ingesters,
-                args.policies.join(","),
-                args.ttl_secs,
+                policies.join(","),
+                ttl_secs,
                 args.series_per_kind,
             );
         }
+    }
+    if runs > 1 {
+        println!("{} of {runs} runs passed", runs - failed);
     }
     Ok(all_passed)
 }

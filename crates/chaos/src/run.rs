@@ -36,6 +36,11 @@ pub struct Campaign {
     pub dir: PathBuf,
     /// The faults, as drawn from the seed or given.
     pub schedule: Vec<Scheduled>,
+    /// Start sending on a multiple of this many ms (a tile boundary), so that a
+    /// scripted schedule's offsets fall where it means them.
+    pub align_ms: Option<i64>,
+    /// Busy processes to run beside the cluster, each spinning on a core.
+    pub busy_neighbours: usize,
 }
 
 /// A fault as it was applied.
@@ -121,6 +126,11 @@ pub fn run(campaign: &Campaign, log: &mut dyn FnMut(&str)) -> anyhow::Result<Out
     })?;
     log(&format!("cluster ready in {}", campaign.dir.display()));
     let workload = Workload { series_per_kind: campaign.series_per_kind, collectors: campaign.shape.collectors };
+    let _neighbours = BusyNeighbours::start(campaign.busy_neighbours)?;
+    if let Some(align_ms) = campaign.align_ms {
+        let wait = align_ms - now_ms().rem_euclid(align_ms);
+        std::thread::sleep(Duration::from_millis(wait as u64));
+    }
     let sender = Sender::start(workload, cluster.statsd.clone())?;
     let started = Instant::now();
 
@@ -191,6 +201,33 @@ pub fn run(campaign: &Campaign, log: &mut dyn FnMut(&str)) -> anyhow::Result<Out
     }
     cluster.shut_down();
     Ok(Outcome { report, applied, counters, failures, rounds: ledger.len() })
+}
+
+/// Processes that spin on a core each (`yes > /dev/null`), killed when dropped: the busy
+/// neighbour a production host has.
+struct BusyNeighbours(Vec<std::process::Child>);
+
+impl BusyNeighbours {
+    fn start(count: usize) -> anyhow::Result<BusyNeighbours> {
+        let mut children = Vec::new();
+        for _ in 0..count {
+            let child = std::process::Command::new("yes")
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .context("start a busy neighbour (`yes`)")?;
+            children.push(child);
+        }
+        Ok(BusyNeighbours(children))
+    }
+}
+
+impl Drop for BusyNeighbours {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
 }
 
 fn scrape_all(cluster: &mut Cluster, failures: &mut Vec<String>) {

@@ -224,6 +224,21 @@ pub const WARM_UP: Duration = Duration::from_secs(8);
 /// The end of the run with no fault, so that every series ends on known values.
 pub const QUIET_TAIL: Duration = Duration::from_secs(25);
 
+/// The scripted replica-kill scenario, rounds of one tile of `tile` each, three tiles
+/// apart (time for a failover after a lease TTL of a tile): in round `k` replica
+/// `k % 2` of the first shard set is SIGKILLed mid-tile and restarted before the tile
+/// ends, so that the leader dies at least once and every survivor but the first is a
+/// replica restarted a round before. Offsets count from a tile boundary.
+pub fn replica_kill(tile: Duration, rounds: u32) -> Vec<Scheduled> {
+    (0..rounds)
+        .map(|round| Scheduled {
+            at: tile * (3 * round + 1) + tile / 2,
+            lasts: tile * 2 / 5,
+            fault: Fault::Kill(Daemon::Aggregator(round as usize % 2)),
+        })
+        .collect()
+}
+
 /// Draws the schedule of a run of `duration` (from the start of sending) from `seed`.
 pub fn draw(seed: u64, duration: Duration, shape: &Shape) -> Vec<Scheduled> {
     let mut rng = Rng::new(seed);
@@ -331,6 +346,21 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    #[test]
+    fn the_replica_kill_scenario_kills_each_replica_in_turn_mid_tile() {
+        let tile = Duration::from_secs(10);
+        let faults = replica_kill(tile, 3);
+        let killed: Vec<Fault> = faults.iter().map(|fault| fault.fault).collect();
+        assert_eq!(
+            killed,
+            [Daemon::Aggregator(0), Daemon::Aggregator(1), Daemon::Aggregator(0)].map(Fault::Kill).to_vec()
+        );
+        for (round, fault) in faults.iter().enumerate() {
+            let tile_start = tile * (3 * round as u32 + 1);
+            assert!(fault.at > tile_start && fault.ends() < tile_start + tile, "{fault}");
         }
     }
 

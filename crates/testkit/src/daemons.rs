@@ -36,11 +36,24 @@ impl Daemon {
     /// Starts `binary --config <file with config_text>` and waits until
     /// `GET /readyz` on `telemetry` answers 200.
     pub fn start(name: &str, binary_name: &str, config_text: &str, telemetry: SocketAddr) -> Daemon {
+        Daemon::start_with_env(name, binary_name, config_text, telemetry, &[])
+    }
+
+    /// [`start`](Self::start) with environment variables set for the process (a
+    /// failpoint, `TESSERA_FAILPOINTS`, say).
+    pub fn start_with_env(
+        name: &str,
+        binary_name: &str,
+        config_text: &str,
+        telemetry: SocketAddr,
+        env: &[(&str, &str)],
+    ) -> Daemon {
         let dir = Server::directory();
         let config = dir.path().join(format!("{name}.toml"));
         std::fs::write(&config, config_text).expect("write config");
         let mut command = Command::new(binary(binary_name));
         command.arg("--config").arg(&config).arg("--log-level").arg("info");
+        command.envs(env.iter().copied());
         let mut server = Server::spawn(name, command, dir, "");
         if let Err(why) = server.wait_ready(telemetry, "/readyz", Duration::from_secs(30)) {
             panic!("{why}");

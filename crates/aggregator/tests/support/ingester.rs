@@ -1,6 +1,7 @@
 //! A minimal ingester standing in for the real one: accepts aggregators,
-//! records every tile batch (once per source and sequence, so a batch
-//! resent after a lost ack is not counted twice), and acknowledges it.
+//! records every tile batch (once per source, policy, tile end and sequence, as
+//! the ingester keys them: a batch resent after a lost ack is not counted twice, and
+//! a restarted aggregator, whose sequences start over, is not taken for a resend), and acknowledges it.
 //! It can be stopped (listener and connections closed) and started again
 //! on the same address.
 
@@ -41,7 +42,7 @@ pub struct Received {
     pub values: HashMap<TileKey, Vec<Flushed>>,
     pub batches: u64,
     pub duplicates: u64,
-    seen: HashSet<(String, u64)>,
+    seen: HashSet<(String, String, i64, u64)>,
 }
 
 /// The stop signal and accept task of a running receiver.
@@ -131,7 +132,12 @@ async fn connection(mut stream: tokio::net::TcpStream, received: Arc<Mutex<Recei
         let Some(Body::Tiles(batch)) = frame.body else { panic!("expected tile batches") };
         {
             let mut received = received.lock().unwrap();
-            if received.seen.insert((batch.source.clone(), batch.sequence)) {
+            if received.seen.insert((
+                batch.source.clone(),
+                batch.storage_policy.clone(),
+                batch.tile_end_ms,
+                batch.sequence,
+            )) {
                 received.batches += 1;
                 for value in batch.tiles {
                     let kind = tessera_core::aggregate::kind_from_proto(value.r#type).unwrap();
