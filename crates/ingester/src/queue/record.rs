@@ -85,7 +85,7 @@ pub struct StoredSample {
     pub histogram: Bytes,
     /// Write a 0 one millisecond before this sample, in the same series: the explicit
     /// counter reset of a cumulative series this ingester adopted from another one (see
-    /// [`crate::admit`]). Remote write only; the file sink writes the sample alone.
+    /// [`crate::admit`]). Both sinks write it.
     #[prost(bool, tag = "5")]
     pub reset_before: bool,
 }

@@ -153,14 +153,18 @@ impl Writer {
                 self.metrics.histograms_skipped.inc();
                 continue;
             }
-            write_journal_line_encoded(
-                &mut text,
-                &sample.labels,
-                sample.sample_kind(),
-                sample.value,
-                request.record.tile_end_ms,
-            )
-            .map_err(|error| SinkError::Permanent { status: 0, message: format!("undecodable labels: {error}") })?;
+            let undecodable =
+                |error| SinkError::Permanent { status: 0, message: format!("undecodable labels: {error}") };
+            let timestamp_ms = request.record.tile_end_ms;
+            if sample.reset_before {
+                // The explicit reset of a series this ingester adopted, as remote write has it:
+                // files from several ingesters are imported into one store, where the new
+                // owner's first total must not read as a continuation of the old owner's.
+                write_journal_line_encoded(&mut text, &sample.labels, sample.sample_kind(), 0.0, timestamp_ms - 1)
+                    .map_err(undecodable)?;
+            }
+            write_journal_line_encoded(&mut text, &sample.labels, sample.sample_kind(), sample.value, timestamp_ms)
+                .map_err(undecodable)?;
         }
         let io_error =
             |error: io::Error| SinkError::Retryable { reason: "io", message: error.to_string(), overloaded: false };
@@ -226,4 +230,60 @@ fn unused_name(dir: &Path) -> PathBuf {
         n += 1;
     }
     path
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use bytes::Bytes;
+
+    use super::*;
+    use crate::queue::segment::RequestKey;
+    use crate::record::StoredSample;
+    use crate::sink::RecordInfo;
+    use crate::sink::prompb::encode_labels;
+
+    #[test]
+    fn an_adopted_series_gets_its_explicit_reset_as_remote_write_does() {
+        let dir = tempfile::tempdir().unwrap();
+        let settings = FileSinkSettings {
+            dir: dir.path().to_path_buf(),
+            rotate_bytes: u64::MAX,
+            rotate_after: Duration::from_secs(3600),
+            fsync: false,
+        };
+        let mut writer = Writer { settings, metrics: FileSinkMetrics::default(), journal: None };
+        let sample = |name: &str, value: f64, reset_before: bool| {
+            let mut labels = Vec::new();
+            encode_labels(&mut labels, &[("__name__", name), ("resolution", "10s")]);
+            StoredSample {
+                labels: Bytes::from(labels),
+                value,
+                kind: SampleKind::Counter as i32,
+                reset_before,
+                ..Default::default()
+            }
+        };
+        let record = Arc::new(RecordInfo {
+            storage_policy: "10s:2d".into(),
+            resolution: "10s".into(),
+            tile_end_ms: 1_700_000_010_000,
+            received_at_ms: 1_700_000_011_000,
+            tiles: 2,
+            position: Default::default(),
+        });
+        let request = SinkRequest {
+            record,
+            samples: vec![sample("adopted_total", 7.0, true), sample("kept_total", 9.0, false)],
+            key: RequestKey { shard: 0, chunk: 0, fingerprint: 0 },
+        };
+        writer.append(&request).unwrap();
+        let journal = std::fs::read_to_string(dir.path().join(JOURNAL_NAME)).unwrap();
+        let lines: Vec<&str> = journal.lines().collect();
+        assert_eq!(lines.len(), 3, "{journal}");
+        assert!(lines[0].contains("adopted_total") && lines[0].contains(" 1700000009999 0"), "{journal}");
+        assert!(lines[1].contains("adopted_total") && lines[1].contains(" 1700000010000 7"), "{journal}");
+        assert!(lines[2].contains("kept_total") && lines[2].contains(" 1700000010000 9"), "{journal}");
+    }
 }
