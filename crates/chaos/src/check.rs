@@ -19,6 +19,8 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 
+use anyhow::Context;
+
 use crate::workload::{Kind, Line, Round, Workload, line};
 
 /// A storage policy as the checker sees it.
@@ -28,6 +30,33 @@ pub struct Resolution {
     pub label: String,
     /// The tile length.
     pub tile_ms: i64,
+}
+
+/// `10s` → 10 000 ms (`s`, `m`, `h`).
+pub fn resolution_ms(label: &str) -> Option<i64> {
+    let (number, unit) = label.split_at(label.find(|c: char| !c.is_ascii_digit())?);
+    let number: i64 = number.parse().ok()?;
+    Some(
+        number
+            * match unit {
+                "s" => 1_000,
+                "m" => 60_000,
+                "h" => 3_600_000,
+                _ => return None,
+            },
+    )
+}
+
+/// The resolutions of `policies` (`10s:1h` → `10s`).
+pub fn resolutions(policies: &[String]) -> anyhow::Result<Vec<Resolution>> {
+    policies
+        .iter()
+        .map(|policy| {
+            let label = policy.split(':').next().unwrap_or_default().to_owned();
+            let tile_ms = resolution_ms(&label).with_context(|| format!("policy `{policy}`"))?;
+            Ok(Resolution { label, tile_ms })
+        })
+        .collect()
 }
 
 /// A span of time during which a collector may lose what it is sent, by design.

@@ -26,6 +26,7 @@ use tessera_testkit::free_port;
 use tessera_testkit::prometheus::{NO_SCRAPES, Prometheus};
 use tessera_topology::testing::EtcdServer;
 
+use crate::check::resolutions;
 use crate::proxy::Proxy;
 use crate::schedule::{Daemon, Shape};
 
@@ -412,7 +413,10 @@ impl Cluster {
         for process in cluster.processes_mut() {
             process.wait_ready(Duration::from_secs(30))?;
         }
-        cluster.wait_for_leaders(Duration::from_secs(30))?;
+        // Replicas started together mid-tile saw none of their first tiles whole: they elect
+        // a leader once etcd has said "no leader" for the longest tile plus max_buffer_past.
+        let longest = resolutions(&cluster.settings.policies)?.iter().map(|r| r.tile_ms).max().unwrap_or(0);
+        cluster.wait_for_leaders(Duration::from_millis(longest as u64 + 8_000) + Duration::from_secs(30))?;
         Ok(cluster)
     }
 

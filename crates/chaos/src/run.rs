@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use tessera_core::clock::now_ms;
 
-use crate::check::{Excuse, Observed, Report, Resolution, check};
+use crate::check::{Excuse, Observed, Report, Resolution, check, resolutions};
 use crate::cluster::{Cluster, Settings};
 use crate::proxy::Mode;
 use crate::schedule::{Daemon, Fault, LinkFault, Scheduled, Shape, StoreFault};
@@ -79,33 +79,6 @@ impl Outcome {
     pub fn passed(&self) -> bool {
         self.report.violations.is_empty() && self.failures.is_empty()
     }
-}
-
-/// `10s` → 10 000 ms (`s`, `m`, `h`).
-pub fn resolution_ms(label: &str) -> Option<i64> {
-    let (number, unit) = label.split_at(label.find(|c: char| !c.is_ascii_digit())?);
-    let number: i64 = number.parse().ok()?;
-    Some(
-        number
-            * match unit {
-                "s" => 1_000,
-                "m" => 60_000,
-                "h" => 3_600_000,
-                _ => return None,
-            },
-    )
-}
-
-/// The resolutions of `policies` (`10s:1h` → `10s`).
-pub fn resolutions(policies: &[String]) -> anyhow::Result<Vec<Resolution>> {
-    policies
-        .iter()
-        .map(|policy| {
-            let label = policy.split(':').next().unwrap_or_default().to_owned();
-            let tile_ms = resolution_ms(&label).with_context(|| format!("policy `{policy}`"))?;
-            Ok(Resolution { label, tile_ms })
-        })
-        .collect()
 }
 
 enum Step {

@@ -12,7 +12,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use tessera_chaos::run::{Campaign, resolutions, run, summary};
+use tessera_chaos::check::resolutions;
+use tessera_chaos::run::{Campaign, run, summary};
 use tessera_chaos::schedule::{Shape, draw, replica_kill};
 
 /// `target/<profile>`, where the workspace's binaries are.

@@ -27,8 +27,9 @@
 //! partitioned) for longer than the TTL, it expires every lease at once when it
 //! is back, live ingesters' included, and each re-grants its own within a
 //! keep-alive. So after this ingester's own lease had to be granted again, or
-//! after etcd failed to answer, nobody is failed over until a whole TTL of
-//! healthy answers has passed: a live peer re-registers meanwhile. Failing a
+//! after etcd failed to answer, nobody is failed over until etcd has answered
+//! again for a TTL plus the longest retry backoff (`retry_max_backoff_ms`): a
+//! live peer re-registers meanwhile. Failing a
 //! live ingester over would move its shards while it still writes them, and
 //! tiles sent again to the new owner (a new aggregator leader flushes from
 //! marks that etcd could not take during the outage) would count twice (found
@@ -96,6 +97,7 @@ pub async fn run_tier(settings: TierSettings, ownership: Arc<Ownership>, metrics
         registration,
         lease_id,
         unsettled_until: None,
+        awaiting_answer: false,
     };
     let mut watcher: Option<Watcher> = None;
     loop {
@@ -175,6 +177,8 @@ struct Keeper {
     /// Until then nobody is failed over: etcd was away, or this ingester's own lease
     /// had to be granted again (every lease expired), and live peers re-register.
     unsettled_until: Option<Instant>,
+    /// etcd failed to answer: the hold starts at its next answer.
+    awaiting_answer: bool,
 }
 
 impl Keeper {
@@ -182,21 +186,28 @@ impl Keeper {
         let lease_id = self.registration.lease_id();
         if lease_id != self.lease_id {
             self.lease_id = lease_id;
-            self.unsettle("this ingester's liveness lease was granted again");
+            self.hold_failovers("this ingester's liveness lease was granted again");
         }
         if let Err(error) = self.try_tick().await {
-            self.unsettle("etcd did not answer");
+            self.awaiting_answer = true;
+            self.missing_since.clear();
             self.metrics.tier_errors.inc();
             tracing::warn!(error = %error_chain(&error), "ingester tier: cannot read or change the placement; will retry");
         }
     }
 
-    /// Holds failovers for a lease TTL from now, and forgets who was missing since when.
-    fn unsettle(&mut self, why: &str) {
+    /// Holds failovers from now for a lease TTL plus the longest retry backoff (the time
+    /// a live peer needs to grant its lease again), and forgets who was missing since when.
+    fn hold_failovers(&mut self, why: &str) {
+        let hold = self.settings.ttl + Duration::from_millis(self.settings.etcd.retry_max_backoff_ms);
         if self.unsettled_until.is_none_or(|until| until <= Instant::now()) {
-            tracing::info!(why, ttl_secs = self.settings.ttl.as_secs(), "holding failovers for a lease TTL");
+            tracing::info!(
+                why,
+                hold_ms = hold.as_millis() as u64,
+                "holding failovers while live ingesters re-register"
+            );
         }
-        self.unsettled_until = Some(Instant::now() + self.settings.ttl);
+        self.unsettled_until = Some(Instant::now() + hold);
         self.missing_since.clear();
     }
 
@@ -215,6 +226,10 @@ impl Keeper {
             Err(error) => return Err(error),
         };
         let alive: HashSet<String> = self.store.alive_instances().await?.into_iter().collect();
+        if std::mem::take(&mut self.awaiting_answer) {
+            self.hold_failovers("etcd answers again");
+        }
+        let settings = &self.settings;
         self.seen_alive.extend(alive.iter().cloned());
         let ttl = settings.ttl;
         let mut dead = Vec::new();

@@ -11,6 +11,7 @@
 //! | name | where |
 //! |---|---|
 //! | `aggregator.election.before_register` | an aggregator's election task, before it registers its liveness lease |
+//! | `liveness.before_regrant` | any daemon's liveness keep-alive, before it grants a lease again after the last one expired |
 //!
 //! ```
 //! use std::time::Duration;

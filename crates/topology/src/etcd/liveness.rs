@@ -195,6 +195,7 @@ impl KeepAlive {
         let config = self.config.clone();
         let key = self.key.clone();
         if self.needs_lease {
+            tessera_runtime::failpoint::delay("liveness.before_regrant").await;
             let sent = Instant::now();
             match grant_and_put(&config, &mut self.client, &key, &self.value, self.ttl_secs).await {
                 Ok(lease_id) => {

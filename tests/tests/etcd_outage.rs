@@ -1,0 +1,85 @@
+//! An etcd outage is not a death. etcd frozen (SIGSTOP) for three lease TTLs expires
+//! every lease when it is back, the live ingesters' included; each grants its own again
+//! within a keep-alive. No live ingester may be failed over for that: its shards would
+//! move while it still writes them, and tiles a new aggregator leader flushes again
+//! would count twice at the new owner (what the fault campaign found).
+//!
+//! A failpoint holds ing-2's new lease back for 4 s after etcd returns, so that ing-1
+//! certainly looks while ing-2's key is missing: before the fix, ing-1 failed it over at
+//! that look. The hold is a TTL plus the longest retry backoff (3 s here): 5 s.
+
+use std::process::Command;
+use std::time::Duration;
+
+use tessera_testkit::daemons::{Daemon, binary};
+use tessera_testkit::free_port;
+use tessera_tests::{loopback, wait_until};
+use tessera_topology::testing::EtcdServer;
+
+const TTL_SECS: u64 = 2;
+const ENV: &str = "etcd-outage";
+
+fn ingester_config(id: &str, port: u16, etcd: &EtcdServer, data: &std::path::Path, telemetry: u16) -> String {
+    format!(
+        "instance_id = \"{id}\"\nlisten = \"127.0.0.1:{port}\"\ndata_dir = {:?}\n\
+         [placement]\nadvertise = \"127.0.0.1:{port}\"\nliveness_ttl_secs = {TTL_SECS}\n\
+         [placement.etcd]\nendpoints = [\"{}\"]\nenv = \"{ENV}\"\nrequest_timeout_ms = 500\nretry_max_backoff_ms = 3000\n\
+         [sink]\nkind = \"file\"\n[telemetry]\nlisten = \"127.0.0.1:{telemetry}\"\n",
+        data.join(id).display().to_string(),
+        etcd.endpoint(),
+    )
+}
+
+#[test]
+fn an_etcd_outage_longer_than_the_lease_fails_no_live_ingester_over() {
+    let etcd = EtcdServer::start().expect("etcd starts");
+    let data = tempfile::tempdir().unwrap();
+    let ports = [free_port(), free_port()];
+    let status = Command::new(binary("tessera"))
+        .args(["placement", "--etcd", &etcd.endpoint(), "--environment", ENV, "--tier", "ingesters", "init"])
+        .args(["--shards", "16"])
+        .args(["--instance", &format!("ing-1=127.0.0.1:{}", ports[0])])
+        .args(["--instance", &format!("ing-2=127.0.0.1:{}", ports[1])])
+        .status()
+        .unwrap();
+    assert!(status.success(), "tessera placement --tier ingesters init failed");
+    let start = |id: &str, port: u16, env: &[(&str, &str)]| {
+        let telemetry = free_port();
+        let config = ingester_config(id, port, &etcd, data.path(), telemetry);
+        Daemon::start_with_env(id, "tessera-ingester", &config, loopback(telemetry), env)
+    };
+    let ingesters = [
+        start("ing-1", ports[0], &[]),
+        start("ing-2", ports[1], &[("TESSERA_FAILPOINTS", "liveness.before_regrant=4000")]),
+    ];
+    let owned = |ingester: &Daemon| ingester.metric("tessera_ingester_owned_shards", "");
+    wait_until("both ingesters own their shards", Duration::from_secs(20), || {
+        ingesters.iter().all(|ingester| owned(ingester) == 8.0)
+    });
+
+    let pid = etcd.pid().expect("etcd runs");
+    let signal = |name: &str| {
+        assert!(Command::new("kill").arg(format!("-{name}")).arg(pid.to_string()).status().unwrap().success());
+    };
+    signal("STOP");
+    std::thread::sleep(Duration::from_secs(3 * TTL_SECS));
+    signal("CONT");
+    wait_until("ing-2 granted its lease again, after the failpoint", Duration::from_secs(20), || {
+        ingesters[1].log().contains("liveness lease granted again")
+    });
+    assert!(ingesters[1].log().contains("failpoint: waiting"), "{}", ingesters[1].log());
+    // A TTL plus the longest retry backoff and two ticks: a failover would have happened
+    // by then.
+    std::thread::sleep(Duration::from_secs(TTL_SECS + 5));
+
+    for ingester in &ingesters {
+        let failovers = ingester.metric("tessera_ingester_placement_changes_total", "change=\"fail_over\"");
+        assert_eq!(failovers, 0.0, "{} failed a live ingester over:\n{}", ingester.name, ingester.log());
+        assert_eq!(owned(ingester), 8.0, "{} lost or gained shards:\n{}", ingester.name, ingester.log());
+    }
+    assert!(
+        ingesters[0].log().contains("holding failovers while live ingesters re-register"),
+        "{}",
+        ingesters[0].log()
+    );
+}
