@@ -23,8 +23,8 @@
 //! across a restart, a crash included: the intake writer checkpoints them beside the
 //! target's queue every `checkpoint_interval_secs` and at shutdown, and a start restores the
 //! checkpoint and rolls forward through the records queued after it ([`checkpoint`]). What a
-//! restart still loses: the checkpoint itself when its disk is lost (with the queue), and a
-//! late tile folded in after the last checkpoint without a sample of its own. A series idle
+//! restart still loses: the checkpoint itself when its disk is lost (with the queue). A late
+//! tile's correction (below) is a queued sample like any other and rolls forward. A series idle
 //! for longer than the expiry starts from 0 again, which storage sees as a counter reset
 //! (`rate()` and `increase()` handle it). Quantiles are clamped to the tile's `[min, max]`.
 //!
@@ -51,7 +51,7 @@
 //! | same end, same value as the one written | duplicate (a replica, a resend) | unchanged | `tiles_skipped{reason="duplicate"}` |
 //! | same end, another value | conflict | unchanged (the first one stays) | `reason="conflict"` |
 //! | older, and that tile was written | duplicate | unchanged | `reason="duplicate"` |
-//! | older, never written (**late**: its tile was written elsewhere or not at all) | late | adds, no sample of its own (storage would refuse it as out of order): it shows in the next sample | `reason="late"` |
+//! | older, never written (**late**: its tile was written elsewhere or not at all) | late | adds; the new total is written at once as a **correction**, one millisecond after the series' newest sample (at its own timestamp, [`StoredSample::timestamp_ms`]: the tile's own end would be out of order), so a series that then goes idle shows it too; more than `resolution − 2` corrections between two tiles leave the rest to the next sample | `reason="late"` |
 //! | another statsd series with the same Prometheus name (`a.b` and `a_b` both become `a_b`) | name collision | unchanged: the first series keeps the name | `reason="name_collision"`, logged |
 //!
 //! Whoever sends a tile, it is never added twice to a total: what the converter remembers is
@@ -120,6 +120,8 @@ struct Span {
     histogram: (usize, usize),
     value: f64,
     kind: SampleKind,
+    /// The sample's own timestamp (a late tile's correction), or 0 for the tile's end.
+    timestamp_ms: i64,
 }
 
 /// Spare cumulative histograms kept for reuse (each holds its bucket memory).
@@ -154,8 +156,8 @@ pub enum SkipReason {
     InvalidAggregate,
     /// The aggregate does not match the metric type.
     TypeMismatch,
-    /// Older than the series' last sample and never written: folded into the running
-    /// total, no sample.
+    /// Older than the series' last sample and never written: added to the running total,
+    /// written as a correction after the newest sample.
     Late,
     /// Written already (same tile end, same value): not added again.
     Duplicate,
@@ -230,7 +232,7 @@ impl std::ops::Index<SkipReason> for SkippedTiles {
 enum Verdict {
     /// Newer than what was written: the new running total, to write.
     Write(f64),
-    /// Older and never written: folded into the total.
+    /// Older and never written: added to the total (with a correction sample, if room).
     Late,
     /// Written already.
     Duplicate,
@@ -283,6 +285,19 @@ struct Total {
     /// The series' shard in the ingesters' placement, plus one; 0 when unknown (no
     /// placement, or rolled forward from a queued sample until a tile reaches it).
     shard: u32,
+    /// Timestamp of the newest sample written for the series: `last_tile_end_ms`, or a
+    /// late tile's correction after it (0 in checkpoints before version 3).
+    last_sample_ms: i64,
+}
+
+impl Total {
+    /// Where a late tile's correction goes: one millisecond after the series' newest
+    /// sample, if that is still before the next tile's reset marker (end − 1); past that
+    /// (a burst of late tiles in one tile) the total shows in the next sample.
+    fn correction_at(&self, resolution_ms: i64) -> Option<i64> {
+        let next = self.last_sample_ms.max(self.last_tile_end_ms) + 1;
+        (next < self.last_tile_end_ms + resolution_ms - 1).then_some(next)
+    }
 }
 
 /// The origin of a total rolled forward from a queued sample, which does not say which
@@ -357,6 +372,9 @@ pub struct Converter {
     ownership_changed: bool,
     /// A total was just made fresh for an adopted series: its sample gets a reset before it.
     adopted_marker: bool,
+    /// Set by [`Converter::add_to_total`] for a late tile: its correction sample (the new
+    /// total and its timestamp), if it gets one.
+    correction: Option<(f64, i64)>,
     /// Series adopted by the last conversion, counted at [`Converter::commit`].
     adopted_pending: u64,
     adopted: Option<prometheus_client::metrics::counter::Counter>,
@@ -399,6 +417,7 @@ impl Converter {
             epochs: Vec::new(),
             ownership_changed: false,
             adopted_marker: false,
+            correction: None,
             adopted_pending: 0,
             adopted: None,
         }
@@ -576,6 +595,7 @@ impl Converter {
                 kind: span.kind as i32,
                 histogram: arena.slice(span.histogram.0..span.histogram.1),
                 reset_before: span.reset_before,
+                timestamp_ms: span.timestamp_ms,
             })
             .collect();
         let record = Record {
@@ -644,13 +664,23 @@ impl Converter {
         let key = xxhash_rust::xxh3::xxh3_128(&self.arena[span.0..span.1]);
         let verdict = self.add_to_total(key, delta, at, None);
         let reset_before = std::mem::take(&mut self.adopted_marker);
-        match verdict {
-            Verdict::Write(value) => self.spans.push(Span {
+        let correction = self.correction.take();
+        match (verdict, correction) {
+            (Verdict::Write(value), _) => self.spans.push(Span {
                 labels: span,
                 reset_before,
                 histogram: (0, 0),
                 value,
                 kind: SampleKind::Counter,
+                timestamp_ms: 0,
+            }),
+            (Verdict::Late, Some((value, timestamp_ms))) => self.spans.push(Span {
+                labels: span,
+                reset_before: false,
+                histogram: (0, 0),
+                value,
+                kind: SampleKind::Counter,
+                timestamp_ms,
             }),
             _ => self.arena.truncate(span.0),
         }
@@ -688,9 +718,20 @@ impl Converter {
         let sum_key = xxhash_rust::xxh3::xxh3_128(&self.arena[sum_span.0..sum_span.1]);
         let count = self.add_to_total(count_key, summary.count, at, None);
         let count_reset = std::mem::take(&mut self.adopted_marker);
+        let count_correction = self.correction.take();
         // The sum follows the count's verdict, so the two stay in step.
         let sum = self.add_to_total(sum_key, summary.sum, at, Some(count));
         let sum_reset = std::mem::take(&mut self.adopted_marker);
+        let sum_correction = self.correction.take();
+        if let (Verdict::Late, Some(count_at), Some(sum_at)) = (count, count_correction, sum_correction) {
+            // A late tile's correction: the new totals after the newest sample, no quantiles.
+            for (labels, (value, timestamp_ms), kind) in
+                [(count_span, count_at, SampleKind::SummaryCount), (sum_span, sum_at, SampleKind::SummarySum)]
+            {
+                self.spans.push(Span { labels, reset_before: false, histogram: (0, 0), value, kind, timestamp_ms });
+            }
+            return count;
+        }
         let (Verdict::Write(count), Verdict::Write(sum)) = (count, sum) else {
             self.arena.truncate(count_span.0);
             return count;
@@ -700,7 +741,7 @@ impl Converter {
             (sum_span, sum, sum_reset, SampleKind::SummarySum),
         ];
         for (labels, value, reset_before, kind) in kinds {
-            self.spans.push(Span { labels, reset_before, histogram: (0, 0), value, kind });
+            self.spans.push(Span { labels, reset_before, histogram: (0, 0), value, kind, timestamp_ms: 0 });
         }
         let (min, max) = (summary.min, summary.max);
         if min.is_finite() && max.is_finite() && min <= max {
@@ -735,6 +776,7 @@ impl Converter {
         let verdict = self.add_to_total(key, distribution.count, at, follow);
         // A fresh histogram carries the reset hint: no explicit reset needed.
         self.adopted_marker = false;
+        let correction = self.correction.take();
         if !matches!(verdict, Verdict::Write(_) | Verdict::Late) {
             self.arena.truncate(span.0);
             return verdict;
@@ -757,8 +799,14 @@ impl Converter {
         while next.sketch.bucket_count() > self.max_buckets && next.sketch.schema() > MIN_SCHEMA {
             next.sketch.downscale(next.sketch.schema() - 1);
         }
-        match verdict {
-            Verdict::Write(count) => {
+        let written = match (verdict, correction) {
+            (Verdict::Write(count), _) => Some((count, 0)),
+            // A late tile's correction: the histogram with it, after the newest sample.
+            (Verdict::Late, Some((count, timestamp_ms))) if next.written => Some((count, timestamp_ms)),
+            _ => None,
+        };
+        match written {
+            Some((count, timestamp_ms)) => {
                 let start = self.arena.len();
                 self.encoder.encode(&mut self.arena, &next.sketch, next.sum, !next.written);
                 next.written = true;
@@ -768,9 +816,10 @@ impl Converter {
                     histogram: (start, self.arena.len()),
                     value: count,
                     kind: SampleKind::Histogram,
+                    timestamp_ms,
                 });
             }
-            _ => self.arena.truncate(span.0),
+            None => self.arena.truncate(span.0),
         }
         self.pending.push((key, next));
         verdict
@@ -778,7 +827,8 @@ impl Converter {
 
     /// Judges the tile against the series' running total (or takes `follow`, the verdict
     /// of the series it moves in step with) and applies it: a written tile adds and is
-    /// due a sample, a late one adds silently, the others change nothing.
+    /// due a sample, a late one adds and is due a correction ([`Converter::correction`]),
+    /// the others change nothing.
     fn add_to_total(&mut self, key: u128, delta: f64, at: TileRef, follow: Option<Verdict>) -> Verdict {
         let previous = self.totals.get(&key).copied();
         let current = previous.filter(|total| total.epoch == at.epoch);
@@ -805,6 +855,7 @@ impl Converter {
                 origin: at.origin,
                 epoch: at.epoch,
                 shard: at.shard,
+                last_sample_ms: at.end_ms,
             };
             self.totals.insert(key, total);
             return Verdict::Write(delta);
@@ -828,12 +879,17 @@ impl Converter {
                 total.value = value;
                 total.last_tile_end_ms = at.end_ms;
                 total.last_delta = delta;
+                total.last_sample_ms = at.end_ms;
             }
             Verdict::Late => {
                 if let Some(back) = total.tiles_back(at) {
                     total.written |= 1 << back;
                 }
                 total.value += delta;
+                self.correction = total.correction_at(at.resolution_ms).map(|timestamp_ms| {
+                    total.last_sample_ms = timestamp_ms;
+                    (total.value, timestamp_ms)
+                });
             }
             Verdict::Duplicate | Verdict::Conflict | Verdict::Collision => return verdict,
         }
@@ -848,7 +904,7 @@ impl Converter {
     }
 
     fn push_span(&mut self, labels: (usize, usize), value: f64, kind: SampleKind) {
-        self.spans.push(Span { labels, reset_before: false, histogram: (0, 0), value, kind });
+        self.spans.push(Span { labels, reset_before: false, histogram: (0, 0), value, kind, timestamp_ms: 0 });
     }
 
     /// Encodes the labels of `<name><suffix>` into the arena; returns their span.

@@ -38,8 +38,8 @@
 //! - what its tile added: taken as the difference to the total before, which also holds
 //!   the late tiles folded in since (it only decides whether a resent copy of that tile is
 //!   counted as a duplicate or a conflict; neither changes the total);
-//! - a late tile folded in after the checkpoint without a sample of its own: lost, unless
-//!   a later sample of the series carries it;
+//! - (a late tile's correction is a sample at its own timestamp: it rolls forward like a
+//!   tile's, and marks the late tile written);
 //! - a native histogram's fractional bucket weights (statsd sample rates): they come back
 //!   rounded, as they were written.
 //!
@@ -90,7 +90,7 @@ pub const FILE_NAME: &str = "checkpoint";
 pub const MAGIC: [u8; 8] = *b"TSCKPT\x00\x00";
 
 /// The format version this build writes; it reads every version up to it.
-pub const VERSION: u32 = 2;
+pub const VERSION: u32 = 3;
 
 /// Magic, version and CRC.
 const HEADER_BYTES: usize = MAGIC.len() + 8;
@@ -116,6 +116,8 @@ fn total_fields(total: &mut Total, fields: &mut impl Fields) {
     fields.field(&mut total.origin);
     // Version 2: the shard (plus one) of the ingesters' placement; 0, unknown, in version 1.
     fields.field(&mut total.shard);
+    // Version 3: the newest sample's timestamp (a late tile's correction); 0 before.
+    fields.field(&mut total.last_sample_ms);
 }
 
 /// What a checkpoint says beside the converter's state.
@@ -388,7 +390,13 @@ impl Converter {
                 continue;
             }
             let key = xxhash_rust::xxh3::xxh3_128(&sample.labels);
-            if !self.roll_total_forward(key, sample.value, record.tile_end_ms, resolution_ms) {
+            let rolled = match sample.timestamp_ms {
+                0 => self.roll_total_forward(key, sample.value, record.tile_end_ms, resolution_ms),
+                timestamp_ms => {
+                    self.roll_correction_forward(key, sample.value, timestamp_ms, record.tile_end_ms, resolution_ms)
+                }
+            };
+            if !rolled {
                 continue;
             }
             applied += 1;
@@ -431,6 +439,33 @@ impl Converter {
         total.last_delta = value - total.value;
         total.value = value;
         total.last_tile_end_ms = tile_end_ms;
+        total.last_sample_ms = tile_end_ms;
+        true
+    }
+
+    /// Sets the total `key` to `value`, a late tile's correction written at `timestamp_ms`
+    /// for the tile ending `late_tile_end_ms`, if it is newer than the total's newest
+    /// sample; the late tile counts as written.
+    fn roll_correction_forward(
+        &mut self,
+        key: u128,
+        value: f64,
+        timestamp_ms: i64,
+        late_tile_end_ms: i64,
+        resolution_ms: Option<i64>,
+    ) -> bool {
+        let Some(total) = self.totals.get_mut(&key) else { return false };
+        if timestamp_ms <= total.last_sample_ms.max(total.last_tile_end_ms) {
+            return false;
+        }
+        let back = resolution_ms
+            .filter(|resolution| *resolution > 0)
+            .and_then(|resolution| Some(total.last_tile_end_ms.checked_sub(late_tile_end_ms)? / resolution));
+        if let Some(back) = back.filter(|back| (0..64).contains(back)) {
+            total.written |= 1 << back;
+        }
+        total.value = value;
+        total.last_sample_ms = timestamp_ms;
         true
     }
 }

@@ -92,17 +92,49 @@ fn counters_are_cumulative_per_series_and_resolution() {
 }
 
 #[test]
-fn late_tiles_fold_into_the_next_sample() {
+fn a_late_tile_shows_at_once_in_a_correction_after_the_newest_sample() {
     let mut converter = Converter::new(&[0.5], 3_600_000);
-    converted(&mut converter, &batch(20_000, vec![tile("c", MetricType::Counter, Aggregate::Counter(1.0))]));
-    let late = batch(10_000, vec![tile("c", MetricType::Counter, Aggregate::Counter(4.0))]);
-    let conversion = converter.convert(&late, 0).unwrap();
+    converted(&mut converter, &batch(30_000, vec![tile("c", MetricType::Counter, Aggregate::Counter(1.0))]));
+    // Two tiles never written, older than the newest: each adds, and the new total is
+    // written one millisecond after the series' newest sample, so that a series that then
+    // goes idle still shows it.
+    for (late_end, total, at) in [(10_000, 5.0, 30_001), (20_000, 7.0, 30_002)] {
+        let late = batch(
+            late_end,
+            vec![tile(
+                "c",
+                MetricType::Counter,
+                Aggregate::Counter(total - 1.0 - if late_end == 20_000 { 4.0 } else { 0.0 }),
+            )],
+        );
+        let conversion = converter.convert(&late, 0).unwrap();
+        converter.commit();
+        assert_eq!(conversion.skipped[SkipReason::Late], 1);
+        assert_eq!(conversion.record.tiles, 0);
+        let [sample] = conversion.record.samples.as_slice() else { panic!("{:?}", conversion.record.samples) };
+        assert_eq!((labels_text(sample).as_str(), sample.value), ("__name__=c_total resolution=10s", total));
+        assert_eq!((sample.timestamp_ms, sample.at(late_end)), (at, at));
+    }
+    let next = batch(40_000, vec![tile("c", MetricType::Counter, Aggregate::Counter(1.0))]);
+    let conversion = converter.convert(&next, 0).unwrap();
+    assert_eq!((conversion.record.samples[0].value, conversion.record.samples[0].at(40_000)), (8.0, 40_000));
+}
+
+#[test]
+fn corrections_stop_before_the_next_tiles_reset_marker_and_the_total_shows_in_the_next_sample() {
+    let mut converter = Converter::new(&[0.5], 3_600_000);
+    let two_ms = |tile_end_ms: i64| {
+        let mut batch = batch(tile_end_ms, vec![tile("c", MetricType::Counter, Aggregate::Counter(1.0))]);
+        (batch.storage_policy, batch.resolution_ms) = ("2ms:1h".into(), 2);
+        batch
+    };
+    converted(&mut converter, &two_ms(10_000));
+    // With 2 ms tiles there is no room between the newest sample and the next marker.
+    let conversion = converter.convert(&two_ms(9_998), 0).unwrap();
     converter.commit();
-    assert!(conversion.record.samples.is_empty());
     assert_eq!(conversion.skipped[SkipReason::Late], 1);
-    assert_eq!(conversion.record.tiles, 0);
-    let next = batch(30_000, vec![tile("c", MetricType::Counter, Aggregate::Counter(1.0))]);
-    assert_eq!(converted(&mut converter, &next)[0].1, 6.0);
+    assert!(conversion.record.samples.is_empty());
+    assert_eq!(converted(&mut converter, &two_ms(10_002))[0].1, 3.0);
 }
 
 fn counter_batch(tile_end_ms: i64, source: &str, id: &str, value: f64) -> TileBatch {
@@ -339,9 +371,11 @@ fn native_histograms_are_cumulative_sketches_with_min_and_max_beside_them() {
     let expected: Vec<(i32, u64)> = expected.positive_buckets().map(|(index, count)| (index, count as u64)).collect();
     assert_eq!(histogram.positive_buckets(), expected);
 
-    // A duplicate adds nothing and writes nothing; a late tile adds without a sample.
+    // A duplicate adds nothing and writes nothing; a late tile adds, and the histogram
+    // with it is written one millisecond after the newest sample.
     assert!(histograms(&mut converter, &timer_batch(30_000, &[1.0, 1000.0])).is_empty());
-    assert!(histograms(&mut converter, &timer_batch(10_000, &[7.0])).is_empty());
+    let [(_, histogram)] = histograms(&mut converter, &timer_batch(10_000, &[7.0])).try_into().unwrap();
+    assert_eq!((histogram.count_int, histogram.reset_hint), (103, 0));
     let [(_, histogram)] = histograms(&mut converter, &timer_batch(40_000, &[2.0])).try_into().unwrap();
     assert_eq!(histogram.count_int, 104);
 }

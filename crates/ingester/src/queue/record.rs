@@ -88,9 +88,19 @@ pub struct StoredSample {
     /// [`crate::admit`]). Both sinks write it.
     #[prost(bool, tag = "5")]
     pub reset_before: bool,
+    /// The sample's own timestamp, unix ms; 0 for the record's tile end (every sample but
+    /// a late tile's correction: a cumulative series' new total one millisecond after its
+    /// newest sample, see [`crate::admit`]).
+    #[prost(int64, tag = "6")]
+    pub timestamp_ms: i64,
 }
 
 impl StoredSample {
+    /// The sample's timestamp in a record whose tile ends at `tile_end_ms`.
+    pub fn at(&self, tile_end_ms: i64) -> i64 {
+        if self.timestamp_ms != 0 { self.timestamp_ms } else { tile_end_ms }
+    }
+
     /// The sample's kind ([`SampleKind::Gauge`] when unknown).
     pub fn sample_kind(&self) -> SampleKind {
         SampleKind::try_from(self.kind).unwrap_or(SampleKind::Gauge)
@@ -254,6 +264,7 @@ mod tests {
                     kind: SampleKind::Counter as i32,
                     histogram: Bytes::new(),
                     reset_before: true,
+                    timestamp_ms: 0,
                 },
                 StoredSample {
                     labels: Bytes::from_static(b""),
@@ -261,6 +272,7 @@ mod tests {
                     kind: SampleKind::Gauge as i32,
                     histogram: Bytes::new(),
                     reset_before: false,
+                    timestamp_ms: 1_700_000_020_001,
                 },
                 StoredSample {
                     labels: Bytes::from_static(b"\x0a\x01h"),
@@ -268,6 +280,7 @@ mod tests {
                     kind: SampleKind::Histogram as i32,
                     histogram: Bytes::from_static(b"\x08\x03"),
                     reset_before: false,
+                    timestamp_ms: 0,
                 },
             ],
             flushed_at_ms: 1_700_000_010_500,

@@ -155,7 +155,7 @@ impl Writer {
             }
             let undecodable =
                 |error| SinkError::Permanent { status: 0, message: format!("undecodable labels: {error}") };
-            let timestamp_ms = request.record.tile_end_ms;
+            let timestamp_ms = sample.at(request.record.tile_end_ms);
             if sample.reset_before {
                 // The explicit reset of a series this ingester adopted, as remote write has it:
                 // files from several ingesters are imported into one store, where the new

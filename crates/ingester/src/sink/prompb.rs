@@ -349,7 +349,8 @@ pub fn decode_labels(labels: &[u8]) -> Result<Vec<Label>, prost::DecodeError> {
 /// Bytes `sample` takes as one `TimeSeries` inside a `WriteRequest`, the length of the
 /// `TimeSeries`, of its `Sample` or `Histogram`, and of the reset marker's `Sample`
 /// before it (0 without one).
-fn series_lengths(sample: &StoredSample, timestamp_ms: i64) -> (usize, usize, usize, usize) {
+fn series_lengths(sample: &StoredSample, tile_end_ms: i64) -> (usize, usize, usize, usize) {
+    let timestamp_ms = sample.at(tile_end_ms);
     let timestamp_len = 1 + encoded_len_varint(timestamp_ms as u64);
     let point_len = match sample.histogram.is_empty() {
         true => 1 + 8 + timestamp_len,
@@ -370,12 +371,14 @@ pub fn write_request_len(samples: &[StoredSample], timestamp_ms: i64) -> usize {
 }
 
 /// Appends a `WriteRequest` holding one `TimeSeries` per sample, each with one sample (or,
-/// for a sample carrying a histogram, one histogram) at `timestamp_ms`, to `out`. A plain
-/// sample marked `reset_before` is preceded in its series by a 0 at `timestamp_ms - 1`.
-pub fn encode_write_request(out: &mut Vec<u8>, samples: &[StoredSample], timestamp_ms: i64) {
-    out.reserve(write_request_len(samples, timestamp_ms));
+/// for a sample carrying a histogram, one histogram) at the record's `tile_end_ms` (or the
+/// sample's own timestamp, [`StoredSample::at`]), to `out`. A plain sample marked
+/// `reset_before` is preceded in its series by a 0 one millisecond before it.
+pub fn encode_write_request(out: &mut Vec<u8>, samples: &[StoredSample], tile_end_ms: i64) {
+    out.reserve(write_request_len(samples, tile_end_ms));
     for sample in samples {
-        let (_, series_len, point_len, marker_len) = series_lengths(sample, timestamp_ms);
+        let (_, series_len, point_len, marker_len) = series_lengths(sample, tile_end_ms);
+        let timestamp_ms = sample.at(tile_end_ms);
         out.push(FIELD_1_LEN);
         encode_varint(series_len as u64, out);
         out.extend_from_slice(&sample.labels);
@@ -427,6 +430,8 @@ mod tests {
             stored(&[("__name__", &"b".repeat(300)), ("x", "é\"\n")], -3.0),
             stored(&[("__name__", "zero")], 0.0),
             StoredSample { reset_before: true, ..stored(&[("__name__", "adopted_total")], 42.0) },
+            // A late tile's correction, at its own timestamp.
+            StoredSample { timestamp_ms: 1_700_000_020_001, ..stored(&[("__name__", "late_total")], 7.0) },
         ];
         for timestamp in [0, 1, 1_700_000_000_000, -5] {
             let mut ours = Vec::new();
@@ -435,16 +440,19 @@ mod tests {
             let theirs = WriteRequest {
                 timeseries: samples
                     .iter()
-                    .map(|sample| TimeSeries {
-                        labels: decode_labels(&sample.labels).unwrap(),
-                        samples: match sample.reset_before {
-                            true => vec![
-                                Sample { value: 0.0, timestamp: timestamp - 1 },
-                                Sample { value: sample.value, timestamp },
-                            ],
-                            false => vec![Sample { value: sample.value, timestamp }],
-                        },
-                        histograms: Vec::new(),
+                    .map(|sample| {
+                        let timestamp = sample.at(timestamp);
+                        TimeSeries {
+                            labels: decode_labels(&sample.labels).unwrap(),
+                            samples: match sample.reset_before {
+                                true => vec![
+                                    Sample { value: 0.0, timestamp: timestamp - 1 },
+                                    Sample { value: sample.value, timestamp },
+                                ],
+                                false => vec![Sample { value: sample.value, timestamp }],
+                            },
+                            histograms: Vec::new(),
+                        }
                     })
                     .collect(),
             };
