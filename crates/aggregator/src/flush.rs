@@ -154,6 +154,7 @@ fn flush_tile(tile: ClosedTile, flusher: &Flusher) {
         resolution_ms: u32::try_from(tile_end_ms - tile_start_ms).unwrap_or(u32::MAX),
         tile_end_ms,
         flushed_at_ms: now_ms(),
+        incomplete: leadership.began_before_start(tile_start_ms),
     };
     let sent: Vec<(usize, u64)> = shares
         .into_iter()
@@ -194,6 +195,7 @@ mod tests {
             resolution_ms: u32::try_from(tile.policy.resolution_ms()).unwrap_or(u32::MAX),
             tile_end_ms: tile.tile_end_ms,
             flushed_at_ms,
+            incomplete: false,
         };
         encode_values(&head, tile.values, source, max_frame_bytes, next_sequence)
     }

@@ -125,8 +125,9 @@ impl Aggregator {
         } else if aggregator.placement.current().replication_factor() > 1 {
             tracing::warn!(
                 "the placement replicates shard sets but is not in etcd: no leader can be elected, so every replica \
-                 flushes (the ingester skips the second copy of a tile, but a replica that restarted mid-tile may \
-                 write its partial copy first); use an etcd placement for replicas"
+                 flushes (the ingester skips the second copy of a tile, and a whole copy replaces the one a \
+                 replica restarted mid-tile marked incomplete, but every replica writes to the ingesters); use an \
+                 etcd placement for replicas"
             );
         }
         Ok(aggregator)

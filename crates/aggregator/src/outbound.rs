@@ -368,12 +368,13 @@ impl Ingesters {
                 return;
             }
         };
-        let TileBatch { storage_policy, resolution_ms, tile_end_ms, tiles: values, flushed_at_ms, .. } = tiles;
+        let TileBatch { storage_policy, resolution_ms, tile_end_ms, tiles: values, flushed_at_ms, incomplete, .. } =
+            tiles;
         let series = values.len() as u64;
         let tile_start_ms = tile_end_ms - i64::from(resolution_ms);
         let (shares, unowned) = self.split(routing, values, tile_start_ms);
         count_drops(&self.inner.drops, "no_ingester", "series", unowned);
-        let head = TileHead { storage_policy: &storage_policy, resolution_ms, tile_end_ms, flushed_at_ms };
+        let head = TileHead { storage_policy: &storage_policy, resolution_ms, tile_end_ms, flushed_at_ms, incomplete };
         for share in shares {
             if let Some((queue, last_sequence)) =
                 self.queue_share(&head, share, &reroute.source, reroute.max_frame_bytes)

@@ -84,6 +84,7 @@ fn main() {
             tile_end_ms: 1_700_000_000_000,
             tiles: chunk.to_vec(),
             flushed_at_ms: 0,
+            incomplete: false,
         };
         converter.convert(&batch, 0).expect("a valid batch");
         converter.commit();

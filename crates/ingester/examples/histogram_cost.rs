@@ -57,6 +57,7 @@ fn batch(series: usize, values: usize, round: usize) -> TileBatch {
         tile_end_ms: 1_700_000_000_000 + round as i64 * 10_000,
         tiles,
         flushed_at_ms: 0,
+        incomplete: false,
     }
 }
 

@@ -101,6 +101,7 @@ fn main() {
                     tile_end_ms,
                     tiles: chunk.to_vec(),
                     flushed_at_ms: tile_end_ms,
+                    incomplete: false,
                 };
                 Frame { body: Some(Body::Tiles(batch)) }.encode_to_vec()
             })

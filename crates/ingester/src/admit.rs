@@ -49,7 +49,9 @@
 //! |---|---|---|---|
 //! | newer than the newest written | written | adds, new sample | `tiles_written` |
 //! | same end, same value as the one written | duplicate (a replica, a resend) | unchanged | `tiles_skipped{reason="duplicate"}` |
-//! | same end, another value | conflict | unchanged (the first one stays) | `reason="conflict"` |
+//! | same end, another value, the written copy incomplete and this one whole (an aggregator marks a tile `incomplete` when it started after the tile began: a replica restarted mid-tile) | replaced | the whole copy's total, written as a correction one millisecond after the newest sample | `reason="replaced"` |
+//! | same end, another value, this copy incomplete | incomplete | unchanged | `reason="incomplete"` |
+//! | same end, another value, both whole | conflict: two whole copies disagree, which no fault the design survives explains | unchanged (the first one stays) | `reason="conflict"` |
 //! | older, and that tile was written | duplicate | unchanged | `reason="duplicate"` |
 //! | older, never written (**late**: its tile was written elsewhere or not at all) | late | adds; the new total is written at once as a **correction**, one millisecond after the series' newest sample (at its own timestamp, [`StoredSample::timestamp_ms`]: the tile's own end would be out of order), so a series that then goes idle shows it too; more than `resolution − 2` corrections between two tiles leave the rest to the next sample | `reason="late"` |
 //! | another statsd series with the same Prometheus name (`a.b` and `a_b` both become `a_b`) | name collision | unchanged: the first series keeps the name | `reason="name_collision"`, logged |
@@ -108,6 +110,11 @@ struct Cumulative {
     sum: f64,
     /// A sample of it has been written (the next is not a reset).
     written: bool,
+    /// When the newest tile came from an incomplete copy: the histogram and sum before
+    /// it, so that a complete copy can replace it (a sketch cannot be subtracted). Kept
+    /// for such tiles only, and not in checkpoints: after a restart a complete copy of
+    /// that tile is counted `incomplete` instead.
+    before_last: Option<Box<(Sketch, f64)>>,
 }
 
 /// Where a sample's bytes are in the arena, and what it is.
@@ -165,11 +172,17 @@ pub enum SkipReason {
     Conflict,
     /// Another statsd series already owns the Prometheus series: not added.
     NameCollision,
+    /// A copy marked incomplete (its aggregator started after the tile began) of a tile
+    /// written already: not added.
+    Incomplete,
+    /// A complete copy of a tile written from an incomplete one: it replaces it, and the
+    /// corrected total is written as a correction.
+    Replaced,
 }
 
 impl SkipReason {
     /// Every reason, in label order.
-    pub const ALL: [SkipReason; 7] = [
+    pub const ALL: [SkipReason; 9] = [
         SkipReason::UnknownType,
         SkipReason::InvalidAggregate,
         SkipReason::TypeMismatch,
@@ -177,6 +190,8 @@ impl SkipReason {
         SkipReason::Duplicate,
         SkipReason::Conflict,
         SkipReason::NameCollision,
+        SkipReason::Incomplete,
+        SkipReason::Replaced,
     ];
 
     /// The label value.
@@ -189,6 +204,8 @@ impl SkipReason {
             SkipReason::Duplicate => "duplicate",
             SkipReason::Conflict => "conflict",
             SkipReason::NameCollision => "name_collision",
+            SkipReason::Incomplete => "incomplete",
+            SkipReason::Replaced => "replaced",
         }
     }
 }
@@ -215,6 +232,8 @@ impl SkippedTiles {
             Verdict::Duplicate => self.add(SkipReason::Duplicate),
             Verdict::Conflict => self.add(SkipReason::Conflict),
             Verdict::Collision => self.add(SkipReason::NameCollision),
+            Verdict::Incomplete => self.add(SkipReason::Incomplete),
+            Verdict::Replace(_) => self.add(SkipReason::Replaced),
         }
     }
 }
@@ -240,6 +259,10 @@ enum Verdict {
     Conflict,
     /// Another statsd series owns the name.
     Collision,
+    /// An incomplete copy of a written tile.
+    Incomplete,
+    /// A complete copy of a tile written from an incomplete one: the corrected total.
+    Replace(f64),
 }
 
 /// Where a tile sits: its end, its resolution, and which statsd series it is.
@@ -252,6 +275,8 @@ struct TileRef {
     epoch: u32,
     /// The series' shard plus one (0 without an ingesters' placement).
     shard: u32,
+    /// The copy came from an aggregator that started after the tile began.
+    incomplete: bool,
 }
 
 /// The result of converting one batch.
@@ -288,6 +313,8 @@ struct Total {
     /// Timestamp of the newest sample written for the series: `last_tile_end_ms`, or a
     /// late tile's correction after it (0 in checkpoints before version 3).
     last_sample_ms: i64,
+    /// The newest written tile came from an incomplete copy: a complete one replaces it.
+    last_incomplete: bool,
 }
 
 impl Total {
@@ -313,7 +340,13 @@ impl Total {
             return Verdict::Write(self.value + delta);
         }
         if tile.end_ms == self.last_tile_end_ms {
-            return if delta == self.last_delta { Verdict::Duplicate } else { Verdict::Conflict };
+            return match (delta == self.last_delta, self.last_incomplete, tile.incomplete) {
+                (true, ..) => Verdict::Duplicate,
+                (false, true, false) => Verdict::Replace(self.value - self.last_delta + delta),
+                (false, _, true) => Verdict::Incomplete,
+                // Two complete copies that disagree: a fault, kept apart from the rest.
+                (false, false, false) => Verdict::Conflict,
+            };
         }
         match self.tiles_back(tile) {
             Some(back) if self.written & (1 << back) != 0 => Verdict::Duplicate,
@@ -544,7 +577,7 @@ impl Converter {
             names::tag_labels(raw_tags, &mut self.tags);
             let origin = xxhash_rust::xxh3::xxh3_64_with_seed(&tile.series_id, kind as u64);
             let (epoch, shard) = self.epoch_of(&tile.series_id);
-            let at = TileRef { end_ms: tile_end_ms, resolution_ms, origin, epoch, shard };
+            let at = TileRef { end_ms: tile_end_ms, resolution_ms, origin, epoch, shard, incomplete: batch.incomplete };
             let verdict = match (kind, &aggregate) {
                 (MetricKind::Counter, Aggregate::Counter(delta)) => self.counter(*delta, &resolution, at),
                 (MetricKind::Gauge, Aggregate::Gauge(gauge)) => {
@@ -608,6 +641,7 @@ impl Converter {
             tiles,
             samples,
             flushed_at_ms: batch.flushed_at_ms,
+            incomplete: batch.incomplete,
         };
         Ok(Conversion { record, skipped })
     }
@@ -674,7 +708,7 @@ impl Converter {
                 kind: SampleKind::Counter,
                 timestamp_ms: 0,
             }),
-            (Verdict::Late, Some((value, timestamp_ms))) => self.spans.push(Span {
+            (Verdict::Late | Verdict::Replace(_), Some((value, timestamp_ms))) => self.spans.push(Span {
                 labels: span,
                 reset_before: false,
                 histogram: (0, 0),
@@ -723,8 +757,11 @@ impl Converter {
         let sum = self.add_to_total(sum_key, summary.sum, at, Some(count));
         let sum_reset = std::mem::take(&mut self.adopted_marker);
         let sum_correction = self.correction.take();
-        if let (Verdict::Late, Some(count_at), Some(sum_at)) = (count, count_correction, sum_correction) {
-            // A late tile's correction: the new totals after the newest sample, no quantiles.
+        if let (Verdict::Late | Verdict::Replace(_), Some(count_at), Some(sum_at)) =
+            (count, count_correction, sum_correction)
+        {
+            // A late or replacing tile's correction: the new totals after the newest
+            // sample, no quantiles.
             for (labels, (value, timestamp_ms), kind) in
                 [(count_span, count_at, SampleKind::SummaryCount), (sum_span, sum_at, SampleKind::SummarySum)]
             {
@@ -773,26 +810,56 @@ impl Converter {
     ) -> Verdict {
         let span = self.encode(resolution, "", None);
         let key = xxhash_rust::xxh3::xxh3_128(&self.arena[span.0..span.1]);
+        // A complete copy replaces the newest tile only while the histogram from before it
+        // is kept; otherwise the copy is taken for an incomplete one.
+        let replaceable = self.histograms.get(&key).is_some_and(|histogram| histogram.before_last.is_some());
+        let same_tile = self.totals.get(&key).is_some_and(|total| total.last_tile_end_ms == at.end_ms);
+        let (at, follow) = match (replaceable || !same_tile, follow) {
+            (true, follow) => (at, follow),
+            (false, Some(Verdict::Replace(_))) => (at, Some(Verdict::Incomplete)),
+            (false, follow) => (TileRef { incomplete: true, ..at }, follow),
+        };
         let verdict = self.add_to_total(key, distribution.count, at, follow);
         // A fresh histogram carries the reset hint: no explicit reset needed.
         self.adopted_marker = false;
         let correction = self.correction.take();
-        if !matches!(verdict, Verdict::Write(_) | Verdict::Late) {
+        if !matches!(verdict, Verdict::Write(_) | Verdict::Late | Verdict::Replace(_)) {
             self.arena.truncate(span.0);
             return verdict;
         }
         let mut next = self.spare.pop().unwrap_or_default();
+        next.before_last = None;
         match self.histograms.get(&key) {
             Some(previous) => {
-                next.sketch.clone_from(&previous.sketch);
-                next.sum = previous.sum;
+                match (&previous.before_last, verdict) {
+                    (Some(before), Verdict::Replace(_)) => {
+                        next.sketch.clone_from(&before.0);
+                        next.sum = before.1;
+                    }
+                    _ => {
+                        next.sketch.clone_from(&previous.sketch);
+                        next.sum = previous.sum;
+                    }
+                }
                 next.written = previous.written;
+                if matches!(verdict, Verdict::Late) {
+                    // A late tile is older than the incomplete one: the histogram before
+                    // that one holds it too.
+                    next.before_last.clone_from(&previous.before_last);
+                    if let Some(before) = next.before_last.as_mut() {
+                        before.0.merge(&distribution.sketch);
+                        before.1 += distribution.sum;
+                    }
+                }
             }
             None => {
                 next.sketch.clear_with_schema(distribution.sketch.schema());
                 next.sum = 0.0;
                 next.written = false;
             }
+        }
+        if matches!(verdict, Verdict::Write(_)) && at.incomplete {
+            next.before_last = Some(Box::new((next.sketch.clone(), next.sum)));
         }
         next.sketch.merge(&distribution.sketch);
         next.sum += distribution.sum;
@@ -801,8 +868,11 @@ impl Converter {
         }
         let written = match (verdict, correction) {
             (Verdict::Write(count), _) => Some((count, 0)),
-            // A late tile's correction: the histogram with it, after the newest sample.
-            (Verdict::Late, Some((count, timestamp_ms))) if next.written => Some((count, timestamp_ms)),
+            // A late or replacing tile's correction: the histogram with it, after the newest
+            // sample.
+            (Verdict::Late | Verdict::Replace(_), Some((count, timestamp_ms))) if next.written => {
+                Some((count, timestamp_ms))
+            }
             _ => None,
         };
         match written {
@@ -833,7 +903,8 @@ impl Converter {
         let previous = self.totals.get(&key).copied();
         let current = previous.filter(|total| total.epoch == at.epoch);
         let Some(mut total) = current else {
-            if matches!(follow, Some(Verdict::Duplicate | Verdict::Conflict | Verdict::Collision)) {
+            if matches!(follow, Some(Verdict::Duplicate | Verdict::Conflict | Verdict::Collision | Verdict::Incomplete))
+            {
                 return follow.expect("matched");
             }
             if previous.is_some() {
@@ -856,6 +927,7 @@ impl Converter {
                 epoch: at.epoch,
                 shard: at.shard,
                 last_sample_ms: at.end_ms,
+                last_incomplete: at.incomplete,
             };
             self.totals.insert(key, total);
             return Verdict::Write(delta);
@@ -869,6 +941,10 @@ impl Converter {
         let verdict = match follow {
             Some(Verdict::Write(_)) if at.end_ms > total.last_tile_end_ms => Verdict::Write(total.value + delta),
             Some(Verdict::Write(_) | Verdict::Late) => Verdict::Late,
+            Some(Verdict::Replace(_)) if at.end_ms == total.last_tile_end_ms => {
+                Verdict::Replace(total.value - total.last_delta + delta)
+            }
+            Some(Verdict::Replace(_)) => Verdict::Incomplete,
             Some(other) => other,
             None => total.verdict(delta, at),
         };
@@ -880,6 +956,16 @@ impl Converter {
                 total.last_tile_end_ms = at.end_ms;
                 total.last_delta = delta;
                 total.last_sample_ms = at.end_ms;
+                total.last_incomplete = at.incomplete;
+            }
+            Verdict::Replace(value) => {
+                total.value = value;
+                total.last_delta = delta;
+                total.last_incomplete = false;
+                self.correction = total.correction_at(at.resolution_ms).map(|timestamp_ms| {
+                    total.last_sample_ms = timestamp_ms;
+                    (total.value, timestamp_ms)
+                });
             }
             Verdict::Late => {
                 if let Some(back) = total.tiles_back(at) {
@@ -891,7 +977,7 @@ impl Converter {
                     (total.value, timestamp_ms)
                 });
             }
-            Verdict::Duplicate | Verdict::Conflict | Verdict::Collision => return verdict,
+            Verdict::Duplicate | Verdict::Conflict | Verdict::Collision | Verdict::Incomplete => return verdict,
         }
         self.undo.push((key, previous));
         self.totals.insert(key, total);

@@ -61,5 +61,6 @@ pub fn batch(tile_end_ms: i64, tiles: Vec<SeriesValue>) -> TileBatch {
         tile_end_ms,
         tiles,
         flushed_at_ms: tile_end_ms + 100,
+        incomplete: false,
     }
 }

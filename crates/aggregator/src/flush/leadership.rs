@@ -188,6 +188,13 @@ impl Leadership {
         self.state().marks.clone()
     }
 
+    /// Whether a tile that began at `tile_start_ms` began before this process: its
+    /// copy may lack partials (sent as `incomplete`, so that an ingester lets a
+    /// complete copy replace it).
+    pub fn began_before_start(&self, tile_start_ms: i64) -> bool {
+        tile_start_ms < self.inner.started_ms
+    }
+
     /// Whether a tile that began at `tile_start_ms` began before this
     /// process, in a replicated shard set (where another replica may have
     /// seen it whole).

@@ -21,6 +21,8 @@ pub struct TileHead<'a> {
     pub tile_end_ms: i64,
     /// When the aggregator flushed the tile, unix milliseconds.
     pub flushed_at_ms: i64,
+    /// The tile began before this process started: its copy may lack partials.
+    pub incomplete: bool,
 }
 
 /// Splits some of a tile's values (one ingester's share) into framed
@@ -52,6 +54,7 @@ pub fn encode_values(
             tile_end_ms: head.tile_end_ms,
             tiles: values,
             flushed_at_ms: head.flushed_at_ms,
+            incomplete: head.incomplete,
         };
         match framing::encode_frame(&Frame { body: Some(Body::Tiles(batch)) }, max_frame_bytes) {
             Ok(frame) => batches.push(Batch { sequence, frame, items: series, refs: None }),

@@ -134,7 +134,13 @@ fn a_departed_ingesters_queue_goes_to_the_new_owners_of_its_series() {
     let ingesters = Ingesters::placed(handle.clone(), 1 << 20, &metrics.outbound, &metrics.drops);
     let reroute =
         Reroute { source: "agg-1".into(), max_frame_bytes: 64 << 10, on_rerouted: Arc::new(|_: &str, _, _, _| {}) };
-    let head = TileHead { storage_policy: "10s:2d", resolution_ms: 10_000, tile_end_ms: 20_000, flushed_at_ms: 1 };
+    let head = TileHead {
+        storage_policy: "10s:2d",
+        resolution_ms: 10_000,
+        tile_end_ms: 20_000,
+        flushed_at_ms: 1,
+        incomplete: false,
+    };
     let (shares, _) = ingesters.assign(values(3_000), 10_000);
     let mut dead_share = 0;
     for share in shares {

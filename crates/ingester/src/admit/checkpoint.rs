@@ -116,8 +116,12 @@ fn total_fields(total: &mut Total, fields: &mut impl Fields) {
     fields.field(&mut total.origin);
     // Version 2: the shard (plus one) of the ingesters' placement; 0, unknown, in version 1.
     fields.field(&mut total.shard);
-    // Version 3: the newest sample's timestamp (a late tile's correction); 0 before.
+    // Version 3: the newest sample's timestamp (a late tile's correction), 0 before; and
+    // whether the newest tile came from an incomplete copy (1), 0 before.
     fields.field(&mut total.last_sample_ms);
+    let mut last_incomplete = u8::from(total.last_incomplete);
+    fields.field(&mut last_incomplete);
+    total.last_incomplete = last_incomplete != 0;
 }
 
 /// What a checkpoint says beside the converter's state.
@@ -391,7 +395,7 @@ impl Converter {
             }
             let key = xxhash_rust::xxh3::xxh3_128(&sample.labels);
             let rolled = match sample.timestamp_ms {
-                0 => self.roll_total_forward(key, sample.value, record.tile_end_ms, resolution_ms),
+                0 => self.roll_total_forward(key, sample.value, record, resolution_ms),
                 timestamp_ms => {
                     self.roll_correction_forward(key, sample.value, timestamp_ms, record.tile_end_ms, resolution_ms)
                 }
@@ -421,7 +425,8 @@ impl Converter {
     }
 
     /// Sets the total `key` to `value` at `tile_end_ms` if that is newer than what it holds.
-    fn roll_total_forward(&mut self, key: u128, value: f64, tile_end_ms: i64, resolution_ms: Option<i64>) -> bool {
+    fn roll_total_forward(&mut self, key: u128, value: f64, record: &Record, resolution_ms: Option<i64>) -> bool {
+        let tile_end_ms = record.tile_end_ms;
         let total = self.totals.entry(key).or_insert(Total {
             last_tile_end_ms: i64::MIN,
             origin: UNKNOWN_ORIGIN,
@@ -440,12 +445,13 @@ impl Converter {
         total.value = value;
         total.last_tile_end_ms = tile_end_ms;
         total.last_sample_ms = tile_end_ms;
+        total.last_incomplete = record.incomplete;
         true
     }
 
-    /// Sets the total `key` to `value`, a late tile's correction written at `timestamp_ms`
-    /// for the tile ending `late_tile_end_ms`, if it is newer than the total's newest
-    /// sample; the late tile counts as written.
+    /// Sets the total `key` to `value`, a correction written at `timestamp_ms` for the tile
+    /// ending `late_tile_end_ms`, if it is newer than the total's newest sample: a late
+    /// tile's (it counts as written) or a complete copy's that replaced the newest tile.
     fn roll_correction_forward(
         &mut self,
         key: u128,
@@ -463,6 +469,11 @@ impl Converter {
             .and_then(|resolution| Some(total.last_tile_end_ms.checked_sub(late_tile_end_ms)? / resolution));
         if let Some(back) = back.filter(|back| (0..64).contains(back)) {
             total.written |= 1 << back;
+        }
+        if late_tile_end_ms == total.last_tile_end_ms {
+            // A complete copy replaced the incomplete one: its tile added what this adds.
+            total.last_delta += value - total.value;
+            total.last_incomplete = false;
         }
         total.value = value;
         total.last_sample_ms = timestamp_ms;
@@ -501,7 +512,7 @@ fn cumulative_from_histogram(bytes: &[u8]) -> Result<Cumulative, HistogramBytesE
         negative_offset,
         negative_counts,
     })?;
-    Ok(Cumulative { sketch, sum: histogram.sum, written: true })
+    Ok(Cumulative { sketch, sum: histogram.sum, written: true, before_last: None })
 }
 
 /// Spans and delta-encoded counts as the first index and the dense counts from it, refusing
@@ -634,7 +645,7 @@ fn decode(bytes: &[u8]) -> Result<Decoded, CheckpointError> {
             negative_counts,
         };
         let sketch = Sketch::from_proto(&proto).map_err(|source| CheckpointError::Sketch { key, source })?;
-        histograms.insert(key, Cumulative { sketch, sum, written });
+        histograms.insert(key, Cumulative { sketch, sum, written, before_last: None });
     }
     let left = bytes.len() - reader.at;
     if left > 0 {

@@ -440,3 +440,60 @@ fn both_writes_the_summary_and_the_histogram() {
     assert!(conversion.record.samples.is_empty());
     assert_eq!(conversion.skipped[SkipReason::Duplicate], 1);
 }
+
+fn incomplete(mut batch: TileBatch) -> TileBatch {
+    batch.incomplete = true;
+    batch
+}
+
+#[test]
+fn a_complete_copy_replaces_an_incomplete_one_and_never_the_other_way_round() {
+    let mut converter = Converter::new(&[0.5], 3_600_000);
+    assert_eq!(converted(&mut converter, &counter_batch(10_000, "agg-1", "c", 5.0))[0].1, 5.0);
+    // A replica restarted mid-tile flushes its part of tile 20 000 first.
+    assert_eq!(converted(&mut converter, &incomplete(counter_batch(20_000, "agg-2", "c", 3.0)))[0].1, 8.0);
+    // The whole copy replaces it: the corrected total, written as a correction.
+    let conversion = converter.convert(&counter_batch(20_000, "agg-1", "c", 7.0), 0).unwrap();
+    converter.commit();
+    assert_eq!(conversion.skipped[SkipReason::Replaced], 1);
+    let [sample] = conversion.record.samples.as_slice() else { panic!("{:?}", conversion.record.samples) };
+    assert_eq!((sample.value, sample.timestamp_ms), (12.0, 20_001));
+    // Once whole, another copy of it is a duplicate, and an incomplete one is refused.
+    assert_eq!(
+        converter.convert(&counter_batch(20_000, "agg-2", "c", 7.0), 0).unwrap().skipped[SkipReason::Duplicate],
+        1
+    );
+    let late_part = converter.convert(&incomplete(counter_batch(20_000, "agg-2", "c", 3.0)), 0).unwrap();
+    assert_eq!((late_part.skipped[SkipReason::Incomplete], late_part.record.samples.len()), (1, 0));
+    assert_eq!(converted(&mut converter, &counter_batch(30_000, "agg-1", "c", 1.0))[0].1, 13.0);
+
+    // Written whole first, an incomplete copy with another value adds nothing and is not
+    // a conflict: a conflict is two whole copies that disagree.
+    let conversion = converter.convert(&incomplete(counter_batch(30_000, "agg-2", "c", 0.5)), 0).unwrap();
+    assert_eq!((conversion.skipped[SkipReason::Incomplete], conversion.skipped[SkipReason::Conflict]), (1, 0));
+}
+
+#[test]
+fn a_summary_and_a_native_histogram_are_replaced_whole() {
+    for mode in [HistogramMode::Summary, HistogramMode::Native] {
+        let mut converter = Converter::new(&[0.5], 3_600_000).with_histograms(mode, 160);
+        converted(&mut converter, &timer_batch(10_000, &[1.0, 2.0]));
+        converted(&mut converter, &incomplete(timer_batch(20_000, &[4.0])));
+        let conversion = converter.convert(&timer_batch(20_000, &[3.0, 4.0, 5.0]), 0).unwrap();
+        converter.commit();
+        assert_eq!(conversion.skipped[SkipReason::Replaced], 1, "{mode:?}");
+        assert!(conversion.record.samples.iter().all(|sample| sample.timestamp_ms == 20_001), "{mode:?}");
+        let next = timer_batch(30_000, &[6.0]);
+        match mode {
+            HistogramMode::Native => {
+                let [(_, histogram)] = histograms(&mut converter, &next).try_into().unwrap();
+                assert_eq!((histogram.count_int, histogram.sum), (6, 21.0));
+            }
+            _ => {
+                let samples = converted(&mut converter, &next);
+                let value = |name: &str| samples.iter().find(|(labels, _)| labels.starts_with(name)).map(|(_, v)| *v);
+                assert_eq!((value("__name__=lat_count "), value("__name__=lat_sum ")), (Some(6.0), Some(21.0)));
+            }
+        }
+    }
+}

@@ -64,6 +64,9 @@ pub struct Record {
     /// When the aggregator flushed the batch, unix milliseconds.
     #[prost(int64, tag = "9")]
     pub flushed_at_ms: i64,
+    /// The batch was marked incomplete by its aggregator (see [`crate::admit`]).
+    #[prost(bool, tag = "10")]
+    pub incomplete: bool,
 }
 
 /// One storage sample.
@@ -284,6 +287,7 @@ mod tests {
                 },
             ],
             flushed_at_ms: 1_700_000_010_500,
+            incomplete: false,
         }
     }
 

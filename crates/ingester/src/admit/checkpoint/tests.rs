@@ -27,6 +27,7 @@ fn tile_batch(n: i64) -> TileBatch {
         tile_end_ms: START_MS + n * 10_000,
         tiles,
         flushed_at_ms: 0,
+        incomplete: false,
     }
 }
 
