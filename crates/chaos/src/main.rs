@@ -83,11 +83,14 @@ fn parse_duration(text: &str) -> anyhow::Result<Duration> {
     }))
 }
 
-/// The longest tile, plus the aggregators' default `max_buffer_past_ms` (8 s), plus a TTL.
+/// [`tessera_chaos::schedule::shard_set_recovery`] for `policies`.
 fn shard_set_recovery(policies: &[String], ttl_secs: u64) -> anyhow::Result<Duration> {
     let resolutions = tessera_chaos::check::resolutions(policies)?;
     let longest = resolutions.iter().map(|resolution| resolution.tile_ms).max().unwrap_or(0);
-    Ok(Duration::from_millis(longest as u64 + 8_000) + Duration::from_secs(ttl_secs))
+    Ok(tessera_chaos::schedule::shard_set_recovery(
+        Duration::from_millis(longest as u64),
+        Duration::from_secs(ttl_secs),
+    ))
 }
 
 fn seeds(args: &Args) -> anyhow::Result<Vec<u64>> {

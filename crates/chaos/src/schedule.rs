@@ -178,6 +178,13 @@ pub struct Shape {
     pub shard_set_recovery: Duration,
 }
 
+/// A shard set's recovery time ([`Shape::shard_set_recovery`]) with tiles up to `longest_tile`
+/// and a lease TTL of `ttl`: the longest tile, the aggregators' default `max_buffer_past_ms`
+/// (8 s) and the TTL.
+pub fn shard_set_recovery(longest_tile: Duration, ttl: Duration) -> Duration {
+    longest_tile + Duration::from_secs(8) + ttl
+}
+
 /// Faults of one group never overlap, and a shard set gets its recovery time between two.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Group {

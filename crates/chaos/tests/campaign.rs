@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use tessera_chaos::check::resolutions;
 use tessera_chaos::run::{Campaign, run, summary};
-use tessera_chaos::schedule::{Shape, draw, replica_kill};
+use tessera_chaos::schedule::{Shape, draw, replica_kill, shard_set_recovery};
 
 /// `target/<profile>`, where the workspace's binaries are.
 fn bin_dir() -> PathBuf {
@@ -71,7 +71,7 @@ fn short_campaigns_of_drawn_faults_lose_double_and_corrupt_nothing() {
         aggregators: 4,
         replication_factor: 2,
         ingesters: 2,
-        shard_set_recovery: Duration::from_millis(longest as u64 + 8_000) + Duration::from_secs(ttl_secs),
+        shard_set_recovery: shard_set_recovery(Duration::from_millis(longest as u64), Duration::from_secs(ttl_secs)),
     };
     let duration = Duration::from_secs(60);
     let dir = tempfile::tempdir().unwrap();
