@@ -65,6 +65,9 @@ pub struct Process {
     cgroup: Option<PathBuf>,
     /// Stopped with SIGSTOP: not scraped (it would not answer).
     paused: bool,
+    /// A tmpfs mounted on its data directory (ingesters, when the campaign runs as root),
+    /// which [`Process::fill_disk`] fills.
+    disk: Option<PathBuf>,
 }
 
 /// Counters the campaign follows in every daemon, summed over each label set.
@@ -105,6 +108,7 @@ impl Process {
             last: HashMap::new(),
             cgroup: None,
             paused: false,
+            disk: None,
         })
     }
 
@@ -224,6 +228,39 @@ impl Process {
         Ok(())
     }
 
+    /// Mounts a tmpfs of `bytes` on `dir` (its data directory), to be filled by
+    /// [`fill_disk`](Self::fill_disk); unmounted when the process is dropped.
+    fn mount_disk(&mut self, dir: &Path, bytes: u64) -> anyhow::Result<()> {
+        std::fs::create_dir_all(dir)?;
+        let status = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={bytes}"), "tmpfs"])
+            .arg(dir)
+            .stderr(Stdio::null())
+            .status()
+            .context("run mount")?;
+        ensure!(status.success(), "mounting a tmpfs on {} failed (the disk fault needs root)", dir.display());
+        self.disk = Some(dir.to_path_buf());
+        Ok(())
+    }
+
+    /// Fills its disk with a file (until the file system refuses a write).
+    pub fn fill_disk(&self) -> anyhow::Result<()> {
+        use std::io::Write;
+        let dir = self.disk.as_ref().context("no disk of its own (the campaign needs root to mount one)")?;
+        let mut file = std::fs::File::create(dir.join(FILLER))?;
+        let block = vec![0u8; 1 << 20];
+        while file.write_all(&block).is_ok() {}
+        let _ = file.flush();
+        Ok(())
+    }
+
+    /// Frees its disk again.
+    pub fn free_disk(&self) {
+        if let Some(dir) = &self.disk {
+            let _ = std::fs::remove_file(dir.join(FILLER));
+        }
+    }
+
     /// Lifts the CPU quota.
     pub fn unstarve(&mut self) {
         if let Some(group) = self.cgroup.take() {
@@ -270,8 +307,17 @@ impl Drop for Process {
             let _ = child.kill();
             let _ = child.wait();
         }
+        if let Some(dir) = self.disk.take() {
+            let _ = Command::new("umount").arg("-l").arg(dir).status();
+        }
     }
 }
+
+/// The file that fills a disk.
+const FILLER: &str = "chaos-filler";
+
+/// Each ingester's disk: room for its queue and checkpoints, and quick to fill.
+const INGESTER_DISK_BYTES: u64 = 512 << 20;
 
 /// Everything a campaign runs.
 pub struct Cluster {
@@ -348,6 +394,9 @@ impl Cluster {
             );
             let mut process =
                 Process::new(&name, binary("tessera-ingester"), &settings.dir, &text, loopback(free_port()))?;
+            if let Err(error) = process.mount_disk(&settings.dir.join(&name), INGESTER_DISK_BYTES) {
+                eprintln!("tessera-chaos: {name}: {error:#}; its disk will not be filled");
+            }
             process.spawn()?;
             ingesters.push(process);
         }

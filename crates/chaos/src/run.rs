@@ -118,13 +118,14 @@ pub fn run(campaign: &Campaign, log: &mut dyn FnMut(&str)) -> anyhow::Result<Out
         .iter()
         .map(|fault| Applied { fault: *fault, began_ms: 0, ended_ms: 0, ready_ms: None, note: None })
         .collect();
-    let mut failures = Vec::new();
+    let mut watch = Watch::default();
+    watch.scrape(&mut cluster);
     let mut last_scrape = Instant::now();
     for (at, step) in steps {
         while started.elapsed() < at {
             std::thread::sleep((at - started.elapsed()).min(Duration::from_millis(200)));
             if last_scrape.elapsed() >= Duration::from_secs(2) {
-                scrape_all(&mut cluster, &mut failures);
+                watch.scrape(&mut cluster);
                 last_scrape = Instant::now();
             }
         }
@@ -138,7 +139,7 @@ pub fn run(campaign: &Campaign, log: &mut dyn FnMut(&str)) -> anyhow::Result<Out
                 applied[n].ended_ms = now_ms();
                 match end(&mut cluster, &applied[n].fault.fault) {
                     Ok(ready) => applied[n].ready_ms = ready,
-                    Err(error) => failures.push(format!("ending `{}`: {error:#}", applied[n].fault.fault)),
+                    Err(error) => watch.failures.push(format!("ending `{}`: {error:#}", applied[n].fault.fault)),
                 }
                 log(&format!("{:>7.1}s end   {}", started.elapsed().as_secs_f64(), applied[n].fault.fault));
             }
@@ -147,7 +148,7 @@ pub fn run(campaign: &Campaign, log: &mut dyn FnMut(&str)) -> anyhow::Result<Out
     while started.elapsed() < campaign.duration {
         std::thread::sleep(Duration::from_millis(200).min(campaign.duration - started.elapsed()));
         if last_scrape.elapsed() >= Duration::from_secs(2) {
-            scrape_all(&mut cluster, &mut failures);
+            watch.scrape(&mut cluster);
             last_scrape = Instant::now();
         }
     }
@@ -156,17 +157,19 @@ pub fn run(campaign: &Campaign, log: &mut dyn FnMut(&str)) -> anyhow::Result<Out
 
     let waited = wait_for_last_tiles(&mut cluster, &resolutions, &ledger, campaign)?;
     log(&format!("last tiles in after {:.1}s", waited.as_secs_f64()));
-    scrape_all(&mut cluster, &mut failures);
+    watch.scrape(&mut cluster);
     let observed = read_back(&cluster, &resolutions, &ledger)?;
-    let excuses = excuses(&applied);
+    let mut excuses = excuses(&applied);
+    excuses.extend(watch.kernel_drops.iter().cloned());
     let report = check(&workload, &ledger, &resolutions, &excuses, &observed);
-    write_evidence(&campaign.dir, &report, &observed, &ledger, &applied)?;
+    write_evidence(&campaign.dir, &report, &observed, &ledger, &applied, &excuses)?;
     let mut counters = Vec::new();
     for followed in crate::cluster::FOLLOWED {
         let total: f64 = cluster.processes_mut().map(|process| process.counter(followed)).sum();
         counters.push(((*followed).to_owned(), total));
     }
     let conflicts = counters.iter().find(|(name, _)| name.contains("conflict")).map_or(0.0, |(_, value)| *value);
+    let mut failures = watch.failures;
     if conflicts > 0.0 {
         failures.push(format!(
             "{conflicts} tiles reached an ingester twice with different values (tiles_skipped{{reason=\"conflict\"}})"
@@ -203,13 +206,42 @@ impl Drop for BusyNeighbours {
     }
 }
 
-fn scrape_all(cluster: &mut Cluster, failures: &mut Vec<String>) {
-    for process in cluster.processes_mut() {
-        if let Some(exit) = process.exited() {
-            failures.push(exit);
-        } else if process.pid().is_some() {
-            process.scrape();
+/// What the campaign learns from the daemons while it runs: any that died by itself, and
+/// when a collector's kernel dropped datagrams (a full receive buffer: lost by design, and
+/// excused for that collector's series around the scrape that saw it).
+#[derive(Default)]
+struct Watch {
+    failures: Vec<String>,
+    kernel_drops: Vec<Excuse>,
+    last_ms: Option<i64>,
+    last_drops: Vec<f64>,
+}
+
+impl Watch {
+    fn scrape(&mut self, cluster: &mut Cluster) {
+        for process in cluster.processes_mut() {
+            if let Some(exit) = process.exited() {
+                self.failures.push(exit);
+            } else if process.pid().is_some() {
+                process.scrape();
+            }
         }
+        let now = now_ms();
+        let since = self.last_ms.unwrap_or(now) - 1_000;
+        self.last_drops.resize(cluster.collectors.len(), 0.0);
+        for (collector, process) in cluster.collectors.iter().enumerate() {
+            let drops = process.counter("tessera_collector_kernel_drops_total");
+            if drops > self.last_drops[collector] {
+                self.kernel_drops.push(Excuse {
+                    collector,
+                    from_ms: since,
+                    to_ms: now,
+                    why: format!("{} datagrams dropped by the kernel", drops - self.last_drops[collector]),
+                });
+                self.last_drops[collector] = drops;
+            }
+        }
+        self.last_ms = Some(now);
     }
 }
 
@@ -222,6 +254,7 @@ fn begin(cluster: &mut Cluster, fault: &Fault) -> anyhow::Result<()> {
         Fault::EtcdPause => signal_pid(cluster.etcd.pid(), libc::SIGSTOP),
         Fault::Store(StoreFault::Slow(delay)) => cluster.store_proxy.set(Mode::Delay(delay)),
         Fault::Store(StoreFault::Refuse) => cluster.store_proxy.set(Mode::Refuse503),
+        Fault::DiskFull(daemon) => cluster.process(daemon).fill_disk()?,
         Fault::Link(daemon, kind) => {
             let proxy = cluster.proxy(daemon).context("no proxy in front of that daemon")?;
             proxy.set(match kind {
@@ -250,6 +283,7 @@ fn end(cluster: &mut Cluster, fault: &Fault) -> anyhow::Result<Option<i64>> {
         Fault::EtcdRestart => cluster.etcd.restart().context("restart etcd")?,
         Fault::EtcdPause => signal_pid(cluster.etcd.pid(), libc::SIGCONT),
         Fault::Store(_) => cluster.store_proxy.set(Mode::Pass),
+        Fault::DiskFull(daemon) => cluster.process(daemon).free_disk(),
         Fault::Link(daemon, _) => {
             if let Some(proxy) = cluster.proxy(daemon) {
                 proxy.set(Mode::Pass);
@@ -273,7 +307,8 @@ fn signal_pid(pid: Option<u32>, signal: libc::c_int) {
 /// the one it was about to flush, and the batch in flight.
 pub const KILL_LOOKBACK_MS: i64 = 2_500;
 
-/// The spans in which each collector's faults excuse a loss (README, *Guarantees*).
+/// The spans in which each collector's faults excuse a loss (README, *Guarantees*); the
+/// spans in which a collector's kernel dropped datagrams are added as they are seen.
 pub fn excuses(applied: &[Applied]) -> Vec<Excuse> {
     applied
         .iter()
@@ -385,16 +420,28 @@ fn read_back(cluster: &Cluster, resolutions: &[Resolution], ledger: &[Round]) ->
     Ok(observed)
 }
 
-/// Writes `violations.txt` in the run's directory: every violation, with the raw samples
-/// of the first ones' series, the faults as applied (unix ms) and the ledger's rounds.
+/// Writes `violations.txt` in the run's directory: the spans excused for each collector,
+/// the faults as applied (unix ms), the ledger's rounds, and every violation, with the
+/// raw samples of the first ones' series.
 fn write_evidence(
     dir: &std::path::Path,
     report: &Report,
     observed: &Observed,
     ledger: &[Round],
     applied: &[Applied],
+    excuses: &[Excuse],
 ) -> anyhow::Result<()> {
     let mut text = String::new();
+    for excuse in excuses {
+        let _ = writeln!(
+            text,
+            "excused col-{}: {} to {} ({})",
+            excuse.collector + 1,
+            excuse.from_ms,
+            excuse.to_ms,
+            excuse.why
+        );
+    }
     for fault in applied {
         let _ = writeln!(
             text,

@@ -115,6 +115,9 @@ pub enum Fault {
     Store(StoreFault),
     /// The wire link into a daemon (an aggregator or an ingester) misbehaves.
     Link(Daemon, LinkFault),
+    /// The disk under an ingester's queue is full (a tmpfs filled by a file, which is
+    /// removed when the fault ends).
+    DiskFull(Daemon),
 }
 
 impl fmt::Display for Fault {
@@ -132,6 +135,7 @@ impl fmt::Display for Fault {
             }
             Fault::Link(daemon, LinkFault::Stall) => write!(f, "stall link to {daemon}"),
             Fault::Link(daemon, LinkFault::Reset) => write!(f, "cut link to {daemon}"),
+            Fault::DiskFull(daemon) => write!(f, "fill the disk of {daemon}"),
         }
     }
 }
@@ -204,9 +208,11 @@ fn groups(fault: &Fault, shape: &Shape) -> Vec<Group> {
         Daemon::Ingester(_) => Group::Ingesters,
     };
     match fault {
-        Fault::Kill(daemon) | Fault::Pause(daemon) | Fault::Starve(daemon, _) | Fault::Link(daemon, _) => {
-            vec![of(daemon)]
-        }
+        Fault::Kill(daemon)
+        | Fault::Pause(daemon)
+        | Fault::Starve(daemon, _)
+        | Fault::Link(daemon, _)
+        | Fault::DiskFull(daemon) => vec![of(daemon)],
         Fault::EtcdRestart | Fault::EtcdPause => std::iter::once(Group::Etcd)
             .chain((0..shape.aggregators / shape.replication_factor.max(1)).map(Group::ShardSet))
             .collect(),
@@ -280,7 +286,11 @@ fn any_daemon(rng: &mut Rng, shape: &Shape) -> Daemon {
 
 fn draw_fault(rng: &mut Rng, shape: &Shape) -> Fault {
     match rng.between(0, 99) {
-        0..=29 => Fault::Kill(any_daemon(rng, shape)),
+        0..=24 => Fault::Kill(any_daemon(rng, shape)),
+        25..=29 if shape.ingesters > 0 => {
+            Fault::DiskFull(Daemon::Ingester(rng.between(0, shape.ingesters as u64 - 1) as usize))
+        }
+        25..=29 => Fault::Kill(any_daemon(rng, shape)),
         30..=44 => Fault::Pause(any_daemon(rng, shape)),
         45..=54 => Fault::Starve(any_daemon(rng, shape), rng.between(3, 15) as u32),
         55..=59 => Fault::EtcdRestart,
@@ -311,6 +321,7 @@ fn draw_length(rng: &mut Rng, fault: &Fault) -> Duration {
         Fault::EtcdRestart | Fault::EtcdPause => rng.millis(1_000, 12_000),
         Fault::Store(_) => rng.millis(3_000, 20_000),
         Fault::Link(_, LinkFault::Reset) => rng.millis(200, 5_000),
+        Fault::DiskFull(_) => rng.millis(2_000, 15_000),
         Fault::Link(..) => rng.millis(2_000, 15_000),
     }
 }
@@ -388,6 +399,7 @@ mod tests {
             faults.iter().any(|f| matches!(f, Fault::Link(_, LinkFault::Delay(_)))),
             faults.iter().any(|f| matches!(f, Fault::Link(_, LinkFault::Stall))),
             faults.iter().any(|f| matches!(f, Fault::Link(_, LinkFault::Reset))),
+            faults.iter().any(|f| matches!(f, Fault::DiskFull(Daemon::Ingester(_)))),
         ];
         assert!(kinds.iter().all(|seen| *seen), "{kinds:?}");
     }
