@@ -6,10 +6,12 @@
 //! ```text
 //! tessera-chaos --seed 7 --duration 5m          # one campaign; exit 1 on a violation
 //! tessera-chaos --seeds 1..=20 --duration 5m    # twenty, one after another
+//! tessera-chaos --replica-kill --runs 50 --busy-neighbours 2
 //! ```
 //!
 //! - [`schedule`]: the faults (kill, pause, CPU starvation, etcd killed or paused, a
-//!   slow or refusing store, links delayed, stalled or cut), drawn from the seed;
+//!   slow or refusing store, links delayed, stalled or cut, an ingester's disk full),
+//!   drawn from the seed, and the scripted replica-kill scenario;
 //! - [`proxy`]: the TCP proxy on every link into an aggregator, an ingester and the
 //!   store, which the link faults act on;
 //! - [`cluster`]: the processes, their configs and placements;
@@ -19,7 +21,8 @@
 //!
 //! It is a binary of its own, not a `tessera` subcommand: it starts and kills etcd and
 //! Prometheus and puts processes in cgroups, and the daemons operators ship carry none
-//! of that. A short campaign runs in the test suite (`tests/campaign.rs`).
+//! of that. The replica-kill scenario and two short seeds run in the test suite
+//! (`tests/campaign.rs`); RELIABILITY.md has the long campaigns and what they found.
 
 pub mod check;
 pub mod cluster;

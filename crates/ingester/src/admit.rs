@@ -479,9 +479,10 @@ impl Converter {
             let first = self.owned.is_empty();
             self.owned = view.owned.clone();
             let epoch = if first { 0 } else { self.epochs.iter().copied().max().unwrap_or(0) + 1 };
-            // A shard this ingester is joining (it takes it at a cutover) was not owned all along.
-            self.epochs = view.joining.iter().map(|joining| epoch + u32::from(*joining)).collect();
-            self.ownership_changed |= !first || view.joining.iter().any(|joining| *joining);
+            // A shard this ingester is joining (it takes it at a cutover) was not owned all
+            // along, nor was any after a start that found it failed over (rejoined).
+            self.epochs = view.joining.iter().map(|joining| epoch + u32::from(*joining || view.rejoined)).collect();
+            self.ownership_changed |= !first || view.rejoined || view.joining.iter().any(|joining| *joining);
             return;
         }
         for ((owned, epoch), now) in self.owned.iter_mut().zip(self.epochs.iter_mut()).zip(&view.owned) {

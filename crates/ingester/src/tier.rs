@@ -42,7 +42,10 @@
 //! gains the shard, so a total made before the shard went away and came back
 //! is stale and starts over, with an explicit reset (see the admit docs).
 //! The placement seen first after a start counts as owned all along, so a
-//! restart within the lease TTL keeps its checkpointed totals.
+//! restart within the lease TTL keeps its checkpointed totals; a start that finds
+//! this ingester missing from the placement (failed over while it was down) marks
+//! every view `rejoined`, and every total it restored starts over with an explicit
+//! reset: its shards were another's meanwhile.
 //!
 //! **Shutdown** keeps the liveness lease: a restart within the TTL keeps the
 //! shards (aggregators hold its tiles meanwhile); an ingester that does not
@@ -98,6 +101,7 @@ pub async fn run_tier(settings: TierSettings, ownership: Arc<Ownership>, metrics
         lease_id,
         unsettled_until: None,
         awaiting_answer: false,
+        looked: false,
     };
     let mut watcher: Option<Watcher> = None;
     loop {
@@ -146,7 +150,7 @@ async fn publish_changes(
 
 /// Publishes `placement`'s view for `instance_id` and counts shards gained and lost.
 fn publish(ownership: &Ownership, metrics: &TierMetrics, placement: &Placement, instance_id: &str) {
-    let view = OwnershipView::of(placement, instance_id);
+    let view = OwnershipView { rejoined: ownership.rejoined(), ..OwnershipView::of(placement, instance_id) };
     if let Some(previous) = ownership.current().filter(|previous| previous.num_shards == view.num_shards) {
         let gained = view.owned.iter().zip(&previous.owned).filter(|(now, before)| **now && !**before).count();
         let lost = view.owned.iter().zip(&previous.owned).filter(|(now, before)| !**now && **before).count();
@@ -179,6 +183,8 @@ struct Keeper {
     unsettled_until: Option<Instant>,
     /// etcd failed to answer: the hold starts at its next answer.
     awaiting_answer: bool,
+    /// The placement was read once since start (whether this ingester was in it).
+    looked: bool,
 }
 
 impl Keeper {
@@ -262,6 +268,11 @@ impl Keeper {
             next.updated_at_ms = now;
             return self.write(Some(revision), &Placement::from_proto(next), "finalize").await;
         }
+        if !self.looked && placement.instance(&settings.instance_id).is_none() {
+            // Failed over while it was down (or new): what it restored is not current.
+            self.ownership.mark_rejoined();
+        }
+        self.looked = true;
         if settings.join && placement.instance(&settings.instance_id).is_none() && !placement.has_pending_moves() {
             let timing =
                 MoveTiming::new(now).with_delay_ms(settings.move_delay_ms).with_boundary_ms(settings.move_boundary_ms);

@@ -18,6 +18,10 @@ pub struct OwnershipView {
     pub joining: Vec<bool>,
     /// Version of the placement this comes from.
     pub version: u64,
+    /// This ingester was not in the placement when it started (failed over while it was
+    /// down, or new): no total it restored from its checkpoint is current, since its
+    /// shards were another's meanwhile.
+    pub rejoined: bool,
 }
 
 impl OwnershipView {
@@ -32,7 +36,7 @@ impl OwnershipView {
                 joining[entry.id as usize] = entry.cutover_ms > 0;
             }
         }
-        OwnershipView { num_shards, owned, joining, version: placement.version() }
+        OwnershipView { num_shards, owned, joining, version: placement.version(), rejoined: false }
     }
 
     /// Shards owned.
@@ -46,9 +50,21 @@ impl OwnershipView {
 pub struct Ownership {
     generation: AtomicU64,
     view: Mutex<Option<Arc<OwnershipView>>>,
+    rejoined: std::sync::atomic::AtomicBool,
 }
 
 impl Ownership {
+    /// This ingester found itself missing from the placement at start (see
+    /// [`OwnershipView::rejoined`]); every view published from now on says so.
+    pub fn mark_rejoined(&self) {
+        self.rejoined.store(true, Ordering::Release);
+    }
+
+    /// Whether [`mark_rejoined`](Self::mark_rejoined) was called.
+    pub fn rejoined(&self) -> bool {
+        self.rejoined.load(Ordering::Acquire)
+    }
+
     /// Publishes `view` (when it differs from the current one).
     pub fn publish(&self, view: OwnershipView) {
         let mut current = self.view.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
