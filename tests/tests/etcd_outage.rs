@@ -4,9 +4,10 @@
 //! move while it still writes them, and tiles a new aggregator leader flushes again
 //! would count twice at the new owner (what the fault campaign found).
 //!
-//! A failpoint holds ing-2's new lease back for 4 s after etcd returns, so that ing-1
-//! certainly looks while ing-2's key is missing: before the fix, ing-1 failed it over at
-//! that look. The hold is a TTL plus the longest retry backoff (3 s here): 5 s.
+//! A failpoint holds ing-2's new lease back for 1.5 s after it sees its lease gone, so
+//! that ing-1 looks while ing-2's key is missing: before the fix, ing-1 failed it over at
+//! that look. The hold is a TTL plus the longest retry backoff (3 s here): 5 s, which
+//! covers a peer's retry and the failpoint as long as the failpoint is under a TTL.
 
 use std::process::Command;
 use std::time::Duration;
@@ -50,7 +51,7 @@ fn an_etcd_outage_longer_than_the_lease_fails_no_live_ingester_over() {
     };
     let ingesters = [
         start("ing-1", ports[0], &[]),
-        start("ing-2", ports[1], &[("TESSERA_FAILPOINTS", "liveness.before_regrant=4000")]),
+        start("ing-2", ports[1], &[("TESSERA_FAILPOINTS", "liveness.before_regrant=1500")]),
     ];
     let owned = |ingester: &Daemon| ingester.metric("tessera_ingester_owned_shards", "");
     wait_until("both ingesters own their shards", Duration::from_secs(20), || {

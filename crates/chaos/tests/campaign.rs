@@ -96,4 +96,4 @@ fn short_campaigns_of_drawn_faults_lose_double_and_corrupt_nothing() {
 }
 
 /// The seeds CI runs.
-const CI_SEEDS: [u64; 2] = [1, 3];
+const CI_SEEDS: [u64; 2] = [1, 2];
