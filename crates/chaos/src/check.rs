@@ -176,7 +176,8 @@ struct Placed {
     excused: Vec<bool>,
 }
 
-fn tile_end(time_ms: i64, tile_ms: i64) -> i64 {
+/// The end of the tile of `tile_ms` that `time_ms` falls in.
+pub(crate) fn tile_end(time_ms: i64, tile_ms: i64) -> i64 {
     time_ms.div_euclid(tile_ms) * tile_ms + tile_ms
 }
 

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use tessera_core::clock::now_ms;
 
-use crate::check::{Excuse, Observed, Report, Resolution, check, resolutions};
-use crate::cluster::{Cluster, Settings};
+use crate::check::{Excuse, Observed, Report, Resolution, check, resolutions, tile_end};
+use crate::cluster::{Cluster, Settings, send_signal};
 use crate::proxy::Mode;
 use crate::schedule::{Daemon, Fault, LinkFault, Scheduled, Shape, StoreFault};
 use crate::workload::{Kind, Round, Sender, Workload};
@@ -248,10 +248,10 @@ impl Watch {
 fn begin(cluster: &mut Cluster, fault: &Fault) -> anyhow::Result<()> {
     match *fault {
         Fault::Kill(daemon) => cluster.process(daemon).kill(),
-        Fault::Pause(daemon) => cluster.process(daemon).signal(libc::SIGSTOP),
+        Fault::Pause(daemon) => cluster.process(daemon).signal("STOP"),
         Fault::Starve(daemon, percent) => cluster.process(daemon).starve(percent)?,
         Fault::EtcdRestart => cluster.etcd.stop(),
-        Fault::EtcdPause => signal_pid(cluster.etcd.pid(), libc::SIGSTOP),
+        Fault::EtcdPause => send_signal(cluster.etcd.pid(), "STOP"),
         Fault::Store(StoreFault::Slow(delay)) => cluster.store_proxy.set(Mode::Delay(delay)),
         Fault::Store(StoreFault::Refuse) => cluster.store_proxy.set(Mode::Refuse503),
         Fault::DiskFull(daemon) => cluster.process(daemon).fill_disk()?,
@@ -278,10 +278,10 @@ fn end(cluster: &mut Cluster, fault: &Fault) -> anyhow::Result<Option<i64>> {
                 return Ok(Some(now_ms()));
             }
         }
-        Fault::Pause(daemon) => cluster.process(daemon).signal(libc::SIGCONT),
+        Fault::Pause(daemon) => cluster.process(daemon).signal("CONT"),
         Fault::Starve(daemon, _) => cluster.process(daemon).unstarve(),
         Fault::EtcdRestart => cluster.etcd.restart().context("restart etcd")?,
-        Fault::EtcdPause => signal_pid(cluster.etcd.pid(), libc::SIGCONT),
+        Fault::EtcdPause => send_signal(cluster.etcd.pid(), "CONT"),
         Fault::Store(_) => cluster.store_proxy.set(Mode::Pass),
         Fault::DiskFull(daemon) => cluster.process(daemon).free_disk(),
         Fault::Link(daemon, _) => {
@@ -291,16 +291,6 @@ fn end(cluster: &mut Cluster, fault: &Fault) -> anyhow::Result<Option<i64>> {
         }
     }
     Ok(None)
-}
-
-fn signal_pid(pid: Option<u32>, signal: libc::c_int) {
-    if let Some(pid) = pid {
-        // SAFETY: none needed: kill(2) on a child's pid, no memory is shared.
-        #[allow(unsafe_code)]
-        unsafe {
-            libc::kill(pid as libc::pid_t, signal);
-        }
-    }
 }
 
 /// How far before a collector's kill what it was sent may be lost: its open window,
@@ -341,10 +331,6 @@ pub fn metric_name(kind: Kind) -> &'static str {
         Kind::Timer => "chaos_timer_count",
         Kind::Set => "chaos_set",
     }
-}
-
-fn tile_end(time_ms: i64, tile_ms: i64) -> i64 {
-    time_ms.div_euclid(tile_ms) * tile_ms + tile_ms
 }
 
 /// Waits until every checked series has a sample at its last tile, at every
