@@ -813,9 +813,12 @@ impl Converter {
         let key = xxhash_rust::xxh3::xxh3_128(&self.arena[span.0..span.1]);
         // A complete copy replaces the newest tile only while the histogram from before it
         // is kept; otherwise the copy is taken for an incomplete one.
-        let replaceable = self.histograms.get(&key).is_some_and(|histogram| histogram.before_last.is_some());
+        // Only a copy of the newest written tile can replace it: the histogram lookup is
+        // made for those alone, not for every new tile.
         let same_tile = self.totals.get(&key).is_some_and(|total| total.last_tile_end_ms == at.end_ms);
-        let (at, follow) = match (replaceable || !same_tile, follow) {
+        let replaceable =
+            !same_tile || self.histograms.get(&key).is_some_and(|histogram| histogram.before_last.is_some());
+        let (at, follow) = match (replaceable, follow) {
             (true, follow) => (at, follow),
             (false, Some(Verdict::Replace(_))) => (at, Some(Verdict::Incomplete)),
             (false, follow) => (TileRef { incomplete: true, ..at }, follow),
