@@ -83,4 +83,5 @@ fn an_etcd_outage_longer_than_the_lease_fails_no_live_ingester_over() {
         "{}",
         ingesters[0].log()
     );
+    assert!(ingesters[0].metric("tessera_ingester_failover_holds_total", "") >= 1.0, "the hold is counted");
 }

@@ -207,6 +207,7 @@ impl Keeper {
     fn hold_failovers(&mut self, why: &str) {
         let hold = self.settings.ttl + Duration::from_millis(self.settings.etcd.retry_max_backoff_ms);
         if self.unsettled_until.is_none_or(|until| until <= Instant::now()) {
+            self.metrics.failover_holds.inc();
             tracing::info!(
                 why,
                 hold_ms = hold.as_millis() as u64,

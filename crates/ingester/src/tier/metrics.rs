@@ -21,6 +21,9 @@ tessera_runtime::metrics! {
         placement_changes: Family<ByChange, Counter> = zeroed_family(CHANGES.map(|change| ByChange { change })),
         /// etcd requests of the ingester tier task that failed
         pub tier_errors: Counter,
+        /// Times this ingester held every failover while live ingesters re-register (after etcd
+        /// failed to answer, or after its own lease had to be granted again)
+        pub failover_holds: Counter,
         /// Cumulative series that started over (with an explicit reset) because their shard came to
         /// this ingester
         pub series_adopted: Counter,
