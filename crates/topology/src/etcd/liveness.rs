@@ -165,6 +165,9 @@ struct KeepAlive {
     needs_lease: bool,
 }
 
+/// The reason of the stream's end when etcd answers a keep-alive with a TTL of zero.
+const LEASE_EXPIRED: &str = "lease expired";
+
 impl KeepAlive {
     async fn run(mut self, mut stop_requests: oneshot::Receiver<StopRequest>) {
         let mut backoff = self.config.backoff();
@@ -173,12 +176,19 @@ impl KeepAlive {
                 stop = &mut stop_requests => return self.stop(stop.ok().flatten()).await,
                 error = self.keep_alive(&mut backoff) => error,
             };
-            if error.is_lease_not_found() {
-                // etcd was away longer than the TTL and let the lease expire.
+            // etcd answered that the lease is gone: it was away longer than the TTL.
+            let gone = error.is_lease_not_found()
+                || matches!(&error, StoreError::StreamEnded { reason, .. } if reason == LEASE_EXPIRED);
+            if gone {
                 self.needs_lease = true;
             }
             let reason = std::error::Error::source(&error).map(ToString::to_string);
             tracing::warn!(key = %self.key, %error, ?reason, "liveness lease keep-alive interrupted; retrying");
+            if gone {
+                // etcd is back, and every moment without a key is a moment a peer may
+                // take this instance for dead: grant again at once, not after a backoff.
+                continue;
+            }
             tokio::select! {
                 stop = &mut stop_requests => return self.stop(stop.ok().flatten()).await,
                 () = tokio::time::sleep(backoff.next_delay()) => {}
@@ -232,7 +242,7 @@ impl KeepAlive {
             };
             if response.ttl() <= 0 {
                 self.needs_lease = true;
-                return StoreError::StreamEnded { operation: "lease keep-alive", key, reason: "lease expired".into() };
+                return StoreError::StreamEnded { operation: "lease keep-alive", key, reason: LEASE_EXPIRED.into() };
             }
             self.valid_until.set(lease_id, sent + Duration::from_secs(response.ttl() as u64));
             backoff.reset();
