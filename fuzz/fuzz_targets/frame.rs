@@ -21,7 +21,7 @@ const T0: i64 = 1_700_000_040_000;
 
 fuzz_target!(|data: &[u8]| {
     let placement = Placement::init(&[("a", "h:1")], 8, 1, 0).expect("a valid placement");
-    let mut decoder = Decoder::new("a".to_owned(), PlacementHandle::fixed(placement), MAX_FRAME_BYTES, MERGE_THREADS);
+    let mut decoder = Decoder::new("a".to_owned(), PlacementHandle::fixed(placement), MERGE_THREADS);
     let mut settings = TilerSettings::new(vec!["10s:2d".parse().expect("policy")]);
     // Series expire and their numbers are reused while dictionaries name others.
     settings.expire_after_empty_tiles = Some(1);
@@ -38,7 +38,7 @@ fuzz_target!(|data: &[u8]| {
                 }
             }
         }
-        let decoded = decoder.decode(connection, &after[..used]);
+        let decoded = decoder.decode(connection, &after[framing::LENGTH_PREFIX_BYTES..used]);
         // As the pipeline does: after every decode, refused or not.
         if let Some(forgotten) = decoder.take_forgotten() {
             tilers.iter_mut().for_each(|tiler| tiler.forget_dictionary(forgotten));

@@ -186,3 +186,40 @@ fn the_wall_clock_is_read_only_in_core_clock() {
     );
     assert!(reads_the_wall_clock(&std::fs::read_to_string(root.join(clock)).unwrap()));
 }
+
+/// The modules of `src` (a crate's) that files of its top-level module `module` name.
+fn imports_of(src: &Path, module: &str) -> BTreeSet<String> {
+    let mut files = Vec::new();
+    rust_files(src, &mut files);
+    let mut found = BTreeSet::new();
+    for file in files.iter().filter(|file| top_module(src, file) == module) {
+        let name = file.file_name().unwrap().to_string_lossy().into_owned();
+        if name == "tests.rs" || name.ends_with("_tests.rs") {
+            continue;
+        }
+        found.extend(imported_modules(&std::fs::read_to_string(file).unwrap()));
+    }
+    found.remove(module);
+    found
+}
+
+/// Each daemon's intake is the first stage: it reads and answers, and hands on what it
+/// read in types of its own. It names no later stage (the collector's windows, the
+/// aggregator's tiles, the ingester's writer, queue or sink); those import it.
+#[test]
+fn no_daemon_s_intake_imports_from_the_stages_after_it() {
+    let crates = Path::new(env!("CARGO_MANIFEST_DIR")).join("../crates");
+    let mut wrong = Vec::new();
+    for daemon in ["collector", "aggregator", "ingester"] {
+        let src = crates.join(daemon).join("src");
+        assert!(src.join("intake.rs").is_file(), "{daemon} has an intake module");
+        let imports = imports_of(&src, "intake");
+        for module in imports.iter().filter(|module| *module != "config") {
+            wrong.push(format!("{daemon}'s intake imports crate::{module}"));
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    // The scan sees the imports the other way round.
+    assert!(imports_of(&crates.join("aggregator/src"), "tile").contains("intake"));
+    assert!(imports_of(&crates.join("ingester/src"), "writer").contains("intake"));
+}

@@ -9,10 +9,10 @@
 use std::time::Duration;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use prost::Message;
 use tessera_aggregator::{Decoded, Decoder};
 use tessera_core::aggregate::Aggregate;
 use tessera_core::shard::shard_of;
-use tessera_proto::framing::{self, DEFAULT_MAX_FRAME_BYTES};
 use tessera_proto::{Frame, MetricType, PartialBatch, SeriesValue, ShardPartials, frame::Body};
 use tessera_topology::{Placement, PlacementHandle};
 
@@ -33,12 +33,12 @@ fn frame() -> Vec<u8> {
         });
     }
     let batch = PartialBatch { window_start_ms: 1_700_000_044_000, window_ms: 1000, shards, ..Default::default() };
-    framing::encode_frame(&Frame { body: Some(Body::Partials(batch)) }, DEFAULT_MAX_FRAME_BYTES).unwrap()
+    Frame { body: Some(Body::Partials(batch)) }.encode_to_vec()
 }
 
 fn bench_decode(criterion: &mut Criterion) {
     let placement = Placement::init(&[("agg-1", "127.0.0.1:7400")], NUM_SHARDS, 1, 0).unwrap();
-    let mut decoder = Decoder::new("agg-1".into(), PlacementHandle::fixed(placement), DEFAULT_MAX_FRAME_BYTES, 1);
+    let mut decoder = Decoder::new("agg-1".into(), PlacementHandle::fixed(placement), 1);
     let frame = frame();
     let mut group = criterion.benchmark_group("decode");
     group.sample_size(20).warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(3));

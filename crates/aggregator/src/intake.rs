@@ -16,22 +16,26 @@
 //!
 //! The decoder thread ([`run_decoder`]) runs off the async runtime and
 //! passes what it decoded (and every connection's opening and end) on to
-//! admission, which answers each batch.
+//! admission (the tile stage), which answers each batch. The intake imports nothing
+//! of the stages after it: what it hands on ([`AdmissionJob`]) is its own.
 
+mod batch;
 mod decode;
 mod dictionary;
 mod listener;
 mod metrics;
 
+#[cfg(test)]
+pub use batch::thread_of;
+pub use batch::{AdmissionJob, Partial, SplitBatch, Via};
 pub use decode::{Decoded, Decoder};
 pub use listener::accept_loop;
-pub use metrics::IntakeMetrics;
+pub use metrics::{IntakeMetrics, REFUSAL_LOG, Refusals};
 
 use crossbeam_channel::{Receiver, Sender};
 use tessera_proto::AckReason;
+use tessera_wire::Answer;
 use tokio::sync::oneshot;
-
-use crate::tile::{AdmissionJob, REFUSAL_LOG, Refusals, Reply};
 
 /// What a connection task hands the decoder.
 pub enum Inbound {
@@ -55,10 +59,10 @@ pub enum Inbound {
 pub struct FrameJob {
     /// The connection it came on.
     pub connection: u64,
-    /// The frame, length prefix included.
+    /// The frame's body (without its length prefix).
     pub frame: Vec<u8>,
     /// Where the answer goes.
-    pub reply: oneshot::Sender<Reply>,
+    pub reply: oneshot::Sender<Answer>,
 }
 
 /// The decoder thread: decodes and checks frames until every connection
@@ -105,7 +109,7 @@ pub fn run_decoder(
                         let AdmissionJob::Batch { batch, reply, .. } = job else { unreachable!("sent a batch") };
                         let partials = batch.partials();
                         refusals.rejected(AckReason::ShuttingDown, partials);
-                        let _ = reply.send(Reply::refusal(sequence, AckReason::ShuttingDown, "shutting down".into()));
+                        let _ = reply.send(Answer::refusal(sequence, AckReason::ShuttingDown, "shutting down".into()));
                         continue;
                     }
                 }
@@ -119,9 +123,9 @@ pub fn run_decoder(
                 if let Some(watermark_ms) = watermark_ms.filter(|_| !reason.is_retryable()) {
                     let _ = admission.send(AdmissionJob::Watermark { connection, watermark_ms });
                 }
-                Reply::refusal(sequence, reason, message)
+                Answer::refusal(sequence, reason, message)
             }
-            Decoded::Protocol { reason, message } => Reply::Close { reason, message },
+            Decoded::Protocol { reason, message } => Answer::Close { reason, message },
         };
         // The connection may be gone already; nothing to do then.
         let _ = job.reply.send(reply);

@@ -67,12 +67,10 @@ mod tile;
 // The daemon (binary, `tessera local`, tests), then its hot paths (benchmarks, fuzz target,
 // examples, doc examples).
 pub use config::{Config, ConfigError};
-pub use intake::{Decoded, Decoder};
+pub use intake::{Decoded, Decoder, Partial, Via};
 pub use metrics::{Metrics, PREFIX as METRIC_PREFIX};
 pub use tessera_runtime::StartError;
-pub use tile::{
-    DEFAULT_POLICIES, Partial, StoragePolicy, Tiler, TilerSettings, Trigger, Via, Watermarks, WindowPartials,
-};
+pub use tile::{DEFAULT_POLICIES, StoragePolicy, Tiler, TilerSettings, Trigger, Watermarks, WindowPartials};
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -201,7 +199,7 @@ impl Aggregator {
         let (frame_sender, frame_receiver) = crossbeam_channel::unbounded();
         let (batch_sender, batch_receiver) = crossbeam_channel::unbounded();
         let (part_sender, part_receiver) = crossbeam_channel::unbounded();
-        let decoder = Decoder::new(instance_id.clone(), placement.clone(), config.max_frame_bytes, merge_threads);
+        let decoder = Decoder::new(instance_id.clone(), placement.clone(), merge_threads);
         let flush_settings =
             FlushSettings { source: instance_id.clone(), max_frame_bytes: config.ingester.max_frame_bytes };
         let leadership = Leadership::new(config.policies.clone(), started_ms);

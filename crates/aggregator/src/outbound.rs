@@ -32,18 +32,15 @@
 //! The queue and sender are the shared sending side
 //! ([`tessera_wire::run_sender`]), as in the collector's forwarding.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, RwLockReadGuard};
 use std::time::Duration;
 
 use tessera_core::shard::shard_of;
 use tessera_proto::{Frame, SeriesValue, TileBatch, frame::Body, framing};
 use tessera_runtime::Shutdown;
 use tessera_topology::{Destination, PlacementHandle, Routing};
-use tessera_wire::{Batch, SenderSettings};
-
-use tessera_wire::{DestinationMetrics, Drops, count_drops};
+use tessera_wire::{Batch, DestinationEntry, Destinations, Drops, SenderSettings, count_drops};
 
 mod encode;
 mod metrics;
@@ -52,7 +49,10 @@ pub use encode::{TileHead, encode_values};
 pub use metrics::RoutingMetrics;
 
 /// One ingester endpoint's bounded buffer of framed tile batches.
-pub type OutboundQueue = tessera_wire::OutboundQueue<DestinationMetrics>;
+pub type OutboundQueue = tessera_wire::DestinationQueue;
+
+/// One ingester's queue, and whether it left the placement.
+type Entry = DestinationEntry<Destination>;
 
 /// A heartbeat for an idle ingester connection: an empty tile batch, sequence 0. The
 /// ingester acknowledges it without queueing anything.
@@ -63,37 +63,20 @@ pub fn heartbeat_frame() -> Vec<u8> {
         .expect("an empty tile batch is far under the frame limit")
 }
 
-/// One destination's queue, and whether the destination left the placement.
-struct Entry {
-    destination: Destination,
-    queue: Arc<OutboundQueue>,
-    departed: AtomicBool,
-}
-
-/// How senders are started for queues made after start.
-struct Senders {
-    settings: SenderSettings,
-    stop: Shutdown,
-    runtime: tokio::runtime::Handle,
-}
-
 struct Inner {
     /// The ingesters' placement; `None`: a fixed list of endpoints.
     placement: Option<PlacementHandle>,
-    /// Every queue ever made, in order: an index stays valid for the process' life.
-    entries: RwLock<Vec<Arc<Entry>>>,
-    /// Serializes making queues (index by destination).
-    index: Mutex<HashMap<Destination, usize>>,
+    /// Every ingester's queue and sender, made as destinations appear; departed when
+    /// the destination left the placement.
+    destinations: Destinations<Destination>,
     next: AtomicUsize,
     /// Room a queue must have left to count as having room (one frame).
     headroom: AtomicUsize,
     /// The placement generation the queues were last matched against.
     seen_generation: AtomicU64,
-    max_queue_bytes: usize,
     metrics: RoutingMetrics,
     /// Where series and batches that cannot be delivered are counted.
     drops: Drops,
-    senders: OnceLock<Senders>,
 }
 
 /// The queues of every ingester, and where each tile's series go.
@@ -142,15 +125,12 @@ impl Ingesters {
         Ingesters {
             inner: Arc::new(Inner {
                 placement,
-                entries: RwLock::default(),
-                index: Mutex::default(),
+                destinations: Destinations::new(max_queue_bytes, metrics.senders.clone(), drops.clone()),
                 next: AtomicUsize::default(),
                 headroom: AtomicUsize::default(),
                 seen_generation: AtomicU64::default(),
-                max_queue_bytes,
                 metrics: metrics.clone(),
                 drops: drops.clone(),
-                senders: OnceLock::new(),
             }),
         }
     }
@@ -166,45 +146,20 @@ impl Ingesters {
     /// Spawns one sender per queue on the current runtime, and later one per queue
     /// made; they stop when `stop` fires.
     pub fn spawn_senders(&self, settings: &SenderSettings, stop: &Shutdown) {
-        let senders =
-            Senders { settings: settings.clone(), stop: stop.clone(), runtime: tokio::runtime::Handle::current() };
-        if self.inner.senders.set(senders).is_err() {
-            return;
-        }
-        for entry in self.entries().iter() {
-            self.spawn_sender(&entry.queue);
-        }
+        self.inner.destinations.start_senders(settings, stop);
     }
 
-    fn spawn_sender(&self, queue: &Arc<OutboundQueue>) {
-        if let Some(senders) = self.inner.senders.get() {
-            let sender = tessera_wire::run_sender(queue.clone(), senders.settings.clone(), senders.stop.clone());
-            senders.runtime.spawn(sender);
-        }
-    }
-
-    fn entries(&self) -> std::sync::RwLockReadGuard<'_, Vec<Arc<Entry>>> {
-        self.inner.entries.read().unwrap_or_else(|poisoned| poisoned.into_inner())
+    fn entries(&self) -> RwLockReadGuard<'_, Vec<Arc<Entry>>> {
+        self.inner.destinations.entries()
     }
 
     /// The queue of `destination`, made (with its sender) if new; returns its index.
     fn queue_for(&self, destination: &Destination) -> usize {
-        let mut index = self.inner.index.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(&known) = index.get(destination) {
-            return known;
+        let (index, new) = self.inner.destinations.add(destination, &destination.endpoint, &destination.endpoint);
+        if new {
+            tracing::info!(instance = %destination.instance_id, endpoint = %destination.endpoint, "new ingester destination");
         }
-        let metrics = self.inner.metrics.destination(&destination.endpoint, &self.inner.drops);
-        let queue = Arc::new(OutboundQueue::new(destination.endpoint.clone(), self.inner.max_queue_bytes, metrics));
-        let entry = Arc::new(Entry { destination: destination.clone(), queue: queue.clone(), departed: false.into() });
-        let mut entries = self.inner.entries.write().unwrap_or_else(|poisoned| poisoned.into_inner());
-        entries.push(entry);
-        let position = entries.len() - 1;
-        drop(entries);
-        index.insert(destination.clone(), position);
-        drop(index);
-        self.spawn_sender(&queue);
-        tracing::info!(instance = %destination.instance_id, endpoint = %destination.endpoint, "new ingester destination");
-        position
+        index
     }
 
     /// The placement's routing table; when the placement changed since the last look (one
@@ -230,12 +185,12 @@ impl Ingesters {
         }
         let mut current = 0;
         for entry in self.entries().iter() {
-            let departed = !routing.destinations().contains(&entry.destination);
+            let departed = !routing.destinations().contains(&entry.key);
             current += usize::from(!departed);
-            if entry.departed.swap(departed, Ordering::AcqRel) != departed {
+            if entry.set_departed(departed) {
                 tracing::info!(
-                    instance = %entry.destination.instance_id,
-                    endpoint = %entry.destination.endpoint,
+                    instance = %entry.key.instance_id,
+                    endpoint = %entry.key.endpoint,
                     departed,
                     "ingester destination {}",
                     if departed { "left the placement" } else { "is back in the placement" }
@@ -262,7 +217,7 @@ impl Ingesters {
     pub fn has_room(&self) -> bool {
         let headroom = self.inner.headroom.load(Ordering::Relaxed);
         let entries = self.entries();
-        let mut live = entries.iter().filter(|entry| !entry.departed.load(Ordering::Relaxed));
+        let mut live = entries.iter().filter(|entry| !entry.is_departed());
         match self.inner.placement {
             Some(_) => live.all(|entry| entry.queue.has_room_for(headroom)),
             None => live.any(|entry| entry.queue.has_room_for(headroom)),
@@ -332,12 +287,12 @@ impl Ingesters {
 
     /// Whether every queue is empty with nothing in flight.
     pub fn all_idle(&self) -> bool {
-        self.entries().iter().all(|entry| entry.queue.is_idle())
+        self.inner.destinations.all_idle()
     }
 
     /// Drops what is still queued; returns the batches and series dropped.
     pub fn abandon_all(&self) -> (u64, u64) {
-        self.entries().iter().map(|entry| entry.queue.abandon()).fold((0, 0), |sum, one| (sum.0 + one.0, sum.1 + one.1))
+        self.inner.destinations.abandon_all()
     }
 
     /// Moves the batches queued for destinations that left the placement to the
@@ -345,8 +300,7 @@ impl Ingesters {
     pub fn reroute_departed(&self, reroute: &Reroute) -> u64 {
         let Some(placement) = &self.inner.placement else { return 0 };
         let routing = self.current_routing(placement);
-        let departed: Vec<Arc<Entry>> =
-            self.entries().iter().filter(|entry| entry.departed.load(Ordering::Acquire)).cloned().collect();
+        let departed: Vec<Arc<Entry>> = self.entries().iter().filter(|entry| entry.is_departed()).cloned().collect();
         let mut moved = 0;
         for entry in departed {
             for batch in entry.queue.take_queued() {

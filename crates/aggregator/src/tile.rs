@@ -26,10 +26,10 @@ mod policy;
 mod tiler;
 mod watermark;
 
-pub use admission::{AdmissionJob, REFUSAL_LOG, Reply, SplitBatch, run_admission};
-pub use merge::{MERGE_QUEUE_JOBS, MergeOutput, MergeTier, run_merge_thread, thread_of};
-pub use metrics::{Refusals, TileMetrics};
+pub use admission::run_admission;
+pub use merge::{MERGE_QUEUE_JOBS, MergeOutput, MergeTier, run_merge_thread};
+pub use metrics::TileMetrics;
 pub use ownership::watch_ownership;
 pub use policy::{DEFAULT_POLICIES, StoragePolicy};
-pub use tiler::{ClosedTile, Partial, Tiler, TilerSettings, Via, WindowPartials, tables_per_policy};
+pub use tiler::{ClosedTile, Tiler, TilerSettings, WindowPartials, tables_per_policy};
 pub use watermark::{Trigger, Watermarks};

@@ -122,16 +122,10 @@ impl Collector {
             intake::start(&config, &reader_settings, cut_links, &metrics.intake, &metrics.drops, &shutdown).await?;
 
         let stop_senders = Shutdown::new();
-        let destinations = Destinations::default();
-        let router = Router::new(
-            outbound_settings,
-            placement,
-            destinations.clone(),
-            tokio::runtime::Handle::current(),
-            stop_senders.clone(),
-            metrics.senders.clone(),
-            metrics.drops.clone(),
-        );
+        let destinations =
+            Destinations::new(outbound_settings.max_queue_bytes, metrics.senders.clone(), metrics.drops.clone());
+        destinations.start_senders(&outbound_settings.sender, &stop_senders);
+        let router = Router::new(outbound_settings, placement, destinations.clone(), metrics.drops.clone());
         let flush_settings = FlushSettings {
             window_ms,
             flush_delay_ms: config.aggregation.flush_delay_ms as i64,
@@ -248,7 +242,7 @@ async fn supervise(
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     stop_senders.trigger();
-    let abandoned = destinations.abandon_all();
+    let (_, abandoned) = destinations.abandon_all();
     if abandoned > 0 {
         tessera_wire::count_drops(&metrics.drops, "shutdown", "partials", abandoned);
         tracing::warn!(partials = abandoned, "shutdown grace elapsed with partials undelivered");

@@ -25,17 +25,10 @@
 mod dictionary;
 mod route;
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-
-use tessera_runtime::shutdown::Shutdown;
-use tessera_wire::{DestinationMetrics, Drops, SenderMetrics};
-use tessera_wire::{OutboundQueue, SenderSettings, run_sender};
+use tessera_wire::SenderSettings;
 
 pub use route::Router;
-
-/// One destination aggregator's bounded queue.
-pub type DestinationQueue = OutboundQueue<DestinationMetrics>;
+pub use tessera_wire::DestinationQueue;
 
 /// Settings of the outbound side.
 #[derive(Clone)]
@@ -55,64 +48,10 @@ pub struct OutboundSettings {
 /// `(instance id, endpoint)`.
 type DestinationKey = (String, String);
 
-/// Every destination the router has routed to, shared with the daemon so
-/// that shutdown can wait for their queues to drain.
-#[derive(Clone, Default)]
-pub struct Destinations {
-    inner: Arc<Mutex<HashMap<DestinationKey, Arc<DestinationQueue>>>>,
-}
-
-impl Destinations {
-    /// Whether every queue is empty with nothing in flight.
-    pub fn all_idle(&self) -> bool {
-        self.inner.lock().expect("destinations lock poisoned").values().all(|queue| queue.is_idle())
-    }
-
-    /// Drops what is still queued, returning the partials dropped.
-    pub fn abandon_all(&self) -> u64 {
-        self.inner.lock().expect("destinations lock poisoned").values().map(|queue| queue.abandon().1).sum()
-    }
-
-    /// Every queue, for tests to read what was queued.
-    #[cfg(test)]
-    pub fn queues(&self) -> Vec<Arc<DestinationQueue>> {
-        self.inner.lock().expect("destinations lock poisoned").values().cloned().collect()
-    }
-}
-
-/// Starts each destination's queue and sender task the first time it is
-/// routed to, and keeps them in [`Destinations`].
-struct Senders {
-    destinations: Destinations,
-    max_queue_bytes: usize,
-    sender: SenderSettings,
-    runtime: tokio::runtime::Handle,
-    /// Stops every sender task.
-    stop: Shutdown,
-    metrics: SenderMetrics,
-    /// Where the queues count what they drop.
-    drops: Drops,
-}
-
-impl Senders {
-    /// The queue of `instance` at `endpoint`, with its sender task started on first use.
-    fn queue(&self, instance: &str, endpoint: &str) -> Arc<DestinationQueue> {
-        let mut known = self.destinations.inner.lock().expect("destinations lock poisoned");
-        let key = (instance.to_owned(), endpoint.to_owned());
-        if let Some(queue) = known.get(&key) {
-            return queue.clone();
-        }
-        let queue = Arc::new(DestinationQueue::new(
-            endpoint.to_owned(),
-            self.max_queue_bytes,
-            self.metrics.destination(instance, &self.drops),
-        ));
-        let sender = run_sender(queue.clone(), self.sender.clone(), self.stop.clone());
-        self.runtime.spawn(sender);
-        known.insert(key, queue.clone());
-        queue
-    }
-}
+/// Every aggregator the router has routed to, each with its queue and sender
+/// ([`tessera_wire::Destinations`]), shared with the daemon so that shutdown can wait for
+/// their queues to drain.
+pub type Destinations = tessera_wire::Destinations<DestinationKey>;
 
 #[cfg(test)]
 mod tests {

@@ -22,9 +22,10 @@ use tessera_core::aggregate::Aggregate;
 use tessera_ingester::record;
 use tessera_ingester::{
     Converter, FsyncPolicy, Metrics, Position, Queue, QueueOptions, QueueReader, RecentBatches, RecordInfo,
-    RemoteWriteSink, RequestKey, SinkRequest, Verdict, Writer, open_queue, split,
+    RemoteWriteSink, RequestKey, SinkRequest, Writer, open_queue, split,
 };
 use tessera_proto::{AckStatus, Frame, MetricType, SeriesValue, TileBatch, frame::Body};
+use tessera_wire::Answer;
 
 /// The ingester's CPU per tile, storage left out.
 #[derive(Debug, Parser)]
@@ -74,7 +75,7 @@ fn main() {
         queues: vec![queue_writer],
         routes: HashMap::new(),
         recent: RecentBatches::new(1024),
-        metrics: Metrics::default().intake,
+        metrics: Metrics::default().writer,
         checkpoints: None,
     };
     let tiles: Vec<SeriesValue> = (0..flags.series)
@@ -109,7 +110,7 @@ fn main() {
         let start = Instant::now();
         for body in &bodies {
             match writer.handle(body) {
-                Verdict::Ack(ack) if ack.status == AckStatus::Ok as i32 => {}
+                Answer::Ack(ack) if ack.status == AckStatus::Ok as i32 => {}
                 other => panic!("batch not queued: {other:?}"),
             }
         }

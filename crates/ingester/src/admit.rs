@@ -1,7 +1,7 @@
 //! Admission: each tile batch becomes the storage samples of one queue record, at ingest
 //! time, before it is made durable.
 //!
-//! The intake writer hands every decoded batch to its target's [`Converter`], appends the
+//! The writer thread ([`crate::writer`]) hands every decoded batch to its target's [`Converter`], appends the
 //! record to the queue, then commits the conversion (or rolls it back when the record
 //! could not be queued); what admission decides per tile is below (*Each tile counts once*).
 //!
@@ -20,7 +20,7 @@
 //!
 //! **Cumulative values.** Counters, `_sum` and `_count` are running totals per series
 //! (name, tags and resolution), kept in memory and added to in record order. They go on
-//! across a restart, a crash included: the intake writer checkpoints them beside the
+//! across a restart, a crash included: the writer thread checkpoints them beside the
 //! target's queue every `checkpoint_interval_secs` and at shutdown, and a start restores the
 //! checkpoint and rolls forward through the records queued after it ([`checkpoint`]). What a
 //! restart still loses: the checkpoint itself when its disk is lost (with the queue). A late

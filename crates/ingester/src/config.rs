@@ -210,7 +210,7 @@ impl QueueConfig {
         QueueOptions::new(dir, self.max_queue_bytes, self.segment_max_bytes, self.fsync_policy())
     }
 
-    /// How often the intake writer looks whether an interval fsync is due: half the
+    /// How often the writer thread looks whether an interval fsync is due: half the
     /// interval, between 5 ms and 1 s.
     pub fn writer_tick(&self) -> Duration {
         Duration::from_millis((self.fsync_interval_ms / 2).clamp(5, 1000))

@@ -22,8 +22,9 @@
 //!
 //! The modules are private; the stages, in the order a batch goes through them:
 //!
-//! - `intake`: the wire listener, the writer thread that decides acks, and the thread
-//!   that writes each target's checkpoint of the running totals.
+//! - `intake`: the wire listener: each frame's body handed on, each answer written.
+//! - `writer`: the writer thread that decodes, admits and queues each batch and decides
+//!   its ack, and the thread that writes each target's checkpoint of the running totals.
 //! - `admit`: a tile batch to the samples of one queue record (names, labels, cumulative
 //!   counters and histograms), each tile admitted once, and the checkpoint format that
 //!   carries the running totals across a restart.
@@ -74,6 +75,7 @@ mod pool;
 mod queue;
 mod sink;
 mod tier;
+mod writer;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -89,9 +91,6 @@ use tokio::sync::mpsc;
 pub use admit::checkpoint::CheckpointMeta;
 pub use admit::{Converter, HistogramMode};
 pub use config::Config;
-pub use intake::Verdict;
-pub use intake::checkpoint::write_atomically;
-pub use intake::writer::{RecentBatches, Writer};
 pub use metrics::{Metrics, PREFIX as METRIC_PREFIX};
 pub use pool::pacing::{Aimd, Outcome};
 pub use pool::split;
@@ -101,11 +100,11 @@ pub use sink::prompb;
 pub use sink::remote_write::RemoteWriteSink;
 pub use sink::{RecordInfo, SinkRequest};
 pub use tessera_runtime::StartError;
+pub use writer::checkpoint::write_atomically;
+pub use writer::{RecentBatches, Writer};
 
 use config::{SinkConfig, target_dir_name};
 use intake::accept_loop;
-use intake::checkpoint::{CheckpointTarget, Checkpoints};
-use intake::writer::Job;
 use pool::pacing::{AdaptiveLimit, Pace};
 use pool::{Pool, Target};
 use queue::QueueWriter;
@@ -113,6 +112,8 @@ use record::{Record, RecordHead};
 use sink::file::FileSink;
 use sink::rejected::RejectedLog;
 use sink::{AnySink, Sink};
+use writer::Job;
+use writer::checkpoint::{CheckpointTarget, Checkpoints};
 
 /// Batches remembered to answer a resent batch `Ok` without queueing it twice.
 const RECENT_BATCHES: usize = 65_536;
@@ -171,9 +172,9 @@ impl Ingester {
         });
         for (index, (name, policy, sink_config)) in config.targets().into_iter().enumerate() {
             let dir = config.data_dir.join("queue").join(target_dir_name(&name));
-            let checkpoint_metrics = metrics.intake.checkpoint(&name);
+            let checkpoint_metrics = metrics.writer.checkpoint(&name);
             let mut converter = converter_for(&config, &sink_config, &tier);
-            let covers = intake::checkpoint::load(&dir, &name, &checkpoint_metrics, &mut converter);
+            let covers = writer::checkpoint::load(&dir, &name, &checkpoint_metrics, &mut converter);
             let from_checkpoint = converter.cumulative_series();
             let mut options = config.queue.options(dir.clone());
             options.checkpointed = Some(covers);
@@ -256,9 +257,9 @@ impl Ingester {
         tokio::spawn(measure_pace(paced, shutdown.clone()));
 
         let (jobs, job_receiver) = mpsc::channel(config.max_connections.clamp(1, 1024));
-        metrics.intake.cumulative_series.set(converters.iter().map(Converter::cumulative_series).sum::<usize>() as i64);
+        metrics.writer.cumulative_series.set(converters.iter().map(Converter::cumulative_series).sum::<usize>() as i64);
         metrics
-            .intake
+            .writer
             .cumulative_histograms
             .set(converters.iter().map(Converter::cumulative_histograms).sum::<usize>() as i64);
         let checkpoints = Checkpoints::start(checkpoint_targets, config.queue.checkpoint_interval())?;
@@ -267,7 +268,7 @@ impl Ingester {
             queues: writers,
             routes,
             recent,
-            metrics: metrics.intake.clone(),
+            metrics: metrics.writer.clone(),
             checkpoints: Some(checkpoints),
         };
         let writer = tessera_runtime::daemon::spawn_thread("intake-writer", move || writer.run(job_receiver))?;
@@ -277,9 +278,9 @@ impl Ingester {
             TcpListener::bind(config.listen).await.map_err(|source| StartError::bind(config.listen, source))?;
         let listen_addr = listener.local_addr().map_err(|source| StartError::bind(config.listen, source))?;
         let settings = config
-            .listener_settings(instance_id.clone(), metrics.intake.listener.listener_tls_reload_errors.clone())
+            .listener_settings(instance_id.clone(), metrics.listener.listener_tls_reload_errors.clone())
             .map_err(|error| StartError::setup("cannot load the TLS files of [tls]", error))?;
-        tokio::spawn(accept_loop(listener, jobs, settings, metrics.intake.listener.clone(), shutdown.clone()));
+        tokio::spawn(accept_loop(listener, jobs, settings, metrics.listener.clone(), shutdown.clone()));
         if let (Some(placement), Some((ownership, tier_metrics))) = (&config.placement, tier) {
             let settings = placement.settings(&instance_id, listen_addr);
             tracing::info!(instance_id, endpoint = settings.endpoint, "joining the ingesters' placement");

@@ -1,5 +1,5 @@
 //! Every metric the ingester exports: the sets each stage declares in its own folder
-//! ([`IntakeMetrics`], [`QueueMetrics`], [`PoolMetrics`], [`SinkMetrics`]), registered
+//! ([`ListenerMetrics`], [`WriterMetrics`], [`QueueMetrics`], [`PoolMetrics`], [`SinkMetrics`]), registered
 //! under one prefix (the ingester tier's, `crate::tier`, when it runs).
 //!
 //! Hot paths hold cloned handles (a target's queue, workers and requests) and add to them
@@ -42,10 +42,11 @@
 //! | `tessera_ingester_end_to_end_latency_seconds` | histogram, one observation per tile | `resolution` |
 //! | `tessera_ingester_queue_time_seconds` | histogram, one observation per tile | `resolution` |
 
-use crate::intake::IntakeMetrics;
 use crate::pool::PoolMetrics;
 use crate::queue::QueueMetrics;
 use crate::sink::SinkMetrics;
+use crate::writer::WriterMetrics;
+use tessera_wire::ListenerMetrics;
 
 /// Every ingester metric's name starts with this.
 pub const PREFIX: &str = "tessera_ingester_";
@@ -54,9 +55,10 @@ tessera_runtime::metrics! {
     /// The ingester's metrics.
     pub struct Metrics {
         ;
-        /// The intake's metrics (batches, acknowledgements, running totals, checkpoints, the
-        /// wire listener)
-        pub intake: IntakeMetrics,
+        /// The wire listener's metrics (connections from aggregators)
+        pub listener: ListenerMetrics,
+        /// The writer thread's metrics (batches, acknowledgements, running totals, checkpoints)
+        pub writer: WriterMetrics,
         /// The queue's metrics, per target
         pub queue: QueueMetrics,
         /// The sink stage's metrics (storage requests), per target
@@ -69,16 +71,16 @@ tessera_runtime::metrics! {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::intake::CheckpointFailure;
+    use crate::writer::CheckpointFailure;
 
     #[test]
     fn labels_encode_in_field_order_with_the_values_dashboards_read() {
         let telemetry = tessera_runtime::Telemetry::new("ingester", "test");
         let metrics = Metrics::default();
         telemetry.with_registry(|registry| metrics.register(registry, PREFIX));
-        metrics.intake.ack(None);
-        metrics.intake.intake_lag("10s", 0.5);
-        metrics.intake.checkpoint("default").error(CheckpointFailure::Read);
+        metrics.writer.ack(None);
+        metrics.writer.intake_lag("10s", 0.5);
+        metrics.writer.checkpoint("default").error(CheckpointFailure::Read);
         let target = metrics.pool.target("default", &metrics.sink);
         target.sink.request("status_5xx");
         target.sink.rejected(500, 3);

@@ -5,7 +5,7 @@
 //!
 //! [`open`] replays a queue directory and returns three handles:
 //!
-//! - [`QueueWriter`] (one, owned by the intake writer thread) appends framed records to
+//! - [`QueueWriter`] (one, owned by the writer thread) appends framed records to
 //!   the active segment, fsyncs by the [`FsyncPolicy`], rotates segments by size, and
 //!   refuses a record with [`AppendError::Full`] while the queue holds more than
 //!   `max_queue_bytes` (backpressure: the batch is answered `Retryable`);

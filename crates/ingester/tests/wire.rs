@@ -62,7 +62,20 @@ async fn bad_frames_close_only_their_connection() {
     rude.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
     expect_closed(&mut rude).await;
 
-    // The first connection is unaffected: a new batch, a resent one, a wrong frame kind.
+    // A frame of the wrong kind, and one without a body: the wire's one policy, a refusal
+    // for sequence 0, then the close.
+    let mut wrong_kind = Sender::connect(ingester.listen_addr()).await;
+    let partials = Frame { body: Some(Body::Partials(PartialBatch { sequence: 9, ..Default::default() })) };
+    let ack = wrong_kind.exchange(&partials).await;
+    assert_eq!((ack.status, ack.sequence, ack.reason.as_str()), (AckStatus::Permanent as i32, 0, "unexpected_frame"));
+    assert!(ack.message.contains("not `partials` frames"), "{}", ack.message);
+    expect_closed(&mut wrong_kind.stream).await;
+    let mut empty = Sender::connect(ingester.listen_addr()).await;
+    let ack = empty.exchange(&Frame { body: None }).await;
+    assert_eq!((ack.status, ack.reason.as_str()), (AckStatus::Permanent as i32, "malformed_frame"));
+    expect_closed(&mut empty.stream).await;
+
+    // The first connection is unaffected: a new batch, a resent one, an invalid one.
     let ack = good.send(batch(2, "10s:2d", t0 + 10_000, vec![counter("a", 1.0)])).await;
     assert_eq!((ack.status, ack.sequence), (AckStatus::Ok as i32, 2));
     let ack = good.send(batch(2, "10s:2d", t0 + 10_000, vec![counter("a", 1.0)])).await;
@@ -71,9 +84,6 @@ async fn bad_frames_close_only_their_connection() {
         (AckStatus::Ok as i32, "duplicate"),
         "a resent batch is not queued twice"
     );
-    let partials = Frame { body: Some(Body::Partials(PartialBatch { sequence: 9, ..Default::default() })) };
-    let ack = good.exchange(&partials).await;
-    assert_eq!((ack.status, ack.sequence, ack.reason.as_str()), (AckStatus::Permanent as i32, 9, "unexpected_frame"));
     let mut no_policy = batch(3, "", t0, vec![counter("a", 1.0)]);
     no_policy.resolution_ms = 0;
     let ack = good.send(no_policy).await;
@@ -82,7 +92,7 @@ async fn bad_frames_close_only_their_connection() {
     assert_eq!(ack.status, AckStatus::Ok as i32);
 
     let text = telemetry.encode().unwrap();
-    for reason in ["malformed_frame", "too_large", "handshake"] {
+    for reason in ["malformed_frame", "too_large", "handshake", "unexpected_frame", "empty"] {
         assert_eq!(
             metric_value(&text, "tessera_ingester_frame_errors_total", &format!("reason=\"{reason}\"")),
             1.0,

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tessera_proto::Hello;
-use tessera_proto::framing::{self, FrameError, HandshakeError, LENGTH_PREFIX_BYTES};
+use tessera_proto::framing::{self, FrameError, HandshakeError};
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -308,16 +308,16 @@ impl WireConnection {
         Ok(WireConnection { stream, hello, deadlines, max_frame_bytes: settings.max_frame_bytes })
     }
 
-    /// The next frame, its length prefix included when `with_prefix`.
+    /// The next frame's body (without its length prefix).
     ///
     /// # Errors
     ///
     /// [`WireError::Idle`] after the idle deadline with no frame begun or finished,
     /// [`WireError::Frame`] (`Closed` when the peer ended between frames), or
     /// [`WireError::Shutdown`].
-    pub async fn next_frame(&mut self, with_prefix: bool, shutdown: &Shutdown) -> Result<Vec<u8>, WireError> {
+    pub async fn next_frame(&mut self, shutdown: &Shutdown) -> Result<Vec<u8>, WireError> {
         let idle = self.deadlines.idle;
-        let reading = read_frame_bytes(&mut self.stream, self.max_frame_bytes, with_prefix);
+        let reading = read_frame_bytes(&mut self.stream, self.max_frame_bytes);
         tokio::select! {
             read = tokio::time::timeout(idle, reading) => match read {
                 Ok(frame) => Ok(frame?),
@@ -328,31 +328,27 @@ impl WireConnection {
     }
 }
 
-/// Reads one frame's bytes without decoding them, its length prefix kept when
-/// `with_prefix`; a declared length over `max_frame_bytes` is refused before the body is
-/// read. [`FrameError::Closed`] when the stream ends between frames.
+/// Reads one frame's body without decoding it; a declared length over `max_frame_bytes`
+/// is refused before the body is read. [`FrameError::Closed`] when the stream ends
+/// between frames.
 pub async fn read_frame_bytes<R: AsyncRead + Unpin>(
     stream: &mut R,
     max_frame_bytes: usize,
-    with_prefix: bool,
 ) -> Result<Vec<u8>, FrameError> {
     let len = framing::read_length_prefix(stream, max_frame_bytes).await?;
-    let offset = if with_prefix { LENGTH_PREFIX_BYTES } else { 0 };
-    let mut frame = vec![0; offset + len];
-    if with_prefix {
-        frame[..LENGTH_PREFIX_BYTES].copy_from_slice(&(len as u32).to_be_bytes());
-    }
-    stream.read_exact(&mut frame[offset..]).await?;
-    Ok(frame)
+    let mut body = vec![0; len];
+    stream.read_exact(&mut body).await?;
+    Ok(body)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tessera_proto::framing::LENGTH_PREFIX_BYTES;
     use tessera_proto::{Ack, Frame, frame::Body};
 
     #[tokio::test]
-    async fn frames_keep_their_prefix_if_asked_and_oversized_ones_are_refused_early() {
+    async fn frame_bodies_are_read_whole_and_oversized_ones_are_refused_early() {
         let ack = Frame { body: Some(Body::Ack(Ack { sequence: 4, ..Default::default() })) };
         let bytes = framing::encode_frame(&ack, 1024).unwrap();
         let (mut a, mut b) = tokio::io::duplex(1 << 16);
@@ -361,12 +357,11 @@ mod tests {
         }
         tokio::io::AsyncWriteExt::write_all(&mut a, &(1_000_000u32).to_be_bytes()).await.unwrap();
         drop(a);
-        let raw = read_frame_bytes(&mut b, 1024, true).await.unwrap();
-        assert_eq!(raw, bytes);
-        assert_eq!(framing::decode_frame(&raw, 1024).unwrap().unwrap().0, ack);
-        assert_eq!(read_frame_bytes(&mut b, 1024, false).await.unwrap(), bytes[LENGTH_PREFIX_BYTES..]);
-        let too_large = read_frame_bytes(&mut b, 1024, true).await;
+        for _ in 0..2 {
+            assert_eq!(read_frame_bytes(&mut b, 1024).await.unwrap(), bytes[LENGTH_PREFIX_BYTES..]);
+        }
+        let too_large = read_frame_bytes(&mut b, 1024).await;
         assert!(matches!(too_large, Err(FrameError::TooLarge { len: 1_000_000, .. })));
-        assert!(matches!(read_frame_bytes(&mut b, 1024, true).await, Err(FrameError::Closed)));
+        assert!(matches!(read_frame_bytes(&mut b, 1024).await, Err(FrameError::Closed)));
     }
 }

@@ -9,11 +9,13 @@
 //! - Inbound: [`accept_loop`] with its connection cap (refused and counted), and
 //!   [`WireConnection`]: the versioned handshake under a deadline, then frames under
 //!   an idle deadline; [`serve_wire`] runs a wire listener on them, with its
-//!   [`ListenerSettings`], and [`connection_ended`] counts why each connection ended
-//!   ([`CloseReason`]).
+//!   [`ListenerSettings`], [`serve_batches`] answers each frame ([`Answer`]), and
+//!   [`connection_ended`] counts why each connection ended ([`CloseReason`]).
 //! - Outbound: one bounded [`OutboundQueue`] and one long-lived [`run_sender`] per
 //!   destination: acknowledged, retried with the one jittered [`Backoff`], oldest
-//!   dropped first and counted.
+//!   dropped first and counted; [`Destinations`] makes both the first time a
+//!   destination is named and keeps them (the collector's aggregators, the aggregator's
+//!   ingesters).
 //! - The client side of one exchange: [`connect`], handshake, and [`exchange`]: one
 //!   batch for one acknowledgement.
 //! - Configuration: a sender's and a listener's keys, declared once by
@@ -55,6 +57,26 @@
 //!   may hold (a line longer than the limit is skipped and counted).
 //! - Log lines about a peer go through a [`RateLimitedLog`](tessera_runtime::RateLimitedLog) per site, so a flood of bad
 //!   clients cannot flood the log.
+//!
+//! ## Answering a batch
+//!
+//! Both wire listeners (the aggregator's for collectors, the ingester's for aggregators)
+//! answer through [`serve_batches`]: read a frame, hand its body (without the length
+//! prefix) to the daemon, await its [`Answer`], write the ack or close; one batch in
+//! flight per connection. One policy for every frame that cannot be trusted, whichever
+//! listener reads it:
+//!
+//! | frame | answer | `frame_errors_total{reason}` |
+//! |---|---|---|
+//! | declared longer than `max_frame_bytes` (refused before its body is read) | ack `Permanent`, `frame_too_large`, then closed | `too_large` |
+//! | bytes that do not decode as a frame | ack `Permanent`, `malformed_frame`, then closed | `malformed_frame` |
+//! | a frame without a body | ack `Permanent`, `malformed_frame`, then closed | `empty` |
+//! | a frame of a kind this listener does not take (an ack, a tile batch at an aggregator, a partial batch at an ingester) | ack `Permanent`, `unexpected_frame`, then closed | `unexpected_frame` |
+//!
+//! The refusal's ack carries sequence 0 (the frame's own cannot be trusted) and is
+//! written within a second, best effort. A frame that decodes but whose batch is
+//! refused (not the owner, too late, queue full) is the daemon's answer, an ack with
+//! its reason; the connection stays open.
 //!
 //! ## Configuration
 //!
@@ -112,18 +134,22 @@
 //! Drops on the way to a destination go to the daemon's own `drops_total{reason,unit}`
 //! (`queue_full`, `rejected`, `expansion_failed`), handed to [`SenderMetrics::destination`].
 
+mod answer;
 mod backoff;
 mod client;
 mod config;
+mod destinations;
 mod inbound;
 mod metrics;
 mod outbound;
 mod stream;
 mod tls;
 
+pub use answer::{Answer, serve_batches};
 pub use backoff::{Backoff, sleep_or_stop};
 pub use client::{ClientError, ClientTls, connect, exchange};
 pub use config::{DEFAULT_MAX_FRAME_BYTES, client_tls, server_tls};
+pub use destinations::{DestinationEntry, DestinationQueue, Destinations};
 pub use inbound::{
     AcceptSettings, InboundCounters, ListenerSettings, WireConnection, WireDeadlines, WireError, accept_loop,
     connection_ended, read_frame_bytes, serve_wire,

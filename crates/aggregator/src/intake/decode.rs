@@ -5,7 +5,8 @@
 //! batch as a whole (one bad series refuses the whole batch, so nothing
 //! of it is applied):
 //!
-//! 1. the frame is a `PartialBatch` (anything else closes the connection);
+//! 1. the frame is a `PartialBatch` (anything else closes the connection, by the wire's
+//!    one policy: `tessera_wire`, *Answering a batch*);
 //! 2. every shard is below `num_shards` and owned by this instance for the
 //!    window (`Placement::owns(id, shard, window_start_ms)`), otherwise
 //!    `not_owner`;
@@ -24,17 +25,18 @@
 
 use std::collections::HashMap;
 
+use prost::Message;
 use tessera_core::aggregate::{Aggregate, kind_from_proto};
 use tessera_core::parse::MetricKind;
 use tessera_core::shard::shard_of;
 use tessera_proto::frame::Body;
 use tessera_proto::framing;
 use tessera_proto::partials::MAX_SERIES_REFS;
-use tessera_proto::{PartialBatch, SeriesValue};
+use tessera_proto::{Frame, PartialBatch, SeriesValue};
 use tessera_topology::{Placement, PlacementHandle};
 
+use super::batch::{Partial, SplitBatch, Via, thread_of};
 use super::dictionary::ConnectionDictionary;
-use crate::tile::{Partial, SplitBatch, Via, thread_of};
 use tessera_proto::AckReason;
 use tessera_runtime::logging::error_chain;
 use tessera_wire::CloseReason;
@@ -83,7 +85,6 @@ struct OwnedShards {
 pub struct Decoder {
     instance_id: String,
     placement: PlacementHandle,
-    max_frame_bytes: usize,
     merge_threads: usize,
     owned: Option<OwnedShards>,
     dictionaries: HashMap<u64, ConnectionDictionary>,
@@ -95,16 +96,10 @@ pub struct Decoder {
 impl Decoder {
     /// A decoder for `instance_id` reading the placement from `placement`,
     /// splitting batches for `merge_threads` merge threads.
-    pub fn new(
-        instance_id: String,
-        placement: PlacementHandle,
-        max_frame_bytes: usize,
-        merge_threads: usize,
-    ) -> Decoder {
+    pub fn new(instance_id: String, placement: PlacementHandle, merge_threads: usize) -> Decoder {
         Decoder {
             instance_id,
             placement,
-            max_frame_bytes,
             merge_threads: merge_threads.max(1),
             owned: None,
             dictionaries: HashMap::new(),
@@ -129,18 +124,27 @@ impl Decoder {
         self.dictionaries.values().map(ConnectionDictionary::len).sum()
     }
 
-    /// Decodes and checks one frame (length prefix included) that came on `connection`.
-    pub fn decode(&mut self, connection: u64, frame: &[u8]) -> Decoded {
-        let decoded = match framing::decode_frame(frame, self.max_frame_bytes) {
-            Ok(Some((frame, _))) => frame,
-            Ok(None) => return protocol(CloseReason::MalformedFrame, "truncated frame".to_owned()),
-            Err(error) => return protocol(CloseReason::MalformedFrame, error_chain(&error)),
+    /// Decodes and checks one frame's body (without its length prefix) that came on
+    /// `connection`.
+    pub fn decode(&mut self, connection: u64, body: &[u8]) -> Decoded {
+        let decoded = match Frame::decode(body) {
+            Ok(frame) => frame,
+            Err(error) => {
+                return protocol(
+                    CloseReason::MalformedFrame,
+                    format!("malformed frame of {} bytes: {error}", body.len()),
+                );
+            }
         };
         let batch = match decoded.body {
             Some(Body::Partials(batch)) => batch,
+            None => return protocol(CloseReason::EmptyFrame, "frame without a body".to_owned()),
             other => {
-                let kind = framing::body_kind(&tessera_proto::Frame { body: other });
-                return protocol(CloseReason::UnexpectedFrame, format!("expected a partial batch, got `{kind}`"));
+                let kind = framing::body_kind(&Frame { body: other });
+                return protocol(
+                    CloseReason::UnexpectedFrame,
+                    format!("an aggregator takes partial batches, not `{kind}` frames"),
+                );
             }
         };
         self.check(connection, batch)
@@ -334,12 +338,12 @@ mod tests {
             dictionary,
             ..Default::default()
         };
-        framing::encode_frame(&Frame { body: Some(Body::Partials(batch)) }, 1 << 20).unwrap()
+        Frame { body: Some(Body::Partials(batch)) }.encode_to_vec()
     }
 
     /// A decoder for instance `a` with `merge_threads` merge threads.
     fn new_decoder(merge_threads: usize) -> Decoder {
-        Decoder::new("a".into(), placement(), 1 << 20, merge_threads)
+        Decoder::new("a".into(), placement(), merge_threads)
     }
 
     fn refused(decoded: Decoded) -> (AckReason, String) {
@@ -401,11 +405,12 @@ mod tests {
             assert_eq!(reason, AckReason::Malformed);
             assert!(message.contains(fragment), "{fragment}: {message}");
         }
-        let mut garbage = vec![0, 0, 0, 4];
-        garbage.extend_from_slice(&[0xff; 4]);
+        let garbage = [0xff; 4];
         assert!(matches!(decoder.decode(1, &garbage), Decoded::Protocol { reason: CloseReason::MalformedFrame, .. }));
-        let ack = framing::encode_frame(&Frame { body: Some(Body::Ack(Default::default())) }, 1024).unwrap();
+        let ack = Frame { body: Some(Body::Ack(Default::default())) }.encode_to_vec();
         assert!(matches!(decoder.decode(1, &ack), Decoded::Protocol { reason: CloseReason::UnexpectedFrame, .. }));
+        let empty = Frame { body: None }.encode_to_vec();
+        assert!(matches!(decoder.decode(1, &empty), Decoded::Protocol { reason: CloseReason::EmptyFrame, .. }));
     }
 
     #[test]

@@ -1,18 +1,16 @@
 //! The wire listener: collectors connect, shake hands, then send partial
 //! batch frames, each answered by an ack.
 //!
-//! A connection task only moves bytes: it reads one frame (refusing one
-//! over `max_frame_bytes` from its length prefix alone), hands the bytes to
-//! the decoder thread, waits for the answer, writes the ack, and reads the
-//! next frame. One batch in flight per connection is the backpressure: a
-//! sender waiting for its ack sends nothing more.
+//! A connection task only moves bytes, through [`tessera_wire::serve_batches`]: it
+//! reads one frame (refusing one over `max_frame_bytes` from its length prefix alone),
+//! hands its body to the decoder thread, waits for the answer, writes the ack, and reads
+//! the next frame. One batch in flight per connection is the backpressure: a sender
+//! waiting for its ack sends nothing more.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crossbeam_channel::Sender;
-use tessera_proto::framing;
-use tessera_proto::{Frame, frame::Body};
 use tessera_runtime::{RateLimitedLog, Shutdown};
 use tessera_wire::ListenerMetrics;
 use tessera_wire::{ListenerSettings, WireConnection, WireError};
@@ -20,7 +18,6 @@ use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 
 use super::{FrameJob, Inbound};
-use crate::tile::Reply;
 
 static CONNECTION_LOG: RateLimitedLog = RateLimitedLog::new("aggregator.connection", 5);
 
@@ -67,27 +64,17 @@ async fn serve_connection(
     served
 }
 
-/// Reads frames and writes their answers until the connection ends; `Ok` when the
-/// pipeline is gone, [`WireError::Closed`] when it found a frame it cannot trust.
+/// Answers frames until the connection ends ([`tessera_wire::serve_batches`]).
 async fn serve_frames(
     wire: &mut WireConnection,
     connection: u64,
     jobs: &Sender<Inbound>,
     shutdown: &Shutdown,
 ) -> Result<(), WireError> {
-    loop {
-        let frame = wire.next_frame(true, shutdown).await?;
+    tessera_wire::serve_batches(wire, shutdown, |frame| async move {
         let (reply, answer) = oneshot::channel();
-        if jobs.send(Inbound::Frame(FrameJob { connection, frame, reply })).is_err() {
-            return Ok(());
-        }
-        let Ok(reply) = answer.await else { return Ok(()) };
-        match reply {
-            Reply::Ack(ack) => {
-                let frame = Frame { body: Some(Body::Ack(ack)) };
-                framing::write_frame(&mut wire.stream, &frame, 1 << 20).await?;
-            }
-            Reply::Close { reason, message } => return Err(WireError::Closed { reason, message }),
-        }
-    }
+        jobs.send(Inbound::Frame(FrameJob { connection, frame, reply })).ok()?;
+        answer.await.ok()
+    })
+    .await
 }

@@ -14,15 +14,14 @@
 use std::time::Duration;
 
 use crossbeam_channel::{Receiver, RecvTimeoutError};
-use tessera_proto::{Ack, AckReason, AckStatus};
-use tessera_runtime::RateLimitedLog;
-use tessera_wire::CloseReason;
-use tokio::sync::oneshot;
+use tessera_proto::AckReason;
+use tessera_wire::Answer;
 
 use super::merge::MergeTier;
 use super::metrics::TileMetrics;
-use super::tiler::{Partial, Tiler, WindowPartials};
+use super::tiler::{Tiler, WindowPartials};
 use super::watermark::Watermarks;
+use crate::intake::{AdmissionJob, REFUSAL_LOG, SplitBatch};
 use crate::outbound::Ingesters;
 use tessera_core::clock::now_ms;
 
@@ -31,95 +30,6 @@ const MAX_ADMISSION_SLEEP: Duration = Duration::from_millis(100);
 
 /// How often the watermark lag gauges are refreshed.
 const LAG_EXPORT_INTERVAL_MS: i64 = 1_000;
-
-/// One log rate for refused batches, whether the decoder or admission refused them.
-pub static REFUSAL_LOG: RateLimitedLog = RateLimitedLog::new("aggregator.batch_refused", 5);
-
-/// What a connection sends back for one frame.
-#[derive(Debug)]
-pub enum Reply {
-    /// Answer with this ack and read the next frame.
-    Ack(Ack),
-    /// Close the connection (the stream cannot be trusted).
-    Close {
-        /// Why, for the frame error counter.
-        reason: CloseReason,
-        /// Details for the log.
-        message: String,
-    },
-}
-
-impl Reply {
-    /// Taken: acknowledged with no reason.
-    pub fn taken(sequence: u64) -> Reply {
-        Reply::Ack(Ack { sequence, status: AckStatus::Ok as i32, ..Ack::default() })
-    }
-
-    /// Refused for `reason`.
-    pub fn refusal(sequence: u64, reason: AckReason, message: String) -> Reply {
-        Reply::Ack(reason.ack(sequence, message))
-    }
-}
-
-/// The partials of one window from one sender, one share per merge thread.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct SplitBatch {
-    /// Window start, unix milliseconds.
-    pub window_start_ms: i64,
-    /// Window length, milliseconds.
-    pub window_ms: i64,
-    /// `shares[i]`: the partials of the shards merge thread `i` owns.
-    pub shares: Vec<Vec<Partial>>,
-    /// The sender's watermark ([`super::watermark`]), if it sent one.
-    pub watermark_ms: Option<i64>,
-}
-
-impl SplitBatch {
-    /// Partials in every share.
-    pub fn partials(&self) -> u64 {
-        self.shares.iter().map(|share| share.len() as u64).sum()
-    }
-}
-
-/// What the decoder hands admission.
-pub enum AdmissionJob {
-    /// See [`Inbound::Opened`](crate::intake::Inbound::Opened).
-    Opened {
-        /// The connection.
-        connection: u64,
-        /// The collector's instance id.
-        source: String,
-    },
-    /// A decoded batch to admit or refuse.
-    Batch {
-        /// The connection it came on.
-        connection: u64,
-        /// The sender's sequence.
-        sequence: u64,
-        /// The batch.
-        batch: SplitBatch,
-        /// Where the answer goes.
-        reply: oneshot::Sender<Reply>,
-    },
-    /// The merge threads forget the connection's dictionary (its sender
-    /// started a new one).
-    Forget {
-        /// The connection.
-        connection: u64,
-    },
-    /// A batch the decoder refused for good still moves its sender's watermark.
-    Watermark {
-        /// The connection.
-        connection: u64,
-        /// The batch's watermark.
-        watermark_ms: i64,
-    },
-    /// See [`Inbound::Closed`](crate::intake::Inbound::Closed).
-    Closed {
-        /// The connection.
-        connection: u64,
-    },
-}
 
 /// The admission thread: admits or refuses batches, dispatches their
 /// shares to the merge threads, and tells them when tiles close. When its
@@ -195,18 +105,18 @@ impl Admission {
         }
     }
 
-    fn admit(&mut self, connection: u64, sequence: u64, batch: SplitBatch) -> Reply {
+    fn admit(&mut self, connection: u64, sequence: u64, batch: SplitBatch) -> Answer {
         let partials = batch.partials();
         // A batch with nothing in it (a heartbeat) only moves the watermark.
         if partials == 0 {
             self.advance(connection, batch.watermark_ms);
-            return Reply::taken(sequence);
+            return Answer::taken(sequence);
         }
         self.close_due();
         if !self.ingesters.has_room() {
             self.tier.bind(connection, batch.window_start_ms, batch.window_ms, batch.shares);
             self.metrics.refusals.rejected(AckReason::BufferFull, partials);
-            return Reply::refusal(sequence, AckReason::BufferFull, "every ingester buffer is full".into());
+            return Answer::refusal(sequence, AckReason::BufferFull, "every ingester buffer is full".into());
         }
         // The shadow holds no series: applying the empty batch opens its
         // tiles, as the merge threads will.
@@ -222,7 +132,7 @@ impl Admission {
             Ok(()) => {
                 self.shadow.apply(&window, &mut |_| {});
                 self.tier.dispatch(connection, batch.window_start_ms, batch.window_ms, batch.shares);
-                Reply::taken(sequence)
+                Answer::taken(sequence)
             }
             Err(refused) => {
                 // What the decoder learned of the connection's dictionary
@@ -233,7 +143,7 @@ impl Admission {
                 if REFUSAL_LOG.allow() {
                     tracing::warn!(reason = reason.as_str(), partials, error = %refused, "partial batch refused");
                 }
-                Reply::refusal(sequence, reason, refused.to_string())
+                Answer::refusal(sequence, reason, refused.to_string())
             }
         }
     }

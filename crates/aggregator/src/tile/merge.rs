@@ -31,8 +31,9 @@ use std::time::Instant;
 
 use crossbeam_channel::{Receiver, Sender};
 
-use super::tiler::{ClosedTile, Partial, Tiler, Via, WindowPartials};
+use super::tiler::{ClosedTile, Tiler, WindowPartials};
 use super::watermark::Trigger;
+use crate::intake::{Partial, Via};
 use tessera_wire::{Drops, count_drops};
 
 use super::metrics::TileMetrics;
@@ -191,12 +192,6 @@ impl MergeTier {
             let _ = jobs.send(MergeJob::Forget { connection });
         }
     }
-}
-
-/// The merge thread that owns `shard`.
-#[inline]
-pub fn thread_of(shard: u32, threads: usize) -> usize {
-    shard as usize % threads.max(1)
 }
 
 #[cfg(test)]

@@ -1,4 +1,4 @@
-//! The tile stage's metrics: batches refused, partials merged, tiles closed and
+//! The tile stage's metrics: batches refused (the intake's [`Refusals`](crate::intake::Refusals), counted here too), partials merged, tiles closed and
 //! what closed them, each collector's watermark lag, and the shards owned.
 
 use std::sync::atomic::AtomicU64;
@@ -8,9 +8,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
-use tessera_proto::AckReason;
-use tessera_runtime::telemetry::labels::ByReason;
-use tessera_runtime::telemetry::{latency_histogram, zeroed_family};
+use tessera_runtime::telemetry::latency_histogram;
 
 /// `{trigger}`: what closed a tile.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -23,41 +21,6 @@ struct ByTrigger {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct BySource {
     source: String,
-}
-
-tessera_runtime::metrics! {
-    /// Partial batches refused: by admission (what does not fit the tiles) and by the
-    /// intake (what does not decode, or comes at shutdown).
-    pub struct Refusals {
-        /// Partial batches refused, per reason
-        batches_rejected: Family<ByReason, Counter> = refusals(),
-        /// Series partials in refused batches, per reason
-        partials_rejected: Family<ByReason, Counter> = refusals(),
-    }
-}
-
-/// A family with every reason an aggregator refuses a batch for, each at 0.
-fn refusals() -> Family<ByReason, Counter> {
-    zeroed_family(AckReason::FROM_AGGREGATOR.map(|reason| ByReason { reason: reason.as_str() }))
-}
-
-impl Refusals {
-    /// Counts a refused batch of `partials` series partials.
-    pub fn rejected(&self, reason: AckReason, partials: u64) {
-        let by_reason = ByReason { reason: reason.as_str() };
-        self.batches_rejected.get_or_create(&by_reason).inc();
-        self.partials_rejected.get_or_create(&by_reason).inc_by(partials);
-    }
-
-    /// Batches refused so far for `reason` (for tests and status lines).
-    pub fn rejected_batches(&self, reason: AckReason) -> u64 {
-        self.batches_rejected.get_or_create(&ByReason { reason: reason.as_str() }).get()
-    }
-
-    /// Partials in batches refused so far for `reason`.
-    pub fn rejected_partials(&self, reason: AckReason) -> u64 {
-        self.partials_rejected.get_or_create(&ByReason { reason: reason.as_str() }).get()
-    }
 }
 
 tessera_runtime::metrics! {
@@ -78,7 +41,7 @@ tessera_runtime::metrics! {
         /// Shards this instance owns now
         pub shards_owned: Gauge;
         /// Batches refused (the intake counts here too)
-        pub refusals: Refusals,
+        pub refusals: crate::intake::Refusals,
     }
 }
 

@@ -62,11 +62,10 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use tessera_core::aggregate::Aggregate;
-use tessera_core::parse::MetricKind;
 use tessera_proto as proto;
 
 use super::policy::StoragePolicy;
+use crate::intake::{Partial, Via};
 use policy_tiles::PolicyTiles;
 use series::{Registry, SeriesNumber};
 use tessera_proto::AckReason;
@@ -76,38 +75,6 @@ const UNBOUND: SeriesNumber = SeriesNumber::MAX;
 /// A dictionary slot defined for a series the series cap refused: its refs
 /// count as `series_limit` drops, like the series' partials by id.
 const CAPPED: SeriesNumber = SeriesNumber::MAX - 1;
-
-/// One series' partial for one window, decoded and validated.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Partial {
-    /// How the sender named the series.
-    pub via: Via,
-    /// The series' type.
-    pub kind: MetricKind,
-    /// The canonical series id (empty for [`Via::Ref`]).
-    pub id: Vec<u8>,
-    /// The aggregate; its variant matches `kind`.
-    pub aggregate: Aggregate,
-}
-
-/// How a partial names its series: by id, or through the batch's
-/// connection dictionary (`intake/dictionary.rs`), whose refs the decoder
-/// turned into a slot number dense per connection and merge thread.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Via {
-    /// By its id alone.
-    Id,
-    /// By its id, binding the connection's dictionary slot `slot` to it.
-    Define {
-        /// The slot.
-        slot: u32,
-    },
-    /// By the connection's dictionary slot `slot` alone (no id).
-    Ref {
-        /// The slot.
-        slot: u32,
-    },
-}
 
 /// The partials of one window from one sender.
 #[derive(Debug, Clone, PartialEq, Default)]

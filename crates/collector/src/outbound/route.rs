@@ -20,13 +20,12 @@ use tessera_core::parse::MetricKind;
 use tessera_core::shard::shard_of;
 use tessera_proto::PartialBatch;
 use tessera_proto::partials::{ShardSeries, cut_frames};
-use tessera_runtime::shutdown::Shutdown;
 use tessera_topology::{PlacementHandle, Routing};
 use tessera_wire::{Batch, GenerationEnd, Refs};
 
 use super::dictionary::{Dictionary, DictionaryWindow, Name};
-use super::{DestinationKey, DestinationQueue, Destinations, OutboundSettings, Senders};
-use tessera_wire::{Drops, SenderMetrics, count_drops};
+use super::{DestinationKey, DestinationQueue, Destinations, OutboundSettings};
+use tessera_wire::{Drops, count_drops};
 
 /// The routing table of one placement version and the queue of each of its destinations.
 struct Routes {
@@ -46,35 +45,27 @@ pub struct Router {
     shares: Vec<Share>,
     /// Series dictionaries per destination of `routes`.
     dictionaries: Vec<Dictionary>,
-    senders: Senders,
+    destinations: Destinations,
     /// Where partials no aggregator owns are counted.
     drops: Drops,
 }
 
 impl Router {
-    /// A router for the destinations of `placement`; their queues go into
-    /// `destinations`, their sender tasks are spawned on `runtime` and stop
-    /// when `stop_senders` fires. The senders count into `metrics`, and every drop goes
-    /// to `drops`.
+    /// A router for the destinations of `placement`; their queues and senders go into
+    /// `destinations` as they are routed to, and partials no aggregator owns are counted
+    /// in `drops`.
     pub fn new(
         settings: OutboundSettings,
         placement: PlacementHandle,
         destinations: Destinations,
-        runtime: tokio::runtime::Handle,
-        stop_senders: Shutdown,
-        metrics: SenderMetrics,
         drops: Drops,
     ) -> Router {
-        let senders = Senders {
-            destinations,
-            max_queue_bytes: settings.max_queue_bytes,
-            sender: settings.sender.clone(),
-            runtime,
-            stop: stop_senders,
-            metrics,
-            drops: drops.clone(),
-        };
-        Router { settings, placement, routes: None, shares: Vec::new(), dictionaries: Vec::new(), senders, drops }
+        Router { settings, placement, routes: None, shares: Vec::new(), dictionaries: Vec::new(), destinations, drops }
+    }
+
+    /// The queue of `key`'s aggregator (its metrics labelled by instance id).
+    fn queue(&self, key: &DestinationKey) -> Arc<DestinationQueue> {
+        self.destinations.queue_of(key, &key.1, &key.0)
     }
 
     /// Routes and queues the window at `window_start_ms`, its batches
@@ -163,7 +154,7 @@ impl Router {
             .iter()
             .map(|destination| (destination.instance_id.clone(), destination.endpoint.clone()))
             .collect();
-        let queues = keys.iter().map(|(instance, endpoint)| self.senders.queue(instance, endpoint)).collect();
+        let queues = keys.iter().map(|key| self.queue(key)).collect();
         let old = self.routes.take();
         if self.settings.series_dictionary {
             // Dictionaries follow their destinations from one placement to the next.
@@ -178,8 +169,8 @@ impl Router {
                 .collect();
             // A destination that left takes its dictionary (and its memory) with it;
             // should it come back, its refs start over in a new generation.
-            for (instance, endpoint) in previous.into_keys() {
-                let queue = self.senders.queue(&instance, &endpoint);
+            for key in previous.into_keys() {
+                let queue = self.queue(&key);
                 queue.end_generation(GenerationEnd::Rotated);
                 queue.metrics().dictionary_series.set(0);
             }

@@ -61,10 +61,12 @@ fn harness_with_rules(readers: usize, rules: &str) -> Harness {
     let rules = Arc::new(RulesHandle::new(rules));
     let settings = FlushSettings { window_ms: 1_000, flush_delay_ms: 150, readers, rules, rules_idle_ms: 10_000 };
     let placement = PlacementHandle::fixed(Placement::init(&[("agg-1", "127.0.0.1:9")], 4, 1, 0).unwrap());
-    let destinations = Destinations::default();
-    let (senders, drops) = (metrics.senders.clone(), metrics.drops.clone());
-    let router =
-        Router::new(outbound, placement, destinations.clone(), runtime.handle().clone(), stop_senders, senders, drops);
+    let destinations = Destinations::new(outbound.max_queue_bytes, metrics.senders.clone(), metrics.drops.clone());
+    {
+        let _inside = runtime.enter();
+        destinations.start_senders(&outbound.sender, &stop_senders);
+    }
+    let router = Router::new(outbound, placement, destinations.clone(), metrics.drops.clone());
     let flusher = Flusher::new(flusher_links, settings, router, metrics.window, metrics.rules);
     Harness { flusher, destinations, _runtime: runtime }
 }
@@ -83,7 +85,7 @@ fn cut(reader: usize, window_start_ms: i64, through_ms: i64, ids: &[&str]) -> Cu
 /// Every batch queued so far, decoded, in send order (taken off the queues).
 fn sent_batches(destinations: &Destinations) -> Vec<tessera_proto::PartialBatch> {
     let mut batches = Vec::new();
-    for queue in destinations.queues() {
+    for queue in destinations.entries().iter().map(|entry| entry.queue.clone()) {
         while let Some(batch) = queue.pop_front() {
             let (frame, _) = framing::decode_frame(&batch.frame, 1 << 20).unwrap().unwrap();
             let Some(Body::Partials(partials)) = frame.body else { panic!("not partials") };

@@ -8,14 +8,14 @@
 //! through every record appended after that position, delivered or not: the queue keeps
 //! them until a newer checkpoint covers them ([`crate::queue`]). Together they give the
 //! state of the moment the process stopped. Files are written and read by
-//! [`crate::intake::checkpoint`].
+//! [`crate::writer::checkpoint`].
 //!
 //! ```text
 //! records:  r1 r2 r3 │ r4 r5          checkpoint = state after r1..r3, covers = position of r4
 //!                    └─ restart: restore the checkpoint, then roll forward r4, r5
 //! ```
 //!
-//! **A few series at a time.** Encoding a large state at once would hold up the intake
+//! **A few series at a time.** Encoding a large state at once would hold up the writer
 //! writer thread, and acknowledgements with it (100 000 native histograms take about
 //! 80 ms). So a checkpoint is encoded in steps between conversions
 //! ([`Converter::begin_checkpoint`], [`Converter::continue_checkpoint`],

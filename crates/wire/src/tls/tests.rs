@@ -102,7 +102,7 @@ async fn a_large_frame_over_tls_is_acknowledged_at_once() {
             // The server comes to each frame late, as a busy aggregator does: the client's
             // socket fills up while it writes.
             tokio::time::sleep(Duration::from_millis(200)).await;
-            let Ok(frame) = wire.next_frame(false, &shutdown).await else { return };
+            let Ok(frame) = wire.next_frame(&shutdown).await else { return };
             let ack = Ack { sequence: frame.len() as u64, status: AckStatus::Ok as i32, ..Default::default() };
             framing::write_frame(&mut wire.stream, &Frame { body: Some(Body::Ack(ack)) }, 1 << 20).await.unwrap();
         }

@@ -1,10 +1,11 @@
 use std::collections::{BTreeMap, HashMap};
 
 use proptest::prelude::*;
+use prost::Message;
 use tessera_core::aggregate::{Aggregate, Distribution, Gauge};
 use tessera_core::shard::shard_of;
 use tessera_proto::frame::Body;
-use tessera_proto::{Frame, PartialBatch, SeriesValue, ShardPartials, framing};
+use tessera_proto::{Frame, PartialBatch, SeriesValue, ShardPartials};
 use tessera_topology::{Placement, PlacementHandle};
 
 use super::*;
@@ -168,7 +169,7 @@ fn frame(window: &Window, index: usize, start_ms: i64, senders: Option<&mut Hash
         shards: groups.into_iter().map(|(shard, series)| ShardPartials { shard, series }).collect(),
         ..PartialBatch::default()
     };
-    framing::encode_frame(&Frame { body: Some(Body::Partials(batch)) }, 1 << 20).expect("a small frame")
+    Frame { body: Some(Body::Partials(batch)) }.encode_to_vec()
 }
 
 /// Every closed tile's value per (policy, tile end, series id).
@@ -180,7 +181,7 @@ type Tiles = BTreeMap<(usize, i64, Vec<u8>), tessera_proto::SeriesValue>;
 /// one tile expires (its number is reused, by another kind too).
 fn merge(windows: &[Window], with_dictionary: bool, expiring: bool) -> Tiles {
     let placement = PlacementHandle::fixed(Placement::init(&[("a", "h:1")], SHARDS, 1, 0).expect("a valid placement"));
-    let mut decoder = Decoder::new("a".to_owned(), placement, 1 << 20, MERGE_THREADS);
+    let mut decoder = Decoder::new("a".to_owned(), placement, MERGE_THREADS);
     let policies = if expiring { ["1s:1h", "5s:1h"] } else { ["10s:2d", "1m:40d"] };
     let mut settings = TilerSettings::new(policies.iter().map(|policy| policy.parse().expect("policy")).collect());
     if expiring {

@@ -7,7 +7,8 @@ use tessera_proto::aggregate::Value;
 
 use super::*;
 use crate::flush::Gatherer;
-use crate::tile::{TilerSettings, Via};
+use crate::intake::{Via, thread_of};
+use crate::tile::TilerSettings;
 
 /// A time on a minute boundary.
 const T0: i64 = 1_700_000_040_000;

@@ -1,5 +1,6 @@
-use tessera_core::aggregate::{Distribution, Gauge};
+use tessera_core::aggregate::{Aggregate, Distribution, Gauge};
 use tessera_core::hll::HyperLogLog;
+use tessera_core::parse::MetricKind;
 use tessera_proto::aggregate::Value;
 
 use super::*;

@@ -5,7 +5,7 @@
 //! one order: running totals advance in queue order, and a batch's conversion is undone
 //! if its record could not be queued. The thread owns the [`Converter`] and every
 //! [`QueueWriter`]; connections hand it [`Job`]s through a bounded channel and wait for
-//! the [`Verdict`]. Between two jobs it takes the converters' checkpoints when they are
+//! the [`Answer`]. Between two jobs it takes the converters' checkpoints when they are
 //! due, and the final ones at shutdown ([`super::checkpoint`]).
 //!
 //! | situation | answer |
@@ -15,24 +15,27 @@
 //! | the target's queue is over `max_queue_bytes` | `Retryable`, reason `queue_full` |
 //! | writing or fsyncing the queue failed | `Retryable`, reason `queue_io` |
 //! | no storage policy and no resolution, or no tile end | `Permanent`, reason `invalid_batch` |
-//! | a valid frame that is not a tile batch | `Permanent`, reason `unexpected_frame` |
-//! | bytes that are not a frame | the connection is closed |
+//! | a valid frame that is not a tile batch, a frame without a body, bytes that are not a frame | `Permanent` (`unexpected_frame`, `malformed_frame`), then the connection is closed |
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::time::Instant;
 
 use prost::Message;
 use tessera_proto::frame::Body;
 use tessera_proto::framing::body_kind;
-use tessera_proto::{Ack, AckReason, AckStatus, Frame, TileBatch};
+use tessera_proto::{AckReason, Frame, TileBatch};
 use tessera_runtime::RateLimitedLog;
-use tessera_wire::CloseReason;
+use tessera_wire::{Answer, CloseReason};
+use tokio::sync::mpsc;
 use tokio::sync::mpsc::error::TryRecvError;
-use tokio::sync::{mpsc, oneshot};
 
-use super::checkpoint::Checkpoints;
-use super::metrics::IntakeMetrics;
+pub mod checkpoint;
+mod metrics;
+
+pub use metrics::{CheckpointFailure, CheckpointMetrics, WriterMetrics};
+
 use crate::admit::Converter;
+use crate::intake::FrameJob;
+use checkpoint::Checkpoints;
 use tessera_core::clock::now_ms;
 
 static QUEUE_IO_LOG: RateLimitedLog = RateLimitedLog::new("ingester.queue_io", 5);
@@ -41,32 +44,16 @@ use crate::queue::{AppendError, QueueWriter};
 
 /// Work for the writer thread.
 pub enum Job {
-    /// A frame body read from a connection.
-    Frame {
-        /// The body (without its length prefix).
-        body: Vec<u8>,
-        /// When reading it finished.
-        read_at: Instant,
-        /// Where the verdict goes.
-        reply: oneshot::Sender<Verdict>,
-    },
+    /// A frame read by a connection.
+    Frame(FrameJob),
     /// Time passed: fsync if the interval policy says so, checkpoint if one is due.
     Tick,
 }
 
-/// What a connection does with a frame.
-#[derive(Debug)]
-pub enum Verdict {
-    /// Send this acknowledgement and read the next frame.
-    Ack(Ack),
-    /// The frame is not a frame: tell the peer, close the connection; the wire counts and
-    /// logs `reason` as the connection ends.
-    Close {
-        /// Why: [`CloseReason::MalformedFrame`] or [`CloseReason::EmptyFrame`].
-        reason: CloseReason,
-        /// What was wrong.
-        message: String,
-    },
+impl From<FrameJob> for Job {
+    fn from(frame: FrameJob) -> Job {
+        Job::Frame(frame)
+    }
 }
 
 /// Remembers the keys of recently queued batches, oldest forgotten first.
@@ -113,22 +100,22 @@ pub struct Writer {
     /// Batches queued recently (rebuilt from the queue at start).
     pub recent: RecentBatches,
     /// Metric handles.
-    pub metrics: IntakeMetrics,
+    pub metrics: WriterMetrics,
     /// Takes the converters' checkpoints (`None`: none, as in benchmarks).
     pub checkpoints: Option<Checkpoints>,
 }
 
 /// Answers `sequence` with `reason`, counted in `batch_acks_total` under its status and
 /// reason.
-fn answer(metrics: &IntakeMetrics, reason: AckReason, sequence: u64, message: String) -> Verdict {
+fn answer(metrics: &WriterMetrics, reason: AckReason, sequence: u64, message: String) -> Answer {
     metrics.ack(Some(reason));
-    Verdict::Ack(reason.ack(sequence, message))
+    Answer::refusal(sequence, reason, message)
 }
 
 /// Takes `sequence`: acknowledged with no reason, counted.
-fn taken(metrics: &IntakeMetrics, sequence: u64) -> Verdict {
+fn taken(metrics: &WriterMetrics, sequence: u64) -> Answer {
     metrics.ack(None);
-    Verdict::Ack(Ack { sequence, status: AckStatus::Ok as i32, ..Ack::default() })
+    Answer::taken(sequence)
 }
 
 impl Writer {
@@ -152,12 +139,12 @@ impl Writer {
                         queue.sync_if_due();
                     }
                 }
-                Job::Frame { body, read_at, reply } => {
-                    let verdict = self.handle(&body);
-                    if let Verdict::Ack(_) = &verdict {
+                Job::Frame(FrameJob { body, read_at, reply }) => {
+                    let answer = self.handle(&body);
+                    if let Answer::Ack(_) = &answer {
                         self.metrics.durable_duration.observe(read_at.elapsed().as_secs_f64());
                     }
-                    let _ = reply.send(verdict);
+                    let _ = reply.send(answer);
                 }
             }
             // One step after every job too, so that a checkpoint progresses under a steady
@@ -183,12 +170,12 @@ impl Writer {
     }
 
     /// Decides what to do with one frame body.
-    pub fn handle(&mut self, body: &[u8]) -> Verdict {
+    pub fn handle(&mut self, body: &[u8]) -> Answer {
         self.metrics.bytes_received.inc_by(body.len() as u64);
         let frame = match Frame::decode(body) {
             Ok(frame) => frame,
             Err(error) => {
-                return Verdict::Close {
+                return Answer::Close {
                     reason: CloseReason::MalformedFrame,
                     message: format!("malformed frame of {} bytes: {error}", body.len()),
                 };
@@ -196,20 +183,16 @@ impl Writer {
         };
         match frame.body {
             Some(Body::Tiles(batch)) => self.batch(&batch),
-            None => Verdict::Close { reason: CloseReason::EmptyFrame, message: "frame without a body".to_owned() },
-            Some(other) => {
-                let kind = body_kind(&Frame { body: Some(other.clone()) });
-                let sequence = match &other {
-                    Body::Partials(partials) => partials.sequence,
-                    _ => 0,
-                };
+            None => Answer::Close { reason: CloseReason::EmptyFrame, message: "frame without a body".to_owned() },
+            other => {
+                let kind = body_kind(&Frame { body: other });
                 let message = format!("an ingester takes tile batches, not `{kind}` frames");
-                answer(&self.metrics, AckReason::UnexpectedFrame, sequence, message)
+                Answer::Close { reason: CloseReason::UnexpectedFrame, message }
             }
         }
     }
 
-    fn batch(&mut self, batch: &TileBatch) -> Verdict {
+    fn batch(&mut self, batch: &TileBatch) -> Answer {
         if batch.tiles.is_empty() {
             // A heartbeat (an aggregator keeping an idle connection open), or a batch
             // with nothing to store: acknowledged, nothing queued.

@@ -3,9 +3,9 @@
 //!
 //! | when | where | what |
 //! |---|---|---|
-//! | every `checkpoint_interval_secs` | intake writer thread, between two batches | encodes each target's converter in steps of about a millisecond ([`Checkpoints::step`]), covering the queue up to where it was at the first step: one step after each batch, and steps one after the other while no batch waits; a target with nothing queued since its last durable checkpoint is skipped (its totals have not changed) |
+//! | every `checkpoint_interval_secs` | writer thread, between two batches | encodes each target's converter in steps of about a millisecond ([`Checkpoints::step`]), covering the queue up to where it was at the first step: one step after each batch, and steps one after the other while no batch waits; a target with nothing queued since its last durable checkpoint is skipped (its totals have not changed) |
 //! | once a target's is encoded | `checkpoint-files` thread | writes `<queue dir>/checkpoint` durably ([`write_atomically`]), then lets the queue delete the segments it covers ([`crate::queue::Queue::checkpointed`]) |
-//! | at shutdown | intake writer thread | after the last batch and the queue fsync, waits for that thread and writes the final checkpoints itself, whole ([`Checkpoints::finish`]) |
+//! | at shutdown | writer thread | after the last batch and the queue fsync, waits for that thread and writes the final checkpoints itself, whole ([`Checkpoints::finish`]) |
 //! | at start | [`load`] | restores the converter; then the caller rolls it forward through the records queued after the checkpoint |
 //!
 //! Nothing here stops the ingester. A checkpoint that cannot be written is logged at a
@@ -366,8 +366,8 @@ pub fn load(dir: &Path, target: &str, metrics: &CheckpointMetrics, converter: &m
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::intake::IntakeMetrics;
     use crate::queue::{self, FsyncPolicy, QueueOptions};
+    use crate::writer::WriterMetrics;
 
     fn target(dir: &Path) -> CheckpointTarget {
         let options = QueueOptions::new(dir.to_owned(), 1 << 20, 1 << 16, FsyncPolicy::Never);
@@ -376,7 +376,7 @@ mod tests {
             name: "default".into(),
             dir: dir.to_owned(),
             queue,
-            metrics: IntakeMetrics::default().checkpoint("default"),
+            metrics: WriterMetrics::default().checkpoint("default"),
         }
     }
 
@@ -388,7 +388,7 @@ mod tests {
             ..QueueOptions::new(dir.path().to_owned(), 1 << 20, 1 << 16, FsyncPolicy::Never)
         };
         let (queue, mut writer, ..) = queue::open(options, Default::default()).unwrap();
-        let metrics = IntakeMetrics::default().checkpoint("default");
+        let metrics = WriterMetrics::default().checkpoint("default");
         let target = CheckpointTarget { name: "default".into(), dir: dir.path().to_owned(), queue, metrics };
         let mut checkpoints = Checkpoints::start(vec![target.clone()], Duration::ZERO).unwrap();
         let converters = [Converter::new(&[0.5], 3_600_000)];

@@ -1,5 +1,5 @@
-//! The intake's metrics: tile batches received and acknowledged, what they gave the
-//! queue, the running totals in memory, the wire listener's, and each target's
+//! The writer's metrics: tile batches received and acknowledged, what they gave the
+//! queue, the running totals in memory, and each target's
 //! checkpoints of those totals ([`CheckpointMetrics`]).
 
 use std::sync::Arc;
@@ -15,7 +15,6 @@ use tessera_core::clock::now_ms;
 use tessera_proto::{AckReason, AckStatus};
 use tessera_runtime::telemetry::labels::{ByReason, ByResolution, ByTarget};
 use tessera_runtime::telemetry::{storage_histogram, zeroed_family};
-use tessera_wire::ListenerMetrics;
 
 use crate::admit::{SkipReason, SkippedTiles};
 
@@ -34,8 +33,8 @@ struct ByTargetReason {
 }
 
 tessera_runtime::metrics! {
-    /// The intake's metrics.
-    pub struct IntakeMetrics {
+    /// The writer thread's metrics.
+    pub struct WriterMetrics {
         /// Empty tile batches acknowledged without queueing (aggregators keeping an idle connection open)
         pub heartbeats: Counter,
         /// Tile batches received
@@ -63,15 +62,12 @@ tessera_runtime::metrics! {
         checkpoint_errors: Family<ByTargetReason, Counter>;
         /// Each target's checkpoints
         checkpoints: CheckpointFamilies,
-        /// The wire listener's metrics (connections from aggregators)
-        pub listener: ListenerMetrics,
     }
 }
 
 /// The reasons the writer refuses a batch with, each exported in `batch_acks_total`
 /// from the start at 0 (under the status [`AckReason::status`] gives it).
-const WRITER_REFUSALS: [AckReason; 4] =
-    [AckReason::QueueFull, AckReason::QueueIo, AckReason::InvalidBatch, AckReason::UnexpectedFrame];
+const WRITER_REFUSALS: [AckReason; 3] = [AckReason::QueueFull, AckReason::QueueIo, AckReason::InvalidBatch];
 
 /// The labels of an acknowledgement: `None` for a batch taken (status `ok`, reason empty).
 fn by_ack(reason: Option<AckReason>) -> ByStatusReason {
@@ -84,7 +80,7 @@ fn by_ack(reason: Option<AckReason>) -> ByStatusReason {
     ByStatusReason { status, reason: reason.map_or("", AckReason::as_str) }
 }
 
-impl IntakeMetrics {
+impl WriterMetrics {
     /// Counts an acknowledgement: `None` for a batch taken, else the reason it answers
     /// with (its status follows from the reason).
     pub fn ack(&self, reason: Option<AckReason>) {
@@ -115,7 +111,7 @@ impl IntakeMetrics {
     }
 }
 
-/// The `reason` of `checkpoint_errors_total` (see [`crate::intake::checkpoint`]).
+/// The `reason` of `checkpoint_errors_total` (see [`super::checkpoint`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CheckpointFailure {
     /// A checkpoint could not be written (the previous one stays).
