@@ -29,7 +29,8 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 
-use tessera_wire::{Drops, count_drops};
+use tessera_runtime::telemetry::Drops;
+use tessera_runtime::telemetry::count_drops;
 
 use crate::outbound::{Ingesters, TileHead};
 use crate::tile::{ClosedTile, MergeOutput};

@@ -363,8 +363,8 @@ impl Drain {
         self.stop_senders.trigger();
         let (batches, series) = self.ingesters.abandon_all();
         if batches > 0 {
-            tessera_wire::count_drops(&self.metrics.drops, "shutdown", "batches", batches);
-            tessera_wire::count_drops(&self.metrics.drops, "shutdown", "series", series);
+            tessera_runtime::telemetry::count_drops(&self.metrics.drops, "shutdown", "batches", batches);
+            tessera_runtime::telemetry::count_drops(&self.metrics.drops, "shutdown", "series", series);
             tracing::warn!(batches, series, "shutdown grace elapsed with tile batches undelivered");
         }
         if let Some(server) = self.server {

@@ -10,9 +10,10 @@
 //! [`DestinationMetrics`](tessera_wire::DestinationMetrics)) and add once per
 //! batch or tile, never once per series.
 
+use tessera_runtime::telemetry::Drops;
+use tessera_runtime::telemetry::labels::ByReasonUnit;
 use tessera_runtime::telemetry::{Registry, zeroed_family};
 use tessera_topology::{PlacementHandle, WatchStatsCollector};
-use tessera_wire::{ByReasonUnit, Drops};
 
 use crate::flush::FlushMetrics;
 use crate::intake::IntakeMetrics;

@@ -39,8 +39,10 @@ use std::time::Duration;
 use tessera_core::shard::shard_of;
 use tessera_proto::{Frame, SeriesValue, TileBatch, frame::Body, framing};
 use tessera_runtime::Shutdown;
+use tessera_runtime::telemetry::Drops;
+use tessera_runtime::telemetry::count_drops;
 use tessera_topology::{Destination, PlacementHandle, Routing};
-use tessera_wire::{Batch, DestinationEntry, Destinations, Drops, SenderSettings, count_drops};
+use tessera_wire::{Batch, DestinationEntry, Destinations, SenderSettings};
 
 mod encode;
 mod metrics;

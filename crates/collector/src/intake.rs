@@ -40,7 +40,7 @@ pub use metrics::IntakeMetrics;
 pub use reader::{Cut, CutEntry, FlusherLinks, ReaderSettings, cut_links};
 use reader::{CutLinks, Reader};
 pub use sys::lower_this_thread_priority;
-use tessera_wire::Drops;
+use tessera_runtime::telemetry::Drops;
 use udp::KernelDrops;
 pub use udp::poll_kernel_drops;
 

@@ -244,7 +244,7 @@ async fn supervise(
     stop_senders.trigger();
     let (_, abandoned) = destinations.abandon_all();
     if abandoned > 0 {
-        tessera_wire::count_drops(&metrics.drops, "shutdown", "partials", abandoned);
+        tessera_runtime::telemetry::count_drops(&metrics.drops, "shutdown", "partials", abandoned);
         tracing::warn!(partials = abandoned, "shutdown grace elapsed with partials undelivered");
     }
     if let Some(server) = server {

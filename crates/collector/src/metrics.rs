@@ -7,9 +7,11 @@
 //! never once per line.
 
 use tessera_rules::RuleMetrics;
+use tessera_runtime::telemetry::Drops;
+use tessera_runtime::telemetry::labels::ByReasonUnit;
 use tessera_runtime::telemetry::{Registry, zeroed_family};
 use tessera_topology::{PlacementHandle, WatchStatsCollector};
-use tessera_wire::{ByReasonUnit, Drops, Items, SenderMetrics};
+use tessera_wire::{Items, SenderMetrics};
 
 use crate::intake::IntakeMetrics;
 use crate::window::WindowMetrics;

@@ -21,7 +21,7 @@ use std::time::{Duration, SystemTime};
 use tessera_core::clock::now_ms;
 use tessera_rules::RulesHandle;
 use tessera_runtime::Shutdown;
-use tessera_wire::file_stamp;
+use tessera_runtime::file_stamp;
 
 use crate::config::Config;
 use tessera_rules::RuleMetrics;

@@ -56,10 +56,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tessera_core::clock::now_ms;
+use tessera_runtime::Backoff;
 use tessera_runtime::Shutdown;
 use tessera_runtime::logging::error_chain;
+use tessera_runtime::sleep_or_stop;
 use tessera_topology::{EtcdConfig, MoveTiming, Placement, PlacementStore, Registration, StoreError, Tier, Watcher};
-use tessera_wire::{Backoff, sleep_or_stop};
 
 mod config;
 mod metrics;

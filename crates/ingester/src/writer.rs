@@ -6,7 +6,7 @@
 //! if its record could not be queued. The thread owns the [`Converter`] and every
 //! [`QueueWriter`]; connections hand it [`Job`]s through a bounded channel and wait for
 //! the [`Answer`]. Between two jobs it takes the converters' checkpoints when they are
-//! due, and the final ones at shutdown ([`super::checkpoint`]).
+//! due, and the final ones at shutdown ([`checkpoint`]).
 //!
 //! | situation | answer |
 //! |---|---|

@@ -128,3 +128,10 @@ pub fn load_toml<T: DeserializeOwned>(path: Option<&Path>) -> Result<T, ConfigEr
     let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Read { path: path.to_owned(), error })?;
     toml::from_str(&text).map_err(|error| ConfigError::Parse { path: path.to_owned(), error })
 }
+
+/// What tells a file's new version from its old one: its modification time and size
+/// (`None` while it cannot be read).
+pub fn file_stamp(path: &std::path::Path) -> Option<(std::time::SystemTime, u64)> {
+    let metadata = std::fs::metadata(path).ok()?;
+    Some((metadata.modified().ok()?, metadata.len()))
+}

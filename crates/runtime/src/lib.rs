@@ -58,6 +58,7 @@
 //! }
 //! ```
 
+pub mod backoff;
 pub mod config;
 pub mod daemon;
 pub mod failpoint;
@@ -65,7 +66,8 @@ pub mod logging;
 pub mod shutdown;
 pub mod telemetry;
 
-pub use config::{ConfigError, EXIT_CONFIG};
+pub use backoff::{Backoff, sleep_or_stop};
+pub use config::{ConfigError, EXIT_CONFIG, file_stamp};
 pub use daemon::{DaemonFlags, StartError, daemon_main, run_daemon};
 pub use logging::{LogFormat, RateLimitedLog};
 #[doc(hidden)]

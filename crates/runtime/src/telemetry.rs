@@ -55,6 +55,7 @@
 
 pub mod dashboard;
 pub mod declare;
+mod drops;
 pub mod labels;
 pub mod naming;
 mod process;
@@ -72,6 +73,7 @@ use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Metric;
 
 pub use declare::{lag_histogram, latency_histogram, storage_buckets, storage_histogram, zeroed_family};
+pub use drops::{Drops, count_drops};
 pub use prometheus_client::registry::Registry;
 pub use readiness::{Readiness, ReadinessCondition};
 pub use server::{ServeError, ServerHandle, serve};

@@ -259,7 +259,7 @@ pub(crate) async fn request<T>(
 
 /// The retry backoff of every etcd request loop: `tessera-wire`'s one backoff, from
 /// `retry_initial_backoff_ms` doubling to `retry_max_backoff_ms`, with jitter.
-pub(crate) type Backoff = tessera_wire::Backoff;
+pub(crate) type Backoff = tessera_runtime::Backoff;
 
 impl EtcdConfig {
     /// A fresh retry backoff for this config.

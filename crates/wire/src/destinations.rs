@@ -7,7 +7,9 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard};
 
 use tessera_runtime::Shutdown;
 
-use crate::metrics::{DestinationMetrics, Drops, SenderMetrics};
+use tessera_runtime::telemetry::Drops;
+
+use crate::metrics::{DestinationMetrics, SenderMetrics};
 use crate::outbound::{OutboundQueue, SenderSettings, run_sender};
 
 /// One destination's bounded queue.

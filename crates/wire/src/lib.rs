@@ -12,7 +12,7 @@
 //!   [`ListenerSettings`], [`serve_batches`] answers each frame ([`Answer`]), and
 //!   [`connection_ended`] counts why each connection ended ([`CloseReason`]).
 //! - Outbound: one bounded [`OutboundQueue`] and one long-lived [`run_sender`] per
-//!   destination: acknowledged, retried with the one jittered [`Backoff`], oldest
+//!   destination: acknowledged, retried with the one jittered [`Backoff`](tessera_runtime::Backoff), oldest
 //!   dropped first and counted; [`Destinations`] makes both the first time a
 //!   destination is named and keeps them (the collector's aggregators, the aggregator's
 //!   ingesters).
@@ -135,7 +135,6 @@
 //! (`queue_full`, `rejected`, `expansion_failed`), handed to [`SenderMetrics::destination`].
 
 mod answer;
-mod backoff;
 mod client;
 mod config;
 mod destinations;
@@ -146,7 +145,6 @@ mod stream;
 mod tls;
 
 pub use answer::{Answer, serve_batches};
-pub use backoff::{Backoff, sleep_or_stop};
 pub use client::{ClientError, ClientTls, connect, exchange};
 pub use config::{DEFAULT_MAX_FRAME_BYTES, client_tls, server_tls};
 pub use destinations::{DestinationEntry, DestinationQueue, Destinations};
@@ -154,16 +152,14 @@ pub use inbound::{
     AcceptSettings, InboundCounters, ListenerSettings, WireConnection, WireDeadlines, WireError, accept_loop,
     connection_ended, read_frame_bytes, serve_wire,
 };
-pub use metrics::{
-    ByReasonUnit, CloseReason, DestinationMetrics, Drops, Items, ListenerMetrics, SenderMetrics, count_drops,
-};
+pub use metrics::{CloseReason, DestinationMetrics, Items, ListenerMetrics, SenderMetrics};
 pub use outbound::{
     Batch, DropReason, Expand, GenerationEnd, Heartbeat, OutboundMetrics, OutboundQueue, Refs, SenderSettings,
     run_sender,
 };
 pub use stream::WireStream;
 pub use tls::{
-    ClientTlsConfig, Reloading, ServerTlsConfig, TlsError, failure_label, file_stamp, load_certs, load_key, tls_failure,
+    ClientTlsConfig, Reloading, ServerTlsConfig, TlsError, failure_label, load_certs, load_key, tls_failure,
 };
 
 /// What the config macros' expansions name; not an API.

@@ -9,7 +9,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use tessera_proto::AckReason;
 use tessera_runtime::telemetry::labels::ByReason;
-use tessera_runtime::telemetry::{Registry, latency_histogram, zeroed_family};
+use tessera_runtime::telemetry::{Drops, Registry, count_drops, latency_histogram, zeroed_family};
 
 use crate::outbound::{Batch, DropReason, GenerationEnd, OutboundMetrics};
 
@@ -24,25 +24,6 @@ struct ByDestination {
 struct ByDestinationReason {
     destination: String,
     reason: String,
-}
-
-/// `{reason, unit}`: what a daemon dropped, why, and in which unit it is counted.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ByReasonUnit {
-    /// Why (`queue_full`, `rejected`, ...).
-    pub reason: &'static str,
-    /// What is counted (`batches`, `partials`, `series`, ...).
-    pub unit: &'static str,
-}
-
-/// A daemon's `drops_total{reason,unit}`, which its senders count their drops in.
-pub type Drops = Family<ByReasonUnit, Counter>;
-
-/// Adds `count` (when not 0) to `drops_total{reason, unit}`.
-pub fn count_drops(drops: &Drops, reason: &'static str, unit: &'static str, count: u64) {
-    if count > 0 {
-        drops.get_or_create(&ByReasonUnit { reason, unit }).inc_by(count);
-    }
 }
 
 /// `{destination, result}`.
@@ -414,7 +395,9 @@ mod tests {
     #[test]
     fn drops_are_counted_in_the_daemons_units() {
         let drops = Drops::default();
-        let get = |reason, unit| drops.get_or_create(&ByReasonUnit { reason, unit }).get();
+        let get = |reason, unit| {
+            drops.get_or_create(&tessera_runtime::telemetry::labels::ByReasonUnit { reason, unit }).get()
+        };
         let items = Items { unit: "series", count_batches: true, refusals: &[], dictionaries: false };
         let destination = SenderMetrics::new(items).destination("d", &drops);
         OutboundMetrics::dropped(&destination, DropReason::Overflow, 2, 10);

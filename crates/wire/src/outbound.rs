@@ -39,9 +39,9 @@ use tessera_proto::{AckStatus, Role};
 use crate::client;
 use tokio::sync::Notify;
 
-use crate::backoff::{Backoff, sleep_or_stop};
 use tessera_runtime::Shutdown;
 use tessera_runtime::logging::error_chain;
+use tessera_runtime::{Backoff, sleep_or_stop};
 
 /// A framed batch waiting to be sent.
 #[derive(Debug, Clone)]

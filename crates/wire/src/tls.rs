@@ -32,6 +32,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, ServerConfig, SignatureScheme};
 use serde::Deserialize;
+use tessera_runtime::file_stamp;
 
 /// How often, at most, [`Reloading`] looks at its files.
 const RELOAD_CHECK: Duration = Duration::from_secs(1);
@@ -261,13 +262,6 @@ type Stamp = Option<(SystemTime, u64)>;
 
 /// How often a change that failed to build is tried again while the files stay as they are.
 const RETRY_FAILED_EVERY: Duration = Duration::from_secs(1);
-
-/// What tells a file's new version from its old one: its modification time and size
-/// (`None` while it cannot be read).
-pub fn file_stamp(path: &Path) -> Option<(SystemTime, u64)> {
-    let metadata = std::fs::metadata(path).ok()?;
-    Some((metadata.modified().ok()?, metadata.len()))
-}
 
 impl<T, E> std::fmt::Debug for Reloading<T, E> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

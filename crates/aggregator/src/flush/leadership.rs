@@ -64,12 +64,13 @@ use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
+use tessera_runtime::Backoff;
 use tessera_runtime::Shutdown;
 use tessera_runtime::logging::{RateLimitedLog, error_chain};
+use tessera_runtime::sleep_or_stop;
 use tessera_topology::{
     Election, EtcdConfig, FlushMarks, Leader, LeaseDeadline, PlacementHandle, PlacementStore, Registration,
 };
-use tessera_wire::{Backoff, sleep_or_stop};
 
 use super::metrics::FlushMetrics;
 use crate::outbound::Ingesters;

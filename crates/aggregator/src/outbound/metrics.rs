@@ -5,9 +5,10 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use tessera_proto::AckReason;
+use tessera_runtime::telemetry::Drops;
 use tessera_runtime::telemetry::labels::ByUnit;
 use tessera_runtime::telemetry::zeroed_family;
-use tessera_wire::{DestinationMetrics, Drops, Items, SenderMetrics};
+use tessera_wire::{DestinationMetrics, Items, SenderMetrics};
 
 /// What the aggregator's batches towards ingesters hold: series values, refused for
 /// the ingester's reasons; drops are counted in batches and series.

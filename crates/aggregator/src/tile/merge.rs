@@ -34,7 +34,8 @@ use crossbeam_channel::{Receiver, Sender};
 use super::tiler::{ClosedTile, Tiler, WindowPartials};
 use super::watermark::Trigger;
 use crate::intake::{Partial, Via};
-use tessera_wire::{Drops, count_drops};
+use tessera_runtime::telemetry::Drops;
+use tessera_runtime::telemetry::count_drops;
 
 use super::metrics::TileMetrics;
 

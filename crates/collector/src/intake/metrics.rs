@@ -9,7 +9,8 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use tessera_core::parse::RejectReason;
-use tessera_wire::{ByReasonUnit, Drops};
+use tessera_runtime::telemetry::Drops;
+use tessera_runtime::telemetry::labels::ByReasonUnit;
 
 /// `{listener}`: `udp`, `tcp` or `unix`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

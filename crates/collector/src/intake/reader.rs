@@ -30,7 +30,8 @@ use tessera_core::aggregate::{Aggregate, GaugeDeltas};
 use tessera_core::parse::{MetricKind, ParseOptions};
 use tessera_core::table::{Folded, Table, TableOptions};
 
-use tessera_wire::{Drops, count_drops};
+use tessera_runtime::telemetry::Drops;
+use tessera_runtime::telemetry::count_drops;
 
 use super::metrics::{BatchCounts, IntakeMetrics, ListenerMetrics};
 

@@ -25,7 +25,8 @@ use tessera_wire::{Batch, GenerationEnd, Refs};
 
 use super::dictionary::{Dictionary, DictionaryWindow, Name};
 use super::{DestinationKey, DestinationQueue, Destinations, OutboundSettings};
-use tessera_wire::{Drops, count_drops};
+use tessera_runtime::telemetry::Drops;
+use tessera_runtime::telemetry::count_drops;
 
 /// The routing table of one placement version and the queue of each of its destinations.
 struct Routes {

@@ -4,7 +4,7 @@
 //! Per attempt: wait for a slot under the adaptive limit, wait for the samples/s ceiling,
 //! send, report the outcome to the limit (which frees the slot). A retryable error waits
 //! `initial × 2^attempt` (capped, with jitter between half and all of it: the one
-//! [`Backoff`] of `tessera-wire`) and tries
+//! `Backoff` of `tessera-runtime`) and tries
 //! again, without a slot held. On shutdown a worker finishes the request it is sending
 //! but starts no new attempt and takes no new request; what it did not finish stays in
 //! the queue for the next start.
@@ -15,8 +15,8 @@ use std::time::Instant;
 
 use tessera_core::clock::now_ms;
 
+use tessera_runtime::Backoff;
 use tessera_runtime::{RateLimitedLog, Shutdown};
-use tessera_wire::Backoff;
 use tokio::sync::mpsc;
 
 use super::pacing::Outcome;

@@ -49,3 +49,12 @@ pub struct ByResolution {
     /// The resolution.
     pub resolution: String,
 }
+
+/// `{reason, unit}`: what a daemon dropped, why, and in which unit it is counted.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ByReasonUnit {
+    /// Why (`queue_full`, `rejected`, ...).
+    pub reason: &'static str,
+    /// What is counted (`batches`, `partials`, `series`, ...).
+    pub unit: &'static str,
+}

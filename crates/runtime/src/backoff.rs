@@ -3,7 +3,7 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use tessera_wire::Backoff;
+//! use tessera_runtime::Backoff;
 //!
 //! let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
 //! let first = backoff.next_delay();
@@ -16,7 +16,7 @@ use std::time::Duration;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use tessera_runtime::Shutdown;
+use crate::Shutdown;
 
 /// Doubling delays from `min` to `max`, each drawn in `[delay / 2, delay]`
 /// so that many clients retrying together spread out.
