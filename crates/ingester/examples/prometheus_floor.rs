@@ -24,8 +24,8 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use tessera_ingester::prompb;
 use tessera_ingester::record::StoredSample;
+use tessera_ingester::{prompb, series};
 use tessera_testkit::prometheus::Prometheus;
 
 /// Prometheus's own cost of a burst, posted by a minimal sender.
@@ -66,9 +66,9 @@ fn labels(series: usize, minimal: bool) -> Vec<Bytes> {
             let mut out = Vec::new();
             let (host, number) = (format!("host-{:04}", n % 1000), n.to_string());
             if minimal {
-                prompb::encode_labels(&mut out, &[("__name__", "bench_requests_total"), ("series", &number)]);
+                series::encode_labels(&mut out, &[("__name__", "bench_requests_total"), ("series", &number)]);
             } else {
-                prompb::encode_labels(
+                series::encode_labels(
                     &mut out,
                     &[
                         ("__name__", "bench_requests_total"),

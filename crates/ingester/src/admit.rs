@@ -31,7 +31,7 @@
 //! **Native histograms.** The sketch's buckets are Prometheus' (schema 5 by default), so a
 //! histogram is the running sum of the tiles' sketches: per series the converter keeps that
 //! cumulative sketch and the running sum, and writes them at each tile (spans, integer
-//! counts, zero bucket, count and sum; [`crate::sink::prompb::HistogramEncoder`]). Cumulative, like
+//! counts, zero bucket, count and sum; [`crate::queue::series::HistogramEncoder`]). Cumulative, like
 //! the counters, so that `rate()` and `sum()` across series and hosts work as for any
 //! Prometheus histogram. A series' first sample (or its first since its total expired)
 //! carries the reset hint `YES`; the cumulative histograms are checkpointed with the totals,
@@ -86,7 +86,7 @@ use serde::Deserialize;
 use tessera_core::sketch::{MIN_SCHEMA, Sketch};
 
 use crate::queue::record::{Record, SampleKind, StoredSample};
-use crate::sink::prompb::{HistogramEncoder, encode_label};
+use crate::queue::series::{HistogramEncoder, encode_label};
 use crate::tier::Ownership;
 
 /// How timers, histograms and distributions are written to a target.

@@ -55,6 +55,7 @@ mod metrics;
 mod reader;
 pub mod record;
 pub mod segment;
+pub mod series;
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;

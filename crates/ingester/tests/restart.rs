@@ -25,7 +25,8 @@ use serde_json::Value;
 use support::binary::Process;
 use support::prometheus::{Prometheus, free_port, single_series_points};
 use support::wire::{Sender, batch, counter, recent_tile_end_ms, timer};
-use tessera_ingester::prompb::{RESET_HINT_YES, WriteRequest};
+use tessera_ingester::prompb::WriteRequest;
+use tessera_ingester::series::RESET_HINT_YES;
 use tessera_proto::{AckStatus, TileBatch};
 
 const TILES: i64 = 16;

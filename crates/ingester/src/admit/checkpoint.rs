@@ -81,7 +81,7 @@ use tessera_runtime::RateLimitedLog;
 use super::{Converter, Cumulative, Histograms, Total, Totals, UNKNOWN_ORIGIN};
 use crate::queue::Position;
 use crate::queue::record::{Record, SampleKind};
-use crate::sink::prompb::{BucketSpan, Histogram};
+use crate::queue::series::{BucketSpan, Histogram};
 
 /// The checkpoint's file name in its queue directory.
 pub const FILE_NAME: &str = "checkpoint";

@@ -5,7 +5,7 @@ use tessera_proto::{MetricType, SeriesValue};
 pub(super) use tessera_testkit::tiles::{batch, tile};
 
 use super::*;
-use crate::sink::prompb::decode_labels;
+use crate::queue::series::decode_labels;
 
 fn labels_text(sample: &StoredSample) -> String {
     let labels = decode_labels(&sample.labels).unwrap();
@@ -339,13 +339,15 @@ fn timer_batch(tile_end_ms: i64, values: &[f64]) -> TileBatch {
 }
 
 /// The native histogram samples of a conversion, decoded, by their labels.
-fn histograms(converter: &mut Converter, batch: &TileBatch) -> Vec<(String, crate::sink::prompb::Histogram)> {
+fn histograms(converter: &mut Converter, batch: &TileBatch) -> Vec<(String, crate::queue::series::Histogram)> {
     use prost::Message;
     let conversion = converter.convert(batch, 0).unwrap();
     converter.commit();
     let samples = conversion.record.samples.iter().filter(|sample| sample.sample_kind() == SampleKind::Histogram);
     samples
-        .map(|sample| (labels_text(sample), crate::sink::prompb::Histogram::decode(sample.histogram.as_ref()).unwrap()))
+        .map(|sample| {
+            (labels_text(sample), crate::queue::series::Histogram::decode(sample.histogram.as_ref()).unwrap())
+        })
         .collect()
 }
 
@@ -388,7 +390,7 @@ fn the_first_native_sample_of_a_series_is_a_reset_and_a_rollback_keeps_nothing()
     assert_eq!(converter.cumulative_histograms(), 0);
     let [(labels, histogram)] = histograms(&mut converter, &timer_batch(10_000, &[5.0, 6.0])).try_into().unwrap();
     assert_eq!(labels, "__name__=lat resolution=10s");
-    assert_eq!((histogram.count_int, histogram.reset_hint), (2, crate::sink::prompb::RESET_HINT_YES));
+    assert_eq!((histogram.count_int, histogram.reset_hint), (2, crate::queue::series::RESET_HINT_YES));
     // A refused batch leaves the running histogram as it was.
     converter.convert(&timer_batch(20_000, &[100.0; 50]), 0).unwrap();
     converter.rollback();

@@ -14,7 +14,7 @@
 //! ```
 //!
 //! Each [`StoredSample`] keeps its labels already encoded as the `labels` field of a
-//! Prometheus remote-write `TimeSeries` (see [`crate::sink::prompb`]), so building a remote-write
+//! series' labels in the queue's own form (see [`crate::queue::series`]), so building a remote-write
 //! request is a copy, and decoding a record is zero-copy ([`bytes::Bytes`] slices of the
 //! record buffer).
 //!
@@ -83,7 +83,7 @@ pub struct StoredSample {
     #[prost(enumeration = "SampleKind", tag = "3")]
     pub kind: i32,
     /// A native histogram, encoded as a remote-write `Histogram` message without its
-    /// timestamp (see [`crate::sink::prompb::HistogramEncoder`]); empty for a plain sample.
+    /// timestamp (see [`crate::queue::series::HistogramEncoder`]); empty for a plain sample.
     #[prost(bytes = "bytes", tag = "4")]
     pub histogram: Bytes,
     /// Write a 0 one millisecond before this sample, in the same series: the explicit

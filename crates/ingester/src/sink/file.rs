@@ -240,9 +240,9 @@ mod tests {
 
     use super::*;
     use crate::queue::segment::RequestKey;
+    use crate::queue::series::encode_labels;
     use crate::record::StoredSample;
     use crate::sink::RecordInfo;
-    use crate::sink::prompb::encode_labels;
 
     #[test]
     fn an_adopted_series_gets_its_explicit_reset_as_remote_write_does() {

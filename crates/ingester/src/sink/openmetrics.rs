@@ -24,7 +24,7 @@
 
 use std::fmt::Write;
 
-use crate::prompb::{Label, visit_labels};
+use crate::queue::series::{Label, visit_labels};
 use crate::record::SampleKind;
 
 /// The OpenMetrics family and type of a sample named `name` of `kind`.
@@ -90,7 +90,7 @@ pub fn write_journal_line(out: &mut String, labels: &[Label], kind: SampleKind, 
 }
 
 /// Appends one journal line for a sample whose labels are pre-encoded
-/// ([`crate::prompb::encode_labels`]), without decoding them into strings.
+/// ([`crate::queue::series::encode_labels`]), without decoding them into strings.
 pub fn write_journal_line_encoded(
     out: &mut String,
     labels: &[u8],
@@ -263,7 +263,7 @@ mod tests {
     fn journal_lines_from_encoded_labels_match_decoded_ones() {
         let pairs = [("A", "up"), ("__name__", "lat"), ("path", "C:\\x \"q\"\nz"), ("quantile", "0.5")];
         let mut encoded = Vec::new();
-        crate::prompb::encode_labels(&mut encoded, &pairs);
+        crate::queue::series::encode_labels(&mut encoded, &pairs);
         let (mut ours, mut theirs) = (String::new(), String::new());
         write_journal_line_encoded(&mut ours, &encoded, SampleKind::SummaryQuantile, 2.5, 10_000).unwrap();
         write_journal_line(&mut theirs, &labels(&pairs), SampleKind::SummaryQuantile, 2.5, 10_000);

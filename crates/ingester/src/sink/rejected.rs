@@ -19,7 +19,7 @@ use std::sync::Mutex;
 
 use super::SinkRequest;
 use super::openmetrics::{write_series, write_value};
-use crate::prompb::decode_labels;
+use crate::queue::series::decode_labels;
 
 /// The rejected-samples log; see the [module docs](self).
 pub struct RejectedLog {

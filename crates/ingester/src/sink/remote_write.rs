@@ -326,7 +326,7 @@ impl Sink for RemoteWriteSink {
         let mut tenants: Vec<(Option<String>, Vec<StoredSample>)> = Vec::new();
         for sample in &request.samples {
             let mut tenant = None;
-            let _ = prompb::visit_labels(&sample.labels, |name, value| {
+            let _ = crate::queue::series::visit_labels(&sample.labels, |name, value| {
                 if name == label {
                     tenant = Some(value.to_owned());
                 }

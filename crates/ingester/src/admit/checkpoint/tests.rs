@@ -4,7 +4,7 @@ use tessera_testkit::tiles::{counter, timer};
 
 use super::*;
 use crate::admit::{HistogramMode, SkipReason};
-use crate::sink::prompb::{Histogram, RESET_HINT_YES};
+use crate::queue::series::{Histogram, RESET_HINT_YES};
 
 const START_MS: i64 = 1_700_000_000_000;
 
