@@ -8,8 +8,8 @@ cd "$(dirname "$0")/.."
 
 scripts/setup.sh
 
+# The fuzz targets are workspace members: this builds them too (with the shared target dir).
 cargo build --workspace --all-targets
-cargo build --manifest-path fuzz/Cargo.toml --bins
 # The fault campaign's tests run after the rest, one at a time: each runs a whole
 # cluster (and one a busy neighbour), which would starve the timing of the others.
 if cargo nextest --version >/dev/null 2>&1; then
