@@ -204,7 +204,11 @@ impl Process {
     /// [`unstarve`](Self::unstarve).
     pub fn starve(&mut self, percent: u32) -> anyhow::Result<()> {
         let pid = self.pid().context("not running")?;
-        let group = PathBuf::from(format!("/sys/fs/cgroup/cpu/tessera-chaos-{}-{}", std::process::id(), self.name));
+        // Unique in the process: two campaigns may run side by side, each with a `col-1`.
+        static NEXT_GROUP: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let number = NEXT_GROUP.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let group =
+            PathBuf::from(format!("/sys/fs/cgroup/cpu/tessera-chaos-{}-{number}-{}", std::process::id(), self.name));
         std::fs::create_dir_all(&group).with_context(|| format!("create the cgroup {}", group.display()))?;
         std::fs::write(group.join("cpu.cfs_period_us"), "100000")?;
         std::fs::write(group.join("cpu.cfs_quota_us"), (percent * 1_000).to_string())?;
