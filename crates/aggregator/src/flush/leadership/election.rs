@@ -183,7 +183,7 @@ impl ElectionTask {
 
     /// The leader gauge, after every tick (also one whose etcd requests
     /// failed): 1 only while this replica may flush. A leader whose lease
-    /// etcd has not confirmed for TTL minus [`FENCE_MARGIN`] is fenced off:
+    /// etcd has not confirmed for TTL minus [`FENCE_MARGIN`](super::FENCE_MARGIN) is fenced off:
     /// logged and counted once per episode.
     fn publish_state(&mut self) {
         let Some((shard_set, _)) = self.election.as_ref().filter(|_| self.leadership.replicated()) else {
