@@ -19,7 +19,7 @@ tessera_runtime::metrics! {
     pub struct IntakeMetrics {
         /// Partial batch frames received from collectors
         pub batches_received: Counter,
-        /// Bytes of partial batch frames received
+        /// Bytes of partial batch frames received (their bodies, without the length prefix)
         pub bytes_received: Counter,
         /// Series partials in the partial batches that decoded
         pub partials_received: Counter,
