@@ -227,3 +227,26 @@ async fn a_lease_that_expired_while_etcd_was_frozen_is_granted_again() {
     assert!(registration.deadline().remaining(second_lease) > Duration::ZERO);
     assert_eq!(registration.deadline().remaining(first_lease), Duration::ZERO, "nothing lives on the old lease");
 }
+
+/// etcd answering that a lease is gone (revoked here; expired after an outage in
+/// production) is followed by a new grant at once, not after a retry backoff: every moment
+/// without the key is a moment a peer may take this instance for dead. The backoff is set
+/// far longer than the test's patience, so a grant that waits for it fails the test.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_etcd_says_is_gone_is_granted_again_without_a_backoff() {
+    let etcd = start_etcd();
+    let config = EtcdConfig {
+        retry_initial_backoff_ms: 4 * PATIENCE.as_millis() as u64,
+        retry_max_backoff_ms: 4 * PATIENCE.as_millis() as u64,
+        ..etcd.config("gone")
+    };
+    let store = PlacementStore::connect(config).await.unwrap();
+    let registration = store.register_instance("ing-a", Duration::from_secs(3)).await.unwrap();
+    let first_lease = registration.lease_id();
+    store.client().clone().lease_revoke(first_lease).await.expect("revoking the lease");
+    assert!(store.alive_instances().await.unwrap().is_empty(), "the key went with the lease");
+    eventually("a new lease holds the key", || async {
+        registration.lease_id() != first_lease && store.alive_instances().await.is_ok_and(|alive| alive == ["ing-a"])
+    })
+    .await;
+}
