@@ -19,12 +19,10 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 
-use prost::Message;
 use tessera_proto::frame::Body;
-use tessera_proto::framing::body_kind;
-use tessera_proto::{AckReason, Frame, TileBatch};
+use tessera_proto::{AckReason, TileBatch};
 use tessera_runtime::RateLimitedLog;
-use tessera_wire::{Answer, CloseReason};
+use tessera_wire::{Answer, take_batch};
 use tokio::sync::mpsc;
 use tokio::sync::mpsc::error::TryRecvError;
 
@@ -172,23 +170,13 @@ impl Writer {
     /// Decides what to do with one frame body.
     pub fn handle(&mut self, body: &[u8]) -> Answer {
         self.metrics.bytes_received.inc_by(body.len() as u64);
-        let frame = match Frame::decode(body) {
-            Ok(frame) => frame,
-            Err(error) => {
-                return Answer::Close {
-                    reason: CloseReason::MalformedFrame,
-                    message: format!("malformed frame of {} bytes: {error}", body.len()),
-                };
-            }
-        };
-        match frame.body {
-            Some(Body::Tiles(batch)) => self.batch(&batch),
-            None => Answer::Close { reason: CloseReason::EmptyFrame, message: "frame without a body".to_owned() },
-            other => {
-                let kind = body_kind(&Frame { body: other });
-                let message = format!("an ingester takes tile batches, not `{kind}` frames");
-                Answer::Close { reason: CloseReason::UnexpectedFrame, message }
-            }
+        let taken = take_batch(body, "an ingester takes tile batches", |body| match body {
+            Body::Tiles(batch) => Ok(batch),
+            other => Err(other),
+        });
+        match taken {
+            Ok(batch) => self.batch(&batch),
+            Err(bad) => bad.into(),
         }
     }
 

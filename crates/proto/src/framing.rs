@@ -137,7 +137,9 @@ pub fn decode_frame(buf: &[u8], max_frame_bytes: usize) -> Result<Option<(Frame,
     Ok(Some((frame, LENGTH_PREFIX_BYTES + len)))
 }
 
-fn decode_body(body: &[u8]) -> Result<Frame, FrameError> {
+/// Decodes a frame's body (read without its length prefix); a frame without a body is
+/// [`FrameError::Empty`].
+pub fn decode_body(body: &[u8]) -> Result<Frame, FrameError> {
     let frame = Frame::decode(body).map_err(|source| FrameError::Malformed { len: body.len(), source })?;
     if frame.body.is_none() {
         return Err(FrameError::Empty);

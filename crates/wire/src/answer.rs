@@ -3,9 +3,10 @@
 use std::future::Future;
 use std::time::Duration;
 
-use tessera_proto::framing::{self, FrameError};
+use tessera_proto::framing::{self, FrameError, body_kind};
 use tessera_proto::{Ack, AckReason, AckStatus, Frame, frame::Body};
 use tessera_runtime::Shutdown;
+use tessera_runtime::logging::error_chain;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 
 use crate::inbound::{WireConnection, WireError};
@@ -37,6 +38,46 @@ impl Answer {
     pub fn refusal(sequence: u64, reason: AckReason, message: String) -> Answer {
         Answer::Ack(reason.ack(sequence, message))
     }
+}
+
+/// A frame body handed on by [`serve_batches`] that cannot be trusted: why, for
+/// `frame_errors_total`, and what was wrong, for the peer and the log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BadFrame {
+    /// [`CloseReason::MalformedFrame`], [`CloseReason::EmptyFrame`] or
+    /// [`CloseReason::UnexpectedFrame`].
+    pub reason: CloseReason,
+    /// What was wrong.
+    pub message: String,
+}
+
+impl From<BadFrame> for Answer {
+    fn from(BadFrame { reason, message }: BadFrame) -> Answer {
+        Answer::Close { reason, message }
+    }
+}
+
+/// The body of a frame handed on by [`serve_batches`], if `take` accepts its kind (the
+/// listener's batches); otherwise why the connection closes, by the wire's one policy:
+/// bytes that are not a frame, a frame without a body, a frame of a kind the listener
+/// does not take (`listener_takes` says what it takes, for the message).
+pub fn take_batch<T>(
+    body: &[u8],
+    listener_takes: &str,
+    take: impl FnOnce(Body) -> Result<T, Body>,
+) -> Result<T, BadFrame> {
+    let frame = match framing::decode_body(body) {
+        Ok(frame) => frame,
+        Err(FrameError::Empty) => {
+            return Err(BadFrame { reason: CloseReason::EmptyFrame, message: "frame without a body".to_owned() });
+        }
+        Err(error) => return Err(BadFrame { reason: CloseReason::MalformedFrame, message: error_chain(&error) }),
+    };
+    let body = frame.body.expect("decode_body refuses a frame without a body");
+    take(body).map_err(|other| {
+        let kind = body_kind(&Frame { body: Some(other) });
+        BadFrame { reason: CloseReason::UnexpectedFrame, message: format!("{listener_takes}, not `{kind}` frames") }
+    })
 }
 
 /// How long telling a peer why its connection closes may take.

@@ -9,7 +9,8 @@
 //! - Inbound: [`accept_loop`] with its connection cap (refused and counted), and
 //!   [`WireConnection`]: the versioned handshake under a deadline, then frames under
 //!   an idle deadline; [`serve_wire`] runs a wire listener on them, with its
-//!   [`ListenerSettings`], [`serve_batches`] answers each frame ([`Answer`]), and
+//!   [`ListenerSettings`], [`serve_batches`] answers each frame ([`Answer`]), [`take_batch`]
+//!   decodes a handed-on body by the one bad-frame policy ([`BadFrame`]), and
 //!   [`connection_ended`] counts why each connection ended ([`CloseReason`]).
 //! - Outbound: one bounded [`OutboundQueue`] and one long-lived [`run_sender`] per
 //!   destination: acknowledged, retried with the one jittered [`Backoff`](tessera_runtime::Backoff), oldest
@@ -144,7 +145,7 @@ mod outbound;
 mod stream;
 mod tls;
 
-pub use answer::{Answer, serve_batches};
+pub use answer::{Answer, BadFrame, serve_batches, take_batch};
 pub use client::{ClientError, ClientTls, connect, exchange};
 pub use config::{DEFAULT_MAX_FRAME_BYTES, client_tls, server_tls};
 pub use destinations::{DestinationEntry, DestinationQueue, Destinations};

@@ -25,21 +25,19 @@
 
 use std::collections::HashMap;
 
-use prost::Message;
 use tessera_core::aggregate::{Aggregate, kind_from_proto};
 use tessera_core::parse::MetricKind;
 use tessera_core::shard::shard_of;
 use tessera_proto::frame::Body;
-use tessera_proto::framing;
 use tessera_proto::partials::MAX_SERIES_REFS;
-use tessera_proto::{Frame, PartialBatch, SeriesValue};
+use tessera_proto::{PartialBatch, SeriesValue};
 use tessera_topology::{Placement, PlacementHandle};
 
 use super::batch::{Partial, SplitBatch, Via, thread_of};
 use super::dictionary::ConnectionDictionary;
 use tessera_proto::AckReason;
 use tessera_runtime::logging::error_chain;
-use tessera_wire::CloseReason;
+use tessera_wire::{BadFrame, CloseReason, take_batch};
 
 /// What became of one frame.
 #[derive(Debug)]
@@ -127,25 +125,13 @@ impl Decoder {
     /// Decodes and checks one frame's body (without its length prefix) that came on
     /// `connection`.
     pub fn decode(&mut self, connection: u64, body: &[u8]) -> Decoded {
-        let decoded = match Frame::decode(body) {
-            Ok(frame) => frame,
-            Err(error) => {
-                return protocol(
-                    CloseReason::MalformedFrame,
-                    format!("malformed frame of {} bytes: {error}", body.len()),
-                );
-            }
-        };
-        let batch = match decoded.body {
-            Some(Body::Partials(batch)) => batch,
-            None => return protocol(CloseReason::EmptyFrame, "frame without a body".to_owned()),
-            other => {
-                let kind = framing::body_kind(&Frame { body: other });
-                return protocol(
-                    CloseReason::UnexpectedFrame,
-                    format!("an aggregator takes partial batches, not `{kind}` frames"),
-                );
-            }
+        let taken = take_batch(body, "an aggregator takes partial batches", |body| match body {
+            Body::Partials(batch) => Ok(batch),
+            other => Err(other),
+        });
+        let batch = match taken {
+            Ok(batch) => batch,
+            Err(BadFrame { reason, message }) => return protocol(reason, message),
         };
         self.check(connection, batch)
     }
@@ -304,6 +290,7 @@ fn protocol(reason: CloseReason, message: String) -> Decoded {
 
 #[cfg(test)]
 mod tests {
+    use prost::Message;
     use tessera_proto::{Frame, ShardPartials};
 
     use super::*;
