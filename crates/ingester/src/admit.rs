@@ -7,9 +7,12 @@
 //!
 //! [`Converter::convert`] turns one [`TileBatch`] into one [`Record`] of final samples
 //! before the record is written to the queue, so a replay resends exactly what was
-//! computed the first time. Names and labels follow [`names`]; every sample gets a
-//! `resolution` label from the batch's storage policy (`10s:2d` → `resolution="10s"`), so
-//! several resolutions can share one store; every sample is stamped with the tile's end.
+//! computed the first time. Names and labels follow [`names`]; a target that stores several
+//! resolutions gives every sample a `resolution` label from the batch's storage policy
+//! (`10s:2d` → `resolution="10s"`, [`Converter::with_resolution_label`]), so that they stay
+//! apart in one store; a target of one resolution (the default) writes none, so that a query
+//! written for statsd_exporter gives the same answer. Every sample is stamped with the
+//! tile's end.
 //!
 //! | statsd type | samples (OpenMetrics family type) |
 //! |---|---|
@@ -116,6 +119,10 @@ struct Cumulative {
     /// that tile is counted `incomplete` instead.
     before_last: Option<Box<(Sketch, f64)>>,
 }
+
+/// The tenure of a shard gained by a tile ahead of the view: the view catching up begins
+/// no second tenure.
+const GAINED_AHEAD: u32 = u32::MAX;
 
 /// Where a sample's bytes are in the arena, and what it is.
 #[derive(Debug, Clone, Copy)]
@@ -387,6 +394,8 @@ pub struct Converter {
     spans: Vec<Span>,
     histogram_mode: HistogramMode,
     max_buckets: usize,
+    /// Whether samples carry the `resolution` label (a target that stores several).
+    resolution_label: bool,
     /// Running native histograms, by the key of their series (whose count is in `totals`).
     histograms: Histograms,
     /// Histograms of the last conversion, kept at [`Converter::commit`].
@@ -400,6 +409,9 @@ pub struct Converter {
     /// (bumped each time the shard is gained).
     owned: Vec<bool>,
     epochs: Vec<u32>,
+    /// Per shard: the tenure of the last view taken in ([`OwnershipView::tenure`](crate::tier::OwnershipView::tenure)), or
+    /// [`GAINED_AHEAD`].
+    tenures: Vec<u32>,
     /// A shard was gained or lost since this process started: a total whose shard is
     /// unknown may be stale.
     ownership_changed: bool,
@@ -439,6 +451,7 @@ impl Converter {
             arena_bytes_per_tile: 0,
             spans: Vec::new(),
             histogram_mode: HistogramMode::Summary,
+            resolution_label: true,
             max_buckets: usize::MAX,
             histograms: Histograms::default(),
             pending: Vec::new(),
@@ -448,6 +461,7 @@ impl Converter {
             ownership_seen: 0,
             owned: Vec::new(),
             epochs: Vec::new(),
+            tenures: Vec::new(),
             ownership_changed: false,
             adopted_marker: false,
             correction: None,
@@ -470,14 +484,20 @@ impl Converter {
     }
 
     /// Takes in a new ownership view, if there is one: a shard owned now and not
-    /// before starts a new epoch. The first view counts as owned all along, so that a
-    /// restart keeps the totals it restored.
+    /// before starts a new epoch, and so does one whose tenure changed
+    /// ([`OwnershipView::tenure`](crate::tier::OwnershipView::tenure)): it was being given away and is owned again, and its
+    /// receiver may have written it from an explicit reset meanwhile (found by the fault
+    /// campaign, seed 3 at 5 minutes: the giver went on from its old total, which read as
+    /// doubled). When the cutoff had not passed, the new epoch costs one explicit reset,
+    /// which is exact. The first view counts as owned all along, so that a restart keeps
+    /// the totals it restored.
     fn refresh_ownership(&mut self) {
         let Some(ownership) = &self.ownership else { return };
         let Some(view) = ownership.changed_since(&mut self.ownership_seen) else { return };
         if self.owned.len() != view.owned.len() {
             let first = self.owned.is_empty();
             self.owned = view.owned.clone();
+            self.tenures = view.tenure.clone();
             let epoch = if first { 0 } else { self.epochs.iter().copied().max().unwrap_or(0) + 1 };
             // A shard this ingester is joining (it takes it at a cutover) was not owned all
             // along, nor was any after a start that found it failed over (rejoined).
@@ -485,12 +505,15 @@ impl Converter {
             self.ownership_changed |= !first || view.rejoined || view.joining.iter().any(|joining| *joining);
             return;
         }
-        for ((owned, epoch), now) in self.owned.iter_mut().zip(self.epochs.iter_mut()).zip(&view.owned) {
-            if *now && !*owned {
+        let shards = self.owned.iter_mut().zip(self.epochs.iter_mut()).zip(self.tenures.iter_mut());
+        for (((owned, epoch), tenure), (now, now_tenure)) in shards.zip(view.owned.iter().zip(&view.tenure)) {
+            let new_tenure = *now && *owned && *tenure != GAINED_AHEAD && *tenure != *now_tenure;
+            if (*now && !*owned) || new_tenure {
                 *epoch += 1;
             }
-            self.ownership_changed |= *now != *owned;
+            self.ownership_changed |= *now != *owned || new_tenure;
             *owned = *now;
+            *tenure = *now_tenure;
         }
     }
 
@@ -505,6 +528,9 @@ impl Converter {
         if !self.owned[shard] {
             self.owned[shard] = true;
             self.epochs[shard] += 1;
+            if let Some(tenure) = self.tenures.get_mut(shard) {
+                *tenure = GAINED_AHEAD;
+            }
             self.ownership_changed = true;
         }
         (self.epochs[shard], shard as u32 + 1)
@@ -523,6 +549,13 @@ impl Converter {
                 self.owned.get(shard).is_some_and(|owned| *owned) && self.epochs.get(shard) == Some(&total.epoch)
             }
         }
+    }
+
+    /// Whether samples carry the `resolution` label: only a target that stores several
+    /// resolutions needs it (one resolution per store is the default, with no label).
+    pub fn with_resolution_label(mut self, resolution_label: bool) -> Converter {
+        self.resolution_label = resolution_label;
+        self
     }
 
     /// Writes distributions as `mode` says, native histograms with at most `max_buckets`
@@ -1010,7 +1043,7 @@ impl Converter {
         let mut extras: [Option<(&str, &[&str; 2])>; 3] = [
             Some(("__name__", &name)),
             quantile_parts.as_ref().map(|parts| ("quantile", parts)),
-            Some(("resolution", &resolution_parts)),
+            self.resolution_label.then_some(("resolution", &resolution_parts)),
         ];
         let mut tags = self.tags.labels.iter().peekable();
         let mut extra_index = 0;

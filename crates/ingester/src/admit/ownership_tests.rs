@@ -24,6 +24,8 @@ fn view(owned: &[bool], version: u64) -> OwnershipView {
         num_shards: owned.len() as u32,
         owned: owned.to_vec(),
         joining: vec![false; owned.len()],
+        cutoff_ms: vec![0; owned.len()],
+        tenure: vec![0; owned.len()],
         version,
         rejoined: false,
     }
@@ -161,4 +163,48 @@ fn a_checkpoint_leaves_out_the_totals_of_a_lost_shard_and_keeps_the_shard_of_the
     assert_eq!(restarted.cumulative_series(), 1, "only the series of the shard still owned");
     let kept = restarted.totals.values().next().unwrap();
     assert_eq!((kept.value, kept.shard), (5.0, tessera_core::shard::shard_of(other.as_bytes(), SHARDS) + 1));
+}
+
+/// A shard being moved away, then given back by a failover of its receiver (found by the
+/// fault campaign, seed 3 at 5 minutes): the receiver wrote the series from an explicit
+/// reset after the cutoff, so the giver, owning it again, must start over too rather than
+/// go on from its old total (which storage reads as every tile since counted twice). The
+/// views come from real placement changes: a join, then a failover of the joiner.
+#[test]
+fn a_shard_given_away_then_back_by_a_failover_starts_its_total_over() {
+    let (mut converter, ownership, adopted, _, _) = setup();
+    let placement = Placement::init(&[("a", "a:1")], SHARDS, 1, 0).unwrap();
+    ownership.publish(OwnershipView::of(&placement, "a"));
+    let timing = tessera_topology::MoveTiming::new(0).with_delay_ms(1).with_boundary_ms(20_000);
+    let joined = placement.add_instance("b", "b:1", timing).unwrap();
+    let view = OwnershipView::of(&joined, "a");
+    let moving = (0..SHARDS as usize).find(|shard| view.cutoff_ms[*shard] > 0).expect("the join moves a shard away");
+    assert_eq!(view.owned_count(), SHARDS as usize, "a shard being given away is still listed until finalized");
+    let id = (0..1000)
+        .map(|n| format!("hits|#n:{n}"))
+        .find(|id| tessera_core::shard::shard_of(id.as_bytes(), SHARDS) as usize == moving)
+        .expect("a series in the moving shard");
+
+    assert_eq!(one(&mut converter, 10_000, &id, 2.0), (2.0, false));
+    ownership.publish(view);
+    assert_eq!(one(&mut converter, 20_000, &id, 3.0), (5.0, false), "before the cutoff the total goes on");
+    // After the cutoff `b` writes the series from a reset; then `b` dies and `a` gets the
+    // shard back.
+    let failed_over = joined.fail_over(&["b"], 45_000).unwrap();
+    let back = OwnershipView::of(&failed_over, "a");
+    assert!(back.owned[moving] && back.cutoff_ms[moving] == 0, "given back with no cutoff");
+    ownership.publish(back);
+    assert_eq!(one(&mut converter, 50_000, &id, 4.0), (4.0, true), "owned anew: starts over after a reset");
+    assert_eq!(adopted.get(), 1);
+
+    // A move whose receiver dies before the cutoff: the giver owned it all along, and the
+    // new epoch costs one explicit reset, which storage reads exactly. The converter takes
+    // in neither view before the next tile (it skips the one with the cutoff): the tenure
+    // kept across views still tells it.
+    let (mut converter, ownership, _, _, _) = setup();
+    ownership.publish(OwnershipView::of(&placement, "a"));
+    assert_eq!(one(&mut converter, 10_000, &id, 2.0), (2.0, false));
+    ownership.publish(OwnershipView::of(&joined, "a"));
+    ownership.publish(OwnershipView::of(&joined.fail_over(&["b"], 15_000).unwrap(), "a"));
+    assert_eq!(one(&mut converter, 20_000, &id, 3.0), (3.0, true));
 }

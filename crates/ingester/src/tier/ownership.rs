@@ -16,6 +16,15 @@ pub struct OwnershipView {
     /// Whether it takes the shard at a cutover still to come or passed (joining: it was
     /// not its owner all along).
     pub joining: Vec<bool>,
+    /// The cutoff of each shard it gives away (a move in progress), 0 when none.
+    pub cutoff_ms: Vec<i64>,
+    /// Per shard, a count that changes each time a new tenure of it begins, as the views
+    /// published so far show ([`Ownership::publish`] keeps it): the shard owned after it was
+    /// not, or kept with no cutoff (or another) after it was being given away: its
+    /// receiver may have written it from an explicit reset after the cutoff, then died and
+    /// been failed over, giving it back. Kept across views, so that a reader that skipped
+    /// some (a paused converter) still sees that a tenure began.
+    pub tenure: Vec<u32>,
     /// Version of the placement this comes from.
     pub version: u64,
     /// This ingester was not in the placement when it started (failed over while it was
@@ -30,13 +39,16 @@ impl OwnershipView {
         let num_shards = placement.num_shards();
         let mut owned = vec![false; num_shards as usize];
         let mut joining = vec![false; num_shards as usize];
+        let mut cutoff_ms = vec![0; num_shards as usize];
         for entry in placement.shards_of(instance_id) {
             if let Some(slot) = owned.get_mut(entry.id as usize) {
                 *slot = true;
                 joining[entry.id as usize] = entry.cutover_ms > 0;
+                cutoff_ms[entry.id as usize] = entry.cutoff_ms;
             }
         }
-        OwnershipView { num_shards, owned, joining, version: placement.version(), rejoined: false }
+        let tenure = vec![0; num_shards as usize];
+        OwnershipView { num_shards, owned, joining, cutoff_ms, tenure, version: placement.version(), rejoined: false }
     }
 
     /// Shards owned.
@@ -65,9 +77,20 @@ impl Ownership {
         self.rejoined.load(Ordering::Acquire)
     }
 
-    /// Publishes `view` (when it differs from the current one).
-    pub fn publish(&self, view: OwnershipView) {
+    /// Publishes `view` (when it differs from the current one), its tenures carried on
+    /// from the current one ([`OwnershipView::tenure`]).
+    pub fn publish(&self, mut view: OwnershipView) {
         let mut current = self.view.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(before) = current.as_deref().filter(|before| before.owned.len() == view.owned.len()) {
+            for shard in 0..view.owned.len() {
+                let gained = view.owned[shard] && !before.owned[shard];
+                let given_back = view.owned[shard]
+                    && before.owned[shard]
+                    && before.cutoff_ms[shard] != 0
+                    && view.cutoff_ms[shard] != before.cutoff_ms[shard];
+                view.tenure[shard] = before.tenure[shard].wrapping_add(u32::from(gained || given_back));
+            }
+        }
         if current.as_deref() == Some(&view) {
             return;
         }
