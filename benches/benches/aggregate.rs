@@ -3,7 +3,7 @@
 #![allow(missing_docs)] // criterion_group! generates undocumented items
 
 use criterion::{Criterion, Throughput, black_box, criterion_group, criterion_main};
-use tessera_benches::{counter_datagrams, mixed_datagrams};
+use tessera_benches::{TagStyle, counter_datagrams, mixed_datagrams, tag_style_datagrams};
 use tessera_core::parse::ParseOptions;
 use tessera_core::table::{Table, TableOptions};
 
@@ -37,6 +37,17 @@ fn bench_aggregate(c: &mut Criterion) {
     let mut group = c.benchmark_group("parse_aggregate/dogstatsd_mix");
     group.throughput(Throughput::Elements(lines as u64));
     group.bench_function("lines", |b| b.iter(|| fold_all(&mut table, black_box(&datagrams))));
+    group.finish();
+
+    // The same 10 000 series with their tags written each way (see the parse bench).
+    let mut group = c.benchmark_group("parse_aggregate/tag_style");
+    for style in TagStyle::ALL {
+        let (datagrams, lines) = tag_style_datagrams(style, 10_000);
+        let mut table = Table::new(TableOptions::default());
+        fold_all(&mut table, &datagrams);
+        group.throughput(Throughput::Elements(lines as u64));
+        group.bench_function(style.as_str(), |b| b.iter(|| fold_all(&mut table, black_box(&datagrams))));
+    }
     group.finish();
 }
 

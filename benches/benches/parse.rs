@@ -2,7 +2,7 @@
 #![allow(missing_docs)] // criterion_group! generates undocumented items
 
 use criterion::{Criterion, Throughput, black_box, criterion_group, criterion_main};
-use tessera_benches::{counter_datagrams, mixed_datagrams};
+use tessera_benches::{TagStyle, counter_datagrams, mixed_datagrams, tag_style_datagrams};
 use tessera_core::parse::{Parsed, parse_datagram};
 
 fn parse_all(datagrams: &[Vec<u8>]) -> usize {
@@ -34,5 +34,17 @@ fn bench_parse(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, bench_parse);
+/// The same 10 000 series with their tags written each way: DogStatsD's tag
+/// field, or in the name (InfluxDB, Librato, SignalFx), against untagged lines.
+fn bench_tag_styles(c: &mut Criterion) {
+    let mut group = c.benchmark_group("parse/tag_style");
+    for style in TagStyle::ALL {
+        let (datagrams, lines) = tag_style_datagrams(style, 10_000);
+        group.throughput(Throughput::Elements(lines as u64));
+        group.bench_function(style.as_str(), |b| b.iter(|| parse_all(black_box(&datagrams))));
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench_parse, bench_tag_styles);
 criterion_main!(benches);

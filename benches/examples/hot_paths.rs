@@ -12,7 +12,7 @@
 //! rate that holds on a machine whose cores are shared with other work.
 use std::hint::black_box;
 
-use tessera_benches::{counter_datagrams, mixed_datagrams};
+use tessera_benches::{TagStyle, counter_datagrams, mixed_datagrams, tag_style_datagrams};
 use tessera_core::parse::{ParseOptions, Parsed, parse_datagram};
 use tessera_core::table::{Folded, Table, TableOptions};
 
@@ -23,7 +23,19 @@ fn main() {
         "parse-tagged" | "aggregate-tagged" => counter_datagrams(10_000, 1400, true),
         "parse-mix" | "aggregate-mix" => mixed_datagrams(10_000),
         "aggregate-1m" => counter_datagrams(1_000_000, 1400, false),
-        other => panic!("unknown hot path {other}: parse[-tagged|-mix], aggregate[-tagged|-mix]"),
+        other => {
+            // `parse-style-<style>`, `aggregate-style-<style>`: one tag style (plain,
+            // dogstatsd, influxdb, librato, signalfx), the same 10 000 series in each.
+            let style = other
+                .split_once("-style-")
+                .and_then(|(_, style)| TagStyle::ALL.into_iter().find(|candidate| candidate.as_str() == style));
+            match style {
+                Some(style) => tag_style_datagrams(style, 10_000),
+                None => panic!(
+                    "unknown hot path {other}: parse[-tagged|-mix|-style-<style>], aggregate[-tagged|-mix|-style-<style>]"
+                ),
+            }
+        }
     };
     let rounds: usize = std::env::var("ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(20);
     let mut table = Table::new(TableOptions::default());

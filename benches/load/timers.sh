@@ -50,8 +50,8 @@ promql() {
         python3 -c 'import json,sys; r=json.load(sys.stdin)["data"]["result"]; print(r[0]["value"][1] if r else 0)'
 }
 case $histograms in
-    summary) stored_query='sum({__name__=~"loadgen_timer_[0-9]+_count",resolution="10s"})' ;;
-    *) stored_query='histogram_count(sum({__name__=~"loadgen_timer_[0-9]+",resolution="10s",quantile=""}))' ;;
+    summary) stored_query='sum({__name__=~"loadgen_timer_[0-9]+_count"})' ;;
+    *) stored_query='histogram_count(sum({__name__=~"loadgen_timer_[0-9]+",quantile=""}))' ;;
 esac
 
 ingester_before=$(cpu_ticks $ingester)

@@ -51,3 +51,77 @@ pub fn mixed_datagrams(lines_wanted: usize) -> (Vec<Vec<u8>>, usize) {
     }
     (datagrams, lines_wanted)
 }
+
+/// Where a line carries its tags: the inputs of the `tag_style` benchmarks,
+/// which send the same series (name and two tags) written each way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TagStyle {
+    /// No tags: `bench.counter.7:1|c`.
+    Plain,
+    /// DogStatsD, tags sorted: `bench.counter.7:1|c|#env:prod,host:h3`.
+    DogStatsd,
+    /// DogStatsD, tags not sorted (the full parser and a key build):
+    /// `bench.counter.7:1|c|#host:h3,env:prod`.
+    DogStatsdUnsorted,
+    /// InfluxDB / Telegraf, in the name: `bench.counter.7,env=prod,host=h3:1|c`.
+    InfluxDb,
+    /// Librato, in the name: `bench.counter.7#env=prod,host=h3:1|c`.
+    Librato,
+    /// SignalFx, cut out of the name: `bench.[env=prod,host=h3]counter.7:1|c`.
+    SignalFx,
+}
+
+impl TagStyle {
+    /// Every style, in a fixed order.
+    pub const ALL: [TagStyle; 6] = [
+        TagStyle::Plain,
+        TagStyle::DogStatsd,
+        TagStyle::DogStatsdUnsorted,
+        TagStyle::InfluxDb,
+        TagStyle::Librato,
+        TagStyle::SignalFx,
+    ];
+
+    /// A short label for benchmark ids.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TagStyle::Plain => "plain",
+            TagStyle::DogStatsd => "dogstatsd",
+            TagStyle::DogStatsdUnsorted => "dogstatsd_unsorted",
+            TagStyle::InfluxDb => "influxdb",
+            TagStyle::Librato => "librato",
+            TagStyle::SignalFx => "signalfx",
+        }
+    }
+
+    /// Line `i` of `series` distinct series, written in this style (with its newline).
+    fn line(self, i: usize) -> String {
+        let (name, host) = (i / 16, i % 16);
+        match self {
+            TagStyle::Plain => format!("bench.counter.{i}:1|c\n"),
+            TagStyle::DogStatsd => format!("bench.counter.{name}:1|c|#env:prod,host:h{host}\n"),
+            TagStyle::DogStatsdUnsorted => format!("bench.counter.{name}:1|c|#host:h{host},env:prod\n"),
+            TagStyle::InfluxDb => format!("bench.counter.{name},env=prod,host=h{host}:1|c\n"),
+            TagStyle::Librato => format!("bench.counter.{name}#env=prod,host=h{host}:1|c\n"),
+            TagStyle::SignalFx => format!("bench.[env=prod,host=h{host}]counter.{name}:1|c\n"),
+        }
+    }
+}
+
+/// Builds ~1400-byte datagrams of counter lines of `series` distinct series,
+/// each line written in `style`.
+pub fn tag_style_datagrams(style: TagStyle, series: usize) -> (Vec<Vec<u8>>, usize) {
+    let mut datagrams = Vec::new();
+    let mut current = Vec::with_capacity(1400);
+    for i in 0..series {
+        let line = style.line(i);
+        if current.len() + line.len() > 1400 && !current.is_empty() {
+            datagrams.push(std::mem::take(&mut current));
+        }
+        current.extend_from_slice(line.as_bytes());
+    }
+    if !current.is_empty() {
+        datagrams.push(current);
+    }
+    (datagrams, series)
+}

@@ -4,12 +4,16 @@
 //! parser does. Every accepted line's series also goes through a rule set
 //! (a mapping file with glob and regex rules, allow/deny, tag rules, a
 //! rollup, global tags, a prefix and a limit): rules never panic, and every
-//! id they give parses back into a name and tags.
+//! id they give parses back into a name and tags. The fast path is checked
+//! with every name tag style on (the default) and with every one off.
+//!
+//! Seeds, one file per tag style (`fuzz/seeds/parse/`): run
+//! `cargo fuzz run parse corpus/parse seeds/parse -s none` from `fuzz/`.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use tessera_core::aggregate::Aggregate;
-use tessera_core::parse::{MetricKind, ParseOptions, Parsed, parse_datagram};
+use tessera_core::parse::{MetricKind, ParseOptions, Parsed, parse_datagram, parse_datagram_with};
 use tessera_core::series::SeriesKey;
 use tessera_core::table::{Table, TableOptions};
 use tessera_rules::{MappingFile, RuleMetrics, RuleSet};
@@ -50,6 +54,8 @@ fuzz_target!(|data: &[u8]| {
                 assert!(value.value.is_finite());
             }
             key.build(&line).expect("accepted lines have at most MAX_TAGS tags");
+            let (name, _) = tessera_core::series::split_id(key.id());
+            assert!(!name.is_empty(), "{:?}", String::from_utf8_lossy(key.id()));
             let outcome = rules().apply(line.kind, key.id());
             for id in outcome.targets.new_ids() {
                 let (name, _) = tessera_core::series::split_id(id);
@@ -64,4 +70,18 @@ fuzz_target!(|data: &[u8]| {
     let (fast, full) = (cut(&mut fast), cut(&mut full));
     // NaN sums never occur (values are finite), so equality is exact.
     assert_eq!(fast, full, "the fast path folds differently");
+
+    // With every name tag style off, the bytes of name tags are name bytes.
+    let styles_off =
+        ParseOptions { influxdb_tags: false, librato_tags: false, signalfx_tags: false, ..ParseOptions::default() };
+    let mut full = Table::new(options);
+    parse_datagram_with(data, styles_off, |parsed| {
+        if let Parsed::Metric(line) = parsed {
+            assert!(!line.has_tags_beyond_tag_field() || !line.container_id.is_empty());
+            let _ = full.observe(&line, 0);
+        }
+    });
+    let mut fast = Table::new(options);
+    fast.fold_datagram(data, styles_off, 0, |_| {});
+    assert_eq!(cut(&mut fast), cut(&mut full), "the fast path folds differently with name tag styles off");
 });

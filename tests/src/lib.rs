@@ -105,6 +105,11 @@ pub fn aggregator_config(
 /// Prometheus within seconds.
 pub const ONE_SECOND_TILES: &str = "policies = [\"1s:1h\"]\n";
 
+/// Ingester settings that store the 1 s tiles of [`ONE_SECOND_TILES`] (its default store
+/// takes the 10 s tiles only). One resolution in the store: its samples carry no
+/// `resolution` label. A top-level key, so it comes before any table.
+pub const ONE_SECOND_SINK: &str = "sink_policies = [\"1s\"]\n";
+
 /// Sender settings that reconnect after 20 ms to 200 ms, so that a test does not wait on
 /// the default backoff.
 pub const FAST_RECONNECT: &str = "reconnect_min_ms = 20\nreconnect_max_ms = 200\n";

@@ -155,3 +155,16 @@ fn tessera_check_shows_what_the_rules_make_of_a_line() {
     assert!(lines[2].ends_with("-> dropped\trules=deny[0]:debug.* dropped"), "{}", lines[2]);
     assert!(lines[3].contains("-> other|#region:eu\tshard="), "{}", lines[3]);
 }
+
+/// Two resolutions into one target keep the `resolution` label: `--check-config` accepts
+/// the file and warns that queries without a `resolution` matcher count both; one
+/// resolution per target gets no warning.
+#[test]
+fn check_config_warns_when_one_target_stores_two_resolutions() {
+    let (code, stderr) = run("tessera-ingester", "sink_policies = [\"10s\", \"1m:40d\"]\n", true);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(stderr.contains("warning:") && stderr.contains("`resolution` label"), "{stderr}");
+    let (code, stderr) = run("tessera-ingester", "[policy_sinks.\"1m:40d\"]\nkind = \"file\"\n", true);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(!stderr.contains("warning:"), "{stderr}");
+}

@@ -77,7 +77,8 @@ fn a_killed_leader_costs_no_tile_through_the_real_ingester() {
     let etcd = EtcdServer::start().expect("etcd starts");
     let prometheus = Prometheus::start();
     let dir = tempfile::tempdir().unwrap();
-    let (ingester, ingester_port) = start_ingester(dir.path(), &prometheus, "");
+    // Both resolutions in the one store: the `resolution` label keeps them apart.
+    let (ingester, ingester_port) = start_ingester(dir.path(), &prometheus, "sink_policies = [\"1s\", \"10s\"]\n");
 
     let ports = [free_port(), free_port()];
     let status = Command::new(binary("tessera"))

@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 use tessera_testkit::prometheus::Prometheus;
 use tessera_testkit::{free_port, http_get};
 use tessera_tests::{
-    ONE_SECOND_TILES, collector_config, loopback, scalar, start_daemon, start_ingester, start_lone_aggregator,
-    wait_for_scalar,
+    ONE_SECOND_SINK, ONE_SECOND_TILES, collector_config, loopback, scalar, start_daemon, start_ingester,
+    start_lone_aggregator, wait_for_scalar,
 };
 
 /// How long the good counters may take to reach Prometheus.
@@ -71,7 +71,7 @@ fn garbage_on_every_port_is_refused_and_counted_and_good_data_beside_it_arrives(
     let prometheus = Prometheus::start();
     let dir = tempfile::tempdir().unwrap();
     let (aggregator_port, statsd_port) = (free_port(), free_port());
-    let (ingester, ingester_port) = start_ingester(dir.path(), &prometheus, "");
+    let (ingester, ingester_port) = start_ingester(dir.path(), &prometheus, ONE_SECOND_SINK);
     let (aggregator, placement) =
         start_lone_aggregator(dir.path(), aggregator_port, ONE_SECOND_TILES, ingester_port, "");
     let collector_text = collector_config("host-1", statsd_port, &placement, "");
@@ -117,8 +117,8 @@ fn garbage_on_every_port_is_refused_and_counted_and_good_data_beside_it_arrives(
         let (status, _) = http_get(daemon.telemetry, "/readyz").unwrap();
         assert_eq!(status, 200, "{} is up and ready after the garbage:\n{}", daemon.name, daemon.log());
     }
-    wait_for_scalar(&prometheus, "sum(garbage_udp_total{resolution=\"1s\"})", (udp_rounds * 10) as f64, WAIT);
-    wait_for_scalar(&prometheus, "sum(garbage_tcp_total{resolution=\"1s\"})", tcp_lines as f64, WAIT);
+    wait_for_scalar(&prometheus, "sum(garbage_udp_total)", (udp_rounds * 10) as f64, WAIT);
+    wait_for_scalar(&prometheus, "sum(garbage_tcp_total)", tcp_lines as f64, WAIT);
     assert!(collector.metric("tessera_collector_parse_errors_total", "") > 0.0, "garbage lines counted");
     assert!(aggregator.metric("tessera_aggregator_frame_errors_total", "") > 0.0, "garbage frames counted");
     assert!(ingester.metric("tessera_ingester_frame_errors_total", "") > 0.0, "garbage frames counted");

@@ -25,8 +25,8 @@ use tessera_testkit::daemons::Daemon;
 use tessera_testkit::free_port;
 use tessera_testkit::prometheus::Prometheus;
 use tessera_tests::{
-    FAST_RECONNECT, ONE_SECOND_TILES, collector_config, ingester_config, loopback, start_daemon, start_lone_aggregator,
-    wait_until,
+    FAST_RECONNECT, ONE_SECOND_SINK, ONE_SECOND_TILES, collector_config, ingester_config, loopback, start_daemon,
+    start_lone_aggregator, wait_until,
 };
 
 struct Stack {
@@ -51,7 +51,7 @@ impl Stack {
             ingester_port,
             &dir.path().join("ingester"),
             &prometheus.remote_write_url(),
-            "",
+            ONE_SECOND_SINK,
             &format!("histograms = \"native\"\nmax_buckets = {max_buckets}\n"),
         );
         let ingester = start_daemon("ingester", "tessera-ingester", &ingester_text, ingester_telemetry);
@@ -136,6 +136,12 @@ impl Stack {
     }
 }
 
+/// What the collector keeps of `|ms` values: each divided by 1000 (`timer_unit = "seconds"`,
+/// the default), as it divides them.
+fn seconds(milliseconds: &[f64]) -> Vec<f64> {
+    milliseconds.iter().map(|ms| ms / 1000.0).collect()
+}
+
 /// The value Prometheus' `histogram_quantile(q, ...)` ranks to: the ceil(q × n)-th smallest.
 fn exact_quantile(sorted: &[f64], q: f64) -> f64 {
     let rank = (q * sorted.len() as f64).ceil().max(1.0) as usize;
@@ -164,14 +170,14 @@ fn native_buckets(result: &serde_json::Value) -> Vec<(f64, f64, f64)> {
 #[test]
 fn a_fleet_wide_quantile_of_three_hosts_is_within_a_bucket_of_the_exact_one() {
     let stack = Stack::start(3, 160);
-    let x = r#"svc_latency{resolution="1s"}"#;
+    let x = "svc_latency";
     for host in 1..=3 {
         stack.send(host, "svc.latency", &[1.0]);
     }
     stack.wait_for(&format!("histogram_count(sum({x}))"), 3.0);
 
-    // Overlapping distributions of integers (sums exact in any order): 10..109, 50..249 and a
-    // long tail from 5 to about 4 000.
+    // Overlapping distributions of integer milliseconds: 10..109, 50..249 and a long tail from
+    // 5 to about 4 000, kept in seconds.
     let hosts: [Vec<f64>; 3] = [
         (0..2_000).map(|i| f64::from(10 + i / 20)).collect(),
         (0..2_000).map(|i| f64::from(50 + i / 10)).collect(),
@@ -180,13 +186,16 @@ fn a_fleet_wide_quantile_of_three_hosts_is_within_a_bucket_of_the_exact_one() {
     for (host, values) in hosts.iter().enumerate() {
         stack.send(host + 1, "svc.latency", values);
     }
-    let mut union: Vec<f64> = hosts.iter().flatten().copied().collect();
+    let mut union = seconds(&hosts.concat());
     union.sort_by(f64::total_cmp);
-    let sum: f64 = union.iter().sum::<f64>() + 3.0;
+    let primers = 3.0 * 0.001;
+    let sum: f64 = union.iter().sum::<f64>() + primers;
     stack.wait_for(&format!("histogram_count(sum({x}))"), 6_003.0);
-    assert_eq!(stack.scalar(&format!("histogram_sum(sum({x}))")), Some(sum), "the sum is exact");
+    // Exact but for the rounding of the divisions by 1000, which sums in any order keep tiny.
+    let stored = stack.scalar(&format!("histogram_sum(sum({x}))")).expect("histogram_sum");
+    assert!((stored - sum).abs() <= sum * 1e-12, "the sum is exact: {stored} vs {sum}");
     for host in 1..=3 {
-        let one = format!(r#"histogram_count(svc_latency{{host="h{host}",resolution="1s"}})"#);
+        let one = format!(r#"histogram_count(svc_latency{{host="h{host}"}})"#);
         assert_eq!(stack.scalar(&one), Some(2_001.0), "{one}");
     }
 
@@ -196,20 +205,21 @@ fn a_fleet_wide_quantile_of_three_hosts_is_within_a_bucket_of_the_exact_one() {
     let rate = format!("sum(rate({x}[1m]))");
     stack.assert_quantiles(&rate, &union, &[0.5, 0.9, 0.99], bucket_relative_width(5));
     // The mean from the rates is the exact mean.
-    stack.assert_mean(&rate, (sum - 3.0) / 6_000.0);
+    stack.assert_mean(&rate, (sum - primers) / 6_000.0);
 }
 
 #[test]
 fn ten_decades_under_a_small_bucket_limit_lower_the_schema_and_stay_within_its_bound() {
     let max_buckets = 20;
     let stack = Stack::start(1, max_buckets);
-    let x = r#"wide_latency{resolution="1s"}"#;
-    // 200 values from 0.001 to 10^7, 20 a decade.
-    let mut values: Vec<f64> = (0..200)
+    let x = "wide_latency";
+    // 200 values from 0.001 ms to 10^7 ms, 20 a decade; kept in seconds.
+    let sent: Vec<f64> = (0..200)
         .map(|k| format!("{:.6e}", 10f64.powf(f64::from(k) / 20.0 - 3.0)))
         .map(|text| text.parse().unwrap())
         .collect();
-    stack.send(1, "wide.latency", &values);
+    stack.send(1, "wide.latency", &sent);
+    let mut values = seconds(&sent);
     stack.wait_for(&format!("histogram_count({x})"), 200.0);
 
     let buckets = native_buckets(&stack.prometheus.query(x, now_secs()));
@@ -233,16 +243,16 @@ fn ten_decades_under_a_small_bucket_limit_lower_the_schema_and_stay_within_its_b
 #[test]
 fn rates_across_an_ingester_restart_count_every_observation_once() {
     let mut stack = Stack::start(1, 160);
-    let x = r#"restart_latency{resolution="1s"}"#;
+    let x = "restart_latency";
     stack.send(1, "restart.latency", &[1.0]);
     stack.wait_for(&format!("histogram_count({x})"), 1.0);
-    // Before the restart: 1 000 observations from 100 to 199.
+    // Before the restart: 1 000 observations from 100 ms to 199 ms (kept in seconds).
     let before: Vec<f64> = (0..1_000).map(|i| f64::from(100 + i % 100)).collect();
     stack.send(1, "restart.latency", &before);
     stack.wait_for(&format!("histogram_count({x})"), 1_001.0);
 
     stack.restart_ingester(true);
-    // After a SIGTERM the histogram goes on: 300 observations from 1 000 to 1 299.
+    // After a SIGTERM the histogram goes on: 300 observations from 1 000 ms to 1 299 ms.
     let after: Vec<f64> = (0..300).map(|i| f64::from(1_000 + i)).collect();
     stack.send(1, "restart.latency", &after);
     stack.wait_for(&format!("histogram_count({x})"), 1_301.0);
@@ -253,7 +263,7 @@ fn rates_across_an_ingester_restart_count_every_observation_once() {
     );
 
     stack.restart_ingester(false);
-    // After a SIGKILL too: 200 observations from 2 000 to 2 199.
+    // After a SIGKILL too: 200 observations from 2 000 ms to 2 199 ms.
     let last: Vec<f64> = (0..200).map(|i| f64::from(2_000 + i)).collect();
     stack.send(1, "restart.latency", &last);
     stack.wait_for(&format!("histogram_count({x})"), 1_501.0);
@@ -261,7 +271,7 @@ fn rates_across_an_ingester_restart_count_every_observation_once() {
     // The count never fell (Prometheus 2.42's `resets()` takes floats: the count is one),
     // and the rate over the minute counts every observation once.
     assert_eq!(stack.scalar(&format!("resets(histogram_count({x})[2m:200ms])")), Some(0.0));
-    let mut all: Vec<f64> = before.iter().chain(&after).chain(&last).copied().collect();
+    let mut all = seconds(&[before, after, last].concat());
     all.sort_by(f64::total_cmp);
     let rate = format!("rate({x}[1m])");
     stack.assert_quantiles(&rate, &all, &[0.5, 0.75, 0.9], bucket_relative_width(5));

@@ -112,8 +112,9 @@ struct Ingesters {
 
 impl Ingesters {
     fn config(&self, id: &str) -> String {
+        // The store takes the aggregator's 5 s tiles, its one resolution: no `resolution` label.
         let settings = format!(
-            "instance_id = \"{id}\"\n\
+            "instance_id = \"{id}\"\nsink_policies = [\"5s\"]\n\
              [queue]\nfsync = \"always\"\n\
              [placement]\nliveness_ttl_secs = {TTL_SECS}\nnum_shards = 32\nmove_delay_secs = 2\n\
              move_boundary_secs = 10\nsettle_secs = 8\n\
@@ -130,7 +131,7 @@ impl Ingesters {
 
 /// Per series: (increase over the run as PromQL counts resets, resets).
 fn increases(prometheus: &Prometheus, at: f64) -> HashMap<String, (f64, u32)> {
-    let result = prometheus.query("tier_hits_total{resolution=\"5s\"}[30m]", at);
+    let result = prometheus.query("tier_hits_total[30m]", at);
     let series = result.as_array().cloned().unwrap_or_default();
     series
         .iter()

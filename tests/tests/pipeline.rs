@@ -125,29 +125,31 @@ fn a_known_mix_arrives_in_prometheus_exactly_and_dashboards_evaluate() {
 
     // Counters: every route's cumulative total is exactly 25 lines / 0.5.
     for i in [0, 7, 39] {
-        let query = format!("e2e_requests_total{{route=\"/r{i}\",env=\"test\",resolution=\"10s\"}}");
+        let query = format!("e2e_requests_total{{route=\"/r{i}\",env=\"test\"}}");
         let value = eventually(&query, Duration::from_secs(40), || scalar(&stack.prometheus, &query));
         assert_eq!(value, 50.0, "{query}");
     }
     let routes = eventually("all 40 routes", Duration::from_secs(10), || {
-        scalar(&stack.prometheus, "count(e2e_requests_total{resolution=\"10s\"})").filter(|count| *count == 40.0)
+        scalar(&stack.prometheus, "count(e2e_requests_total)").filter(|count| *count == 40.0)
     });
     assert_eq!(routes, 40.0);
-    let gauge = scalar(&stack.prometheus, "e2e_queue_depth{queue=\"mail\",resolution=\"10s\"}");
+    let gauge = scalar(&stack.prometheus, "e2e_queue_depth{queue=\"mail\"}");
     assert_eq!(gauge, Some(99.0));
-    assert_eq!(scalar(&stack.prometheus, "e2e_users{resolution=\"10s\"}"), Some(9.0));
+    assert_eq!(scalar(&stack.prometheus, "e2e_users"), Some(9.0));
     // The timer is a native histogram (the remote-write default): exact count and sum,
-    // quantiles in the bucket of the exact value.
-    let latency = "e2e_latency{route=\"/all\",resolution=\"10s\"}";
+    // quantiles in the bucket of the exact value. `|ms` values are kept in seconds: 10 ms to
+    // 250 ms are 0.01 s to 0.25 s, their sum 3.25 s (rounded by the divisions).
+    let latency = "e2e_latency{route=\"/all\"}";
     assert_eq!(scalar(&stack.prometheus, &format!("histogram_count({latency})")), Some(25.0));
-    assert_eq!(scalar(&stack.prometheus, &format!("histogram_sum({latency})")), Some(3250.0));
-    assert_eq!(scalar(&stack.prometheus, "e2e_latency_min{route=\"/all\",resolution=\"10s\"}"), Some(10.0));
-    assert_eq!(scalar(&stack.prometheus, "e2e_latency_max{route=\"/all\",resolution=\"10s\"}"), Some(250.0));
+    let sum = scalar(&stack.prometheus, &format!("histogram_sum({latency})")).expect("histogram_sum");
+    assert!((sum - 3.25).abs() <= 3.25 * 1e-12, "histogram_sum {sum}, exact 3.25");
+    assert_eq!(scalar(&stack.prometheus, "e2e_latency_min{route=\"/all\"}"), Some(0.01));
+    assert_eq!(scalar(&stack.prometheus, "e2e_latency_max{route=\"/all\"}"), Some(0.25));
     // Prometheus ranks at q x count and interpolates inside that bucket: within a bucket's
-    // relative width of the value at rank ceil(q x 25) of 10, 20, ... 250.
+    // relative width of the value at rank ceil(q x 25) of 0.01, 0.02, ... 0.25.
     let width = tessera_core::sketch::bucket_relative_width(tessera_core::sketch::DEFAULT_SCHEMA) + 1e-9;
     for q in [0.5, 0.9, 0.99] {
-        let exact = 10.0 * (q * 25.0_f64).ceil();
+        let exact = 10.0 * (q * 25.0_f64).ceil() / 1000.0;
         let query = format!("histogram_quantile({q}, {latency})");
         let value = scalar(&stack.prometheus, &query).unwrap_or_else(|| panic!("{query} missing"));
         assert!((value - exact).abs() <= exact * width, "{query} = {value}, exact {exact}, relative width {width}");
@@ -193,7 +195,7 @@ fn a_known_mix_arrives_in_prometheus_exactly_and_dashboards_evaluate() {
     let mut last_count = 0.0;
     let survivors = eventually("the surviving aggregator's series", Duration::from_secs(40), || {
         std::thread::sleep(Duration::from_millis(800));
-        let count = scalar(&stack.prometheus, "count(e2e_after_kill_total{resolution=\"10s\"})")?;
+        let count = scalar(&stack.prometheus, "count(e2e_after_kill_total)")?;
         let settled = count > 0.0 && count == last_count;
         last_count = count;
         settled.then_some(count)

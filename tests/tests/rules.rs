@@ -1,8 +1,10 @@
 //! Rules before sharding (issue 26), end to end on the real binaries: collectors with a
 //! statsd_exporter mapping file (`[mapping] file`) and `[rules]` → aggregator (1 s tiles) →
 //! ingester (remote write) → a real Prometheus. Every value is read back from Prometheus,
-//! with the exact label set of its series (the documented labels, plus the `resolution`
-//! the ingester adds; a counter's name gets `_total` unless it ends so already).
+//! with the exact label set of its series (the documented labels and no other: the store
+//! holds the one resolution, so the ingester adds no `resolution` label; a counter's name
+//! gets `_total` unless it ends so already). `|ms` values arrive in seconds, as
+//! statsd_exporter writes them.
 //!
 //! - **statsd_exporter's README examples**, each mapping file the one
 //!   `crates/rules/src/mapping/tests.rs` reads (`crates/rules/tests/data/statsd_exporter_readme/`,
@@ -30,8 +32,8 @@ use tessera_testkit::daemons::Daemon;
 use tessera_testkit::free_port;
 use tessera_testkit::prometheus::Prometheus;
 use tessera_tests::{
-    FAST_RECONNECT, ONE_SECOND_TILES, collector_config, loopback, scalar, start_daemon, start_ingester,
-    start_lone_aggregator, wait_for_scalar, wait_until,
+    FAST_RECONNECT, ONE_SECOND_SINK, ONE_SECOND_TILES, collector_config, loopback, scalar, start_daemon,
+    start_ingester, start_lone_aggregator, wait_for_scalar, wait_until,
 };
 
 /// How long values, counters and reloads may take to show.
@@ -66,7 +68,7 @@ impl Stack {
         let prometheus = Prometheus::start();
         let dir = tempfile::tempdir().unwrap();
         let aggregator_port = free_port();
-        let (ingester, ingester_port) = start_ingester(dir.path(), &prometheus, "");
+        let (ingester, ingester_port) = start_ingester(dir.path(), &prometheus, ONE_SECOND_SINK);
         let (aggregator, placement) =
             start_lone_aggregator(dir.path(), aggregator_port, ONE_SECOND_TILES, ingester_port, FAST_RECONNECT);
         let configs: Vec<(String, u16, PathBuf)> = collectors
@@ -148,7 +150,7 @@ impl Stack {
     }
 
     /// Waits until the series `name{labels}` holds `value`, then checks that it carries
-    /// exactly `labels` and `resolution="1s"`, no other.
+    /// exactly `labels`, no other.
     fn expect_sample(&self, name: &str, labels: &[(&str, &str)], value: f64) {
         let selector = selector(name, labels);
         wait_for_scalar(&self.prometheus, &selector, value, WAIT);
@@ -156,7 +158,7 @@ impl Stack {
     }
 
     /// Waits until the native histogram `name{labels}` counts `count` observations, then
-    /// checks their sum and that it carries exactly `labels` and `resolution="1s"`.
+    /// checks their sum and that it carries exactly `labels`.
     fn expect_histogram(&self, name: &str, labels: &[(&str, &str)], count: f64, sum: f64) {
         let selector = selector(name, labels);
         wait_for_scalar(&self.prometheus, &format!("histogram_count({selector})"), count, WAIT);
@@ -171,9 +173,9 @@ impl Stack {
     }
 }
 
-/// `{__name__="name",resolution="1s",labels...}`.
+/// `{__name__="name",labels...}`.
 fn selector(name: &str, labels: &[(&str, &str)]) -> String {
-    let mut matchers = vec![format!("__name__=\"{name}\""), "resolution=\"1s\"".to_owned()];
+    let mut matchers = vec![format!("__name__=\"{name}\"")];
     matchers.extend(labels.iter().map(|(key, value)| format!("{key}=\"{value}\"")));
     format!("{{{}}}", matchers.join(","))
 }
@@ -182,7 +184,6 @@ fn expected_labels(name: &str, labels: &[(&str, &str)]) -> BTreeMap<String, Stri
     let mut expected: BTreeMap<String, String> =
         labels.iter().map(|(key, value)| ((*key).to_owned(), (*value).to_owned())).collect();
     expected.insert("__name__".to_owned(), name.to_owned());
-    expected.insert("resolution".to_owned(), "1s".to_owned());
     expected
 }
 
@@ -268,11 +269,12 @@ fn statsd_exporter_readme_examples_arrive_with_the_documented_names_and_labels()
         8.0,
     );
 
-    // Timers (observer_type and buckets are noted: tessera's histograms are native).
+    // Timers (observer_type and buckets are noted: tessera's histograms are native). `|ms`
+    // values are kept in seconds (20 ms + 30 ms: 0.05 s); `|d` values as sent.
     let my_timer = [("provider", "aws"), ("outcome", "ok"), ("job", "api_server")];
-    stack.expect_histogram("my_timer", &my_timer, 2.0, 50.0);
-    stack.expect_sample("my_timer_min", &my_timer, 20.0);
-    stack.expect_sample("my_timer_max", &my_timer, 30.0);
+    stack.expect_histogram("my_timer", &my_timer, 2.0, 0.05);
+    stack.expect_sample("my_timer_min", &my_timer, 0.02);
+    stack.expect_sample("my_timer_max", &my_timer, 0.03);
     stack.expect_histogram(
         "other_timer",
         &[("provider", "gcp"), ("outcome", "fail"), ("job", "db_server_other")],
@@ -282,7 +284,7 @@ fn statsd_exporter_readme_examples_arrive_with_the_documented_names_and_labels()
 
     // `drop`: the mapped line arrives; the other, sent in the same datagram, is dropped
     // at the collector and counted there.
-    stack.expect_histogram("my_timer", &[("provider", "b"), ("outcome", "c"), ("job", "a_server")], 1.0, 12.0);
+    stack.expect_histogram("my_timer", &[("provider", "b"), ("outcome", "c"), ("job", "a_server")], 1.0, 0.012);
     let rule_partials = "rule_partials_total";
     stack.wait_for_collector_metric(5, rule_partials, "rule=\"mapping[1]:.\",action=\"dropped\"", 1.0);
     stack.wait_for_collector_metric(5, rule_partials, "rule=\"mapping[0]:test.timing.*.*.*\",action=\"mapped\"", 1.0);
@@ -290,7 +292,7 @@ fn statsd_exporter_readme_examples_arrive_with_the_documented_names_and_labels()
     // `match_metric_type`: one name, a rule per kind; the regex rule maps gauges only.
     stack.expect_sample("test_foo_sum_total", &[], 2.0);
     stack.expect_sample("test_foo_current", &[], 11.0);
-    stack.expect_histogram("test_foo_seconds", &[], 1.0, 7.0);
+    stack.expect_histogram("test_foo_seconds", &[], 1.0, 0.007);
     stack.expect_sample("bar_gauge", &[], 13.0);
     stack.expect_sample("test_bar_x_total", &[], 1.0);
 
@@ -338,10 +340,11 @@ fn allow_deny_tag_rules_global_tags_and_prefix_shape_what_arrives() {
         &[("environment", "prod"), ("route", "/users"), ("region", "eu-west-1")],
         7.0,
     );
+    // 10 ms and 30 ms, kept in seconds.
     let latency = [("route", "/a"), ("region", "eu-west-1")];
-    stack.expect_histogram("edge_app_latency", &latency, 2.0, 40.0);
-    stack.expect_sample("edge_app_latency_min", &latency, 10.0);
-    stack.expect_sample("edge_app_latency_max", &latency, 30.0);
+    stack.expect_histogram("edge_app_latency", &latency, 2.0, 0.04);
+    stack.expect_sample("edge_app_latency_min", &latency, 0.01);
+    stack.expect_sample("edge_app_latency_max", &latency, 0.03);
     stack.expect_sample("edge_app_queue_depth", &[("queue", "mail"), ("region", "us-east-1")], 17.0);
 
     let rule_partials = "rule_partials_total";

@@ -20,7 +20,9 @@ use tessera_proto::Role;
 use tessera_testkit::daemons::Daemon;
 use tessera_testkit::free_port;
 use tessera_testkit::prometheus::Prometheus;
-use tessera_tests::{collector_config, loopback, start_daemon, start_ingester, start_lone_aggregator, wait_for_scalar};
+use tessera_tests::{
+    ONE_SECOND_SINK, collector_config, loopback, start_daemon, start_ingester, start_lone_aggregator, wait_for_scalar,
+};
 use tessera_wire::WireStream;
 use tokio::io::AsyncWriteExt;
 
@@ -91,7 +93,8 @@ async fn silent_slow_and_flooding_clients_do_not_hold_up_a_real_flow() {
     let dir = tempfile::tempdir().unwrap();
     let (aggregator_port, statsd_port) = (free_port(), free_port());
     let idle_timeout = format!("idle_timeout_ms = {IDLE_MS}\n");
-    let (ingester, ingester_port) = start_ingester(dir.path(), &prometheus, &idle_timeout);
+    let (ingester, ingester_port) =
+        start_ingester(dir.path(), &prometheus, &format!("{ONE_SECOND_SINK}{idle_timeout}"));
     let (aggregator, placement) = start_lone_aggregator(
         dir.path(),
         aggregator_port,
@@ -160,7 +163,7 @@ async fn silent_slow_and_flooding_clients_do_not_hold_up_a_real_flow() {
 
     sending.store(false, std::sync::atomic::Ordering::Relaxed);
     let rounds = sender.join().unwrap();
-    let query = "sum(steady_hits_total{resolution=\"1s\"})";
+    let query = "sum(steady_hits_total)";
     tokio::task::block_in_place(|| {
         wait_for_scalar(&prometheus, query, (rounds * 10) as f64, Duration::from_secs(30));
     });

@@ -21,7 +21,9 @@ use prometheus_client::metrics::counter::Counter;
 use tessera_proto::Role;
 use tessera_testkit::free_port;
 use tessera_testkit::tls::Pki;
-use tessera_tests::{ONE_SECOND_TILES, collector_config, loopback, start_daemon, start_lone_aggregator, wait_until};
+use tessera_tests::{
+    ONE_SECOND_SINK, ONE_SECOND_TILES, collector_config, loopback, start_daemon, start_lone_aggregator, wait_until,
+};
 use tessera_wire::WireStream;
 use tessera_wire::{ClientTls, connect};
 use tessera_wire::{ClientTlsConfig, load_certs};
@@ -55,17 +57,18 @@ fn sender_tls(table: &str, pki: &Pki, ca: &Path, with_cert: bool) -> String {
     text
 }
 
-/// The highest value written for the counter `name` (cumulative in the file sink), from
-/// the ingester's open journal: `<type> <family> <timestamp_ms> <value> <series>`.
+/// The highest value written for the untagged counter `name` (cumulative in the file
+/// sink), from the ingester's open journal: `<type> <family> <timestamp_ms> <value> <series>`.
+/// The store holds one resolution, so the series is `<name>_total`, with no label.
 fn written_total(journal: &Path, name: &str) -> Option<f64> {
     let text = std::fs::read_to_string(journal).ok()?;
-    let series_prefix = format!("{name}_total{{");
+    let wanted = format!("{name}_total");
     text.lines()
         .filter_map(|line| {
             let mut fields = line.splitn(5, ' ');
             let (kind, _family, _timestamp, value, series) =
                 (fields.next()?, fields.next()?, fields.next()?, fields.next()?, fields.next()?);
-            (kind == "counter" && series.starts_with(&series_prefix)).then(|| value.parse::<f64>().ok())?
+            (kind == "counter" && series == wanted).then(|| value.parse::<f64>().ok())?
         })
         .reduce(f64::max)
 }
@@ -124,7 +127,7 @@ fn mutual_tls_on_both_links_delivers_exactly_refuses_strangers_and_follows_a_rot
     let data_dir = dir.path().join("ingester");
     let journal = data_dir.join("openmetrics/default/current.journal");
     let ingester_text = format!(
-        "listen = \"127.0.0.1:{ingester_port}\"\ndata_dir = {}\n{}[sink]\nkind = \"file\"\nrotate_secs = 3600\n",
+        "listen = \"127.0.0.1:{ingester_port}\"\ndata_dir = {}\n{ONE_SECOND_SINK}{}[sink]\nkind = \"file\"\nrotate_secs = 3600\n",
         quoted(&data_dir),
         listener_tls(&pki)
     );

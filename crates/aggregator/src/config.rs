@@ -9,8 +9,10 @@
 //! instance_id = "aggregator-1"
 //! # Wire listener for collectors' partial batches.
 //! listen = "0.0.0.0:7400"
-//! # Storage policies, `resolution:retention`; each tiles independently.
-//! policies = ["10s:2d", "1m:40d"]
+//! # Storage policies, `resolution:retention`; each tiles independently. One by
+//! # default; add "1m:40d" for 1 min tiles where an ingester has a target for them
+//! # (its `[policy_sinks."1m:40d"]`: one resolution per store).
+//! policies = ["10s:2d"]
 //! # A tile closes once every connected collector's watermark has passed
 //! # its end, and at the latest this long after its end (default: up to 8 s,
 //! # as far as no policy needs another table for it).
@@ -323,7 +325,7 @@ mod tests {
         config.validate().unwrap();
         assert_eq!(config.instance_id(), "agg-1");
         let policies: Vec<String> = config.policies.iter().map(ToString::to_string).collect();
-        assert_eq!(policies, ["10s:2d", "1m:40d"]);
+        assert_eq!(policies, ["10s:2d"]);
         assert_eq!(config.listen.to_string(), "127.0.0.1:7400");
         assert_eq!(config.buffer_past_ms, 2_000);
         assert_eq!(config.max_buffer_past_ms(), 8_000);

@@ -14,7 +14,7 @@ fn main() -> ExitCode {
     tessera_runtime::daemon_main(
         "tessera-aggregator",
         about,
-        Config::validate,
+        |config: &Config| config.validate().map(|()| Vec::new()),
         |config: Config, telemetry, shutdown, _config_file| async {
             Aggregator::start(config, telemetry, shutdown).await?.wait().await;
             Ok(())

@@ -30,6 +30,16 @@ pub struct Resolution {
     pub label: String,
     /// The tile length.
     pub tile_ms: i64,
+    /// Whether the store holds several resolutions, so that samples carry the label.
+    pub labelled: bool,
+}
+
+impl Resolution {
+    /// The PromQL label matchers that select this resolution: `resolution="10s"` where the
+    /// store holds several, nothing where it holds one (no label then).
+    pub fn matchers(&self) -> String {
+        if self.labelled { format!("resolution=\"{}\"", self.label) } else { String::new() }
+    }
 }
 
 /// `10s` → 10 000 ms (`s`, `m`, `h`).
@@ -49,12 +59,13 @@ pub fn resolution_ms(label: &str) -> Option<i64> {
 
 /// The resolutions of `policies` (`10s:1h` → `10s`).
 pub fn resolutions(policies: &[String]) -> anyhow::Result<Vec<Resolution>> {
+    let labelled = policies.len() > 1;
     policies
         .iter()
         .map(|policy| {
             let label = policy.split(':').next().unwrap_or_default().to_owned();
             let tile_ms = resolution_ms(&label).with_context(|| format!("policy `{policy}`"))?;
-            Ok(Resolution { label, tile_ms })
+            Ok(Resolution { label, tile_ms, labelled })
         })
         .collect()
 }
@@ -392,7 +403,7 @@ mod tests {
     const WORKLOAD: Workload = Workload { series_per_kind: 2, collectors: 2 };
 
     fn ten_seconds() -> Vec<Resolution> {
-        vec![Resolution { label: "10s".into(), tile_ms: 10_000 }]
+        vec![Resolution { label: "10s".into(), tile_ms: 10_000, labelled: false }]
     }
 
     /// Two rounds a second from t = 0 for `seconds`.

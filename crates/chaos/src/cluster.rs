@@ -38,7 +38,8 @@ pub const ENV: &str = "chaos";
 pub struct Settings {
     /// How many of each daemon.
     pub shape: Shape,
-    /// The aggregators' storage policies (`10s:1h`).
+    /// The aggregators' storage policies (`10s:1h`); the ingesters store them all in the one
+    /// Prometheus, each with its `resolution` label.
     pub policies: Vec<String>,
     /// The liveness lease TTL of aggregators and ingesters.
     pub ttl_secs: u64,
@@ -367,9 +368,11 @@ impl Cluster {
             let name = Daemon::Ingester(n).to_string();
             let text = format!(
                 "instance_id = \"{name}\"\nlisten = \"127.0.0.1:{port}\"\ndata_dir = {:?}\n\
+                 sink_policies = {:?}\n\
                  [placement]\nadvertise = \"{}\"\nliveness_ttl_secs = {ttl}\n{}\
                  [sink]\nkind = \"remote_write\"\nurl = \"{remote_write}\"\nhistograms = \"summary\"\n",
                 settings.dir.join(&name).display().to_string(),
+                settings.policies,
                 ingester_proxies[n].address(),
                 etcd_section("placement.etcd"),
             );

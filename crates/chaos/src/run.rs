@@ -299,17 +299,31 @@ pub const KILL_LOOKBACK_MS: i64 = 2_500;
 
 /// The spans in which each collector's faults excuse a loss (README, *Guarantees*); the
 /// spans in which a collector's kernel dropped datagrams are added as they are seen.
+///
+/// A killed collector loses what a replica had not acknowledged yet: with a healthy link,
+/// the last [`KILL_LOOKBACK_MS`]; while the link into an aggregator is stalled, delayed or
+/// cut, everything since that link fault began, which that aggregator never gets and may
+/// flush without when it leads (found by seed 3 at 5 minutes: agg-1's link stalled from
+/// 114.9 s, col-1 killed at 122.3 s before the stall ended, and agg-1, leading, flushed the
+/// tile without col-1's last five seconds, which only agg-2 held).
 pub fn excuses(applied: &[Applied]) -> Vec<Excuse> {
-    applied
-        .iter()
-        .filter(|fault| fault.note.is_none())
+    let valid = || applied.iter().filter(|fault| fault.note.is_none());
+    valid()
         .filter_map(|fault| match fault.fault.fault {
-            Fault::Kill(Daemon::Collector(collector)) => Some(Excuse {
-                collector,
-                from_ms: fault.began_ms - KILL_LOOKBACK_MS,
-                to_ms: fault.ready_ms.unwrap_or(fault.ended_ms) + 500,
-                why: fault.fault.fault.to_string(),
-            }),
+            Fault::Kill(Daemon::Collector(collector)) => {
+                let lookback_from_ms = fault.began_ms - KILL_LOOKBACK_MS;
+                let unacknowledged_since_ms = valid()
+                    .filter(|link| matches!(link.fault.fault, Fault::Link(Daemon::Aggregator(_), _)))
+                    .filter(|link| link.began_ms <= fault.began_ms && link.ended_ms >= lookback_from_ms)
+                    .map(|link| link.began_ms - 1_000)
+                    .min();
+                Some(Excuse {
+                    collector,
+                    from_ms: unacknowledged_since_ms.map_or(lookback_from_ms, |since| since.min(lookback_from_ms)),
+                    to_ms: fault.ready_ms.unwrap_or(fault.ended_ms) + 500,
+                    why: fault.fault.fault.to_string(),
+                })
+            }
             Fault::Pause(Daemon::Collector(collector)) | Fault::Starve(Daemon::Collector(collector), _) => {
                 Some(Excuse {
                     collector,
@@ -351,9 +365,9 @@ fn wait_for_last_tiles(
             let last_tile = tile_end(last.after_ms, resolution.tile_ms);
             for kind in Kind::ALL {
                 let query = format!(
-                    "count(timestamp({}{{resolution=\"{}\"}}) >= {})",
+                    "count(timestamp({}{{{}}}) >= {})",
                     metric_name(kind),
-                    resolution.label,
+                    resolution.matchers(),
                     last_tile as f64 / 1_000.0
                 );
                 let result = cluster.prometheus.query(&query, now_ms() as f64 / 1_000.0);
@@ -381,7 +395,7 @@ fn read_back(cluster: &Cluster, resolutions: &[Resolution], ledger: &[Round]) ->
     let range_secs = (now - first) / 1_000 + 120;
     for kind in Kind::ALL {
         for resolution in resolutions {
-            let query = format!("{}{{resolution=\"{}\"}}[{range_secs}s]", metric_name(kind), resolution.label);
+            let query = format!("{}{{{}}}[{range_secs}s]", metric_name(kind), resolution.matchers());
             let result = cluster.prometheus.query(&query, now as f64 / 1_000.0);
             let samples = observed.entry((kind, resolution.label.clone())).or_default();
             for series in result.as_array().context("a result array")? {
@@ -515,4 +529,34 @@ pub fn summary(campaign: &Campaign, outcome: &Outcome) -> String {
         let _ = writeln!(text, "run directory (configs, data, logs): {}", campaign.dir.display());
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn applied(fault: Fault, began_ms: i64, ended_ms: i64) -> Applied {
+        let scheduled = Scheduled { at: Duration::ZERO, lasts: Duration::ZERO, fault };
+        Applied { fault: scheduled, began_ms, ended_ms, ready_ms: None, note: None }
+    }
+
+    #[test]
+    fn a_collector_killed_while_a_link_into_an_aggregator_is_down_is_excused_since_the_link_fault() {
+        let kill = applied(Fault::Kill(Daemon::Collector(0)), 122_300, 128_200);
+        let alone = excuses(std::slice::from_ref(&kill));
+        assert_eq!((alone[0].from_ms, alone[0].to_ms), (122_300 - KILL_LOOKBACK_MS, 128_700));
+
+        // Seed 3 at 5 minutes: the link into agg-1 stalled from 114.9 s to 122.5 s.
+        let stall = applied(Fault::Link(Daemon::Aggregator(0), LinkFault::Stall), 114_900, 122_500);
+        let both = excuses(&[stall.clone(), kill.clone()]);
+        assert_eq!(both.len(), 1, "a link fault excuses nothing by itself");
+        assert_eq!((both[0].collector, both[0].from_ms, both[0].to_ms), (0, 113_900, 128_700));
+
+        // A link fault that ended before the kill's lookback, or one into an ingester,
+        // widens nothing.
+        let earlier = applied(Fault::Link(Daemon::Aggregator(0), LinkFault::Stall), 100_000, 110_000);
+        let ingester = applied(Fault::Link(Daemon::Ingester(0), LinkFault::Stall), 114_900, 122_500);
+        let unrelated = excuses(&[earlier, ingester, kill]);
+        assert_eq!(unrelated[0].from_ms, 122_300 - KILL_LOOKBACK_MS);
+    }
 }

@@ -21,6 +21,18 @@ pub struct Args {
     /// Longest accepted line, in bytes.
     #[arg(long, default_value_t = tessera_core::parse::DEFAULT_MAX_LINE_BYTES)]
     max_line_bytes: usize,
+    /// Leave InfluxDB tags in the name (`api.hits,env=prod`); also off when the `--rules`
+    /// file's `[parse] influxdb_tags` is false.
+    #[arg(long)]
+    no_influxdb_tags: bool,
+    /// Leave Librato tags in the name (`api.hits#env=prod`); also off when the `--rules`
+    /// file's `[parse] librato_tags` is false.
+    #[arg(long)]
+    no_librato_tags: bool,
+    /// Leave SignalFx tags in the name (`api.[env=prod]hits`); also off when the `--rules`
+    /// file's `[parse] signalfx_tags` is false.
+    #[arg(long)]
+    no_signalfx_tags: bool,
     /// Print only the summary.
     #[arg(long, short)]
     quiet: bool,
@@ -36,19 +48,35 @@ pub struct Args {
     line: Vec<String>,
 }
 
+/// The collector configuration `--rules` names; the defaults without it.
+fn load_config(args: &Args) -> anyhow::Result<tessera_collector::Config> {
+    Ok(match &args.rules {
+        Some(path) => tessera_runtime::config::load_toml::<tessera_collector::Config>(Some(path))?,
+        None => tessera_collector::Config::default(),
+    })
+}
+
 /// The rules `--mapping` and `--rules` name, compiled; `None` when neither is given.
-fn load_rules(args: &Args) -> anyhow::Result<Option<RuleSet>> {
+fn load_rules(args: &Args, mut config: tessera_collector::Config) -> anyhow::Result<Option<RuleSet>> {
     if args.mapping.is_none() && args.rules.is_none() {
         return Ok(None);
     }
-    let mut config = match &args.rules {
-        Some(path) => tessera_runtime::config::load_toml::<tessera_collector::Config>(Some(path))?,
-        None => tessera_collector::Config::default(),
-    };
     if let Some(path) = &args.mapping {
         config.mapping.file = Some(path.clone());
     }
     Ok(Some(config.rule_set(&RuleMetrics::default())?))
+}
+
+/// The parser settings: the name tag styles of the configuration's `[parse]`, less those
+/// the flags turn off, and `--max-line-bytes`.
+fn parse_options(args: &Args, config: &tessera_collector::Config) -> ParseOptions {
+    let configured = config.parse.options();
+    ParseOptions {
+        max_line_bytes: args.max_line_bytes,
+        influxdb_tags: configured.influxdb_tags && !args.no_influxdb_tags,
+        librato_tags: configured.librato_tags && !args.no_librato_tags,
+        signalfx_tags: configured.signalfx_tags && !args.no_signalfx_tags,
+    }
 }
 
 /// What the rules make of series `id`: the ids it goes out under, and the rules that acted.
@@ -75,7 +103,9 @@ fn describe_rules(rules: &RuleSet, kind: MetricKind, id: &[u8], num_shards: u32)
 
 /// Runs `tessera check`; exits 1 when any line was rejected.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let rules = load_rules(&args)?;
+    let config = load_config(&args)?;
+    let options = parse_options(&args, &config);
+    let rules = load_rules(&args, config)?;
     let mut out = std::io::stdout().lock();
     if let Some(rules) = &rules
         && !args.quiet
@@ -102,7 +132,6 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             }
         }
     }
-    let options = ParseOptions { max_line_bytes: args.max_line_bytes };
     let mut key = SeriesKey::default();
     let (mut metrics, mut events, mut rejected) = (0usize, 0usize, [0usize; RejectReason::ALL.len()]);
     let mut write_error = None;
@@ -120,8 +149,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                     Some(rules) => describe_rules(rules, line.kind, key.id(), args.num_shards),
                     None => String::new(),
                 };
+                let skipped = match line.name_tag_errors {
+                    0 => String::new(),
+                    errors => format!("\tmalformed_name_tags={errors}"),
+                };
                 format!(
-                    "ok\t{}\t{}\tvalues={}\trate={}\tshard={}{mapped}",
+                    "ok\t{}\t{}\tvalues={}\trate={}\tshard={}{skipped}{mapped}",
                     line.kind.as_str(),
                     String::from_utf8_lossy(key.id()),
                     values.join(","),

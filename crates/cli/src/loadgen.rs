@@ -129,9 +129,11 @@ pub struct Args {
     /// OpenMetrics directory, e.g. tessera-data/openmetrics).
     #[arg(long, value_name = "SINK", value_parser = verify::parse_sink)]
     verify: Option<verify::VerifySink>,
-    /// Resolution whose series `--verify` reads.
-    #[arg(long, value_name = "RESOLUTION", default_value = "10s")]
-    verify_resolution: String,
+    /// Resolution whose series `--verify` reads, where the store holds several (their
+    /// samples carry a `resolution` label); by default the series with no such label, as a
+    /// store of one resolution (the default) has them.
+    #[arg(long, value_name = "RESOLUTION")]
+    verify_resolution: Option<String>,
     /// How long `--verify` waits for the sink to show everything.
     #[arg(long, value_name = "SECONDS", default_value_t = 120)]
     verify_timeout_secs: u64,
@@ -235,7 +237,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let stop = Arc::new(AtomicBool::new(false));
     let _signals = stop_on_signal(&stop)?;
     let baseline = match &args.verify {
-        Some(sink) => Some(verify::counter_total(sink, &args.verify_resolution).context("reading the baseline")?),
+        Some(sink) => {
+            Some(verify::counter_total(sink, args.verify_resolution.as_deref()).context("reading the baseline")?)
+        }
         None => None,
     };
     let summary = execute(&config, &stop)?;
@@ -260,7 +264,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             .map(|totals| totals.expected)
             .sum();
         let timeout = Duration::from_secs(args.verify_timeout_secs);
-        let verdict = verify::wait_for(sink, &args.verify_resolution, baseline, expected, timeout)?;
+        let verdict = verify::wait_for(sink, args.verify_resolution.as_deref(), baseline, expected, timeout)?;
         writeln!(out, "{}", verdict.to_text())?;
         if verdict.lost() > 0.0 {
             return Ok(ExitCode::FAILURE);

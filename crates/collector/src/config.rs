@@ -8,7 +8,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use serde::Deserialize;
-use tessera_core::aggregate::GaugeDeltas;
+use tessera_core::aggregate::{GaugeDeltas, TimerUnit};
+use tessera_core::parse::ParseOptions;
 use tessera_rules::{MappingConfig, RulesConfig};
 use tessera_rules::{RuleMetrics, RuleSet, RulesError};
 use tessera_topology::PlacementSource;
@@ -25,7 +26,7 @@ pub struct Config {
     pub tcp: TcpConfig,
     /// Unix datagram socket listener.
     pub unix: UnixConfig,
-    /// Parser limits.
+    /// Parser settings: the line length limit, the name tag styles.
     pub parse: ParseConfig,
     /// Pre-aggregation.
     pub aggregation: AggregationConfig,
@@ -146,17 +147,54 @@ pub struct UnixConfig {
     pub gauge_deltas: GaugeDeltasConfig,
 }
 
-/// `[parse]`
+/// `[parse]`: how statsd lines are read.
+///
+/// Tags may be written in the metric name, as Prometheus' statsd_exporter
+/// reads them (each style on by default there too): `key=value` in the
+/// name is the tag `key:value`, so `api.hits,env=prod:1|c` and
+/// `api.hits:1|c|#env:prod` are one series. A malformed name tag is skipped
+/// and counted (`tessera_collector_name_tag_errors_total`); a line with
+/// both name tags and a DogStatsD `|#` tag field is rejected
+/// (`parse_errors_total{reason="mixed_tag_styles"}`). A style switched off
+/// leaves its bytes in the name. See
+/// `tessera_core::parse::name_tags` for the exact rules.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ParseConfig {
     /// Longest line accepted, in bytes.
     pub max_line_bytes: usize,
+    /// InfluxDB / Telegraf tags in the name: `api.hits,env=prod:1|c`
+    /// (statsd_exporter's `--statsd.parse-influxdb-tags`).
+    pub influxdb_tags: bool,
+    /// Librato tags in the name: `api.hits#env=prod:1|c`
+    /// (`--statsd.parse-librato-tags`).
+    pub librato_tags: bool,
+    /// SignalFx tags in the name, cut out of it: `api.[env=prod]hits:1|c`
+    /// (`--statsd.parse-signalfx-tags`).
+    pub signalfx_tags: bool,
 }
 
 impl Default for ParseConfig {
     fn default() -> Self {
-        ParseConfig { max_line_bytes: tessera_core::parse::DEFAULT_MAX_LINE_BYTES }
+        let options = ParseOptions::default();
+        ParseConfig {
+            max_line_bytes: options.max_line_bytes,
+            influxdb_tags: options.influxdb_tags,
+            librato_tags: options.librato_tags,
+            signalfx_tags: options.signalfx_tags,
+        }
+    }
+}
+
+impl ParseConfig {
+    /// The parser settings these keys ask for.
+    pub fn options(&self) -> ParseOptions {
+        ParseOptions {
+            max_line_bytes: self.max_line_bytes,
+            influxdb_tags: self.influxdb_tags,
+            librato_tags: self.librato_tags,
+            signalfx_tags: self.signalfx_tags,
+        }
     }
 }
 
@@ -174,6 +212,30 @@ pub struct AggregationConfig {
     pub max_series: Option<usize>,
     /// Series idle this long are forgotten.
     pub expire_after_idle_secs: u64,
+    /// The unit `|ms` timer values are kept and written in: `seconds` (each value divided
+    /// by 1000, as statsd_exporter does and Prometheus names durations) or `milliseconds`
+    /// (as sent). `|h` and `|d` values have no unit and are kept as sent.
+    pub timer_unit: TimerUnitConfig,
+}
+
+/// The unit of `|ms` values (`[aggregation] timer_unit`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum TimerUnitConfig {
+    /// Divided by 1000.
+    #[default]
+    Seconds,
+    /// As sent.
+    Milliseconds,
+}
+
+impl From<TimerUnitConfig> for TimerUnit {
+    fn from(config: TimerUnitConfig) -> Self {
+        match config {
+            TimerUnitConfig::Seconds => TimerUnit::Seconds,
+            TimerUnitConfig::Milliseconds => TimerUnit::Milliseconds,
+        }
+    }
 }
 
 impl Default for AggregationConfig {
@@ -183,6 +245,7 @@ impl Default for AggregationConfig {
             flush_delay_ms: 150,
             max_series: Some(4_000_000),
             expire_after_idle_secs: 300,
+            timer_unit: TimerUnitConfig::Seconds,
         }
     }
 }
@@ -304,6 +367,15 @@ mod tests {
         assert_eq!(aggregation.rules_idle_ms(), 3_500, "one window longer than the readers keep a series");
         let brief: AggregationConfig = toml::from_str("interval_ms = 10000\nexpire_after_idle_secs = 1\n").unwrap();
         assert_eq!(brief.expire_after_idle_windows(), 1, "at least one window");
+    }
+
+    #[test]
+    fn name_tag_styles_are_on_by_default_and_each_can_be_switched_off() {
+        assert_eq!(Config::default().parse.options(), ParseOptions::default());
+        let parse: ParseConfig = toml::from_str("influxdb_tags = false\nsignalfx_tags = false\n").unwrap();
+        let options = parse.options();
+        assert!(!options.influxdb_tags && options.librato_tags && !options.signalfx_tags, "{options:?}");
+        assert_eq!(options.max_line_bytes, tessera_core::parse::DEFAULT_MAX_LINE_BYTES);
     }
 
     #[test]

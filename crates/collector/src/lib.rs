@@ -40,7 +40,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tessera_core::parse::ParseOptions;
 use tessera_rules::RulesHandle;
 use tessera_runtime::daemon::spawn_thread;
 use tessera_runtime::{Readiness, ServerHandle, Shutdown, Telemetry};
@@ -87,7 +86,7 @@ impl Collector {
 
         let instance_id = config.instance_id.clone().unwrap_or_else(|| tessera_runtime::daemon::hostname("collector"));
         let window_ms = config.aggregation.window_ms();
-        let parse_options = ParseOptions { max_line_bytes: config.parse.max_line_bytes };
+        let parse_options = config.parse.options();
         let (cut_links, flusher_links) = intake::cut_links(1024);
         let rule_set = config.rule_set(&metrics.rules)?;
         for note in rule_set.notes() {
@@ -99,6 +98,7 @@ impl Collector {
             max_series: config.aggregation.max_series,
             expire_after_idle_windows: config.aggregation.expire_after_idle_windows(),
             parse_options,
+            timer_unit: config.aggregation.timer_unit.into(),
         };
         // Everything that can fail on a bad file (the TLS files) before the readers start,
         // so that a failed start leaves no reader thread holding the ports.

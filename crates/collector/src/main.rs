@@ -14,7 +14,7 @@ fn main() -> ExitCode {
     tessera_runtime::daemon_main(
         "tessera-collector",
         about,
-        Config::validate,
+        |config: &Config| config.validate().map(|()| Vec::new()),
         |mut config: Config, telemetry, shutdown, config_file| async {
             config.config_file = config_file;
             let placement = tessera_collector::start_placement(&config)

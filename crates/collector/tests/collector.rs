@@ -154,8 +154,11 @@ async fn every_listener_delivers_exact_values(series_dictionary: bool) {
     let Some(Aggregate::Distribution(latency)) = receiver.get(MetricKind::Timer, "latency|#route:/x") else {
         panic!("no timer")
     };
-    assert_eq!((latency.count, latency.min, latency.max), (40.0, 1.0, 119.0));
-    assert_eq!(latency.sum, (1..=20).sum::<u64>() as f64 + (100..120).sum::<u64>() as f64);
+    // `|ms` values are kept in seconds (each divided by 1000); the sum of 40 of them rounds.
+    assert_eq!((latency.count, latency.min, latency.max), (40.0, 0.001, 0.119));
+    let sum_ms = (1..=20).sum::<u64>() as f64 + (100..120).sum::<u64>() as f64;
+    let sum = sum_ms / 1000.0;
+    assert!((latency.sum - sum).abs() <= sum * 1e-12, "latency sum {} vs {sum}", latency.sum);
     let Some(Aggregate::Set(users)) = receiver.get(MetricKind::Set, "users") else { panic!("no set") };
     assert_eq!(users.estimate(), 7.0);
 
@@ -233,6 +236,41 @@ async fn bad_input_is_counted_and_never_hides_good_lines() {
         1.0
     );
     assert_eq!(metric_value(&telemetry, "tessera_collector_events_received_total", "listener=\"udp\""), 2.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tags_written_in_names_join_the_series_of_their_tags() {
+    let (receiver, collector, telemetry, shutdown) = start_with_receiver(config(None), 4).await;
+    let target = collector.udp_addr().unwrap();
+    let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+    // One series written four ways (one name tag malformed), a container id, and a line
+    // that mixes name tags with a tag field.
+    socket
+        .send_to(
+            b"api.hits:1|c|#env:prod\napi.hits,env=prod:2|c\napi.hits#env=prod,bad:3|c\napi.[env=prod]hits:4|c\n\
+              api.hits:1|c|c:f00d\nmixed,env=prod:1|c|#env:prod",
+            target,
+        )
+        .unwrap();
+    wait_until("the datagram to be read", Duration::from_secs(10), || {
+        metric_value(&telemetry, "tessera_collector_datagrams_received_total", "listener=\"udp\"") >= 1.0
+    })
+    .await;
+    shutdown.trigger();
+    collector.wait().await;
+
+    assert_eq!(receiver.counter("api.hits|#env:prod"), Some(10.0));
+    assert_eq!(receiver.counter("api.hits|#container_id:f00d"), Some(1.0));
+    assert_eq!(receiver.series_count(), 2);
+    assert_eq!(metric_value(&telemetry, "tessera_collector_name_tag_errors_total", "listener=\"udp\""), 1.0);
+    assert_eq!(
+        metric_value(
+            &telemetry,
+            "tessera_collector_parse_errors_total",
+            "listener=\"udp\",reason=\"mixed_tag_styles\""
+        ),
+        1.0
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

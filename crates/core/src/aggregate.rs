@@ -13,13 +13,13 @@
 //! the order the lines were sent in ([`gauge`]).
 //!
 //! ```
-//! use tessera_core::aggregate::{Aggregate, GaugeDeltas};
+//! use tessera_core::aggregate::{Aggregate, Reading};
 //! use tessera_core::parse::{parse_line, MetricKind, Parsed};
 //!
 //! let mut total = Aggregate::new(MetricKind::Counter);
 //! for text in [&b"hits:1|c|@0.5"[..], b"hits:3|c"] {
 //!     let Parsed::Metric(line) = parse_line(text) else { unreachable!() };
-//!     total.observe(&line, 0, GaugeDeltas::Statsd);
+//!     total.observe(&line, 0, Reading::default());
 //! }
 //! assert_eq!(total.counter(), Some(5.0));
 //! ```
@@ -42,6 +42,37 @@ pub enum GaugeDeltas {
     Statsd,
     /// A signed value is simply the new value (`-3` sets the gauge to -3).
     Absolute,
+}
+
+/// The unit `|ms` timer values are kept and written in. Prometheus names durations in
+/// seconds, and statsd_exporter divides every `|ms` value by 1000; `|h` and `|d` values have
+/// no unit and are kept as sent. The division happens here, as each value is folded into its
+/// series at the collector, so every later hop (the aggregator's tiles, the ingester's
+/// samples) already holds seconds. The sketch's relative accuracy is the same in any unit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TimerUnit {
+    /// Each `|ms` value divided by 1000, as statsd_exporter does.
+    #[default]
+    Seconds,
+    /// `|ms` values as sent.
+    Milliseconds,
+}
+
+impl TimerUnit {
+    /// A value of a line of `kind` in the unit it is kept in.
+    #[inline(always)]
+    pub fn convert(self, kind: MetricKind, value: f64) -> f64 {
+        if kind == MetricKind::Timer && self == TimerUnit::Seconds { value / 1000.0 } else { value }
+    }
+}
+
+/// How the values of a line are read as they are folded in ([`Aggregate::observe`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Reading {
+    /// Whether a signed gauge value is a delta.
+    pub gauge_deltas: GaugeDeltas,
+    /// The unit `|ms` values are kept in.
+    pub timer_unit: TimerUnit,
 }
 
 /// Summary of a timer, histogram or distribution.
@@ -159,9 +190,9 @@ impl Aggregate {
     /// Folds one parsed line into the aggregate. `stamp_ns` (unix
     /// nanoseconds, when the line was received) orders gauge lines; a gauge
     /// set with a `|T` timestamp is ordered by it instead. The line's kind
-    /// must match.
+    /// must match. `reading` says how signed gauge values and `|ms` values are read.
     #[inline]
-    pub fn observe(&mut self, line: &Line<'_>, stamp_ns: i64, gauge_deltas: GaugeDeltas) {
+    pub fn observe(&mut self, line: &Line<'_>, stamp_ns: i64, reading: Reading) {
         match self {
             Aggregate::Counter(sum) => {
                 let rate = line.sample_rate;
@@ -177,7 +208,7 @@ impl Aggregate {
                 let set_stamp_ns =
                     line.timestamp.map_or(stamp_ns, |seconds| (seconds as i64).saturating_mul(1_000_000_000));
                 for value in line.values() {
-                    if value.signed && gauge_deltas == GaugeDeltas::Statsd {
+                    if value.signed && reading.gauge_deltas == GaugeDeltas::Statsd {
                         gauge.add_delta(value.value, stamp_ns);
                     } else {
                         gauge.set(value.value, set_stamp_ns);
@@ -187,7 +218,7 @@ impl Aggregate {
             Aggregate::Distribution(summary) => {
                 let weight = 1.0 / line.sample_rate;
                 for value in line.values() {
-                    summary.insert(value.value, weight);
+                    summary.insert(reading.timer_unit.convert(line.kind, value.value), weight);
                 }
             }
             Aggregate::Set(set) => set.insert(line.set_member()),
@@ -375,32 +406,36 @@ mod tests {
     use super::*;
     use crate::parse::{Parsed, parse_line};
 
-    fn observe_all(kind: MetricKind, lines: &[&[u8]], deltas: GaugeDeltas) -> Aggregate {
+    fn observe_all(kind: MetricKind, lines: &[&[u8]], reading: Reading) -> Aggregate {
         let mut aggregate = Aggregate::new(kind);
         for (i, text) in lines.iter().enumerate() {
             let Parsed::Metric(line) = parse_line(text) else { panic!("{text:?}") };
-            aggregate.observe(&line, i as i64, deltas);
+            aggregate.observe(&line, i as i64, reading);
         }
         aggregate
     }
 
     #[test]
     fn counters_sum_value_over_sample_rate() {
-        let sum = observe_all(MetricKind::Counter, &[b"a:1|c|@0.1", b"a:2:3|c", b"a:-1|c|@0.5"], GaugeDeltas::Statsd);
+        let sum = observe_all(MetricKind::Counter, &[b"a:1|c|@0.1", b"a:2:3|c", b"a:-1|c|@0.5"], Reading::default());
         assert_eq!(sum, Aggregate::Counter(10.0 + 5.0 - 2.0));
     }
 
     #[test]
     fn gauges_follow_statsd_delta_semantics_or_absolute_values() {
-        let statsd = observe_all(MetricKind::Gauge, &[b"g:10|g", b"g:+5|g", b"g:-3|g"], GaugeDeltas::Statsd);
+        let statsd = observe_all(MetricKind::Gauge, &[b"g:10|g", b"g:+5|g", b"g:-3|g"], Reading::default());
         let Aggregate::Gauge(gauge) = statsd else { panic!() };
         assert_eq!(gauge.resolve(None), Some(12.0));
 
-        let absolute = observe_all(MetricKind::Gauge, &[b"g:10|g", b"g:+5|g", b"g:-3|g"], GaugeDeltas::Absolute);
+        let absolute = observe_all(
+            MetricKind::Gauge,
+            &[b"g:10|g", b"g:+5|g", b"g:-3|g"],
+            Reading { gauge_deltas: GaugeDeltas::Absolute, ..Reading::default() },
+        );
         let Aggregate::Gauge(gauge) = absolute else { panic!() };
         assert_eq!(gauge.resolve(None), Some(-3.0));
 
-        let deltas_only = observe_all(MetricKind::Gauge, &[b"g:+5|g", b"g:-1|g"], GaugeDeltas::Statsd);
+        let deltas_only = observe_all(MetricKind::Gauge, &[b"g:+5|g", b"g:-1|g"], Reading::default());
         let Aggregate::Gauge(gauge) = deltas_only else { panic!() };
         assert_eq!(gauge.resolve(Some(100.0)), Some(104.0));
     }
@@ -416,26 +451,44 @@ mod tests {
         assert_eq!(a.resolve(None), Some(2.0));
         assert_eq!(b.resolve(None), Some(2.0));
         // `|T` timestamps (seconds) order sets regardless of arrival.
-        let stamped = observe_all(MetricKind::Gauge, &[b"g:5|g|T2000", b"g:7|g|T1000"], GaugeDeltas::Statsd);
+        let stamped = observe_all(MetricKind::Gauge, &[b"g:5|g|T2000", b"g:7|g|T1000"], Reading::default());
         assert_eq!(stamped, Aggregate::Gauge(Box::new(Gauge::with_value(5.0, 2_000_000_000_000))));
     }
 
     #[test]
     fn distributions_keep_weighted_count_sum_min_max() {
-        let timer = observe_all(MetricKind::Timer, &[b"t:10|ms|@0.5", b"t:2:30|ms"], GaugeDeltas::Statsd);
+        let milliseconds = Reading { timer_unit: TimerUnit::Milliseconds, ..Reading::default() };
+        let timer = observe_all(MetricKind::Timer, &[b"t:10|ms|@0.5", b"t:2:30|ms"], milliseconds);
         let Aggregate::Distribution(summary) = &timer else { panic!() };
         assert_eq!((summary.count, summary.sum, summary.min, summary.max), (4.0, 52.0, 2.0, 30.0));
         assert_eq!(summary.sketch.count(), 4.0);
+    }
+
+    #[test]
+    fn timers_are_kept_in_seconds_and_other_observers_as_sent() {
+        // statsd_exporter's own example: six timings of 1 200 ms have a `_sum` of 7.2.
+        let six = [&b"t:1200|ms"[..]; 6];
+        let Aggregate::Distribution(timer) = observe_all(MetricKind::Timer, &six, Reading::default()) else { panic!() };
+        assert_eq!((timer.count, timer.min, timer.max), (6.0, 1.2, 1.2));
+        assert!((timer.sum - 7.2).abs() < 1e-12, "{}", timer.sum);
+        let quantile = timer.sketch.quantile(0.5).unwrap();
+        assert!((quantile - 1.2).abs() <= 1.2 * 0.011, "{quantile}");
+        for (kind, text) in [(MetricKind::Histogram, &b"h:1200|h"[..]), (MetricKind::Distribution, b"d:1200|d")] {
+            let Aggregate::Distribution(kept) = observe_all(kind, &[text], Reading::default()) else { panic!() };
+            assert_eq!(kept.sum, 1200.0, "{kind:?}");
+        }
+        assert_eq!(TimerUnit::Seconds.convert(MetricKind::Timer, 250.0), 0.25);
+        assert_eq!(TimerUnit::Milliseconds.convert(MetricKind::Timer, 250.0), 250.0);
     }
 
     /// Merging the aggregates of `lines` observed `chunk` lines at a time gives the
     /// aggregate of them all observed at once.
     fn assert_merged_chunks_equal_whole(kind: MetricKind, lines: &[Vec<u8>], chunk: usize) {
         let refs: Vec<&[u8]> = lines.iter().map(Vec::as_slice).collect();
-        let whole = observe_all(kind, &refs, GaugeDeltas::Statsd);
+        let whole = observe_all(kind, &refs, Reading::default());
         let mut merged = Aggregate::new(kind);
         for part in refs.chunks(chunk) {
-            assert_eq!(merged.merge(&observe_all(kind, part, GaugeDeltas::Statsd)).unwrap(), MergeOrder::Exact);
+            assert_eq!(merged.merge(&observe_all(kind, part, Reading::default())).unwrap(), MergeOrder::Exact);
         }
         assert_eq!(merged, whole);
     }
@@ -463,7 +516,7 @@ mod tests {
             (MetricKind::Histogram, vec![b"a:3:4:0.001|h"]),
             (MetricKind::Set, vec![b"a:x|s", b"a:y|s"]),
         ] {
-            let aggregate = observe_all(kind, &lines, GaugeDeltas::Statsd);
+            let aggregate = observe_all(kind, &lines, Reading::default());
             assert_eq!(Aggregate::from_proto(&aggregate.to_proto()).unwrap(), aggregate, "{kind:?}");
             assert_eq!(kind_from_proto(kind_to_proto(kind) as i32).unwrap(), kind);
         }

@@ -15,8 +15,18 @@
 //!   semantics when the listener asks for them;
 //! - tags are `key:value` or a bare `key`, separated by commas; spaces around
 //!   a tag are ignored, and empty tags are skipped;
-//! - the DogStatsD container id (`|c:`) and any other optional field this
-//!   parser does not know are skipped, never an error;
+//! - tags may also be written in the name, as statsd_exporter reads them:
+//!   InfluxDB (`api.hits,env=prod:1|c`), Librato (`api.hits#env=prod:1|c`)
+//!   and SignalFx (`api.[env=prod]hits:1|c`), each behind a switch of
+//!   [`ParseOptions`]; `key=value` there is the tag `key:value`, a malformed
+//!   one is skipped and counted ([`Line::name_tag_errors`]), and a line that
+//!   mixes them with a `|#` tag field is rejected (see [`name_tags`]);
+//! - the DogStatsD container id (`|c:<id>`) is the tag `container_id:<id>`
+//!   of the series, as statsd_exporter makes it a `container_id` label; an
+//!   empty one is ignored (statsd_exporter drops that line), and one holding
+//!   a comma, which separates tags, rejects the line as [`RejectReason::BadTags`];
+//! - any other optional field this parser does not know is skipped, never
+//!   an error;
 //! - events (`_e{...}`) and service checks (`_sc|...`) are recognised and
 //!   reported as such, never parsed as metrics;
 //! - lines are separated by `\n` (a `\r` before it is dropped); blank lines
@@ -37,8 +47,23 @@
 //! });
 //! assert_eq!(got, vec![(b"a".to_vec(), MetricKind::Counter, 1), (b"t".to_vec(), MetricKind::Timer, 2)]);
 //! ```
+//!
+//! The modules: this one reads whole lines ([`parse_line_with`]); `scan`
+//! holds the eight-bytes-at-a-time scans of names and newlines, `simple` the
+//! one-pass path for the most common line ([`parse_simple`]), and
+//! [`name_tags`] the tags written in names.
 
 use memchr::memchr;
+
+pub mod name_tags;
+mod scan;
+mod simple;
+
+use name_tags::NameSplit;
+pub use name_tags::NameTags;
+use scan::{NameEnd, find_newline, scan_name};
+pub(crate) use simple::canonical_tags_len;
+pub use simple::{SimpleLine, parse_simple, parse_simple_prefix};
 
 /// Default maximum length of one line, in bytes.
 pub const DEFAULT_MAX_LINE_BYTES: usize = 16 * 1024;
@@ -133,9 +158,9 @@ pub enum RejectReason {
     UnknownType,
     /// The sample rate is not a number in (0, 1].
     BadSampleRate,
-    /// A tag is malformed (empty key).
+    /// A tag is malformed (empty key), or a container id holds a comma.
     BadTags,
-    /// More than [`MAX_TAGS`] tags.
+    /// More than [`MAX_TAGS`] tags (name tags and a container id count).
     TooManyTags,
     /// The `T` timestamp is not unix seconds.
     BadTimestamp,
@@ -145,11 +170,15 @@ pub enum RejectReason {
     LineTooLong,
     /// An event or service check whose header is malformed.
     BadEvent,
+    /// Tags written in the name (InfluxDB, Librato, SignalFx) and a
+    /// DogStatsD `|#` tag field on one line (statsd_exporter's
+    /// `mixed_tagging_styles`).
+    MixedTagStyles,
 }
 
 impl RejectReason {
     /// Every reason, in a fixed order (index with [`RejectReason::index`]).
-    pub const ALL: [RejectReason; 13] = [
+    pub const ALL: [RejectReason; 14] = [
         RejectReason::EmptyName,
         RejectReason::MissingValue,
         RejectReason::MissingType,
@@ -163,6 +192,7 @@ impl RejectReason {
         RejectReason::InvalidUtf8,
         RejectReason::LineTooLong,
         RejectReason::BadEvent,
+        RejectReason::MixedTagStyles,
     ];
 
     /// Position in [`RejectReason::ALL`], for per-reason counter arrays.
@@ -186,6 +216,7 @@ impl RejectReason {
             RejectReason::InvalidUtf8 => "invalid_utf8",
             RejectReason::LineTooLong => "line_too_long",
             RejectReason::BadEvent => "bad_event",
+            RejectReason::MixedTagStyles => "mixed_tag_styles",
         }
     }
 }
@@ -209,8 +240,22 @@ pub struct Value {
 /// A parsed metric line, borrowing from the datagram.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Line<'a> {
-    /// The metric name, non-empty, valid UTF-8.
+    /// The metric name, non-empty, valid UTF-8, with the tags written in it
+    /// cut out. When SignalFx tags sat inside it (`api.[env=prod]hits`),
+    /// this is the part before them (`api.`) and [`Line::name_rest`] the
+    /// part after them (`hits`): the name is the two joined.
     pub name: &'a [u8],
+    /// The tags written in the name, as written, from the byte that opens
+    /// them: `,env=prod` (InfluxDB), `#env=prod` (Librato), `[env=prod]`
+    /// or `[env=prod]hits` (SignalFx: the tags, and the rest of the name
+    /// when they sat inside it). Empty when there are none. Read it with
+    /// [`Line::name_tags`] and [`Line::name_rest`]; one field rather than
+    /// two keeps the line small, which the hot path feels.
+    pub name_tail: &'a [u8],
+    /// Malformed tags written in the name, skipped (statsd_exporter's tag
+    /// errors; see [`name_tags`]). [`Line::append_name_tags_as_dogstatsd`]
+    /// trusts it: at 0, it copies the tag list whole.
+    pub name_tag_errors: u32,
     /// The metric type.
     pub kind: MetricKind,
     /// The raw value field (`1`, `1:2:3`, or a set member).
@@ -224,6 +269,9 @@ pub struct Line<'a> {
     /// The raw tag field without its `#` (empty when there are no tags);
     /// already validated, iterate with [`Line::tags`].
     pub tags: &'a [u8],
+    /// The DogStatsD container id (`|c:<id>`, trimmed), empty when absent;
+    /// the series carries it as the tag `container_id:<id>`.
+    pub container_id: &'a [u8],
     /// The DogStatsD timestamp, unix seconds.
     pub timestamp: Option<u64>,
 }
@@ -246,9 +294,35 @@ impl<'a> Line<'a> {
         self.raw_value
     }
 
-    /// The line's tags, trimmed, empty ones skipped.
+    /// The tags of the line's tag field, trimmed, empty ones skipped.
     pub fn tags(&self) -> Tags<'a> {
         Tags { rest: self.tags }
+    }
+
+    /// The well-formed tags written in the name, as `(key, value)`.
+    pub fn name_tags(&self) -> NameTags<'a> {
+        NameTags::new(name_tags::tags_of_tail(self.name_tail))
+    }
+
+    /// The part of the name after SignalFx tags written inside it; empty
+    /// otherwise.
+    pub fn name_rest(&self) -> &'a [u8] {
+        name_tags::rest_of_tail(self.name_tail)
+    }
+
+    /// Appends the well-formed tags written in the name to `out` in
+    /// DogStatsD form, each as `,key:value`.
+    pub fn append_name_tags_as_dogstatsd(&self, out: &mut Vec<u8>) {
+        name_tags::append_as_dogstatsd_tags(self.name_tail, self.name_tag_errors, out);
+    }
+
+    /// Whether the series id holds more than [`Line::name`] and the tag
+    /// field: tags written in the name, a name cut in two by SignalFx tags,
+    /// or a container id. The id of such a line is built by
+    /// [`SeriesKey::build`](crate::series::SeriesKey::build), never found
+    /// in the line as it lies.
+    pub fn has_tags_beyond_tag_field(&self) -> bool {
+        !self.name_tail.is_empty() || !self.container_id.is_empty()
     }
 }
 
@@ -333,16 +407,38 @@ pub enum Parsed<'a> {
     },
 }
 
-/// Parser settings.
-#[derive(Debug, Clone, Copy)]
+/// Parser settings. The three name tag styles (see [`name_tags`]) are on by
+/// default, as in statsd_exporter; a style switched off leaves its bytes in
+/// the name. The DogStatsD tag field is always read (statsd_exporter can
+/// switch it off too).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ParseOptions {
     /// Lines longer than this are rejected with [`RejectReason::LineTooLong`].
     pub max_line_bytes: usize,
+    /// Read InfluxDB / Telegraf tags in the name: `api.hits,env=prod:1|c`.
+    pub influxdb_tags: bool,
+    /// Read Librato tags in the name: `api.hits#env=prod:1|c`.
+    pub librato_tags: bool,
+    /// Read SignalFx tags in the name: `api.[env=prod]hits:1|c`.
+    pub signalfx_tags: bool,
+}
+
+impl ParseOptions {
+    /// Whether any name tag style is on.
+    #[inline]
+    pub fn reads_name_tags(&self) -> bool {
+        self.influxdb_tags || self.librato_tags || self.signalfx_tags
+    }
 }
 
 impl Default for ParseOptions {
     fn default() -> Self {
-        ParseOptions { max_line_bytes: DEFAULT_MAX_LINE_BYTES }
+        ParseOptions {
+            max_line_bytes: DEFAULT_MAX_LINE_BYTES,
+            influxdb_tags: true,
+            librato_tags: true,
+            signalfx_tags: true,
+        }
     }
 }
 
@@ -382,173 +478,6 @@ pub fn split_line(bytes: &[u8]) -> (&[u8], &[u8]) {
     (line.strip_suffix(b"\r").unwrap_or(line), after)
 }
 
-/// The most common statsd line, `<name>:<value>|<type>[|#<tags>]`,
-/// recognised by [`parse_simple`].
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct SimpleLine<'a> {
-    /// The metric name: non-empty, ASCII.
-    pub name: &'a [u8],
-    /// The type; never [`MetricKind::Set`].
-    pub kind: MetricKind,
-    /// The value: unsigned, finite.
-    pub value: f64,
-    /// The tags, already in canonical order (see [`crate::series`]), or empty.
-    pub tags: &'a [u8],
-}
-
-/// Recognises, in one pass, the shape most statsd traffic has:
-/// `<ASCII name>:<digits>[.<digits>]|<c|g|ms|h|d>`, optionally followed by
-/// `|#<tags>` when the tags are printable ASCII and already canonical
-/// (sorted by key then value, no duplicates, no blanks: what a client that
-/// sorts its tags sends), and nothing else: no sample rate, timestamp or
-/// packed values, at most 15 digits.
-///
-/// Returns `None` for every other line; the caller then parses it with
-/// [`parse_line_with`], which reads any line this accepts the same way (a
-/// `Line` with that name, kind, first value and tags, unsigned, sample
-/// rate 1, no timestamp; property tests and the parse fuzz target check
-/// it). It does not check the line length bound: the caller does.
-///
-/// ```
-/// use tessera_core::parse::{parse_simple, MetricKind};
-///
-/// let line = parse_simple(b"api.requests:12.5|ms|#env:prod,zone:a").unwrap();
-/// assert_eq!((line.name, line.kind, line.value), (&b"api.requests"[..], MetricKind::Timer, 12.5));
-/// assert_eq!(line.tags, b"env:prod,zone:a");
-/// assert!(parse_simple(b"api.requests:1|c|#zone:a,env:prod").is_none(), "unsorted tags take the full parser");
-/// ```
-#[inline]
-pub fn parse_simple(line: &[u8]) -> Option<SimpleLine<'_>> {
-    parse_simple_at(line).and_then(|(simple, end)| (end == line.len()).then_some(simple))
-}
-
-/// [`parse_simple`] at the start of a datagram's remaining bytes, without
-/// finding the line's end first: returns the line and the bytes it used,
-/// its newline (`\n` or `\r\n`) included, or `None` when the first line
-/// is not of the simple shape or is longer than `max_line_bytes` (the
-/// caller then splits the line off and takes the full parser).
-///
-/// ```
-/// use tessera_core::parse::{parse_simple_prefix, MetricKind};
-///
-/// let datagram = b"a.b:1|c\nx:2|ms";
-/// let (line, used) = parse_simple_prefix(datagram, 1024).unwrap();
-/// assert_eq!((line.name, line.kind, used), (&b"a.b"[..], MetricKind::Counter, 8));
-/// let (line, used) = parse_simple_prefix(&datagram[used..], 1024).unwrap();
-/// assert_eq!((line.name, line.kind, used), (&b"x"[..], MetricKind::Timer, 6));
-/// ```
-#[inline]
-pub fn parse_simple_prefix(bytes: &[u8], max_line_bytes: usize) -> Option<(SimpleLine<'_>, usize)> {
-    let (simple, end) = parse_simple_at(bytes)?;
-    let used = match &bytes[end..] {
-        [] => end,
-        [b'\n', ..] => end + 1,
-        [b'\r'] => end + 1,
-        [b'\r', b'\n', ..] => end + 2,
-        _ => return None,
-    };
-    if end > max_line_bytes {
-        return None;
-    }
-    Some((simple, used))
-}
-
-/// The simple line at the start of `bytes` and where its content ends.
-#[inline(always)]
-fn parse_simple_at(bytes: &[u8]) -> Option<(SimpleLine<'_>, usize)> {
-    // `_e{..}` events would otherwise pass for metrics; `_sc|` has no `:` first.
-    if bytes.first() == Some(&b'_') {
-        return None;
-    }
-    let colon = scan_simple_name(bytes)?;
-    if colon == 0 {
-        return None;
-    }
-    let Decimal { mantissa, digits, fraction_digits, end: at } = scan_decimal(bytes, colon + 1);
-    if digits == 0 || digits > 15 || bytes.get(at) != Some(&b'|') {
-        return None;
-    }
-    let (kind, code_len) = match bytes.get(at + 1) {
-        Some(b'c') => (MetricKind::Counter, 1),
-        Some(b'g') => (MetricKind::Gauge, 1),
-        Some(b'm') if bytes.get(at + 2) == Some(&b's') => (MetricKind::Timer, 2),
-        Some(b'h') => (MetricKind::Histogram, 1),
-        Some(b'd') => (MetricKind::Distribution, 1),
-        _ => return None,
-    };
-    let mut end = at + 1 + code_len;
-    let mut tags: &[u8] = b"";
-    if bytes.get(end) == Some(&b'|') {
-        if bytes.get(end + 1) != Some(&b'#') {
-            return None;
-        }
-        let tags_len = canonical_tags_len(&bytes[end + 2..])?;
-        tags = &bytes[end + 2..end + 2 + tags_len];
-        end += 2 + tags_len;
-    }
-    // The same exact computation as `parse_f64`'s fast path.
-    let value = mantissa as f64 / POW10[fraction_digits];
-    Some((SimpleLine { name: &bytes[..colon], kind, value, tags }, end))
-}
-
-/// Length of the tag list at the start of `bytes` (up to a `\r`, `\n` or
-/// the end) if it is non-empty, printable ASCII without `|`, and in
-/// canonical form: every tag non-empty with a non-empty key, tags strictly
-/// increasing by key, a bare key before `key:value`, then value — the
-/// order [`SeriesKey`](crate::series::SeriesKey) sorts them in, with
-/// duplicates gone — and at most [`MAX_TAGS`] of them.
-#[inline(never)]
-pub(crate) fn canonical_tags_len(bytes: &[u8]) -> Option<usize> {
-    let mut previous: Option<(&[u8], &[u8], bool)> = None;
-    let mut count = 0;
-    let mut start = 0;
-    let mut key_end = None;
-    let mut at = 0;
-    loop {
-        let byte = bytes.get(at).copied();
-        match byte {
-            Some(b',') | Some(b'\r' | b'\n') | None => {
-                if at == start {
-                    return None;
-                }
-                let tag = &bytes[start..at];
-                let (key, value, has_value) = match key_end {
-                    Some(colon) => (&bytes[start..colon], &bytes[colon + 1..at], true),
-                    None => (tag, &b""[..], false),
-                };
-                if key.is_empty() {
-                    return None;
-                }
-                if let Some(before) = previous {
-                    let order = before.0.cmp(key).then(before.2.cmp(&has_value)).then_with(|| before.1.cmp(value));
-                    if order != std::cmp::Ordering::Less {
-                        return None;
-                    }
-                }
-                previous = Some((key, value, has_value));
-                count += 1;
-                if count > MAX_TAGS {
-                    return None;
-                }
-                if byte != Some(b',') {
-                    return Some(at);
-                }
-                start = at + 1;
-                key_end = None;
-            }
-            Some(b':') => {
-                if key_end.is_none() {
-                    key_end = Some(at);
-                }
-            }
-            Some(b'|') => return None,
-            Some(other) if !other.is_ascii_graphic() => return None,
-            Some(_) => {}
-        }
-        at += 1;
-    }
-}
-
 /// Parses one line (without its newline) with default options.
 pub fn parse_line(line: &[u8]) -> Parsed<'_> {
     parse_line_with(line, ParseOptions::default())
@@ -565,108 +494,10 @@ pub fn parse_line_with(line: &[u8], options: ParseOptions) -> Parsed<'_> {
     if line.starts_with(b"_sc|") {
         return event_or_reject(line, Parsed::ServiceCheck(line));
     }
-    match parse_metric(line) {
+    match parse_metric(line, options) {
         Ok(metric) => Parsed::Metric(metric),
         Err(reason) => Parsed::Rejected { reason, line },
     }
-}
-
-/// An event needs `_e{<title len>,<text len>}:`; a service check `_sc|name|status`.
-/// Where a metric name ends.
-enum NameEnd {
-    /// At the `:` at `at`; `non_ascii` when a byte before it is not ASCII.
-    Colon { at: usize, non_ascii: bool },
-    /// A `|` came before any `:`.
-    Pipe,
-    /// Neither byte occurs.
-    None,
-}
-
-const ONES: u64 = 0x0101_0101_0101_0101;
-const HIGHS: u64 = 0x8080_8080_8080_8080;
-
-/// High bit set in the lowest byte of `word` that is zero (bytes above the
-/// first zero byte may also be marked; only the lowest mark is exact).
-#[inline]
-fn zero_bytes(word: u64) -> u64 {
-    word.wrapping_sub(ONES) & !word & HIGHS
-}
-
-/// Finds the first `:` or `|` of a line, SWAR style.
-#[inline]
-fn scan_name(line: &[u8]) -> NameEnd {
-    let mut high = 0u64;
-    let mut chunks = line.chunks_exact(8);
-    let mut offset = 0;
-    for chunk in &mut chunks {
-        let word = u64::from_le_bytes(chunk.try_into().expect("chunks of 8 bytes"));
-        let marks = zero_bytes(word ^ (ONES * u64::from(b':'))) | zero_bytes(word ^ (ONES * u64::from(b'|')));
-        if marks != 0 {
-            let byte = (marks.trailing_zeros() / 8) as usize;
-            let before = if byte == 0 { 0 } else { u64::MAX >> (64 - 8 * byte) };
-            high |= word & HIGHS & before;
-            return name_end(line, offset + byte, high != 0);
-        }
-        high |= word & HIGHS;
-        offset += 8;
-    }
-    for (index, &byte) in chunks.remainder().iter().enumerate() {
-        if byte == b':' || byte == b'|' {
-            return name_end(line, offset + index, high != 0);
-        }
-        high |= u64::from(byte & 0x80);
-    }
-    NameEnd::None
-}
-
-/// Position of the first `:` of `bytes` if no `|`, `\n` or non-ASCII byte
-/// comes before it, eight bytes at a time.
-#[inline(always)]
-fn scan_simple_name(bytes: &[u8]) -> Option<usize> {
-    let mut chunks = bytes.chunks_exact(8);
-    let mut offset = 0;
-    for chunk in &mut chunks {
-        let word = u64::from_le_bytes(chunk.try_into().expect("chunks of 8 bytes"));
-        let marks = zero_bytes(word ^ (ONES * u64::from(b':')))
-            | zero_bytes(word ^ (ONES * u64::from(b'|')))
-            | zero_bytes(word ^ (ONES * u64::from(b'\n')))
-            | (word & HIGHS);
-        if marks != 0 {
-            let at = offset + (marks.trailing_zeros() / 8) as usize;
-            return (bytes[at] == b':').then_some(at);
-        }
-        offset += 8;
-    }
-    for (index, &byte) in chunks.remainder().iter().enumerate() {
-        match byte {
-            b':' => return Some(offset + index),
-            b'|' | b'\n' | 0x80..=0xff => return None,
-            _ => {}
-        }
-    }
-    None
-}
-
-/// Position of the first `\n`, eight bytes at a time: statsd lines are
-/// short, so this beats `memchr`'s set-up for every line.
-#[inline]
-fn find_newline(bytes: &[u8]) -> Option<usize> {
-    let mut chunks = bytes.chunks_exact(8);
-    let mut offset = 0;
-    for chunk in &mut chunks {
-        let word = u64::from_le_bytes(chunk.try_into().expect("chunks of 8 bytes"));
-        let marks = zero_bytes(word ^ (ONES * u64::from(b'\n')));
-        if marks != 0 {
-            return Some(offset + (marks.trailing_zeros() / 8) as usize);
-        }
-        offset += 8;
-    }
-    find_short(chunks.remainder(), b'\n').map(|at| offset + at)
-}
-
-#[inline]
-fn name_end(line: &[u8], at: usize, non_ascii: bool) -> NameEnd {
-    if line[at] == b'|' { NameEnd::Pipe } else { NameEnd::Colon { at, non_ascii } }
 }
 
 /// Reads the type code and returns the fields after it.
@@ -683,6 +514,7 @@ fn parse_type(after_pipe: &[u8]) -> Result<(MetricKind, &[u8]), RejectReason> {
     Ok((kind, fields))
 }
 
+/// An event needs `_e{<title len>,<text len>}:`; a service check `_sc|name|status`.
 fn event_or_reject<'a>(line: &'a [u8], parsed: Parsed<'a>) -> Parsed<'a> {
     let ok = match parsed {
         Parsed::Event(_) => {
@@ -707,19 +539,17 @@ fn event_or_reject<'a>(line: &'a [u8], parsed: Parsed<'a>) -> Parsed<'a> {
     if ok { parsed } else { Parsed::Rejected { reason: RejectReason::BadEvent, line } }
 }
 
-fn parse_metric(line: &[u8]) -> Result<Line<'_>, RejectReason> {
+fn parse_metric(line: &[u8], options: ParseOptions) -> Result<Line<'_>, RejectReason> {
     // One pass over the name finds the `:`, and sees a `|` before it (a line
-    // without a value) and any non-ASCII byte, eight bytes at a time.
-    let (colon, non_ascii) = match scan_name(line) {
-        NameEnd::Colon { at, non_ascii } => (at, non_ascii),
+    // without a value) and any unusual byte (non-ASCII, or one that may
+    // start tags written in the name), eight bytes at a time.
+    let (colon, unusual) = match scan_name(line) {
+        NameEnd::Colon { at, unusual } => (at, unusual),
         NameEnd::Pipe | NameEnd::None => return Err(RejectReason::MissingValue),
     };
-    let name = &line[..colon];
-    if name.is_empty() {
+    let raw_name = &line[..colon];
+    if raw_name.is_empty() {
         return Err(RejectReason::EmptyName);
-    }
-    if non_ascii && std::str::from_utf8(name).is_err() {
-        return Err(RejectReason::InvalidUtf8);
     }
     let after_name = &line[colon + 1..];
     let pipe = find_short(after_name, b'|').ok_or(RejectReason::MissingType)?;
@@ -735,19 +565,93 @@ fn parse_metric(line: &[u8]) -> Result<Line<'_>, RejectReason> {
         parse_values(raw_value)?
     };
 
-    let mut line = Line { name, kind, raw_value, first, packed, sample_rate: 1.0, tags: b"", timestamp: None };
+    // The optional fields, in locals: the line is built once, at the end.
+    let (mut sample_rate, mut tags, mut container_id, mut timestamp) = (1.0, &b""[..], &b""[..], None);
+    // Tags beyond the tag field: the container id (and the well-formed name tags, below).
+    let mut more_tags = 0;
+    let mut tag_field_count = 0;
     while !fields.is_empty() {
         let (field, rest) = split_once(fields, b'|');
         fields = rest;
-        match field.first() {
-            Some(b'@') => line.sample_rate = parse_sample_rate(&field[1..])?,
-            Some(b'#') => line.tags = validate_tags(&field[1..])?,
-            Some(b'T') => line.timestamp = Some(parse_timestamp(&field[1..])?),
-            // `c:` container id, `e:` external data and whatever comes next.
+        match field {
+            [b'@', rate @ ..] => sample_rate = parse_sample_rate(rate)?,
+            [b'#', field_tags @ ..] => (tags, tag_field_count) = validate_tags(field_tags)?,
+            [b'T', seconds @ ..] => timestamp = Some(parse_timestamp(seconds)?),
+            [b'c', b':', id @ ..] => {
+                more_tags -= usize::from(!container_id.is_empty());
+                container_id = parse_container_id(id)?;
+                more_tags += usize::from(!container_id.is_empty());
+            }
+            // `e:` external data and whatever comes next.
             _ => {}
         }
     }
-    Ok(line)
+    // The name's own checks last (UTF-8, name tags): a name is rarely more
+    // than its bytes, and what it needs only then stays out of the loop
+    // above (7 instructions a line on the full parser). A line that is bad
+    // both in its name and after it is rejected for what comes after.
+    let (name, name_tag_count) =
+        if unusual { read_unusual_name(raw_name, after_name, options)? } else { (NameSplit::whole(raw_name, 0), 0) };
+    more_tags += name_tag_count;
+    if more_tags > 0 && tag_field_count + more_tags > MAX_TAGS {
+        return Err(RejectReason::TooManyTags);
+    }
+    Ok(Line {
+        name: name.name,
+        name_tail: name.tail,
+        name_tag_errors: name.tag_errors,
+        kind,
+        raw_value,
+        first,
+        packed,
+        sample_rate,
+        tags,
+        container_id,
+        timestamp,
+    })
+}
+
+/// Reads a name holding an unusual byte (see `scan`): checks that it is
+/// UTF-8, and cuts the tags written in it out per `options` (see
+/// [`name_tags`]). Returns the name and how many of its tags are well
+/// formed; `after_name` is the rest of the line, where a `|#` tag field
+/// beside well-formed name tags rejects the line.
+#[inline(never)]
+fn read_unusual_name<'a>(
+    raw_name: &'a [u8],
+    after_name: &[u8],
+    options: ParseOptions,
+) -> Result<(NameSplit<'a>, usize), RejectReason> {
+    if !raw_name.is_ascii() && std::str::from_utf8(raw_name).is_err() {
+        return Err(RejectReason::InvalidUtf8);
+    }
+    if !options.reads_name_tags() {
+        return Ok((NameSplit::whole(raw_name, 0), 0));
+    }
+    let mut name = name_tags::split_name_tags(raw_name, options);
+    let (well_formed, malformed) = name_tags::count_name_tags(name_tags::tags_of_tail(name.tail));
+    name.tag_errors += malformed;
+    if well_formed > 0 && after_name.windows(2).any(|pair| pair == b"|#") {
+        return Err(RejectReason::MixedTagStyles);
+    }
+    if name.name.is_empty() {
+        return Err(RejectReason::EmptyName);
+    }
+    Ok((name, well_formed))
+}
+
+/// Checks a container id (`|c:<id>`, the id given): trimmed, UTF-8, and
+/// without a comma, since it becomes the tag `container_id:<id>`. Empty
+/// when the field is (an empty id is ignored).
+fn parse_container_id(raw: &[u8]) -> Result<&[u8], RejectReason> {
+    let id = raw.trim_ascii();
+    if !id.is_ascii() && std::str::from_utf8(id).is_err() {
+        return Err(RejectReason::InvalidUtf8);
+    }
+    if find_short(id, b',').is_some() {
+        return Err(RejectReason::BadTags);
+    }
+    Ok(id)
 }
 
 /// Parses and validates every packed value, returning the first and whether there are more.
@@ -795,7 +699,8 @@ fn parse_timestamp(field: &[u8]) -> Result<u64, RejectReason> {
 
 /// Checks a tag list in one pass: valid UTF-8, no tag whose key is empty
 /// (its first non-blank byte is `:`), at most [`MAX_TAGS`] non-blank tags.
-fn validate_tags(raw: &[u8]) -> Result<&[u8], RejectReason> {
+/// Returns the list and how many non-blank tags it holds.
+fn validate_tags(raw: &[u8]) -> Result<(&[u8], usize), RejectReason> {
     if !raw.is_ascii() && std::str::from_utf8(raw).is_err() {
         return Err(RejectReason::InvalidUtf8);
     }
@@ -816,7 +721,7 @@ fn validate_tags(raw: &[u8]) -> Result<&[u8], RejectReason> {
     if count > MAX_TAGS {
         return Err(RejectReason::TooManyTags);
     }
-    Ok(raw)
+    Ok((raw, count))
 }
 
 /// Position of `byte` in a short slice. A plain loop beats `memchr` on the

@@ -15,6 +15,12 @@
 //! ([`split_id`]). The type is not part of the id; it travels beside it
 //! (`a:1|c` and `a:1|g` are two series with the same id and shard).
 //!
+//! The tags are the line's DogStatsD tag field, the tags written in its
+//! name (`key=value` becomes `key:value`, see
+//! [`name_tags`](crate::parse::name_tags)) and its container id (the tag
+//! `container_id:<id>`), all in the one canonical form: however a client
+//! writes a tag, the series is the same.
+//!
 //! [`SeriesKey`] builds ids into a reused buffer, so building the id of a
 //! line allocates nothing once the buffer has grown to fit.
 //!
@@ -25,6 +31,10 @@
 //! let Parsed::Metric(line) = parse_line(b"req:1|c|#zone:b, zone:a ,app") else { unreachable!() };
 //! key.build(&line).unwrap();
 //! assert_eq!(key.id(), b"req|#app,zone:a,zone:b");
+//!
+//! let Parsed::Metric(line) = parse_line(b"req,zone=b,app=web:1|c|c:f00d") else { unreachable!() };
+//! key.build(&line).unwrap();
+//! assert_eq!(key.id(), b"req|#app:web,container_id:f00d,zone:b");
 //! ```
 
 use crate::parse::{Line, MAX_TAGS, MetricKind, RejectReason, Tags, split_tag};
@@ -59,6 +69,9 @@ pub struct SeriesKey {
     buf: Vec<u8>,
     /// `(start, key end, end)` of each tag in the raw tag list.
     ranges: Vec<(u32, u32, u32)>,
+    /// The tags of a line that has tags beyond its tag field, gathered in
+    /// DogStatsD form.
+    gathered: Vec<u8>,
 }
 
 impl SeriesKey {
@@ -71,10 +84,30 @@ impl SeriesKey {
         self.buf.clear();
         self.buf.push(kind_byte(line.kind));
         self.buf.extend_from_slice(line.name);
+        if line.has_tags_beyond_tag_field() {
+            return self.append_tags_beyond_tag_field(line);
+        }
         if line.tags.is_empty() {
             return Ok(());
         }
-        self.append_sorted_tags(line.tags, line.tags())
+        append_sorted_tags(&mut self.buf, &mut self.ranges, line.tags, line.tags())
+    }
+
+    /// Appends the rest of the name and every tag of a line that has tags
+    /// beyond its tag field: they are gathered, in DogStatsD form, into a
+    /// reused buffer and sorted from there.
+    #[inline(never)]
+    fn append_tags_beyond_tag_field(&mut self, line: &Line<'_>) -> Result<(), RejectReason> {
+        self.buf.extend_from_slice(line.name_rest());
+        let gathered = &mut self.gathered;
+        gathered.clear();
+        gathered.extend_from_slice(line.tags);
+        line.append_name_tags_as_dogstatsd(gathered);
+        if !line.container_id.is_empty() {
+            gathered.extend_from_slice(b",container_id:");
+            gathered.extend_from_slice(line.container_id);
+        }
+        append_sorted_tags(&mut self.buf, &mut self.ranges, gathered, Tags::new(gathered))
     }
 
     /// Builds a key from a name and tags (`key` or `key:value`) joined by
@@ -84,50 +117,7 @@ impl SeriesKey {
         self.buf.push(kind_byte(kind));
         self.buf.extend_from_slice(name);
         let tags = Tags::new(raw_tags);
-        self.append_sorted_tags(raw_tags, tags)
-    }
-
-    /// Appends `|#` and the tags in canonical order. `tags` iterates
-    /// trimmed, non-empty sub-slices of `raw`.
-    fn append_sorted_tags<'t>(
-        &mut self,
-        raw: &'t [u8],
-        tags: impl Iterator<Item = &'t [u8]>,
-    ) -> Result<(), RejectReason> {
-        // Offsets into `raw` in a reused vector: no allocation once grown,
-        // and nothing to initialise per line.
-        self.ranges.clear();
-        let base = raw.as_ptr() as usize;
-        for tag in tags {
-            if self.ranges.len() == MAX_TAGS {
-                return Err(RejectReason::TooManyTags);
-            }
-            let start = tag.as_ptr() as usize - base;
-            let key_len = split_tag(tag).0.len();
-            self.ranges.push((start as u32, (start + key_len) as u32, (start + tag.len()) as u32));
-        }
-        // Few tags per line: the standard library sorts short slices by
-        // insertion, in place. Keys compare first, a bare key before
-        // `key:value`, then values.
-        let part = |from: u32, to: u32| &raw[from as usize..to as usize];
-        self.ranges.sort_unstable_by(|a, b| {
-            part(a.0, a.1)
-                .cmp(part(b.0, b.1))
-                .then((a.2 > a.1).cmp(&(b.2 > b.1)))
-                .then_with(|| part(a.1, a.2).cmp(part(b.1, b.2)))
-        });
-        let mut previous: Option<&[u8]> = None;
-        for &(start, _, end) in &self.ranges {
-            let tag = part(start, end);
-            if previous == Some(tag) {
-                continue;
-            }
-            let separator: &[u8] = if previous.is_none() { TAGS_SEPARATOR } else { b"," };
-            self.buf.extend_from_slice(separator);
-            self.buf.extend_from_slice(tag);
-            previous = Some(tag);
-        }
-        Ok(())
+        append_sorted_tags(&mut self.buf, &mut self.ranges, raw_tags, tags)
     }
 
     /// The canonical id.
@@ -144,6 +134,51 @@ impl SeriesKey {
     pub fn kind(&self) -> Option<MetricKind> {
         self.buf.first().and_then(|byte| kind_from_byte(*byte))
     }
+}
+
+/// Appends `|#` and the tags in canonical order to `buf` (nothing when there
+/// are none). `tags` iterates trimmed, non-empty sub-slices of `raw`;
+/// `ranges` is a reused scratch vector.
+fn append_sorted_tags<'t>(
+    buf: &mut Vec<u8>,
+    ranges: &mut Vec<(u32, u32, u32)>,
+    raw: &'t [u8],
+    tags: impl Iterator<Item = &'t [u8]>,
+) -> Result<(), RejectReason> {
+    // Offsets into `raw` in a reused vector: no allocation once grown,
+    // and nothing to initialise per line.
+    ranges.clear();
+    let base = raw.as_ptr() as usize;
+    for tag in tags {
+        if ranges.len() == MAX_TAGS {
+            return Err(RejectReason::TooManyTags);
+        }
+        let start = tag.as_ptr() as usize - base;
+        let key_len = split_tag(tag).0.len();
+        ranges.push((start as u32, (start + key_len) as u32, (start + tag.len()) as u32));
+    }
+    // Few tags per line: the standard library sorts short slices by
+    // insertion, in place. Keys compare first, a bare key before
+    // `key:value`, then values.
+    let part = |from: u32, to: u32| &raw[from as usize..to as usize];
+    ranges.sort_unstable_by(|a, b| {
+        part(a.0, a.1)
+            .cmp(part(b.0, b.1))
+            .then((a.2 > a.1).cmp(&(b.2 > b.1)))
+            .then_with(|| part(a.1, a.2).cmp(part(b.1, b.2)))
+    });
+    let mut previous: Option<&[u8]> = None;
+    for &(start, _, end) in ranges.iter() {
+        let tag = part(start, end);
+        if previous == Some(tag) {
+            continue;
+        }
+        let separator: &[u8] = if previous.is_none() { TAGS_SEPARATOR } else { b"," };
+        buf.extend_from_slice(separator);
+        buf.extend_from_slice(tag);
+        previous = Some(tag);
+    }
+    Ok(())
 }
 
 /// The byte that stands for `kind` at the front of a table key.
@@ -230,6 +265,36 @@ mod tests {
         assert_ne!(k1.table_key(), k2.table_key());
         assert_eq!(k1.kind(), Some(MetricKind::Counter));
         assert_eq!(k2.kind(), Some(MetricKind::Gauge));
+    }
+
+    #[test]
+    fn tags_written_in_the_name_or_the_tag_field_make_one_series() {
+        let same = [
+            &b"api.hits:1|c|#env:prod,host:a"[..],
+            b"api.hits,env=prod,host=a:1|c",
+            b"api.hits,host=a,env=prod:1|c",
+            b"api.hits#env=prod,host=a:1|c",
+            b"api.[env=prod,host=a]hits:1|c",
+            b"api.hits[host=a,env=prod]:1|c",
+            b"[env=prod,host=a]api.hits:1|c",
+            b"api.hits,env=prod,host=a,host=a,bad:1|c",
+            b"api.hits, env=prod ,host=a,:1|c",
+        ];
+        for line in same {
+            let shown = String::from_utf8_lossy(line);
+            let id = id_of(line);
+            assert_eq!(id, b"api.hits|#env:prod,host:a", "{shown}: {}", String::from_utf8_lossy(&id));
+        }
+        assert_eq!(id_of(b"api.hits,bad:1|c"), b"api.hits", "no well-formed tag: no tags");
+        assert_eq!(id_of(b"api.[]hits:1|c"), b"api.hits");
+    }
+
+    #[test]
+    fn the_container_id_is_a_tag_in_canonical_order() {
+        assert_eq!(id_of(b"a:1|c|c:f00d"), b"a|#container_id:f00d");
+        assert_eq!(id_of(b"a:1|c|#z:1,b|c:f00d"), b"a|#b,container_id:f00d,z:1");
+        assert_eq!(id_of(b"a,z=1:1|c|c:f00d"), b"a|#container_id:f00d,z:1");
+        assert_eq!(id_of(b"a:1|c|#container_id:f00d|c:f00d"), b"a|#container_id:f00d", "an exact duplicate collapses");
     }
 
     #[test]

@@ -297,14 +297,21 @@ impl Sketch {
 
     /// The value at quantile `q` (from 0 to 1), within [`relative_error`] of the true one.
     ///
-    /// As in DDSketch, the rank is `q * (count - 1)`, counting from 0, and the answer comes from
-    /// the first bucket whose cumulative weight exceeds it, walking from the most negative values
-    /// through zero to the largest. `None` when the sketch is empty or `q` is not in `[0, 1]`.
+    /// The **nearest rank**: the smallest value with at least `q * count` of the weight at or
+    /// below it (the `ceil(q·n)`-th value of `n`, counting from 1), read from the first bucket
+    /// whose cumulative weight reaches it, walking from the most negative values through zero
+    /// to the largest. It is what etsy statsd's `upper_<pct>` and the textbook definition give,
+    /// and never falls below a sample that `q` puts it at: the p99 of 10, 12, 20 and 30 is 30
+    /// (DDSketch's own rank, `q·(n−1)` rounded down, would give 20). `q = 0` gives the
+    /// smallest value. `None` when the sketch is empty or `q` is not in `[0, 1]`.
     pub fn quantile(&self, q: f64) -> Option<f64> {
         if !(0.0..=1.0).contains(&q) || self.is_empty() {
             return None;
         }
-        let rank = q * (self.count() - 1.0);
+        // A hair below `q * count`, so that a product that rounding lifts just above a whole
+        // count (0.7 × 10 = 7.000000000000001) still means that count.
+        let wanted = q * self.count() * (1.0 - 1e-12);
+        let rank = if wanted > 0.0 { wanted } else { f64::MIN_POSITIVE };
         let mut cumulative = 0.0;
         let mut last_value = None;
         for (position, &weight) in self.negative.counts.iter().enumerate().rev() {
@@ -313,14 +320,14 @@ impl Sketch {
             }
             cumulative += weight;
             let value = -self.bucket_value(self.negative.offset + position as i32);
-            if cumulative > rank {
+            if cumulative >= rank {
                 return Some(value);
             }
             last_value = Some(value);
         }
         if self.zero_count > 0.0 {
             cumulative += self.zero_count;
-            if cumulative > rank {
+            if cumulative >= rank {
                 return Some(0.0);
             }
             last_value = Some(0.0);
@@ -331,7 +338,7 @@ impl Sketch {
             }
             cumulative += weight;
             let value = self.bucket_value(self.positive.offset + position as i32);
-            if cumulative > rank {
+            if cumulative >= rank {
                 return Some(value);
             }
             last_value = Some(value);

@@ -28,7 +28,7 @@ use std::hash::BuildHasher;
 
 use hashbrown::HashTable;
 
-use crate::aggregate::{Aggregate, AggregateError, GaugeDeltas, MergeOrder};
+use crate::aggregate::{Aggregate, AggregateError, GaugeDeltas, MergeOrder, Reading, TimerUnit};
 use crate::parse::{
     Line, MetricKind, ParseOptions, Parsed, RejectReason, SimpleLine, canonical_tags_len, parse_line_with,
     parse_simple_prefix, split_line,
@@ -44,11 +44,18 @@ pub struct TableOptions {
     pub expire_after_idle_cuts: Option<u32>,
     /// How signed gauge values are read.
     pub gauge_deltas: GaugeDeltas,
+    /// The unit `|ms` values are kept in.
+    pub timer_unit: TimerUnit,
 }
 
 impl Default for TableOptions {
     fn default() -> Self {
-        TableOptions { max_series: None, expire_after_idle_cuts: Some(300), gauge_deltas: GaugeDeltas::Statsd }
+        TableOptions {
+            max_series: None,
+            expire_after_idle_cuts: Some(300),
+            gauge_deltas: GaugeDeltas::Statsd,
+            timer_unit: TimerUnit::Seconds,
+        }
     }
 }
 
@@ -283,6 +290,10 @@ struct Slot {
 pub enum Folded {
     /// A metric line, folded into its series.
     Metric,
+    /// A metric line, folded into its series, that had this many malformed
+    /// tags written in its name, skipped (see
+    /// [`name_tags`](crate::parse::name_tags)).
+    MetricWithNameTagErrors(u32),
     /// A metric line of a new series, refused because the table is full.
     TableFull,
     /// An event or a service check (not folded).
@@ -359,7 +370,10 @@ impl Table {
     /// did not take.
     fn fold_full(&mut self, line: &[u8], options: ParseOptions, stamp_ns: i64) -> Folded {
         match parse_line_with(line, options) {
-            Parsed::Metric(line) => Folded::metric(self.observe(&line, stamp_ns)),
+            Parsed::Metric(line) => match self.observe(&line, stamp_ns) {
+                Ok(_) if line.name_tag_errors > 0 => Folded::MetricWithNameTagErrors(line.name_tag_errors),
+                observed => Folded::metric(observed),
+            },
             Parsed::Event(_) | Parsed::ServiceCheck(_) => Folded::Event,
             Parsed::Rejected { reason, .. } => Folded::Rejected(reason),
         }
@@ -372,14 +386,15 @@ impl Table {
     #[inline(always)]
     pub fn observe_simple(&mut self, line: &SimpleLine<'_>, stamp_ns: i64) -> Result<bool, TableFull> {
         let parts = KeyParts { kind_byte: kind_byte(line.kind), name: line.name, tags: line.tags };
+        let value = self.options.timer_unit.convert(line.kind, line.value);
         let hash = parts.hash(self.seed);
         if let Some(slot) = self.slots.find_mut(hash, |slot| slot.key.matches(&parts)) {
-            slot.aggregate.observe_value(line.value, stamp_ns);
+            slot.aggregate.observe_value(value, stamp_ns);
             slot.touched = true;
             return Ok(false);
         }
         let slot = Self::insert_into(&mut self.slots, &self.options, hash, &parts, line.kind)?;
-        slot.aggregate.observe_value(line.value, stamp_ns);
+        slot.aggregate.observe_value(value, stamp_ns);
         Ok(true)
     }
 
@@ -401,8 +416,11 @@ impl Table {
     pub fn observe(&mut self, line: &Line<'_>, stamp_ns: i64) -> Result<bool, TableFull> {
         let kind_byte = kind_byte(line.kind);
         // Without tags, or with tags already in canonical order, the key's
-        // pieces lie in the line: no key to build.
-        let parts = if line.tags.is_empty() || canonical_tags_len(line.tags) == Some(line.tags.len()) {
+        // pieces lie in the line: no key to build. Tags written in the name
+        // or a container id always take the build.
+        let pieces_lie_in_line = !line.has_tags_beyond_tag_field()
+            && (line.tags.is_empty() || canonical_tags_len(line.tags) == Some(line.tags.len()));
+        let parts = if pieces_lie_in_line {
             KeyParts { kind_byte, name: line.name, tags: line.tags }
         } else {
             // The parser accepted the line, so its tags fit.
@@ -415,15 +433,15 @@ impl Table {
                 _ => KeyParts { kind_byte, name: id, tags: b"" },
             }
         };
-        let gauge_deltas = self.options.gauge_deltas;
+        let reading = Reading { gauge_deltas: self.options.gauge_deltas, timer_unit: self.options.timer_unit };
         let hash = parts.hash(self.seed);
         if let Some(slot) = self.slots.find_mut(hash, |slot| slot.key.matches(&parts)) {
-            slot.aggregate.observe(line, stamp_ns, gauge_deltas);
+            slot.aggregate.observe(line, stamp_ns, reading);
             slot.touched = true;
             return Ok(false);
         }
         let slot = Self::insert_into(&mut self.slots, &self.options, hash, &parts, line.kind)?;
-        slot.aggregate.observe(line, stamp_ns, gauge_deltas);
+        slot.aggregate.observe(line, stamp_ns, reading);
         Ok(true)
     }
 
@@ -634,6 +652,21 @@ mod tests {
         ) {
             assert_fast_path_agrees(lines.join("\n").as_bytes());
         }
+    }
+
+    #[test]
+    fn tags_written_in_names_fold_into_the_series_of_their_tags() {
+        let mut table = Table::new(TableOptions::default());
+        let mut folded = Vec::new();
+        let datagram = b"a:1|c|#env:prod\na,env=prod:1|c\na#env=prod,bad:1|c\na[env=prod]:1|c\na:1|c|c:f00d";
+        table.fold_datagram(datagram, ParseOptions::default(), 0, |outcome| folded.push(outcome));
+        assert_eq!(folded[2], Folded::MetricWithNameTagErrors(1));
+        assert!(folded.iter().enumerate().all(|(at, outcome)| at == 2 || *outcome == Folded::Metric), "{folded:?}");
+        let out = cut(&mut table);
+        assert_eq!(out.len(), 2);
+        assert_eq!(out[0], (MetricKind::Counter, b"a|#container_id:f00d".to_vec(), Aggregate::Counter(1.0)));
+        assert_eq!(out[1], (MetricKind::Counter, b"a|#env:prod".to_vec(), Aggregate::Counter(4.0)));
+        assert_fast_path_agrees(datagram);
     }
 
     #[test]

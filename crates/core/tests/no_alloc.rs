@@ -46,7 +46,11 @@ users.online:user-1234|s|#app:web\n\
 _e{5,5}:hello|world\n\
 _sc|db.up|0\n\
 bad line with no value\n\
-bytes.total:1e6|c\n";
+bytes.total:1e6|c\n\
+api.hits,env=prod,host=a,bad:1|c\n\
+api.hits#host=a,env=prod:1|c\n\
+api.[env=prod,host=a]hits:1|c|@0.5\n\
+api.hits:1|c|#host:a|c:f00d\n";
 
 fn allocations_during(f: impl FnOnce()) -> usize {
     let before = ALLOCATIONS.load(Ordering::Relaxed);

@@ -198,7 +198,7 @@ async fn main() {
     std::fs::write(
         &config,
         format!(
-            "listen = \"127.0.0.1:{wire_port}\"\ndata_dir = \"{}\"\n[pool]\nworkers = {}\nmax_samples_per_request = {}\n[pacing]\nmax_in_flight = {}\n{}[sink]\n{sink}[telemetry]\nlisten = \"127.0.0.1:{telemetry_port}\"\n",
+            "listen = \"127.0.0.1:{wire_port}\"\ndata_dir = \"{}\"\nsink_policies = [\"10s\", \"idle\"]\n[pool]\nworkers = {}\nmax_samples_per_request = {}\n[pacing]\nmax_in_flight = {}\n{}[sink]\n{sink}[telemetry]\nlisten = \"127.0.0.1:{telemetry_port}\"\n",
             dir.path().join("data").display(),
             flags.workers,
             flags.max_samples_per_request,

@@ -13,7 +13,6 @@
 //! the first burst is part of the process's total, so compare the inclusive counts of
 //! `Writer::handle` (intake) and `drain_all` (draining) rather than the total.
 
-use std::collections::HashMap;
 use std::time::Instant;
 
 use clap::Parser;
@@ -22,7 +21,7 @@ use tessera_core::aggregate::Aggregate;
 use tessera_ingester::record;
 use tessera_ingester::{
     Converter, FsyncPolicy, Metrics, Position, Queue, QueueOptions, QueueReader, RecentBatches, RecordInfo,
-    RemoteWriteSink, RequestKey, SinkRequest, Writer, open_queue, split,
+    RemoteWriteSink, RequestKey, Routes, SinkRequest, Writer, open_queue, split,
 };
 use tessera_proto::{AckStatus, Frame, MetricType, SeriesValue, TileBatch, frame::Body};
 use tessera_wire::Answer;
@@ -70,10 +69,12 @@ fn main() {
     let dir = tempfile::tempdir().expect("temporary directory");
     let options = QueueOptions::new(dir.path().to_owned(), 1 << 40, 64 << 20, FsyncPolicy::Never);
     let (queue, queue_writer, mut reader, _) = open_queue(options, Default::default()).expect("open the queue");
+    let mut routes = Routes::default();
+    routes.add(&["10s".to_owned()], 0);
     let mut writer = Writer {
         converters: vec![Converter::new(&[0.5, 0.9, 0.99], 3_600_000)],
         queues: vec![queue_writer],
-        routes: HashMap::new(),
+        routes,
         recent: RecentBatches::new(1024),
         metrics: Metrics::default().writer,
         checkpoints: None,

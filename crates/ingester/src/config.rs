@@ -23,6 +23,11 @@
 //! shutdown_grace_secs = 10
 //! # Bound of the rejected-samples log (<data_dir>/rejected-samples.log and its .1).
 //! rejected_log_max_bytes = 67108864
+//! # What [sink] stores: resolutions ("10s", every policy of it) or whole policies
+//! # ("10s:2d"). One: its samples carry no `resolution` label (one resolution per store);
+//! # several: the label is kept (a warning at --check-config). Tiles of a policy that no
+//! # target stores are acknowledged and not stored (batch_acks_total{reason="no_target"}).
+//! sink_policies = ["10s"]
 //!
 //! [queue]                     # one queue per sink target, each bounded alone
 //! max_queue_bytes = 1073741824   # above this, batches are answered retryable (queue_full)
@@ -116,6 +121,9 @@ use crate::sink::file::FileSinkSettings;
 use crate::sink::remote_write::{Authorization, RemoteWriteSettings, TokenFile, parse_url};
 use hyper::header::{HeaderMap, HeaderName, HeaderValue};
 
+/// What `[sink]` stores by default: the 10 s tiles, whatever their retention.
+pub const DEFAULT_SINK_POLICY: &str = "10s";
+
 /// The smallest `max_buckets`: at the coarsest schema (-4, a bucket per 2^16) every finite
 /// magnitude fits in 128 buckets a sign, and usual data in far fewer.
 pub const MIN_MAX_BUCKETS: usize = 16;
@@ -139,9 +147,17 @@ tessera_wire::listener_config! {
         pub pacing: PacingConfig = PacingConfig::default(),
         /// `[mapping]`
         pub mapping: MappingConfig = MappingConfig::default(),
+        /// What `[sink]` stores: each entry a resolution (`"10s"`, every policy of that
+        /// resolution) or a whole storage policy (`"10s:2d"`). One entry: its samples carry no
+        /// `resolution` label (one resolution per store, as M3's namespaces). Several: the label
+        /// is kept, so that the resolutions stay apart in one store (a warning at
+        /// `--check-config`: queries written for statsd_exporter would count them all).
+        pub sink_policies: Vec<String> = vec![DEFAULT_SINK_POLICY.to_owned()],
         /// `[sink]`: the default target.
         pub sink: SinkConfig = SinkConfig::default(),
-        /// `[policy_sinks."<policy>"]`: storage policies with their own target.
+        /// `[policy_sinks."<policy>"]`: storage policies with their own target (a second store
+        /// with a longer retention for the 1 m tiles, say); one policy each, no `resolution`
+        /// label.
         pub policy_sinks: BTreeMap<String, SinkConfig> = BTreeMap::new(),
         /// `[telemetry]`
         pub telemetry: TelemetryConfig = TelemetryConfig::default(),
@@ -587,6 +603,12 @@ impl Config {
         if self.mapping.counter_expire_after_secs == 0 {
             return invalid("mapping.counter_expire_after_secs", "must be at least 1");
         }
+        if self.sink_policies.is_empty() {
+            return invalid("sink_policies", "list at least one resolution (\"10s\") or storage policy (\"10s:2d\")");
+        }
+        if let Some(index) = self.sink_policies.iter().position(|entry| entry.trim().is_empty()) {
+            return invalid("sink_policies", &format!("entry {} is empty", index + 1));
+        }
         validate_sink("sink", &self.sink)?;
         for (policy, sink) in &self.policy_sinks {
             if policy.trim().is_empty() {
@@ -597,13 +619,54 @@ impl Config {
         Ok(())
     }
 
+    /// What `--check-config` and the start warn about: a configuration that works but is
+    /// probably not what its author meant.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut warnings = Vec::new();
+        if self.sink_policies.len() > 1 {
+            warnings.push(format!(
+                "sink_policies lists {} policies for one target, so its samples keep the `resolution` label: \
+                 a query without a `resolution` matcher (`sum(rate(x_total[5m]))`) counts every resolution; \
+                 give each resolution its own target ([policy_sinks.\"<policy>\"]) for one resolution per store",
+                self.sink_policies.len()
+            ));
+        }
+        warnings
+    }
+
     /// The sink targets: `default` first, then one per storage policy with its own sink.
-    pub fn targets(&self) -> Vec<(String, Option<String>, SinkConfig)> {
-        let mut targets = vec![("default".to_owned(), None, self.sink.clone())];
+    pub fn targets(&self) -> Vec<TargetConfig> {
+        let mut targets = vec![TargetConfig {
+            name: "default".to_owned(),
+            takes: self.sink_policies.iter().map(|entry| entry.trim().to_owned()).collect(),
+            sink: self.sink.clone(),
+        }];
         for (policy, sink) in &self.policy_sinks {
-            targets.push((policy.trim().to_owned(), Some(policy.trim().to_owned()), sink.clone()));
+            targets.push(TargetConfig {
+                name: policy.trim().to_owned(),
+                takes: vec![policy.trim().to_owned()],
+                sink: sink.clone(),
+            });
         }
         targets
+    }
+}
+
+/// One sink target: its name, what it stores and where.
+#[derive(Debug, Clone)]
+pub struct TargetConfig {
+    /// `default` for `[sink]`, else the policy of `[policy_sinks."<policy>"]`.
+    pub name: String,
+    /// Resolutions (`10s`) or storage policies (`10s:2d`) it stores.
+    pub takes: Vec<String>,
+    /// The sink.
+    pub sink: SinkConfig,
+}
+
+impl TargetConfig {
+    /// Whether its samples carry the `resolution` label: only when it stores several.
+    pub fn resolution_label(&self) -> bool {
+        self.takes.len() > 1
     }
 }
 
@@ -641,6 +704,21 @@ pub fn target_dir_name(target: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_target_for_two_resolutions_keeps_the_label_with_a_warning() {
+        let config: Config = toml::from_str("sink_policies = [\"10s\", \"1m:40d\"]\n").unwrap();
+        config.validate().unwrap();
+        assert!(config.targets()[0].resolution_label());
+        let warnings = config.warnings();
+        assert_eq!(warnings.len(), 1);
+        assert!(warnings[0].contains("keep the `resolution` label"), "{warnings:?}");
+        for (bad, why) in [("sink_policies = []", "at least one"), ("sink_policies = [\" \"]", "entry 1 is empty")] {
+            let config: Config = toml::from_str(bad).unwrap();
+            let error = config.validate().unwrap_err().to_string();
+            assert!(error.contains("sink_policies") && error.contains(why), "{bad}: {error}");
+        }
+    }
 
     #[test]
     fn defaults_are_valid_and_write_files() {
@@ -690,9 +768,15 @@ mod tests {
         let config: Config = toml::from_str(text).unwrap();
         config.validate().unwrap();
         let targets = config.targets();
-        assert_eq!(targets[1].0, "1m:40d");
-        assert_eq!(target_dir_name(&targets[1].0), "1m_40d");
-        assert!(matches!(&targets[0].2, SinkConfig::RemoteWrite(remote) if remote.m3_headers));
+        assert_eq!(targets[1].name, "1m:40d");
+        assert_eq!(target_dir_name(&targets[1].name), "1m_40d");
+        assert!(matches!(&targets[0].sink, SinkConfig::RemoteWrite(remote) if remote.m3_headers));
+        assert_eq!(
+            (targets[0].takes.as_slice(), targets[1].takes.as_slice()),
+            (&["10s".to_owned()][..], &["1m:40d".to_owned()][..])
+        );
+        assert!(!targets[0].resolution_label() && !targets[1].resolution_label(), "one resolution per store");
+        assert!(config.warnings().is_empty());
 
         for bad in [
             "listen_address = \"x\"",

@@ -77,7 +77,6 @@ mod sink;
 mod tier;
 mod writer;
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -101,9 +100,9 @@ pub use sink::remote_write::RemoteWriteSink;
 pub use sink::{RecordInfo, SinkRequest};
 pub use tessera_runtime::StartError;
 pub use writer::checkpoint::write_atomically;
-pub use writer::{RecentBatches, Writer};
+pub use writer::{RecentBatches, Routes, Writer};
 
-use config::{SinkConfig, target_dir_name};
+use config::{SinkConfig, TargetConfig, target_dir_name};
 use intake::accept_loop;
 use pool::pacing::{AdaptiveLimit, Pace};
 use pool::{Pool, Target};
@@ -162,7 +161,7 @@ impl Ingester {
         let mut paced = Vec::new();
         let mut writers: Vec<QueueWriter> = Vec::new();
         let mut converters = Vec::new();
-        let mut routes = HashMap::new();
+        let mut routes = writer::Routes::default();
         let mut checkpoint_targets = Vec::new();
         // One of an ingesters' placement: which shards this one owns, for the converters.
         let tier = config.placement.as_ref().map(|_| {
@@ -170,10 +169,12 @@ impl Ingester {
             telemetry.with_registry(|registry| tier_metrics.register(registry, METRIC_PREFIX));
             (Arc::new(tier::Ownership::default()), tier_metrics)
         });
-        for (index, (name, policy, sink_config)) in config.targets().into_iter().enumerate() {
+        for (index, target_config) in config.targets().into_iter().enumerate() {
+            let name = target_config.name.clone();
+            let sink_config = target_config.sink.clone();
             let dir = config.data_dir.join("queue").join(target_dir_name(&name));
             let checkpoint_metrics = metrics.writer.checkpoint(&name);
-            let mut converter = converter_for(&config, &sink_config, &tier);
+            let mut converter = converter_for(&config, &target_config, &tier);
             let covers = writer::checkpoint::load(&dir, &name, &checkpoint_metrics, &mut converter);
             let from_checkpoint = converter.cumulative_series();
             let mut options = config.queue.options(dir.clone());
@@ -240,9 +241,7 @@ impl Ingester {
                 queue: queue.clone(),
             };
             let pool = Pool::start(target, reader, config.pool.settings(), shutdown.clone())?;
-            if let Some(policy) = policy {
-                routes.insert(policy, index);
-            }
+            routes.add(&target_config.takes, index);
             writers.push(writer);
             converters.push(converter);
             checkpoint_targets.push(CheckpointTarget {
@@ -338,15 +337,16 @@ impl Ingester {
 /// histograms).
 fn converter_for(
     config: &Config,
-    sink: &SinkConfig,
+    target: &TargetConfig,
     tier: &Option<(Arc<tier::Ownership>, tier::TierMetrics)>,
 ) -> Converter {
     let mut converter =
-        Converter::new(&config.mapping.quantiles, config.mapping.counter_expire_after_secs as i64 * 1000);
+        Converter::new(&config.mapping.quantiles, config.mapping.counter_expire_after_secs as i64 * 1000)
+            .with_resolution_label(target.resolution_label());
     if let Some((ownership, metrics)) = tier {
         converter = converter.with_ownership(ownership.clone(), metrics.series_adopted.clone());
     }
-    match sink {
+    match &target.sink {
         SinkConfig::RemoteWrite(remote) => converter.with_histograms(remote.histograms, remote.max_buckets),
         SinkConfig::File(_) => converter,
     }

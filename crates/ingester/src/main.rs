@@ -14,7 +14,7 @@ fn main() -> ExitCode {
     tessera_runtime::daemon_main(
         "tessera-ingester",
         about,
-        Config::validate,
+        |config: &Config| config.validate().map(|()| config.warnings()),
         |config: Config, telemetry, shutdown, _config_file| async {
             Ingester::start(config, telemetry, shutdown).await?.wait().await;
             Ok(())

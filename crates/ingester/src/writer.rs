@@ -32,11 +32,13 @@ mod metrics;
 pub use metrics::{CheckpointFailure, CheckpointMetrics, WriterMetrics};
 
 use crate::admit::Converter;
+use crate::admit::names::resolution_label;
 use crate::intake::FrameJob;
 use checkpoint::Checkpoints;
 use tessera_core::clock::now_ms;
 
 static QUEUE_IO_LOG: RateLimitedLog = RateLimitedLog::new("ingester.queue_io", 5);
+static NO_TARGET_LOG: RateLimitedLog = RateLimitedLog::new("ingester.no_target", 1);
 use crate::queue::record::{self, batch_key};
 use crate::queue::{AppendError, QueueWriter};
 
@@ -93,14 +95,40 @@ pub struct Writer {
     pub converters: Vec<Converter>,
     /// One queue writer per target, by target index.
     pub queues: Vec<QueueWriter>,
-    /// Target index of each storage policy with its own target; others go to target 0.
-    pub routes: HashMap<String, usize>,
+    /// Which target stores each storage policy.
+    pub routes: Routes,
     /// Batches queued recently (rebuilt from the queue at start).
     pub recent: RecentBatches,
     /// Metric handles.
     pub metrics: WriterMetrics,
     /// Takes the converters' checkpoints (`None`: none, as in benchmarks).
     pub checkpoints: Option<Checkpoints>,
+}
+
+/// Which target stores a batch: by its storage policy (`10s:2d`), else by its resolution
+/// (`10s`), as the targets' `takes` say; a policy named whole wins over its resolution.
+#[derive(Debug, Default)]
+pub struct Routes {
+    /// Storage policies named whole, with their target's index.
+    policies: HashMap<String, usize>,
+    /// Resolutions, with their target's index.
+    resolutions: HashMap<String, usize>,
+}
+
+impl Routes {
+    /// Routes `takes` (resolutions, or policies when they hold a `:`) to target `index`;
+    /// the first target to name an entry keeps it.
+    pub fn add(&mut self, takes: &[String], index: usize) {
+        for entry in takes {
+            let table = if entry.contains(':') { &mut self.policies } else { &mut self.resolutions };
+            table.entry(entry.trim().to_owned()).or_insert(index);
+        }
+    }
+
+    /// The target of a batch of `storage_policy` whose resolution label is `resolution`.
+    pub fn target_of(&self, storage_policy: &str, resolution: &str) -> Option<usize> {
+        self.policies.get(storage_policy.trim()).or_else(|| self.resolutions.get(resolution)).copied()
+    }
 }
 
 /// Answers `sequence` with `reason`, counted in `batch_acks_total` under its status and
@@ -195,7 +223,26 @@ impl Writer {
         if self.recent.contains(key) {
             return answer(&self.metrics, AckReason::Duplicate, sequence, "batch already queued".to_owned());
         }
-        let target = self.routes.get(batch.storage_policy.trim()).copied().unwrap_or(0);
+        let Some(resolution) = resolution_label(&batch.storage_policy, batch.resolution_ms) else {
+            let message = format!("batch from `{}` has no storage policy and no resolution", batch.source);
+            return answer(&self.metrics, AckReason::InvalidBatch, sequence, message);
+        };
+        let Some(target) = self.routes.target_of(&batch.storage_policy, &resolution) else {
+            if NO_TARGET_LOG.allow() {
+                tracing::warn!(
+                    policy = batch.storage_policy,
+                    resolution,
+                    "tiles of a storage policy no target stores are acknowledged and not stored; \
+                     list it in sink_policies or give it [policy_sinks.\"<policy>\"] to store it"
+                );
+            }
+            return answer(
+                &self.metrics,
+                AckReason::NoTarget,
+                sequence,
+                "no target stores this storage policy".to_owned(),
+            );
+        };
         let (Some(queue), Some(converter)) = (self.queues.get_mut(target), self.converters.get_mut(target)) else {
             return answer(&self.metrics, AckReason::QueueIo, sequence, "no queue for the target".to_owned());
         };
@@ -244,6 +291,19 @@ impl Writer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_policy_named_whole_wins_over_its_resolution_and_others_have_no_target() {
+        let mut routes = Routes::default();
+        routes.add(&["10s".to_owned()], 0);
+        routes.add(&["1m:40d".to_owned()], 1);
+        routes.add(&["10s:7d".to_owned(), "10s".to_owned()], 2);
+        assert_eq!(routes.target_of("10s:2d", "10s"), Some(0), "by resolution");
+        assert_eq!(routes.target_of("10s:7d", "10s"), Some(2), "a policy named whole wins");
+        assert_eq!(routes.target_of(" 1m:40d ", "1m"), Some(1));
+        assert_eq!(routes.target_of("1m:1h", "1m"), None, "1 m tiles of another policy have no target");
+        assert_eq!(routes.target_of("", "5s"), None);
+    }
 
     #[test]
     fn recent_batches_forget_the_oldest() {

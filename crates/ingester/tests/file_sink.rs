@@ -45,8 +45,9 @@ fn dump(tsdb: &Path) -> BTreeMap<String, Vec<(i64, f64)>> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn promtool_imports_the_files_with_the_right_values() {
     let data = tempfile::tempdir().unwrap();
+    // Both resolutions in the one file target: the `resolution` label keeps them apart.
     let (ingester, _telemetry, shutdown, mut sender) = start_ingester(&format!(
-        "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\n[pool]\nworkers = 3\nmax_samples_per_request = 4\n[sink]\nkind = \"file\"\nrotate_secs = 3600\n",
+        "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\nsink_policies = [\"10s\", \"1m\"]\n[pool]\nworkers = 3\nmax_samples_per_request = 4\n[sink]\nkind = \"file\"\nrotate_secs = 3600\n",
         data.path().display()
     ))
     .await;
@@ -80,6 +81,7 @@ async fn promtool_imports_the_files_with_the_right_values() {
     assert!(text.ends_with("# EOF\n"), "{text}");
     assert!(text.contains("# TYPE jobs_done counter\n"), "{text}");
     assert!(text.contains("# TYPE job_seconds summary\n"), "{text}");
+    assert!(text.contains("# HELP jobs_done statsd counter (c), written by tessera\n"), "{text}");
 
     let tsdb = data.path().join("tsdb");
     let output = Command::new(promtool())
@@ -150,8 +152,12 @@ async fn native_histograms_left_in_a_file_targets_queue_are_skipped_and_counted(
     ingester.wait().await;
     let files = closed_files(&data.path().join("openmetrics/default"));
     let written: String = files.iter().map(|file| std::fs::read_to_string(file).unwrap()).collect();
-    assert!(written.contains("jobs_total{resolution=\"10s\"} 3.0"), "{written}");
-    assert!(written.contains("job_seconds_min{resolution=\"10s\"} 0.5"), "{written}");
-    assert!(written.contains("job_seconds_max{resolution=\"10s\"} 1.5"), "{written}");
-    assert!(!written.contains("job_seconds{"), "no histogram line: {written}");
+    // One resolution in the target: no `resolution` label.
+    assert!(written.contains("\njobs_total 3.0"), "{written}");
+    assert!(written.contains("\njob_seconds_min 0.5"), "{written}");
+    assert!(written.contains("\njob_seconds_max 1.5"), "{written}");
+    assert!(
+        !written.lines().any(|line| line.starts_with("job_seconds ") || line.starts_with("job_seconds{")),
+        "no histogram line: {written}"
+    );
 }

@@ -89,14 +89,14 @@ async fn samples_reach_prometheus_with_exact_values() {
     wait_until("the queue to drain", Duration::from_secs(30), || ingester.pending_records() == 0).await;
 
     let at = |offset_ms: i64| (t0 + offset_ms) as f64 / 1000.0;
-    let hits = prometheus.query(r#"api_hits_total{canary="true",env="prod",resolution="10s"}[1m]"#, at(20_000));
+    let hits = prometheus.query(r#"api_hits_total{canary="true",env="prod"}[1m]"#, at(20_000));
     assert_eq!(
         points(&hits),
         vec![(at(0), "1".to_owned()), (at(10_000), "3".to_owned()), (at(20_000), "6".to_owned())],
         "counters are cumulative, one sample per tile at the tile end"
     );
     for i in 0..3 {
-        assert_eq!(value(&prometheus.query(r#"temp{room="1",resolution="10s"}"#, at(i * 10_000))), 20.0 + i as f64);
+        assert_eq!(value(&prometheus.query(r#"temp{room="1"}"#, at(i * 10_000))), 20.0 + i as f64);
     }
     assert_eq!(value(&prometheus.query("users", at(20_000))), 3.0);
     assert_eq!(value(&prometheus.query("lat_count", at(20_000))), 30.0);
@@ -106,7 +106,8 @@ async fn samples_reach_prometheus_with_exact_values() {
     let median = value(&prometheus.query(r#"lat{quantile="0.5"}"#, at(20_000)));
     assert!((median - 5.0).abs() <= 5.0 * 0.011, "median {median} within the sketch's 1.09 %");
     let p99 = value(&prometheus.query(r#"lat{quantile="0.99"}"#, at(20_000)));
-    assert!((p99 - 9.0).abs() <= 9.0 * 0.011, "p99 {p99}: rank 0.99 x (10 - 1) is the 9th value");
+    // The nearest rank: ceil(0.99 x 10) = 10, the 10th value.
+    assert!((p99 - 10.0).abs() <= 10.0 * 0.011, "p99 {p99}: nearest rank ceil(0.99 x 10) is the 10th value");
     assert_eq!(value(&prometheus.query(r#"single{quantile="0.9"}"#, at(20_000))), 7.3, "clamped to [min, max]");
     // histograms = "both": the native histogram beside the summary, cumulative like its _count.
     assert_eq!(value(&prometheus.query(r#"histogram_count(lat{quantile=""})"#, at(20_000))), 30.0);
@@ -120,8 +121,10 @@ async fn samples_reach_prometheus_with_exact_values() {
     }
     let single = value(&prometheus.query(r#"histogram_quantile(0.9, single{quantile=""})"#, at(20_000)));
     assert!((single - 7.3).abs() <= 7.3 * width, "native single {single}");
+    // No resolution label on either target: the 1 m sample (7 at t0 + 60 s) would be the only
+    // one of api_hits_total in the 30 s before it.
     assert_eq!(
-        prometheus.query(r#"api_hits_total{resolution="1m"}"#, at(60_000)),
+        prometheus.query("api_hits_total[30s]", at(60_000)),
         Value::Array(vec![]),
         "the 1m policy has its own target"
     );
@@ -149,7 +152,7 @@ async fn samples_reach_prometheus_with_exact_values() {
     assert_eq!(files.len(), 1, "{files:?}");
     let text = std::fs::read_to_string(&files[0]).unwrap();
     let expected = format!(
-        "# TYPE api_hits counter\napi_hits_total{{canary=\"true\",env=\"prod\",resolution=\"1m\"}} 7.0 {}.000\n# EOF\n",
+        "# TYPE api_hits counter\n# HELP api_hits statsd counter (c), written by tessera\napi_hits_total{{canary=\"true\",env=\"prod\"}} 7.0 {}.000\n# EOF\n",
         (t0 + 60_000) / 1000
     );
     assert_eq!(text, expected);
@@ -175,9 +178,9 @@ async fn without_native_histograms_in_prometheus_the_histograms_are_refused_and_
     wait_until("the queue to drain", Duration::from_secs(30), || ingester.pending_records() == 0).await;
 
     let at = t0 as f64 / 1000.0;
-    assert_eq!(value(&prometheus.query(r#"jobs_total{resolution="10s"}"#, at)), 2.0);
-    assert_eq!(value(&prometheus.query(r#"lat_max{resolution="10s"}"#, at)), 3.0);
-    assert_eq!(value(&prometheus.query(r#"only_min{resolution="10s"}"#, at)), 5.0);
+    assert_eq!(value(&prometheus.query("jobs_total", at)), 2.0);
+    assert_eq!(value(&prometheus.query("lat_max", at)), 3.0);
+    assert_eq!(value(&prometheus.query("only_min", at)), 5.0);
     let text = telemetry.encode().unwrap();
     let refused =
         metric_value(&text, "tessera_ingester_sink_rejected_samples_total", r#"target="default",status="500""#);

@@ -58,11 +58,14 @@ pub enum AckReason {
     FrameTooLarge,
     /// A valid frame of a kind the receiver does not take here.
     UnexpectedFrame,
+    /// No target of the ingester stores the batch's storage policy: acknowledged, not
+    /// stored (its configuration chose one resolution per store).
+    NoTarget,
 }
 
 impl AckReason {
     /// Every reason: what an aggregator answers, then what an ingester answers.
-    pub const ALL: [AckReason; 14] = concat(AckReason::FROM_AGGREGATOR, AckReason::FROM_INGESTER);
+    pub const ALL: [AckReason; 15] = concat(AckReason::FROM_AGGREGATOR, AckReason::FROM_INGESTER);
 
     /// What an aggregator answers a collector's partial batch with.
     pub const FROM_AGGREGATOR: [AckReason; 7] = [
@@ -76,7 +79,7 @@ impl AckReason {
     ];
 
     /// What an ingester answers an aggregator's tile batch with.
-    pub const FROM_INGESTER: [AckReason; 7] = [
+    pub const FROM_INGESTER: [AckReason; 8] = [
         AckReason::InvalidBatch,
         AckReason::QueueFull,
         AckReason::QueueIo,
@@ -84,6 +87,7 @@ impl AckReason {
         AckReason::MalformedFrame,
         AckReason::FrameTooLarge,
         AckReason::UnexpectedFrame,
+        AckReason::NoTarget,
     ];
 
     /// The label of a refusal whose reason was empty.
@@ -108,6 +112,7 @@ impl AckReason {
             AckReason::MalformedFrame => "malformed_frame",
             AckReason::FrameTooLarge => "frame_too_large",
             AckReason::UnexpectedFrame => "unexpected_frame",
+            AckReason::NoTarget => "no_target",
         }
     }
 
@@ -119,7 +124,7 @@ impl AckReason {
     /// The status an answer with this reason carries.
     pub fn status(self) -> AckStatus {
         match self {
-            AckReason::Duplicate => AckStatus::Ok,
+            AckReason::Duplicate | AckReason::NoTarget => AckStatus::Ok,
             AckReason::BufferFull | AckReason::ShuttingDown | AckReason::QueueFull | AckReason::QueueIo => {
                 AckStatus::Retryable
             }
@@ -156,11 +161,15 @@ impl AckReason {
 }
 
 /// `first` then `second`, in a constant.
-const fn concat(first: [AckReason; 7], second: [AckReason; 7]) -> [AckReason; 14] {
-    let mut all = [AckReason::NotOwner; 14];
+const fn concat(first: [AckReason; 7], second: [AckReason; 8]) -> [AckReason; 15] {
+    let mut all = [AckReason::NotOwner; 15];
     let mut index = 0;
     while index < 7 {
         all[index] = first[index];
+        index += 1;
+    }
+    let mut index = 0;
+    while index < 8 {
         all[7 + index] = second[index];
         index += 1;
     }

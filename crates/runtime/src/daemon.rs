@@ -27,7 +27,7 @@
 //!
 //! fn main() -> ExitCode {
 //!     let flags = Flags::parse();
-//!     let validate = |_: &Config| Ok::<(), String>(());
+//!     let validate = |_: &Config| Ok::<Vec<String>, String>(Vec::new());
 //!     run_daemon("tessera-example", &flags.daemon, validate, |_config, shutdown| async move {
 //!         shutdown.wait().await;
 //!         Ok(())
@@ -144,7 +144,7 @@ impl StartError {
 pub fn daemon_main<C, E, Start, Fut>(
     name: &'static str,
     [about, long_about]: [&'static str; 2],
-    validate: impl FnOnce(&C) -> Result<(), E>,
+    validate: impl FnOnce(&C) -> Result<Vec<String>, E>,
     start: Start,
 ) -> ExitCode
 where
@@ -169,7 +169,8 @@ where
     })
 }
 
-/// Loads and validates the configuration, answers `--check-config`, starts
+/// Loads and validates the configuration (`validate` returns its warnings: printed by
+/// `--check-config`, logged at start), answers `--check-config`, starts
 /// logging and the async runtime, and runs `run(config, shutdown)` with a
 /// [`Shutdown`] wired to SIGTERM and SIGINT: it returns once the daemon has
 /// stopped, or why it could not start (logged, and the exit code from
@@ -177,7 +178,7 @@ where
 pub fn run_daemon<C, E, Run, Fut>(
     name: &str,
     flags: &DaemonFlags,
-    validate: impl FnOnce(&C) -> Result<(), E>,
+    validate: impl FnOnce(&C) -> Result<Vec<String>, E>,
     run: Run,
 ) -> ExitCode
 where
@@ -193,17 +194,26 @@ where
             return ExitCode::from(EXIT_CONFIG);
         }
     };
-    if let Err(error) = validate(&config) {
-        eprintln!("{name}: {error}");
-        return ExitCode::from(EXIT_CONFIG);
-    }
+    let warnings = match validate(&config) {
+        Ok(warnings) => warnings,
+        Err(error) => {
+            eprintln!("{name}: {error}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
     if flags.check_config {
+        for warning in &warnings {
+            eprintln!("{name}: warning: {warning}");
+        }
         println!("configuration ok");
         return ExitCode::SUCCESS;
     }
     if let Err(error) = logging::init(flags.log_format, &flags.log_level) {
         eprintln!("{name}: {error}");
         return ExitCode::from(EXIT_CONFIG);
+    }
+    for warning in warnings {
+        tracing::warn!(warning, "configuration");
     }
     // `tessera-collector` -> `collector-io`: every thread is named after its stage, in
     // profiles too; the async workers move bytes on and off the network.

@@ -25,8 +25,10 @@ use std::str::FromStr;
 
 use serde::Deserialize;
 
-/// The default policies: 10 s tiles kept 2 days, 1 min tiles kept 40 days.
-pub const DEFAULT_POLICIES: [&str; 2] = ["10s:2d", "1m:40d"];
+/// The default policy: 10 s tiles kept 2 days. One resolution, for one store: 1 min tiles
+/// for a long-retention store are a second policy (`1m:40d`), added where an ingester has
+/// a target for them.
+pub const DEFAULT_POLICIES: [&str; 1] = ["10s:2d"];
 
 /// Units a duration may be written in, largest first, with their length in milliseconds.
 const UNITS: [(&str, i64); 5] = [("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1_000), ("ms", 1)];

@@ -45,10 +45,12 @@ pub fn parse_sink(text: &str) -> Result<VerifySink, String> {
     }
 }
 
-/// Sum over every `loadgen_counter_<i>_total{resolution=..}` series, as the sink has it now.
-pub fn counter_total(sink: &VerifySink, resolution: &str) -> anyhow::Result<f64> {
+/// Sum over every `loadgen_counter_<i>_total` series of `resolution` (`None`: the series with
+/// no `resolution` label, as a store of one resolution has them), as the sink has it now.
+pub fn counter_total(sink: &VerifySink, resolution: Option<&str>) -> anyhow::Result<f64> {
     match sink {
         VerifySink::Prometheus(authority) => {
+            let resolution = resolution.unwrap_or_default();
             let query = format!("sum({{__name__=~\"loadgen_counter_[0-9]+_total\",resolution=\"{resolution}\"}})");
             prometheus_scalar(authority, &query)
         }
@@ -87,7 +89,7 @@ impl Verdict {
 /// `timeout` passes.
 pub fn wait_for(
     sink: &VerifySink,
-    resolution: &str,
+    resolution: Option<&str>,
     baseline: f64,
     expected: f64,
     timeout: Duration,
@@ -149,12 +151,15 @@ fn om_files(dir: &std::path::Path) -> anyhow::Result<Vec<PathBuf>> {
 }
 
 /// Last value of every loadgen counter series in the closed OpenMetrics files, summed.
-fn file_total(dir: &std::path::Path, resolution: &str) -> anyhow::Result<f64> {
+fn file_total(dir: &std::path::Path, resolution: Option<&str>) -> anyhow::Result<f64> {
     let mut last: HashMap<String, (f64, f64)> = HashMap::new();
-    let wanted = format!("resolution=\"{resolution}\"");
+    let wanted = |line: &str| match resolution {
+        Some(resolution) => line.contains(&format!("resolution=\"{resolution}\"")),
+        None => !line.contains("resolution=\""),
+    };
     for path in om_files(dir)? {
         let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-        for line in text.lines().filter(|line| line.starts_with("loadgen_counter_") && line.contains(&wanted)) {
+        for line in text.lines().filter(|line| line.starts_with("loadgen_counter_") && wanted(line)) {
             let mut fields = line.rsplitn(3, ' ');
             let (Some(timestamp), Some(value), Some(series)) = (fields.next(), fields.next(), fields.next()) else {
                 continue;
@@ -199,7 +204,14 @@ mod tests {
             .unwrap();
         std::fs::write(dir.path().join("open.journal"), "loadgen_counter_2_total{resolution=\"10s\"} 99.0 130.000\n")
             .unwrap();
-        assert_eq!(file_total(dir.path(), "10s").unwrap(), 14.0);
+        assert_eq!(file_total(dir.path(), Some("10s")).unwrap(), 14.0);
+        // A store of one resolution: its series carry no label.
+        std::fs::write(
+            dir.path().join("c.om"),
+            "loadgen_counter_3_total 7.0 100.000\nloadgen_counter_3_total 8.0 110.000\n# EOF\n",
+        )
+        .unwrap();
+        assert_eq!(file_total(dir.path(), None).unwrap(), 8.0);
         let verdict = Verdict { expected: 20.0, seen: 14.0 };
         assert_eq!(verdict.lost(), 6.0);
         assert!(verdict.to_text().contains("lost 6 (30.000 %)"), "{}", verdict.to_text());

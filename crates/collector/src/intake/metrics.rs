@@ -66,6 +66,9 @@ tessera_runtime::labelled_metrics! {
         lines: Counter = lines_received,
         /// DogStatsD events and service checks recognised (not forwarded)
         events: Counter = events_received,
+        /// Malformed tags written in metric names (InfluxDB, Librato, SignalFx styles), skipped; their
+        /// lines are kept (statsd_exporter's tag errors)
+        name_tag_errors: Counter = name_tag_errors,
         /// Receive (UDP, Unix) or accept (TCP) calls that failed, per listener
         receive_errors: Counter = receive_errors,
         /// Statsd TCP connections open, per listener
@@ -132,6 +135,9 @@ impl ListenerMetrics {
         if counts.events > 0 {
             self.counts.events.inc_by(counts.events);
         }
+        if counts.name_tag_errors > 0 {
+            self.counts.name_tag_errors.inc_by(counts.name_tag_errors);
+        }
         for (counter, count) in self.parse_errors.iter().zip(counts.rejected) {
             if count > 0 {
                 counter.inc_by(count);
@@ -186,6 +192,8 @@ pub struct BatchCounts {
     pub lines: u64,
     /// Events and service checks.
     pub events: u64,
+    /// Malformed tags written in metric names, skipped.
+    pub name_tag_errors: u64,
     /// Lines rejected, per reason.
     pub rejected: [u64; RejectReason::ALL.len()],
     /// Lines of new series refused because the table is full.

@@ -26,7 +26,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crossbeam_channel::{Receiver, Sender};
-use tessera_core::aggregate::{Aggregate, GaugeDeltas};
+use tessera_core::aggregate::{Aggregate, GaugeDeltas, TimerUnit};
 use tessera_core::parse::{MetricKind, ParseOptions};
 use tessera_core::table::{Folded, Table, TableOptions};
 
@@ -108,8 +108,10 @@ pub struct ReaderSettings {
     pub max_series: Option<usize>,
     /// Windows a series may stay idle before it is forgotten.
     pub expire_after_idle_windows: u32,
-    /// Parser limits.
+    /// Parser settings: the line length limit, the name tag styles.
     pub parse_options: ParseOptions,
+    /// The unit `|ms` values are kept in.
+    pub timer_unit: TimerUnit,
 }
 
 /// Reader ids, unique in the process.
@@ -143,6 +145,7 @@ impl Reader {
             max_series: settings.max_series,
             expire_after_idle_cuts: Some(settings.expire_after_idle_windows),
             gauge_deltas,
+            timer_unit: settings.timer_unit,
         };
         Reader {
             id: NEXT_READER.fetch_add(1, Ordering::Relaxed),
@@ -187,6 +190,10 @@ impl Reader {
         counts.bytes += data.len() as u64;
         table.fold_datagram(data, self.parse_options, stamp_ns, |folded| match folded {
             Folded::Metric => counts.lines += 1,
+            Folded::MetricWithNameTagErrors(skipped) => {
+                counts.lines += 1;
+                counts.name_tag_errors += u64::from(skipped);
+            }
             Folded::TableFull => counts.series_limit += 1,
             Folded::Event => counts.events += 1,
             Folded::Rejected(reason) => counts.rejected[reason.index()] += 1,

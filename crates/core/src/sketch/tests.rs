@@ -40,15 +40,21 @@ fn sketch_of(schema: i32, values: &[f64]) -> Sketch {
     sketch
 }
 
-/// The largest relative error of the sketch's quantiles against the exact ones at rank
-/// `floor(q * (n - 1))`; asserts it is within the bound.
+/// The exact nearest-rank quantile of sorted values: the `ceil(q·n)`-th, counting from 1.
+fn nearest_rank(sorted: &[f64], q: f64) -> f64 {
+    let rank = (q * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+/// The largest relative error of the sketch's quantiles against the exact nearest-rank
+/// ones; asserts it is within the bound.
 fn check_quantiles(sketch: &Sketch, values: &[f64]) -> f64 {
     let mut sorted = values.to_vec();
     sorted.sort_by(f64::total_cmp);
     let bound = relative_error(sketch.schema()) + 1e-12;
     let mut worst: f64 = 0.0;
     for q in QUANTILES {
-        let exact = sorted[(q * (sorted.len() - 1) as f64).floor() as usize];
+        let exact = nearest_rank(&sorted, q);
         let estimate = sketch.quantile(q).expect("sketch is not empty");
         if exact.abs() <= ZERO_THRESHOLD {
             assert_eq!(estimate, 0.0, "q {q}: exact {exact} is in the zero bucket");
@@ -270,6 +276,22 @@ fn bad_values_and_weights_are_ignored() {
 }
 
 #[test]
+fn small_samples_take_the_nearest_rank() {
+    // A 10 s tile of four timings: the p99 is the largest (etsy statsd's `upper_99`), not the
+    // third (DDSketch's rank `q·(n−1)` rounded down).
+    let sketch = sketch_of(DEFAULT_SCHEMA, &[10.0, 12.0, 20.0, 30.0]);
+    let bound = relative_error(DEFAULT_SCHEMA) + 1e-12;
+    for (q, exact) in [(0.0, 10.0), (0.25, 10.0), (0.5, 12.0), (0.75, 20.0), (0.9, 30.0), (0.99, 30.0), (1.0, 30.0)] {
+        let estimate = sketch.quantile(q).expect("not empty");
+        assert!(((estimate - exact) / exact).abs() <= bound, "q {q}: {estimate} vs {exact}");
+    }
+    // A whole rank that rounding lifts a hair (0.7 × 10) still means that rank.
+    let ten: Vec<f64> = (1..=10).map(f64::from).collect();
+    let estimate = sketch_of(DEFAULT_SCHEMA, &ten).quantile(0.7).expect("not empty");
+    assert!((estimate / 7.0 - 1.0).abs() <= bound, "{estimate}");
+}
+
+#[test]
 fn quantile_edges() {
     let mut sketch = Sketch::new();
     sketch.insert(1.0, 1.0);
@@ -346,7 +368,7 @@ fn wide_data_collapses_the_lowest_buckets_whatever_the_order() {
     let mut sorted = ascending;
     let bound = relative_error(MAX_SCHEMA) + 1e-12;
     for q in [0.5, 0.75, 0.9, 0.99, 0.999] {
-        let exact = sorted[(q * (sorted.len() - 1) as f64) as usize];
+        let exact = nearest_rank(&sorted, q);
         let estimate = shuffled.quantile(q).expect("not empty");
         assert!(((estimate - exact) / exact).abs() <= bound, "q {q}: {estimate} vs {exact}");
     }

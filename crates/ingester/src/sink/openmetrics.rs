@@ -10,7 +10,8 @@
 //!
 //! The series comes last because label values may hold spaces. When the file is closed,
 //! [`close_journal`] groups the lines into OpenMetrics: families in name order, per family
-//! one `# TYPE` line, then its samples contiguous, each series' samples together and in
+//! one `# TYPE` and one `# HELP` line (the help remote write's metadata carries,
+//! [`crate::sink::prompb::help_text`]), then its samples contiguous, each series' samples together and in
 //! time order (one sample per series and timestamp, the last one written winning; series
 //! in the order of a hash of their text), timestamps in seconds with milliseconds as the
 //! fraction, and `# EOF` at the end. That is the form `promtool tsdb
@@ -204,6 +205,7 @@ pub fn close_journal(journal: &str) -> Closed {
         }
         if current_family != Some((entry.family, entry.type_name)) {
             let _ = writeln!(text, "# TYPE {} {}", entry.family, entry.type_name);
+            let _ = writeln!(text, "# HELP {} {}", entry.family, crate::sink::prompb::help_text(entry.type_name));
             current_family = Some((entry.family, entry.type_name));
         }
         text.push_str(entry.series);
@@ -289,12 +291,15 @@ mod tests {
         let closed = close_journal(&journal);
         let expected = "\
 # TYPE hits counter
+# HELP hits statsd counter (c), written by tessera
 hits_total{resolution=\"10s\"} 1.0 10.000
 hits_total{resolution=\"10s\"} 2.0 20.000
 # TYPE lat summary
+# HELP lat statsd timer (ms, in seconds), histogram (h) or distribution (d), written by tessera
 lat{quantile=\"0.5\"} 7.0 10.000
 lat_count 3.0 10.000
 # TYPE temp gauge
+# HELP temp statsd gauge (g), set (s), or a timer's min or max, written by tessera
 temp{room=\"a b\"} 21.5 10.000
 # EOF
 ";

@@ -1,9 +1,16 @@
 //! Prometheus remote write 1.0 messages (`prompb`), and building a request body from
 //! queue samples; remote write is the only user of this module.
 //!
-//! Only the fields remote write 1.0 needs are declared: `WriteRequest { timeseries }`,
-//! `TimeSeries { labels, samples, histograms }` and `Sample { value, timestamp }`, with the
-//! field numbers of Prometheus' `prompb/remote.proto` and `types.proto`.
+//! Only the fields remote write 1.0 needs are declared: `WriteRequest { timeseries, metadata }`,
+//! `TimeSeries { labels, samples, histograms }`, `Sample { value, timestamp }` and
+//! `MetricMetadata { type, metric_family_name, help, unit }`, with the field numbers of
+//! Prometheus' `prompb/remote.proto` and `types.proto`.
+//!
+//! **Metadata.** Each request carries one `MetricMetadata` per metric family it writes: its
+//! type (counter; gauge for gauges, sets and a timer's `_min`/`_max`; summary for quantiles,
+//! `_sum` and `_count`; histogram for native histograms) and a help text naming what statsd
+//! sent ([`help_text`]), so that a metric browser shows them. Stores that keep metadata
+//! (Mimir, VictoriaMetrics, the M3 coordinator) use it; Prometheus' own receiver drops it.
 //!
 //! A queue record's series are in the queue's own form ([`crate::queue::series`]), whose
 //! `Label` and `Histogram` have the field numbers of remote write's. So
@@ -33,7 +40,7 @@
 use prost::Message;
 use prost::encoding::{encode_varint, encoded_len_varint};
 
-use crate::queue::record::StoredSample;
+use crate::queue::record::{SampleKind, StoredSample};
 use crate::queue::series::{Histogram, Label};
 
 /// `prometheus.WriteRequest`.
@@ -42,6 +49,95 @@ pub struct WriteRequest {
     /// The series, each with its samples.
     #[prost(message, repeated, tag = "1")]
     pub timeseries: Vec<TimeSeries>,
+    /// One entry per metric family.
+    #[prost(message, repeated, tag = "3")]
+    pub metadata: Vec<MetricMetadata>,
+}
+
+/// `prometheus.MetricMetadata`.
+#[derive(Clone, PartialEq, Message)]
+pub struct MetricMetadata {
+    /// `MetricType`: 1 counter, 2 gauge, 3 histogram, 5 summary.
+    #[prost(int32, tag = "1")]
+    pub r#type: i32,
+    /// The family name (a counter's without `_total`).
+    #[prost(string, tag = "2")]
+    pub metric_family_name: String,
+    /// The help text.
+    #[prost(string, tag = "4")]
+    pub help: String,
+    /// The unit (empty: none given).
+    #[prost(string, tag = "5")]
+    pub unit: String,
+}
+
+/// The help text of a family of OpenMetrics type `type_name` (see
+/// [`crate::sink::openmetrics::family`]): what statsd sent, and who wrote it. The same text
+/// goes into remote write's metadata and the file sink's `# HELP`.
+pub fn help_text(type_name: &str) -> &'static str {
+    match type_name {
+        "counter" => "statsd counter (c), written by tessera",
+        "summary" => "statsd timer (ms, in seconds), histogram (h) or distribution (d), written by tessera",
+        "histogram" => {
+            "statsd timer (ms, in seconds), histogram (h) or distribution (d) as a native histogram, written by tessera"
+        }
+        _ => "statsd gauge (g), set (s), or a timer's min or max, written by tessera",
+    }
+}
+
+/// `MetricType` of an OpenMetrics type name.
+fn metric_type(type_name: &str) -> i32 {
+    match type_name {
+        "counter" => 1,
+        "gauge" => 2,
+        "histogram" => 3,
+        "summary" => 5,
+        _ => 0,
+    }
+}
+
+/// Wire key of `WriteRequest.metadata` (field 3, length-delimited).
+const REQUEST_METADATA: u8 = 0x1a;
+/// Wire key of `MetricMetadata.type` (field 1, varint).
+const METADATA_TYPE: u8 = 0x08;
+/// Wire key of `MetricMetadata.help` (field 4, length-delimited).
+const METADATA_HELP: u8 = 0x22;
+
+/// The distinct (family, OpenMetrics type) pairs of `samples`, in first-seen order.
+fn families(samples: &[StoredSample]) -> Vec<(&str, &'static str)> {
+    let mut seen = std::collections::HashSet::with_capacity(samples.len().min(256));
+    let mut families = Vec::new();
+    for sample in samples {
+        let mut name = None;
+        let _ = crate::queue::series::visit_labels(&sample.labels, |label, value| {
+            if label == "__name__" {
+                name = Some(value);
+            }
+        });
+        let Some(name) = name else { continue };
+        let family = match sample.sample_kind() {
+            // The file sink writes no native histogram, so its family table has no type for one.
+            SampleKind::Histogram => (name, "histogram"),
+            kind => crate::sink::openmetrics::family(name, kind),
+        };
+        if seen.insert(family) {
+            families.push(family);
+        }
+    }
+    families
+}
+
+/// Bytes of one `MetricMetadata` and of it as a `WriteRequest.metadata` field.
+fn metadata_lengths(family: &str, type_name: &str) -> (usize, usize) {
+    let help = help_text(type_name);
+    let inner = 2
+        + 1
+        + encoded_len_varint(family.len() as u64)
+        + family.len()
+        + 1
+        + encoded_len_varint(help.len() as u64)
+        + help.len();
+    (inner, 1 + encoded_len_varint(inner as u64) + inner)
 }
 
 /// `prometheus.TimeSeries`.
@@ -104,7 +200,9 @@ fn series_lengths(sample: &StoredSample, tile_end_ms: i64) -> (usize, usize, usi
 
 /// Size of the uncompressed `WriteRequest` [`encode_write_request`] would write.
 pub fn write_request_len(samples: &[StoredSample], timestamp_ms: i64) -> usize {
-    samples.iter().map(|sample| series_lengths(sample, timestamp_ms).0).sum()
+    let metadata: usize =
+        families(samples).iter().map(|(family, type_name)| metadata_lengths(family, type_name).1).sum();
+    samples.iter().map(|sample| series_lengths(sample, timestamp_ms).0).sum::<usize>() + metadata
 }
 
 /// Appends a `WriteRequest` holding one `TimeSeries` per sample, each with one sample (or,
@@ -112,7 +210,7 @@ pub fn write_request_len(samples: &[StoredSample], timestamp_ms: i64) -> usize {
 /// sample's own timestamp, [`StoredSample::at`]), to `out`. A plain sample marked
 /// `reset_before` is preceded in its series by a 0 one millisecond before it.
 pub fn encode_write_request(out: &mut Vec<u8>, samples: &[StoredSample], tile_end_ms: i64) {
-    out.reserve(write_request_len(samples, tile_end_ms));
+    out.reserve(samples.iter().map(|sample| series_lengths(sample, tile_end_ms).0).sum());
     for sample in samples {
         let (_, series_len, point_len, marker_len) = series_lengths(sample, tile_end_ms);
         let timestamp_ms = sample.at(tile_end_ms);
@@ -140,6 +238,20 @@ pub fn encode_write_request(out: &mut Vec<u8>, samples: &[StoredSample], tile_en
             out.push(HISTOGRAM_TIMESTAMP);
         }
         encode_varint(timestamp_ms as u64, out);
+    }
+    for (family, type_name) in families(samples) {
+        let (inner, _) = metadata_lengths(family, type_name);
+        let help = help_text(type_name);
+        out.push(REQUEST_METADATA);
+        encode_varint(inner as u64, out);
+        out.push(METADATA_TYPE);
+        out.push(metric_type(type_name) as u8);
+        out.push(FIELD_2_LEN);
+        encode_varint(family.len() as u64, out);
+        out.extend_from_slice(family.as_bytes());
+        out.push(METADATA_HELP);
+        encode_varint(help.len() as u64, out);
+        out.extend_from_slice(help.as_bytes());
     }
 }
 
@@ -194,9 +306,43 @@ mod tests {
                         }
                     })
                     .collect(),
+                metadata: ["a", &"b".repeat(300), "zero", "adopted_total", "late_total"]
+                    .into_iter()
+                    .map(|family| MetricMetadata {
+                        r#type: 2,
+                        metric_family_name: family.to_owned(),
+                        help: help_text("gauge").to_owned(),
+                        unit: String::new(),
+                    })
+                    .collect(),
             };
             assert_eq!(WriteRequest::decode(ours.as_slice()).unwrap(), theirs, "timestamp {timestamp}");
         }
+    }
+
+    #[test]
+    fn each_family_gets_its_type_and_help_once_per_request() {
+        let kind =
+            |kind: SampleKind, labels: &[(&str, &str)]| StoredSample { kind: kind as i32, ..stored(labels, 1.0) };
+        let samples = [
+            kind(SampleKind::Counter, &[("__name__", "hits_total"), ("env", "a")]),
+            kind(SampleKind::Counter, &[("__name__", "hits_total"), ("env", "b")]),
+            kind(SampleKind::SummaryQuantile, &[("__name__", "lat"), ("quantile", "0.5")]),
+            kind(SampleKind::SummarySum, &[("__name__", "lat_sum")]),
+            kind(SampleKind::SummaryCount, &[("__name__", "lat_count")]),
+            kind(SampleKind::Gauge, &[("__name__", "lat_max")]),
+            StoredSample { kind: SampleKind::Histogram as i32, ..histogram_sample(&Sketch::new(), 0.0, true) },
+        ];
+        let mut body = Vec::new();
+        encode_write_request(&mut body, &samples, 10_000);
+        assert_eq!(body.len(), write_request_len(&samples, 10_000));
+        let request = WriteRequest::decode(body.as_slice()).unwrap();
+        let metadata: Vec<(i32, &str)> =
+            request.metadata.iter().map(|entry| (entry.r#type, entry.metric_family_name.as_str())).collect();
+        assert_eq!(metadata, [(1, "hits"), (5, "lat"), (2, "lat_max"), (3, "latency")]);
+        assert_eq!(request.metadata[0].help, "statsd counter (c), written by tessera");
+        assert!(request.metadata[1].help.contains("in seconds"));
+        assert_eq!(request.timeseries.len(), samples.len());
     }
 
     fn histogram_sample(sketch: &Sketch, sum: f64, reset: bool) -> StoredSample {
