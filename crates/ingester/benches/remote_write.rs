@@ -31,14 +31,22 @@ fn bench_remote_write(criterion: &mut Criterion) {
     group.bench_function("encode/2k_samples", |bencher| {
         bencher.iter(|| {
             body.clear();
-            prompb::encode_write_request(&mut body, &request, 1_700_000_000_000);
+            prompb::encode_write_request(&mut body, &request, 1_700_000_000_000, false);
             body.len()
+        })
+    });
+    // The same with each family's metadata (`metadata = true`): 2 000 families here.
+    group.bench_function("encode_metadata_snappy/2k_samples", |bencher| {
+        bencher.iter(|| {
+            body.clear();
+            prompb::encode_write_request(&mut body, &request, 1_700_000_000_000, true);
+            prompb::compress(&body).unwrap().len()
         })
     });
     group.bench_function("encode_snappy/2k_samples", |bencher| {
         bencher.iter(|| {
             body.clear();
-            prompb::encode_write_request(&mut body, &request, 1_700_000_000_000);
+            prompb::encode_write_request(&mut body, &request, 1_700_000_000_000, false);
             prompb::compress(&body).unwrap().len()
         })
     });

@@ -6,7 +6,8 @@
 //! `MetricMetadata { type, metric_family_name, help, unit }`, with the field numbers of
 //! Prometheus' `prompb/remote.proto` and `types.proto`.
 //!
-//! **Metadata.** Each request carries one `MetricMetadata` per metric family it writes: its
+//! **Metadata** (`metadata = true` on the target; off by default, for its cost: see
+//! BENCHMARKS.md). Each request then carries one `MetricMetadata` per metric family it writes: its
 //! type (counter; gauge for gauges, sets and a timer's `_min`/`_max`; summary for quantiles,
 //! `_sum` and `_count`; histogram for native histograms) and a help text naming what statsd
 //! sent ([`help_text`]), so that a metric browser shows them. Stores that keep metadata
@@ -31,7 +32,7 @@
 //! series::encode_labels(&mut labels, &[("__name__", "hits_total"), ("env", "prod")]);
 //! let sample = StoredSample { labels: Bytes::from(labels), value: 3.0, kind: 1, ..Default::default() };
 //! let mut body = Vec::new();
-//! prompb::encode_write_request(&mut body, std::slice::from_ref(&sample), 10_000);
+//! prompb::encode_write_request(&mut body, std::slice::from_ref(&sample), 10_000, false);
 //! let request = WriteRequest::decode(body.as_slice()).unwrap();
 //! assert_eq!(request.timeseries[0].labels[1].value, "prod");
 //! assert_eq!(request.timeseries[0].samples[0].timestamp, 10_000);
@@ -199,17 +200,20 @@ fn series_lengths(sample: &StoredSample, tile_end_ms: i64) -> (usize, usize, usi
 }
 
 /// Size of the uncompressed `WriteRequest` [`encode_write_request`] would write.
-pub fn write_request_len(samples: &[StoredSample], timestamp_ms: i64) -> usize {
-    let metadata: usize =
-        families(samples).iter().map(|(family, type_name)| metadata_lengths(family, type_name).1).sum();
+pub fn write_request_len(samples: &[StoredSample], timestamp_ms: i64, metadata: bool) -> usize {
+    let metadata: usize = match metadata {
+        true => families(samples).iter().map(|(family, type_name)| metadata_lengths(family, type_name).1).sum(),
+        false => 0,
+    };
     samples.iter().map(|sample| series_lengths(sample, timestamp_ms).0).sum::<usize>() + metadata
 }
 
 /// Appends a `WriteRequest` holding one `TimeSeries` per sample, each with one sample (or,
 /// for a sample carrying a histogram, one histogram) at the record's `tile_end_ms` (or the
 /// sample's own timestamp, [`StoredSample::at`]), to `out`. A plain sample marked
-/// `reset_before` is preceded in its series by a 0 one millisecond before it.
-pub fn encode_write_request(out: &mut Vec<u8>, samples: &[StoredSample], tile_end_ms: i64) {
+/// `reset_before` is preceded in its series by a 0 one millisecond before it. With
+/// `metadata`, one `MetricMetadata` per family follows (see the module docs).
+pub fn encode_write_request(out: &mut Vec<u8>, samples: &[StoredSample], tile_end_ms: i64, metadata: bool) {
     out.reserve(samples.iter().map(|sample| series_lengths(sample, tile_end_ms).0).sum());
     for sample in samples {
         let (_, series_len, point_len, marker_len) = series_lengths(sample, tile_end_ms);
@@ -238,6 +242,9 @@ pub fn encode_write_request(out: &mut Vec<u8>, samples: &[StoredSample], tile_en
             out.push(HISTOGRAM_TIMESTAMP);
         }
         encode_varint(timestamp_ms as u64, out);
+    }
+    if !metadata {
+        return;
     }
     for (family, type_name) in families(samples) {
         let (inner, _) = metadata_lengths(family, type_name);
@@ -286,8 +293,8 @@ mod tests {
         ];
         for timestamp in [0, 1, 1_700_000_000_000, -5] {
             let mut ours = Vec::new();
-            encode_write_request(&mut ours, &samples, timestamp);
-            assert_eq!(ours.len(), write_request_len(&samples, timestamp));
+            encode_write_request(&mut ours, &samples, timestamp, true);
+            assert_eq!(ours.len(), write_request_len(&samples, timestamp, true));
             let theirs = WriteRequest {
                 timeseries: samples
                     .iter()
@@ -334,8 +341,12 @@ mod tests {
             StoredSample { kind: SampleKind::Histogram as i32, ..histogram_sample(&Sketch::new(), 0.0, true) },
         ];
         let mut body = Vec::new();
-        encode_write_request(&mut body, &samples, 10_000);
-        assert_eq!(body.len(), write_request_len(&samples, 10_000));
+        encode_write_request(&mut body, &samples, 10_000, true);
+        assert_eq!(body.len(), write_request_len(&samples, 10_000, true));
+        let mut without = Vec::new();
+        encode_write_request(&mut without, &samples, 10_000, false);
+        assert!(WriteRequest::decode(without.as_slice()).unwrap().metadata.is_empty(), "off: no metadata");
+        assert_eq!(without.len(), write_request_len(&samples, 10_000, false));
         let request = WriteRequest::decode(body.as_slice()).unwrap();
         let metadata: Vec<(i32, &str)> =
             request.metadata.iter().map(|entry| (entry.r#type, entry.metric_family_name.as_str())).collect();
@@ -368,8 +379,8 @@ mod tests {
         let sample = histogram_sample(&sketch, 123.5, true);
         let samples = [stored(&[("__name__", "a")], 1.0), sample.clone()];
         let mut body = Vec::new();
-        encode_write_request(&mut body, &samples, 1_700_000_000_000);
-        assert_eq!(body.len(), write_request_len(&samples, 1_700_000_000_000));
+        encode_write_request(&mut body, &samples, 1_700_000_000_000, false);
+        assert_eq!(body.len(), write_request_len(&samples, 1_700_000_000_000, false));
         let request = WriteRequest::decode(body.as_slice()).unwrap();
         assert_eq!(request.timeseries[0].samples.len(), 1);
         let series = &request.timeseries[1];
@@ -399,7 +410,7 @@ mod tests {
     #[test]
     fn compresses_to_snappy_block_format() {
         let mut body = Vec::new();
-        encode_write_request(&mut body, &[stored(&[("__name__", "a")], 1.0)], 5);
+        encode_write_request(&mut body, &[stored(&[("__name__", "a")], 1.0)], 5, false);
         let compressed = compress(&body).unwrap();
         assert_eq!(snap::raw::Decoder::new().decompress_vec(&compressed).unwrap(), body);
     }

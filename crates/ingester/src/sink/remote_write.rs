@@ -87,6 +87,8 @@ pub struct RemoteWriteSettings {
     /// Split requests by tenant: the label whose value is the tenant, and the header it
     /// goes in.
     pub tenant: Option<(String, HeaderName)>,
+    /// Each request carries the metadata of its families ([`prompb::encode_write_request`]).
+    pub metadata: bool,
 }
 
 /// How a target authenticates requests.
@@ -264,12 +266,12 @@ impl RemoteWriteSink {
 
     /// Builds the compressed body of `request`.
     pub fn body(request: &SinkRequest) -> Result<Vec<u8>, SinkError> {
-        Self::body_of(&request.samples, request.record.tile_end_ms)
+        Self::body_of(&request.samples, request.record.tile_end_ms, false)
     }
 
-    fn body_of(samples: &[StoredSample], tile_end_ms: i64) -> Result<Vec<u8>, SinkError> {
+    fn body_of(samples: &[StoredSample], tile_end_ms: i64, metadata: bool) -> Result<Vec<u8>, SinkError> {
         let mut body = Vec::new();
-        prompb::encode_write_request(&mut body, samples, tile_end_ms);
+        prompb::encode_write_request(&mut body, samples, tile_end_ms, metadata);
         prompb::compress(&body).map_err(|error| SinkError::Permanent { status: 0, message: format!("snappy: {error}") })
     }
 
@@ -362,7 +364,7 @@ impl RemoteWriteSink {
         samples: &[StoredSample],
         tenant: Option<(&HeaderName, HeaderValue)>,
     ) -> Result<(), SinkError> {
-        let body = Self::body_of(samples, request.record.tile_end_ms)?;
+        let body = Self::body_of(samples, request.record.tile_end_ms, self.settings.metadata)?;
         let mut builder = hyper::Request::post(self.settings.url.clone())
             .header(CONTENT_ENCODING, "snappy")
             .header(CONTENT_TYPE, "application/x-protobuf")
