@@ -290,9 +290,28 @@ impl Drop for Process {
             let _ = child.wait();
         }
         if let Some(dir) = self.disk.take() {
+            // The disk goes with the unmount: keep what the daemon wrote on it (its queue and
+            // checkpoints) beside it, for the run directory a failed run leaves (found
+            // missing when seed 10 lost a 1 min tile across an ingester restart).
+            let _ = copy_dir(&dir, &dir.with_extension("kept"));
             let _ = Command::new("umount").arg("-l").arg(dir).status();
         }
     }
+}
+
+/// Copies the files below `from` to `to`, the disk filler left out.
+fn copy_dir(from: &Path, to: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(to)?;
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        let target = to.join(entry.file_name());
+        if entry.file_type()?.is_dir() {
+            copy_dir(&entry.path(), &target)?;
+        } else if entry.file_name() != FILLER {
+            std::fs::copy(entry.path(), target)?;
+        }
+    }
+    Ok(())
 }
 
 /// The file that fills a disk.
