@@ -11,7 +11,7 @@
 //! The series comes last because label values may hold spaces. When the file is closed,
 //! [`close_journal`] groups the lines into OpenMetrics: families in name order, per family
 //! one `# TYPE` and one `# HELP` line (the help remote write's metadata carries,
-//! [`crate::sink::prompb::help_text`]), then its samples contiguous, each series' samples together and in
+//! [`help_text`]), then its samples contiguous, each series' samples together and in
 //! time order (one sample per series and timestamp, the last one written winning; series
 //! in the order of a hash of their text), timestamps in seconds with milliseconds as the
 //! fraction, and `# EOF` at the end. That is the form `promtool tsdb
@@ -28,6 +28,19 @@ use std::fmt::Write;
 use crate::queue::series::{Label, visit_labels};
 use crate::record::SampleKind;
 
+/// The help text of a family of OpenMetrics type `type_name` ([`family`]): what statsd sent,
+/// and who wrote it. The file sink's `# HELP` and remote write's metadata.
+pub fn help_text(type_name: &str) -> &'static str {
+    match type_name {
+        "counter" => "statsd counter (c), written by tessera",
+        "summary" => "statsd timer (ms, in seconds), histogram (h) or distribution (d), written by tessera",
+        "histogram" => {
+            "statsd timer (ms, in seconds), histogram (h) or distribution (d) as a native histogram, written by tessera"
+        }
+        _ => "statsd gauge (g), set (s), or a timer's min or max, written by tessera",
+    }
+}
+
 /// The OpenMetrics family and type of a sample named `name` of `kind`.
 pub fn family(name: &str, kind: SampleKind) -> (&str, &'static str) {
     match kind {
@@ -36,8 +49,9 @@ pub fn family(name: &str, kind: SampleKind) -> (&str, &'static str) {
         SampleKind::SummarySum => (name.strip_suffix("_sum").unwrap_or(name), "summary"),
         SampleKind::SummaryCount => (name.strip_suffix("_count").unwrap_or(name), "summary"),
         SampleKind::Gauge | SampleKind::Unspecified => (name, "gauge"),
-        // Not written by the file sink (OpenMetrics 1.0 text has no native histograms).
-        SampleKind::Histogram => (name, "unknown"),
+        // Remote write's metadata only: the file sink skips native histograms (OpenMetrics
+        // 1.0 text has none).
+        SampleKind::Histogram => (name, "histogram"),
     }
 }
 
@@ -205,7 +219,7 @@ pub fn close_journal(journal: &str) -> Closed {
         }
         if current_family != Some((entry.family, entry.type_name)) {
             let _ = writeln!(text, "# TYPE {} {}", entry.family, entry.type_name);
-            let _ = writeln!(text, "# HELP {} {}", entry.family, crate::sink::prompb::help_text(entry.type_name));
+            let _ = writeln!(text, "# HELP {} {}", entry.family, help_text(entry.type_name));
             current_family = Some((entry.family, entry.type_name));
         }
         text.push_str(entry.series);

@@ -10,7 +10,7 @@
 //! BENCHMARKS.md). Each request then carries one `MetricMetadata` per metric family it writes: its
 //! type (counter; gauge for gauges, sets and a timer's `_min`/`_max`; summary for quantiles,
 //! `_sum` and `_count`; histogram for native histograms) and a help text naming what statsd
-//! sent ([`help_text`]), so that a metric browser shows them. Stores that keep metadata
+//! sent ([`help_text`], the file sink's `# HELP`), so that a metric browser shows them. Stores that keep metadata
 //! (Mimir, VictoriaMetrics, the M3 coordinator) use it; Prometheus' own receiver drops it.
 //!
 //! A queue record's series are in the queue's own form ([`crate::queue::series`]), whose
@@ -41,8 +41,9 @@
 use prost::Message;
 use prost::encoding::{encode_varint, encoded_len_varint};
 
-use crate::queue::record::{SampleKind, StoredSample};
+use crate::queue::record::StoredSample;
 use crate::queue::series::{Histogram, Label};
+use crate::sink::openmetrics::{family, help_text};
 
 /// `prometheus.WriteRequest`.
 #[derive(Clone, PartialEq, Message)]
@@ -70,20 +71,6 @@ pub struct MetricMetadata {
     /// The unit (empty: none given).
     #[prost(string, tag = "5")]
     pub unit: String,
-}
-
-/// The help text of a family of OpenMetrics type `type_name` (see
-/// [`crate::sink::openmetrics::family`]): what statsd sent, and who wrote it. The same text
-/// goes into remote write's metadata and the file sink's `# HELP`.
-pub fn help_text(type_name: &str) -> &'static str {
-    match type_name {
-        "counter" => "statsd counter (c), written by tessera",
-        "summary" => "statsd timer (ms, in seconds), histogram (h) or distribution (d), written by tessera",
-        "histogram" => {
-            "statsd timer (ms, in seconds), histogram (h) or distribution (d) as a native histogram, written by tessera"
-        }
-        _ => "statsd gauge (g), set (s), or a timer's min or max, written by tessera",
-    }
 }
 
 /// `MetricType` of an OpenMetrics type name.
@@ -116,11 +103,7 @@ fn families(samples: &[StoredSample]) -> Vec<(&str, &'static str)> {
             }
         });
         let Some(name) = name else { continue };
-        let family = match sample.sample_kind() {
-            // The file sink writes no native histogram, so its family table has no type for one.
-            SampleKind::Histogram => (name, "histogram"),
-            kind => crate::sink::openmetrics::family(name, kind),
-        };
+        let family = family(name, sample.sample_kind());
         if seen.insert(family) {
             families.push(family);
         }
@@ -274,6 +257,7 @@ mod tests {
 
     use super::*;
     use crate::queue::series::{HistogramEncoder, RESET_HINT_YES, decode_labels, encode_labels};
+    use crate::record::SampleKind;
 
     fn stored(labels: &[(&str, &str)], value: f64) -> StoredSample {
         let mut bytes = Vec::new();
