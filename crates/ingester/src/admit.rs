@@ -412,6 +412,10 @@ pub struct Converter {
     /// Per shard: the tenure of the last view taken in ([`OwnershipView::tenure`](crate::tier::OwnershipView::tenure)), or
     /// [`GAINED_AHEAD`].
     tenures: Vec<u32>,
+    /// Per shard: the cutover of its tenure in the last view taken in (0: none), and the
+    /// start of the tile that gained it ahead of the view (`i64::MAX`: none).
+    cutovers: Vec<i64>,
+    gained_ahead_at: Vec<i64>,
     /// A shard was gained or lost since this process started: a total whose shard is
     /// unknown may be stale.
     ownership_changed: bool,
@@ -423,6 +427,10 @@ pub struct Converter {
     /// Series adopted by the last conversion, counted at [`Converter::commit`].
     adopted_pending: u64,
     adopted: Option<prometheus_client::metrics::counter::Counter>,
+    /// Tiles of the last conversion that started before their shard's tenure, counted at
+    /// [`Converter::commit`] into `earlier_tenure`.
+    earlier_tenure_pending: u64,
+    earlier_tenure: Option<prometheus_client::metrics::counter::Counter>,
 }
 
 /// What one tile turns into, before the labels are encoded.
@@ -462,24 +470,26 @@ impl Converter {
             owned: Vec::new(),
             epochs: Vec::new(),
             tenures: Vec::new(),
+            cutovers: Vec::new(),
+            gained_ahead_at: Vec::new(),
             ownership_changed: false,
             adopted_marker: false,
             correction: None,
             adopted_pending: 0,
             adopted: None,
+            earlier_tenure_pending: 0,
+            earlier_tenure: None,
         }
     }
 
     /// Makes this converter one of an ingesters' placement: totals belong to the epoch
     /// of their shard's ownership, and a series whose shard this ingester gained starts
-    /// over with an explicit reset (see the [module docs](self)); `adopted` counts them.
-    pub fn with_ownership(
-        mut self,
-        ownership: Arc<Ownership>,
-        adopted: prometheus_client::metrics::counter::Counter,
-    ) -> Converter {
+    /// over with an explicit reset (see the [module docs](self)); `metrics` counts them, and
+    /// the tiles that went on an earlier tenure's total.
+    pub fn with_ownership(mut self, ownership: Arc<Ownership>, metrics: &crate::tier::TierMetrics) -> Converter {
         self.ownership = Some(ownership);
-        self.adopted = Some(adopted);
+        self.adopted = Some(metrics.series_adopted.clone());
+        self.earlier_tenure = Some(metrics.tiles_of_earlier_tenure.clone());
         self
     }
 
@@ -491,6 +501,10 @@ impl Converter {
     /// doubled). When the cutoff had not passed, the new epoch costs one explicit reset,
     /// which is exact. The first view counts as owned all along, so that a restart keeps
     /// the totals it restored.
+    ///
+    /// A shard gained by a tile ahead of the view ([`epoch_of`](Self::epoch_of)) that the
+    /// view shows taken at a cutover after that tile's start was gained by a stale tile, not
+    /// ahead: its tenure starts at the cutover, as a new epoch.
     fn refresh_ownership(&mut self) {
         let Some(ownership) = &self.ownership else { return };
         let Some(view) = ownership.changed_since(&mut self.ownership_seen) else { return };
@@ -498,6 +512,8 @@ impl Converter {
             let first = self.owned.is_empty();
             self.owned = view.owned.clone();
             self.tenures = view.tenure.clone();
+            self.cutovers = view.cutover_ms.clone();
+            self.gained_ahead_at = vec![i64::MAX; view.owned.len()];
             let epoch = if first { 0 } else { self.epochs.iter().copied().max().unwrap_or(0) + 1 };
             // A shard this ingester is joining (it takes it at a cutover) was not owned all
             // along, nor was any after a start that found it failed over (rejoined).
@@ -505,22 +521,32 @@ impl Converter {
             self.ownership_changed |= !first || view.rejoined || view.joining.iter().any(|joining| *joining);
             return;
         }
-        let shards = self.owned.iter_mut().zip(self.epochs.iter_mut()).zip(self.tenures.iter_mut());
-        for (((owned, epoch), tenure), (now, now_tenure)) in shards.zip(view.owned.iter().zip(&view.tenure)) {
-            let new_tenure = *now && *owned && *tenure != GAINED_AHEAD && *tenure != *now_tenure;
-            if (*now && !*owned) || new_tenure {
-                *epoch += 1;
+        for shard in 0..view.owned.len() {
+            let (now, owned) = (view.owned[shard], self.owned[shard]);
+            let tenure = self.tenures[shard];
+            let gained_stale = tenure == GAINED_AHEAD && self.gained_ahead_at[shard] < view.cutover_ms[shard];
+            let new_tenure = now && owned && (gained_stale || (tenure != GAINED_AHEAD && tenure != view.tenure[shard]));
+            if (now && !owned) || new_tenure {
+                self.epochs[shard] += 1;
             }
-            self.ownership_changed |= *now != *owned || new_tenure;
-            *owned = *now;
-            *tenure = *now_tenure;
+            self.ownership_changed |= now != owned || new_tenure;
+            self.owned[shard] = now;
+            self.tenures[shard] = view.tenure[shard];
+            self.cutovers[shard] = view.cutover_ms[shard];
+            self.gained_ahead_at[shard] = i64::MAX;
         }
     }
 
-    /// The ownership epoch of `series_id`'s shard. A tile for a shard the view does not
-    /// give this ingester (an aggregator saw the change first) gains the shard now.
+    /// The ownership epoch of `series_id`'s tile starting at `tile_start_ms`. A tile for a
+    /// shard the view does not give this ingester (an aggregator saw the change first)
+    /// gains the shard now. A tile that starts before the cutover of its shard's tenure
+    /// belongs to the tenure before: a batch taken in before the shard was lost (a pause
+    /// past a failover) and converted after the shard came back at a later cutover. It
+    /// goes on that tenure's total, which is what storage holds for that time; writing it
+    /// as the new tenure would carry its delta into the real one (found by the fault
+    /// campaign, seeds 10 and 15 at 5 minutes: a doubling at the cutover).
     /// Returns the epoch and the shard plus one (0, 0 without an ingesters' placement).
-    fn epoch_of(&mut self, series_id: &[u8]) -> (u32, u32) {
+    fn epoch_of(&mut self, series_id: &[u8], tile_start_ms: i64) -> (u32, u32) {
         if self.owned.is_empty() {
             return (0, 0);
         }
@@ -528,10 +554,13 @@ impl Converter {
         if !self.owned[shard] {
             self.owned[shard] = true;
             self.epochs[shard] += 1;
-            if let Some(tenure) = self.tenures.get_mut(shard) {
-                *tenure = GAINED_AHEAD;
-            }
+            self.tenures[shard] = GAINED_AHEAD;
+            self.gained_ahead_at[shard] = tile_start_ms;
+            self.cutovers[shard] = 0;
             self.ownership_changed = true;
+        } else if tile_start_ms < self.cutovers[shard] {
+            self.earlier_tenure_pending += 1;
+            return (self.epochs[shard].saturating_sub(1), shard as u32 + 1);
         }
         (self.epochs[shard], shard as u32 + 1)
     }
@@ -583,6 +612,7 @@ impl Converter {
         self.undo.clear();
         self.discard_pending();
         self.adopted_pending = 0;
+        self.earlier_tenure_pending = 0;
         self.refresh_ownership();
         self.arena.clear();
         self.arena.reserve(batch.tiles.len() * self.arena_bytes_per_tile);
@@ -610,7 +640,7 @@ impl Converter {
             }
             names::tag_labels(raw_tags, &mut self.tags);
             let origin = xxhash_rust::xxh3::xxh3_64_with_seed(&tile.series_id, kind as u64);
-            let (epoch, shard) = self.epoch_of(&tile.series_id);
+            let (epoch, shard) = self.epoch_of(&tile.series_id, tile_end_ms - resolution_ms);
             let at = TileRef { end_ms: tile_end_ms, resolution_ms, origin, epoch, shard, incomplete: batch.incomplete };
             let verdict = match (kind, &aggregate) {
                 (MetricKind::Counter, Aggregate::Counter(delta)) => self.counter(*delta, &resolution, at),
@@ -688,6 +718,9 @@ impl Converter {
         if let Some(adopted) = &self.adopted {
             adopted.inc_by(std::mem::take(&mut self.adopted_pending));
         }
+        if let Some(earlier_tenure) = &self.earlier_tenure {
+            earlier_tenure.inc_by(std::mem::take(&mut self.earlier_tenure_pending));
+        }
         for (key, histogram) in self.pending.drain(..) {
             if let Some(previous) = self.histograms.insert(key, histogram) {
                 self.spare.push(previous);
@@ -706,6 +739,7 @@ impl Converter {
     /// Restores the running totals from before the last conversion (its record was not queued).
     pub fn rollback(&mut self) {
         self.adopted_pending = 0;
+        self.earlier_tenure_pending = 0;
         while let Some((key, previous)) = self.undo.pop() {
             match previous {
                 Some(total) => self.totals.insert(key, total),

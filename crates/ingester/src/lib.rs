@@ -344,7 +344,7 @@ fn converter_for(
         Converter::new(&config.mapping.quantiles, config.mapping.counter_expire_after_secs as i64 * 1000)
             .with_resolution_label(target.resolution_label());
     if let Some((ownership, metrics)) = tier {
-        converter = converter.with_ownership(ownership.clone(), metrics.series_adopted.clone());
+        converter = converter.with_ownership(ownership.clone(), metrics);
     }
     match &target.sink {
         SinkConfig::RemoteWrite(remote) => converter.with_histograms(remote.histograms, remote.max_buckets),

@@ -27,6 +27,10 @@ tessera_runtime::metrics! {
         /// Cumulative series that started over (with an explicit reset) because their shard came to
         /// this ingester
         pub series_adopted: Counter,
+        /// Tiles that started before the cutover of their shard's tenure, written on the total of
+        /// the tenure before (a batch taken in before a failover, converted after the shard came
+        /// back)
+        pub tiles_of_earlier_tenure: Counter,
         /// 1 while this ingester holds its liveness lease in etcd
         pub liveness_registered: Gauge,
     }

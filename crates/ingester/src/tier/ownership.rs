@@ -18,6 +18,10 @@ pub struct OwnershipView {
     pub joining: Vec<bool>,
     /// The cutoff of each shard it gives away (a move in progress), 0 when none.
     pub cutoff_ms: Vec<i64>,
+    /// The cutover of each shard it takes (a move in progress or not yet finalized), 0 when
+    /// it owns the shard from the start of its tenure (an init, a failover): a tile that
+    /// starts before it belongs to an earlier tenure.
+    pub cutover_ms: Vec<i64>,
     /// Per shard, a count that changes each time a new tenure of it begins, as the views
     /// published so far show ([`Ownership::publish`] keeps it): the shard owned after it was
     /// not, or kept with no cutoff (or another) after it was being given away: its
@@ -40,15 +44,26 @@ impl OwnershipView {
         let mut owned = vec![false; num_shards as usize];
         let mut joining = vec![false; num_shards as usize];
         let mut cutoff_ms = vec![0; num_shards as usize];
+        let mut cutover_ms = vec![0; num_shards as usize];
         for entry in placement.shards_of(instance_id) {
             if let Some(slot) = owned.get_mut(entry.id as usize) {
                 *slot = true;
                 joining[entry.id as usize] = entry.cutover_ms > 0;
                 cutoff_ms[entry.id as usize] = entry.cutoff_ms;
+                cutover_ms[entry.id as usize] = entry.cutover_ms;
             }
         }
         let tenure = vec![0; num_shards as usize];
-        OwnershipView { num_shards, owned, joining, cutoff_ms, tenure, version: placement.version(), rejoined: false }
+        OwnershipView {
+            num_shards,
+            owned,
+            joining,
+            cutoff_ms,
+            cutover_ms,
+            tenure,
+            version: placement.version(),
+            rejoined: false,
+        }
     }
 
     /// Shards owned.
