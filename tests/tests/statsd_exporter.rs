@@ -10,6 +10,10 @@
 //! - **Tags in the name**: InfluxDB (`name,k=v`), Librato (`name#k=v`) and SignalFx
 //!   (`name.[k=v]rest`) tags become labels, as DogStatsD's `|#k:v` do, and DogStatsD's
 //!   `|c:<id>` becomes `container_id` (statsd_exporter's `pkg/line` does each by default).
+//! - **Classic histograms from the mapping file**: `observer_type: histogram` with `buckets`
+//!   gives `_bucket{le}` with exact counts (the issue's four timings 10, 12, 20 and 30 ms),
+//!   `_sum` and `_count`, so `histogram_quantile()` over `_bucket` works as on
+//!   statsd_exporter; the file target gets the same family, typed `histogram`.
 
 use std::net::UdpSocket;
 use std::time::Duration;
@@ -51,7 +55,18 @@ fn the_same_lines_give_statsd_exporters_series_and_values() {
         ingester_port,
         FAST_RECONNECT,
     );
-    let collector_text = collector_config("host-1", statsd_port, &placement, "");
+    let mapping = dir.path().join("mapping.yml");
+    std::fs::write(
+        &mapping,
+        "mappings:\n- match: api.*.latency\n  name: api_latency\n  observer_type: histogram\n  \
+         buckets: [0.01, 0.025, 0.1]\n  labels:\n    route: $1\n",
+    )
+    .unwrap();
+    let collector_text = format!(
+        "{}[mapping]\nfile = {:?}\n",
+        collector_config("host-1", statsd_port, &placement, ""),
+        mapping.display().to_string()
+    );
     let collector = start_daemon("collector", "tessera-collector", &collector_text, free_port());
 
     let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
@@ -65,6 +80,8 @@ fn the_same_lines_give_statsd_exporters_series_and_values() {
         "test.counter:1|c|@0.1",
         "influx.hits,env=prod,host=a:1|c\nlibrato.hits#env=prod:2|c\nsignalfx.[env=prod]hits:3|c",
         "dog.hits:4|c|#env:prod\ncontainer.hits:5|c|c:4d2f9e1b",
+        // A mapped classic histogram.
+        "api.users.latency:10|ms\napi.users.latency:12|ms\napi.users.latency:20|ms\napi.users.latency:30|ms",
     ];
     for datagram in lines {
         socket.send_to(datagram.as_bytes(), loopback(statsd_port)).unwrap();
@@ -75,6 +92,7 @@ fn the_same_lines_give_statsd_exporters_series_and_values() {
         query("test_timing_count") == Some(6.0)
             && query("container_hits_total").is_some()
             && query("test_distribution_count").is_some()
+            && query("api_latency_count") == Some(4.0)
     });
     // Units: `_sum` in seconds for `|ms`, as sent for `|h` and `|d`; the native histogram too.
     assert!(close(query("test_timing_sum"), 7.2), "{:?}", query("test_timing_sum"));
@@ -83,6 +101,18 @@ fn the_same_lines_give_statsd_exporters_series_and_values() {
     assert_eq!(query("test_histogram_sum"), Some(1200.0));
     assert_eq!(query("test_distribution_sum"), Some(0.25));
     assert_eq!(query("test_counter_total"), Some(10.0));
+
+    // The classic histogram: exact bucket counts, cumulative over `le` (Go's float form),
+    // and the quantile a statsd_exporter dashboard computes from them.
+    for (le, count) in [("0.01", 1.0), ("0.025", 3.0), ("0.1", 4.0), ("+Inf", 4.0)] {
+        let promql = format!("api_latency_bucket{{route=\"users\",le=\"{le}\"}}");
+        assert_eq!(query(&promql), Some(count), "{promql}");
+    }
+    assert!(close(query("api_latency_sum"), 0.072), "{:?}", query("api_latency_sum"));
+    // Rank 0.99 × 4 = 3.96 falls in (0.025, 0.1], which holds the 4th value: interpolated.
+    let p99 = query("histogram_quantile(0.99, sum by (le) (api_latency_bucket))");
+    assert!(p99.is_some_and(|p99| (p99 - 0.097).abs() < 1e-9), "{p99:?}");
+    assert_eq!(query("count(api_latency)"), None, "no native histogram or quantiles beside the buckets");
 
     // Tags in the name, and the container id, as labels.
     assert_eq!(query("influx_hits_total{env=\"prod\",host=\"a\"}"), Some(1.0));
@@ -110,13 +140,23 @@ fn the_same_lines_give_statsd_exporters_series_and_values() {
     let single = at_now("rate(dog_hits_total{env=\"prod\"}[1m])");
     assert!(summed > 0.0 && summed == single, "sum {summed} vs the one series {single}");
 
-    // The 2 s tiles went to their own target, not to the store.
+    // The 2 s tiles went to their own target, not to the store; the histogram is typed so.
+    let wanted = [
+        "dog_hits_total{env=\"prod\"}",
+        "# TYPE api_latency histogram",
+        "api_latency_bucket{le=\"0.025\",route=\"users\"} 3",
+    ];
     wait_until("the 2 s tiles in their files", Duration::from_secs(30), || {
-        std::fs::read_dir(&files).is_ok_and(|entries| {
-            entries.flatten().filter(|entry| entry.path().extension().is_some_and(|ext| ext == "om")).any(|entry| {
-                std::fs::read_to_string(entry.path()).is_ok_and(|text| text.contains("dog_hits_total{env=\"prod\"}"))
+        let text: String = std::fs::read_dir(&files)
+            .map(|entries| {
+                entries
+                    .flatten()
+                    .filter(|entry| entry.path().extension().is_some_and(|ext| ext == "om"))
+                    .filter_map(|entry| std::fs::read_to_string(entry.path()).ok())
+                    .collect()
             })
-        })
+            .unwrap_or_default();
+        wanted.iter().all(|line| text.contains(line))
     });
     drop((collector, aggregator, ingester));
 }

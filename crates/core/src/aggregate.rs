@@ -4,7 +4,7 @@
 //! |---|---|---|
 //! | counter | sum of `value / sample_rate` | add |
 //! | gauge | last value set and the deltas after it, by order stamp ([`gauge`]) | later set wins; deltas after it add |
-//! | timer, histogram, distribution | count, sum, min, max, [`Sketch`] | add, min, max, sketch merge |
+//! | timer, histogram, distribution | count, sum, min, max, [`Sketch`], and [`FixedBuckets`] when a mapping asks for a classic histogram | add, min, max, sketch merge, add per bucket |
 //! | set | [`HyperLogLog`] of members | register max (union) |
 //!
 //! Every merge is associative, so a 1 s partial from a hundred hosts folds
@@ -26,8 +26,10 @@
 
 use tessera_proto as proto;
 
+mod buckets;
 mod gauge;
 
+pub use buckets::{BucketsError, FixedBuckets, MAX_BUCKETS, check_bounds};
 pub use gauge::{DeltaRun, Gauge, MAX_DELTA_RUNS, MergeOrder};
 
 use crate::hll::{HllError, HyperLogLog};
@@ -88,11 +90,20 @@ pub struct Distribution {
     pub max: f64,
     /// The quantile sketch.
     pub sketch: Sketch,
+    /// Exact counts per fixed bucket, for a series a mapping makes a classic histogram.
+    pub buckets: Option<Box<FixedBuckets>>,
 }
 
 impl Default for Distribution {
     fn default() -> Self {
-        Distribution { count: 0.0, sum: 0.0, min: f64::INFINITY, max: f64::NEG_INFINITY, sketch: Sketch::new() }
+        Distribution {
+            count: 0.0,
+            sum: 0.0,
+            min: f64::INFINITY,
+            max: f64::NEG_INFINITY,
+            sketch: Sketch::new(),
+            buckets: None,
+        }
     }
 }
 
@@ -105,10 +116,32 @@ impl Distribution {
         self.min = self.min.min(value);
         self.max = self.max.max(value);
         self.sketch.insert(value, weight);
+        if let Some(buckets) = &mut self.buckets {
+            buckets.insert(value, weight);
+        }
     }
 
-    /// Folds `other` into this summary.
+    /// An empty distribution that also counts its values into fixed buckets.
+    pub fn with_buckets(bounds: std::sync::Arc<[f64]>) -> Distribution {
+        Distribution { buckets: Some(Box::new(FixedBuckets::new(bounds))), ..Distribution::default() }
+    }
+
+    /// Folds `other` into this summary. Fixed buckets add up when both sides have the
+    /// same bounds; an empty side takes the other's. Partials that disagree (one counted
+    /// buckets and the other did not, or with other bounds: a mapping reload that reached
+    /// some hosts first) leave the result without buckets: its count, sum and sketch stay
+    /// exact, and the ingester writes it from the sketch.
     pub fn merge(&mut self, other: &Distribution) {
+        match (&mut self.buckets, &other.buckets) {
+            (Some(buckets), Some(more)) => {
+                if !buckets.merge(more) {
+                    self.buckets = None;
+                }
+            }
+            (None, Some(more)) if self.count == 0.0 => self.buckets = Some(more.clone()),
+            (Some(_), None) if other.count != 0.0 => self.buckets = None,
+            _ => {}
+        }
         self.count += other.count;
         self.sum += other.sum;
         self.min = self.min.min(other.min);
@@ -122,6 +155,9 @@ impl Distribution {
         self.min = f64::INFINITY;
         self.max = f64::NEG_INFINITY;
         self.sketch.clear();
+        if let Some(buckets) = &mut self.buckets {
+            buckets.clear();
+        }
     }
 }
 
@@ -169,6 +205,9 @@ pub enum AggregateError {
     /// The set is invalid.
     #[error("invalid set")]
     Set(#[from] HllError),
+    /// The fixed buckets are invalid.
+    #[error("invalid histogram buckets")]
+    Buckets(#[from] BucketsError),
     /// A gauge's deltas end before they start.
     #[error("gauge deltas end before they start")]
     BadDeltaRange,
@@ -289,7 +328,14 @@ impl Aggregate {
         match self {
             Aggregate::Counter(_) => 0,
             Aggregate::Gauge(gauge) => std::mem::size_of::<Gauge>() + std::mem::size_of_val(gauge.runs()),
-            Aggregate::Distribution(summary) => std::mem::size_of::<Distribution>() + summary.sketch.heap_bytes(),
+            Aggregate::Distribution(summary) => {
+                std::mem::size_of::<Distribution>()
+                    + summary.sketch.heap_bytes()
+                    + summary
+                        .buckets
+                        .as_ref()
+                        .map_or(0, |buckets| std::mem::size_of::<FixedBuckets>() + buckets.heap_bytes())
+            }
             Aggregate::Set(set) => std::mem::size_of::<HyperLogLog>() + set.heap_bytes(),
         }
     }
@@ -306,6 +352,8 @@ impl Aggregate {
                 min: summary.min,
                 max: summary.max,
                 sketch: Some(summary.sketch.to_proto()),
+                bucket_bounds: summary.buckets.as_ref().map(|buckets| buckets.bounds().to_vec()).unwrap_or_default(),
+                bucket_counts: summary.buckets.as_ref().map(|buckets| buckets.counts().to_vec()).unwrap_or_default(),
             }),
             Aggregate::Set(set) => Value::Set(set.to_proto()),
         };
@@ -329,12 +377,17 @@ impl Aggregate {
                     Some(sketch) => Sketch::from_proto(sketch)?,
                     None => Sketch::new(),
                 };
+                let buckets = match summary.bucket_bounds.is_empty() && summary.bucket_counts.is_empty() {
+                    true => None,
+                    false => Some(Box::new(FixedBuckets::from_parts(&summary.bucket_bounds, &summary.bucket_counts)?)),
+                };
                 Aggregate::Distribution(Box::new(Distribution {
                     count: summary.count,
                     sum: summary.sum,
                     min: summary.min,
                     max: summary.max,
                     sketch,
+                    buckets,
                 }))
             }
             Value::Set(set) => Aggregate::Set(Box::new(HyperLogLog::from_proto(set)?)),

@@ -43,7 +43,7 @@ use crate::parse::{Line, MAX_TAGS, MetricKind, RejectReason, Tags, split_tag};
 pub const TAGS_SEPARATOR: &[u8] = b"|#";
 
 /// Label names tessera sets itself on what it writes to storage.
-pub const RESERVED_LABELS: [&str; 2] = ["resolution", "quantile"];
+pub const RESERVED_LABELS: [&str; 3] = ["resolution", "quantile", "le"];
 
 /// Whether a tag key, as a label name, is tessera's ([`RESERVED_LABELS`]) or reserved by
 /// Prometheus (`__` first): the ingester writes such a tag as `tag_<key>`.

@@ -25,10 +25,11 @@
 //! ```
 
 use std::hash::BuildHasher;
+use std::sync::Arc;
 
 use hashbrown::HashTable;
 
-use crate::aggregate::{Aggregate, AggregateError, GaugeDeltas, MergeOrder, Reading, TimerUnit};
+use crate::aggregate::{Aggregate, AggregateError, Distribution, GaugeDeltas, MergeOrder, Reading, TimerUnit};
 use crate::parse::{
     Line, MetricKind, ParseOptions, Parsed, RejectReason, SimpleLine, canonical_tags_len, parse_line_with,
     parse_simple_prefix, split_line,
@@ -313,9 +314,20 @@ impl Folded {
     }
 }
 
+/// Which new series count their values into fixed buckets as well as into their sketch
+/// (a statsd_exporter mapping's classic histogram, [`FixedBuckets`](crate::aggregate::FixedBuckets)).
+/// Asked once per new timer, histogram or distribution series, never per line.
+pub trait BucketSource: Send + Sync {
+    /// The bucket bounds of a new series of `kind` with the statsd name `name`, if it has any.
+    fn bounds(&self, kind: MetricKind, name: &[u8]) -> Option<Arc<[f64]>>;
+}
+
 /// A table of per-series aggregates for one window.
 pub struct Table {
     slots: HashTable<Slot>,
+    /// Where new distributions find their fixed buckets (a reader's table; `None` for the
+    /// tables that merge partials, which take the buckets the partials carry).
+    buckets: Option<Arc<dyn BucketSource>>,
     seed: u64,
     key: SeriesKey,
     options: TableOptions,
@@ -328,11 +340,18 @@ impl Table {
     pub fn new(options: TableOptions) -> Table {
         Table {
             slots: HashTable::new(),
+            buckets: None,
             seed: foldhash::fast::RandomState::default().hash_one(0u8),
             key: SeriesKey::default(),
             options,
             ambiguous_merges: 0,
         }
+    }
+
+    /// Gives new distributions of this table the fixed buckets `source` says.
+    pub fn with_bucket_source(mut self, source: Arc<dyn BucketSource>) -> Table {
+        self.buckets = Some(source);
+        self
     }
 
     /// Parses every line of `datagram` and folds each metric into its
@@ -393,7 +412,7 @@ impl Table {
             slot.touched = true;
             return Ok(false);
         }
-        let slot = Self::insert_into(&mut self.slots, &self.options, hash, &parts, line.kind)?;
+        let slot = Self::insert_into(&mut self.slots, &self.options, self.buckets.as_deref(), hash, &parts, line.kind)?;
         slot.aggregate.observe_value(value, stamp_ns);
         Ok(true)
     }
@@ -440,7 +459,7 @@ impl Table {
             slot.touched = true;
             return Ok(false);
         }
-        let slot = Self::insert_into(&mut self.slots, &self.options, hash, &parts, line.kind)?;
+        let slot = Self::insert_into(&mut self.slots, &self.options, self.buckets.as_deref(), hash, &parts, line.kind)?;
         slot.aggregate.observe(line, stamp_ns, reading);
         Ok(true)
     }
@@ -459,7 +478,7 @@ impl Table {
             slot.touched = true;
             return Ok(false);
         }
-        let slot = Self::insert_into(&mut self.slots, &self.options, hash, &parts, kind)?;
+        let slot = Self::insert_into(&mut self.slots, &self.options, None, hash, &parts, kind)?;
         let order = slot.aggregate.merge(aggregate)?;
         self.ambiguous_merges += u64::from(order == MergeOrder::Ambiguous);
         Ok(true)
@@ -475,6 +494,7 @@ impl Table {
     fn insert_into<'t>(
         slots: &'t mut HashTable<Slot>,
         options: &TableOptions,
+        buckets: Option<&dyn BucketSource>,
         hash: u64,
         parts: &KeyParts<'_>,
         kind: MetricKind,
@@ -484,8 +504,17 @@ impl Table {
         {
             return Err(TableFull { max_series });
         }
-        let slot =
-            Slot { hash, key: KeyBytes::new(parts), aggregate: Aggregate::new(kind), touched: true, idle_cuts: 0 };
+        let bounds = match kind {
+            MetricKind::Timer | MetricKind::Histogram | MetricKind::Distribution => {
+                buckets.and_then(|source| source.bounds(kind, parts.name))
+            }
+            MetricKind::Counter | MetricKind::Gauge | MetricKind::Set => None,
+        };
+        let aggregate = match bounds {
+            Some(bounds) => Aggregate::Distribution(Box::new(Distribution::with_buckets(bounds))),
+            None => Aggregate::new(kind),
+        };
+        let slot = Slot { hash, key: KeyBytes::new(parts), aggregate, touched: true, idle_cuts: 0 };
         Ok(slots.insert_unique(hash, slot, |slot| slot.hash).into_mut())
     }
 

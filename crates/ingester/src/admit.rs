@@ -795,6 +795,9 @@ impl Converter {
         resolution: &str,
         at: TileRef,
     ) -> Verdict {
+        if let Some(buckets) = &distribution.buckets {
+            return self.classic(distribution, buckets, resolution, at);
+        }
         let verdict = match self.histogram_mode {
             HistogramMode::Summary => self.summary(distribution, resolution, at),
             HistogramMode::Native => self.native(distribution, resolution, at, None),
@@ -812,8 +815,65 @@ impl Converter {
         verdict
     }
 
-    /// The summary of a distribution: quantiles of the tile, cumulative `_count` and `_sum`.
-    fn summary(&mut self, summary: &tessera_core::aggregate::Distribution, resolution: &str, at: TileRef) -> Verdict {
+    /// The classic histogram of a distribution with fixed buckets (a mapping's
+    /// `observer_type: histogram`): cumulative `_bucket{le}` (over `le` and over time),
+    /// `_sum` and `_count`, as statsd_exporter writes them, whatever the target's
+    /// `histograms` setting. Every bucket moves in step with the count's verdict.
+    fn classic(
+        &mut self,
+        distribution: &tessera_core::aggregate::Distribution,
+        buckets: &tessera_core::aggregate::FixedBuckets,
+        resolution: &str,
+        at: TileRef,
+    ) -> Verdict {
+        let first_span = self.spans.len();
+        let count =
+            self.count_and_sum(distribution, resolution, at, SampleKind::HistogramCount, SampleKind::HistogramSum);
+        if !matches!(count, Verdict::Write(_) | Verdict::Late | Verdict::Replace(_)) {
+            return count;
+        }
+        // The count's spans were pushed: when it is a correction, so are the buckets'.
+        let correction = self.spans.get(first_span).is_some_and(|span| span.timestamp_ms != 0);
+        let mut cumulative = 0.0;
+        let mut le = String::new();
+        for (index, weight) in buckets.counts().iter().enumerate() {
+            cumulative += weight;
+            le.clear();
+            match buckets.bounds().get(index) {
+                Some(bound) => names::write_go_float(&mut le, *bound),
+                None => le.push_str("+Inf"),
+            }
+            let span = self.encode(resolution, "_bucket", Some(("le", &le)));
+            let key = xxhash_rust::xxh3::xxh3_128(&self.arena[span.0..span.1]);
+            let verdict = self.add_to_total(key, cumulative, at, Some(count));
+            let reset_before = std::mem::take(&mut self.adopted_marker);
+            let fix = self.correction.take();
+            let (value, timestamp_ms) = match (verdict, fix) {
+                (Verdict::Write(total), _) => (total, 0),
+                (Verdict::Late | Verdict::Replace(_), Some(fix)) if correction => fix,
+                _ => {
+                    self.arena.truncate(span.0);
+                    continue;
+                }
+            };
+            let reset_before = reset_before && timestamp_ms == 0;
+            let kind = SampleKind::HistogramBucket;
+            self.spans.push(Span { labels: span, reset_before, histogram: (0, 0), value, kind, timestamp_ms });
+        }
+        count
+    }
+
+    /// A distribution's cumulative `_count` and `_sum` samples (of `count_kind` and
+    /// `sum_kind`), or their corrections for a late or replacing tile; returns the count's
+    /// verdict, which the sum follows.
+    fn count_and_sum(
+        &mut self,
+        summary: &tessera_core::aggregate::Distribution,
+        resolution: &str,
+        at: TileRef,
+        count_kind: SampleKind,
+        sum_kind: SampleKind,
+    ) -> Verdict {
         let count_span = self.encode(resolution, "_count", None);
         let count_key = xxhash_rust::xxh3::xxh3_128(&self.arena[count_span.0..count_span.1]);
         let sum_span = self.encode(resolution, "_sum", None);
@@ -828,25 +888,31 @@ impl Converter {
         if let (Verdict::Late | Verdict::Replace(_), Some(count_at), Some(sum_at)) =
             (count, count_correction, sum_correction)
         {
-            // A late or replacing tile's correction: the new totals after the newest
-            // sample, no quantiles.
+            // A late or replacing tile's correction: the new totals after the newest sample.
             for (labels, (value, timestamp_ms), kind) in
-                [(count_span, count_at, SampleKind::SummaryCount), (sum_span, sum_at, SampleKind::SummarySum)]
+                [(count_span, count_at, count_kind), (sum_span, sum_at, sum_kind)]
             {
                 self.spans.push(Span { labels, reset_before: false, histogram: (0, 0), value, kind, timestamp_ms });
             }
             return count;
         }
-        let (Verdict::Write(count), Verdict::Write(sum)) = (count, sum) else {
+        let (Verdict::Write(count_total), Verdict::Write(sum_total)) = (count, sum) else {
             self.arena.truncate(count_span.0);
             return count;
         };
-        let kinds = [
-            (count_span, count, count_reset, SampleKind::SummaryCount),
-            (sum_span, sum, sum_reset, SampleKind::SummarySum),
-        ];
-        for (labels, value, reset_before, kind) in kinds {
+        for (labels, value, reset_before, kind) in
+            [(count_span, count_total, count_reset, count_kind), (sum_span, sum_total, sum_reset, sum_kind)]
+        {
             self.spans.push(Span { labels, reset_before, histogram: (0, 0), value, kind, timestamp_ms: 0 });
+        }
+        count
+    }
+
+    /// The summary of a distribution: quantiles of the tile, cumulative `_count` and `_sum`.
+    fn summary(&mut self, summary: &tessera_core::aggregate::Distribution, resolution: &str, at: TileRef) -> Verdict {
+        let count = self.count_and_sum(summary, resolution, at, SampleKind::SummaryCount, SampleKind::SummarySum);
+        if !matches!(count, Verdict::Write(_)) {
+            return count;
         }
         let (min, max) = (summary.min, summary.max);
         if min.is_finite() && max.is_finite() && min <= max {
@@ -863,7 +929,7 @@ impl Converter {
                 self.quantiles[index].1 = quantile;
             }
         }
-        Verdict::Write(count)
+        count
     }
 
     /// The cumulative native histogram of a distribution. Its count is judged like a
@@ -1056,7 +1122,7 @@ impl Converter {
     }
 
     fn emit(&mut self, resolution: &str, emit: &Emit<'_>) {
-        let labels = self.encode(resolution, emit.suffix, emit.quantile);
+        let labels = self.encode(resolution, emit.suffix, emit.quantile.map(|quantile| ("quantile", quantile)));
         self.push_span(labels, emit.value, emit.kind);
     }
 
@@ -1064,19 +1130,20 @@ impl Converter {
         self.spans.push(Span { labels, reset_before: false, histogram: (0, 0), value, kind, timestamp_ms: 0 });
     }
 
-    /// Encodes the labels of `<name><suffix>` into the arena; returns their span.
+    /// Encodes the labels of `<name><suffix>`, with the `extra` label (`quantile` or `le`)
+    /// if any, into the arena; returns their span.
     ///
-    /// The labels tessera adds sort as `__name__` < `quantile` < `resolution`, and tags
-    /// never carry those names ([`tessera_core::series::RESERVED_LABELS`]), so one merge of two sorted
-    /// lists gives the sorted label set without a sort or an allocation.
-    fn encode(&mut self, resolution: &str, suffix: &str, quantile: Option<&str>) -> (usize, usize) {
+    /// The labels tessera adds sort as `__name__` < `le`, `quantile` < `resolution`, and
+    /// tags never carry those names ([`tessera_core::series::RESERVED_LABELS`]), so one merge of two
+    /// sorted lists gives the sorted label set without a sort or an allocation.
+    fn encode(&mut self, resolution: &str, suffix: &str, extra: Option<(&str, &str)>) -> (usize, usize) {
         let start = self.arena.len();
         let name = [self.name.as_str(), suffix];
-        let quantile_parts = quantile.map(|quantile| [quantile, ""]);
+        let extra_parts = extra.map(|(label, value)| (label, [value, ""]));
         let resolution_parts = [resolution, ""];
         let mut extras: [Option<(&str, &[&str; 2])>; 3] = [
             Some(("__name__", &name)),
-            quantile_parts.as_ref().map(|parts| ("quantile", parts)),
+            extra_parts.as_ref().map(|(label, parts)| (*label, parts)),
             self.resolution_label.then_some(("resolution", &resolution_parts)),
         ];
         let mut tags = self.tags.labels.iter().peekable();

@@ -7,6 +7,9 @@
 
 use std::sync::{Arc, Mutex, PoisonError};
 
+use tessera_core::parse::MetricKind;
+use tessera_core::table::BucketSource;
+
 use crate::set::RuleSet;
 
 /// Sets kept for readers that run late: the one in force, and the ones before it.
@@ -41,5 +44,19 @@ impl RulesHandle {
             sets.remove(0);
             sets[0].0 = i64::MIN;
         }
+    }
+}
+
+/// A reader's table asks the newest rules for a new series' classic histogram buckets.
+/// A reload changes the buckets of series new to a reader's table from then on; a series
+/// the table already holds keeps its buckets until it goes idle and expires. Partials that
+/// disagree merge without buckets ([`Distribution::merge`](tessera_core::aggregate::Distribution::merge)).
+impl BucketSource for RulesHandle {
+    fn bounds(&self, kind: MetricKind, name: &[u8]) -> Option<Arc<[f64]>> {
+        let newest = {
+            let sets = self.sets.lock().unwrap_or_else(PoisonError::into_inner);
+            sets.last().map(|(_, set)| set.clone())
+        };
+        newest?.buckets(kind, name)
     }
 }

@@ -92,6 +92,7 @@ mod template;
 mod tests;
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use regex::{Regex, RegexSet};
 use tessera_core::parse::MetricKind;
@@ -105,6 +106,10 @@ use self::template::{
     sanitize_tag_value,
 };
 
+/// Prometheus' default histogram buckets (`prometheus.DefBuckets`), which statsd_exporter
+/// gives a histogram that sets none.
+pub const DEFAULT_BUCKETS: [f64; 11] = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
+
 /// A loaded, validated statsd_exporter mapping file.
 #[derive(Debug)]
 pub struct MappingFile {
@@ -116,6 +121,8 @@ pub struct MappingFile {
     /// none of several costs one search, not one per rule. `None` when they are too large
     /// to compile together (each was compiled alone): then each rule is tried in turn.
     regex_set: Option<RegexSet>,
+    /// The buckets of a series no rule maps, when `defaults.observer_type` is `histogram`.
+    default_buckets: Option<Arc<[f64]>>,
     notes: Vec<String>,
 }
 
@@ -225,6 +232,9 @@ struct Rule {
     name: Template,
     labels: Vec<(Box<str>, Template)>,
     honor_labels: bool,
+    /// The classic histogram's bucket bounds, when the rule's observer type (its own or
+    /// the default) is `histogram`.
+    buckets: Option<Arc<[f64]>>,
 }
 
 /// What `defaults` sets for every mapping.
@@ -233,6 +243,9 @@ struct Defaults {
     regex: bool,
     ordered: bool,
     observer_type: Option<ObserverType>,
+    /// `defaults.histogram_options.buckets` or `defaults.buckets`, else Prometheus' default
+    /// buckets (as statsd_exporter has them).
+    buckets: Arc<[f64]>,
 }
 
 impl MappingFile {
@@ -281,7 +294,9 @@ impl MappingFile {
                 None
             }
         };
-        Ok(MappingFile { rules, globs, regex_rules, regex_set, notes: loader.notes })
+        let default_buckets =
+            (defaults.observer_type == Some(ObserverType::Histogram)).then(|| defaults.buckets.clone());
+        Ok(MappingFile { rules, globs, regex_rules, regex_set, default_buckets, notes: loader.notes })
     }
 
     /// Reads and validates the mapping file at `path`.
@@ -302,6 +317,22 @@ impl MappingFile {
     /// index `i` is the `rule` of a [`MapOutcome`].
     pub fn rules(&self) -> impl ExactSizeIterator<Item = &str> + '_ {
         self.rules.iter().map(|rule| &*rule.pattern)
+    }
+
+    /// The bucket bounds of a classic histogram for the statsd name `name` of a series of
+    /// type `kind`: those of the mapping that matches it when its observer type (its own,
+    /// or `defaults.observer_type`) is `histogram`; those of `defaults` for a name no
+    /// mapping matches when `defaults.observer_type` is `histogram`. `None` otherwise:
+    /// the series is written as a native histogram or a summary. `scratch` is reused.
+    pub fn buckets(&self, name: &str, kind: MetricKind, scratch: &mut Mapped) -> Option<Arc<[f64]>> {
+        if type_class(kind) != Some(TypeClass::Observer) {
+            return None;
+        }
+        match self.map(name, kind, scratch) {
+            MapOutcome::Mapped { rule } => self.rules[rule].buckets.clone(),
+            MapOutcome::NoMatch => self.default_buckets.clone(),
+            MapOutcome::Drop { .. } | MapOutcome::EmptyName { .. } => None,
+        }
     }
 
     /// Maps the statsd name `name` of a series of type `kind`. On
@@ -447,7 +478,7 @@ impl Loader {
             Some(value) => self.match_type(None, value)?,
             None => false,
         };
-        let observer_type = self.observer_settings(
+        let (observer_type, buckets) = self.observer_settings(
             None,
             ObserverSettings {
                 observer_type: config.observer_type.as_deref(),
@@ -459,7 +490,8 @@ impl Loader {
                 ttl: config.ttl.as_ref(),
             },
         )?;
-        Ok(Defaults { regex, ordered: !config.glob_disable_ordering.unwrap_or(false), observer_type })
+        let buckets = buckets.unwrap_or_else(|| DEFAULT_BUCKETS.into());
+        Ok(Defaults { regex, ordered: !config.glob_disable_ordering.unwrap_or(false), observer_type, buckets })
     }
 
     fn match_type(&self, mapping: Option<usize>, value: &str) -> Result<bool, MappingError> {
@@ -577,7 +609,7 @@ impl Loader {
                 ),
             ));
         }
-        let observer_type = self.observer_settings(
+        let (observer_type, buckets) = self.observer_settings(
             at,
             ObserverSettings {
                 observer_type: mapping.observer_type.as_deref(),
@@ -604,6 +636,19 @@ impl Loader {
                 "cannot be used with `observer_type: summary`".to_owned(),
             ));
         }
+        let buckets = match effective {
+            Some(ObserverType::Histogram) => Some(buckets.unwrap_or_else(|| defaults.buckets.clone())),
+            _ => {
+                if buckets.is_some() {
+                    self.note(
+                        at,
+                        "buckets",
+                        "buckets apply to `observer_type: histogram` only (as in statsd_exporter); not used",
+                    );
+                }
+                None
+            }
+        };
         if mapping.help.is_some() {
             self.note(at, "help", "tessera writes no HELP text; the help is not used");
         }
@@ -615,6 +660,7 @@ impl Loader {
             name,
             labels,
             honor_labels: mapping.honor_labels.unwrap_or(false),
+            buckets,
         })
     }
 

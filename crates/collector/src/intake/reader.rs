@@ -23,12 +23,13 @@
 //! got some of one sender's datagrams, restores the order they were sent
 //! in (see [`tessera_core::aggregate::Gauge`]).
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crossbeam_channel::{Receiver, Sender};
 use tessera_core::aggregate::{Aggregate, GaugeDeltas, TimerUnit};
 use tessera_core::parse::{MetricKind, ParseOptions};
-use tessera_core::table::{Folded, Table, TableOptions};
+use tessera_core::table::{BucketSource, Folded, Table, TableOptions};
 
 use tessera_runtime::telemetry::Drops;
 use tessera_runtime::telemetry::count_drops;
@@ -135,6 +136,7 @@ impl Reader {
     /// A reader feeding `cuts`.
     pub fn new(
         settings: &ReaderSettings,
+        buckets: Option<Arc<dyn BucketSource>>,
         gauge_deltas: GaugeDeltas,
         links: CutLinks,
         listener: ListenerMetrics,
@@ -147,9 +149,13 @@ impl Reader {
             gauge_deltas,
             timer_unit: settings.timer_unit,
         };
+        let table = match buckets {
+            Some(source) => Table::new(options).with_bucket_source(source),
+            None => Table::new(options),
+        };
         Reader {
             id: NEXT_READER.fetch_add(1, Ordering::Relaxed),
-            table: Table::new(options),
+            table,
             window_ms: settings.window_ms,
             window_start_ms: 0,
             parse_options: settings.parse_options,

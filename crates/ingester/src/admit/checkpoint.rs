@@ -389,7 +389,13 @@ impl Converter {
             let kind = sample.sample_kind();
             if !matches!(
                 kind,
-                SampleKind::Counter | SampleKind::SummaryCount | SampleKind::SummarySum | SampleKind::Histogram
+                SampleKind::Counter
+                    | SampleKind::SummaryCount
+                    | SampleKind::SummarySum
+                    | SampleKind::Histogram
+                    | SampleKind::HistogramBucket
+                    | SampleKind::HistogramSum
+                    | SampleKind::HistogramCount
             ) {
                 continue;
             }

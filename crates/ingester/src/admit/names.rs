@@ -139,3 +139,86 @@ pub fn resolution_label(storage_policy: &str, resolution_ms: u32) -> Option<Stri
         ms => Some(format!("{ms}ms")),
     }
 }
+
+/// Writes `value` as Go's `strconv.FormatFloat(value, 'g', -1, 64)` does, the form
+/// Prometheus' client libraries (and so statsd_exporter) give an `le` label: the shortest
+/// digits that read back exactly, in exponent form (`1e-05`, `1e+06`) when the exponent is
+/// below -4 or at least 6.
+pub fn write_go_float(out: &mut String, value: f64) {
+    use std::fmt::Write;
+    if !value.is_finite() {
+        out.push_str(if value.is_nan() {
+            "NaN"
+        } else if value > 0.0 {
+            "+Inf"
+        } else {
+            "-Inf"
+        });
+        return;
+    }
+    if value == 0.0 {
+        out.push_str(if value.is_sign_negative() { "-0" } else { "0" });
+        return;
+    }
+    // Rust's `{:e}` gives the shortest digits that read back exactly: `-d.ddde-x`.
+    let scientific = format!("{value:e}");
+    let (mantissa, exponent) = scientific.split_once('e').expect("`{:e}` has an exponent");
+    let exponent: i32 = exponent.parse().expect("`{:e}` exponent is an integer");
+    let digits: String = mantissa.chars().filter(char::is_ascii_digit).collect();
+    if value < 0.0 {
+        out.push('-');
+    }
+    if !(-4..6).contains(&exponent) {
+        out.push_str(&digits[..1]);
+        if digits.len() > 1 {
+            out.push('.');
+            out.push_str(&digits[1..]);
+        }
+        let sign = if exponent < 0 { '-' } else { '+' };
+        let _ = write!(out, "e{sign}{:02}", exponent.unsigned_abs());
+        return;
+    }
+    let point = exponent + 1;
+    let digit_count = digits.len() as i32;
+    if point <= 0 {
+        out.push_str("0.");
+        out.extend(std::iter::repeat_n('0', point.unsigned_abs() as usize));
+        out.push_str(&digits);
+    } else if point >= digit_count {
+        out.push_str(&digits);
+        out.extend(std::iter::repeat_n('0', (point - digit_count) as usize));
+    } else {
+        out.push_str(&digits[..point as usize]);
+        out.push('.');
+        out.push_str(&digits[point as usize..]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// The `le` values Go's client libraries write (strconv.FormatFloat(v, 'g', -1, 64)).
+    #[test]
+    fn floats_are_written_as_go_writes_an_le_label() {
+        for (value, go) in [
+            (0.005, "0.005"),
+            (0.25, "0.25"),
+            (1.0, "1"),
+            (2.5, "2.5"),
+            (10.0, "10"),
+            (100000.0, "100000"),
+            (1e6, "1e+06"),
+            (1234567.0, "1.234567e+06"),
+            (0.0001, "0.0001"),
+            (0.00001, "1e-05"),
+            (1.5e-7, "1.5e-07"),
+            (1e21, "1e+21"),
+            (-0.5, "-0.5"),
+            (0.1 + 0.2, "0.30000000000000004"),
+            (f64::INFINITY, "+Inf"),
+        ] {
+            let mut out = String::new();
+            super::write_go_float(&mut out, value);
+            assert_eq!(out, go, "{value}");
+        }
+    }
+}

@@ -499,3 +499,60 @@ fn a_summary_and_a_native_histogram_are_replaced_whole() {
         }
     }
 }
+
+/// A distribution with fixed buckets (a mapping's `observer_type: histogram`) is written
+/// as statsd_exporter writes a classic histogram: `_bucket{le}` cumulative over `le` and
+/// over time, `_sum` and `_count`, whatever the target's histogram mode; a duplicate adds
+/// nothing and a late tile corrects every bucket.
+#[test]
+fn fixed_buckets_are_written_as_a_classic_cumulative_histogram() {
+    for mode in [HistogramMode::Summary, HistogramMode::Native, HistogramMode::Both] {
+        let mut converter = Converter::new(&[0.5], 3_600_000).with_histograms(mode, 160);
+        let mut timings = Distribution::with_buckets(std::sync::Arc::from([0.01, 0.025]));
+        // The tile of 10, 12, 20 and 30 ms.
+        for value in [0.010, 0.012, 0.020, 0.030] {
+            timings.insert(value, 1.0);
+        }
+        let timer = |tile_end: i64| {
+            batch(
+                tile_end,
+                vec![tile("lat|#a:1", MetricType::Timer, Aggregate::Distribution(Box::new(timings.clone())))],
+            )
+        };
+        let first = converted(&mut converter, &timer(10_000));
+        let due = [
+            ("__name__=lat_count a=1 resolution=10s", 4.0),
+            ("__name__=lat_sum a=1 resolution=10s", 0.072),
+            ("__name__=lat_bucket a=1 le=0.01 resolution=10s", 1.0),
+            ("__name__=lat_bucket a=1 le=0.025 resolution=10s", 3.0),
+            ("__name__=lat_bucket a=1 le=+Inf resolution=10s", 4.0),
+        ];
+        let first: Vec<(&str, f64)> = first.iter().map(|(labels, value)| (labels.as_str(), *value)).collect();
+        assert_eq!(first.len(), due.len(), "{mode:?}: no quantiles, native histogram, min or max: {first:?}");
+        for (labels, value) in due {
+            let found = first.iter().find(|(written, _)| *written == labels).map(|(_, value)| *value);
+            assert!(
+                found.is_some_and(|found| (found - value).abs() < 1e-12),
+                "{mode:?}: {labels} = {found:?}, due {value}"
+            );
+        }
+        let conversion = converter.convert(&timer(10_000), 0).unwrap();
+        converter.commit();
+        assert!(conversion.record.samples.is_empty(), "a duplicate adds nothing");
+        assert_eq!(conversion.skipped[SkipReason::Duplicate], 1);
+        let next = converted(&mut converter, &timer(30_000));
+        let value = |name: &str| next.iter().find(|(labels, _)| labels == name).map(|(_, value)| *value);
+        assert_eq!(value("__name__=lat_bucket a=1 le=0.025 resolution=10s"), Some(6.0), "cumulative over time");
+        let late = converter.convert(&timer(20_000), 0).unwrap();
+        converter.commit();
+        assert_eq!(late.skipped[SkipReason::Late], 1);
+        let corrected: Vec<(String, f64, i64)> =
+            late.record.samples.iter().map(|sample| (labels_text(sample), sample.value, sample.timestamp_ms)).collect();
+        assert_eq!(corrected.len(), 5, "count, sum and three buckets corrected: {corrected:?}");
+        assert!(corrected.iter().all(|(_, _, timestamp_ms)| *timestamp_ms == 30_001), "{corrected:?}");
+        let inf = corrected.iter().find(|(labels, _, _)| labels.contains("le=+Inf")).map(|(_, value, _)| *value);
+        assert_eq!(inf, Some(12.0));
+        let kinds: Vec<SampleKind> = late.record.samples.iter().map(|sample| sample.sample_kind()).collect();
+        assert!(kinds.contains(&SampleKind::HistogramBucket) && kinds.contains(&SampleKind::HistogramCount));
+    }
+}

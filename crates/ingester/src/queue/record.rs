@@ -168,6 +168,12 @@ pub enum SampleKind {
     /// A native histogram (remote write only): the sample's `histogram` holds it, its value
     /// is the observation count.
     Histogram = 6,
+    /// `<family>_bucket{le="b"}` of a classic histogram family (cumulative).
+    HistogramBucket = 7,
+    /// `<family>_sum` of a classic histogram family.
+    HistogramSum = 8,
+    /// `<family>_count` of a classic histogram family.
+    HistogramCount = 9,
 }
 
 /// Why a framed record could not be read.

@@ -22,6 +22,7 @@
 //! | counter | name without `_total` | `counter` | `<family>_total` |
 //! | gauge (gauges, sets, timer `_min`/`_max`) | name | `gauge` | `<family>` |
 //! | summary quantile, `_sum`, `_count` | timer name | `summary` | `<family>{quantile=..}`, `<family>_sum`, `<family>_count` |
+//! | classic histogram bucket, `_sum`, `_count` (a mapping's `observer_type: histogram`) | timer name | `histogram` | `<family>_bucket{le=..}`, `<family>_sum`, `<family>_count` |
 
 use std::fmt::Write;
 
@@ -35,7 +36,7 @@ pub fn help_text(type_name: &str) -> &'static str {
         "counter" => "statsd counter (c), written by tessera",
         "summary" => "statsd timer (ms, in seconds), histogram (h) or distribution (d), written by tessera",
         "histogram" => {
-            "statsd timer (ms, in seconds), histogram (h) or distribution (d) as a native histogram, written by tessera"
+            "statsd timer (ms, in seconds), histogram (h) or distribution (d) as a histogram, written by tessera"
         }
         _ => "statsd gauge (g), set (s), or a timer's min or max, written by tessera",
     }
@@ -52,6 +53,9 @@ pub fn family(name: &str, kind: SampleKind) -> (&str, &'static str) {
         // Remote write's metadata only: the file sink skips native histograms (OpenMetrics
         // 1.0 text has none).
         SampleKind::Histogram => (name, "histogram"),
+        SampleKind::HistogramBucket => (name.strip_suffix("_bucket").unwrap_or(name), "histogram"),
+        SampleKind::HistogramSum => (name.strip_suffix("_sum").unwrap_or(name), "histogram"),
+        SampleKind::HistogramCount => (name.strip_suffix("_count").unwrap_or(name), "histogram"),
     }
 }
 
@@ -190,7 +194,7 @@ pub fn close_journal(journal: &str) -> Closed {
             bad_lines += 1;
             continue;
         };
-        if series.is_empty() || !matches!(type_name, "counter" | "gauge" | "summary") {
+        if series.is_empty() || !matches!(type_name, "counter" | "gauge" | "summary" | "histogram") {
             bad_lines += 1;
             continue;
         }

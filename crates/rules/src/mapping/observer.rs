@@ -2,13 +2,22 @@
 //! histogram, distribution), and what tessera does with each.
 //!
 //! tessera keeps every timer, histogram and distribution as a mergeable
-//! DDSketch and writes it as a Prometheus native histogram, so the choice
-//! between a summary and a classic histogram, fixed buckets, quantile
-//! objectives and summary windows have no equivalent. They are still
-//! checked the way statsd_exporter checks them (valid values, no setting in
-//! two places, no summary options on a histogram), and each one present is
+//! DDSketch, written as a Prometheus native histogram or a summary as the
+//! ingester's target says. **`observer_type: histogram`** (in a mapping or in
+//! `defaults`) makes the series a classic histogram as well: its values are
+//! counted exactly into the fixed `buckets` (or `histogram_options.buckets`,
+//! else those of `defaults`, else Prometheus' default buckets) at the
+//! collector, and the ingester writes `_bucket{le=…}`, `_sum` and `_count`.
+//! A summary's quantile objectives and windows have no equivalent: the
+//! quantiles come from the sketch. Every key is checked the way
+//! statsd_exporter checks it (valid values, no setting in two places, no
+//! summary options on a histogram), and each one without an effect is
 //! reported as a note. `ttl` is reported the same way: tessera expires idle
 //! series by the aggregator's own rule.
+
+use std::sync::Arc;
+
+use tessera_core::aggregate::check_bounds;
 
 use super::config::{GoDuration, HistogramOptions, Quantile, SummaryOptions};
 use super::{Loader, MappingError};
@@ -38,12 +47,13 @@ const SKETCH: &str = "tessera keeps every timer, histogram and distribution as a
 
 impl Loader {
     /// Checks and notes the observer keys of mapping `mapping` (`None`:
-    /// `defaults`); returns the `observer_type` they set, if any.
+    /// `defaults`); returns the `observer_type` they set, if any, and the bucket
+    /// bounds they set, if any.
     pub(super) fn observer_settings(
         &mut self,
         mapping: Option<usize>,
         settings: ObserverSettings<'_>,
-    ) -> Result<Option<ObserverType>, MappingError> {
+    ) -> Result<(Option<ObserverType>, Option<Arc<[f64]>>), MappingError> {
         let mut observer_type = None;
         for (key, value) in [("observer_type", settings.observer_type), ("timer_type", settings.timer_type)] {
             let Some(value) = value else {
@@ -65,9 +75,9 @@ impl Loader {
             let deprecated =
                 if key == "timer_type" { " (`timer_type` is the deprecated name of `observer_type`)" } else { "" };
             let message = match parsed {
-                Some(ObserverType::Histogram) => {
-                    format!("`{value}`{deprecated}: {SKETCH}; no classic buckets are written")
-                }
+                // Classic buckets are written, as statsd_exporter writes them.
+                Some(ObserverType::Histogram) if deprecated.is_empty() => continue,
+                Some(ObserverType::Histogram) => format!("`{value}`{deprecated}"),
                 Some(ObserverType::Summary) => format!(
                     "`{value}`{deprecated}: {SKETCH}, not a summary; quantiles come from \
                      histogram_quantile() in PromQL"
@@ -93,14 +103,17 @@ impl Loader {
                 "cannot be set both here and in `summary_options`".to_owned(),
             ));
         }
+        let mut bounds = None;
         if let Some(buckets) = settings.buckets {
-            self.note_buckets(mapping, "buckets", buckets)?;
+            bounds = self.bucket_bounds(mapping, "buckets", buckets)?;
         }
         if let Some(quantiles) = settings.quantiles {
             self.note_quantiles(mapping, "quantiles", quantiles)?;
         }
-        if let Some(options) = settings.histogram_options {
-            self.histogram_options(mapping, options)?;
+        if let Some(options) = settings.histogram_options
+            && let Some(nested) = self.histogram_options(mapping, options)?
+        {
+            bounds = Some(nested);
         }
         if let Some(options) = settings.summary_options {
             self.summary_options(mapping, options)?;
@@ -116,23 +129,27 @@ impl Loader {
                 ),
             );
         }
-        Ok(observer_type)
+        Ok((observer_type, bounds))
     }
 
-    fn note_buckets(&mut self, mapping: Option<usize>, key: &str, buckets: &[f64]) -> Result<(), MappingError> {
-        if buckets.iter().any(|bound| bound.is_nan()) {
-            return Err(self.invalid(mapping, key, "a bucket bound is NaN".to_owned()));
+    /// Checks bucket bounds: finite and strictly increasing (Prometheus' client refuses
+    /// others), a last `+Inf` allowed and left out (it is always there). None set (an
+    /// empty list) means the defaults, as in statsd_exporter.
+    fn bucket_bounds(
+        &mut self,
+        mapping: Option<usize>,
+        key: &str,
+        buckets: &[f64],
+    ) -> Result<Option<Arc<[f64]>>, MappingError> {
+        let bounds = match buckets.split_last() {
+            Some((last, rest)) if *last == f64::INFINITY => rest,
+            _ => buckets,
+        };
+        if bounds.is_empty() {
+            return Ok(None);
         }
-        self.note(
-            mapping,
-            key,
-            &format!(
-                "{} fixed buckets: {SKETCH} (relative error bound, exponential buckets); the \
-                 fixed buckets are not used",
-                buckets.len()
-            ),
-        );
-        Ok(())
+        check_bounds(bounds).map_err(|error| self.invalid(mapping, key, error.to_string()))?;
+        Ok(Some(bounds.into()))
     }
 
     fn note_quantiles(
@@ -163,10 +180,15 @@ impl Loader {
         Ok(())
     }
 
-    fn histogram_options(&mut self, mapping: Option<usize>, options: &HistogramOptions) -> Result<(), MappingError> {
-        if let Some(buckets) = &options.buckets {
-            self.note_buckets(mapping, "histogram_options", buckets)?;
-        }
+    fn histogram_options(
+        &mut self,
+        mapping: Option<usize>,
+        options: &HistogramOptions,
+    ) -> Result<Option<Arc<[f64]>>, MappingError> {
+        let bounds = match &options.buckets {
+            Some(buckets) => self.bucket_bounds(mapping, "histogram_options", buckets)?,
+            None => None,
+        };
         if options.native_histogram_bucket_factor.is_some() || options.native_histogram_max_buckets.is_some() {
             self.note(
                 mapping,
@@ -175,7 +197,7 @@ impl Loader {
                  native histograms have the sketch's fixed resolution; these are not used",
             );
         }
-        Ok(())
+        Ok(bounds)
     }
 
     fn summary_options(&mut self, mapping: Option<usize>, options: &SummaryOptions) -> Result<(), MappingError> {

@@ -123,10 +123,20 @@ fn readme_timer_and_defaults_examples() {
         map_kind(&file, "other.timing.db.gcp.fail", MetricKind::Distribution),
         expect("other_timer", &[("provider", "gcp"), ("outcome", "fail"), ("job", "db_server_other")])
     );
+    // "This will be a histogram using the buckets set in `defaults`"; the summary is not.
+    let mut scratch = Mapped::default();
+    let defaults: &[f64] = &[0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5];
+    assert_eq!(file.buckets("test.timing.api.aws.ok", MetricKind::Timer, &mut scratch).as_deref(), Some(defaults));
+    assert_eq!(file.buckets("other.timing.db.gcp.fail", MetricKind::Timer, &mut scratch), None);
+    assert_eq!(
+        file.buckets("unmapped.timer", MetricKind::Histogram, &mut scratch).as_deref(),
+        Some(defaults),
+        "defaults apply to names no mapping matches"
+    );
+    assert_eq!(file.buckets("test.timing.api.aws.ok", MetricKind::Counter, &mut scratch), None, "observers only");
     let notes = file.notes().join("\n");
+    assert!(!notes.contains("buckets:"), "buckets are used: {notes}");
     for wanted in [
-        "defaults (line 3): observer_type: `histogram`",
-        "defaults (line 4): buckets: 9 fixed buckets",
         "defaults (line 7): ttl: `0ns`",
         "mappings[1] (line 18): observer_type: `summary`",
         "mappings[1] (line 24): summary_options: 1 quantile objectives",
@@ -523,15 +533,19 @@ fn noted_keys() {
         "mappings[0] (line 4): help: tessera writes no HELP text",
         "mappings[0] (line 5): timer_type: `histogram` (`timer_type` is the deprecated name",
         "mappings[0] (line 6): ttl: `1m20s`",
-        "mappings[0] (line 7): histogram_options: 2 fixed buckets",
         "mappings[0] (line 7): histogram_options: native_histogram_bucket_factor",
         "mappings[1] (line 13): observer_type: `summary`",
         "mappings[1] (line 14): quantiles: 1 quantile objectives",
-        "mappings[2] (line 19): buckets: 2 fixed buckets",
+        "mappings[2] (line 19): buckets: buckets apply to `observer_type: histogram` only",
     ] {
         assert!(notes.iter().any(|note| note.starts_with(wanted)), "missing {wanted:?} in {notes:#?}");
     }
-    assert_eq!(notes.len(), 8, "{notes:#?}");
+    assert_eq!(notes.len(), 7, "{notes:#?}");
+    let mut scratch = Mapped::default();
+    let bounds = |name| file.buckets(name, MetricKind::Timer, &mut Mapped::default());
+    assert_eq!(bounds("a.x").as_deref(), Some(&[0.1, 1.0][..]), "histogram_options.buckets");
+    assert_eq!(bounds("c.x"), None, "buckets without observer_type: histogram");
+    assert_eq!(file.buckets("z.x", MetricKind::Timer, &mut scratch), None, "no default histogram");
 }
 
 /// Refused values name the mapping, the key and the line.
@@ -681,5 +695,32 @@ proptest! {
                 prop_assert!(!value.is_empty() && !value.contains(['|', ',', '\n', '\r']));
             }
         }
+    }
+}
+
+/// A histogram without buckets gets the defaults' or Prometheus' default buckets, a last
+/// `+Inf` is left out, and bounds Prometheus' client would refuse are refused.
+#[test]
+fn histogram_buckets_come_from_the_mapping_then_the_defaults_then_prometheus() {
+    let file = load(
+        "mappings:\n- match: a.*\n  name: a\n  observer_type: histogram\n- match: b.*\n  name: b\n  observer_type: histogram\n  buckets: [1, 2, .inf]\n- match: c.*\n  name: c\n  observer_type: histogram\n  buckets: []\n",
+    );
+    let mut scratch = Mapped::default();
+    let mut bounds = |name| file.buckets(name, MetricKind::Timer, &mut scratch);
+    assert_eq!(bounds("a.x").as_deref(), Some(&crate::mapping::DEFAULT_BUCKETS[..]));
+    assert_eq!(bounds("b.x").as_deref(), Some(&[1.0, 2.0][..]));
+    assert_eq!(bounds("c.x").as_deref(), Some(&crate::mapping::DEFAULT_BUCKETS[..]), "empty means the default");
+    let file = load(
+        "defaults:\n  observer_type: histogram\n  histogram_options:\n    buckets: [5]\nmappings:\n- match: a.*\n  name: a\n",
+    );
+    assert_eq!(file.buckets("a.x", MetricKind::Distribution, &mut Mapped::default()).as_deref(), Some(&[5.0][..]));
+    for (text, why) in [
+        ("mappings:\n- match: a.*\n  name: a\n  observer_type: histogram\n  buckets: [2, 1]\n", "increase"),
+        ("mappings:\n- match: a.*\n  name: a\n  observer_type: histogram\n  buckets: [1, 1]\n", "increase"),
+        ("mappings:\n- match: a.*\n  name: a\n  observer_type: histogram\n  buckets: [.nan]\n", "finite"),
+    ] {
+        let error = refused(text);
+        assert!(error.to_string().contains(why), "{error}");
+        assert!(matches!(error, MappingError::Invalid { key, .. } if key == "buckets"));
     }
 }
