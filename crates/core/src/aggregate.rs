@@ -132,15 +132,19 @@ impl Distribution {
     /// some hosts first) leave the result without buckets: its count, sum and sketch stay
     /// exact, and the ingester writes it from the sketch.
     pub fn merge(&mut self, other: &Distribution) {
-        match (&mut self.buckets, &other.buckets) {
-            (Some(buckets), Some(more)) => {
-                if !buckets.merge(more) {
-                    self.buckets = None;
+        let keep = match (&mut self.buckets, &other.buckets) {
+            (Some(buckets), Some(more)) => buckets.merge(more),
+            (Some(_), None) => other.count == 0.0,
+            (None, Some(more)) => {
+                if self.count == 0.0 {
+                    self.buckets = Some(more.clone());
                 }
+                true
             }
-            (None, Some(more)) if self.count == 0.0 => self.buckets = Some(more.clone()),
-            (Some(_), None) if other.count != 0.0 => self.buckets = None,
-            _ => {}
+            (None, None) => true,
+        };
+        if !keep {
+            self.buckets = None;
         }
         self.count += other.count;
         self.sum += other.sum;

@@ -56,7 +56,7 @@ pub fn is_reserved_label(key: &str) -> bool {
 pub fn reserved_label_note(key: &str) -> Option<String> {
     is_reserved_label(key).then(|| {
         format!(
-            "`{key}` is a label tessera sets itself (resolution, quantile) or Prometheus reserves (`__`): the \
+            "`{key}` is a label tessera sets itself (resolution, quantile, le) or Prometheus reserves (`__`): the \
              ingester writes this label as `tag_{key}`"
         )
     })

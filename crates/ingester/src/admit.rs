@@ -120,6 +120,17 @@ struct Cumulative {
     before_last: Option<Box<(Sketch, f64)>>,
 }
 
+/// The series named by `TESSERA_TRACE_SERIES` (a substring of the statsd series id), whose
+/// every conversion is logged: for following one series through a fault campaign. Read once.
+fn traced_series() -> Option<&'static [u8]> {
+    static TRACED: std::sync::OnceLock<Option<Vec<u8>>> = std::sync::OnceLock::new();
+    TRACED
+        .get_or_init(|| {
+            std::env::var("TESSERA_TRACE_SERIES").ok().filter(|needle| !needle.is_empty()).map(String::into_bytes)
+        })
+        .as_deref()
+}
+
 /// The tenure of a shard gained by a tile ahead of the view: the view catching up begins
 /// no second tenure.
 const GAINED_AHEAD: u32 = u32::MAX;
@@ -642,6 +653,7 @@ impl Converter {
             let origin = xxhash_rust::xxh3::xxh3_64_with_seed(&tile.series_id, kind as u64);
             let (epoch, shard) = self.epoch_of(&tile.series_id, tile_end_ms - resolution_ms);
             let at = TileRef { end_ms: tile_end_ms, resolution_ms, origin, epoch, shard, incomplete: batch.incomplete };
+            let spans_before = self.spans.len();
             let verdict = match (kind, &aggregate) {
                 (MetricKind::Counter, Aggregate::Counter(delta)) => self.counter(*delta, &resolution, at),
                 (MetricKind::Gauge, Aggregate::Gauge(gauge)) => {
@@ -663,6 +675,23 @@ impl Converter {
                     continue;
                 }
             };
+            if let Some(needle) = traced_series()
+                && tile.series_id.windows(needle.len()).any(|window| window == needle)
+            {
+                tracing::info!(
+                    series = %String::from_utf8_lossy(&tile.series_id),
+                    source = %batch.source,
+                    policy = %batch.storage_policy,
+                    tile_end_ms,
+                    incomplete = batch.incomplete,
+                    epoch,
+                    shard,
+                    counter = ?aggregate.counter(),
+                    verdict = ?verdict,
+                    samples = ?self.spans[spans_before..].iter().map(|span| (span.value, span.reset_before, span.timestamp_ms)).collect::<Vec<_>>(),
+                    "traced series converted"
+                );
+            }
             match verdict {
                 Verdict::Write(_) => tiles += 1,
                 Verdict::Collision => {

@@ -22,6 +22,9 @@ use tessera_core::aggregate::check_bounds;
 use super::config::{GoDuration, HistogramOptions, Quantile, SummaryOptions};
 use super::{Loader, MappingError};
 
+/// A classic histogram's bucket bounds, shared by every series of a mapping.
+pub(super) type Bounds = Arc<[f64]>;
+
 /// `observer_type` (or the deprecated `timer_type`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum ObserverType {
@@ -53,7 +56,7 @@ impl Loader {
         &mut self,
         mapping: Option<usize>,
         settings: ObserverSettings<'_>,
-    ) -> Result<(Option<ObserverType>, Option<Arc<[f64]>>), MappingError> {
+    ) -> Result<(Option<ObserverType>, Option<Bounds>), MappingError> {
         let mut observer_type = None;
         for (key, value) in [("observer_type", settings.observer_type), ("timer_type", settings.timer_type)] {
             let Some(value) = value else {
