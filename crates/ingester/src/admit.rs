@@ -1079,9 +1079,16 @@ impl Converter {
                     self.spare.push(histogram);
                 }
             }
-            if at.epoch > 0 {
+            // A new total in an ingesters' placement starts with an explicit reset, whether
+            // its shard was just gained (adopted, counted) or not: this ingester or another
+            // may have written the series before, and a restart keeps no total of a shard's
+            // tenure that had ended (found by the fault campaign, seed 10 at 5 minutes: given
+            // a shard back by a failover, killed before writing it again, then restarted, an
+            // ingester wrote the next tile's total from 0 with no reset; it equalled the last
+            // one written and storage read no increase).
+            if at.epoch > 0 || self.ownership.is_some() {
                 self.adopted_marker = true;
-                self.adopted_pending += 1;
+                self.adopted_pending += u64::from(at.epoch > 0);
             }
             self.undo.push((key, previous));
             let total = Total {

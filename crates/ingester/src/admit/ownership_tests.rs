@@ -79,7 +79,11 @@ fn the_first_view_keeps_restored_totals_unless_it_joins_their_shard() {
     ];
     for (joining, rejoined, tile_end_ms, delta, due, adopted_due, why) in cases {
         let (mut converter, ownership, adopted, id, shard) = setup();
-        assert_eq!(one(&mut converter, 10_000, &id, 2.0), (2.0, false), "no view yet: as a single ingester");
+        assert_eq!(
+            one(&mut converter, 10_000, &id, 2.0),
+            (2.0, true),
+            "a new total in a placement starts with a reset, view or not"
+        );
         let mut first = all_owned(1);
         first.joining[shard] = joining;
         first.rejoined = rejoined;
@@ -93,10 +97,10 @@ fn the_first_view_keeps_restored_totals_unless_it_joins_their_shard() {
 fn a_shard_lost_and_gained_again_starts_its_series_over_with_a_reset() {
     let (mut converter, ownership, adopted, id, shard) = setup();
     ownership.publish(all_owned(1));
-    assert_eq!(one(&mut converter, 10_000, &id, 2.0), (2.0, false));
+    assert_eq!(one(&mut converter, 10_000, &id, 2.0), (2.0, true));
     ownership.publish(all_owned_but(shard, 2));
     let other = series_outside(shard);
-    assert_eq!(one(&mut converter, 20_000, &other, 1.0), (1.0, false), "other shards are not touched");
+    assert_eq!(one(&mut converter, 20_000, &other, 1.0), (1.0, true), "a new series in another shard");
     ownership.publish(all_owned(3));
     assert_eq!(one(&mut converter, 60_000, &id, 4.0), (4.0, true), "the stale total of 2 is dropped, reset first");
     assert_eq!(one(&mut converter, 70_000, &id, 1.0), (5.0, false), "then cumulative again");
@@ -187,7 +191,7 @@ fn a_shard_given_away_then_back_by_a_failover_starts_its_total_over() {
         .find(|id| tessera_core::shard::shard_of(id.as_bytes(), SHARDS) as usize == moving)
         .expect("a series in the moving shard");
 
-    assert_eq!(one(&mut converter, 10_000, &id, 2.0), (2.0, false));
+    assert_eq!(one(&mut converter, 10_000, &id, 2.0), (2.0, true));
     ownership.publish(view);
     assert_eq!(one(&mut converter, 20_000, &id, 3.0), (5.0, false), "before the cutoff the total goes on");
     // After the cutoff `b` writes the series from a reset; then `b` dies and `a` gets the
@@ -205,7 +209,7 @@ fn a_shard_given_away_then_back_by_a_failover_starts_its_total_over() {
     // kept across views still tells it.
     let (mut converter, ownership, _, _, _) = setup();
     ownership.publish(OwnershipView::of(&placement, "a"));
-    assert_eq!(one(&mut converter, 10_000, &id, 2.0), (2.0, false));
+    assert_eq!(one(&mut converter, 10_000, &id, 2.0), (2.0, true));
     ownership.publish(OwnershipView::of(&joined, "a"));
     ownership.publish(OwnershipView::of(&joined.fail_over(&["b"], 15_000).unwrap(), "a"));
     assert_eq!(one(&mut converter, 20_000, &id, 3.0), (3.0, true));
@@ -246,7 +250,7 @@ fn a_stale_tile_from_before_a_failover_goes_on_the_old_tenure_not_the_new_one() 
         let why = format!("failover view seen: {failover_seen}, rejoin view seen: {rejoin_seen}");
         let (mut converter, ownership, _, _, _) = setup();
         ownership.publish(OwnershipView::of(&placement, "a"));
-        assert_eq!(one(&mut converter, 10_000, &id, 2.0), (2.0, false));
+        assert_eq!(one(&mut converter, 10_000, &id, 2.0), (2.0, true));
         assert_eq!(one(&mut converter, 20_000, &id, 3.0), (5.0, false));
         ownership.publish(OwnershipView::of(&failed_over, "a"));
         if failover_seen {
@@ -260,4 +264,34 @@ fn a_stale_tile_from_before_a_failover_goes_on_the_old_tenure_not_the_new_one() 
         assert_eq!(one(&mut converter, 70_000, &id, 1.0), (1.0, true), "the new tenure starts over; {why}");
         assert_eq!(one(&mut converter, 80_000, &id, 2.0), (3.0, false), "and goes on; {why}");
     }
+}
+
+/// Found by the fault campaign (seed 10 at 5 minutes): an ingester given a shard back by a
+/// failover (a new tenure: its totals of the shard are stale and left out of the
+/// checkpoint) is killed before it writes the shard again, and restarts. Its first tile of
+/// a series it had written starts a new total, which must start with an explicit reset:
+/// without one, a total equal to the last one written (or above it) reads as no increase.
+#[test]
+fn a_total_a_restart_did_not_keep_starts_over_with_a_reset() {
+    let (mut converter, ownership, adopted, id, shard) = setup();
+    let take_in = |converter: &mut Converter| {
+        converter.convert(&batch(60_000, Vec::new()), 0).unwrap();
+        converter.commit();
+    };
+    ownership.publish(all_owned_but(shard, 1));
+    take_in(&mut converter);
+    ownership.publish(all_owned(2));
+    assert_eq!(one(&mut converter, 60_000, &id, 240.0), (240.0, true), "adopted");
+    ownership.publish(all_owned_but(shard, 3));
+    take_in(&mut converter);
+    ownership.publish(all_owned(4));
+    take_in(&mut converter);
+    let bytes = converter.encode_checkpoint(checkpoint::CheckpointMeta::default()).into_bytes();
+
+    let (mut restarted, ownership, _, _, _) = setup();
+    restarted.restore_checkpoint(&bytes).unwrap();
+    assert_eq!(restarted.cumulative_series(), 0, "the total of the ended tenure is not kept");
+    ownership.publish(all_owned(5));
+    assert_eq!(one(&mut restarted, 120_000, &id, 240.0), (240.0, true), "storage reads 0 then 240: an increase of 240");
+    assert_eq!(adopted.get(), 1);
 }
