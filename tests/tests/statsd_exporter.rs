@@ -14,6 +14,8 @@
 //!   gives `_bucket{le}` with exact counts (the issue's four timings 10, 12, 20 and 30 ms),
 //!   `_sum` and `_count`, so `histogram_quantile()` over `_bucket` works as on
 //!   statsd_exporter; the file target gets the same family, typed `histogram`.
+//!   `observer_type: summary` with `quantiles` gives those quantiles alone, where the
+//!   target writes native histograms beside its own quantiles for other timers.
 
 use std::net::UdpSocket;
 use std::time::Duration;
@@ -59,7 +61,9 @@ fn the_same_lines_give_statsd_exporters_series_and_values() {
     std::fs::write(
         &mapping,
         "mappings:\n- match: api.*.latency\n  name: api_latency\n  observer_type: histogram\n  \
-         buckets: [0.01, 0.025, 0.1]\n  labels:\n    route: $1\n",
+         buckets: [0.01, 0.025, 0.1]\n  labels:\n    route: $1\n- match: api.*.size\n  name: api_size\n  \
+         observer_type: summary\n  quantiles:\n  - quantile: 0.25\n    error: 0.01\n  - quantile: 0.99\n    \
+         error: 0.001\n  labels:\n    route: $1\n",
     )
     .unwrap();
     let collector_text = format!(
@@ -82,6 +86,8 @@ fn the_same_lines_give_statsd_exporters_series_and_values() {
         "dog.hits:4|c|#env:prod\ncontainer.hits:5|c|c:4d2f9e1b",
         // A mapped classic histogram.
         "api.users.latency:10|ms\napi.users.latency:12|ms\napi.users.latency:20|ms\napi.users.latency:30|ms",
+        // A mapped summary.
+        "api.users.size:100|h\napi.users.size:200|h\napi.users.size:300|h\napi.users.size:400|h",
     ];
     for datagram in lines {
         socket.send_to(datagram.as_bytes(), loopback(statsd_port)).unwrap();
@@ -93,6 +99,7 @@ fn the_same_lines_give_statsd_exporters_series_and_values() {
             && query("container_hits_total").is_some()
             && query("test_distribution_count").is_some()
             && query("api_latency_count") == Some(4.0)
+            && query("api_size_count") == Some(4.0)
     });
     // Units: `_sum` in seconds for `|ms`, as sent for `|h` and `|d`; the native histogram too.
     assert!(close(query("test_timing_sum"), 7.2), "{:?}", query("test_timing_sum"));
@@ -113,6 +120,19 @@ fn the_same_lines_give_statsd_exporters_series_and_values() {
     let p99 = query("histogram_quantile(0.99, sum by (le) (api_latency_bucket))");
     assert!(p99.is_some_and(|p99| (p99 - 0.097).abs() < 1e-9), "{p99:?}");
     assert_eq!(query("count(api_latency)"), None, "no native histogram or quantiles beside the buckets");
+
+    // The summary: its own quantiles (nearest rank, within the sketch's 1.08 %), nothing else.
+    let p99 = query("api_size{route=\"users\",quantile=\"0.99\"}");
+    assert!(p99.is_some_and(|p99| (p99 - 400.0).abs() <= 400.0 * 0.011), "{p99:?}");
+    let p25 = query("api_size{quantile=\"0.25\"}");
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
+    assert!(
+        p25.is_some_and(|p25| (p25 - 100.0).abs() <= 100.0 * 0.011),
+        "{p25:?} in {}",
+        prometheus.query("api_size", now)
+    );
+    assert_eq!(query("count(api_size)"), Some(2.0), "two quantiles, no native histogram: {:?}", query("api_size"));
+    assert_eq!(query("api_size_sum"), Some(1000.0));
 
     // Tags in the name, and the container id, as labels.
     assert_eq!(query("influx_hits_total{env=\"prod\",host=\"a\"}"), Some(1.0));

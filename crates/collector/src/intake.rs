@@ -33,7 +33,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use crossbeam_channel::bounded;
-use tessera_core::table::BucketSource;
+use tessera_core::table::ObserverSource;
 use tessera_runtime::daemon::spawn_thread;
 use tessera_runtime::{Shutdown, StartError};
 
@@ -63,11 +63,11 @@ pub struct Listeners {
 /// Binds every listener `config` turns on (UDP, then Unix, then TCP) and
 /// starts its reader threads, each handing its cuts to `links`. New timer, histogram
 /// and distribution series of the readers' tables take their classic histogram buckets
-/// from `buckets` (the mapping file's rules).
+/// or summary quantiles from `observers` (the mapping file's rules).
 pub async fn start(
     config: &Config,
     settings: &ReaderSettings,
-    buckets: Option<Arc<dyn BucketSource>>,
+    observers: Option<Arc<dyn ObserverSource>>,
     links: CutLinks,
     metrics: &IntakeMetrics,
     drops: &Drops,
@@ -76,7 +76,7 @@ pub async fn start(
     let new_reader = |listener: &'static str, gauge_deltas: GaugeDeltasConfig| {
         Reader::new(
             settings,
-            buckets.clone(),
+            observers.clone(),
             gauge_deltas.into(),
             links.clone(),
             metrics.listener(listener, drops),

@@ -93,9 +93,9 @@ impl Collector {
             tracing::info!(note, "mapping file");
         }
         let rules = Arc::new(RulesHandle::new(rule_set));
-        // Only a mapping file gives classic histogram buckets.
-        let buckets =
-            config.mapping.file.is_some().then(|| rules.clone() as Arc<dyn tessera_core::table::BucketSource>);
+        // Only a mapping file makes classic histograms and summaries of its own.
+        let observers =
+            config.mapping.file.is_some().then(|| rules.clone() as Arc<dyn tessera_core::table::ObserverSource>);
         let reader_settings = ReaderSettings {
             window_ms,
             max_series: config.aggregation.max_series,
@@ -122,7 +122,7 @@ impl Collector {
                 .map_err(|error| StartError::setup("cannot load the TLS files of [forward.tls]", error))?,
         };
         let listeners =
-            intake::start(&config, &reader_settings, buckets, cut_links, &metrics.intake, &metrics.drops, &shutdown)
+            intake::start(&config, &reader_settings, observers, cut_links, &metrics.intake, &metrics.drops, &shutdown)
                 .await?;
 
         let stop_senders = Shutdown::new();

@@ -24,6 +24,8 @@
 //! assert_eq!(total.counter(), Some(5.0));
 //! ```
 
+use std::sync::Arc;
+
 use tessera_proto as proto;
 
 mod buckets;
@@ -92,6 +94,19 @@ pub struct Distribution {
     pub sketch: Sketch,
     /// Exact counts per fixed bucket, for a series a mapping makes a classic histogram.
     pub buckets: Option<Box<FixedBuckets>>,
+    /// The quantiles to write, for a series a mapping makes a summary with quantiles of its
+    /// own (the ingester's `[mapping] quantiles` otherwise).
+    pub quantiles: Option<Arc<[f64]>>,
+}
+
+/// What a mapping makes of an observer series beyond its sketch (statsd_exporter's
+/// `observer_type`), decided once when the series is new to a reader's table.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Observer {
+    /// A classic histogram with these bucket bounds, its values counted exactly.
+    Histogram(Arc<[f64]>),
+    /// A summary with these quantiles, read from the sketch.
+    Summary(Arc<[f64]>),
 }
 
 impl Default for Distribution {
@@ -103,6 +118,7 @@ impl Default for Distribution {
             max: f64::NEG_INFINITY,
             sketch: Sketch::new(),
             buckets: None,
+            quantiles: None,
         }
     }
 }
@@ -122,8 +138,16 @@ impl Distribution {
     }
 
     /// An empty distribution that also counts its values into fixed buckets.
-    pub fn with_buckets(bounds: std::sync::Arc<[f64]>) -> Distribution {
+    pub fn with_buckets(bounds: Arc<[f64]>) -> Distribution {
         Distribution { buckets: Some(Box::new(FixedBuckets::new(bounds))), ..Distribution::default() }
+    }
+
+    /// An empty distribution written as `observer` says.
+    pub fn for_observer(observer: Observer) -> Distribution {
+        match observer {
+            Observer::Histogram(bounds) => Distribution::with_buckets(bounds),
+            Observer::Summary(quantiles) => Distribution { quantiles: Some(quantiles), ..Distribution::default() },
+        }
     }
 
     /// Folds `other` into this summary. Fixed buckets add up when both sides have the
@@ -145,6 +169,10 @@ impl Distribution {
         };
         if !keep {
             self.buckets = None;
+        }
+        // Quantiles are only what to read from the sketch: any side's will do.
+        if self.quantiles.is_none() {
+            self.quantiles.clone_from(&other.quantiles);
         }
         self.count += other.count;
         self.sum += other.sum;
@@ -212,6 +240,9 @@ pub enum AggregateError {
     /// The fixed buckets are invalid.
     #[error("invalid histogram buckets")]
     Buckets(#[from] BucketsError),
+    /// A summary quantile is outside 0..=1.
+    #[error("a summary quantile is outside 0..=1")]
+    Quantile,
     /// A gauge's deltas end before they start.
     #[error("gauge deltas end before they start")]
     BadDeltaRange,
@@ -358,6 +389,7 @@ impl Aggregate {
                 sketch: Some(summary.sketch.to_proto()),
                 bucket_bounds: summary.buckets.as_ref().map(|buckets| buckets.bounds().to_vec()).unwrap_or_default(),
                 bucket_counts: summary.buckets.as_ref().map(|buckets| buckets.counts().to_vec()).unwrap_or_default(),
+                quantiles: summary.quantiles.as_deref().map(<[f64]>::to_vec).unwrap_or_default(),
             }),
             Aggregate::Set(set) => Value::Set(set.to_proto()),
         };
@@ -385,6 +417,10 @@ impl Aggregate {
                     true => None,
                     false => Some(Box::new(FixedBuckets::from_parts(&summary.bucket_bounds, &summary.bucket_counts)?)),
                 };
+                if summary.quantiles.iter().any(|quantile| !(0.0..=1.0).contains(quantile)) {
+                    return Err(AggregateError::Quantile);
+                }
+                let quantiles = (!summary.quantiles.is_empty()).then(|| Arc::from(summary.quantiles.as_slice()));
                 Aggregate::Distribution(Box::new(Distribution {
                     count: summary.count,
                     sum: summary.sum,
@@ -392,6 +428,7 @@ impl Aggregate {
                     max: summary.max,
                     sketch,
                     buckets,
+                    quantiles,
                 }))
             }
             Value::Set(set) => Aggregate::Set(Box::new(HyperLogLog::from_proto(set)?)),

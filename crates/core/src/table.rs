@@ -29,7 +29,9 @@ use std::sync::Arc;
 
 use hashbrown::HashTable;
 
-use crate::aggregate::{Aggregate, AggregateError, Distribution, GaugeDeltas, MergeOrder, Reading, TimerUnit};
+use crate::aggregate::{
+    Aggregate, AggregateError, Distribution, GaugeDeltas, MergeOrder, Observer, Reading, TimerUnit,
+};
 use crate::parse::{
     Line, MetricKind, ParseOptions, Parsed, RejectReason, SimpleLine, canonical_tags_len, parse_line_with,
     parse_simple_prefix, split_line,
@@ -314,12 +316,13 @@ impl Folded {
     }
 }
 
-/// Which new series count their values into fixed buckets as well as into their sketch
-/// (a statsd_exporter mapping's classic histogram, [`FixedBuckets`](crate::aggregate::FixedBuckets)).
-/// Asked once per new timer, histogram or distribution series, never per line.
-pub trait BucketSource: Send + Sync {
-    /// The bucket bounds of a new series of `kind` with the statsd name `name`, if it has any.
-    fn bounds(&self, kind: MetricKind, name: &[u8]) -> Option<Arc<[f64]>>;
+/// Which new series a statsd_exporter mapping makes a classic histogram (their values are
+/// counted into fixed buckets as well as into their sketch,
+/// [`FixedBuckets`](crate::aggregate::FixedBuckets)) or a summary with quantiles of its own
+/// ([`Observer`]). Asked once per new timer, histogram or distribution series, never per line.
+pub trait ObserverSource: Send + Sync {
+    /// What a new series of `kind` with the statsd name `name` is written as, if a mapping says.
+    fn observer(&self, kind: MetricKind, name: &[u8]) -> Option<Observer>;
 }
 
 /// A table of per-series aggregates for one window.
@@ -327,7 +330,7 @@ pub struct Table {
     slots: HashTable<Slot>,
     /// Where new distributions find their fixed buckets (a reader's table; `None` for the
     /// tables that merge partials, which take the buckets the partials carry).
-    buckets: Option<Arc<dyn BucketSource>>,
+    observers: Option<Arc<dyn ObserverSource>>,
     seed: u64,
     key: SeriesKey,
     options: TableOptions,
@@ -340,7 +343,7 @@ impl Table {
     pub fn new(options: TableOptions) -> Table {
         Table {
             slots: HashTable::new(),
-            buckets: None,
+            observers: None,
             seed: foldhash::fast::RandomState::default().hash_one(0u8),
             key: SeriesKey::default(),
             options,
@@ -348,9 +351,9 @@ impl Table {
         }
     }
 
-    /// Gives new distributions of this table the fixed buckets `source` says.
-    pub fn with_bucket_source(mut self, source: Arc<dyn BucketSource>) -> Table {
-        self.buckets = Some(source);
+    /// Gives new distributions of this table the buckets or quantiles `source` says.
+    pub fn with_observer_source(mut self, source: Arc<dyn ObserverSource>) -> Table {
+        self.observers = Some(source);
         self
     }
 
@@ -412,7 +415,8 @@ impl Table {
             slot.touched = true;
             return Ok(false);
         }
-        let slot = Self::insert_into(&mut self.slots, &self.options, self.buckets.as_deref(), hash, &parts, line.kind)?;
+        let slot =
+            Self::insert_into(&mut self.slots, &self.options, self.observers.as_deref(), hash, &parts, line.kind)?;
         slot.aggregate.observe_value(value, stamp_ns);
         Ok(true)
     }
@@ -459,7 +463,8 @@ impl Table {
             slot.touched = true;
             return Ok(false);
         }
-        let slot = Self::insert_into(&mut self.slots, &self.options, self.buckets.as_deref(), hash, &parts, line.kind)?;
+        let slot =
+            Self::insert_into(&mut self.slots, &self.options, self.observers.as_deref(), hash, &parts, line.kind)?;
         slot.aggregate.observe(line, stamp_ns, reading);
         Ok(true)
     }
@@ -494,7 +499,7 @@ impl Table {
     fn insert_into<'t>(
         slots: &'t mut HashTable<Slot>,
         options: &TableOptions,
-        buckets: Option<&dyn BucketSource>,
+        observers: Option<&dyn ObserverSource>,
         hash: u64,
         parts: &KeyParts<'_>,
         kind: MetricKind,
@@ -504,14 +509,14 @@ impl Table {
         {
             return Err(TableFull { max_series });
         }
-        let bounds = match kind {
+        let observer = match kind {
             MetricKind::Timer | MetricKind::Histogram | MetricKind::Distribution => {
-                buckets.and_then(|source| source.bounds(kind, parts.name))
+                observers.and_then(|source| source.observer(kind, parts.name))
             }
             MetricKind::Counter | MetricKind::Gauge | MetricKind::Set => None,
         };
-        let aggregate = match bounds {
-            Some(bounds) => Aggregate::Distribution(Box::new(Distribution::with_buckets(bounds))),
+        let aggregate = match observer {
+            Some(observer) => Aggregate::Distribution(Box::new(Distribution::for_observer(observer))),
             None => Aggregate::new(kind),
         };
         let slot = Slot { hash, key: KeyBytes::new(parts), aggregate, touched: true, idle_cuts: 0 };

@@ -390,6 +390,8 @@ type Histograms = HashMap<u128, Cumulative, BuildPrehashed>;
 /// Converts tile batches into records; holds the running totals. See the [module docs](self).
 pub struct Converter {
     quantiles: Vec<(f64, String)>,
+    /// The label of a quantile a mapping's summary asks for.
+    quantile_label: String,
     totals: Totals,
     undo: Vec<(u128, Option<Total>)>,
     expire_after_ms: i64,
@@ -458,6 +460,7 @@ impl Converter {
     pub fn new(quantiles: &[f64], expire_after_ms: i64) -> Converter {
         Converter {
             quantiles: quantiles.iter().map(|q| (*q, q.to_string())).collect(),
+            quantile_label: String::new(),
             totals: Totals::default(),
             undo: Vec::new(),
             expire_after_ms,
@@ -827,6 +830,21 @@ impl Converter {
         if let Some(buckets) = &distribution.buckets {
             return self.classic(distribution, buckets, resolution, at);
         }
+        if let Some(quantiles) = &distribution.quantiles {
+            // A mapping's summary: its quantiles, whatever the target's histogram mode.
+            let count =
+                self.count_and_sum(distribution, resolution, at, SampleKind::SummaryCount, SampleKind::SummarySum);
+            if matches!(count, Verdict::Write(_)) {
+                let mut label = std::mem::take(&mut self.quantile_label);
+                for quantile in quantiles.iter() {
+                    label.clear();
+                    names::write_go_float(&mut label, *quantile);
+                    self.quantile_sample(distribution, *quantile, &label, resolution);
+                }
+                self.quantile_label = label;
+            }
+            return count;
+        }
         let verdict = match self.histogram_mode {
             HistogramMode::Summary => self.summary(distribution, resolution, at),
             HistogramMode::Native => self.native(distribution, resolution, at, None),
@@ -943,22 +961,31 @@ impl Converter {
         if !matches!(count, Verdict::Write(_)) {
             return count;
         }
-        let (min, max) = (summary.min, summary.max);
-        if min.is_finite() && max.is_finite() && min <= max {
-            for index in 0..self.quantiles.len() {
-                let Some(value) = summary.sketch.quantile(self.quantiles[index].0) else { continue };
-                let quantile = std::mem::take(&mut self.quantiles[index].1);
-                let emit = Emit {
-                    suffix: "",
-                    quantile: Some(&quantile),
-                    value: value.clamp(min, max),
-                    kind: SampleKind::SummaryQuantile,
-                };
-                self.emit(resolution, &emit);
-                self.quantiles[index].1 = quantile;
-            }
+        for index in 0..self.quantiles.len() {
+            let label = std::mem::take(&mut self.quantiles[index].1);
+            self.quantile_sample(summary, self.quantiles[index].0, &label, resolution);
+            self.quantiles[index].1 = label;
         }
         count
+    }
+
+    /// The `quantile` sample (labelled `label`) of a tile's distribution, clamped to its
+    /// `[min, max]`; none for an empty one.
+    fn quantile_sample(
+        &mut self,
+        summary: &tessera_core::aggregate::Distribution,
+        quantile: f64,
+        label: &str,
+        resolution: &str,
+    ) {
+        let (min, max) = (summary.min, summary.max);
+        if !(min.is_finite() && max.is_finite() && min <= max) {
+            return;
+        }
+        let Some(value) = summary.sketch.quantile(quantile) else { return };
+        let emit =
+            Emit { suffix: "", quantile: Some(label), value: value.clamp(min, max), kind: SampleKind::SummaryQuantile };
+        self.emit(resolution, &emit);
     }
 
     /// The cumulative native histogram of a distribution. Its count is judged like a

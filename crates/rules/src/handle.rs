@@ -7,8 +7,9 @@
 
 use std::sync::{Arc, Mutex, PoisonError};
 
+use tessera_core::aggregate::Observer;
 use tessera_core::parse::MetricKind;
-use tessera_core::table::BucketSource;
+use tessera_core::table::ObserverSource;
 
 use crate::set::RuleSet;
 
@@ -47,16 +48,17 @@ impl RulesHandle {
     }
 }
 
-/// A reader's table asks the newest rules for a new series' classic histogram buckets.
-/// A reload changes the buckets of series new to a reader's table from then on; a series
-/// the table already holds keeps its buckets until it goes idle and expires. Partials that
-/// disagree merge without buckets ([`Distribution::merge`](tessera_core::aggregate::Distribution::merge)).
-impl BucketSource for RulesHandle {
-    fn bounds(&self, kind: MetricKind, name: &[u8]) -> Option<Arc<[f64]>> {
+/// A reader's table asks the newest rules what a new series is written as (a classic
+/// histogram's buckets, a summary's quantiles). A reload changes it for series new to a
+/// reader's table from then on; a series the table already holds keeps it until it goes
+/// idle and expires. Partials that disagree on buckets merge without them
+/// ([`Distribution::merge`](tessera_core::aggregate::Distribution::merge)).
+impl ObserverSource for RulesHandle {
+    fn observer(&self, kind: MetricKind, name: &[u8]) -> Option<Observer> {
         let newest = {
             let sets = self.sets.lock().unwrap_or_else(PoisonError::into_inner);
             sets.last().map(|(_, set)| set.clone())
         };
-        newest?.buckets(kind, name)
+        newest?.observer(kind, name)
     }
 }

@@ -95,6 +95,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use regex::{Regex, RegexSet};
+use tessera_core::aggregate::Observer;
 use tessera_core::parse::MetricKind;
 
 use self::config::{DefaultsConfig, FileConfig, MappingConfig};
@@ -110,6 +111,10 @@ use self::template::{
 /// gives a histogram that sets none.
 pub const DEFAULT_BUCKETS: [f64; 11] = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
 
+/// statsd_exporter's default summary quantiles (0.5, 0.9 and 0.99), for a summary that sets
+/// none.
+pub const DEFAULT_QUANTILES: [f64; 3] = [0.5, 0.9, 0.99];
+
 /// A loaded, validated statsd_exporter mapping file.
 #[derive(Debug)]
 pub struct MappingFile {
@@ -121,8 +126,8 @@ pub struct MappingFile {
     /// none of several costs one search, not one per rule. `None` when they are too large
     /// to compile together (each was compiled alone): then each rule is tried in turn.
     regex_set: Option<RegexSet>,
-    /// The buckets of a series no rule maps, when `defaults.observer_type` is `histogram`.
-    default_buckets: Option<Arc<[f64]>>,
+    /// What a series no rule maps is written as, when `defaults.observer_type` is set.
+    default_observer: Option<Observer>,
     notes: Vec<String>,
 }
 
@@ -232,9 +237,9 @@ struct Rule {
     name: Template,
     labels: Vec<(Box<str>, Template)>,
     honor_labels: bool,
-    /// The classic histogram's bucket bounds, when the rule's observer type (its own or
-    /// the default) is `histogram`.
-    buckets: Option<Arc<[f64]>>,
+    /// A classic histogram with its bucket bounds, or a summary with its quantiles, when
+    /// the rule's observer type (its own or the default) says so.
+    observer: Option<Observer>,
 }
 
 /// What `defaults` sets for every mapping.
@@ -246,6 +251,24 @@ struct Defaults {
     /// `defaults.histogram_options.buckets` or `defaults.buckets`, else Prometheus' default
     /// buckets (as statsd_exporter has them).
     buckets: Arc<[f64]>,
+    /// `defaults.summary_options.quantiles` or `defaults.quantiles`, else statsd_exporter's.
+    quantiles: Arc<[f64]>,
+}
+
+impl Defaults {
+    /// What an observer of `observer_type` is written as, with `bounds` and `quantiles`
+    /// where set, else the defaults'.
+    fn observer(
+        &self,
+        observer_type: Option<ObserverType>,
+        bounds: Option<Arc<[f64]>>,
+        quantiles: Option<Arc<[f64]>>,
+    ) -> Option<Observer> {
+        match observer_type? {
+            ObserverType::Histogram => Some(Observer::Histogram(bounds.unwrap_or_else(|| self.buckets.clone()))),
+            ObserverType::Summary => Some(Observer::Summary(quantiles.unwrap_or_else(|| self.quantiles.clone()))),
+        }
+    }
 }
 
 impl MappingFile {
@@ -294,9 +317,8 @@ impl MappingFile {
                 None
             }
         };
-        let default_buckets =
-            (defaults.observer_type == Some(ObserverType::Histogram)).then(|| defaults.buckets.clone());
-        Ok(MappingFile { rules, globs, regex_rules, regex_set, default_buckets, notes: loader.notes })
+        let default_observer = defaults.observer(defaults.observer_type, None, None);
+        Ok(MappingFile { rules, globs, regex_rules, regex_set, default_observer, notes: loader.notes })
     }
 
     /// Reads and validates the mapping file at `path`.
@@ -319,18 +341,18 @@ impl MappingFile {
         self.rules.iter().map(|rule| &*rule.pattern)
     }
 
-    /// The bucket bounds of a classic histogram for the statsd name `name` of a series of
-    /// type `kind`: those of the mapping that matches it when its observer type (its own,
-    /// or `defaults.observer_type`) is `histogram`; those of `defaults` for a name no
-    /// mapping matches when `defaults.observer_type` is `histogram`. `None` otherwise:
-    /// the series is written as a native histogram or a summary. `scratch` is reused.
-    pub fn buckets(&self, name: &str, kind: MetricKind, scratch: &mut Mapped) -> Option<Arc<[f64]>> {
+    /// What the statsd name `name` of a series of type `kind` is written as, when the
+    /// mapping that matches it has an observer type (its own, or `defaults.observer_type`):
+    /// a classic histogram with its bucket bounds, or a summary with its quantiles; for a
+    /// name no mapping matches, what `defaults.observer_type` says. `None` otherwise: the
+    /// series is written as the ingester's target says. `scratch` is reused.
+    pub fn observer(&self, name: &str, kind: MetricKind, scratch: &mut Mapped) -> Option<Observer> {
         if type_class(kind) != Some(TypeClass::Observer) {
             return None;
         }
         match self.map(name, kind, scratch) {
-            MapOutcome::Mapped { rule } => self.rules[rule].buckets.clone(),
-            MapOutcome::NoMatch => self.default_buckets.clone(),
+            MapOutcome::Mapped { rule } => self.rules[rule].observer.clone(),
+            MapOutcome::NoMatch => self.default_observer.clone(),
             MapOutcome::Drop { .. } | MapOutcome::EmptyName { .. } => None,
         }
     }
@@ -478,7 +500,7 @@ impl Loader {
             Some(value) => self.match_type(None, value)?,
             None => false,
         };
-        let (observer_type, buckets) = self.observer_settings(
+        let choice = self.observer_settings(
             None,
             ObserverSettings {
                 observer_type: config.observer_type.as_deref(),
@@ -490,8 +512,13 @@ impl Loader {
                 ttl: config.ttl.as_ref(),
             },
         )?;
-        let buckets = buckets.unwrap_or_else(|| DEFAULT_BUCKETS.into());
-        Ok(Defaults { regex, ordered: !config.glob_disable_ordering.unwrap_or(false), observer_type, buckets })
+        Ok(Defaults {
+            regex,
+            ordered: !config.glob_disable_ordering.unwrap_or(false),
+            observer_type: choice.observer_type,
+            buckets: choice.bounds.unwrap_or_else(|| DEFAULT_BUCKETS.into()),
+            quantiles: choice.quantiles.unwrap_or_else(|| DEFAULT_QUANTILES.into()),
+        })
     }
 
     fn match_type(&self, mapping: Option<usize>, value: &str) -> Result<bool, MappingError> {
@@ -609,7 +636,7 @@ impl Loader {
                 ),
             ));
         }
-        let (observer_type, buckets) = self.observer_settings(
+        let choice = self.observer_settings(
             at,
             ObserverSettings {
                 observer_type: mapping.observer_type.as_deref(),
@@ -621,7 +648,7 @@ impl Loader {
                 ttl: mapping.ttl.as_ref(),
             },
         )?;
-        let effective = observer_type.or(defaults.observer_type);
+        let effective = choice.observer_type.or(defaults.observer_type);
         if effective == Some(ObserverType::Histogram) && mapping.summary_options.is_some() {
             return Err(self.invalid(
                 at,
@@ -636,19 +663,21 @@ impl Loader {
                 "cannot be used with `observer_type: summary`".to_owned(),
             ));
         }
-        let buckets = match effective {
-            Some(ObserverType::Histogram) => Some(buckets.unwrap_or_else(|| defaults.buckets.clone())),
-            _ => {
-                if buckets.is_some() {
-                    self.note(
-                        at,
-                        "buckets",
-                        "buckets apply to `observer_type: histogram` only (as in statsd_exporter); not used",
-                    );
-                }
-                None
-            }
-        };
+        if choice.bounds.is_some() && effective != Some(ObserverType::Histogram) {
+            self.note(
+                at,
+                "buckets",
+                "buckets apply to `observer_type: histogram` only (as in statsd_exporter); not used",
+            );
+        }
+        if choice.quantiles.is_some() && effective != Some(ObserverType::Summary) {
+            self.note(
+                at,
+                "quantiles",
+                "quantiles apply to `observer_type: summary` only (as in statsd_exporter); not used",
+            );
+        }
+        let observer = defaults.observer(effective, choice.bounds, choice.quantiles);
         if mapping.help.is_some() {
             self.note(at, "help", "tessera writes no HELP text; the help is not used");
         }
@@ -660,7 +689,7 @@ impl Loader {
             name,
             labels,
             honor_labels: mapping.honor_labels.unwrap_or(false),
-            buckets,
+            observer,
         })
     }
 

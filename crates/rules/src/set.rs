@@ -332,11 +332,11 @@ impl RuleSet {
         self.apply_with(kind, id, &mut Mapped::default())
     }
 
-    /// The classic histogram bucket bounds of a new series of `kind` with the statsd name
-    /// `name`, from the mapping file ([`MappingFile::buckets`]); `None` without one.
-    pub fn buckets(&self, kind: MetricKind, name: &[u8]) -> Option<std::sync::Arc<[f64]>> {
+    /// What a new series of `kind` with the statsd name `name` is written as, from the
+    /// mapping file ([`MappingFile::observer`]); `None` without one.
+    pub fn observer(&self, kind: MetricKind, name: &[u8]) -> Option<tessera_core::aggregate::Observer> {
         let mapping = self.mapping.as_ref()?;
-        mapping.buckets(std::str::from_utf8(name).ok()?, kind, &mut Mapped::default())
+        mapping.observer(std::str::from_utf8(name).ok()?, kind, &mut Mapped::default())
     }
 
     /// [`RuleSet::apply`] with the mapping file's buffers in `mapped`, kept by the caller

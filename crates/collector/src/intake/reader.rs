@@ -29,7 +29,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use crossbeam_channel::{Receiver, Sender};
 use tessera_core::aggregate::{Aggregate, GaugeDeltas, TimerUnit};
 use tessera_core::parse::{MetricKind, ParseOptions};
-use tessera_core::table::{BucketSource, Folded, Table, TableOptions};
+use tessera_core::table::{Folded, ObserverSource, Table, TableOptions};
 
 use tessera_runtime::telemetry::Drops;
 use tessera_runtime::telemetry::count_drops;
@@ -136,7 +136,7 @@ impl Reader {
     /// A reader feeding `cuts`.
     pub fn new(
         settings: &ReaderSettings,
-        buckets: Option<Arc<dyn BucketSource>>,
+        observers: Option<Arc<dyn ObserverSource>>,
         gauge_deltas: GaugeDeltas,
         links: CutLinks,
         listener: ListenerMetrics,
@@ -149,8 +149,8 @@ impl Reader {
             gauge_deltas,
             timer_unit: settings.timer_unit,
         };
-        let table = match buckets {
-            Some(source) => Table::new(options).with_bucket_source(source),
+        let table = match observers {
+            Some(source) => Table::new(options).with_observer_source(source),
             None => Table::new(options),
         };
         Reader {

@@ -116,16 +116,16 @@ impl FixedBuckets {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::aggregate::{Aggregate, Distribution};
+    use crate::aggregate::{Aggregate, Distribution, Observer};
     use crate::parse::MetricKind;
-    use crate::table::{BucketSource, Table, TableOptions};
+    use crate::table::{ObserverSource, Table, TableOptions};
 
     /// Gives `[0.1, 1]` to timers named `lat`.
     struct LatBuckets;
 
-    impl BucketSource for LatBuckets {
-        fn bounds(&self, kind: MetricKind, name: &[u8]) -> Option<Arc<[f64]>> {
-            (kind == MetricKind::Timer && name == b"lat").then(|| Arc::from([0.1, 1.0]))
+    impl ObserverSource for LatBuckets {
+        fn observer(&self, kind: MetricKind, name: &[u8]) -> Option<Observer> {
+            (kind == MetricKind::Timer && name == b"lat").then(|| Observer::Histogram(Arc::from([0.1, 1.0])))
         }
     }
 
@@ -133,7 +133,7 @@ mod tests {
     /// them through the wire and a merging table with no source, and the counts add up.
     #[test]
     fn buckets_are_counted_at_insert_and_survive_the_wire_and_merges() {
-        let mut reader = Table::new(TableOptions::default()).with_bucket_source(Arc::new(LatBuckets));
+        let mut reader = Table::new(TableOptions::default()).with_observer_source(Arc::new(LatBuckets));
         reader.fold_datagram(
             b"lat:50|ms\nlat:100|ms\nlat:700|ms|@0.5\nlat:3000|ms\nother:5|ms",
             Default::default(),
@@ -156,6 +156,24 @@ mod tests {
         out.sort_by(|a, b| a.0.cmp(&b.0));
         // 50 ms and 100 ms are <= 0.1 s (on the bound counts), 700 ms twice (@0.5), 3 s over.
         assert_eq!(out, [(b"lat".to_vec(), Some(vec![4.0, 4.0, 2.0])), (b"other".to_vec(), None)]);
+    }
+
+    /// A mapping's summary quantiles travel with the partials and survive merges.
+    #[test]
+    fn summary_quantiles_survive_the_wire_and_merges() {
+        let mut partial = Distribution::for_observer(Observer::Summary(Arc::from([0.5, 0.99])));
+        partial.insert(1.0, 1.0);
+        let wire = Aggregate::Distribution(Box::new(partial)).to_proto();
+        let Aggregate::Distribution(decoded) = Aggregate::from_proto(&wire).unwrap() else { panic!() };
+        let mut merged = Distribution::default();
+        merged.merge(&decoded);
+        merged.merge(&Distribution::default());
+        assert_eq!(merged.quantiles.as_deref(), Some(&[0.5, 0.99][..]));
+        let mut bad = wire.clone();
+        if let Some(crate::aggregate::proto::aggregate::Value::Distribution(distribution)) = &mut bad.value {
+            distribution.quantiles = vec![1.5];
+        }
+        assert!(Aggregate::from_proto(&bad).is_err(), "a quantile outside 0..=1 is refused");
     }
 
     #[test]

@@ -556,3 +556,33 @@ fn fixed_buckets_are_written_as_a_classic_cumulative_histogram() {
         assert!(kinds.contains(&SampleKind::HistogramBucket) && kinds.contains(&SampleKind::HistogramCount));
     }
 }
+
+/// A mapping's summary (`observer_type: summary` with its quantiles) is written with those
+/// quantiles, `_sum` and `_count`, whatever the target's histogram mode.
+#[test]
+fn a_mappings_summary_is_written_with_its_own_quantiles() {
+    for mode in [HistogramMode::Summary, HistogramMode::Native, HistogramMode::Both] {
+        let mut converter = Converter::new(&[0.5], 3_600_000).with_histograms(mode, 160);
+        let mut timings =
+            Distribution::for_observer(tessera_core::aggregate::Observer::Summary(std::sync::Arc::from([0.25, 0.99])));
+        for value in [0.010, 0.012, 0.020, 0.030] {
+            timings.insert(value, 1.0);
+        }
+        let tiles = vec![tile("lat", MetricType::Timer, Aggregate::Distribution(Box::new(timings)))];
+        let mut written = converted(&mut converter, &batch(10_000, tiles));
+        written.sort_by(|a, b| a.0.cmp(&b.0));
+        let labels: Vec<&str> = written.iter().map(|(labels, _)| labels.as_str()).collect();
+        assert_eq!(
+            labels,
+            [
+                "__name__=lat quantile=0.25 resolution=10s",
+                "__name__=lat quantile=0.99 resolution=10s",
+                "__name__=lat_count resolution=10s",
+                "__name__=lat_sum resolution=10s",
+            ],
+            "{mode:?}"
+        );
+        // Nearest rank: the p99 of four timings is the largest, within the sketch's error.
+        assert!((written[1].1 - 0.030).abs() <= 0.030 * 0.011, "{mode:?}: {written:?}");
+    }
+}

@@ -8,8 +8,10 @@
 //! counted exactly into the fixed `buckets` (or `histogram_options.buckets`,
 //! else those of `defaults`, else Prometheus' default buckets) at the
 //! collector, and the ingester writes `_bucket{le=…}`, `_sum` and `_count`.
-//! A summary's quantile objectives and windows have no equivalent: the
-//! quantiles come from the sketch. Every key is checked the way
+//! **`observer_type: summary`** makes it a summary with the quantiles of
+//! `quantiles` (or `summary_options.quantiles`, else those of `defaults`, else
+//! statsd_exporter's 0.5, 0.9 and 0.99), read from the sketch per tile: the
+//! objectives' `error` and the summary windows have no equivalent. Every key is checked the way
 //! statsd_exporter checks it (valid values, no setting in two places, no
 //! summary options on a histogram), and each one without an effect is
 //! reported as a note. `ttl` is reported the same way: tessera expires idle
@@ -22,8 +24,19 @@ use tessera_core::aggregate::check_bounds;
 use super::config::{GoDuration, HistogramOptions, Quantile, SummaryOptions};
 use super::{Loader, MappingError};
 
-/// A classic histogram's bucket bounds, shared by every series of a mapping.
+/// A classic histogram's bucket bounds, or a summary's quantiles, shared by every series
+/// of a mapping.
 pub(super) type Bounds = Arc<[f64]>;
+
+/// What the observer keys of `defaults` or of one mapping set.
+pub(super) struct ObserverChoice {
+    /// `observer_type` (or `timer_type`).
+    pub observer_type: Option<ObserverType>,
+    /// `buckets` or `histogram_options.buckets`.
+    pub bounds: Option<Bounds>,
+    /// The quantiles of `quantiles` or `summary_options.quantiles`.
+    pub quantiles: Option<Bounds>,
+}
 
 /// `observer_type` (or the deprecated `timer_type`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,18 +58,16 @@ pub(super) struct ObserverSettings<'a> {
     pub ttl: Option<&'a GoDuration>,
 }
 
-const SKETCH: &str = "tessera keeps every timer, histogram and distribution as a DDSketch \
-                      and writes it as a Prometheus native histogram";
+const SKETCH: &str = "tessera keeps every timer, histogram and distribution as a DDSketch";
 
 impl Loader {
     /// Checks and notes the observer keys of mapping `mapping` (`None`:
-    /// `defaults`); returns the `observer_type` they set, if any, and the bucket
-    /// bounds they set, if any.
+    /// `defaults`); returns what they set.
     pub(super) fn observer_settings(
         &mut self,
         mapping: Option<usize>,
         settings: ObserverSettings<'_>,
-    ) -> Result<(Option<ObserverType>, Option<Bounds>), MappingError> {
+    ) -> Result<ObserverChoice, MappingError> {
         let mut observer_type = None;
         for (key, value) in [("observer_type", settings.observer_type), ("timer_type", settings.timer_type)] {
             let Some(value) = value else {
@@ -79,12 +90,9 @@ impl Loader {
                 if key == "timer_type" { " (`timer_type` is the deprecated name of `observer_type`)" } else { "" };
             let message = match parsed {
                 // Classic buckets are written, as statsd_exporter writes them.
-                Some(ObserverType::Histogram) if deprecated.is_empty() => continue,
-                Some(ObserverType::Histogram) => format!("`{value}`{deprecated}"),
-                Some(ObserverType::Summary) => format!(
-                    "`{value}`{deprecated}: {SKETCH}, not a summary; quantiles come from \
-                     histogram_quantile() in PromQL"
-                ),
+                // Classic buckets and summaries are written, as statsd_exporter writes them.
+                Some(_) if deprecated.is_empty() => continue,
+                Some(_) => format!("`{value}`{deprecated}"),
                 // Empty means the default, in statsd_exporter and here.
                 None => continue,
             };
@@ -110,16 +118,19 @@ impl Loader {
         if let Some(buckets) = settings.buckets {
             bounds = self.bucket_bounds(mapping, "buckets", buckets)?;
         }
-        if let Some(quantiles) = settings.quantiles {
-            self.note_quantiles(mapping, "quantiles", quantiles)?;
+        let mut quantiles = None;
+        if let Some(objectives) = settings.quantiles {
+            quantiles = self.quantile_values(mapping, "quantiles", objectives)?;
         }
         if let Some(options) = settings.histogram_options
             && let Some(nested) = self.histogram_options(mapping, options)?
         {
             bounds = Some(nested);
         }
-        if let Some(options) = settings.summary_options {
-            self.summary_options(mapping, options)?;
+        if let Some(options) = settings.summary_options
+            && let Some(nested) = self.summary_options(mapping, options)?
+        {
+            quantiles = Some(nested);
         }
         if let Some(ttl) = settings.ttl {
             let ttl = ttl.check().map_err(|message| self.invalid(mapping, "ttl", message))?;
@@ -132,7 +143,7 @@ impl Loader {
                 ),
             );
         }
-        Ok((observer_type, bounds))
+        Ok(ObserverChoice { observer_type, bounds, quantiles })
     }
 
     /// Checks bucket bounds: finite and strictly increasing (Prometheus' client refuses
@@ -155,12 +166,14 @@ impl Loader {
         Ok(Some(bounds.into()))
     }
 
-    fn note_quantiles(
+    /// Checks quantile objectives and returns their quantiles; none set (an empty list)
+    /// means the defaults, as in statsd_exporter.
+    fn quantile_values(
         &mut self,
         mapping: Option<usize>,
         key: &str,
         quantiles: &[Quantile],
-    ) -> Result<(), MappingError> {
+    ) -> Result<Option<Bounds>, MappingError> {
         if let Some(bad) = quantiles
             .iter()
             .find(|objective| !(0.0..=1.0).contains(&objective.quantile) || !(0.0..=1.0).contains(&objective.error))
@@ -171,16 +184,19 @@ impl Loader {
                 format!("quantile {} with error {} is not in 0..=1", bad.quantile, bad.error),
             ));
         }
+        if quantiles.is_empty() {
+            return Ok(None);
+        }
         self.note(
             mapping,
             key,
             &format!(
-                "{} quantile objectives: tessera writes no summaries; any quantile comes from \
-                 histogram_quantile() over the native histogram",
+                "{} quantile objectives: their `error` is not used; {SKETCH}, and the quantiles \
+                 are read from it within its relative error",
                 quantiles.len()
             ),
         );
-        Ok(())
+        Ok(Some(quantiles.iter().map(|objective| objective.quantile).collect()))
     }
 
     fn histogram_options(
@@ -203,10 +219,15 @@ impl Loader {
         Ok(bounds)
     }
 
-    fn summary_options(&mut self, mapping: Option<usize>, options: &SummaryOptions) -> Result<(), MappingError> {
-        if let Some(quantiles) = &options.quantiles {
-            self.note_quantiles(mapping, "summary_options", quantiles)?;
-        }
+    fn summary_options(
+        &mut self,
+        mapping: Option<usize>,
+        options: &SummaryOptions,
+    ) -> Result<Option<Bounds>, MappingError> {
+        let quantiles = match &options.quantiles {
+            Some(objectives) => self.quantile_values(mapping, "summary_options", objectives)?,
+            None => None,
+        };
         if let Some(max_age) = &options.max_age {
             max_age.check().map_err(|message| self.invalid(mapping, "summary_options", message))?;
         }
@@ -214,10 +235,10 @@ impl Loader {
             self.note(
                 mapping,
                 "summary_options",
-                "max_age / age_buckets / buf_cap: tessera writes no summaries; its sketches \
-                 cover each tile (10 s, 1 m) and merge exactly; these are not used",
+                "max_age / age_buckets / buf_cap: tessera's quantiles are per tile (10 s, 1 m), \
+                 read from sketches that merge exactly, not over a sliding window; these are not used",
             );
         }
-        Ok(())
+        Ok(quantiles)
     }
 }

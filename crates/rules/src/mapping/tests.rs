@@ -12,6 +12,10 @@
 use proptest::prelude::*;
 use tessera_core::parse::MetricKind;
 
+use std::sync::Arc;
+
+use tessera_core::aggregate::Observer;
+
 use super::{MapOutcome, Mapped, MappingError, MappingFile};
 
 fn load(yaml: &str) -> MappingFile {
@@ -123,23 +127,26 @@ fn readme_timer_and_defaults_examples() {
         map_kind(&file, "other.timing.db.gcp.fail", MetricKind::Distribution),
         expect("other_timer", &[("provider", "gcp"), ("outcome", "fail"), ("job", "db_server_other")])
     );
-    // "This will be a histogram using the buckets set in `defaults`"; the summary is not.
+    // "This will be a histogram using the buckets set in `defaults`"; "this will be a summary
+    // timer", with its quantile.
     let mut scratch = Mapped::default();
-    let defaults: &[f64] = &[0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5];
-    assert_eq!(file.buckets("test.timing.api.aws.ok", MetricKind::Timer, &mut scratch).as_deref(), Some(defaults));
-    assert_eq!(file.buckets("other.timing.db.gcp.fail", MetricKind::Timer, &mut scratch), None);
+    let defaults = Observer::Histogram(Arc::from([0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5]));
+    assert_eq!(file.observer("test.timing.api.aws.ok", MetricKind::Timer, &mut scratch), Some(defaults.clone()));
     assert_eq!(
-        file.buckets("unmapped.timer", MetricKind::Histogram, &mut scratch).as_deref(),
+        file.observer("other.timing.db.gcp.fail", MetricKind::Timer, &mut scratch),
+        Some(Observer::Summary(Arc::from([0.99])))
+    );
+    assert_eq!(
+        file.observer("unmapped.timer", MetricKind::Histogram, &mut scratch),
         Some(defaults),
         "defaults apply to names no mapping matches"
     );
-    assert_eq!(file.buckets("test.timing.api.aws.ok", MetricKind::Counter, &mut scratch), None, "observers only");
+    assert_eq!(file.observer("test.timing.api.aws.ok", MetricKind::Counter, &mut scratch), None, "observers only");
     let notes = file.notes().join("\n");
-    assert!(!notes.contains("buckets:"), "buckets are used: {notes}");
+    assert!(!notes.contains("buckets:") && !notes.contains("observer_type"), "both are used: {notes}");
     for wanted in [
         "defaults (line 7): ttl: `0ns`",
-        "mappings[1] (line 18): observer_type: `summary`",
-        "mappings[1] (line 24): summary_options: 1 quantile objectives",
+        "mappings[1] (line 24): summary_options: 1 quantile objectives: their `error` is not used",
         "mappings[1] (line 24): summary_options: max_age / age_buckets / buf_cap",
     ] {
         assert!(notes.contains(wanted), "missing note {wanted:?} in\n{notes}");
@@ -534,18 +541,17 @@ fn noted_keys() {
         "mappings[0] (line 5): timer_type: `histogram` (`timer_type` is the deprecated name",
         "mappings[0] (line 6): ttl: `1m20s`",
         "mappings[0] (line 7): histogram_options: native_histogram_bucket_factor",
-        "mappings[1] (line 13): observer_type: `summary`",
-        "mappings[1] (line 14): quantiles: 1 quantile objectives",
+        "mappings[1] (line 14): quantiles: 1 quantile objectives: their `error` is not used",
         "mappings[2] (line 19): buckets: buckets apply to `observer_type: histogram` only",
     ] {
         assert!(notes.iter().any(|note| note.starts_with(wanted)), "missing {wanted:?} in {notes:#?}");
     }
-    assert_eq!(notes.len(), 7, "{notes:#?}");
-    let mut scratch = Mapped::default();
-    let bounds = |name| file.buckets(name, MetricKind::Timer, &mut Mapped::default());
-    assert_eq!(bounds("a.x").as_deref(), Some(&[0.1, 1.0][..]), "histogram_options.buckets");
-    assert_eq!(bounds("c.x"), None, "buckets without observer_type: histogram");
-    assert_eq!(file.buckets("z.x", MetricKind::Timer, &mut scratch), None, "no default histogram");
+    assert_eq!(notes.len(), 6, "{notes:#?}");
+    let observer = |name| file.observer(name, MetricKind::Timer, &mut Mapped::default());
+    assert_eq!(observer("a.x"), Some(Observer::Histogram(Arc::from([0.1, 1.0]))), "histogram_options.buckets");
+    assert_eq!(observer("b.x"), Some(Observer::Summary(Arc::from([0.5]))), "quantiles");
+    assert_eq!(observer("c.x"), None, "buckets without observer_type: histogram");
+    assert_eq!(observer("z.x"), None, "no default observer type");
 }
 
 /// Refused values name the mapping, the key and the line.
@@ -706,14 +712,26 @@ fn histogram_buckets_come_from_the_mapping_then_the_defaults_then_prometheus() {
         "mappings:\n- match: a.*\n  name: a\n  observer_type: histogram\n- match: b.*\n  name: b\n  observer_type: histogram\n  buckets: [1, 2, .inf]\n- match: c.*\n  name: c\n  observer_type: histogram\n  buckets: []\n",
     );
     let mut scratch = Mapped::default();
-    let mut bounds = |name| file.buckets(name, MetricKind::Timer, &mut scratch);
-    assert_eq!(bounds("a.x").as_deref(), Some(&crate::mapping::DEFAULT_BUCKETS[..]));
-    assert_eq!(bounds("b.x").as_deref(), Some(&[1.0, 2.0][..]));
-    assert_eq!(bounds("c.x").as_deref(), Some(&crate::mapping::DEFAULT_BUCKETS[..]), "empty means the default");
+    let mut bounds = |name| match file.observer(name, MetricKind::Timer, &mut scratch) {
+        Some(Observer::Histogram(bounds)) => bounds.to_vec(),
+        other => panic!("{name}: {other:?}"),
+    };
+    assert_eq!(bounds("a.x"), crate::mapping::DEFAULT_BUCKETS);
+    assert_eq!(bounds("b.x"), [1.0, 2.0]);
+    assert_eq!(bounds("c.x"), crate::mapping::DEFAULT_BUCKETS, "empty means the default");
     let file = load(
-        "defaults:\n  observer_type: histogram\n  histogram_options:\n    buckets: [5]\nmappings:\n- match: a.*\n  name: a\n",
+        "defaults:\n  observer_type: histogram\n  histogram_options:\n    buckets: [5]\n  quantiles:\n  - quantile: 0.75\n    error: 0.01\nmappings:\n- match: a.*\n  name: a\n- match: b.*\n  name: b\n  observer_type: summary\n- match: c.*\n  name: c\n  observer_type: summary\n  summary_options:\n    quantiles: []\n",
     );
-    assert_eq!(file.buckets("a.x", MetricKind::Distribution, &mut Mapped::default()).as_deref(), Some(&[5.0][..]));
+    let observer = |name| file.observer(name, MetricKind::Distribution, &mut Mapped::default());
+    assert_eq!(observer("a.x"), Some(Observer::Histogram(Arc::from([5.0]))));
+    assert_eq!(observer("b.x"), Some(Observer::Summary(Arc::from([0.75]))), "the defaults' quantiles");
+    assert_eq!(observer("c.x"), Some(Observer::Summary(Arc::from([0.75]))), "empty means the defaults'");
+    let file = load("mappings:\n- match: a.*\n  name: a\n  observer_type: summary\n");
+    assert_eq!(
+        file.observer("a.x", MetricKind::Timer, &mut Mapped::default()),
+        Some(Observer::Summary(crate::mapping::DEFAULT_QUANTILES.into())),
+        "statsd_exporter's default quantiles"
+    );
     for (text, why) in [
         ("mappings:\n- match: a.*\n  name: a\n  observer_type: histogram\n  buckets: [2, 1]\n", "increase"),
         ("mappings:\n- match: a.*\n  name: a\n  observer_type: histogram\n  buckets: [1, 1]\n", "increase"),
