@@ -16,6 +16,7 @@
 //!   statsd_exporter; the file target gets the same family, typed `histogram`.
 //!   `observer_type: summary` with `quantiles` gives those quantiles alone, where the
 //!   target writes native histograms beside its own quantiles for other timers.
+//! - **HELP**: a mapping's `help` is the family's `# HELP` (the ingester reads the same file).
 
 use std::net::UdpSocket;
 use std::time::Duration;
@@ -49,6 +50,17 @@ fn the_same_lines_give_statsd_exporters_series_and_values() {
             files.display().to_string()
         ),
     );
+    let mapping = dir.path().join("mapping.yml");
+    std::fs::write(
+        &mapping,
+        "mappings:\n- match: api.*.latency\n  name: api_latency\n  observer_type: histogram\n  help: Latency of the API.\n  \
+         buckets: [0.01, 0.025, 0.1]\n  labels:\n    route: $1\n- match: api.*.size\n  name: api_size\n  \
+         observer_type: summary\n  quantiles:\n  - quantile: 0.25\n    error: 0.01\n  - quantile: 0.99\n    \
+         error: 0.001\n  labels:\n    route: $1\n",
+    )
+    .unwrap();
+    // The ingester reads the same file for the `help` of its mappings.
+    let ingester_text = format!("{ingester_text}[mapping]\nfile = {:?}\n", mapping.display().to_string());
     let ingester = start_daemon("ingester", "tessera-ingester", &ingester_text, free_port());
     let (aggregator, placement) = start_lone_aggregator(
         dir.path(),
@@ -57,15 +69,6 @@ fn the_same_lines_give_statsd_exporters_series_and_values() {
         ingester_port,
         FAST_RECONNECT,
     );
-    let mapping = dir.path().join("mapping.yml");
-    std::fs::write(
-        &mapping,
-        "mappings:\n- match: api.*.latency\n  name: api_latency\n  observer_type: histogram\n  \
-         buckets: [0.01, 0.025, 0.1]\n  labels:\n    route: $1\n- match: api.*.size\n  name: api_size\n  \
-         observer_type: summary\n  quantiles:\n  - quantile: 0.25\n    error: 0.01\n  - quantile: 0.99\n    \
-         error: 0.001\n  labels:\n    route: $1\n",
-    )
-    .unwrap();
     let collector_text = format!(
         "{}[mapping]\nfile = {:?}\n",
         collector_config("host-1", statsd_port, &placement, ""),

@@ -31,7 +31,7 @@ fn bench_remote_write(criterion: &mut Criterion) {
     group.bench_function("encode/2k_samples", |bencher| {
         bencher.iter(|| {
             body.clear();
-            prompb::encode_write_request(&mut body, &request, 1_700_000_000_000, false);
+            prompb::encode_write_request(&mut body, &request, 1_700_000_000_000, None);
             body.len()
         })
     });
@@ -39,14 +39,19 @@ fn bench_remote_write(criterion: &mut Criterion) {
     group.bench_function("encode_metadata_snappy/2k_samples", |bencher| {
         bencher.iter(|| {
             body.clear();
-            prompb::encode_write_request(&mut body, &request, 1_700_000_000_000, true);
+            prompb::encode_write_request(
+                &mut body,
+                &request,
+                1_700_000_000_000,
+                Some(&tessera_ingester::Helps::default()),
+            );
             prompb::compress(&body).unwrap().len()
         })
     });
     group.bench_function("encode_snappy/2k_samples", |bencher| {
         bencher.iter(|| {
             body.clear();
-            prompb::encode_write_request(&mut body, &request, 1_700_000_000_000, false);
+            prompb::encode_write_request(&mut body, &request, 1_700_000_000_000, None);
             prompb::compress(&body).unwrap().len()
         })
     });

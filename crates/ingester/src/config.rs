@@ -56,6 +56,8 @@
 //! [mapping]
 //! quantiles = [0.5, 0.9, 0.99]   # quantile samples of timers and distributions
 //! counter_expire_after_secs = 3600  # forget running totals of series idle this long
+//! # file = "/etc/tessera/mapping.yml"  # the collectors' mapping file: its `help` texts become
+//! #                                    # each family's HELP (literal names only)
 //!
 //! [sink]                      # the default target: kind = "file" or "remote_write"
 //! kind = "file"
@@ -119,6 +121,7 @@ use crate::pool::PoolSettings;
 use crate::pool::pacing::Aimd;
 use crate::queue::{FsyncPolicy, QueueOptions};
 use crate::sink::file::FileSinkSettings;
+use crate::sink::openmetrics::Helps;
 use crate::sink::remote_write::{Authorization, RemoteWriteSettings, TokenFile, parse_url};
 use hyper::header::{HeaderMap, HeaderName, HeaderValue};
 
@@ -324,11 +327,24 @@ pub struct MappingConfig {
     pub quantiles: Vec<f64>,
     /// Running totals of series idle this long are forgotten (a counter reset), seconds.
     pub counter_expire_after_secs: u64,
+    /// The collectors' statsd_exporter mapping file, read for the `help` of its mappings
+    /// (the `# HELP` of the file sink, remote write's metadata).
+    pub file: Option<PathBuf>,
 }
 
 impl Default for MappingConfig {
     fn default() -> Self {
-        MappingConfig { quantiles: vec![0.5, 0.9, 0.99], counter_expire_after_secs: 3600 }
+        MappingConfig { quantiles: vec![0.5, 0.9, 0.99], counter_expire_after_secs: 3600, file: None }
+    }
+}
+
+impl MappingConfig {
+    /// The help texts of `file`'s mappings (none without one).
+    pub fn helps(&self) -> Result<Helps, ConfigError> {
+        let Some(path) = &self.file else { return Ok(Helps::default()) };
+        let file = tessera_rules::MappingFile::load(path)
+            .map_err(|error| ConfigError::new("mapping.file", error.to_string()))?;
+        Ok(Helps::new(file.helps()))
     }
 }
 
@@ -376,6 +392,7 @@ impl FileSinkConfig {
             rotate_bytes: self.rotate_bytes,
             rotate_after: Duration::from_secs(self.rotate_secs),
             fsync: self.fsync,
+            helps: Helps::default(),
         }
     }
 }
@@ -539,6 +556,7 @@ impl RemoteWriteConfig {
             headers,
             tenant,
             metadata: self.metadata,
+            helps: Helps::default(),
         })
     }
 }
@@ -607,6 +625,7 @@ impl Config {
         if self.mapping.quantiles.iter().any(|q| !(*q > 0.0 && *q <= 1.0)) {
             return invalid("mapping.quantiles", "each must be in (0, 1]");
         }
+        self.mapping.helps()?;
         if self.mapping.counter_expire_after_secs == 0 {
             return invalid("mapping.counter_expire_after_secs", "must be at least 1");
         }

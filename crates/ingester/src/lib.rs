@@ -95,6 +95,7 @@ pub use pool::pacing::{Aimd, Outcome};
 pub use pool::split;
 pub use queue::{FsyncPolicy, Position, Queue, QueueOptions, QueueReader, RequestKey, open as open_queue};
 pub use queue::{record, series};
+pub use sink::openmetrics::Helps;
 pub use sink::prompb;
 pub use sink::remote_write::RemoteWriteSink;
 pub use sink::{RecordInfo, SinkRequest};
@@ -360,9 +361,13 @@ fn build_sink(
 ) -> Result<AnySink, StartError> {
     let sink_error =
         |source: std::io::Error| StartError::failed(format!("cannot set up the sink of target `{name}`"), source);
+    let helps = config.mapping.helps().map_err(|error| StartError::failed("cannot read [mapping] file", error))?;
     match sink {
         SinkConfig::File(file) => {
-            let settings = file.settings(|| default_file_sink_dir(&config.data_dir, name));
+            let settings = sink::file::FileSinkSettings {
+                helps,
+                ..file.settings(|| default_file_sink_dir(&config.data_dir, name))
+            };
             let sink =
                 FileSink::open(settings, metrics.file_sink(name), config.pool.workers * 2).map_err(sink_error)?;
             Ok(AnySink::File(sink))
@@ -371,6 +376,7 @@ fn build_sink(
             let settings = remote
                 .settings(config.pool.workers, metrics.sink_reload_errors.clone())
                 .map_err(|(field, reason)| sink_error(std::io::Error::other(format!("{field}: {reason}"))))?;
+            let settings = sink::remote_write::RemoteWriteSettings { helps, ..settings };
             let sink = RemoteWriteSink::new(settings).map_err(|error| sink_error(std::io::Error::other(error)))?;
             Ok(AnySink::RemoteWrite(Box::new(sink)))
         }

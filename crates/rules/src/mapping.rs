@@ -240,6 +240,8 @@ struct Rule {
     /// A classic histogram with its bucket bounds, or a summary with its quantiles, when
     /// the rule's observer type (its own or the default) says so.
     observer: Option<Observer>,
+    /// The metric family and its `help`, for a rule with a help and a literal name.
+    help: Option<(Box<str>, Box<str>)>,
 }
 
 /// What `defaults` sets for every mapping.
@@ -339,6 +341,13 @@ impl MappingFile {
     /// index `i` is the `rule` of a [`MapOutcome`].
     pub fn rules(&self) -> impl ExactSizeIterator<Item = &str> + '_ {
         self.rules.iter().map(|rule| &*rule.pattern)
+    }
+
+    /// The `help` of every mapping with a literal `name`, by metric family (the escaped
+    /// name), in file order: what the ingester writes as HELP (`# HELP`, remote write's
+    /// metadata). A name made from captures has none (noted at load).
+    pub fn helps(&self) -> impl Iterator<Item = (&str, &str)> + '_ {
+        self.rules.iter().filter_map(|rule| rule.help.as_ref().map(|(family, help)| (&**family, &**help)))
     }
 
     /// What the statsd name `name` of a series of type `kind` is written as, when the
@@ -678,9 +687,25 @@ impl Loader {
             );
         }
         let observer = defaults.observer(effective, choice.bounds, choice.quantiles);
-        if mapping.help.is_some() {
-            self.note(at, "help", "tessera writes no HELP text; the help is not used");
-        }
+        // The ingester finds a help text by the metric name: a name made from captures
+        // has no one name to find it by.
+        let help = match mapping.help.filter(|help| !help.is_empty()) {
+            Some(help) if !name_text.contains('$') => {
+                let mut family = String::new();
+                escape_metric_name(&name_text, &mut family);
+                Some((family.into_boxed_str(), help.into_boxed_str()))
+            }
+            Some(_) => {
+                self.note(
+                    at,
+                    "help",
+                    "the help of a mapping whose name is made from captures is not used (the ingester \
+                     finds a help by the metric name)",
+                );
+                None
+            }
+            None => None,
+        };
         Ok(Rule {
             pattern: pattern.into(),
             regex,
@@ -690,6 +715,7 @@ impl Loader {
             labels,
             honor_labels: mapping.honor_labels.unwrap_or(false),
             observer,
+            help,
         })
     }
 

@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 use super::metrics::FileSinkMetrics;
-use super::openmetrics::{close_journal, write_journal_line_encoded};
+use super::openmetrics::{Helps, close_journal, write_journal_line_encoded};
 use super::{Sink, SinkError, SinkRequest};
 use crate::queue::segment::{cut_back, sync_dir};
 use crate::record::SampleKind;
@@ -47,6 +47,8 @@ pub struct FileSinkSettings {
     pub rotate_after: Duration,
     /// Fsync the journal before acknowledging a request.
     pub fsync: bool,
+    /// Each family's `# HELP`.
+    pub helps: Helps,
 }
 
 /// An OpenMetrics file target; see the [module docs](self).
@@ -201,7 +203,7 @@ impl Writer {
         if journal.is_empty() {
             return std::fs::remove_file(&journal_path);
         }
-        let closed = close_journal(&String::from_utf8_lossy(&journal));
+        let closed = close_journal(&String::from_utf8_lossy(&journal), &self.settings.helps);
         if closed.bad_lines > 0 {
             tracing::warn!(bad_lines = closed.bad_lines, "skipped unreadable journal lines (torn by a crash)");
             self.metrics.bad_journal_lines.inc_by(closed.bad_lines);
@@ -252,6 +254,7 @@ mod tests {
             rotate_bytes: u64::MAX,
             rotate_after: Duration::from_secs(3600),
             fsync: false,
+            helps: Helps::default(),
         };
         let mut writer = Writer { settings, metrics: FileSinkMetrics::default(), journal: None };
         let sample = |name: &str, value: f64, reset_before: bool| {

@@ -24,7 +24,9 @@
 //! | summary quantile, `_sum`, `_count` | timer name | `summary` | `<family>{quantile=..}`, `<family>_sum`, `<family>_count` |
 //! | classic histogram bucket, `_sum`, `_count` (a mapping's `observer_type: histogram`) | timer name | `histogram` | `<family>_bucket{le=..}`, `<family>_sum`, `<family>_count` |
 
+use std::collections::HashMap;
 use std::fmt::Write;
+use std::sync::Arc;
 
 use crate::queue::series::{Label, visit_labels};
 use crate::record::SampleKind;
@@ -39,6 +41,37 @@ pub fn help_text(type_name: &str) -> &'static str {
             "statsd timer (ms, in seconds), histogram (h) or distribution (d) as a histogram, written by tessera"
         }
         _ => "statsd gauge (g), set (s), or a timer's min or max, written by tessera",
+    }
+}
+
+/// Help texts by metric family, from a mapping file's `help` (the ingester's
+/// `[mapping] file`); a family without one gets the [`help_text`] of its type.
+#[derive(Debug, Clone, Default)]
+pub struct Helps(Arc<HashMap<String, String>>);
+
+impl Helps {
+    /// Help texts of `(family, help)` pairs; the first one of a family wins.
+    pub fn new<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> Helps {
+        let mut helps = HashMap::new();
+        for (family, help) in pairs {
+            helps.entry(family.to_owned()).or_insert_with(|| help.to_owned());
+        }
+        Helps(Arc::new(helps))
+    }
+
+    /// The help of `family`, of OpenMetrics type `type_name`.
+    pub fn of(&self, family: &str, type_name: &str) -> &str {
+        self.0.get(family).map_or_else(|| help_text(type_name), String::as_str)
+    }
+
+    /// Families with a help of their own.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether no family has a help of its own.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
     }
 }
 
@@ -169,8 +202,9 @@ pub struct Closed {
     pub bad_lines: u64,
 }
 
-/// Groups journal lines into an OpenMetrics file; see the [module docs](self).
-pub fn close_journal(journal: &str) -> Closed {
+/// Groups journal lines into an OpenMetrics file, each family's `# HELP` from `helps`; see
+/// the [module docs](self).
+pub fn close_journal(journal: &str, helps: &Helps) -> Closed {
     struct Entry<'a> {
         family: &'a str,
         type_name: &'a str,
@@ -223,7 +257,7 @@ pub fn close_journal(journal: &str) -> Closed {
         }
         if current_family != Some((entry.family, entry.type_name)) {
             let _ = writeln!(text, "# TYPE {} {}", entry.family, entry.type_name);
-            let _ = writeln!(text, "# HELP {} {}", entry.family, help_text(entry.type_name));
+            let _ = writeln!(text, "# HELP {} {}", entry.family, helps.of(entry.family, entry.type_name));
             current_family = Some((entry.family, entry.type_name));
         }
         text.push_str(entry.series);
@@ -306,7 +340,7 @@ mod tests {
         // A resend of the same sample collapses into one.
         write_journal_line(&mut journal, &temp, SampleKind::Gauge, 21.5, 10_000);
         journal.push_str("gauge torn 17000");
-        let closed = close_journal(&journal);
+        let closed = close_journal(&journal, &Helps::default());
         let expected = "\
 # TYPE hits counter
 # HELP hits statsd counter (c), written by tessera

@@ -10,7 +10,7 @@
 //! BENCHMARKS.md). Each request then carries one `MetricMetadata` per metric family it writes: its
 //! type (counter; gauge for gauges, sets and a timer's `_min`/`_max`; summary for quantiles,
 //! `_sum` and `_count`; histogram for native histograms) and a help text naming what statsd
-//! sent ([`help_text`], the file sink's `# HELP`), so that a metric browser shows them. Stores that keep metadata
+//! sent ([`help_text`](crate::sink::openmetrics::help_text), or a mapping's `help`, [`Helps`]; the file sink's `# HELP`), so that a metric browser shows them. Stores that keep metadata
 //! (Mimir, VictoriaMetrics, the M3 coordinator) use it; Prometheus' own receiver drops it.
 //!
 //! A queue record's series are in the queue's own form ([`crate::queue::series`]), whose
@@ -32,7 +32,7 @@
 //! series::encode_labels(&mut labels, &[("__name__", "hits_total"), ("env", "prod")]);
 //! let sample = StoredSample { labels: Bytes::from(labels), value: 3.0, kind: 1, ..Default::default() };
 //! let mut body = Vec::new();
-//! prompb::encode_write_request(&mut body, std::slice::from_ref(&sample), 10_000, false);
+//! prompb::encode_write_request(&mut body, std::slice::from_ref(&sample), 10_000, None);
 //! let request = WriteRequest::decode(body.as_slice()).unwrap();
 //! assert_eq!(request.timeseries[0].labels[1].value, "prod");
 //! assert_eq!(request.timeseries[0].samples[0].timestamp, 10_000);
@@ -43,7 +43,7 @@ use prost::encoding::{encode_varint, encoded_len_varint};
 
 use crate::queue::record::StoredSample;
 use crate::queue::series::{Histogram, Label};
-use crate::sink::openmetrics::{family, help_text};
+use crate::sink::openmetrics::{Helps, family};
 
 /// `prometheus.WriteRequest`.
 #[derive(Clone, PartialEq, Message)]
@@ -112,8 +112,8 @@ fn families(samples: &[StoredSample]) -> Vec<(&str, &'static str)> {
 }
 
 /// Bytes of one `MetricMetadata` and of it as a `WriteRequest.metadata` field.
-fn metadata_lengths(family: &str, type_name: &str) -> (usize, usize) {
-    let help = help_text(type_name);
+fn metadata_lengths(family: &str, type_name: &str, helps: &Helps) -> (usize, usize) {
+    let help = helps.of(family, type_name);
     let inner = 2
         + 1
         + encoded_len_varint(family.len() as u64)
@@ -183,10 +183,12 @@ fn series_lengths(sample: &StoredSample, tile_end_ms: i64) -> (usize, usize, usi
 }
 
 /// Size of the uncompressed `WriteRequest` [`encode_write_request`] would write.
-pub fn write_request_len(samples: &[StoredSample], timestamp_ms: i64, metadata: bool) -> usize {
+pub fn write_request_len(samples: &[StoredSample], timestamp_ms: i64, metadata: Option<&Helps>) -> usize {
     let metadata: usize = match metadata {
-        true => families(samples).iter().map(|(family, type_name)| metadata_lengths(family, type_name).1).sum(),
-        false => 0,
+        Some(helps) => {
+            families(samples).iter().map(|(family, type_name)| metadata_lengths(family, type_name, helps).1).sum()
+        }
+        None => 0,
     };
     samples.iter().map(|sample| series_lengths(sample, timestamp_ms).0).sum::<usize>() + metadata
 }
@@ -195,8 +197,8 @@ pub fn write_request_len(samples: &[StoredSample], timestamp_ms: i64, metadata: 
 /// for a sample carrying a histogram, one histogram) at the record's `tile_end_ms` (or the
 /// sample's own timestamp, [`StoredSample::at`]), to `out`. A plain sample marked
 /// `reset_before` is preceded in its series by a 0 one millisecond before it. With
-/// `metadata`, one `MetricMetadata` per family follows (see the module docs).
-pub fn encode_write_request(out: &mut Vec<u8>, samples: &[StoredSample], tile_end_ms: i64, metadata: bool) {
+/// `metadata` (the help texts), one `MetricMetadata` per family follows (see the module docs).
+pub fn encode_write_request(out: &mut Vec<u8>, samples: &[StoredSample], tile_end_ms: i64, metadata: Option<&Helps>) {
     out.reserve(samples.iter().map(|sample| series_lengths(sample, tile_end_ms).0).sum());
     for sample in samples {
         let (_, series_len, point_len, marker_len) = series_lengths(sample, tile_end_ms);
@@ -226,12 +228,10 @@ pub fn encode_write_request(out: &mut Vec<u8>, samples: &[StoredSample], tile_en
         }
         encode_varint(timestamp_ms as u64, out);
     }
-    if !metadata {
-        return;
-    }
+    let Some(helps) = metadata else { return };
     for (family, type_name) in families(samples) {
-        let (inner, _) = metadata_lengths(family, type_name);
-        let help = help_text(type_name);
+        let (inner, _) = metadata_lengths(family, type_name, helps);
+        let help = helps.of(family, type_name);
         out.push(REQUEST_METADATA);
         encode_varint(inner as u64, out);
         out.push(METADATA_TYPE);
@@ -258,6 +258,7 @@ mod tests {
     use super::*;
     use crate::queue::series::{HistogramEncoder, RESET_HINT_YES, decode_labels, encode_labels};
     use crate::record::SampleKind;
+    use crate::sink::openmetrics::help_text;
 
     fn stored(labels: &[(&str, &str)], value: f64) -> StoredSample {
         let mut bytes = Vec::new();
@@ -277,8 +278,9 @@ mod tests {
         ];
         for timestamp in [0, 1, 1_700_000_000_000, -5] {
             let mut ours = Vec::new();
-            encode_write_request(&mut ours, &samples, timestamp, true);
-            assert_eq!(ours.len(), write_request_len(&samples, timestamp, true));
+            let helps = Helps::default();
+            encode_write_request(&mut ours, &samples, timestamp, Some(&helps));
+            assert_eq!(ours.len(), write_request_len(&samples, timestamp, Some(&helps)));
             let theirs = WriteRequest {
                 timeseries: samples
                     .iter()
@@ -324,19 +326,22 @@ mod tests {
             kind(SampleKind::Gauge, &[("__name__", "lat_max")]),
             StoredSample { kind: SampleKind::Histogram as i32, ..histogram_sample(&Sketch::new(), 0.0, true) },
         ];
+        // `lat` has a help of its own, from a mapping file.
+        let helps = Helps::new([("lat", "Request latency, from the mapping file.")]);
         let mut body = Vec::new();
-        encode_write_request(&mut body, &samples, 10_000, true);
-        assert_eq!(body.len(), write_request_len(&samples, 10_000, true));
+        encode_write_request(&mut body, &samples, 10_000, Some(&helps));
+        assert_eq!(body.len(), write_request_len(&samples, 10_000, Some(&helps)));
         let mut without = Vec::new();
-        encode_write_request(&mut without, &samples, 10_000, false);
+        encode_write_request(&mut without, &samples, 10_000, None);
         assert!(WriteRequest::decode(without.as_slice()).unwrap().metadata.is_empty(), "off: no metadata");
-        assert_eq!(without.len(), write_request_len(&samples, 10_000, false));
+        assert_eq!(without.len(), write_request_len(&samples, 10_000, None));
         let request = WriteRequest::decode(body.as_slice()).unwrap();
         let metadata: Vec<(i32, &str)> =
             request.metadata.iter().map(|entry| (entry.r#type, entry.metric_family_name.as_str())).collect();
         assert_eq!(metadata, [(1, "hits"), (5, "lat"), (2, "lat_max"), (3, "latency")]);
         assert_eq!(request.metadata[0].help, "statsd counter (c), written by tessera");
-        assert!(request.metadata[1].help.contains("in seconds"));
+        assert_eq!(request.metadata[1].help, "Request latency, from the mapping file.");
+        assert!(request.metadata[3].help.contains("in seconds"));
         assert_eq!(request.timeseries.len(), samples.len());
     }
 
@@ -363,8 +368,8 @@ mod tests {
         let sample = histogram_sample(&sketch, 123.5, true);
         let samples = [stored(&[("__name__", "a")], 1.0), sample.clone()];
         let mut body = Vec::new();
-        encode_write_request(&mut body, &samples, 1_700_000_000_000, false);
-        assert_eq!(body.len(), write_request_len(&samples, 1_700_000_000_000, false));
+        encode_write_request(&mut body, &samples, 1_700_000_000_000, None);
+        assert_eq!(body.len(), write_request_len(&samples, 1_700_000_000_000, None));
         let request = WriteRequest::decode(body.as_slice()).unwrap();
         assert_eq!(request.timeseries[0].samples.len(), 1);
         let series = &request.timeseries[1];
@@ -394,7 +399,7 @@ mod tests {
     #[test]
     fn compresses_to_snappy_block_format() {
         let mut body = Vec::new();
-        encode_write_request(&mut body, &[stored(&[("__name__", "a")], 1.0)], 5, false);
+        encode_write_request(&mut body, &[stored(&[("__name__", "a")], 1.0)], 5, None);
         let compressed = compress(&body).unwrap();
         assert_eq!(snap::raw::Decoder::new().decompress_vec(&compressed).unwrap(), body);
     }

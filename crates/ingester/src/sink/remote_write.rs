@@ -54,6 +54,7 @@ use tessera_runtime::logging::{RateLimitedLog, error_chain};
 use tessera_wire::ClientTls;
 use tessera_wire::Reloading;
 
+use super::openmetrics::Helps;
 use super::prompb;
 use super::{Sink, SinkError, SinkRequest, StoredSample, shorten};
 
@@ -89,6 +90,8 @@ pub struct RemoteWriteSettings {
     pub tenant: Option<(String, HeaderName)>,
     /// Each request carries the metadata of its families ([`prompb::encode_write_request`]).
     pub metadata: bool,
+    /// The help texts of that metadata.
+    pub helps: Helps,
 }
 
 /// How a target authenticates requests.
@@ -266,10 +269,10 @@ impl RemoteWriteSink {
 
     /// Builds the compressed body of `request`.
     pub fn body(request: &SinkRequest) -> Result<Vec<u8>, SinkError> {
-        Self::body_of(&request.samples, request.record.tile_end_ms, false)
+        Self::body_of(&request.samples, request.record.tile_end_ms, None)
     }
 
-    fn body_of(samples: &[StoredSample], tile_end_ms: i64, metadata: bool) -> Result<Vec<u8>, SinkError> {
+    fn body_of(samples: &[StoredSample], tile_end_ms: i64, metadata: Option<&Helps>) -> Result<Vec<u8>, SinkError> {
         let mut body = Vec::new();
         prompb::encode_write_request(&mut body, samples, tile_end_ms, metadata);
         prompb::compress(&body).map_err(|error| SinkError::Permanent { status: 0, message: format!("snappy: {error}") })
@@ -364,7 +367,8 @@ impl RemoteWriteSink {
         samples: &[StoredSample],
         tenant: Option<(&HeaderName, HeaderValue)>,
     ) -> Result<(), SinkError> {
-        let body = Self::body_of(samples, request.record.tile_end_ms, self.settings.metadata)?;
+        let body =
+            Self::body_of(samples, request.record.tile_end_ms, self.settings.metadata.then_some(&self.settings.helps))?;
         let mut builder = hyper::Request::post(self.settings.url.clone())
             .header(CONTENT_ENCODING, "snappy")
             .header(CONTENT_TYPE, "application/x-protobuf")

@@ -537,7 +537,6 @@ fn noted_keys() {
     );
     let notes = file.notes();
     for wanted in [
-        "mappings[0] (line 4): help: tessera writes no HELP text",
         "mappings[0] (line 5): timer_type: `histogram` (`timer_type` is the deprecated name",
         "mappings[0] (line 6): ttl: `1m20s`",
         "mappings[0] (line 7): histogram_options: native_histogram_bucket_factor",
@@ -546,7 +545,11 @@ fn noted_keys() {
     ] {
         assert!(notes.iter().any(|note| note.starts_with(wanted)), "missing {wanted:?} in {notes:#?}");
     }
-    assert_eq!(notes.len(), 6, "{notes:#?}");
+    assert_eq!(notes.len(), 5, "{notes:#?}");
+    assert_eq!(file.helps().collect::<Vec<_>>(), [("a", "A things")], "a literal name's help goes to the ingester");
+    let templated = load("mappings:\n- match: a.*\n  name: x_$1\n  help: X\n");
+    assert_eq!(templated.helps().count(), 0);
+    assert!(templated.notes()[0].contains("help"), "{:?}", templated.notes());
     let observer = |name| file.observer(name, MetricKind::Timer, &mut Mapped::default());
     assert_eq!(observer("a.x"), Some(Observer::Histogram(Arc::from([0.1, 1.0]))), "histogram_options.buckets");
     assert_eq!(observer("b.x"), Some(Observer::Summary(Arc::from([0.5]))), "quantiles");
