@@ -19,14 +19,38 @@
 //! - **HELP**: a mapping's `help` is the family's `# HELP` (the ingester reads the same file).
 
 use std::net::UdpSocket;
+use std::process::Command;
 use std::time::Duration;
 
+use tessera_testkit::daemons::binary;
 use tessera_testkit::free_port;
+use tessera_testkit::process::Server;
 use tessera_testkit::prometheus::Prometheus;
 use tessera_tests::{
     FAST_RECONNECT, collector_config, ingester_config, loopback, scalar, start_daemon, start_lone_aggregator,
     wait_until,
 };
+
+/// A classic histogram with a help, and a summary with quantiles of its own.
+const MAPPING: &str = "mappings:
+- match: api.*.latency
+  name: api_latency
+  observer_type: histogram
+  help: Latency of the API.
+  buckets: [0.01, 0.025, 0.1]
+  labels:
+    route: $1
+- match: api.*.size
+  name: api_size
+  observer_type: summary
+  quantiles:
+  - quantile: 0.25
+    error: 0.01
+  - quantile: 0.99
+    error: 0.001
+  labels:
+    route: $1
+";
 
 /// Whether `actual` is `expected` but for the rounding of a sum of values divided by 1000.
 fn close(actual: Option<f64>, expected: f64) -> bool {
@@ -51,14 +75,7 @@ fn the_same_lines_give_statsd_exporters_series_and_values() {
         ),
     );
     let mapping = dir.path().join("mapping.yml");
-    std::fs::write(
-        &mapping,
-        "mappings:\n- match: api.*.latency\n  name: api_latency\n  observer_type: histogram\n  help: Latency of the API.\n  \
-         buckets: [0.01, 0.025, 0.1]\n  labels:\n    route: $1\n- match: api.*.size\n  name: api_size\n  \
-         observer_type: summary\n  quantiles:\n  - quantile: 0.25\n    error: 0.01\n  - quantile: 0.99\n    \
-         error: 0.001\n  labels:\n    route: $1\n",
-    )
-    .unwrap();
+    std::fs::write(&mapping, MAPPING).unwrap();
     // The ingester reads the same file for the `help` of its mappings.
     let ingester_text = format!("{ingester_text}[mapping]\nfile = {:?}\n", mapping.display().to_string());
     let ingester = start_daemon("ingester", "tessera-ingester", &ingester_text, free_port());
@@ -182,4 +199,52 @@ fn the_same_lines_give_statsd_exporters_series_and_values() {
         wanted.iter().all(|line| text.contains(line))
     });
     drop((collector, aggregator, ingester));
+}
+
+/// The same mapping file and lines through `tessera local` (the one-process pipeline a new
+/// user starts first) into a real Prometheus: classic histogram buckets, the mapping's
+/// summary quantiles, timers in seconds, one series per metric.
+#[test]
+fn tessera_local_gives_statsd_exporters_series_to_a_real_prometheus() {
+    let prometheus = Prometheus::start();
+    let dir = Server::directory();
+    let mapping = dir.path().join("mapping.yml");
+    std::fs::write(&mapping, MAPPING).unwrap();
+    let (statsd, telemetry) = (free_port(), free_port());
+    let mut command = Command::new(binary("tessera"));
+    command
+        .args(["local", "--plain", "--policy", "1s:1h"])
+        .args(["--statsd", &loopback(statsd).to_string(), "--telemetry", &loopback(telemetry).to_string()])
+        .args(["--remote-write", &prometheus.remote_write_url()])
+        .arg("--mapping-config")
+        .arg(&mapping)
+        .arg("--data-dir")
+        .arg(dir.path().join("data"));
+    let mut local = Server::spawn("tessera local", command, dir, "");
+    local.wait_ready(loopback(telemetry), "/readyz", Duration::from_secs(30)).unwrap();
+
+    let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+    for datagram in [
+        "api.users.latency:10|ms\napi.users.latency:12|ms\napi.users.latency:20|ms\napi.users.latency:30|ms",
+        "api.users.size:100|h\napi.users.size:200|h\napi.users.size:300|h\napi.users.size:400|h",
+        "test.timing:1200|ms\ntest.timing:1200|ms\ntest.timing:1200|ms",
+    ] {
+        socket.send_to(datagram.as_bytes(), loopback(statsd)).unwrap();
+    }
+    let query = |promql: &str| scalar(&prometheus, promql);
+    wait_until("the series in Prometheus", Duration::from_secs(60), || {
+        query("api_latency_count") == Some(4.0) && query("api_size_count") == Some(4.0)
+    });
+    for (le, count) in [("0.01", 1.0), ("0.025", 3.0), ("0.1", 4.0), ("+Inf", 4.0)] {
+        assert_eq!(query(&format!("api_latency_bucket{{route=\"users\",le=\"{le}\"}}")), Some(count), "le {le}");
+    }
+    let p99 = query("histogram_quantile(0.99, sum by (le) (api_latency_bucket))");
+    assert!(p99.is_some_and(|p99| (p99 - 0.097).abs() < 1e-9), "{p99:?}");
+    let p99 = query("api_size{quantile=\"0.99\"}");
+    assert!(p99.is_some_and(|p99| (p99 - 400.0).abs() <= 400.0 * 0.011), "{p99:?}");
+    // A timer no mapping names: remote write's default, a native histogram, in seconds.
+    wait_until("the timer", Duration::from_secs(30), || query("histogram_count(test_timing)") == Some(3.0));
+    assert!(close(query("histogram_sum(test_timing)"), 3.6), "{:?}", query("histogram_sum(test_timing)"));
+    assert_eq!(query("count({resolution!=\"\"})"), None, "no series carries a `resolution` label");
+    drop(local);
 }

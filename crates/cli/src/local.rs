@@ -96,6 +96,8 @@ impl Configs {
         // The one store takes every policy: with one (the default) its samples carry no
         // `resolution` label; with several the label keeps them apart.
         ingester.sink_policies = args.policies.iter().map(|policy| policy.trim().to_owned()).collect();
+        // The mapping file's `help` texts become the families' HELP.
+        ingester.mapping.file.clone_from(&args.mapping_config);
         let policies = args.policies.iter().map(|policy| policy.parse::<tessera_aggregator::StoragePolicy>());
         let policies = policies.collect::<Result<Vec<_>, _>>().context("--policy")?;
         let mut aggregator: tessera_aggregator::Config =
