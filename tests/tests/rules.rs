@@ -269,18 +269,23 @@ fn statsd_exporter_readme_examples_arrive_with_the_documented_names_and_labels()
         8.0,
     );
 
-    // Timers (observer_type and buckets are noted: tessera's histograms are native). `|ms`
-    // values are kept in seconds (20 ms + 30 ms: 0.05 s); `|d` values as sent.
+    // Timers: "a histogram using the buckets set in `defaults`" (classic, exact buckets) and
+    // "a summary timer" with its quantile. `|ms` values are kept in seconds (20 ms + 30 ms:
+    // 0.05 s); `|d` values as sent.
     let my_timer = [("provider", "aws"), ("outcome", "ok"), ("job", "api_server")];
-    stack.expect_histogram("my_timer", &my_timer, 2.0, 0.05);
-    stack.expect_sample("my_timer_min", &my_timer, 0.02);
-    stack.expect_sample("my_timer_max", &my_timer, 0.03);
-    stack.expect_histogram(
-        "other_timer",
-        &[("provider", "gcp"), ("outcome", "fail"), ("job", "db_server_other")],
-        1.0,
-        40.0,
+    stack.expect_sample("my_timer_count", &my_timer, 2.0);
+    stack.expect_sample("my_timer_sum", &my_timer, 0.05);
+    for (le, count) in [("0.01", 0.0), ("0.025", 1.0), ("0.05", 2.0), ("2.5", 2.0), ("+Inf", 2.0)] {
+        let bucket = [my_timer.as_slice(), &[("le", le)]].concat();
+        stack.expect_sample("my_timer_bucket", &bucket, count);
+    }
+    assert!(
+        stack.label_sets("{__name__=~\"my_timer_min|my_timer_max\",job=\"api_server\"}").is_empty(),
+        "a classic histogram has no min or max"
     );
+    let other_timer = [("provider", "gcp"), ("outcome", "fail"), ("job", "db_server_other")];
+    stack.expect_sample("other_timer_count", &other_timer, 1.0);
+    stack.expect_sample("other_timer", &[other_timer.as_slice(), &[("quantile", "0.99")]].concat(), 40.0);
 
     // `drop`: the mapped line arrives; the other, sent in the same datagram, is dropped
     // at the collector and counted there.

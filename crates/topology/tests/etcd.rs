@@ -244,7 +244,8 @@ async fn a_lease_etcd_says_is_gone_is_granted_again_without_a_backoff() {
     let registration = store.register_instance("ing-a", Duration::from_secs(3)).await.unwrap();
     let first_lease = registration.lease_id();
     store.client().clone().lease_revoke(first_lease).await.expect("revoking the lease");
-    assert!(store.alive_instances().await.unwrap().is_empty(), "the key went with the lease");
+    // The key goes with the lease; a check that it is gone would race the new grant this
+    // test asks to be immediate (it failed so in CI), so only the new lease is checked.
     eventually("a new lease holds the key", || async {
         registration.lease_id() != first_lease && store.alive_instances().await.is_ok_and(|alive| alive == ["ing-a"])
     })
