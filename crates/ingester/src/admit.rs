@@ -390,8 +390,8 @@ type Histograms = HashMap<u128, Cumulative, BuildPrehashed>;
 /// Converts tile batches into records; holds the running totals. See the [module docs](self).
 pub struct Converter {
     quantiles: Vec<(f64, String)>,
-    /// The label of a quantile a mapping's summary asks for.
-    quantile_label: String,
+    /// Reused for the label value of a mapping's quantile or a classic bucket's `le`.
+    label_scratch: String,
     totals: Totals,
     undo: Vec<(u128, Option<Total>)>,
     expire_after_ms: i64,
@@ -460,7 +460,7 @@ impl Converter {
     pub fn new(quantiles: &[f64], expire_after_ms: i64) -> Converter {
         Converter {
             quantiles: quantiles.iter().map(|q| (*q, q.to_string())).collect(),
-            quantile_label: String::new(),
+            label_scratch: String::new(),
             totals: Totals::default(),
             undo: Vec::new(),
             expire_after_ms,
@@ -830,20 +830,9 @@ impl Converter {
         if let Some(buckets) = &distribution.buckets {
             return self.classic(distribution, buckets, resolution, at);
         }
-        if let Some(quantiles) = &distribution.quantiles {
+        if distribution.quantiles.is_some() {
             // A mapping's summary: its quantiles, whatever the target's histogram mode.
-            let count =
-                self.count_and_sum(distribution, resolution, at, SampleKind::SummaryCount, SampleKind::SummarySum);
-            if matches!(count, Verdict::Write(_)) {
-                let mut label = std::mem::take(&mut self.quantile_label);
-                for quantile in quantiles.iter() {
-                    label.clear();
-                    names::write_go_float(&mut label, *quantile);
-                    self.quantile_sample(distribution, *quantile, &label, resolution);
-                }
-                self.quantile_label = label;
-            }
-            return count;
+            return self.summary(distribution, resolution, at);
         }
         let verdict = match self.histogram_mode {
             HistogramMode::Summary => self.summary(distribution, resolution, at),
@@ -882,7 +871,7 @@ impl Converter {
         // The count's spans were pushed: when it is a correction, so are the buckets'.
         let correction = self.spans.get(first_span).is_some_and(|span| span.timestamp_ms != 0);
         let mut cumulative = 0.0;
-        let mut le = String::new();
+        let mut le = std::mem::take(&mut self.label_scratch);
         for (index, weight) in buckets.counts().iter().enumerate() {
             cumulative += weight;
             le.clear();
@@ -907,6 +896,7 @@ impl Converter {
             let kind = SampleKind::HistogramBucket;
             self.spans.push(Span { labels: span, reset_before, histogram: (0, 0), value, kind, timestamp_ms });
         }
+        self.label_scratch = le;
         count
     }
 
@@ -955,10 +945,21 @@ impl Converter {
         count
     }
 
-    /// The summary of a distribution: quantiles of the tile, cumulative `_count` and `_sum`.
+    /// The summary of a distribution: quantiles of the tile (those a mapping gave the series,
+    /// else the converter's), cumulative `_count` and `_sum`.
     fn summary(&mut self, summary: &tessera_core::aggregate::Distribution, resolution: &str, at: TileRef) -> Verdict {
         let count = self.count_and_sum(summary, resolution, at, SampleKind::SummaryCount, SampleKind::SummarySum);
         if !matches!(count, Verdict::Write(_)) {
+            return count;
+        }
+        if let Some(quantiles) = &summary.quantiles {
+            let mut label = std::mem::take(&mut self.label_scratch);
+            for quantile in quantiles.iter() {
+                label.clear();
+                names::write_go_float(&mut label, *quantile);
+                self.quantile_sample(summary, *quantile, &label, resolution);
+            }
+            self.label_scratch = label;
             return count;
         }
         for index in 0..self.quantiles.len() {
