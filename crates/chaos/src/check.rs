@@ -345,7 +345,7 @@ fn check_cumulative(found: &mut Found<'_>, placed: &[Placed], collector: usize, 
     let mut doubled = false;
     // Tiles with units due are checked in time order, also those with no sample.
     let mut due = tiles.iter().filter(|(_, (surely, _))| *surely > EPSILON).map(|(&end, _)| end).peekable();
-    let mut close_tile = |shortfalls: &mut Shortfalls, end: i64, held: f64| {
+    let close_tile = |shortfalls: &mut Shortfalls, end: i64, held: f64| {
         let (surely, most) = tiles.get(&end).copied().unwrap_or_default();
         if held < surely - EPSILON {
             shortfalls.seen += 1;
