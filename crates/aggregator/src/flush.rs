@@ -108,21 +108,34 @@ impl Held {
         }
     }
 
-    /// Lets go of what the leader flushed, then flushes what may be
+    /// Lets go of what the leader flushed (or completes it, when the leader's
+    /// copy was incomplete and this one is whole), then flushes what may be
     /// flushed; at shutdown, whatever is left is flushed or let go.
     fn release(&mut self, flusher: &Flusher, at_shutdown: bool) {
         let (leadership, metrics) = (&flusher.leadership, &flusher.metrics);
-        let before = self.tiles.len();
         let marks = leadership.marks();
-        self.tiles.retain(|tile| marks.get(tile.policy_index).is_none_or(|&mark| tile.tile_end_ms > mark));
-        metrics.tiles_discarded("flushed_by_leader", (before - self.tiles.len()) as u64);
+        let mut discarded = 0;
+        for tile in std::mem::take(&mut self.tiles) {
+            if marks.get(tile.policy_index).is_none_or(|&mark| tile.tile_end_ms > mark) {
+                self.tiles.push_back(tile);
+            } else if !tile.unconfirmed
+                && !leadership.began_before_start(tile.tile_start_ms)
+                && leadership.leader_flushed_incomplete(tile.policy_index, tile.tile_end_ms)
+            {
+                metrics.tiles_completed.inc();
+                flush_tile(tile, flusher, Copy::Completion);
+            } else {
+                discarded += 1;
+            }
+        }
+        metrics.tiles_discarded("flushed_by_leader", discarded);
         let flush = leadership.may_flush() || (at_shutdown && leadership.may_flush_at_shutdown());
         if flush {
             while let Some(tile) = self.tiles.pop_front() {
-                if leadership.counts_incomplete(tile.tile_start_ms) {
+                if leadership.counts_incomplete(tile.tile_start_ms) || tile.unconfirmed {
                     metrics.incomplete_tiles.inc();
                 }
-                flush_tile(tile, flusher);
+                flush_tile(tile, flusher, Copy::Leader);
             }
         } else if at_shutdown {
             metrics.tiles_discarded("shutdown", self.tiles.len() as u64);
@@ -140,12 +153,30 @@ impl Held {
     }
 }
 
-fn flush_tile(tile: ClosedTile, flusher: &Flusher) {
+/// Why a replica flushes its copy of a tile.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Copy {
+    /// As the shard set's leader (or alone): its flush moves the flush marks.
+    Leader,
+    /// As a replica whose copy is whole, after the leader flushed an incomplete one:
+    /// the ingesters let it replace that one; it moves no mark.
+    Completion,
+}
+
+fn flush_tile(tile: ClosedTile, flusher: &Flusher, copy: Copy) {
     let Flusher { ingesters, settings, drops, policies, leadership, .. } = flusher;
     let Some(policy) = policies.get(tile.policy_index) else { return };
     let started = Instant::now();
-    let ClosedTile { policy_index, policy: storage_policy, tile_start_ms, tile_end_ms, values, cut_duration, .. } =
-        tile;
+    let ClosedTile {
+        policy_index,
+        policy: storage_policy,
+        tile_start_ms,
+        tile_end_ms,
+        values,
+        cut_duration,
+        unconfirmed,
+        ..
+    } = tile;
     let series = values.len() as u64;
     let (shares, unowned) = ingesters.assign(values, tile_start_ms);
     count_drops(drops, "no_ingester", "series", unowned);
@@ -155,14 +186,14 @@ fn flush_tile(tile: ClosedTile, flusher: &Flusher) {
         resolution_ms: u32::try_from(tile_end_ms - tile_start_ms).unwrap_or(u32::MAX),
         tile_end_ms,
         flushed_at_ms: now_ms(),
-        incomplete: leadership.began_before_start(tile_start_ms),
+        incomplete: unconfirmed || leadership.began_before_start(tile_start_ms),
     };
     let sent: Vec<(usize, u64)> = shares
         .into_iter()
         .filter_map(|share| ingesters.queue_share(&head, share, &settings.source, settings.max_frame_bytes))
         .collect();
-    if !sent.is_empty() {
-        leadership.flushed(policy_index, sent, tile_end_ms);
+    if !sent.is_empty() && copy == Copy::Leader {
+        leadership.flushed(policy_index, sent, tile_end_ms, head.incomplete);
     }
     policy.tiles_flushed.inc();
     policy.series_flushed.inc_by(series);
@@ -219,6 +250,7 @@ mod tests {
             expired: 0,
             series_held: series,
             cut_duration: Duration::ZERO,
+            unconfirmed: false,
         }
     }
 

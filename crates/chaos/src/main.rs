@@ -7,10 +7,10 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use clap::Parser;
 use tessera_chaos::run::{Campaign, run, summary};
-use tessera_chaos::schedule::{Shape, draw, replica_kill};
+use tessera_chaos::schedule::{Scheduled, Shape, draw, link_stall, replica_kill};
 
-/// The replica-kill scenario's tile.
-const REPLICA_KILL_TILE: Duration = Duration::from_secs(10);
+/// The scripted scenarios' tile.
+const SCENARIO_TILE: Duration = Duration::from_secs(10);
 
 /// Fault campaigns against the real tessera binaries, a real etcd and a real Prometheus:
 /// faults drawn from a seed, every series checked. Exit 1 when a campaign finds a lost,
@@ -62,8 +62,14 @@ struct Args {
     /// two aggregators as one shard set (RF 2), one ingester, 10 s tiles; in each of
     /// three rounds of one tile, a replica is SIGKILLed mid-tile and restarted, each in
     /// turn. `--runs N` repeats it. Overrides the shape, policies and duration.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "link_stall")]
     replica_kill: bool,
+    /// Instead of a drawn schedule, the scripted leader-link-stall scenario: the shape of
+    /// `--replica-kill`; in each of two rounds the links into one replica, each in turn,
+    /// stall from 2 s before a tile's end for 12 s (past `max_buffer_past`). `--runs N`
+    /// repeats it.
+    #[arg(long)]
+    link_stall: bool,
     /// Repeat each campaign this many times.
     #[arg(long, default_value_t = 1)]
     runs: u32,
@@ -121,13 +127,21 @@ fn campaigns(args: &Args) -> anyhow::Result<bool> {
         ingesters: args.ingesters,
         shard_set_recovery: shard_set_recovery(&args.policies, args.ttl_secs)?,
     };
-    if args.replica_kill {
+    // A scripted scenario: its flag, schedule and length.
+    let scripted: Option<(&str, Vec<Scheduled>, Duration)> = if args.replica_kill {
+        Some(("--replica-kill", replica_kill(SCENARIO_TILE, 3), SCENARIO_TILE * 9))
+    } else if args.link_stall {
+        Some(("--link-stall", link_stall(SCENARIO_TILE, 2), SCENARIO_TILE * 8))
+    } else {
+        None
+    };
+    if let Some((_, _, length)) = &scripted {
         shape = Shape { collectors: 1, aggregators: 2, replication_factor: 2, ingesters: 1, ..shape };
         policies = vec!["10s:1h".to_owned()];
-        duration = REPLICA_KILL_TILE * 9;
+        duration = *length;
     }
-    // The scenario runs on the daemons' default lease TTL.
-    let ttl_secs = if args.replica_kill { 10 } else { args.ttl_secs };
+    // The scenarios run on the daemons' default lease TTL.
+    let ttl_secs = if scripted.is_some() { 10 } else { args.ttl_secs };
     let bin_dir = match &args.bin_dir {
         Some(dir) => dir.clone(),
         None => std::env::current_exe()?.parent().context("the binary's directory")?.to_path_buf(),
@@ -137,8 +151,10 @@ fn campaigns(args: &Args) -> anyhow::Result<bool> {
     let seeds: Vec<u64> =
         seeds(args)?.into_iter().flat_map(|seed| std::iter::repeat_n(seed, args.runs as usize)).collect();
     for seed in seeds {
-        let schedule =
-            if args.replica_kill { replica_kill(REPLICA_KILL_TILE, 3) } else { draw(seed, duration, &shape) };
+        let schedule = match &scripted {
+            Some((_, schedule, _)) => schedule.clone(),
+            None => draw(seed, duration, &shape),
+        };
         let dir = args
             .dir
             .clone()
@@ -154,7 +170,7 @@ fn campaigns(args: &Args) -> anyhow::Result<bool> {
             bin_dir: bin_dir.clone(),
             dir: dir.clone(),
             schedule,
-            align_ms: args.replica_kill.then_some(REPLICA_KILL_TILE.as_millis() as i64),
+            align_ms: scripted.is_some().then_some(SCENARIO_TILE.as_millis() as i64),
             busy_neighbours: args.busy_neighbours,
         };
         if args.dry_run {
@@ -172,8 +188,8 @@ fn campaigns(args: &Args) -> anyhow::Result<bool> {
         } else {
             all_passed = false;
             failed += 1;
-            if args.replica_kill {
-                println!("replay: tessera-chaos --replica-kill --busy-neighbours {}", args.busy_neighbours);
+            if let Some((flag, _, _)) = &scripted {
+                println!("replay: tessera-chaos {flag} --busy-neighbours {}", args.busy_neighbours);
                 continue;
             }
             println!(

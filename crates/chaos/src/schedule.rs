@@ -252,6 +252,23 @@ pub fn replica_kill(tile: Duration, rounds: u32) -> Vec<Scheduled> {
         .collect()
 }
 
+/// The scripted leader-link-stall scenario (seeds 14 and 23 of the campaign), rounds
+/// three tiles of `tile` apart: in round `k` the links from the collectors into replica
+/// `k % 2` of the first shard set stall from a fifth of a tile before a tile's end, for
+/// 1.2 tiles (longer than the aggregators' default `max_buffer_past`, 8 s, past the end
+/// for a 10 s tile), so that the replica closes that tile at its deadline without the
+/// last windows and refuses them as `too_late` once the stall ends. Whichever replica
+/// leads, one of two rounds stalls the leader. Offsets count from a tile boundary.
+pub fn link_stall(tile: Duration, rounds: u32) -> Vec<Scheduled> {
+    (0..rounds)
+        .map(|round| Scheduled {
+            at: tile * (3 * round + 2) - tile / 5,
+            lasts: tile * 6 / 5,
+            fault: Fault::Link(Daemon::Aggregator(round as usize % 2), LinkFault::Stall),
+        })
+        .collect()
+}
+
 /// Draws the schedule of a run of `duration` (from the start of sending) from `seed`.
 pub fn draw(seed: u64, duration: Duration, shape: &Shape) -> Vec<Scheduled> {
     let mut rng = Rng::new(seed);
@@ -364,6 +381,19 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    #[test]
+    fn the_link_stall_scenario_stalls_each_replica_in_turn_across_a_tile_end_past_max_buffer_past() {
+        let tile = Duration::from_secs(10);
+        let faults = link_stall(tile, 2);
+        let stalled: Vec<Fault> = faults.iter().map(|fault| fault.fault).collect();
+        let stall = |n| Fault::Link(Daemon::Aggregator(n), LinkFault::Stall);
+        assert_eq!(stalled, [stall(0), stall(1)]);
+        for (round, fault) in faults.iter().enumerate() {
+            let tile_end = tile * (3 * round as u32 + 2);
+            assert!(fault.at < tile_end && fault.ends() > tile_end + Duration::from_secs(8), "{fault}");
         }
     }
 

@@ -3,6 +3,8 @@
 //!
 //! - The scripted replica-kill scenario: two aggregators as one shard set (RF 2), a
 //!   replica SIGKILLed mid-tile and restarted, each in turn; every 10 s tile exact.
+//! - The scripted leader-link-stall scenario, after it: the links into each replica in
+//!   turn stall across a tile's end past `max_buffer_past`; every 10 s tile exact.
 //! - Beside it, as its busy neighbour, short campaigns of drawn faults on two seeds: no
 //!   series lost, doubled or wrong.
 //!
@@ -14,7 +16,7 @@ use std::time::Duration;
 
 use tessera_chaos::check::resolutions;
 use tessera_chaos::run::{Campaign, run, summary};
-use tessera_chaos::schedule::{Shape, draw, replica_kill, shard_set_recovery};
+use tessera_chaos::schedule::{Scheduled, Shape, draw, link_stall, replica_kill, shard_set_recovery};
 
 /// `target/<profile>`, where the workspace's binaries are.
 fn bin_dir() -> PathBuf {
@@ -40,9 +42,24 @@ fn run_and_report(campaign: &Campaign) {
 /// turn, three rounds; every tile exact.
 fn replica_kill_campaign(dir: &std::path::Path) -> Campaign {
     let tile = Duration::from_secs(10);
+    scripted_campaign(dir.join("replica-kill"), replica_kill(tile, 3), tile * 9)
+}
+
+/// The leader-link-stall scenario (seeds 14 and 23): the same shape; the links into each
+/// replica in turn stall across a tile's end for longer than `max_buffer_past`, so that
+/// the leader, in one of the two rounds, closes that tile without the last windows.
+fn link_stall_campaign(dir: &std::path::Path) -> Campaign {
+    let tile = Duration::from_secs(10);
+    scripted_campaign(dir.join("link-stall"), link_stall(tile, 2), tile * 8)
+}
+
+/// One collector, two replicas as one shard set, one ingester, 10 s tiles aligned to the
+/// start, on the daemons' default lease TTL.
+fn scripted_campaign(dir: PathBuf, schedule: Vec<Scheduled>, duration: Duration) -> Campaign {
+    let tile = Duration::from_secs(10);
     Campaign {
         seed: 0,
-        duration: tile * 9,
+        duration,
         shape: Shape {
             collectors: 1,
             aggregators: 2,
@@ -54,8 +71,8 @@ fn replica_kill_campaign(dir: &std::path::Path) -> Campaign {
         ttl_secs: 10,
         series_per_kind: 50,
         bin_dir: bin_dir(),
-        dir: dir.join("replica-kill"),
-        schedule: replica_kill(tile, 3),
+        dir,
+        schedule,
         align_ms: Some(tile.as_millis() as i64),
         busy_neighbours: 0,
     }
@@ -98,7 +115,7 @@ fn short_campaigns(dir: &std::path::Path) -> Vec<Campaign> {
 }
 
 /// Both at once: the short campaigns, a whole cluster under drawn faults, are the
-/// replica-kill scenario's busy neighbour on the same two cores (busier than a core
+/// replica-kill and leader-link-stall scenarios' busy neighbour on the same two cores (busier than a core
 /// spinning), and each must come out exact. One test, so that the neighbour cannot go
 /// missing when the scenario runs alone; side by side, CI spends the time of the longer.
 #[test]
@@ -111,6 +128,7 @@ fn the_replica_kill_scenario_is_exact_beside_short_campaigns_of_drawn_faults() {
         }
     });
     run_and_report(&replica_kill_campaign(dir.path()));
+    run_and_report(&link_stall_campaign(dir.path()));
     if let Err(panic) = neighbour.join() {
         std::panic::resume_unwind(panic);
     }

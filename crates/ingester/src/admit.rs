@@ -52,7 +52,7 @@
 //! |---|---|---|---|
 //! | newer than the newest written | written | adds, new sample | `tiles_written` |
 //! | same end, same value as the one written | duplicate (a replica, a resend) | unchanged | `tiles_skipped{reason="duplicate"}` |
-//! | same end, another value, the written copy incomplete and this one whole (an aggregator marks a tile `incomplete` when it started after the tile began: a replica restarted mid-tile) | replaced | the whole copy's total, written as a correction one millisecond after the newest sample | `reason="replaced"` |
+//! | same end, another value, the written copy incomplete and this one whole (an aggregator marks a tile `incomplete` when it started after the tile began, a replica restarted mid-tile, or closed it before every collector confirmed its end, a link stalled) | replaced | the whole copy's total, written as a correction one millisecond after the newest sample | `reason="replaced"` |
 //! | same end, another value, this copy incomplete | incomplete | unchanged | `reason="incomplete"` |
 //! | same end, another value, both whole | conflict: two whole copies disagree, which no fault the design survives explains | unchanged (the first one stays) | `reason="conflict"` |
 //! | older, and that tile was written | duplicate | unchanged | `reason="duplicate"` |
@@ -63,7 +63,13 @@
 //! checkpointed with the totals (the roll-forward rebuilds it from the records' tile ends),
 //! and only a duplicate of a tile more than 64 tiles back is taken as late. Gauges, sets
 //! and the quantiles of a tile that was written are written again when a duplicate arrives
-//! (same timestamp: storage keeps one sample when the values agree).
+//! (same timestamp: storage keeps one sample when the values agree). A tile's gauges and sets
+//! have no running total to correct, and storage keeps the first value written at a
+//! timestamp: so when a whole copy of a tile follows an incomplete one, its gauges and sets
+//! are written one millisecond after the tile's end (unless a newer tile was converted
+//! already: that sample would be out of order), and an incomplete copy of a tile a whole copy
+//! was written for writes none (`reason="incomplete"`). The last 64 copies of each kind are
+//! remembered, in memory only.
 //!
 //! The conversion is transactional: [`Converter::commit`] keeps the new totals once the
 //! record is durable, [`Converter::rollback`] restores them when it could not be queued.
@@ -444,6 +450,68 @@ pub struct Converter {
     /// [`Converter::commit`] into `earlier_tenure`.
     earlier_tenure_pending: u64,
     earlier_tenure: Option<prometheus_client::metrics::counter::Counter>,
+    /// Which copies of recent tiles came: for the gauges and sets of a whole copy
+    /// that follows an incomplete one.
+    copies: TileCopies,
+    /// Where the gauges and sets of the batch being converted go.
+    per_tile: PerTile,
+}
+
+/// Where a tile's gauges and sets (values of the tile alone, with no running total to
+/// correct) are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PerTile {
+    /// At the tile's end.
+    AtEnd,
+    /// One millisecond after the tile's end: a whole copy after an incomplete one was
+    /// written, so that storage, which keeps the first value at a timestamp, reads the
+    /// whole one as the tile's last sample.
+    Correction,
+    /// Not at all: an incomplete copy of a tile a whole copy was written for.
+    Skip,
+}
+
+/// The ends of recent tiles converted from incomplete and from whole copies, per
+/// resolution (a few dozen each).
+#[derive(Debug, Default)]
+struct TileCopies {
+    incomplete: std::collections::VecDeque<(i64, i64)>,
+    whole: std::collections::VecDeque<(i64, i64)>,
+    /// Per resolution, the newest tile end converted.
+    newest: Vec<(i64, i64)>,
+}
+
+/// Tile copies remembered, per kind of copy.
+const TILE_COPIES_KEPT: usize = 64;
+
+impl TileCopies {
+    /// Where the gauges and sets of a copy of the tile of `resolution_ms` ending at
+    /// `end_ms` go, and remembers the copy.
+    fn per_tile(&mut self, resolution_ms: i64, end_ms: i64, incomplete: bool) -> PerTile {
+        let key = (resolution_ms, end_ms);
+        let newest = match self.newest.iter_mut().find(|(resolution, _)| *resolution == resolution_ms) {
+            Some((_, newest)) => std::mem::replace(newest, (*newest).max(end_ms)),
+            None => {
+                self.newest.push(key);
+                end_ms
+            }
+        };
+        let (seen, other) =
+            if incomplete { (&mut self.incomplete, &self.whole) } else { (&mut self.whole, &self.incomplete) };
+        let answer = match (incomplete, other.contains(&key)) {
+            (true, true) => PerTile::Skip,
+            // Not once a newer tile was written: the correction would be out of order.
+            (false, true) if newest <= end_ms => PerTile::Correction,
+            _ => PerTile::AtEnd,
+        };
+        if !seen.contains(&key) {
+            seen.push_back(key);
+            if seen.len() > TILE_COPIES_KEPT {
+                seen.pop_front();
+            }
+        }
+        answer
+    }
 }
 
 /// What one tile turns into, before the labels are encoded.
@@ -465,6 +533,8 @@ impl Converter {
             undo: Vec::new(),
             expire_after_ms,
             newest_tile_end_ms: i64::MIN,
+            copies: TileCopies::default(),
+            per_tile: PerTile::AtEnd,
             last_sweep_tile_end_ms: i64::MIN,
             tags: names::TagLabels::default(),
             name: String::new(),
@@ -633,6 +703,7 @@ impl Converter {
         self.spans.clear();
         let tile_end_ms = batch.tile_end_ms;
         let resolution_ms = i64::from(batch.resolution_ms);
+        self.per_tile = self.copies.per_tile(resolution_ms, tile_end_ms, batch.incomplete);
         let mut skipped = SkippedTiles::default();
         let mut tiles = 0u32;
         for tile in &batch.tiles {
@@ -660,15 +731,9 @@ impl Converter {
             let verdict = match (kind, &aggregate) {
                 (MetricKind::Counter, Aggregate::Counter(delta)) => self.counter(*delta, &resolution, at),
                 (MetricKind::Gauge, Aggregate::Gauge(gauge)) => {
-                    let value = gauge.resolve(Some(0.0)).unwrap_or(0.0);
-                    self.emit(&resolution, &Emit { suffix: "", quantile: None, value, kind: SampleKind::Gauge });
-                    Verdict::Write(value)
+                    self.tile_value(&resolution, tile_end_ms, gauge.resolve(Some(0.0)).unwrap_or(0.0))
                 }
-                (MetricKind::Set, Aggregate::Set(set)) => {
-                    let value = set.estimate();
-                    self.emit(&resolution, &Emit { suffix: "", quantile: None, value, kind: SampleKind::Gauge });
-                    Verdict::Write(value)
-                }
+                (MetricKind::Set, Aggregate::Set(set)) => self.tile_value(&resolution, tile_end_ms, set.estimate()),
                 (
                     MetricKind::Timer | MetricKind::Histogram | MetricKind::Distribution,
                     Aggregate::Distribution(summary),
@@ -1183,6 +1248,19 @@ impl Converter {
         self.undo.push((key, previous));
         self.totals.insert(key, total);
         verdict
+    }
+
+    /// A gauge's or a set's value of the tile, where [`PerTile`] says.
+    fn tile_value(&mut self, resolution: &str, tile_end_ms: i64, value: f64) -> Verdict {
+        let timestamp_ms = match self.per_tile {
+            PerTile::AtEnd => 0,
+            PerTile::Correction => tile_end_ms + 1,
+            PerTile::Skip => return Verdict::Incomplete,
+        };
+        let labels = self.encode(resolution, "", None);
+        let kind = SampleKind::Gauge;
+        self.spans.push(Span { labels, reset_before: false, histogram: (0, 0), value, kind, timestamp_ms });
+        Verdict::Write(value)
     }
 
     fn emit(&mut self, resolution: &str, emit: &Emit<'_>) {

@@ -38,6 +38,7 @@ impl Gatherer {
                         joined.expired += tile.expired;
                         joined.series_held += tile.series_held;
                         joined.cut_duration = joined.cut_duration.max(tile.cut_duration);
+                        joined.unconfirmed |= tile.unconfirmed;
                     }
                     None => {
                         tiles.insert((tile.tile_end_ms, tile.policy_index), tile);
@@ -81,6 +82,7 @@ mod tests {
             expired: 1,
             series_held,
             cut_duration: std::time::Duration::from_millis(series_held as u64),
+            unconfirmed: false,
         };
         let mut gatherer = Gatherer::new(2);
         let mut ready = Vec::new();

@@ -50,6 +50,22 @@
 //! leader flushes such a tile, which holds what reached it, and counts it in
 //! `tessera_aggregator_incomplete_tiles_total`.
 //!
+//! A replica that saw a tile begin can still miss part of it: when the links
+//! from collectors into it stall (or a collector is paused or killed) past the
+//! tile's end, it closes the tile at its deadline without their last partials,
+//! and refuses them as `too_late` when they come. Such a tile closed
+//! *unconfirmed* (a collector seen around it had not reported a watermark past
+//! its end: [`Watermarks::confirms`](crate::Watermarks::confirms)) is flushed
+//! marked incomplete too. The leader records the ends of the incomplete tiles it
+//! flushed with its flush marks (the last [`INCOMPLETE_KEPT`] per policy); a
+//! follower whose own copy of such a tile closed confirmed flushes it instead of
+//! letting it go (`tessera_aggregator_tiles_completed_total`), and the ingesters
+//! let that whole copy replace the incomplete one (`tessera-ingester`'s
+//! admission). Found by the fault campaign (seeds 14 and 23): before, the leader's
+//! short copy was the only one written. The whole copy must reach an ingester
+//! before the next tile of its series does (it follows the leader's flush by a
+//! tick or two, the next tile by a resolution): after that it is a duplicate.
+//!
 //! A replica of a replicated shard set in etcd holds from its first moment
 //! ([`Leadership::hold_until_elected`]), not from its election's first tick: a
 //! replica restarted just before a tile ends, with etcd or the machine slow to
@@ -115,6 +131,10 @@ struct State {
     ledger: Vec<VecDeque<Flushed>>,
     /// Per policy: the end of the last tile acknowledged with all before it.
     acknowledged: Vec<i64>,
+    /// Per policy: ends of the latest tiles acknowledged that were flushed incomplete,
+    /// oldest first (at most [`INCOMPLETE_KEPT`]): recorded with the marks, as the
+    /// leader; read from them, as a follower.
+    incomplete: Vec<VecDeque<i64>>,
     /// Oldest tile start held unflushed (the flusher says), if any.
     oldest_held_start_ms: Option<i64>,
 }
@@ -125,7 +145,13 @@ struct State {
 struct Flushed {
     sent: Vec<(usize, u64)>,
     tile_end_ms: i64,
+    /// Flushed marked incomplete.
+    incomplete: bool,
 }
+
+/// Incomplete tile ends kept per policy with the flush marks: enough for a follower
+/// that reads the marks a few ticks late (the marks move a tile or two per tick).
+pub const INCOMPLETE_KEPT: usize = 16;
 
 impl Leadership {
     /// Flushes everything until an election says otherwise.
@@ -135,6 +161,7 @@ impl Leadership {
             marks: vec![i64::MIN; count],
             ledger: vec![VecDeque::new(); count],
             acknowledged: vec![i64::MIN; count],
+            incomplete: vec![VecDeque::new(); count],
             oldest_held_start_ms: None,
         };
         Leadership {
@@ -203,15 +230,22 @@ impl Leadership {
         self.replicated() && tile_start_ms < self.inner.started_ms
     }
 
-    /// The flusher flushed a tile of policy `index` ending at `tile_end_ms`,
-    /// whose last batch on each ingester queue it went to is `sent` (queue, sequence).
-    pub fn flushed(&self, index: usize, sent: Vec<(usize, u64)>, tile_end_ms: i64) {
+    /// The flusher flushed a tile of policy `index` ending at `tile_end_ms`
+    /// (marked `incomplete` or not), whose last batch on each ingester queue it
+    /// went to is `sent` (queue, sequence).
+    pub fn flushed(&self, index: usize, sent: Vec<(usize, u64)>, tile_end_ms: i64, incomplete: bool) {
         if !self.replicated() {
             return;
         }
         if let Some(ledger) = self.state().ledger.get_mut(index) {
-            ledger.push_back(Flushed { sent, tile_end_ms });
+            ledger.push_back(Flushed { sent, tile_end_ms, incomplete });
         }
+    }
+
+    /// Whether the shard set's leader flushed the tile of policy `index` ending at
+    /// `tile_end_ms` marked incomplete: a replica holding it whole flushes its copy too.
+    pub fn leader_flushed_incomplete(&self, index: usize, tile_end_ms: i64) -> bool {
+        self.state().incomplete.get(index).is_some_and(|ends| ends.contains(&tile_end_ms))
     }
 
     /// Batches of the tile of `storage_policy` ending at `tile_end_ms` were
@@ -262,8 +296,8 @@ impl Leadership {
     /// Moves the acknowledged marks on from the ingester queues; returns them.
     fn acknowledge(&self, ingesters: &Ingesters) -> Vec<i64> {
         let mut state = self.state();
-        let State { ledger, acknowledged, .. } = &mut *state;
-        for (flushed, mark) in ledger.iter_mut().zip(acknowledged.iter_mut()) {
+        let State { ledger, acknowledged, incomplete, .. } = &mut *state;
+        for ((flushed, mark), incomplete) in ledger.iter_mut().zip(acknowledged.iter_mut()).zip(incomplete.iter_mut()) {
             while let Some(oldest) = flushed.front() {
                 let resolved = oldest.sent.iter().all(|&(queue, last_sequence)| {
                     ingesters.queue(queue).is_none_or(|queue| queue.resolved_through() >= last_sequence)
@@ -272,6 +306,12 @@ impl Leadership {
                     break;
                 }
                 *mark = (*mark).max(oldest.tile_end_ms);
+                if oldest.incomplete {
+                    incomplete.push_back(oldest.tile_end_ms);
+                    if incomplete.len() > INCOMPLETE_KEPT {
+                        incomplete.pop_front();
+                    }
+                }
                 flushed.pop_front();
             }
         }
@@ -288,23 +328,30 @@ impl Leadership {
     fn set_marks(&self, marks: &FlushMarks) {
         let mut state = self.state();
         for (index, policy) in self.inner.policies.iter().enumerate() {
-            if let Some(&end) = marks.0.get(&policy.to_string()) {
+            let name = policy.to_string();
+            if let Some(&end) = marks.flushed.get(&name) {
                 state.marks[index] = state.marks[index].max(end);
                 state.acknowledged[index] = state.acknowledged[index].max(end);
             }
+            // The leader's list is the whole truth: it replaces what an earlier read said.
+            state.incomplete[index] =
+                marks.incomplete.get(&name).map(|ends| ends.iter().copied().collect()).unwrap_or_default();
         }
     }
 
     fn marks_text(&self, acknowledged: &[i64]) -> FlushMarks {
-        let marks = self
-            .inner
-            .policies
-            .iter()
-            .zip(acknowledged)
-            .filter(|(_, end)| **end != i64::MIN)
-            .map(|(policy, end)| (policy.to_string(), *end))
-            .collect();
-        FlushMarks(marks)
+        let state = self.state();
+        let mut marks = FlushMarks::default();
+        for ((policy, &end), incomplete) in self.inner.policies.iter().zip(acknowledged).zip(&state.incomplete) {
+            if end == i64::MIN {
+                continue;
+            }
+            marks.flushed.insert(policy.to_string(), end);
+            if !incomplete.is_empty() {
+                marks.incomplete.insert(policy.to_string(), incomplete.iter().copied().collect());
+            }
+        }
+        marks
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -360,7 +407,7 @@ mod tests {
         let push = |end: i64| {
             let sequence = queue.next_sequence();
             queue.push(tessera_wire::Batch { sequence, frame: vec![0; 8], items: 1, refs: None });
-            leadership.flushed(0, vec![(0, sequence)], end);
+            leadership.flushed(0, vec![(0, sequence)], end, false);
         };
         push(10_000);
         push(20_000);
@@ -370,10 +417,38 @@ mod tests {
         assert_eq!(leadership.acknowledge(&ingesters), vec![10_000, i64::MIN]);
         assert_eq!(leadership.acknowledge(&ingesters), vec![10_000, i64::MIN], "until a write of them succeeds");
         assert_eq!(leadership.marks_text(&[10_000, i64::MIN]).encode(), "10s:2d 10000\n");
-        leadership.set_marks(&FlushMarks([("1m:40d".to_owned(), 60_000)].into()));
+        leadership.set_marks(&FlushMarks::flushed([("1m:40d".to_owned(), 60_000)].into()));
         assert_eq!(leadership.marks(), [i64::MIN, 60_000], "marks move only once written");
         leadership.recorded(&[10_000, i64::MIN]);
         assert_eq!(leadership.marks(), [10_000, 60_000]);
+    }
+
+    #[test]
+    fn the_leader_records_its_incomplete_tiles_with_the_marks_and_a_follower_reads_them() {
+        let metrics = Metrics::default();
+        let ingesters = Ingesters::new(&["i:1".to_owned()], 1 << 20, &metrics.outbound, &metrics.drops);
+        let queue = &ingesters.queues()[0];
+        let leader = Leadership::new(policies(), 0);
+        leader.inner.replicated.store(true, Ordering::Release);
+        for (end, incomplete) in [(10_000, false), (20_000, true), (30_000, false)] {
+            let sequence = queue.next_sequence();
+            queue.push(tessera_wire::Batch { sequence, frame: vec![0; 8], items: 1, refs: None });
+            leader.flushed(0, vec![(0, sequence)], end, incomplete);
+        }
+        for _ in 0..2 {
+            queue.pop_front().unwrap();
+            queue.finish_in_flight();
+        }
+        let acknowledged = leader.acknowledge(&ingesters);
+        let marks = leader.marks_text(&acknowledged);
+        assert_eq!(marks.encode(), "10s:2d 20000\nincomplete 10s:2d 20000\n", "only once acknowledged");
+        let follower = Leadership::new(policies(), 0);
+        follower.set_marks(&tessera_topology::FlushMarks::decode(&marks.encode()));
+        assert!(follower.leader_flushed_incomplete(0, 20_000));
+        assert!(!follower.leader_flushed_incomplete(0, 10_000) && !follower.leader_flushed_incomplete(1, 20_000));
+        // The leader's list is the whole truth: what it no longer lists is forgotten.
+        follower.set_marks(&FlushMarks::flushed([("10s:2d".to_owned(), 30_000)].into()));
+        assert!(!follower.leader_flushed_incomplete(0, 20_000));
     }
 
     #[test]
@@ -394,7 +469,7 @@ mod tests {
             queues[index].finish_in_flight();
         };
         let (first, second) = (push(0), push(1));
-        leadership.flushed(0, vec![(0, first), (1, second)], 10_000);
+        leadership.flushed(0, vec![(0, first), (1, second)], 10_000, false);
         deliver(0);
         assert_eq!(leadership.acknowledge(&ingesters), vec![i64::MIN, i64::MIN], "one share is still queued");
         // Re-routed: the second share's batch moved to queue 0.

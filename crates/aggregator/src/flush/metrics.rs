@@ -40,9 +40,13 @@ tessera_runtime::metrics! {
         pub flush_marks_recorded: Counter,
         /// Now minus the shard set leader's flush mark (end of the last tile acknowledged), per policy
         flush_mark_lag: Family<ByPolicy, Gauge<f64, AtomicU64>> [seconds],
-        /// Tiles flushed by a replica that started after they began (the only replica left to flush
-        /// them, or none of the replicas saw them whole)
+        /// Tiles flushed marked incomplete: by a replica that started after they began (the only
+        /// replica left to flush them, or none of the replicas saw them whole), or closed before
+        /// every collector confirmed their end (a link stalled, a collector paused or killed)
         pub incomplete_tiles: Counter,
+        /// Tiles this replica flushed whole, not leading, because the leader flushed its copy
+        /// incomplete (the ingesters let the whole copy replace the incomplete one)
+        pub tiles_completed: Counter,
         /// Closed tiles held unflushed until the leader's flush mark passes them
         pub held_tiles: Gauge,
         /// Series values in the held tiles

@@ -93,8 +93,8 @@ impl Admission {
     /// Closes every tile the watermarks (or the clock) allow.
     fn close_due(&mut self) {
         let now = now_ms();
-        let (horizon, trigger) = self.watermarks.horizon(now);
-        self.tier.close_through(&mut self.shadow, horizon, trigger, &self.metrics);
+        let horizon = self.watermarks.horizon(now);
+        self.tier.close_through(&mut self.shadow, horizon, &self.watermarks, &self.metrics);
         if now - self.lags_exported_ms >= LAG_EXPORT_INTERVAL_MS {
             self.lags_exported_ms = now;
             let lags = self.watermarks.lags_ms(now);

@@ -27,12 +27,13 @@
 //! a merge thread that falls behind blocks admission, so collectors wait
 //! for their acks.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use crossbeam_channel::{Receiver, Sender};
 
 use super::tiler::{ClosedTile, Tiler, WindowPartials};
-use super::watermark::Trigger;
+use super::watermark::{Trigger, Watermarks};
 use crate::intake::{Partial, Via};
 use tessera_runtime::telemetry::Drops;
 use tessera_runtime::telemetry::count_drops;
@@ -57,6 +58,9 @@ pub enum MergeJob {
         round: u64,
         /// The admission thread's horizon ([`super::watermark`]).
         horizon_ms: i64,
+        /// The tiles of the round closed unconfirmed, `(policy index, tile end)`
+        /// ([`Watermarks::confirms`]).
+        unconfirmed: Arc<[(usize, i64)]>,
     },
     /// Close every open tile (shutdown), then report `round` done.
     CloseAll {
@@ -114,9 +118,13 @@ pub fn run_merge_thread(
             }
             MergeJob::Bind(batch) => tiler.bind_definitions(&batch),
             MergeJob::Forget { connection } => tiler.forget_dictionary(connection),
-            MergeJob::CloseThrough { round: next, horizon_ms } => {
+            MergeJob::CloseThrough { round: next, horizon_ms, unconfirmed } => {
                 round = next;
-                tiler.close_through(horizon_ms, &mut part(round));
+                let part = part(round);
+                tiler.close_through(horizon_ms, &mut |mut tile| {
+                    tile.unconfirmed = unconfirmed.contains(&(tile.policy_index, tile.tile_end_ms));
+                    part(tile);
+                });
                 let _ = out.send(MergeOutput::RoundDone { round });
             }
             MergeJob::CloseAll { round: next } => {
@@ -141,17 +149,33 @@ impl MergeTier {
     }
 
     /// Closes every tile ending at or before `horizon_ms` in `shadow` and,
-    /// if there was one, on every merge thread; counts them by `trigger`.
-    pub fn close_through(&mut self, shadow: &mut Tiler, horizon_ms: i64, trigger: Trigger, metrics: &TileMetrics) {
+    /// if there was one, on every merge thread; counts them by `trigger`, and
+    /// those `watermarks` do not confirm as unconfirmed.
+    pub fn close_through(
+        &mut self,
+        shadow: &mut Tiler,
+        (horizon_ms, trigger): (i64, Trigger),
+        watermarks: &Watermarks,
+        metrics: &TileMetrics,
+    ) {
         if horizon_ms < shadow.next_tile_end_ms() {
             return;
         }
         let mut closed = 0;
-        shadow.close_through(horizon_ms, &mut |_| closed += 1);
+        let mut unconfirmed = Vec::new();
+        shadow.close_through(horizon_ms, &mut |tile| {
+            closed += 1;
+            if !watermarks.confirms(tile.tile_start_ms, tile.tile_end_ms) {
+                unconfirmed.push((tile.policy_index, tile.tile_end_ms));
+            }
+        });
         metrics.tiles_closed(trigger.as_str(), closed);
+        metrics.unconfirmed_tiles.inc_by(unconfirmed.len() as u64);
+        let unconfirmed: Arc<[(usize, i64)]> = unconfirmed.into();
         self.round += 1;
         for jobs in &self.jobs {
-            let _ = jobs.send(MergeJob::CloseThrough { round: self.round, horizon_ms });
+            let unconfirmed = Arc::clone(&unconfirmed);
+            let _ = jobs.send(MergeJob::CloseThrough { round: self.round, horizon_ms, unconfirmed });
         }
     }
 

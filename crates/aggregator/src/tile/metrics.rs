@@ -36,6 +36,10 @@ tessera_runtime::metrics! {
         /// Tiles closed (per policy, empty ones included), by what closed them: every collector's
         /// watermark, max_buffer_past, buffer_past (no watermark known) or shutdown
         tile_closes: Family<ByTrigger, Counter>,
+        /// Tiles closed before every collector seen around them confirmed their end with its
+        /// watermark (a link stalled, a collector paused or killed): flushed marked incomplete,
+        /// so that a replica holding them whole completes them
+        pub unconfirmed_tiles: Counter,
         /// Per connected collector: now minus the end of the newest window it has sent in full
         watermark_lag: Family<BySource, Gauge<f64, AtomicU64>> [seconds],
         /// Shards this instance owns now

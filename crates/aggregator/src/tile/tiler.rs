@@ -207,6 +207,10 @@ pub struct ClosedTile {
     pub series_held: usize,
     /// Time the cut took.
     pub cut_duration: Duration,
+    /// Closed before every collector seen around it confirmed its end
+    /// ([`Watermarks::confirms`](super::Watermarks::confirms)): this copy may lack
+    /// partials; it is flushed marked incomplete.
+    pub unconfirmed: bool,
 }
 
 /// How many tables (open tiles) `policy` needs with these buffers:

@@ -165,6 +165,22 @@ impl Watermarks {
         next_tile_end_ms.saturating_add(delay)
     }
 
+    /// Whether every collector that may have sent partials into the tile
+    /// `[tile_start_ms, tile_end_ms)` confirmed its end with its watermark: every
+    /// collector seen since `max_buffer_past` before the tile began (on an open
+    /// connection, silent or not, or on one that closed since) has a watermark at or
+    /// after the tile's end. A tile closed without that confirmation (on
+    /// `max_buffer_past`, or with a collector's link stalled long enough to count as
+    /// silent) may lack partials that a replica of the shard set holds: it is flushed
+    /// marked incomplete (`flush/leadership.rs`). A collector that never reports a
+    /// watermark confirms nothing.
+    pub fn confirms(&self, tile_start_ms: i64, tile_end_ms: i64) -> bool {
+        let since = tile_start_ms.saturating_sub(self.max_buffer_past_ms);
+        let confirmed = |watermark: Option<i64>| watermark.is_some_and(|watermark| watermark >= tile_end_ms);
+        self.streams.values().all(|stream| stream.seen_ms < since || confirmed(stream.watermark_ms))
+            && self.departed.values().all(|departed| departed.closed_ms < since || confirmed(departed.watermark_ms))
+    }
+
     /// Open connections.
     pub fn connections(&self) -> usize {
         self.streams.len()
@@ -274,6 +290,31 @@ mod tests {
             }
         }
         assert_eq!(marks.connections(), 2, "silent connections are ignored, not forgotten");
+    }
+
+    #[test]
+    fn a_tile_is_confirmed_once_every_collector_seen_around_it_has_passed_its_end() {
+        let mut marks = opened_at_now(&[(1, "a", Some(NOW)), (2, "b", Some(NOW))]);
+        assert!(marks.confirms(NOW - 10_000, NOW));
+        assert!(!marks.confirms(NOW, NOW + 10_000), "neither has sent the tile's last window");
+        // b's link stalls: a's watermark goes on, b's stays, and b falls silent.
+        let later = NOW + 15_000;
+        marks.advance(1, Some(later), later);
+        assert_eq!(marks.horizon(later).0, later, "b is silent: it holds nothing");
+        assert!(!marks.confirms(NOW, NOW + 10_000), "but b was seen when the tile began: unconfirmed");
+        assert!(!marks.confirms(NOW + 5_000, NOW + 15_000), "seen within max_buffer_past before it began");
+        assert!(marks.confirms(NOW + 8_001, NOW + 15_000), "b was gone max_buffer_past before this one began");
+        // A collector that left counts as it last stood, for as long as it is remembered.
+        marks.advance(2, Some(NOW + 10_000), later);
+        assert!(marks.confirms(NOW, NOW + 10_000));
+        marks.closed(2, later);
+        assert!(!marks.confirms(NOW + 5_000, NOW + 15_000), "b left at 110 s");
+        marks.opened(3, "b", later);
+        marks.advance(3, Some(NOW + 20_000), later);
+        assert!(marks.confirms(NOW + 5_000, NOW + 15_000), "back with a watermark past the end");
+        // One that never reports a watermark confirms nothing.
+        marks.opened(4, "legacy", later);
+        assert!(!marks.confirms(NOW + 5_000, NOW + 15_000));
     }
 
     #[test]

@@ -475,6 +475,48 @@ fn a_complete_copy_replaces_an_incomplete_one_and_never_the_other_way_round() {
     assert_eq!((conversion.skipped[SkipReason::Incomplete], conversion.skipped[SkipReason::Conflict]), (1, 0));
 }
 
+/// A batch of one gauge (`temp`) set to `value` and one set (`users`) of `members`.
+fn gauge_and_set_batch(tile_end_ms: i64, value: f64, members: &[&str]) -> TileBatch {
+    let mut set = HyperLogLog::new();
+    for member in members {
+        set.insert(member.as_bytes());
+    }
+    batch(
+        tile_end_ms,
+        vec![
+            tile("temp", MetricType::Gauge, Aggregate::Gauge(Box::new(Gauge::with_value(value, 1)))),
+            tile("users", MetricType::Set, Aggregate::Set(Box::new(set))),
+        ],
+    )
+}
+
+/// `(value, timestamp)` of each sample of a conversion, committed.
+fn stamped(converter: &mut Converter, batch: &TileBatch) -> Vec<(f64, i64)> {
+    let conversion = converter.convert(batch, 0).unwrap();
+    converter.commit();
+    conversion.record.samples.iter().map(|sample| (sample.value, sample.timestamp_ms)).collect()
+}
+
+#[test]
+fn a_whole_copy_after_an_incomplete_one_writes_its_gauges_and_sets_after_it_and_never_the_other_way_round() {
+    let mut converter = Converter::new(&[0.5], 3_600_000);
+    // The leader closed tile 20 000 without a collector's last windows: 1 member, 20.0.
+    assert_eq!(stamped(&mut converter, &incomplete(gauge_and_set_batch(20_000, 20.0, &["a"]))), [(20.0, 0), (1.0, 0)]);
+    // A replica's whole copy: written one millisecond later, where storage keeps it.
+    assert_eq!(
+        stamped(&mut converter, &gauge_and_set_batch(20_000, 22.0, &["a", "b"])),
+        [(22.0, 20_001), (2.0, 20_001)]
+    );
+    // The next tile, and a whole copy of the one before it, now out of order: at the end.
+    assert_eq!(stamped(&mut converter, &gauge_and_set_batch(30_000, 23.0, &["c"])), [(23.0, 0), (1.0, 0)]);
+    assert_eq!(stamped(&mut converter, &incomplete(gauge_and_set_batch(40_000, 1.0, &["d"]))).len(), 2);
+    assert_eq!(stamped(&mut converter, &gauge_and_set_batch(50_000, 2.0, &["e"])).len(), 2);
+    assert_eq!(stamped(&mut converter, &gauge_and_set_batch(40_000, 3.0, &["d", "f"])), [(3.0, 0), (2.0, 0)]);
+    // Written whole first, an incomplete copy writes nothing.
+    let conversion = converter.convert(&incomplete(gauge_and_set_batch(30_000, 9.0, &["x"])), 0).unwrap();
+    assert_eq!((conversion.record.samples.len(), conversion.skipped[SkipReason::Incomplete]), (0, 2));
+}
+
 #[test]
 fn a_summary_and_a_native_histogram_are_replaced_whole() {
     for mode in [HistogramMode::Summary, HistogramMode::Native] {

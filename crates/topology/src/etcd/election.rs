@@ -42,26 +42,55 @@ pub enum Leader {
 }
 
 /// The leader's flush marks: per storage policy, the end of the last tile
-/// flushed and acknowledged (unix milliseconds).
+/// flushed and acknowledged (unix milliseconds), and the ends of the latest tiles
+/// among them that the leader flushed *incomplete* (its copy may lack partials: a
+/// replica holding the tile whole flushes its copy too, which the ingesters let
+/// replace the incomplete one).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct FlushMarks(pub BTreeMap<String, i64>);
+pub struct FlushMarks {
+    /// Policy → end of the last tile flushed and acknowledged.
+    pub flushed: BTreeMap<String, i64>,
+    /// Policy → ends of recent tiles among those that were flushed incomplete, oldest first.
+    pub incomplete: BTreeMap<String, Vec<i64>>,
+}
+
+/// The first word of a line of incomplete tile ends. A decoder from before these
+/// lines skips them (its `<policy> <end>` parse fails), so replicas of mixed versions
+/// share the marks.
+const INCOMPLETE: &str = "incomplete";
 
 impl FlushMarks {
-    /// `<policy> <tile end ms>` lines.
+    /// Marks with no incomplete tiles.
+    pub fn flushed(flushed: BTreeMap<String, i64>) -> FlushMarks {
+        FlushMarks { flushed, incomplete: BTreeMap::new() }
+    }
+
+    /// `<policy> <tile end ms>` lines, then `incomplete <policy> <end>,<end>…` lines.
     pub fn encode(&self) -> String {
-        self.0.iter().map(|(policy, end)| format!("{policy} {end}\n")).collect()
+        let mut text: String = self.flushed.iter().map(|(policy, end)| format!("{policy} {end}\n")).collect();
+        for (policy, ends) in self.incomplete.iter().filter(|(_, ends)| !ends.is_empty()) {
+            let ends: Vec<String> = ends.iter().map(i64::to_string).collect();
+            text.push_str(&format!("{INCOMPLETE} {policy} {}\n", ends.join(",")));
+        }
+        text
     }
 
     /// Parses what [`encode`](Self::encode) wrote; lines that do not parse are skipped.
     pub fn decode(text: &str) -> FlushMarks {
-        let marks = text
-            .lines()
-            .filter_map(|line| {
-                let (policy, end) = line.split_once(' ')?;
-                Some((policy.to_owned(), end.trim().parse().ok()?))
-            })
-            .collect();
-        FlushMarks(marks)
+        let mut marks = FlushMarks::default();
+        for line in text.lines() {
+            let Some((first, rest)) = line.split_once(' ') else { continue };
+            if first == INCOMPLETE {
+                let Some((policy, ends)) = rest.split_once(' ') else { continue };
+                let ends: Option<Vec<i64>> = ends.trim().split(',').map(|end| end.parse().ok()).collect();
+                if let Some(ends) = ends {
+                    marks.incomplete.insert(policy.to_owned(), ends);
+                }
+            } else if let Ok(end) = rest.trim().parse() {
+                marks.flushed.insert(first.to_owned(), end);
+            }
+        }
+        marks
     }
 }
 
@@ -228,10 +257,27 @@ mod tests {
 
     #[test]
     fn flush_marks_round_trip_as_text_lines() {
-        let marks =
-            FlushMarks([("10s:2d".to_owned(), 1_700_000_010_000), ("1m:40d".to_owned(), 1_700_000_040_000)].into());
+        let mut marks = FlushMarks::flushed(
+            [("10s:2d".to_owned(), 1_700_000_010_000), ("1m:40d".to_owned(), 1_700_000_040_000)].into(),
+        );
         assert_eq!(marks.encode(), "10s:2d 1700000010000\n1m:40d 1700000040000\n");
         assert_eq!(FlushMarks::decode(&marks.encode()), marks);
-        assert_eq!(FlushMarks::decode("garbage\n10s:2d x\n1m:40d 5\n").0, [("1m:40d".to_owned(), 5)].into());
+        assert_eq!(FlushMarks::decode("garbage\n10s:2d x\n1m:40d 5\n").flushed, [("1m:40d".to_owned(), 5)].into());
+        marks.incomplete.insert("10s:2d".to_owned(), vec![1_700_000_000_000, 1_700_000_010_000]);
+        assert_eq!(
+            marks.encode(),
+            "10s:2d 1700000010000\n1m:40d 1700000040000\nincomplete 10s:2d 1700000000000,1700000010000\n"
+        );
+        assert_eq!(FlushMarks::decode(&marks.encode()), marks);
+        // What a replica of the version before incomplete lines made of them: the marks alone.
+        let before: BTreeMap<String, i64> = marks
+            .encode()
+            .lines()
+            .filter_map(|line| {
+                let (policy, end) = line.split_once(' ')?;
+                Some((policy.to_owned(), end.trim().parse().ok()?))
+            })
+            .collect();
+        assert_eq!(before, marks.flushed);
     }
 }

@@ -93,7 +93,8 @@ fn merge_tier(threads: usize) -> (Tiles, Vec<bool>) {
     let mut shadow = Tiler::new(settings(), T0);
     let mut admitted = Vec::new();
     for (window, now) in arrivals() {
-        tier.close_through(&mut shadow, now - settings().buffer_past_ms, Trigger::BufferPast, &metrics);
+        let horizon = (now - settings().buffer_past_ms, Trigger::BufferPast);
+        tier.close_through(&mut shadow, horizon, &Watermarks::new(2_000, 8_000), &metrics);
         let empty = WindowPartials { connection: 0, window_start_ms: window, window_ms: 1000, partials: Vec::new() };
         let ok = shadow.accept(&empty, now, &mut |_| {}).is_ok();
         if ok {

@@ -208,6 +208,7 @@ impl PolicyTiles {
             expired: 0,
             series_held: registry.len(),
             cut_duration: started.elapsed(),
+            unconfirmed: false,
         }
     }
 
