@@ -176,6 +176,7 @@ impl Flusher {
         };
         if let Window::Merged(table) = &mut window {
             self.metrics.gauge_order_ambiguous.inc_by(table.take_ambiguous_merges());
+            self.metrics.buckets_dropped.inc_by(table.take_buckets_dropped());
         }
         self.windows.insert(start, window);
     }

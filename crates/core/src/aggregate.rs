@@ -154,18 +154,21 @@ impl Distribution {
     /// same bounds; an empty side takes the other's. Partials that disagree (one counted
     /// buckets and the other did not, or with other bounds: a mapping reload that reached
     /// some hosts first) leave the result without buckets: its count, sum and sketch stay
-    /// exact, and the ingester writes it from the sketch.
-    pub fn merge(&mut self, other: &Distribution) {
-        let keep = match (&mut self.buckets, &other.buckets) {
-            (Some(buckets), Some(more)) => buckets.merge(more),
-            (Some(_), None) => other.count == 0.0,
+    /// exact, and the ingester writes it from the sketch. Returns whether buckets were
+    /// dropped: this side's, or `other`'s not taken in.
+    pub fn merge(&mut self, other: &Distribution) -> bool {
+        let (keep, dropped) = match (&mut self.buckets, &other.buckets) {
+            (Some(buckets), Some(more)) => (buckets.merge(more), false),
+            (Some(_), None) => (other.count == 0.0, false),
             (None, Some(more)) => {
                 if self.count == 0.0 {
                     self.buckets = Some(more.clone());
+                    (true, false)
+                } else {
+                    (true, other.count > 0.0)
                 }
-                true
             }
-            (None, None) => true,
+            (None, None) => (true, false),
         };
         if !keep {
             self.buckets = None;
@@ -179,6 +182,7 @@ impl Distribution {
         self.min = self.min.min(other.min);
         self.max = self.max.max(other.max);
         self.sketch.merge(&other.sketch);
+        dropped || !keep
     }
 
     fn clear(&mut self) {
@@ -313,12 +317,17 @@ impl Aggregate {
     }
 
     /// Folds `other` into this aggregate. Only gauges can be
-    /// [`MergeOrder::Ambiguous`]; see [`Gauge::merge`].
+    /// [`MergeOrder::Ambiguous`] (see [`Gauge::merge`]), only distributions
+    /// [`MergeOrder::BucketsDropped`] (see [`Distribution::merge`]).
     pub fn merge(&mut self, other: &Aggregate) -> Result<MergeOrder, AggregateError> {
         match (self, other) {
             (Aggregate::Counter(sum), Aggregate::Counter(more)) => *sum += more,
             (Aggregate::Gauge(gauge), Aggregate::Gauge(other)) => return Ok(gauge.merge(other)),
-            (Aggregate::Distribution(summary), Aggregate::Distribution(more)) => summary.merge(more),
+            (Aggregate::Distribution(summary), Aggregate::Distribution(more)) => {
+                if summary.merge(more) {
+                    return Ok(MergeOrder::BucketsDropped);
+                }
+            }
             (Aggregate::Set(set), Aggregate::Set(more)) => set.merge(more),
             (existing, incoming) => {
                 return Err(AggregateError::KindMismatch {

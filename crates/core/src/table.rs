@@ -336,6 +336,8 @@ pub struct Table {
     options: TableOptions,
     /// Gauge merges whose order was ambiguous, since the last take.
     ambiguous_merges: u64,
+    /// Merges that dropped fixed buckets, since the last take.
+    buckets_dropped: u64,
 }
 
 impl Table {
@@ -348,6 +350,7 @@ impl Table {
             key: SeriesKey::default(),
             options,
             ambiguous_merges: 0,
+            buckets_dropped: 0,
         }
     }
 
@@ -479,14 +482,28 @@ impl Table {
         let hash = parts.hash(self.seed);
         if let Some(slot) = self.slots.find_mut(hash, |slot| slot.key.matches(&parts)) {
             let order = slot.aggregate.merge(aggregate)?;
-            self.ambiguous_merges += u64::from(order == MergeOrder::Ambiguous);
             slot.touched = true;
+            self.count_merge(order);
             return Ok(false);
         }
         let slot = Self::insert_into(&mut self.slots, &self.options, None, hash, &parts, kind)?;
         let order = slot.aggregate.merge(aggregate)?;
-        self.ambiguous_merges += u64::from(order == MergeOrder::Ambiguous);
+        self.count_merge(order);
         Ok(true)
+    }
+
+    fn count_merge(&mut self, order: MergeOrder) {
+        match order {
+            MergeOrder::Exact => {}
+            MergeOrder::Ambiguous => self.ambiguous_merges += 1,
+            MergeOrder::BucketsDropped => self.buckets_dropped += 1,
+        }
+    }
+
+    /// Merges since the last call that dropped a distribution's fixed buckets (its
+    /// partials disagreed on them), resetting the count.
+    pub fn take_buckets_dropped(&mut self) -> u64 {
+        std::mem::take(&mut self.buckets_dropped)
     }
 
     /// Gauge merges since the last call whose order was ambiguous (see

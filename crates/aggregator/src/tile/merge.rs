@@ -113,6 +113,7 @@ pub fn run_merge_thread(
                 metrics.merge_duration.observe(started.elapsed().as_secs_f64());
                 metrics.partials_merged.inc_by(applied.partials);
                 metrics.gauge_order_ambiguous.inc_by(applied.gauge_order_ambiguous);
+                metrics.buckets_dropped.inc_by(applied.buckets_dropped);
                 count_drops(&drops, "series_limit", "series", applied.series_limit);
                 count_drops(&drops, "unknown_series_ref", "series", applied.unknown_refs);
             }

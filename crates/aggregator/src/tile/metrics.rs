@@ -31,6 +31,11 @@ tessera_runtime::metrics! {
         /// Gauge partials merged without knowing the order of every line (deltas of one window
         /// spanning another window's or collector's set, or two sets with one stamp)
         pub gauge_order_ambiguous: Counter,
+        /// Timer, histogram and distribution merges whose partials disagreed on their fixed buckets
+        /// (one counted buckets and the other did not, or other bounds: a mapping reload that
+        /// reached some collectors first); the tile has no `_bucket` series, its count, sum and
+        /// sketch stay exact
+        pub buckets_dropped: Counter,
         /// Time for the tiler to check and merge one partial batch
         pub merge_duration: Histogram [seconds] = latency_histogram(),
         /// Tiles closed (per policy, empty ones included), by what closed them: every collector's

@@ -181,6 +181,8 @@ pub struct Applied {
     pub series_limit: u64,
     /// Gauge merges whose order was ambiguous (counted once per policy).
     pub gauge_order_ambiguous: u64,
+    /// Distribution merges that dropped fixed buckets (counted once per policy).
+    pub buckets_dropped: u64,
     /// Partials naming a dictionary slot this thread never saw defined
     /// (dropped; the decoder refuses unknown refs, so this means a sender
     /// that broke the dictionary's rules in a way it could not see).
@@ -406,6 +408,7 @@ impl Tiler {
         }
         for (policy, &slot) in self.policies.iter_mut().zip(&self.slots) {
             applied.gauge_order_ambiguous += policy.tables[slot].take_ambiguous_merges();
+            applied.buckets_dropped += policy.tables[slot].take_buckets_dropped();
         }
         applied
     }

@@ -14,6 +14,10 @@ tessera_runtime::metrics! {
         /// Gauge partials of several readers merged without knowing the order of every line
         /// (more than 16 delta stamps per gauge, reader and window, or two sets with one stamp)
         pub gauge_order_ambiguous: Counter,
+        /// Timer, histogram and distribution partials of several readers that disagreed on their
+        /// fixed buckets (a mapping reload that reached one reader first): the window's value has
+        /// no buckets; its count, sum and sketch stay exact
+        pub buckets_dropped: Counter,
         /// Time to merge and route one window
         pub flush_duration: Histogram [seconds] = latency_histogram(),
         /// Time from a window's end to its batches being queued

@@ -184,22 +184,24 @@ mod tests {
         let mut without = Distribution::default();
         without.insert(0.5, 1.0);
         let mut empty_first = Distribution::default();
-        empty_first.merge(&with);
+        assert!(!empty_first.merge(&with));
         assert!(empty_first.buckets.is_some(), "an empty side takes the other's buckets");
         let mut mixed = with.clone();
-        mixed.merge(&without);
+        assert!(mixed.merge(&without), "the merge says it dropped the buckets");
         assert!(mixed.buckets.is_none());
         assert_eq!(mixed.count, 2.0, "count and sketch stay whole");
         let mut mixed = without.clone();
-        mixed.merge(&with);
+        assert!(mixed.merge(&with));
         assert!(mixed.buckets.is_none());
         let mut other_bounds = Distribution::with_buckets(Arc::from([2.0]));
         other_bounds.insert(0.5, 1.0);
         let mut mixed = with.clone();
-        mixed.merge(&other_bounds);
+        assert!(mixed.merge(&other_bounds));
         assert!(mixed.buckets.is_none());
+        let mut agreeing = with.clone();
+        assert!(!agreeing.merge(&with));
         let mut kept = with.clone();
-        kept.merge(&Distribution::default());
+        assert!(!kept.merge(&Distribution::default()));
         assert_eq!(kept.buckets.unwrap().counts(), [1.0, 0.0], "an empty partial changes nothing");
     }
 

@@ -69,6 +69,10 @@ pub enum MergeOrder {
     /// Some deltas could not be placed before or after a set, or two sets
     /// had one stamp; the result is one of the possible orders.
     Ambiguous,
+    /// Not a gauge: two partials of a distribution disagreed on their fixed buckets (one
+    /// counted buckets and the other did not, or other bounds), so the result has none
+    /// ([`Distribution::merge`](crate::aggregate::Distribution::merge)).
+    BucketsDropped,
 }
 
 impl MergeOrder {

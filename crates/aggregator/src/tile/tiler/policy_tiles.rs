@@ -22,6 +22,7 @@ pub(super) struct DenseTable {
     /// `touched` as bits, by series number.
     touched_bits: Vec<u64>,
     ambiguous_merges: u64,
+    buckets_dropped: u64,
 }
 
 impl DenseTable {
@@ -44,8 +45,10 @@ impl DenseTable {
             }
         }
         // The variants agree (checked above and at decoding), so only the order can be in question.
-        if let Ok(MergeOrder::Ambiguous) = slot.merge(aggregate) {
-            self.ambiguous_merges += 1;
+        match slot.merge(aggregate) {
+            Ok(MergeOrder::Ambiguous) => self.ambiguous_merges += 1,
+            Ok(MergeOrder::BucketsDropped) => self.buckets_dropped += 1,
+            _ => {}
         }
     }
 
@@ -71,6 +74,10 @@ impl DenseTable {
 
     pub(super) fn take_ambiguous_merges(&mut self) -> u64 {
         std::mem::take(&mut self.ambiguous_merges)
+    }
+
+    pub(super) fn take_buckets_dropped(&mut self) -> u64 {
+        std::mem::take(&mut self.buckets_dropped)
     }
 }
 

@@ -293,6 +293,32 @@ fn distributions_and_sets_merge_exactly() {
 }
 
 #[test]
+fn timers_whose_collectors_disagree_on_buckets_merge_without_them_and_are_counted() {
+    let mut tiler = Tiler::new(settings(&["1s:1h", "5s:1h"]), T0);
+    let mut sink = Sink::default();
+    let timer = |bounds: &[f64]| {
+        let mut timer = Distribution::with_buckets(std::sync::Arc::from(bounds));
+        timer.insert(0.5, 1.0);
+        Partial {
+            via: Via::Id,
+            kind: MetricKind::Timer,
+            id: b"t".to_vec(),
+            aggregate: Aggregate::Distribution(Box::new(timer)),
+        }
+    };
+    let first = tiler.accept(&batch(T0, 1000, vec![timer(&[1.0])]), T0 + 1100, &mut sink.emit()).unwrap();
+    let agreeing = tiler.accept(&batch(T0, 1000, vec![timer(&[1.0])]), T0 + 1100, &mut sink.emit()).unwrap();
+    assert_eq!((first.buckets_dropped, agreeing.buckets_dropped), (0, 0));
+    // A collector that took a reloaded mapping first: other bounds.
+    let reloaded = tiler.accept(&batch(T0, 1000, vec![timer(&[2.0])]), T0 + 1100, &mut sink.emit()).unwrap();
+    assert_eq!(reloaded.buckets_dropped, 2, "once per policy");
+    tiler.close_due(T0 + 2000, &mut sink.emit());
+    let Some(Value::Distribution(merged)) = sink.value(0, T0 + 1000, "t") else { panic!("no timer") };
+    assert!(merged.bucket_bounds.is_empty() && merged.bucket_counts.is_empty());
+    assert_eq!(merged.count, 3.0, "the count stays whole");
+}
+
+#[test]
 fn idle_series_expire_after_the_configured_empty_tiles() {
     let mut tiler = Tiler::new(TilerSettings { expire_after_empty_tiles: Some(4), ..settings(&["1s:1h"]) }, T0);
     assert_eq!(tiler.tables_of(0), 2);
@@ -341,7 +367,14 @@ fn a_full_table_refuses_new_series_and_counts_them() {
     let applied = tiler.accept(&batch(T0, 1000, partials), T0 + 1100, &mut sink.emit()).unwrap();
     assert_eq!(
         applied,
-        Applied { partials: 3, new_series: 2, series_limit: 1, gauge_order_ambiguous: 0, unknown_refs: 0 }
+        Applied {
+            partials: 3,
+            new_series: 2,
+            series_limit: 1,
+            gauge_order_ambiguous: 0,
+            buckets_dropped: 0,
+            unknown_refs: 0
+        }
     );
 }
 
