@@ -31,27 +31,14 @@ fn bench_remote_write(criterion: &mut Criterion) {
     group.bench_function("encode/2k_samples", |bencher| {
         bencher.iter(|| {
             body.clear();
-            prompb::encode_write_request(&mut body, &request, 1_700_000_000_000, None);
+            prompb::encode_write_request(&mut body, &request, 1_700_000_000_000);
             body.len()
-        })
-    });
-    // The same with each family's metadata (`metadata = true`): 2 000 families here.
-    group.bench_function("encode_metadata_snappy/2k_samples", |bencher| {
-        bencher.iter(|| {
-            body.clear();
-            prompb::encode_write_request(
-                &mut body,
-                &request,
-                1_700_000_000_000,
-                Some(&tessera_ingester::Helps::default()),
-            );
-            prompb::compress(&body).unwrap().len()
         })
     });
     group.bench_function("encode_snappy/2k_samples", |bencher| {
         bencher.iter(|| {
             body.clear();
-            prompb::encode_write_request(&mut body, &request, 1_700_000_000_000, None);
+            prompb::encode_write_request(&mut body, &request, 1_700_000_000_000);
             prompb::compress(&body).unwrap().len()
         })
     });

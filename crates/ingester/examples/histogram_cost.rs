@@ -88,7 +88,7 @@ fn main() {
             let converted = started.elapsed();
             let started = Instant::now();
             let mut body = Vec::new();
-            prompb::encode_write_request(&mut body, &conversion.record.samples, batch.tile_end_ms, None);
+            prompb::encode_write_request(&mut body, &conversion.record.samples, batch.tile_end_ms);
             let compressed = prompb::compress(&body).expect("snappy");
             let encoded = started.elapsed();
             // The first round fills the tables; count the rest.

@@ -92,7 +92,7 @@ fn bodies(labels: &[Bytes], value: f64, timestamp_ms: i64, per_request: usize) -
                 .map(|labels| StoredSample { labels: labels.clone(), value, kind: 1, ..Default::default() })
                 .collect();
             let mut body = Vec::new();
-            prompb::encode_write_request(&mut body, &samples, timestamp_ms, None);
+            prompb::encode_write_request(&mut body, &samples, timestamp_ms);
             Bytes::from(prompb::compress(&body).expect("snappy"))
         })
         .collect()

@@ -96,6 +96,7 @@ use tessera_core::sketch::{MIN_SCHEMA, Sketch};
 
 use crate::queue::record::{Record, SampleKind, StoredSample};
 use crate::queue::series::{HistogramEncoder, encode_label};
+use crate::sink::metadata::{Families, FamilyMeta, FamilyNotes};
 use crate::tier::Ownership;
 
 /// How timers, histograms and distributions are written to a target.
@@ -455,6 +456,11 @@ pub struct Converter {
     copies: TileCopies,
     /// Where the gauges and sets of the batch being converted go.
     per_tile: PerTile,
+    /// The families written, for remote write's metadata (a remote-write target's), and
+    /// the unit of timers' families.
+    families: Option<(FamilyNotes, &'static str)>,
+    /// The statsd kind of the tile whose families were noted last.
+    noted_kind: Option<MetricKind>,
 }
 
 /// Where a tile's gauges and sets (values of the tile alone, with no running total to
@@ -535,6 +541,8 @@ impl Converter {
             newest_tile_end_ms: i64::MIN,
             copies: TileCopies::default(),
             per_tile: PerTile::AtEnd,
+            families: None,
+            noted_kind: None,
             last_sweep_tile_end_ms: i64::MIN,
             tags: names::TagLabels::default(),
             name: String::new(),
@@ -671,6 +679,34 @@ impl Converter {
         self
     }
 
+    /// Notes the family, type and unit of every sample written into `families`, for
+    /// remote write's metadata ([`crate::sink::metadata`]); timers' families get
+    /// `timer_unit`.
+    pub fn with_families(mut self, families: Families, timer_unit: &'static str) -> Converter {
+        self.families = Some((FamilyNotes::new(families), timer_unit));
+        self
+    }
+
+    /// Notes the families of the samples made since `spans_before` (a tile of `kind`).
+    fn note_families(&mut self, kind: MetricKind, spans_before: usize) {
+        let Some((notes, timer_unit)) = &mut self.families else { return };
+        self.noted_kind = Some(kind);
+        // A statsd name and kind noted before have the same families: one hash, no label walk.
+        if !notes.first_time(xxhash_rust::xxh3::xxh3_64_with_seed(&self.raw_name, kind as u64)) {
+            return;
+        }
+        let unit = if kind == MetricKind::Timer { *timer_unit } else { "" };
+        for span in &self.spans[spans_before..] {
+            let labels = &self.arena[span.labels.0..span.labels.1];
+            let _ = crate::queue::series::visit_labels(labels, |label, name| {
+                if label == "__name__" {
+                    let (family, type_name) = crate::sink::openmetrics::family(name, span.kind);
+                    notes.note(family, FamilyMeta { type_name, unit });
+                }
+            });
+        }
+    }
+
     /// Writes distributions as `mode` says, native histograms with at most `max_buckets`
     /// buckets (see the [module docs](self)).
     pub fn with_histograms(mut self, mode: HistogramMode, max_buckets: usize) -> Converter {
@@ -717,11 +753,13 @@ impl Converter {
                 continue;
             };
             let (raw_name, raw_tags) = split_id(&tile.series_id);
+            let mut new_name = false;
             if raw_name != self.raw_name.as_slice() || self.name.is_empty() {
                 self.name.clear();
                 names::metric_name(raw_name, &mut self.name);
                 self.raw_name.clear();
                 self.raw_name.extend_from_slice(raw_name);
+                new_name = true;
             }
             names::tag_labels(raw_tags, &mut self.tags);
             let origin = xxhash_rust::xxh3::xxh3_64_with_seed(&tile.series_id, kind as u64);
@@ -743,6 +781,9 @@ impl Converter {
                     continue;
                 }
             };
+            if self.families.is_some() && (new_name || self.noted_kind != Some(kind)) {
+                self.note_families(kind, spans_before);
+            }
             if let Some(needle) = traced_series()
                 && tile.series_id.windows(needle.len()).any(|window| window == needle)
             {

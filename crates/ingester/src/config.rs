@@ -58,6 +58,8 @@
 //! counter_expire_after_secs = 3600  # forget running totals of series idle this long
 //! # file = "/etc/tessera/mapping.yml"  # the collectors' mapping file: its `help` texts become
 //! #                                    # each family's HELP (literal names only)
+//! timer_unit = "seconds"         # what the collectors write |ms timers in: the unit of
+//!                                # timer families in remote write's metadata
 //!
 //! [sink]                      # the default target: kind = "file" or "remote_write"
 //! kind = "file"
@@ -81,7 +83,9 @@
 //! bearer_token_file = "/run/secrets/token"  # Authorization: Bearer, re-read when it changes
 //! tenant_label = "team"          # one request per value of this tag, the value in
 //! tenant_header = "X-Scope-OrgID"  # this header (the default); untagged: `headers` alone
-//! metadata = false               # each family's type and help with every request (costs CPU)
+//! # metadata = true              # each family's type, help and unit, in requests of their
+//! metadata_interval_secs = 60    # own this often; on unless tenant_label or m3_headers
+//!                                # is set (a request without series has neither)
 //! # [policy_sinks."1m:40d".tls]  # https only: ca_file (else the system's roots), cert_file
 //! # ca_file = "/etc/tessera/ca.crt"  # and key_file (mTLS), server_name, insecure_skip_verify
 //! # [policy_sinks."1m:40d".basic_auth]  # instead of bearer_token_file: username and
@@ -330,11 +334,40 @@ pub struct MappingConfig {
     /// The collectors' statsd_exporter mapping file, read for the `help` of its mappings
     /// (the `# HELP` of the file sink, remote write's metadata).
     pub file: Option<PathBuf>,
+    /// The unit the collectors write `|ms` timers in (their `[aggregation] timer_unit`):
+    /// the `unit` of timer families in remote write's metadata.
+    pub timer_unit: TimerUnitName,
+}
+
+/// `[mapping] timer_unit`: `seconds` (the collectors' default) or `milliseconds`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TimerUnitName {
+    /// Timers in seconds.
+    #[default]
+    Seconds,
+    /// Timers in milliseconds.
+    Milliseconds,
+}
+
+impl TimerUnitName {
+    /// The metadata's unit.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TimerUnitName::Seconds => "seconds",
+            TimerUnitName::Milliseconds => "milliseconds",
+        }
+    }
 }
 
 impl Default for MappingConfig {
     fn default() -> Self {
-        MappingConfig { quantiles: vec![0.5, 0.9, 0.99], counter_expire_after_secs: 3600, file: None }
+        MappingConfig {
+            quantiles: vec![0.5, 0.9, 0.99],
+            counter_expire_after_secs: 3600,
+            file: None,
+            timer_unit: TimerUnitName::Seconds,
+        }
     }
 }
 
@@ -429,10 +462,22 @@ pub struct RemoteWriteConfig {
     pub tenant_label: Option<String>,
     /// The header `tenant_label` sets.
     pub tenant_header: String,
-    /// Send each family's type and help with every request (remote write's metadata). Off
-    /// by default: it costs the encoding about 2.6 times its CPU at 2 000 families a request
-    /// (BENCHMARKS.md, *Remote-write metadata*); Prometheus' own receiver drops it.
-    pub metadata: bool,
+    /// Send each family's type, help and unit (remote write's metadata) in requests of
+    /// their own every `metadata_interval_secs`, as Prometheus' own sender does. Not with
+    /// `tenant_label` or `m3_headers` (a metadata request has no series to take a tenant
+    /// or a storage policy from). Prometheus 2's receiver drops it; Mimir keeps it. Unset:
+    /// on where it can be sent; `true` where it cannot is a warning at `--check-config`.
+    pub metadata: Option<bool>,
+    /// How often the metadata goes out, seconds.
+    pub metadata_interval_secs: u64,
+}
+
+impl RemoteWriteConfig {
+    /// Whether the target sends metadata: unless turned off, where a request without
+    /// series can be sent (no `tenant_label`, no `m3_headers`).
+    pub fn sends_metadata(&self) -> bool {
+        self.metadata != Some(false) && self.tenant_label.is_none() && !self.m3_headers
+    }
 }
 
 impl Default for RemoteWriteConfig {
@@ -450,7 +495,8 @@ impl Default for RemoteWriteConfig {
             headers: BTreeMap::new(),
             tenant_label: None,
             tenant_header: "X-Scope-OrgID".to_owned(),
-            metadata: false,
+            metadata: None,
+            metadata_interval_secs: 60,
         }
     }
 }
@@ -555,7 +601,8 @@ impl RemoteWriteConfig {
             authorization,
             headers,
             tenant,
-            metadata: self.metadata,
+            metadata: self.sends_metadata(),
+            metadata_interval: Duration::from_secs(self.metadata_interval_secs.max(1)),
             helps: Helps::default(),
         })
     }
@@ -656,6 +703,17 @@ impl Config {
                  give each resolution its own target ([policy_sinks.\"<policy>\"]) for one resolution per store",
                 self.sink_policies.len()
             ));
+        }
+        for target in self.targets() {
+            if let SinkConfig::RemoteWrite(remote) = &target.sink
+                && remote.metadata == Some(true)
+                && !remote.sends_metadata()
+            {
+                warnings.push(format!(
+                    "target `{}` sends no metadata: a metadata request has no series to take its tenant                      (tenant_label) or storage policy (m3_headers) from; set metadata = false to say so",
+                    target.name
+                ));
+            }
         }
         warnings
     }

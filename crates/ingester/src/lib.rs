@@ -95,6 +95,7 @@ pub use pool::pacing::{Aimd, Outcome};
 pub use pool::split;
 pub use queue::{FsyncPolicy, Position, Queue, QueueOptions, QueueReader, RequestKey, open as open_queue};
 pub use queue::{record, series};
+pub use sink::metadata::{Families, FamilyMeta};
 pub use sink::openmetrics::Helps;
 pub use sink::prompb;
 pub use sink::remote_write::RemoteWriteSink;
@@ -175,7 +176,11 @@ impl Ingester {
             let sink_config = target_config.sink.clone();
             let dir = config.data_dir.join("queue").join(target_dir_name(&name));
             let checkpoint_metrics = metrics.writer.checkpoint(&name);
+            let families = metadata_families(&target_config, &metrics.sink.target(&name).writes);
             let mut converter = converter_for(&config, &target_config, &tier);
+            if let Some(families) = &families {
+                converter = converter.with_families(families.clone(), config.mapping.timer_unit.as_str());
+            }
             let covers = writer::checkpoint::load(&dir, &name, &checkpoint_metrics, &mut converter);
             let from_checkpoint = converter.cumulative_series();
             let mut options = config.queue.options(dir.clone());
@@ -225,6 +230,10 @@ impl Ingester {
                 );
             }
             let sink = Arc::new(build_sink(&config, &name, &sink_config, &metrics.sink)?);
+            if let (Some(families), AnySink::RemoteWrite(_)) = (families, sink.as_ref()) {
+                let writes = metrics.sink.target(&name).writes;
+                tokio::spawn(send_metadata(sink.clone(), families, writes, shutdown.clone()));
+            }
             let aimd = config.pacing.aimd(config.pool.workers);
             let target_metrics = metrics.pool.target(&name, &metrics.sink);
             let limit = AdaptiveLimit::new(
@@ -379,6 +388,50 @@ fn build_sink(
             let settings = sink::remote_write::RemoteWriteSettings { helps, ..settings };
             let sink = RemoteWriteSink::new(settings).map_err(|error| sink_error(std::io::Error::other(error)))?;
             Ok(AnySink::RemoteWrite(Box::new(sink)))
+        }
+    }
+}
+
+/// The families of a remote-write target that sends metadata (`metadata = true`, no tenant
+/// label nor M3 headers), counted in `writes`.
+fn metadata_families(target: &TargetConfig, writes: &sink::TargetWrites) -> Option<sink::metadata::Families> {
+    let SinkConfig::RemoteWrite(remote) = &target.sink else { return None };
+    remote.sends_metadata().then(|| {
+        sink::metadata::Families::new(
+            sink::metadata::MAX_FAMILIES,
+            writes.metadata_families.clone(),
+            writes.metadata_families_dropped.clone(),
+        )
+    })
+}
+
+/// Sends every family's metadata to a remote-write target every `metadata_interval`,
+/// first one interval after the start; a failed round is logged and counted, and the
+/// next round sends everything again.
+async fn send_metadata(
+    sink: Arc<AnySink>,
+    families: sink::metadata::Families,
+    writes: sink::TargetWrites,
+    shutdown: Shutdown,
+) {
+    let AnySink::RemoteWrite(remote) = sink.as_ref() else { return };
+    if !remote.sends_metadata() {
+        return;
+    }
+    let mut interval = tokio::time::interval(remote.metadata_interval());
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    interval.tick().await;
+    while shutdown.tick(&mut interval).await {
+        match remote.send_metadata(&families).await {
+            Ok(0) => {}
+            Ok(sent) => {
+                writes.metadata_requests.inc();
+                tracing::debug!(families = sent, "metadata sent");
+            }
+            Err(error) => {
+                writes.metadata_errors.inc();
+                tracing::warn!(%error, "metadata not sent; the next round sends it again");
+            }
         }
     }
 }

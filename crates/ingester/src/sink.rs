@@ -7,7 +7,8 @@
 //!
 //! [`prompb`] holds the remote-write messages and encodes a request body straight from the
 //! queued samples; [`openmetrics`] writes the text format for the file sink and the
-//! [`rejected::RejectedLog`].
+//! [`rejected::RejectedLog`]; [`metadata`] keeps each family's type, help and unit for
+//! remote write's metadata requests.
 //!
 //! A sink writes one [`SinkRequest`] (at most `max_samples_per_request` samples of one
 //! record) and answers `Ok` once storage has them, or a [`SinkError`]: retryable (the
@@ -16,6 +17,7 @@
 //! either.
 
 pub mod file;
+pub mod metadata;
 mod metrics;
 #[cfg_attr(
     not(test),
@@ -31,7 +33,7 @@ use std::sync::Arc;
 
 use crate::queue::record::{Record, StoredSample};
 use crate::queue::{Position, RequestKey};
-pub use metrics::{SinkMetrics, TargetSinkMetrics};
+pub use metrics::{SinkMetrics, TargetSinkMetrics, TargetWrites};
 
 /// The record a request belongs to, shared by all of the record's requests.
 #[derive(Debug)]

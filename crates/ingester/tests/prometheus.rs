@@ -193,3 +193,34 @@ async fn without_native_histograms_in_prometheus_the_histograms_are_refused_and_
     shutdown.trigger();
     ingester.wait().await;
 }
+
+/// Remote write's metadata requests (on by default, here once a second) are taken by a real
+/// Prometheus: requests of metadata alone, answered like any write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prometheus_takes_the_metadata_requests() {
+    let prometheus = tokio::task::spawn_blocking(Prometheus::start).await.unwrap();
+    let data = tempfile::tempdir().unwrap();
+    let (ingester, telemetry, shutdown, mut sender) = start_ingester(&format!(
+        "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\n[sink]\nkind = \"remote_write\"\nurl = \"{}\"\n\
+         metadata_interval_secs = 1\n",
+        data.path().display(),
+        prometheus.remote_write_url()
+    ))
+    .await;
+    let t0 = recent_tile_end_ms(10);
+    let ack = sender.send(batch(0, "10s:2d", t0, vec![counter("jobs", 2.0), timer("lat", &[1.0, 3.0])])).await;
+    assert_eq!(ack.status, AckStatus::Ok as i32, "{ack:?}");
+    let sent = |name: &str| {
+        let text = telemetry.encode().unwrap();
+        metric_value(&text, name, r#"target="default""#)
+    };
+    wait_until("two rounds of metadata", Duration::from_secs(20), || {
+        sent("tessera_ingester_metadata_requests_total") >= 2.0
+    })
+    .await;
+    assert_eq!(sent("tessera_ingester_metadata_errors_total"), 0.0);
+    assert_eq!(sent("tessera_ingester_metadata_families"), 4.0, "jobs, lat, lat_min, lat_max");
+    assert_eq!(value(&prometheus.query("jobs_total", t0 as f64 / 1000.0)), 2.0);
+    shutdown.trigger();
+    ingester.wait().await;
+}

@@ -15,7 +15,9 @@ use std::time::Duration;
 
 use serde_json::Value;
 use support::prometheus::Prometheus;
-use support::wire::{Sender, batch, counter, gauge, metric_value, recent_tile_end_ms, start_ingester, wait_until};
+use support::wire::{
+    Sender, batch, counter, gauge, metric_value, recent_tile_end_ms, start_ingester, timer, wait_until,
+};
 use tessera_ingester::Ingester;
 use tessera_proto::AckStatus;
 use tessera_runtime::{Shutdown, Telemetry};
@@ -140,6 +142,8 @@ async fn victoria_metrics_over_https_with_basic_auth_gets_exact_values() {
 #[derive(Debug, Clone)]
 struct Received {
     headers: Vec<(String, String)>,
+    /// The body, uncompressed (snappy block format, as remote write sends it).
+    body: Vec<u8>,
 }
 
 impl Received {
@@ -191,8 +195,11 @@ async fn recording_front() -> (SocketAddr, Arc<Mutex<Vec<Received>>>) {
                             Ok(n) => buffer.extend_from_slice(&chunk[..n]),
                         }
                     }
+                    let body = snap::raw::Decoder::new()
+                        .decompress_vec(&buffer[head_end + 4..head_end + 4 + length])
+                        .unwrap_or_default();
                     buffer.drain(..head_end + 4 + length);
-                    log.lock().unwrap().push(Received { headers });
+                    log.lock().unwrap().push(Received { headers, body });
                     if stream.write_all(b"HTTP/1.1 204 No Content\r\ncontent-length: 0\r\n\r\n").await.is_err() {
                         return;
                     }
@@ -247,4 +254,68 @@ async fn every_request_carries_the_headers_its_tenant_and_the_current_token() {
     assert_eq!(second.len(), 1, "{second:?}");
     assert_eq!(second[0].header("authorization"), Some("Bearer second-token-rotated"));
     assert_eq!(second[0].header("x-scope-orgid"), Some("a"));
+}
+
+/// Remote write's metadata, on by default: every family the target writes, with its type,
+/// help (the mapping file's where it has one) and unit, in requests of their own once an
+/// interval, never inside the sample requests.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_family_s_type_help_and_unit_go_out_in_metadata_requests_of_their_own() {
+    use prost::Message;
+    use tessera_ingester::prompb::WriteRequest;
+    let (front, received) = recording_front().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mapping = dir.path().join("mapping.yml");
+    std::fs::write(&mapping, "mappings:\n- match: api.latency\n  name: api_latency\n  help: Latency of the API.\n")
+        .unwrap();
+    let (ingester, telemetry, _shutdown, mut sender) = start_ingester(&format!(
+        "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\n[mapping]\nfile = \"{}\"\n\
+         [sink]\nkind = \"remote_write\"\nurl = \"http://{front}/api/v1/write\"\nhistograms = \"summary\"\n\
+         metadata_interval_secs = 1\n",
+        dir.path().display(),
+        mapping.display()
+    ))
+    .await;
+    let tiles = vec![counter("api.hits|#env:prod", 1.0), gauge("temp", 20.0), timer("api_latency", &[0.2, 0.4])];
+    let t0 = recent_tile_end_ms(10);
+    assert_eq!(sender.send(batch(0, "10s:2d", t0, tiles)).await.status, AckStatus::Ok as i32);
+    wait_until("the batch to be written", Duration::from_secs(30), || ingester.pending_records() == 0).await;
+    let metadata_requests = || {
+        received
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|request| WriteRequest::decode(request.body.as_slice()).expect("a WriteRequest"))
+            .filter(|request| !request.metadata.is_empty())
+            .collect::<Vec<WriteRequest>>()
+    };
+    wait_until("a metadata request", Duration::from_secs(10), || !metadata_requests().is_empty()).await;
+    let requests = received.lock().unwrap().len();
+    for request in metadata_requests() {
+        assert!(request.timeseries.is_empty(), "metadata goes in requests of its own");
+    }
+    let request = metadata_requests().remove(0);
+    let entries: Vec<(i32, &str, &str, &str)> = request
+        .metadata
+        .iter()
+        .map(|entry| (entry.r#type, entry.metric_family_name.as_str(), entry.help.as_str(), entry.unit.as_str()))
+        .collect();
+    let counter_help = "statsd counter (c), written by tessera";
+    let gauge_help = "statsd gauge (g), set (s), or a timer's min or max, written by tessera";
+    assert_eq!(
+        entries,
+        [
+            (1, "api_hits", counter_help, ""),
+            (5, "api_latency", "Latency of the API.", "seconds"),
+            (2, "api_latency_max", gauge_help, "seconds"),
+            (2, "api_latency_min", gauge_help, "seconds"),
+            (2, "temp", gauge_help, ""),
+        ]
+    );
+    // Once an interval: the next round comes a second later, the same families again.
+    wait_until("a second metadata request", Duration::from_secs(10), || metadata_requests().len() >= 2).await;
+    assert!(received.lock().unwrap().len() > requests);
+    let text = telemetry.encode().unwrap();
+    assert!(metric_value(&text, "tessera_ingester_metadata_requests_total", "target=\"default\"") >= 2.0);
+    assert_eq!(metric_value(&text, "tessera_ingester_metadata_families", "target=\"default\""), 5.0);
 }

@@ -628,3 +628,41 @@ fn a_mappings_summary_is_written_with_its_own_quantiles() {
         assert!((written[1].1 - 0.030).abs() <= 0.030 * 0.011, "{mode:?}: {written:?}");
     }
 }
+
+#[test]
+fn every_family_written_is_noted_once_with_its_type_and_timers_with_their_unit() {
+    use crate::sink::metadata::{Families, FamilyMeta};
+    use prometheus_client::metrics::{counter::Counter, gauge};
+    let families = Families::new(100, gauge::Gauge::default(), Counter::default());
+    let mut converter = Converter::new(&[0.5], 3_600_000)
+        .with_histograms(HistogramMode::Summary, 160)
+        .with_families(families.clone(), "seconds");
+    let mut histogram = Distribution::default();
+    histogram.insert(3.0, 1.0);
+    let tiles = vec![
+        tile("api.hits|#env:a", MetricType::Counter, Aggregate::Counter(1.0)),
+        tile("api.hits|#env:b", MetricType::Counter, Aggregate::Counter(2.0)),
+        tile("temp", MetricType::Gauge, Aggregate::Gauge(Box::new(Gauge::with_value(20.0, 1)))),
+        tile("sizes", MetricType::Histogram, Aggregate::Distribution(Box::new(histogram))),
+    ];
+    converted(&mut converter, &batch(10_000, tiles));
+    converted(&mut converter, &timer_batch(10_000, &[0.2, 0.4]));
+    let noted: Vec<(String, &str, &str)> = families
+        .snapshot()
+        .into_iter()
+        .map(|(family, FamilyMeta { type_name, unit })| (family, type_name, unit))
+        .collect();
+    let expected = [
+        ("api_hits", "counter", ""),
+        ("lat", "summary", "seconds"),
+        ("lat_max", "gauge", "seconds"),
+        ("lat_min", "gauge", "seconds"),
+        ("sizes", "summary", ""),
+        ("sizes_max", "gauge", ""),
+        ("sizes_min", "gauge", ""),
+        ("temp", "gauge", ""),
+    ];
+    let expected: Vec<(String, &str, &str)> =
+        expected.iter().map(|(family, type_name, unit)| ((*family).to_owned(), *type_name, *unit)).collect();
+    assert_eq!(noted, expected);
+}

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use tessera_runtime::telemetry::labels::ByTarget;
 use tessera_runtime::telemetry::storage_histogram;
@@ -55,6 +56,14 @@ tessera_runtime::labelled_metrics! {
         pub samples_written: Counter = samples_written,
         /// Queue records fully written to storage, per target
         pub records_written: Counter = records_written,
+        /// Metric families whose type, help and unit go out in metadata requests, per target
+        pub metadata_families: Gauge = metadata_families,
+        /// Metric families past the bound (100 000), sent without metadata, per target
+        pub metadata_families_dropped: Counter = metadata_families_dropped,
+        /// Metadata requests storage took, per target
+        pub metadata_requests: Counter = metadata_requests,
+        /// Rounds of metadata requests that failed (the next round sends them all again), per target
+        pub metadata_errors: Counter = metadata_errors,
     }
 }
 

@@ -6,12 +6,13 @@
 //! `MetricMetadata { type, metric_family_name, help, unit }`, with the field numbers of
 //! Prometheus' `prompb/remote.proto` and `types.proto`.
 //!
-//! **Metadata** (`metadata = true` on the target; off by default, for its cost: see
-//! BENCHMARKS.md). Each request then carries one `MetricMetadata` per metric family it writes: its
-//! type (counter; gauge for gauges, sets and a timer's `_min`/`_max`; summary for quantiles,
-//! `_sum` and `_count`; histogram for native histograms) and a help text naming what statsd
-//! sent ([`help_text`](crate::sink::openmetrics::help_text), or a mapping's `help`, [`Helps`]; the file sink's `# HELP`), so that a metric browser shows them. Stores that keep metadata
-//! (Mimir, VictoriaMetrics, the M3 coordinator) use it; Prometheus' own receiver drops it.
+//! **Metadata** ([`encode_metadata_request`]): a request of its own, sent once a minute with
+//! one `MetricMetadata` per metric family the target writes (see [`crate::sink::metadata`]):
+//! its type (counter; gauge for gauges, sets and a timer's `_min`/`_max`; summary for
+//! quantiles, `_sum` and `_count`; histogram for native and classic histograms), a help text
+//! naming what statsd sent ([`help_text`](crate::sink::openmetrics::help_text), or a mapping's
+//! `help`, [`Helps`](crate::sink::openmetrics::Helps); the file sink's `# HELP`) and a unit (`seconds` for timers). Stores that
+//! keep metadata (Mimir, recent VictoriaMetrics) use it; Prometheus 2's receiver drops it.
 //!
 //! A queue record's series are in the queue's own form ([`crate::queue::series`]), whose
 //! `Label` and `Histogram` have the field numbers of remote write's. So
@@ -32,7 +33,7 @@
 //! series::encode_labels(&mut labels, &[("__name__", "hits_total"), ("env", "prod")]);
 //! let sample = StoredSample { labels: Bytes::from(labels), value: 3.0, kind: 1, ..Default::default() };
 //! let mut body = Vec::new();
-//! prompb::encode_write_request(&mut body, std::slice::from_ref(&sample), 10_000, None);
+//! prompb::encode_write_request(&mut body, std::slice::from_ref(&sample), 10_000);
 //! let request = WriteRequest::decode(body.as_slice()).unwrap();
 //! assert_eq!(request.timeseries[0].labels[1].value, "prod");
 //! assert_eq!(request.timeseries[0].samples[0].timestamp, 10_000);
@@ -43,7 +44,6 @@ use prost::encoding::{encode_varint, encoded_len_varint};
 
 use crate::queue::record::StoredSample;
 use crate::queue::series::{Histogram, Label};
-use crate::sink::openmetrics::{Helps, family};
 
 /// `prometheus.WriteRequest`.
 #[derive(Clone, PartialEq, Message)]
@@ -90,38 +90,40 @@ const REQUEST_METADATA: u8 = 0x1a;
 const METADATA_TYPE: u8 = 0x08;
 /// Wire key of `MetricMetadata.help` (field 4, length-delimited).
 const METADATA_HELP: u8 = 0x22;
+/// Wire key of `MetricMetadata.unit` (field 5, length-delimited).
+const METADATA_UNIT: u8 = 0x2a;
 
-/// The distinct (family, OpenMetrics type) pairs of `samples`, in first-seen order.
-fn families(samples: &[StoredSample]) -> Vec<(&str, &'static str)> {
-    let mut seen = std::collections::HashSet::with_capacity(samples.len().min(256));
-    let mut families = Vec::new();
-    for sample in samples {
-        let mut name = None;
-        let _ = crate::queue::series::visit_labels(&sample.labels, |label, value| {
-            if label == "__name__" {
-                name = Some(value);
-            }
-        });
-        let Some(name) = name else { continue };
-        let family = family(name, sample.sample_kind());
-        if seen.insert(family) {
-            families.push(family);
-        }
-    }
-    families
+/// One family's metadata: name, OpenMetrics type, help, unit (empty: none).
+pub type MetadataEntry<'a> = (&'a str, &'static str, &'a str, &'a str);
+
+/// Bytes of `entry` as a `WriteRequest.metadata` field.
+pub fn metadata_entry_len(entry: &MetadataEntry<'_>) -> usize {
+    let inner = metadata_inner_len(entry);
+    1 + encoded_len_varint(inner as u64) + inner
 }
 
-/// Bytes of one `MetricMetadata` and of it as a `WriteRequest.metadata` field.
-fn metadata_lengths(family: &str, type_name: &str, helps: &Helps) -> (usize, usize) {
-    let help = helps.of(family, type_name);
-    let inner = 2
-        + 1
-        + encoded_len_varint(family.len() as u64)
-        + family.len()
-        + 1
-        + encoded_len_varint(help.len() as u64)
-        + help.len();
-    (inner, 1 + encoded_len_varint(inner as u64) + inner)
+fn metadata_inner_len((family, _, help, unit): &MetadataEntry<'_>) -> usize {
+    let field = |len: usize| if len == 0 { 0 } else { 1 + encoded_len_varint(len as u64) + len };
+    2 + field(family.len()) + field(help.len()) + field(unit.len())
+}
+
+/// Appends a `WriteRequest` holding only `entries`' metadata, one `MetricMetadata` each.
+pub fn encode_metadata_request(out: &mut Vec<u8>, entries: &[MetadataEntry<'_>]) {
+    out.reserve(entries.iter().map(metadata_entry_len).sum());
+    for entry in entries {
+        let (family, type_name, help, unit) = *entry;
+        out.push(REQUEST_METADATA);
+        encode_varint(metadata_inner_len(entry) as u64, out);
+        out.push(METADATA_TYPE);
+        out.push(metric_type(type_name) as u8);
+        for (key, text) in [(FIELD_2_LEN, family), (METADATA_HELP, help), (METADATA_UNIT, unit)] {
+            if !text.is_empty() {
+                out.push(key);
+                encode_varint(text.len() as u64, out);
+                out.extend_from_slice(text.as_bytes());
+            }
+        }
+    }
 }
 
 /// `prometheus.TimeSeries`.
@@ -183,22 +185,15 @@ fn series_lengths(sample: &StoredSample, tile_end_ms: i64) -> (usize, usize, usi
 }
 
 /// Size of the uncompressed `WriteRequest` [`encode_write_request`] would write.
-pub fn write_request_len(samples: &[StoredSample], timestamp_ms: i64, metadata: Option<&Helps>) -> usize {
-    let metadata: usize = match metadata {
-        Some(helps) => {
-            families(samples).iter().map(|(family, type_name)| metadata_lengths(family, type_name, helps).1).sum()
-        }
-        None => 0,
-    };
-    samples.iter().map(|sample| series_lengths(sample, timestamp_ms).0).sum::<usize>() + metadata
+pub fn write_request_len(samples: &[StoredSample], timestamp_ms: i64) -> usize {
+    samples.iter().map(|sample| series_lengths(sample, timestamp_ms).0).sum::<usize>()
 }
 
 /// Appends a `WriteRequest` holding one `TimeSeries` per sample, each with one sample (or,
 /// for a sample carrying a histogram, one histogram) at the record's `tile_end_ms` (or the
 /// sample's own timestamp, [`StoredSample::at`]), to `out`. A plain sample marked
-/// `reset_before` is preceded in its series by a 0 one millisecond before it. With
-/// `metadata` (the help texts), one `MetricMetadata` per family follows (see the module docs).
-pub fn encode_write_request(out: &mut Vec<u8>, samples: &[StoredSample], tile_end_ms: i64, metadata: Option<&Helps>) {
+/// `reset_before` is preceded in its series by a 0 one millisecond before it.
+pub fn encode_write_request(out: &mut Vec<u8>, samples: &[StoredSample], tile_end_ms: i64) {
     out.reserve(samples.iter().map(|sample| series_lengths(sample, tile_end_ms).0).sum());
     for sample in samples {
         let (_, series_len, point_len, marker_len) = series_lengths(sample, tile_end_ms);
@@ -228,21 +223,6 @@ pub fn encode_write_request(out: &mut Vec<u8>, samples: &[StoredSample], tile_en
         }
         encode_varint(timestamp_ms as u64, out);
     }
-    let Some(helps) = metadata else { return };
-    for (family, type_name) in families(samples) {
-        let (inner, _) = metadata_lengths(family, type_name, helps);
-        let help = helps.of(family, type_name);
-        out.push(REQUEST_METADATA);
-        encode_varint(inner as u64, out);
-        out.push(METADATA_TYPE);
-        out.push(metric_type(type_name) as u8);
-        out.push(FIELD_2_LEN);
-        encode_varint(family.len() as u64, out);
-        out.extend_from_slice(family.as_bytes());
-        out.push(METADATA_HELP);
-        encode_varint(help.len() as u64, out);
-        out.extend_from_slice(help.as_bytes());
-    }
 }
 
 /// Snappy block compression (not the framed format), as remote write requires.
@@ -257,8 +237,6 @@ mod tests {
 
     use super::*;
     use crate::queue::series::{HistogramEncoder, RESET_HINT_YES, decode_labels, encode_labels};
-    use crate::record::SampleKind;
-    use crate::sink::openmetrics::help_text;
 
     fn stored(labels: &[(&str, &str)], value: f64) -> StoredSample {
         let mut bytes = Vec::new();
@@ -278,9 +256,8 @@ mod tests {
         ];
         for timestamp in [0, 1, 1_700_000_000_000, -5] {
             let mut ours = Vec::new();
-            let helps = Helps::default();
-            encode_write_request(&mut ours, &samples, timestamp, Some(&helps));
-            assert_eq!(ours.len(), write_request_len(&samples, timestamp, Some(&helps)));
+            encode_write_request(&mut ours, &samples, timestamp);
+            assert_eq!(ours.len(), write_request_len(&samples, timestamp));
             let theirs = WriteRequest {
                 timeseries: samples
                     .iter()
@@ -299,50 +276,38 @@ mod tests {
                         }
                     })
                     .collect(),
-                metadata: ["a", &"b".repeat(300), "zero", "adopted_total", "late_total"]
-                    .into_iter()
-                    .map(|family| MetricMetadata {
-                        r#type: 2,
-                        metric_family_name: family.to_owned(),
-                        help: help_text("gauge").to_owned(),
-                        unit: String::new(),
-                    })
-                    .collect(),
+                metadata: Vec::new(),
             };
             assert_eq!(WriteRequest::decode(ours.as_slice()).unwrap(), theirs, "timestamp {timestamp}");
         }
     }
 
     #[test]
-    fn each_family_gets_its_type_and_help_once_per_request() {
-        let kind =
-            |kind: SampleKind, labels: &[(&str, &str)]| StoredSample { kind: kind as i32, ..stored(labels, 1.0) };
-        let samples = [
-            kind(SampleKind::Counter, &[("__name__", "hits_total"), ("env", "a")]),
-            kind(SampleKind::Counter, &[("__name__", "hits_total"), ("env", "b")]),
-            kind(SampleKind::SummaryQuantile, &[("__name__", "lat"), ("quantile", "0.5")]),
-            kind(SampleKind::SummarySum, &[("__name__", "lat_sum")]),
-            kind(SampleKind::SummaryCount, &[("__name__", "lat_count")]),
-            kind(SampleKind::Gauge, &[("__name__", "lat_max")]),
-            StoredSample { kind: SampleKind::Histogram as i32, ..histogram_sample(&Sketch::new(), 0.0, true) },
+    fn a_metadata_request_decodes_as_prometheus_reads_it() {
+        let long = "h".repeat(300);
+        let entries: [MetadataEntry<'_>; 3] = [
+            ("hits", "counter", "statsd counter (c), written by tessera", ""),
+            ("lat", "summary", &long, "seconds"),
+            ("temp", "gauge", "", ""),
         ];
-        // `lat` has a help of its own, from a mapping file.
-        let helps = Helps::new([("lat", "Request latency, from the mapping file.")]);
         let mut body = Vec::new();
-        encode_write_request(&mut body, &samples, 10_000, Some(&helps));
-        assert_eq!(body.len(), write_request_len(&samples, 10_000, Some(&helps)));
-        let mut without = Vec::new();
-        encode_write_request(&mut without, &samples, 10_000, None);
-        assert!(WriteRequest::decode(without.as_slice()).unwrap().metadata.is_empty(), "off: no metadata");
-        assert_eq!(without.len(), write_request_len(&samples, 10_000, None));
+        encode_metadata_request(&mut body, &entries);
+        assert_eq!(body.len(), entries.iter().map(metadata_entry_len).sum::<usize>());
         let request = WriteRequest::decode(body.as_slice()).unwrap();
-        let metadata: Vec<(i32, &str)> =
-            request.metadata.iter().map(|entry| (entry.r#type, entry.metric_family_name.as_str())).collect();
-        assert_eq!(metadata, [(1, "hits"), (5, "lat"), (2, "lat_max"), (3, "latency")]);
-        assert_eq!(request.metadata[0].help, "statsd counter (c), written by tessera");
-        assert_eq!(request.metadata[1].help, "Request latency, from the mapping file.");
-        assert!(request.metadata[3].help.contains("in seconds"));
-        assert_eq!(request.timeseries.len(), samples.len());
+        assert!(request.timeseries.is_empty());
+        let decoded: Vec<(i32, &str, &str, &str)> = request
+            .metadata
+            .iter()
+            .map(|entry| (entry.r#type, entry.metric_family_name.as_str(), entry.help.as_str(), entry.unit.as_str()))
+            .collect();
+        assert_eq!(
+            decoded,
+            [
+                (1, "hits", "statsd counter (c), written by tessera", ""),
+                (5, "lat", long.as_str(), "seconds"),
+                (2, "temp", "", "")
+            ]
+        );
     }
 
     fn histogram_sample(sketch: &Sketch, sum: f64, reset: bool) -> StoredSample {
@@ -368,8 +333,8 @@ mod tests {
         let sample = histogram_sample(&sketch, 123.5, true);
         let samples = [stored(&[("__name__", "a")], 1.0), sample.clone()];
         let mut body = Vec::new();
-        encode_write_request(&mut body, &samples, 1_700_000_000_000, None);
-        assert_eq!(body.len(), write_request_len(&samples, 1_700_000_000_000, None));
+        encode_write_request(&mut body, &samples, 1_700_000_000_000);
+        assert_eq!(body.len(), write_request_len(&samples, 1_700_000_000_000));
         let request = WriteRequest::decode(body.as_slice()).unwrap();
         assert_eq!(request.timeseries[0].samples.len(), 1);
         let series = &request.timeseries[1];
@@ -399,7 +364,7 @@ mod tests {
     #[test]
     fn compresses_to_snappy_block_format() {
         let mut body = Vec::new();
-        encode_write_request(&mut body, &[stored(&[("__name__", "a")], 1.0)], 5, None);
+        encode_write_request(&mut body, &[stored(&[("__name__", "a")], 1.0)], 5);
         let compressed = compress(&body).unwrap();
         assert_eq!(snap::raw::Decoder::new().decompress_vec(&compressed).unwrap(), body);
     }

@@ -54,6 +54,7 @@ use tessera_runtime::logging::{RateLimitedLog, error_chain};
 use tessera_wire::ClientTls;
 use tessera_wire::Reloading;
 
+use super::metadata::Families;
 use super::openmetrics::Helps;
 use super::prompb;
 use super::{Sink, SinkError, SinkRequest, StoredSample, shorten};
@@ -64,6 +65,9 @@ const HISTOGRAMS_DISABLED: &str = "native histograms are disabled";
 
 /// Most bytes of an error body kept for logs.
 const MAX_ERROR_BODY_BYTES: usize = 64 << 10;
+
+/// Uncompressed bytes of metadata per request, about (a family's entry is 60 to 150 bytes).
+pub const METADATA_REQUEST_BYTES: usize = 512 << 10;
 
 /// Settings of a remote-write target.
 #[derive(Debug)]
@@ -88,8 +92,11 @@ pub struct RemoteWriteSettings {
     /// Split requests by tenant: the label whose value is the tenant, and the header it
     /// goes in.
     pub tenant: Option<(String, HeaderName)>,
-    /// Each request carries the metadata of its families ([`prompb::encode_write_request`]).
+    /// Send each family's metadata every `metadata_interval`
+    /// ([`RemoteWriteSink::send_metadata`]); never with a tenant label or M3 headers.
     pub metadata: bool,
+    /// How often the metadata goes out.
+    pub metadata_interval: Duration,
     /// The help texts of that metadata.
     pub helps: Helps,
 }
@@ -269,13 +276,54 @@ impl RemoteWriteSink {
 
     /// Builds the compressed body of `request`.
     pub fn body(request: &SinkRequest) -> Result<Vec<u8>, SinkError> {
-        Self::body_of(&request.samples, request.record.tile_end_ms, None)
+        Self::body_of(&request.samples, request.record.tile_end_ms)
     }
 
-    fn body_of(samples: &[StoredSample], tile_end_ms: i64, metadata: Option<&Helps>) -> Result<Vec<u8>, SinkError> {
+    fn body_of(samples: &[StoredSample], tile_end_ms: i64) -> Result<Vec<u8>, SinkError> {
         let mut body = Vec::new();
-        prompb::encode_write_request(&mut body, samples, tile_end_ms, metadata);
-        prompb::compress(&body).map_err(|error| SinkError::Permanent { status: 0, message: format!("snappy: {error}") })
+        prompb::encode_write_request(&mut body, samples, tile_end_ms);
+        Self::compressed(&body)
+    }
+
+    fn compressed(body: &[u8]) -> Result<Vec<u8>, SinkError> {
+        prompb::compress(body).map_err(|error| SinkError::Permanent { status: 0, message: format!("snappy: {error}") })
+    }
+
+    /// Whether this target sends metadata: asked for, and no tenant label or M3 headers
+    /// (a metadata request has no series to take a tenant or a storage policy from).
+    pub fn sends_metadata(&self) -> bool {
+        self.settings.metadata && self.settings.tenant.is_none() && !self.settings.m3_headers
+    }
+
+    /// How often [`send_metadata`](Self::send_metadata) should run.
+    pub fn metadata_interval(&self) -> Duration {
+        self.settings.metadata_interval
+    }
+
+    /// Sends the type, help and unit of every family in `families`, in requests of about
+    /// [`METADATA_REQUEST_BYTES`] each; returns how many families went out.
+    pub async fn send_metadata(&self, families: &Families) -> Result<usize, SinkError> {
+        let snapshot = families.snapshot();
+        let entries: Vec<prompb::MetadataEntry<'_>> = snapshot
+            .iter()
+            .map(|(family, meta)| {
+                (family.as_str(), meta.type_name, self.settings.helps.of(family, meta.type_name), meta.unit)
+            })
+            .collect();
+        let mut start = 0;
+        while start < entries.len() {
+            let mut bytes = 0;
+            let mut end = start;
+            while end < entries.len() && (end == start || bytes < METADATA_REQUEST_BYTES) {
+                bytes += prompb::metadata_entry_len(&entries[end]);
+                end += 1;
+            }
+            let mut body = Vec::with_capacity(bytes);
+            prompb::encode_metadata_request(&mut body, &entries[start..end]);
+            self.post(Self::compressed(&body)?, None, None).await?;
+            start = end;
+        }
+        Ok(entries.len())
     }
 
     async fn exchange(&self, request: hyper::Request<Full<Bytes>>) -> Result<(), SinkError> {
@@ -367,8 +415,18 @@ impl RemoteWriteSink {
         samples: &[StoredSample],
         tenant: Option<(&HeaderName, HeaderValue)>,
     ) -> Result<(), SinkError> {
-        let body =
-            Self::body_of(samples, request.record.tile_end_ms, self.settings.metadata.then_some(&self.settings.helps))?;
+        let body = Self::body_of(samples, request.record.tile_end_ms)?;
+        self.post(body, tenant, Some(&request.record.storage_policy)).await
+    }
+
+    /// POSTs one compressed `WriteRequest`, with `tenant` as a header and, with M3 headers
+    /// on, the `storage_policy` of its samples.
+    async fn post(
+        &self,
+        body: Vec<u8>,
+        tenant: Option<(&HeaderName, HeaderValue)>,
+        storage_policy: Option<&str>,
+    ) -> Result<(), SinkError> {
         let mut builder = hyper::Request::post(self.settings.url.clone())
             .header(CONTENT_ENCODING, "snappy")
             .header(CONTENT_TYPE, "application/x-protobuf")
@@ -383,17 +441,14 @@ impl RemoteWriteSink {
                 headers.insert(name.clone(), value);
             }
         }
-        if self.settings.m3_headers {
+        if let Some(storage_policy) = storage_policy.filter(|_| self.settings.m3_headers) {
             builder = builder.header("M3-Metrics-Type", "aggregated");
-            match HeaderValue::from_str(&request.record.storage_policy) {
+            match HeaderValue::from_str(storage_policy) {
                 Ok(policy) => builder = builder.header("M3-Storage-Policy", policy),
                 Err(_) => {
                     return Err(SinkError::Permanent {
                         status: 0,
-                        message: format!(
-                            "storage policy `{}` is not a valid header value",
-                            request.record.storage_policy
-                        ),
+                        message: format!("storage policy `{storage_policy}` is not a valid header value"),
                     });
                 }
             }
