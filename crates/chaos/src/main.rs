@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use clap::Parser;
 use tessera_chaos::run::{Campaign, run, summary};
-use tessera_chaos::schedule::{Scheduled, Shape, draw, link_stall, replica_kill};
+use tessera_chaos::schedule::{LINK_STALL_POLICIES, Scheduled, Shape, draw, link_stall, replica_kill};
 
 /// The scripted scenarios' tile.
 const SCENARIO_TILE: Duration = Duration::from_secs(10);
@@ -66,8 +66,8 @@ struct Args {
     replica_kill: bool,
     /// Instead of a drawn schedule, the scripted leader-link-stall scenario: the shape of
     /// `--replica-kill`; in each of two rounds the links into one replica, each in turn,
-    /// stall from 2 s before a tile's end for 12 s (past `max_buffer_past`). `--runs N`
-    /// repeats it.
+    /// stall from 2 s before a 10 s tile's end for 12 s (past `max_buffer_past`), inside
+    /// a 30 s tile still open. `--runs N` repeats it.
     #[arg(long)]
     link_stall: bool,
     /// Repeat each campaign this many times.
@@ -99,6 +99,12 @@ fn shard_set_recovery(policies: &[String], ttl_secs: u64) -> anyhow::Result<Dura
     ))
 }
 
+/// The longest tile of `policies`, in milliseconds.
+fn longest_tile_ms(policies: &[String]) -> anyhow::Result<i64> {
+    let resolutions = tessera_chaos::check::resolutions(policies)?;
+    Ok(resolutions.iter().map(|resolution| resolution.tile_ms).max().unwrap_or(0))
+}
+
 fn seeds(args: &Args) -> anyhow::Result<Vec<u64>> {
     let Some(range) = &args.seeds else { return Ok(vec![args.seed]) };
     let (first, last) = range.split_once("..=").with_context(|| format!("invalid --seeds `{range}`: FIRST..=LAST"))?;
@@ -127,17 +133,17 @@ fn campaigns(args: &Args) -> anyhow::Result<bool> {
         ingesters: args.ingesters,
         shard_set_recovery: shard_set_recovery(&args.policies, args.ttl_secs)?,
     };
-    // A scripted scenario: its flag, schedule and length.
-    let scripted: Option<(&str, Vec<Scheduled>, Duration)> = if args.replica_kill {
-        Some(("--replica-kill", replica_kill(SCENARIO_TILE, 3), SCENARIO_TILE * 9))
+    // A scripted scenario: its flag, schedule, length and policies.
+    let scripted: Option<(&str, Vec<Scheduled>, Duration, &[&str])> = if args.replica_kill {
+        Some(("--replica-kill", replica_kill(SCENARIO_TILE, 3), SCENARIO_TILE * 9, &["10s:1h"]))
     } else if args.link_stall {
-        Some(("--link-stall", link_stall(SCENARIO_TILE, 2), SCENARIO_TILE * 8))
+        Some(("--link-stall", link_stall(SCENARIO_TILE, 2), SCENARIO_TILE * 8, &LINK_STALL_POLICIES))
     } else {
         None
     };
-    if let Some((_, _, length)) = &scripted {
+    if let Some((_, _, length, scenario_policies)) = &scripted {
         shape = Shape { collectors: 1, aggregators: 2, replication_factor: 2, ingesters: 1, ..shape };
-        policies = vec!["10s:1h".to_owned()];
+        policies = scenario_policies.iter().map(|policy| (*policy).to_owned()).collect();
         duration = *length;
     }
     // The scenarios run on the daemons' default lease TTL.
@@ -152,7 +158,7 @@ fn campaigns(args: &Args) -> anyhow::Result<bool> {
         seeds(args)?.into_iter().flat_map(|seed| std::iter::repeat_n(seed, args.runs as usize)).collect();
     for seed in seeds {
         let schedule = match &scripted {
-            Some((_, schedule, _)) => schedule.clone(),
+            Some((_, schedule, _, _)) => schedule.clone(),
             None => draw(seed, duration, &shape),
         };
         let dir = args
@@ -170,7 +176,8 @@ fn campaigns(args: &Args) -> anyhow::Result<bool> {
             bin_dir: bin_dir.clone(),
             dir: dir.clone(),
             schedule,
-            align_ms: scripted.is_some().then_some(SCENARIO_TILE.as_millis() as i64),
+            // A scenario starts on a boundary of its longest tile, where its offsets count from.
+            align_ms: scripted.as_ref().map(|_| longest_tile_ms(&policies)).transpose()?,
             busy_neighbours: args.busy_neighbours,
         };
         if args.dry_run {
@@ -188,7 +195,7 @@ fn campaigns(args: &Args) -> anyhow::Result<bool> {
         } else {
             all_passed = false;
             failed += 1;
-            if let Some((flag, _, _)) = &scripted {
+            if let Some((flag, _, _, _)) = &scripted {
                 println!("replay: tessera-chaos {flag} --busy-neighbours {}", args.busy_neighbours);
                 continue;
             }

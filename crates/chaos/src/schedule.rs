@@ -258,7 +258,9 @@ pub fn replica_kill(tile: Duration, rounds: u32) -> Vec<Scheduled> {
 /// 1.2 tiles (longer than the aggregators' default `max_buffer_past`, 8 s, past the end
 /// for a 10 s tile), so that the replica closes that tile at its deadline without the
 /// last windows and refuses them as `too_late` once the stall ends. Whichever replica
-/// leads, one of two rounds stalls the leader. Offsets count from a tile boundary.
+/// leads, one of two rounds stalls the leader. Offsets count from a tile boundary. Run
+/// with [`LINK_STALL_POLICIES`]: the windows refused too late for the 10 s tile are refused
+/// whole, so the 30 s tile they fall in, still open, lacks them too (seed 23).
 pub fn link_stall(tile: Duration, rounds: u32) -> Vec<Scheduled> {
     (0..rounds)
         .map(|round| Scheduled {
@@ -268,6 +270,10 @@ pub fn link_stall(tile: Duration, rounds: u32) -> Vec<Scheduled> {
         })
         .collect()
 }
+
+/// The policies of the link-stall scenario: 10 s tiles, and 30 s tiles that each stall
+/// ends inside of.
+pub const LINK_STALL_POLICIES: [&str; 2] = ["10s:1h", "30s:1h"];
 
 /// Draws the schedule of a run of `duration` (from the start of sending) from `seed`.
 pub fn draw(seed: u64, duration: Duration, shape: &Shape) -> Vec<Scheduled> {

@@ -16,7 +16,9 @@ use std::time::Duration;
 
 use tessera_chaos::check::resolutions;
 use tessera_chaos::run::{Campaign, run, summary};
-use tessera_chaos::schedule::{Scheduled, Shape, draw, link_stall, replica_kill, shard_set_recovery};
+use tessera_chaos::schedule::{
+    LINK_STALL_POLICIES, Scheduled, Shape, draw, link_stall, replica_kill, shard_set_recovery,
+};
 
 /// `target/<profile>`, where the workspace's binaries are.
 fn bin_dir() -> PathBuf {
@@ -42,21 +44,22 @@ fn run_and_report(campaign: &Campaign) {
 /// turn, three rounds; every tile exact.
 fn replica_kill_campaign(dir: &std::path::Path) -> Campaign {
     let tile = Duration::from_secs(10);
-    scripted_campaign(dir.join("replica-kill"), replica_kill(tile, 3), tile * 9)
+    scripted_campaign(dir.join("replica-kill"), replica_kill(tile, 3), tile * 9, &["10s:1h"])
 }
 
 /// The leader-link-stall scenario (seeds 14 and 23): the same shape; the links into each
 /// replica in turn stall across a tile's end for longer than `max_buffer_past`, so that
-/// the leader, in one of the two rounds, closes that tile without the last windows.
+/// the leader, in one of the two rounds, closes that tile without the last windows; and
+/// the 30 s tile the refused windows also fall in lacks them.
 fn link_stall_campaign(dir: &std::path::Path) -> Campaign {
     let tile = Duration::from_secs(10);
-    scripted_campaign(dir.join("link-stall"), link_stall(tile, 2), tile * 8)
+    scripted_campaign(dir.join("link-stall"), link_stall(tile, 2), tile * 8, &LINK_STALL_POLICIES)
 }
 
-/// One collector, two replicas as one shard set, one ingester, 10 s tiles aligned to the
+/// One collector, two replicas as one shard set, one ingester, `policies` aligned to the
 /// start, on the daemons' default lease TTL.
-fn scripted_campaign(dir: PathBuf, schedule: Vec<Scheduled>, duration: Duration) -> Campaign {
-    let tile = Duration::from_secs(10);
+fn scripted_campaign(dir: PathBuf, schedule: Vec<Scheduled>, duration: Duration, policies: &[&str]) -> Campaign {
+    let campaign_policies: Vec<String> = policies.iter().map(|policy| (*policy).to_owned()).collect();
     Campaign {
         seed: 0,
         duration,
@@ -67,13 +70,14 @@ fn scripted_campaign(dir: PathBuf, schedule: Vec<Scheduled>, duration: Duration)
             ingesters: 1,
             shard_set_recovery: Duration::ZERO,
         },
-        policies: vec!["10s:1h".to_owned()],
+        policies: campaign_policies.clone(),
         ttl_secs: 10,
         series_per_kind: 50,
         bin_dir: bin_dir(),
         dir,
         schedule,
-        align_ms: Some(tile.as_millis() as i64),
+        // On a boundary of the longest tile, where the schedule's offsets count from.
+        align_ms: resolutions(&campaign_policies).unwrap().iter().map(|resolution| resolution.tile_ms).max(),
         busy_neighbours: 0,
     }
 }

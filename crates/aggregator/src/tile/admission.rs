@@ -43,8 +43,16 @@ pub fn run_admission(
     ingesters: Ingesters,
     metrics: TileMetrics,
 ) {
-    let mut admission =
-        Admission { shadow, tier, watermarks, ingesters, metrics, lags_exported_ms: 0, lag_sources: Vec::new() };
+    let mut admission = Admission {
+        shadow,
+        tier,
+        watermarks,
+        ingesters,
+        metrics,
+        lags_exported_ms: 0,
+        lag_sources: Vec::new(),
+        tainted: Vec::new(),
+    };
     loop {
         // Sleep until the next tile could close on the clock alone (the
         // latest it may: watermarks that arrive close it sooner).
@@ -87,6 +95,9 @@ struct Admission {
     lags_exported_ms: i64,
     /// Collectors whose watermark lag was exported last time.
     lag_sources: Vec<String>,
+    /// Open tiles that lost a batch refused too late for another policy's tile (a batch
+    /// is admitted whole or refused whole): they close unconfirmed.
+    tainted: Vec<(usize, i64)>,
 }
 
 impl Admission {
@@ -94,7 +105,7 @@ impl Admission {
     fn close_due(&mut self) {
         let now = now_ms();
         let horizon = self.watermarks.horizon(now);
-        self.tier.close_through(&mut self.shadow, horizon, &self.watermarks, &self.metrics);
+        self.tier.close_through(&mut self.shadow, horizon, &self.watermarks, &mut self.tainted, &self.metrics);
         if now - self.lags_exported_ms >= LAG_EXPORT_INTERVAL_MS {
             self.lags_exported_ms = now;
             let lags = self.watermarks.lags_ms(now);
@@ -139,6 +150,13 @@ impl Admission {
                 // from this batch must hold on the merge threads too.
                 self.tier.bind(connection, batch.window_start_ms, batch.window_ms, batch.shares);
                 let reason = refused.reason();
+                if reason == AckReason::TooLate {
+                    for tile in self.shadow.open_tiles_of(batch.window_start_ms) {
+                        if !self.tainted.contains(&tile) {
+                            self.tainted.push(tile);
+                        }
+                    }
+                }
                 self.metrics.refusals.rejected(reason, partials);
                 if REFUSAL_LOG.allow() {
                     tracing::warn!(reason = reason.as_str(), partials, error = %refused, "partial batch refused");

@@ -439,6 +439,16 @@ impl Tiler {
         }
     }
 
+    /// The tiles, `(policy index, tile end)`, that a window starting at `window_start_ms`
+    /// falls in and that have not closed: what a batch refused for good loses besides the
+    /// closed tile that refused it.
+    pub fn open_tiles_of(&self, window_start_ms: i64) -> impl Iterator<Item = (usize, i64)> + '_ {
+        self.policies.iter().enumerate().filter_map(move |(index, policy)| {
+            let start = policy.policy.tile_start_ms(window_start_ms);
+            (start >= policy.closed_through_ms).then(|| (index, start.saturating_add(policy.resolution_ms)))
+        })
+    }
+
     /// Whether a window may be merged at `now_ms`; nothing is changed.
     pub fn check(&self, window_start_ms: i64, window_ms: i64, now_ms: i64) -> Result<(), Refusal> {
         let misaligned = |policy: String| Refusal::Misaligned { window_start_ms, window_ms, policy };

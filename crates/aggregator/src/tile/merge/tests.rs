@@ -94,7 +94,7 @@ fn merge_tier(threads: usize) -> (Tiles, Vec<bool>) {
     let mut admitted = Vec::new();
     for (window, now) in arrivals() {
         let horizon = (now - settings().buffer_past_ms, Trigger::BufferPast);
-        tier.close_through(&mut shadow, horizon, &Watermarks::new(2_000, 8_000), &metrics);
+        tier.close_through(&mut shadow, horizon, &Watermarks::new(2_000, 8_000), &mut Vec::new(), &metrics);
         let empty = WindowPartials { connection: 0, window_start_ms: window, window_ms: 1000, partials: Vec::new() };
         let ok = shadow.accept(&empty, now, &mut |_| {}).is_ok();
         if ok {
@@ -140,4 +140,48 @@ fn every_number_of_merge_threads_closes_the_same_tiles_as_one_tiler() {
         assert_eq!(admitted_here, admitted, "{threads} threads admit the same batches");
         assert_eq!(tiles, expected, "{threads} threads");
     }
+}
+
+/// Seed 23 of the fault campaign: a batch refused too late for its 1 s tile is refused
+/// whole, so the 5 s tile it also falls in, still open, lacks it: that tile closes
+/// unconfirmed, though every watermark passed it.
+#[test]
+fn a_tile_that_lost_a_batch_refused_for_another_policy_closes_unconfirmed() {
+    let now = T0 + 3_000;
+    let mut shadow = Tiler::new(settings(), now);
+    let (jobs, receiver) = crossbeam_channel::unbounded();
+    let (out, parts) = crossbeam_channel::unbounded();
+    let thread = std::thread::spawn({
+        let tiler = Tiler::new(settings(), now);
+        move || run_merge_thread(tiler, receiver, out, TileMetrics::default(), Drops::default())
+    });
+    let mut tier = MergeTier::new(vec![jobs]);
+    // Data in the 1 s tile at 3 s (and so in the 5 s tile of 0 to 5 s).
+    let (_, partial) = partials(3_000).remove(0);
+    let window = WindowPartials { connection: 0, window_start_ms: T0 + 3_000, window_ms: 1000, partials: Vec::new() };
+    shadow.apply(&window, &mut |_| {});
+    tier.dispatch(0, T0 + 3_000, 1000, vec![vec![partial]]);
+    // A window of 1 s is too late for its 1 s tile, closed; its 5 s tile is open.
+    assert!(matches!(shadow.check(T0 + 1_000, 1000, now), Err(crate::tile::tiler::Refusal::TooLate { .. })));
+    let mut tainted: Vec<(usize, i64)> = shadow.open_tiles_of(T0 + 1_000).collect();
+    assert_eq!(tainted, [(1, T0 + 5_000)]);
+    let metrics = TileMetrics::default();
+    let watermarks = Watermarks::new(500, 500);
+    assert!(watermarks.confirms(T0, T0 + 5_000), "no collector holds anything back");
+    tier.close_through(&mut shadow, (T0 + 5_000, Trigger::Watermark), &watermarks, &mut tainted, &metrics);
+    assert!(tainted.is_empty(), "closed tiles are no longer kept");
+    assert_eq!(metrics.unconfirmed_tiles.get(), 1);
+    drop(tier);
+    thread.join().unwrap();
+    let closed: Vec<(usize, i64, bool)> = parts
+        .try_iter()
+        .filter_map(|output| match output {
+            MergeOutput::Part { tile, .. } => Some((tile.policy_index, tile.tile_end_ms, tile.unconfirmed)),
+            MergeOutput::RoundDone { .. } => None,
+        })
+        .collect();
+    let unconfirmed: Vec<(usize, i64)> =
+        closed.iter().filter(|(_, _, unconfirmed)| *unconfirmed).map(|&(policy, end, _)| (policy, end)).collect();
+    assert_eq!(unconfirmed, [(1, T0 + 5_000)], "{closed:?}");
+    assert!(closed.contains(&(0, T0 + 4_000, false)), "the 1 s tiles close confirmed: {closed:?}");
 }
