@@ -565,7 +565,24 @@ impl Table {
             keep
         });
         stats.remaining = self.slots.len();
+        self.shrink_after_churn();
         stats
+    }
+
+    /// Gives back the memory of series that left: when a quarter or less of the table's
+    /// room is used (after a burst of series that expired), it is rebuilt for twice what
+    /// is left. Tables never shrank before, so a burst of new series kept its peak for the
+    /// process' life. The rebuild moves every slot once, a cost paid once per burst.
+    fn shrink_after_churn(&mut self) {
+        let (len, capacity) = (self.slots.len(), self.slots.capacity());
+        if capacity > MIN_SHRINK_CAPACITY && len <= capacity / 4 {
+            self.slots.shrink_to(len * 2, |slot| slot.hash);
+        }
+    }
+
+    /// Slots the table has room for without growing.
+    pub fn capacity(&self) -> usize {
+        self.slots.capacity()
     }
 
     /// Bytes held by the table's slots and keys, estimated (for memory gauges).
@@ -574,6 +591,10 @@ impl Table {
         self.slots.iter().map(|slot| per_slot + slot.key.heap_len() + slot.aggregate.heap_bytes()).sum::<usize>()
     }
 }
+
+/// A table with room for fewer slots than this never shrinks: rebuilding it would give back
+/// little.
+const MIN_SHRINK_CAPACITY: usize = 4096;
 
 /// Why [`Table::merge`] failed.
 #[derive(Debug, thiserror::Error)]
@@ -614,6 +635,36 @@ mod tests {
         assert_eq!(out.len(), 3);
         assert!(out.contains(&(MetricKind::Counter, b"a".to_vec(), Aggregate::Counter(3.0))));
         assert!(out.contains(&(MetricKind::Counter, b"b|#k:v".to_vec(), Aggregate::Counter(1.0))));
+    }
+
+    #[test]
+    fn a_burst_of_series_that_expired_gives_its_room_back() {
+        let mut table = Table::new(TableOptions { expire_after_idle_cuts: Some(1), ..TableOptions::default() });
+        for n in 0..100 {
+            observe(&mut table, format!("steady.{n}:1|c").as_bytes()).unwrap();
+        }
+        table.cut(|_, _, _| {});
+        let steady = table.capacity();
+        // 100 000 new series in one window, then never again.
+        for n in 0..100_000 {
+            observe(&mut table, format!("burst.{n}:1|c").as_bytes()).unwrap();
+        }
+        for n in 0..100 {
+            observe(&mut table, format!("steady.{n}:1|c").as_bytes()).unwrap();
+        }
+        table.cut(|_, _, _| {});
+        let peak = table.capacity();
+        assert!(peak >= 100_100, "{peak}");
+        for _ in 0..3 {
+            for n in 0..100 {
+                observe(&mut table, format!("steady.{n}:1|c").as_bytes()).unwrap();
+            }
+            let emitted = table.cut(|_, _, _| {}).emitted;
+            assert_eq!(emitted, 100, "the steady series go on");
+        }
+        assert_eq!(table.len(), 100);
+        assert!(table.capacity() < peak / 100, "room for {} after the burst (steady: {steady})", table.capacity());
+        assert!(observe(&mut table, b"steady.7:1|c").is_ok_and(|new| !new), "the steady series are still there");
     }
 
     #[test]

@@ -83,7 +83,8 @@ fn put_varint(out: &mut Vec<u8>, mut value: u64) {
 /// Encoded series of one shard (repeated `ShardPartials.series` fields), in
 /// chunks of a bounded size so that a large shard can span several frames.
 ///
-/// [`ShardSeries::clear`] keeps the chunks' memory for the next window.
+/// [`ShardSeries::clear`] keeps the chunks' memory for the next window (what the window
+/// used; a burst's extra chunks are given back).
 #[derive(Debug, Default)]
 pub struct ShardSeries {
     chunks: Vec<Chunk>,
@@ -186,11 +187,15 @@ impl ShardSeries {
         self.chunks[..self.used].iter().map(|chunk| (chunk.bytes.as_slice(), chunk.series))
     }
 
-    /// Forgets the series, keeping the memory.
+    /// Forgets the series, keeping the memory of the chunks this window used; chunks a
+    /// burst of series grew beyond twice that are given back.
     pub fn clear(&mut self) {
         for chunk in &mut self.chunks[..self.used] {
             chunk.bytes.clear();
             chunk.series = 0;
+        }
+        if self.chunks.len() > 2 * self.used + 2 {
+            self.chunks.truncate(self.used + 1);
         }
         self.used = 0;
     }
@@ -443,6 +448,10 @@ mod tests {
         assert_eq!(buffer.chunks().count(), 0);
         buffer.push(2048, b"x", MetricType::Counter as i32, &Aggregate { value: Some(Value::Counter(1.0)) }, 0);
         assert_eq!(buffer.series(), 1);
+        let grown = buffer.chunks.len();
+        // A window that used one chunk gives back what the burst grew.
+        buffer.clear();
+        assert!(grown > 5 && buffer.chunks.len() <= 2, "{grown} chunks, then {}", buffer.chunks.len());
     }
 
     #[test]

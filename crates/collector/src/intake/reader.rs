@@ -130,6 +130,18 @@ pub struct Reader {
     metrics: IntakeMetrics,
     drops: Drops,
     counts: BatchCounts,
+    /// Series the last cut emitted, and the bytes of an id in it, on average: what the
+    /// next cut's buffers are sized for.
+    last_emitted: usize,
+    bytes_per_id: usize,
+}
+
+/// Gives back most of a reused buffer's room when it holds four times what is expected
+/// (and more than a few thousand): a burst of series grew it, and it would keep that peak.
+fn shrink_spare<T>(buffer: &mut Vec<T>, expected: usize) {
+    if buffer.capacity() > 4096 && buffer.capacity() / 4 > expected {
+        buffer.shrink_to(expected);
+    }
 }
 
 impl Reader {
@@ -164,6 +176,8 @@ impl Reader {
             metrics,
             drops,
             counts: BatchCounts::default(),
+            last_emitted: 0,
+            bytes_per_id: 0,
         }
     }
 
@@ -246,12 +260,19 @@ impl Reader {
         cut.through_ms = through_ms;
         cut.ids.clear();
         cut.entries.clear();
-        cut.entries.reserve(self.table.len());
+        // Room for what the last cut emitted, not for every series the table holds (idle
+        // ones emit nothing); a spare grown by a burst gives the room back.
+        let expected = self.last_emitted + self.last_emitted / 4;
+        shrink_spare(&mut cut.entries, expected);
+        shrink_spare(&mut cut.ids, expected * self.bytes_per_id.max(1));
+        cut.entries.reserve(expected);
         let stats = self.table.cut(|kind, id, aggregate| {
             let id_start = cut.ids.len() as u32;
             cut.ids.extend_from_slice(id);
             cut.entries.push(CutEntry { kind, id_start, id_end: cut.ids.len() as u32, aggregate: aggregate.clone() });
         });
+        self.last_emitted = stats.emitted;
+        self.bytes_per_id = cut.ids.len().checked_div(stats.emitted).unwrap_or(self.bytes_per_id);
         self.metrics.series_expired.inc_by(stats.expired as u64);
         if self.links.cuts.send(cut).is_err() {
             // The flusher is gone: the daemon is shutting down past its grace.
