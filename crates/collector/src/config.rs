@@ -12,6 +12,7 @@ use tessera_core::aggregate::{GaugeDeltas, TimerUnit};
 use tessera_core::parse::ParseOptions;
 use tessera_rules::{MappingConfig, RulesConfig};
 use tessera_rules::{RuleMetrics, RuleSet, RulesError};
+use tessera_runtime::memory::MemoryLimit;
 use tessera_topology::PlacementSource;
 
 /// The whole configuration.
@@ -42,6 +43,11 @@ pub struct Config {
     /// Allow/deny, tag rules, rollups, global tags, a name prefix and cardinality limits,
     /// applied before sharding (see `tessera_rules::RulesConfig`).
     pub rules: RulesConfig,
+    /// The memory budget: bytes (`536870912`, `"512MiB"`) or a share of the cgroup's
+    /// limit (`"80%"`). Near it (90 %, until under 80 %) lines of new series are refused
+    /// and counted (`drops_total{reason="memory_limit"}`); known series go on. None by
+    /// default.
+    pub memory_limit: Option<MemoryLimit>,
     /// The file this configuration was read from, set by the binary (not a key): the
     /// rules reload when it changes. `None` on the embedded defaults or in a library.
     #[serde(skip)]
@@ -295,6 +301,9 @@ impl Config {
         let invalid = |key, reason: &str| Err(ConfigError::new(key, reason));
         if self.aggregation.interval_ms == 0 {
             return invalid("aggregation.interval_ms", "must be at least 1");
+        }
+        if let Some(limit) = self.memory_limit {
+            limit.resolve().map_err(|reason| ConfigError::new("memory_limit", reason))?;
         }
         if self.aggregation.flush_delay_ms >= self.aggregation.interval_ms * 10 {
             return invalid("aggregation.flush_delay_ms", "must be shorter than ten intervals");

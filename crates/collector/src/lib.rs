@@ -96,12 +96,25 @@ impl Collector {
         // Only a mapping file makes classic histograms and summaries of its own.
         let observers =
             config.mapping.file.is_some().then(|| rules.clone() as Arc<dyn tessera_core::table::ObserverSource>);
+        // The memory budget: a guard thread reads the resident memory and the readers
+        // refuse new series near the limit.
+        let shedding = match config.memory_limit {
+            Some(limit) => {
+                let limit_bytes = limit.resolve().map_err(|reason| config::ConfigError::new("memory_limit", reason))?;
+                let guard = tessera_runtime::memory::MemoryGuard::new(limit_bytes, metrics.memory.clone());
+                guard.spawn().map_err(|error| StartError::setup("cannot start the memory guard", error))?;
+                tracing::info!(limit_bytes, "memory budget");
+                Some(guard.shedding())
+            }
+            None => None,
+        };
         let reader_settings = ReaderSettings {
             window_ms,
             max_series: config.aggregation.max_series,
             expire_after_idle_windows: config.aggregation.expire_after_idle_windows(),
             parse_options,
             timer_unit: config.aggregation.timer_unit.into(),
+            shedding,
         };
         // Everything that can fail on a bad file (the TLS files) before the readers start,
         // so that a failed start leaves no reader thread holding the ports.

@@ -41,6 +41,8 @@ tessera_runtime::metrics! {
         pub senders: SenderMetrics = SenderMetrics::new(ITEMS),
         /// The rules' metrics (mapping file, allow/deny, tag rules, rollups, limits)
         pub rules: RuleMetrics,
+        /// The memory budget (`memory_limit`)
+        pub memory: tessera_runtime::memory::MemoryMetrics,
     }
 }
 

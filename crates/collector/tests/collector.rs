@@ -413,3 +413,56 @@ async fn the_watermark_moves_with_every_window_and_never_runs_ahead_of_the_data(
     assert!(watermark >= idle_from_ms + 1000, "watermark {watermark}, idle from {idle_from_ms}: {log:?}");
     assert!(log.iter().map(|entry| entry.1).sum::<u64>() > 0);
 }
+
+/// The memory budget: near `memory_limit` the collector refuses lines of new series and
+/// counts them, while the series it knows go on exactly; back under it, new series are
+/// taken again. The collector runs in this test's process, so a ballast the test allocates
+/// is what pushes the resident memory to the limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn near_its_memory_limit_the_collector_sheds_new_series_and_known_ones_go_on() {
+    use tessera_runtime::memory::{MemoryLimit, resident_bytes};
+    let mut config = config(None);
+    let limit = resident_bytes() + (256 << 20);
+    config.memory_limit = Some(MemoryLimit::Bytes(limit));
+    let (receiver, collector, telemetry, shutdown) = start_with_receiver(config, 4).await;
+    let target = collector.udp_addr().unwrap();
+    let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let datagrams = || metric_value(&telemetry, "tessera_collector_datagrams_received_total", "listener=\"udp\"");
+    let send = |lines: String| {
+        socket.send_to(lines.as_bytes(), target).unwrap();
+    };
+    let lines = |prefix: &str| (0..10).map(|n| format!("{prefix}.{n}:1|c\n")).collect::<String>();
+    send(lines("known"));
+    wait_until("the first datagram", Duration::from_secs(10), || datagrams() >= 1.0).await;
+    assert_eq!(metric_value(&telemetry, "tessera_collector_memory_limit_bytes", ""), limit as f64);
+    assert_eq!(metric_value(&telemetry, "tessera_collector_memory_shedding", ""), 0.0);
+
+    // A ballast up to the limit: the guard sees it within 250 ms and sheds.
+    let ballast = vec![1u8; usize::try_from(limit.saturating_sub(resident_bytes())).unwrap()];
+    wait_until("shedding", Duration::from_secs(10), || {
+        metric_value(&telemetry, "tessera_collector_memory_shedding", "") == 1.0
+    })
+    .await;
+    send(lines("known") + &lines("new"));
+    wait_until("the second datagram", Duration::from_secs(10), || datagrams() >= 2.0).await;
+    let shed = || metric_value(&telemetry, "tessera_collector_drops_total", "reason=\"memory_limit\",unit=\"lines\"");
+    assert_eq!(shed(), 10.0, "the lines of the ten new series");
+    assert!(metric_value(&telemetry, "tessera_collector_memory_used_bytes", "") >= limit as f64 * 0.9);
+
+    // Back under the limit: new series are taken again.
+    drop(ballast);
+    wait_until("the end of shedding", Duration::from_secs(10), || {
+        metric_value(&telemetry, "tessera_collector_memory_shedding", "") == 0.0
+    })
+    .await;
+    send("later:1|c\n".to_owned());
+    wait_until("the third datagram", Duration::from_secs(10), || datagrams() >= 3.0).await;
+    shutdown.trigger();
+    collector.wait().await;
+    for n in 0..10 {
+        assert_eq!(receiver.counter(&format!("known.{n}")), Some(2.0), "known.{n} goes on exactly");
+        assert_eq!(receiver.counter(&format!("new.{n}")), None, "new.{n} was shed");
+    }
+    assert_eq!(receiver.counter("later"), Some(1.0));
+    assert_eq!(shed(), 10.0);
+}

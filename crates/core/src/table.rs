@@ -26,6 +26,7 @@
 
 use std::hash::BuildHasher;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use hashbrown::HashTable;
 
@@ -37,6 +38,9 @@ use crate::parse::{
     parse_simple_prefix, split_line,
 };
 use crate::series::{SeriesKey, TAGS_SEPARATOR, kind_byte, kind_from_byte, split_id};
+
+/// The observer source and the shedding flag a new series is made with.
+type NewSeries<'a> = (Option<&'a dyn ObserverSource>, Option<&'a AtomicBool>);
 
 /// Settings of a [`Table`].
 #[derive(Debug, Clone, Copy)]
@@ -62,12 +66,18 @@ impl Default for TableOptions {
     }
 }
 
-/// The table refused a new series because it holds `max_series` already.
+/// The table refused a new series.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error("series table is full ({max_series} series)")]
-pub struct TableFull {
-    /// The cap that was hit.
-    pub max_series: usize,
+pub enum TableFull {
+    /// It holds `max_series` already.
+    #[error("series table is full ({max_series} series)")]
+    Series {
+        /// The cap that was hit.
+        max_series: usize,
+    },
+    /// The daemon is near its memory limit ([`Table::with_shedding`]).
+    #[error("near the memory limit: no new series")]
+    Memory,
 }
 
 /// What [`Table::cut`] did.
@@ -299,6 +309,8 @@ pub enum Folded {
     MetricWithNameTagErrors(u32),
     /// A metric line of a new series, refused because the table is full.
     TableFull,
+    /// A metric line of a new series, refused because the daemon is near its memory limit.
+    MemoryLimit,
     /// An event or a service check (not folded).
     Event,
     /// A line that does not parse.
@@ -311,7 +323,8 @@ impl Folded {
     fn metric(observed: Result<bool, TableFull>) -> Folded {
         match observed {
             Ok(_) => Folded::Metric,
-            Err(TableFull { .. }) => Folded::TableFull,
+            Err(TableFull::Series { .. }) => Folded::TableFull,
+            Err(TableFull::Memory) => Folded::MemoryLimit,
         }
     }
 }
@@ -338,6 +351,8 @@ pub struct Table {
     ambiguous_merges: u64,
     /// Merges that dropped fixed buckets, since the last take.
     buckets_dropped: u64,
+    /// While set, new series are refused ([`TableFull::Memory`]); known ones go on.
+    shedding: Option<Arc<AtomicBool>>,
 }
 
 impl Table {
@@ -346,12 +361,20 @@ impl Table {
         Table {
             slots: HashTable::new(),
             observers: None,
+            shedding: None,
             seed: foldhash::fast::RandomState::default().hash_one(0u8),
             key: SeriesKey::default(),
             options,
             ambiguous_merges: 0,
             buckets_dropped: 0,
         }
+    }
+
+    /// Refuses new series while `shedding` is set (a daemon near its memory limit: the
+    /// runtime's memory guard); the series it holds go on.
+    pub fn with_shedding(mut self, shedding: Arc<AtomicBool>) -> Table {
+        self.shedding = Some(shedding);
+        self
     }
 
     /// Gives new distributions of this table the buckets or quantiles `source` says.
@@ -418,8 +441,14 @@ impl Table {
             slot.touched = true;
             return Ok(false);
         }
-        let slot =
-            Self::insert_into(&mut self.slots, &self.options, self.observers.as_deref(), hash, &parts, line.kind)?;
+        let slot = Self::insert_into(
+            &mut self.slots,
+            &self.options,
+            (self.observers.as_deref(), self.shedding.as_deref()),
+            hash,
+            &parts,
+            line.kind,
+        )?;
         slot.aggregate.observe_value(value, stamp_ns);
         Ok(true)
     }
@@ -466,8 +495,14 @@ impl Table {
             slot.touched = true;
             return Ok(false);
         }
-        let slot =
-            Self::insert_into(&mut self.slots, &self.options, self.observers.as_deref(), hash, &parts, line.kind)?;
+        let slot = Self::insert_into(
+            &mut self.slots,
+            &self.options,
+            (self.observers.as_deref(), self.shedding.as_deref()),
+            hash,
+            &parts,
+            line.kind,
+        )?;
         slot.aggregate.observe(line, stamp_ns, reading);
         Ok(true)
     }
@@ -486,7 +521,7 @@ impl Table {
             self.count_merge(order);
             return Ok(false);
         }
-        let slot = Self::insert_into(&mut self.slots, &self.options, None, hash, &parts, kind)?;
+        let slot = Self::insert_into(&mut self.slots, &self.options, (None, None), hash, &parts, kind)?;
         let order = slot.aggregate.merge(aggregate)?;
         self.count_merge(order);
         Ok(true)
@@ -516,7 +551,7 @@ impl Table {
     fn insert_into<'t>(
         slots: &'t mut HashTable<Slot>,
         options: &TableOptions,
-        observers: Option<&dyn ObserverSource>,
+        (observers, shedding): NewSeries<'_>,
         hash: u64,
         parts: &KeyParts<'_>,
         kind: MetricKind,
@@ -524,7 +559,10 @@ impl Table {
         if let Some(max_series) = options.max_series
             && slots.len() >= max_series
         {
-            return Err(TableFull { max_series });
+            return Err(TableFull::Series { max_series });
+        }
+        if shedding.is_some_and(|shedding| shedding.load(Ordering::Relaxed)) {
+            return Err(TableFull::Memory);
         }
         let observer = match kind {
             MetricKind::Timer | MetricKind::Histogram | MetricKind::Distribution => {
@@ -687,7 +725,7 @@ mod tests {
         let mut table = Table::new(TableOptions { max_series: Some(2), ..TableOptions::default() });
         observe(&mut table, b"a:1|c").unwrap();
         observe(&mut table, b"b:1|c").unwrap();
-        assert_eq!(observe(&mut table, b"c:1|c"), Err(TableFull { max_series: 2 }));
+        assert_eq!(observe(&mut table, b"c:1|c"), Err(TableFull::Series { max_series: 2 }));
         observe(&mut table, b"a:1|c").unwrap();
         let out = cut(&mut table);
         assert_eq!(out[0].2, Aggregate::Counter(2.0));

@@ -63,6 +63,7 @@ pub mod config;
 pub mod daemon;
 pub mod failpoint;
 pub mod logging;
+pub mod memory;
 pub mod shutdown;
 pub mod telemetry;
 

@@ -90,6 +90,7 @@ impl IntakeMetrics {
             counts: self.listeners.handles(&ByListener { listener }),
             parse_errors,
             series_limit: drops("series_limit", "lines"),
+            memory_limit: drops("memory_limit", "lines"),
             truncated: drops("truncated", "datagrams"),
             refused_connections: self
                 .frame_errors
@@ -116,6 +117,8 @@ pub struct ListenerMetrics {
     parse_errors: Vec<Counter>,
     /// Lines of new series refused because a reader's table was full.
     series_limit: Counter,
+    /// Lines of new series refused near the memory limit.
+    memory_limit: Counter,
     /// Datagrams the kernel cut at the buffer size (their last line is lost).
     truncated: Counter,
     /// TCP connections refused over `tcp.max_connections`.
@@ -145,6 +148,9 @@ impl ListenerMetrics {
         }
         if counts.series_limit > 0 {
             self.series_limit.inc_by(counts.series_limit);
+        }
+        if counts.memory_limit > 0 {
+            self.memory_limit.inc_by(counts.memory_limit);
         }
         if counts.truncated > 0 {
             self.truncated.inc_by(counts.truncated);
@@ -198,6 +204,8 @@ pub struct BatchCounts {
     pub rejected: [u64; RejectReason::ALL.len()],
     /// Lines of new series refused because the table is full.
     pub series_limit: u64,
+    /// Lines of new series refused near the memory limit.
+    pub memory_limit: u64,
     /// Datagrams the kernel truncated.
     pub truncated: u64,
 }

@@ -24,7 +24,7 @@
 //! in (see [`tessera_core::aggregate::Gauge`]).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use crossbeam_channel::{Receiver, Sender};
 use tessera_core::aggregate::{Aggregate, GaugeDeltas, TimerUnit};
@@ -101,7 +101,7 @@ pub fn cut_links(capacity: usize) -> (CutLinks, FlusherLinks) {
 }
 
 /// What every reader of a collector shares.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct ReaderSettings {
     /// Window length.
     pub window_ms: i64,
@@ -113,6 +113,8 @@ pub struct ReaderSettings {
     pub parse_options: ParseOptions,
     /// The unit `|ms` values are kept in.
     pub timer_unit: TimerUnit,
+    /// Set while the collector is near its memory limit: new series are refused.
+    pub shedding: Option<Arc<AtomicBool>>,
 }
 
 /// Reader ids, unique in the process.
@@ -161,10 +163,13 @@ impl Reader {
             gauge_deltas,
             timer_unit: settings.timer_unit,
         };
-        let table = match observers {
+        let mut table = match observers {
             Some(source) => Table::new(options).with_observer_source(source),
             None => Table::new(options),
         };
+        if let Some(shedding) = &settings.shedding {
+            table = table.with_shedding(Arc::clone(shedding));
+        }
         Reader {
             id: NEXT_READER.fetch_add(1, Ordering::Relaxed),
             table,
@@ -215,6 +220,7 @@ impl Reader {
                 counts.name_tag_errors += u64::from(skipped);
             }
             Folded::TableFull => counts.series_limit += 1,
+            Folded::MemoryLimit => counts.memory_limit += 1,
             Folded::Event => counts.events += 1,
             Folded::Rejected(reason) => counts.rejected[reason.index()] += 1,
         });

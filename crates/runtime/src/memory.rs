@@ -1,0 +1,258 @@
+//! A memory budget: the daemon's resident memory against a limit, read a few times a
+//! second, and a flag the hot paths read to shed new work before the limit is reached.
+//!
+//! ```text
+//! MemoryGuard (a thread, every 250 ms): RSS from /proc/self/statm
+//!   RSS ≥ 90 % of the limit  ─▶ shedding = true   (new series are refused, counted)
+//!   RSS < 80 % of the limit  ─▶ shedding = false
+//! ```
+//!
+//! The limit is `memory_limit` in a daemon's configuration: bytes (`536870912`, or with a
+//! unit, `"512MiB"`, `"2GiB"`), or a share of the cgroup's memory limit (`"80%"`: cgroup v2's
+//! `memory.max`, else v1's `memory.limit_in_bytes`). What a daemon sheds is its own
+//! business (the collector: lines of new series, `drops_total{reason="memory_limit"}`,
+//! while known series go on); the guard only says when. Like Datadog's ADP memory limiter,
+//! it reads the process' real use rather than an estimate per series, so every structure
+//! counts, the allocator's slack included.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use prometheus_client::metrics::gauge::Gauge;
+use serde::Deserialize;
+
+/// Shedding starts at this share of the limit.
+pub const SHED_AT: f64 = 0.9;
+/// And stops below this share.
+pub const RESUME_AT: f64 = 0.8;
+/// How often the resident memory is read.
+pub const CHECK_INTERVAL: Duration = Duration::from_millis(250);
+
+/// `memory_limit` as written: bytes, or a share of the cgroup's limit.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(try_from = "LimitText")]
+pub enum MemoryLimit {
+    /// This many bytes.
+    Bytes(u64),
+    /// This share (0 to 1) of the cgroup's memory limit.
+    CgroupShare(f64),
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum LimitText {
+    Bytes(u64),
+    Text(String),
+}
+
+impl TryFrom<LimitText> for MemoryLimit {
+    type Error = String;
+
+    fn try_from(text: LimitText) -> Result<MemoryLimit, String> {
+        match text {
+            LimitText::Bytes(bytes) => Ok(MemoryLimit::Bytes(bytes)),
+            LimitText::Text(text) => text.parse(),
+        }
+    }
+}
+
+impl std::str::FromStr for MemoryLimit {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<MemoryLimit, String> {
+        let text = text.trim();
+        if let Some(percent) = text.strip_suffix('%') {
+            let share: f64 = percent.trim().parse().map_err(|_| format!("`{text}` is not a percentage"))?;
+            if !(share > 0.0 && share <= 100.0) {
+                return Err(format!("`{text}`: a share of the cgroup's limit is above 0 % and at most 100 %"));
+            }
+            return Ok(MemoryLimit::CgroupShare(share / 100.0));
+        }
+        let digits = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+        let (number, unit) = text.split_at(digits);
+        let number: u64 =
+            number.parse().map_err(|_| format!("`{text}` is not a size (bytes, KiB, MiB, GiB or a %)"))?;
+        let scale: u64 = match unit.trim() {
+            "" | "B" => 1,
+            "KiB" => 1 << 10,
+            "MiB" => 1 << 20,
+            "GiB" => 1 << 30,
+            other => return Err(format!("`{text}`: unknown unit `{other}` (B, KiB, MiB, GiB, or a %)")),
+        };
+        number.checked_mul(scale).map(MemoryLimit::Bytes).ok_or_else(|| format!("`{text}` is too large"))
+    }
+}
+
+impl MemoryLimit {
+    /// The limit in bytes: a share of the cgroup's limit needs one (an error names the
+    /// files read when there is none).
+    pub fn resolve(self) -> Result<u64, String> {
+        match self {
+            MemoryLimit::Bytes(bytes) if bytes > 0 => Ok(bytes),
+            MemoryLimit::Bytes(_) => Err("memory_limit must be above 0".to_owned()),
+            MemoryLimit::CgroupShare(share) => match cgroup_limit_bytes(Path::new("/sys/fs/cgroup")) {
+                Some(limit) => Ok((limit as f64 * share) as u64),
+                None => Err(format!(
+                    "memory_limit = {}% is a share of the cgroup's memory limit, and this process has none \
+                     (/sys/fs/cgroup/memory.max, /sys/fs/cgroup/memory/memory.limit_in_bytes): give bytes instead",
+                    share * 100.0
+                )),
+            },
+        }
+    }
+}
+
+/// The memory limit of the cgroup mounted at `root` (v2's `memory.max`, else v1's
+/// `memory/memory.limit_in_bytes`), if it sets one.
+pub fn cgroup_limit_bytes(root: &Path) -> Option<u64> {
+    let v2 = std::fs::read_to_string(root.join("memory.max")).ok();
+    let v1 = || std::fs::read_to_string(root.join("memory/memory.limit_in_bytes")).ok();
+    let text = v2.or_else(v1)?;
+    let limit: u64 = text.trim().parse().ok()?;
+    // v1 says "no limit" with a huge number (a page-rounded i64::MAX).
+    (limit < (1 << 60)).then_some(limit)
+}
+
+/// This process' resident memory, bytes (`VmRSS` of /proc/self/status; 0 where /proc
+/// cannot tell).
+pub fn resident_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|kib| kib.parse::<u64>().ok())
+        .map_or(0, |kib| kib * 1024)
+}
+
+crate::metrics! {
+    /// A daemon's memory budget.
+    pub struct MemoryMetrics {
+        /// The memory budget (memory_limit); 0 without one
+        pub memory_limit: Gauge [bytes],
+        /// Resident memory as the budget reads it, every 250 ms while there is a budget
+        pub memory_used: Gauge [bytes],
+        /// 1 while new series are shed near the budget (from 90 % of it until under 80 %)
+        pub memory_shedding: Gauge,
+    }
+}
+
+/// The budget's state, shared by the guard thread and the paths that shed.
+#[derive(Clone)]
+pub struct MemoryGuard {
+    limit_bytes: u64,
+    shedding: Arc<AtomicBool>,
+    metrics: MemoryMetrics,
+}
+
+impl MemoryGuard {
+    /// A guard of `limit_bytes`, not shedding yet, reporting into `metrics`.
+    pub fn new(limit_bytes: u64, metrics: MemoryMetrics) -> MemoryGuard {
+        metrics.memory_limit.set(limit_bytes as i64);
+        MemoryGuard { limit_bytes, shedding: Arc::default(), metrics }
+    }
+
+    /// The flag the hot paths read: true while new work is to be shed.
+    pub fn shedding(&self) -> Arc<AtomicBool> {
+        Arc::clone(&self.shedding)
+    }
+
+    /// Takes one reading of `used_bytes`: shedding starts at [`SHED_AT`] of the limit and
+    /// stops below [`RESUME_AT`]; returns whether it sheds now.
+    pub fn observe(&self, used_bytes: u64) -> bool {
+        self.metrics.memory_used.set(used_bytes as i64);
+        let was = self.shedding.load(Ordering::Relaxed);
+        let used = used_bytes as f64;
+        let limit = self.limit_bytes as f64;
+        let now = if was { used >= limit * RESUME_AT } else { used >= limit * SHED_AT };
+        if now != was {
+            self.shedding.store(now, Ordering::Relaxed);
+            if now {
+                tracing::warn!(
+                    used_bytes,
+                    limit_bytes = self.limit_bytes,
+                    "memory near its limit: shedding new series"
+                );
+            } else {
+                tracing::info!(
+                    used_bytes,
+                    limit_bytes = self.limit_bytes,
+                    "memory back under its limit: taking new series"
+                );
+            }
+        }
+        self.metrics.memory_shedding.set(i64::from(now));
+        now
+    }
+
+    /// Reads the resident memory every [`CHECK_INTERVAL`] on a thread of its own, for the
+    /// life of the process.
+    pub fn spawn(&self) -> std::io::Result<()> {
+        let guard = self.clone();
+        std::thread::Builder::new().name("memory-guard".into()).spawn(move || {
+            loop {
+                guard.observe(resident_bytes());
+                std::thread::sleep(CHECK_INTERVAL);
+            }
+        })?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limits_parse_as_bytes_units_or_a_share_of_the_cgroup() {
+        assert_eq!("536870912".parse(), Ok(MemoryLimit::Bytes(536_870_912)));
+        assert_eq!("512MiB".parse(), Ok(MemoryLimit::Bytes(512 << 20)));
+        assert_eq!("2 GiB".parse(), Ok(MemoryLimit::Bytes(2 << 30)));
+        assert_eq!("80%".parse(), Ok(MemoryLimit::CgroupShare(0.8)));
+        for bad in ["", "x", "12 parsecs", "0%", "150%", "-5"] {
+            assert!(bad.parse::<MemoryLimit>().is_err(), "{bad}");
+        }
+        #[derive(Deserialize)]
+        struct Config {
+            memory_limit: MemoryLimit,
+        }
+        let config: Config = toml::from_str("memory_limit = 1048576").unwrap();
+        assert_eq!(config.memory_limit, MemoryLimit::Bytes(1 << 20));
+        let config: Config = toml::from_str("memory_limit = \"50%\"").unwrap();
+        assert_eq!(config.memory_limit, MemoryLimit::CgroupShare(0.5));
+        assert!(toml::from_str::<Config>("memory_limit = \"lots\"").is_err());
+    }
+
+    #[test]
+    fn a_cgroup_limit_is_read_from_v2_or_v1_and_none_is_no_limit() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(cgroup_limit_bytes(dir.path()), None);
+        std::fs::create_dir(dir.path().join("memory")).unwrap();
+        std::fs::write(dir.path().join("memory/memory.limit_in_bytes"), "9223372036854771712\n").unwrap();
+        assert_eq!(cgroup_limit_bytes(dir.path()), None, "v1's no-limit value");
+        std::fs::write(dir.path().join("memory/memory.limit_in_bytes"), "1073741824\n").unwrap();
+        assert_eq!(cgroup_limit_bytes(dir.path()), Some(1 << 30));
+        std::fs::write(dir.path().join("memory.max"), "max\n").unwrap();
+        assert_eq!(cgroup_limit_bytes(dir.path()), None, "v2's max");
+        std::fs::write(dir.path().join("memory.max"), "536870912\n").unwrap();
+        assert_eq!(cgroup_limit_bytes(dir.path()), Some(512 << 20));
+    }
+
+    #[test]
+    fn shedding_starts_near_the_limit_and_stops_well_under_it() {
+        let guard = MemoryGuard::new(1000, MemoryMetrics::default());
+        let shedding = guard.shedding();
+        assert!(!guard.observe(890));
+        assert!(guard.observe(900) && shedding.load(Ordering::Relaxed));
+        assert!(guard.observe(850), "still above the resume mark");
+        assert!(!guard.observe(799) && !shedding.load(Ordering::Relaxed));
+        let metrics = &guard.metrics;
+        assert_eq!(
+            (metrics.memory_limit.get(), metrics.memory_used.get(), metrics.memory_shedding.get()),
+            (1000, 799, 0)
+        );
+        assert!(resident_bytes() > 0, "this test's own process has resident memory");
+    }
+}
