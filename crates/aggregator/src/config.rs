@@ -90,6 +90,11 @@ tessera_wire::listener_config! {
         /// it are dropped and counted (`reason="series_limit"`). No cap when
         /// absent. Each merge thread holds an equal share of the cap.
         pub max_series_per_policy: Option<usize> = Some(8_000_000),
+        /// The memory budget: bytes (`536870912`, `"2GiB"`) or a share of the cgroup's
+        /// limit (`"80%"`). From 90 % of it until under 80 %, partials of new series are
+        /// dropped and counted (`drops_total{reason="memory_limit"}`); known series go on.
+        /// None by default.
+        pub memory_limit: Option<tessera_runtime::memory::MemoryLimit> = None,
         /// Threads that merge partials into tiles. Shards are partitioned among
         /// them (shard `s` goes to thread `s mod merge_threads`), and each owns
         /// its shards' tables for every policy, so merging shares no lock.
@@ -156,6 +161,9 @@ impl Config {
     /// provide the placement themselves).
     pub fn validate_settings(&self) -> Result<(), ConfigError> {
         let invalid = |key, reason: String| Err(ConfigError::new(key, reason));
+        if let Some(limit) = self.memory_limit {
+            limit.resolve().map_err(|reason| ConfigError::new("memory_limit", reason))?;
+        }
         match self.instance_id.as_deref() {
             None | Some("") => {
                 return invalid("instance_id", "must be set to this instance's id in the placement".into());

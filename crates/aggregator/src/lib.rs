@@ -191,6 +191,18 @@ impl Aggregator {
             .map_err(|error| StartError::setup("cannot load the TLS files of [ingester.tls]", error))?;
         ingesters.spawn_senders(&sender_settings, &stop_senders);
 
+        // The memory budget: a guard thread reads the resident memory, and the merge
+        // threads refuse new series near the limit.
+        let shedding = match config.memory_limit {
+            Some(limit) => {
+                let limit_bytes = limit.resolve().map_err(|reason| config::ConfigError::new("memory_limit", reason))?;
+                let guard = tessera_runtime::memory::MemoryGuard::new(limit_bytes, metrics.memory.clone());
+                guard.spawn().map_err(|error| StartError::setup("cannot start the memory guard", error))?;
+                tracing::info!(limit_bytes, "memory budget");
+                Some(guard.shedding())
+            }
+            None => None,
+        };
         let merge_threads = config.merge_threads();
         let tiler_settings = config.tiler_settings(merge_threads);
         let started_ms = now_ms();
@@ -235,7 +247,10 @@ impl Aggregator {
         for index in 0..merge_threads {
             let (jobs, job_receiver) = crossbeam_channel::bounded(tile::MERGE_QUEUE_JOBS);
             merge_jobs.push(jobs);
-            let tiler = Tiler::new(tiler_settings.clone(), started_ms);
+            let mut tiler = Tiler::new(tiler_settings.clone(), started_ms);
+            if let Some(shedding) = &shedding {
+                tiler = tiler.with_shedding(shedding.clone());
+            }
             let (parts, metrics, drops) = (part_sender.clone(), metrics.tile.clone(), metrics.drops.clone());
             merge_handles.push(spawn_thread(&format!("merge-{index}"), move || {
                 tile::run_merge_thread(tiler, job_receiver, parts, metrics, drops)

@@ -36,15 +36,18 @@ tessera_runtime::metrics! {
         pub flush: FlushMetrics,
         /// The outbound stage's metrics (ingesters, re-routing, senders)
         pub outbound: RoutingMetrics,
+        /// The memory budget (`memory_limit`)
+        pub memory: tessera_runtime::memory::MemoryMetrics,
     }
 }
 
 /// Every `(reason, unit)` of `drops_total`, each exported from the start at 0.
-pub const DROP_REASONS: [(&str, &str); 13] = [
+pub const DROP_REASONS: [(&str, &str); 14] = [
     ("no_ingester", "series"),
     ("unroutable", "series"),
     ("too_large", "series"),
     ("series_limit", "series"),
+    ("memory_limit", "series"),
     ("unknown_series_ref", "series"),
     ("shutdown", "batches"),
     ("shutdown", "series"),

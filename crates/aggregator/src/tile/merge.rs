@@ -115,6 +115,7 @@ pub fn run_merge_thread(
                 metrics.gauge_order_ambiguous.inc_by(applied.gauge_order_ambiguous);
                 metrics.buckets_dropped.inc_by(applied.buckets_dropped);
                 count_drops(&drops, "series_limit", "series", applied.series_limit);
+                count_drops(&drops, "memory_limit", "series", applied.memory_limit);
                 count_drops(&drops, "unknown_series_ref", "series", applied.unknown_refs);
             }
             MergeJob::Bind(batch) => tiler.bind_definitions(&batch),

@@ -67,7 +67,7 @@ use tessera_proto as proto;
 use super::policy::StoragePolicy;
 use crate::intake::{Partial, Via};
 use policy_tiles::PolicyTiles;
-use series::{Registry, SeriesNumber};
+use series::{Registry, RegistryFull, SeriesNumber};
 use tessera_proto::AckReason;
 
 /// A dictionary slot bound to no series.
@@ -183,6 +183,8 @@ pub struct Applied {
     pub gauge_order_ambiguous: u64,
     /// Distribution merges that dropped fixed buckets (counted once per policy).
     pub buckets_dropped: u64,
+    /// Partials of new series refused near the memory limit.
+    pub memory_limit: u64,
     /// Partials naming a dictionary slot this thread never saw defined
     /// (dropped; the decoder refuses unknown refs, so this means a sender
     /// that broke the dictionary's rules in a way it could not see).
@@ -247,6 +249,13 @@ impl Tiler {
             buffer_future_ms: settings.buffer_future_ms.max(0),
             slots: Vec::with_capacity(settings.policies.len()),
         }
+    }
+
+    /// Refuses new series while `shedding` is set (the aggregator near its memory limit,
+    /// counted as [`Applied::memory_limit`]); the series it holds go on.
+    pub fn with_shedding(mut self, shedding: std::sync::Arc<std::sync::atomic::AtomicBool>) -> Tiler {
+        self.registry.set_shedding(shedding);
+        self
     }
 
     /// Number of policies.
@@ -391,8 +400,12 @@ impl Tiler {
                             applied.new_series += u64::from(new);
                             number
                         }
-                        Err(_) => {
+                        Err(RegistryFull::Series) => {
                             applied.series_limit += 1;
+                            continue;
+                        }
+                        Err(RegistryFull::Memory) => {
+                            applied.memory_limit += 1;
                             continue;
                         }
                     }

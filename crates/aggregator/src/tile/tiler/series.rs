@@ -14,6 +14,8 @@
 //! ([`Registry::pin`]); freed numbers are reused.
 
 use std::hash::BuildHasher;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use hashbrown::HashTable;
 use tessera_core::parse::MetricKind;
@@ -22,9 +24,14 @@ use tessera_core::series::kind_byte;
 /// A series number, dense from 0.
 pub type SeriesNumber = u32;
 
-/// The series cap was reached: the series was not registered.
+/// The series was not registered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RegistryFull;
+pub enum RegistryFull {
+    /// The series cap was reached.
+    Series,
+    /// The aggregator is near its memory limit.
+    Memory,
+}
 
 #[derive(Debug)]
 struct Entry {
@@ -46,9 +53,16 @@ pub struct Registry {
     entries: Vec<Entry>,
     free: Vec<SeriesNumber>,
     max_series: Option<usize>,
+    /// While set, new series are refused ([`RegistryFull::Memory`]); known ones go on.
+    shedding: Option<Arc<AtomicBool>>,
 }
 
 impl Registry {
+    /// Refuses new series while `shedding` is set (the memory guard's flag).
+    pub fn set_shedding(&mut self, shedding: Arc<AtomicBool>) {
+        self.shedding = Some(shedding);
+    }
+
     /// An empty registry holding at most `max_series` series.
     pub fn new(max_series: Option<usize>) -> Registry {
         Registry {
@@ -57,6 +71,7 @@ impl Registry {
             entries: Vec::new(),
             free: Vec::new(),
             max_series,
+            shedding: None,
         }
     }
 
@@ -79,7 +94,10 @@ impl Registry {
             return Ok((number, false));
         }
         if self.max_series.is_some_and(|max| self.len() >= max) {
-            return Err(RegistryFull);
+            return Err(RegistryFull::Series);
+        }
+        if self.shedding.as_ref().is_some_and(|shedding| shedding.load(Ordering::Relaxed)) {
+            return Err(RegistryFull::Memory);
         }
         let entry = Entry { hash, kind, id: id.into(), last_window_ms: i64::MIN, pins: 0, live: true };
         let number = match self.free.pop() {
@@ -162,7 +180,7 @@ mod tests {
         assert_eq!(registry.resolve(MetricKind::Gauge, b"a"), Ok((1, true)), "kind is part of the key");
         assert_eq!(registry.resolve(MetricKind::Counter, b"a"), Ok((0, false)));
         assert_eq!(registry.resolve(MetricKind::Counter, b"b"), Ok((2, true)));
-        assert_eq!(registry.resolve(MetricKind::Counter, b"c"), Err(RegistryFull));
+        assert_eq!(registry.resolve(MetricKind::Counter, b"c"), Err(RegistryFull::Series));
         registry.touch(0, 5_000);
         registry.touch(1, 1_000);
         registry.touch(2, 1_000);

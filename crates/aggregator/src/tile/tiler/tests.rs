@@ -373,6 +373,7 @@ fn a_full_table_refuses_new_series_and_counts_them() {
             series_limit: 1,
             gauge_order_ambiguous: 0,
             buckets_dropped: 0,
+            memory_limit: 0,
             unknown_refs: 0
         }
     );
@@ -456,4 +457,25 @@ fn a_slot_defined_while_the_series_cap_is_reached_counts_its_refs_as_series_limi
     let refs = WindowPartials { connection: 4, ..batch(T0 + 2000, 1000, vec![counter_by_slot(0, 1.0)]) };
     let applied = tiler.accept(&refs, T0 + 3100, &mut sink.emit()).unwrap();
     assert_eq!((applied.series_limit, applied.unknown_refs), (1, 0));
+}
+
+#[test]
+fn near_the_memory_limit_new_series_are_refused_and_known_ones_go_on() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let shedding = Arc::new(AtomicBool::new(false));
+    let mut tiler = Tiler::new(settings(&["1s:1h"]), T0).with_shedding(shedding.clone());
+    let mut sink = Sink::default();
+    let applied = tiler.accept(&batch(T0, 1000, vec![counter("known", 1.0)]), T0 + 1100, &mut sink.emit()).unwrap();
+    assert_eq!((applied.new_series, applied.memory_limit), (1, 0));
+    shedding.store(true, Ordering::Relaxed);
+    let partials = vec![counter("known", 2.0), counter("new", 1.0)];
+    let applied = tiler.accept(&batch(T0, 1000, partials), T0 + 1100, &mut sink.emit()).unwrap();
+    assert_eq!((applied.new_series, applied.memory_limit), (0, 1));
+    shedding.store(false, Ordering::Relaxed);
+    let applied = tiler.accept(&batch(T0, 1000, vec![counter("new", 5.0)]), T0 + 1100, &mut sink.emit()).unwrap();
+    assert_eq!((applied.new_series, applied.memory_limit), (1, 0));
+    tiler.close_due(T0 + 2000, &mut sink.emit());
+    assert_eq!(sink.counter(0, T0 + 1000, "known"), Some(3.0), "the known series went on exactly");
+    assert_eq!(sink.counter(0, T0 + 1000, "new"), Some(5.0), "only what came after the shedding");
 }
