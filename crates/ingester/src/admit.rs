@@ -83,6 +83,7 @@ static COLLISION_LOG: RateLimitedLog = RateLimitedLog::new("ingester.name_collis
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use bytes::Bytes;
 use tessera_core::aggregate::{Aggregate, kind_from_proto};
@@ -461,7 +462,17 @@ pub struct Converter {
     families: Option<(FamilyNotes, &'static str)>,
     /// The statsd kind of the tile whose families were noted last.
     noted_kind: Option<MetricKind>,
+    /// The memory guard's flag, and the count of totals evicted while it was set.
+    shedding: Option<(Arc<AtomicBool>, prometheus_client::metrics::counter::Counter)>,
+    /// When totals were last evicted (at most once a second).
+    last_eviction: Option<std::time::Instant>,
+    /// Totals were evicted: every new total starts with an explicit reset, since the series
+    /// may have been written before from a total that is gone.
+    evicted_any: bool,
 }
+
+/// The share of the totals an eviction removes, least recently written first.
+const EVICTED_SHARE: f64 = 0.1;
 
 /// Where a tile's gauges and sets (values of the tile alone, with no running total to
 /// correct) are written.
@@ -543,6 +554,9 @@ impl Converter {
             per_tile: PerTile::AtEnd,
             families: None,
             noted_kind: None,
+            shedding: None,
+            last_eviction: None,
+            evicted_any: false,
             last_sweep_tile_end_ms: i64::MIN,
             tags: names::TagLabels::default(),
             name: String::new(),
@@ -572,6 +586,43 @@ impl Converter {
             earlier_tenure_pending: 0,
             earlier_tenure: None,
         }
+    }
+
+    /// While `shedding` is set (the ingester near its memory limit), evicts the least
+    /// recently written tenth of the running totals once a second, counted in `evicted`;
+    /// a series whose total was evicted starts over with an explicit reset, as after a
+    /// move, so that storage's `increase()` stays right.
+    pub fn with_shedding(
+        mut self,
+        shedding: Arc<AtomicBool>,
+        evicted: prometheus_client::metrics::counter::Counter,
+    ) -> Converter {
+        self.shedding = Some((shedding, evicted));
+        self
+    }
+
+    /// Evicts the least recently written [`EVICTED_SHARE`] of the totals (and their
+    /// histograms) and gives the room back; returns how many.
+    fn evict_least_recent(&mut self) -> usize {
+        let count = ((self.totals.len() as f64) * EVICTED_SHARE).ceil() as usize;
+        if count == 0 {
+            return 0;
+        }
+        let mut ends: Vec<i64> = self.totals.values().map(|total| total.last_tile_end_ms).collect();
+        let (_, cutoff, _) = ends.select_nth_unstable(count - 1);
+        let cutoff = *cutoff;
+        let mut evicted = 0;
+        self.totals.retain(|_, total| {
+            let keep = total.last_tile_end_ms > cutoff || evicted >= count;
+            evicted += usize::from(!keep);
+            keep
+        });
+        let totals = &self.totals;
+        self.histograms.retain(|key, _| totals.contains_key(key));
+        self.totals.shrink_to_fit();
+        self.histograms.shrink_to_fit();
+        self.evicted_any = true;
+        evicted
     }
 
     /// Makes this converter one of an ingesters' placement: totals belong to the epoch
@@ -871,6 +922,14 @@ impl Converter {
             self.totals.retain(|_, total| total.last_tile_end_ms >= oldest_kept);
             let totals = &self.totals;
             self.histograms.retain(|key, _| totals.contains_key(key));
+        }
+        let shedding = self.shedding.as_ref().is_some_and(|(flag, _)| flag.load(Ordering::Relaxed));
+        if shedding && self.last_eviction.is_none_or(|last| last.elapsed() >= std::time::Duration::from_secs(1)) {
+            self.last_eviction = Some(std::time::Instant::now());
+            let evicted = self.evict_least_recent();
+            if let Some((_, counter)) = &self.shedding {
+                counter.inc_by(evicted as u64);
+            }
         }
     }
 
@@ -1220,7 +1279,7 @@ impl Converter {
             // a shard back by a failover, killed before writing it again, then restarted, an
             // ingester wrote the next tile's total from 0 with no reset; it equalled the last
             // one written and storage read no increase).
-            if at.epoch > 0 || self.ownership.is_some() {
+            if at.epoch > 0 || self.ownership.is_some() || self.evicted_any {
                 self.adopted_marker = true;
                 self.adopted_pending += u64::from(at.epoch > 0);
             }

@@ -147,6 +147,12 @@ tessera_wire::listener_config! {
         pub shutdown_grace_secs: u64 = 10,
         /// Bound of the rejected-samples log with its one rotated file, bytes.
         pub rejected_log_max_bytes: u64 = 64 << 20,
+        /// The memory budget: bytes (`536870912`, `"2GiB"`) or a share of the cgroup's
+        /// limit (`"80%"`). From 90 % of it until under 80 %, the least recently written
+        /// tenth of the running totals is evicted once a second and counted
+        /// (`totals_evicted_total`); their series start over with an explicit reset. None by
+        /// default.
+        pub memory_limit: Option<tessera_runtime::memory::MemoryLimit> = None,
         /// `[queue]`
         pub queue: QueueConfig = QueueConfig::default(),
         /// `[pool]`
@@ -624,6 +630,9 @@ impl Config {
     pub fn validate(&self) -> Result<(), ConfigError> {
         let invalid = |key: &str, reason: &str| Err(ConfigError::new(key, reason));
         self.validate_listener()?;
+        if let Some(limit) = self.memory_limit {
+            limit.resolve().map_err(|reason| ConfigError::new("memory_limit", reason))?;
+        }
         if let Some(placement) = &self.placement {
             placement.validate(self.listen)?;
             if self.instance_id.as_deref().is_none_or(str::is_empty) {

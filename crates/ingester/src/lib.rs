@@ -171,6 +171,18 @@ impl Ingester {
             telemetry.with_registry(|registry| tier_metrics.register(registry, METRIC_PREFIX));
             (Arc::new(tier::Ownership::default()), tier_metrics)
         });
+        // The memory budget: a guard thread reads the resident memory, and the converters
+        // evict their least recently written totals near the limit.
+        let shedding = match config.memory_limit {
+            Some(limit) => {
+                let limit_bytes = limit.resolve().map_err(|reason| config::ConfigError::new("memory_limit", reason))?;
+                let guard = tessera_runtime::memory::MemoryGuard::new(limit_bytes, metrics.memory.clone());
+                guard.spawn().map_err(|error| StartError::setup("cannot start the memory guard", error))?;
+                tracing::info!(limit_bytes, "memory budget");
+                Some(guard.shedding())
+            }
+            None => None,
+        };
         for (index, target_config) in config.targets().into_iter().enumerate() {
             let name = target_config.name.clone();
             let sink_config = target_config.sink.clone();
@@ -180,6 +192,9 @@ impl Ingester {
             let mut converter = converter_for(&config, &target_config, &tier);
             if let Some(families) = &families {
                 converter = converter.with_families(families.clone(), config.mapping.timer_unit.as_str());
+            }
+            if let Some(shedding) = &shedding {
+                converter = converter.with_shedding(shedding.clone(), metrics.writer.totals_evicted.clone());
             }
             let covers = writer::checkpoint::load(&dir, &name, &checkpoint_metrics, &mut converter);
             let from_checkpoint = converter.cumulative_series();

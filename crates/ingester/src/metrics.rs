@@ -65,6 +65,8 @@ tessera_runtime::metrics! {
         pub sink: SinkMetrics,
         /// The pool's metrics (workers, in flight, pace, latency)
         pub pool: PoolMetrics,
+        /// The memory budget (`memory_limit`)
+        pub memory: tessera_runtime::memory::MemoryMetrics,
     }
 }
 

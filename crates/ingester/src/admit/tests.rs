@@ -666,3 +666,34 @@ fn every_family_written_is_noted_once_with_its_type_and_timers_with_their_unit()
         expected.iter().map(|(family, type_name, unit)| ((*family).to_owned(), *type_name, *unit)).collect();
     assert_eq!(noted, expected);
 }
+
+#[test]
+fn near_the_memory_limit_the_least_recently_written_totals_are_evicted_and_start_over_with_a_reset() {
+    use prometheus_client::metrics::counter::Counter;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let shedding = Arc::new(AtomicBool::new(false));
+    let evicted = Counter::default();
+    let mut converter = Converter::new(&[0.5], 3_600_000).with_shedding(shedding.clone(), evicted.clone());
+    let old: Vec<String> = (0..10).map(|n| format!("old.{n}")).collect();
+    let recent: Vec<String> = (0..10).map(|n| format!("recent.{n}")).collect();
+    let tiles = |ids: &[String], value: f64| {
+        ids.iter().map(|id| tile(id, MetricType::Counter, Aggregate::Counter(value))).collect::<Vec<_>>()
+    };
+    converted(&mut converter, &batch(10_000, tiles(&old, 5.0)));
+    converted(&mut converter, &batch(20_000, tiles(&recent, 5.0)));
+    assert_eq!(converter.cumulative_series(), 20);
+    shedding.store(true, Ordering::Relaxed);
+    converted(&mut converter, &batch(30_000, tiles(&recent, 1.0)));
+    assert_eq!((evicted.get(), converter.cumulative_series()), (2, 18), "a tenth, the least recently written");
+    // Once a second at most: the next commit evicts nothing more.
+    converted(&mut converter, &batch(40_000, tiles(&recent, 1.0)));
+    assert_eq!(evicted.get(), 2);
+    shedding.store(false, Ordering::Relaxed);
+    // The old series come back: two of them start over, from an explicit reset.
+    let conversion = converter.convert(&batch(50_000, tiles(&old, 1.0)), 0).unwrap();
+    converter.commit();
+    let samples: Vec<(f64, bool)> =
+        conversion.record.samples.iter().map(|sample| (sample.value, sample.reset_before)).collect();
+    assert_eq!(samples.iter().filter(|sample| **sample == (1.0, true)).count(), 2, "{samples:?}");
+    assert_eq!(samples.iter().filter(|sample| **sample == (6.0, false)).count(), 8, "{samples:?}");
+}

@@ -57,6 +57,9 @@ tessera_runtime::metrics! {
         pub cumulative_series: Gauge,
         /// Native histograms (cumulative sketches) in memory
         pub cumulative_histograms: Gauge,
+        /// Running totals evicted near the memory limit (the least recently written tenth, once a
+        /// second); their series start over with an explicit reset
+        pub totals_evicted: Counter,
         /// Checkpoints not written, or not read or refused at start (totals then start from the queued
         /// records), per target and reason
         checkpoint_errors: Family<ByTargetReason, Counter>;
