@@ -91,7 +91,7 @@ tessera_wire::listener_config! {
         /// absent. Each merge thread holds an equal share of the cap.
         pub max_series_per_policy: Option<usize> = Some(8_000_000),
         /// The memory budget: bytes (`536870912`, `"2GiB"`) or a share of the cgroup's
-        /// limit (`"80%"`). From 90 % of it until under 80 %, partials of new series are
+        /// limit (`"80%"`). From 75 % of it until under 65 %, partials of new series are
         /// dropped and counted (`drops_total{reason="memory_limit"}`); known series go on.
         /// None by default.
         pub memory_limit: Option<tessera_runtime::memory::MemoryLimit> = None,

@@ -44,7 +44,7 @@ pub struct Config {
     /// applied before sharding (see `tessera_rules::RulesConfig`).
     pub rules: RulesConfig,
     /// The memory budget: bytes (`536870912`, `"512MiB"`) or a share of the cgroup's
-    /// limit (`"80%"`). Near it (90 %, until under 80 %) lines of new series are refused
+    /// limit (`"80%"`). From 75 % of it (until under 65 %) lines of new series are refused
     /// and counted (`drops_total{reason="memory_limit"}`); known series go on. None by
     /// default.
     pub memory_limit: Option<MemoryLimit>,

@@ -148,7 +148,7 @@ tessera_wire::listener_config! {
         /// Bound of the rejected-samples log with its one rotated file, bytes.
         pub rejected_log_max_bytes: u64 = 64 << 20,
         /// The memory budget: bytes (`536870912`, `"2GiB"`) or a share of the cgroup's
-        /// limit (`"80%"`). From 90 % of it until under 80 %, the least recently written
+        /// limit (`"80%"`). From 75 % of it until under 65 %, the least recently written
         /// tenth of the running totals is evicted once a second and counted
         /// (`totals_evicted_total`); their series start over with an explicit reset. None by
         /// default.
