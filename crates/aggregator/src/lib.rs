@@ -193,16 +193,7 @@ impl Aggregator {
 
         // The memory budget: a guard thread reads the resident memory, and the merge
         // threads refuse new series near the limit.
-        let shedding = match config.memory_limit {
-            Some(limit) => {
-                let limit_bytes = limit.resolve().map_err(|reason| config::ConfigError::new("memory_limit", reason))?;
-                let guard = tessera_runtime::memory::MemoryGuard::new(limit_bytes, metrics.memory.clone());
-                guard.spawn().map_err(|error| StartError::setup("cannot start the memory guard", error))?;
-                tracing::info!(limit_bytes, "memory budget");
-                Some(guard.shedding())
-            }
-            None => None,
-        };
+        let shedding = tessera_runtime::memory::MemoryGuard::start(config.memory_limit, &metrics.memory)?;
         let merge_threads = config.merge_threads();
         let tiler_settings = config.tiler_settings(merge_threads);
         let started_ms = now_ms();

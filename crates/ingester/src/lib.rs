@@ -173,16 +173,7 @@ impl Ingester {
         });
         // The memory budget: a guard thread reads the resident memory, and the converters
         // evict their least recently written totals near the limit.
-        let shedding = match config.memory_limit {
-            Some(limit) => {
-                let limit_bytes = limit.resolve().map_err(|reason| config::ConfigError::new("memory_limit", reason))?;
-                let guard = tessera_runtime::memory::MemoryGuard::new(limit_bytes, metrics.memory.clone());
-                guard.spawn().map_err(|error| StartError::setup("cannot start the memory guard", error))?;
-                tracing::info!(limit_bytes, "memory budget");
-                Some(guard.shedding())
-            }
-            None => None,
-        };
+        let shedding = tessera_runtime::memory::MemoryGuard::start(config.memory_limit, &metrics.memory)?;
         for (index, target_config) in config.targets().into_iter().enumerate() {
             let name = target_config.name.clone();
             let sink_config = target_config.sink.clone();

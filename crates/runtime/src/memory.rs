@@ -189,6 +189,21 @@ impl MemoryGuard {
         now
     }
 
+    /// A daemon's budget from its `memory_limit`, if it has one: resolved, its guard
+    /// thread started, reporting into `metrics`; returns the flag to shed by.
+    pub fn start(
+        limit: Option<MemoryLimit>,
+        metrics: &MemoryMetrics,
+    ) -> Result<Option<Arc<AtomicBool>>, crate::StartError> {
+        let Some(limit) = limit else { return Ok(None) };
+        let limit_bytes =
+            limit.resolve().map_err(|reason| crate::config::InvalidSetting::new("memory_limit", reason))?;
+        let guard = MemoryGuard::new(limit_bytes, metrics.clone());
+        guard.spawn().map_err(|error| crate::StartError::setup("cannot start the memory guard", error))?;
+        tracing::info!(limit_bytes, "memory budget");
+        Ok(Some(guard.shedding()))
+    }
+
     /// Reads the resident memory every [`CHECK_INTERVAL`] on a thread of its own, for the
     /// life of the process.
     pub fn spawn(&self) -> std::io::Result<()> {
