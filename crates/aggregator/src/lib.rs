@@ -193,7 +193,7 @@ impl Aggregator {
 
         // The memory budget: a guard thread reads the resident memory, and the merge
         // threads refuse new series near the limit.
-        let shedding = tessera_runtime::memory::MemoryGuard::start(config.memory_limit, &metrics.memory)?;
+        let budget = tessera_runtime::memory::MemoryGuard::start(config.memory_limit, &metrics.memory)?;
         let merge_threads = config.merge_threads();
         let tiler_settings = config.tiler_settings(merge_threads);
         let started_ms = now_ms();
@@ -239,8 +239,8 @@ impl Aggregator {
             let (jobs, job_receiver) = crossbeam_channel::bounded(tile::MERGE_QUEUE_JOBS);
             merge_jobs.push(jobs);
             let mut tiler = Tiler::new(tiler_settings.clone(), started_ms);
-            if let Some(shedding) = &shedding {
-                tiler = tiler.with_shedding(shedding.clone());
+            if let Some(budget) = &budget {
+                tiler = tiler.with_budget(budget.clone());
             }
             let (parts, metrics, drops) = (part_sender.clone(), metrics.tile.clone(), metrics.drops.clone());
             merge_handles.push(spawn_thread(&format!("merge-{index}"), move || {

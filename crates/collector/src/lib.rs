@@ -98,14 +98,14 @@ impl Collector {
             config.mapping.file.is_some().then(|| rules.clone() as Arc<dyn tessera_core::table::ObserverSource>);
         // The memory budget: a guard thread reads the resident memory and the readers
         // refuse new series near the limit.
-        let shedding = tessera_runtime::memory::MemoryGuard::start(config.memory_limit, &metrics.memory)?;
+        let budget = tessera_runtime::memory::MemoryGuard::start(config.memory_limit, &metrics.memory)?;
         let reader_settings = ReaderSettings {
             window_ms,
             max_series: config.aggregation.max_series,
             expire_after_idle_windows: config.aggregation.expire_after_idle_windows(),
             parse_options,
             timer_unit: config.aggregation.timer_unit.into(),
-            shedding,
+            budget,
         };
         // Everything that can fail on a bad file (the TLS files) before the readers start,
         // so that a failed start leaves no reader thread holding the ports.

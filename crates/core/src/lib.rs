@@ -29,6 +29,7 @@
 
 pub mod aggregate;
 pub mod base64;
+pub mod budget;
 pub mod clock;
 pub mod hll;
 pub mod parse;

@@ -26,21 +26,21 @@
 
 use std::hash::BuildHasher;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use hashbrown::HashTable;
 
 use crate::aggregate::{
     Aggregate, AggregateError, Distribution, GaugeDeltas, MergeOrder, Observer, Reading, TimerUnit,
 };
+use crate::budget::MemoryBudget;
 use crate::parse::{
     Line, MetricKind, ParseOptions, Parsed, RejectReason, SimpleLine, canonical_tags_len, parse_line_with,
     parse_simple_prefix, split_line,
 };
 use crate::series::{SeriesKey, TAGS_SEPARATOR, kind_byte, kind_from_byte, split_id};
 
-/// The observer source and the shedding flag a new series is made with.
-type NewSeries<'a> = (Option<&'a dyn ObserverSource>, Option<&'a AtomicBool>);
+/// The observer source and the memory budget a new series is made with.
+type NewSeries<'a> = (Option<&'a dyn ObserverSource>, Option<&'a MemoryBudget>);
 
 /// Settings of a [`Table`].
 #[derive(Debug, Clone, Copy)]
@@ -75,7 +75,8 @@ pub enum TableFull {
         /// The cap that was hit.
         max_series: usize,
     },
-    /// The daemon is near its memory limit ([`Table::with_shedding`]).
+    /// The daemon is near its memory limit, or growing the table would take it past it
+    /// ([`Table::with_budget`]).
     #[error("near the memory limit: no new series")]
     Memory,
 }
@@ -351,8 +352,8 @@ pub struct Table {
     ambiguous_merges: u64,
     /// Merges that dropped fixed buckets, since the last take.
     buckets_dropped: u64,
-    /// While set, new series are refused ([`TableFull::Memory`]); known ones go on.
-    shedding: Option<Arc<AtomicBool>>,
+    /// While it sheds, new series are refused ([`TableFull::Memory`]); known ones go on.
+    budget: Option<Arc<MemoryBudget>>,
 }
 
 impl Table {
@@ -361,7 +362,7 @@ impl Table {
         Table {
             slots: HashTable::new(),
             observers: None,
-            shedding: None,
+            budget: None,
             seed: foldhash::fast::RandomState::default().hash_one(0u8),
             key: SeriesKey::default(),
             options,
@@ -370,10 +371,11 @@ impl Table {
         }
     }
 
-    /// Refuses new series while `shedding` is set (a daemon near its memory limit: the
-    /// runtime's memory guard); the series it holds go on.
-    pub fn with_shedding(mut self, shedding: Arc<AtomicBool>) -> Table {
-        self.shedding = Some(shedding);
+    /// Refuses new series while `budget` sheds (a daemon near its memory limit: the
+    /// runtime's memory guard), and a new series that would make the table double past
+    /// the budget; the series it holds go on.
+    pub fn with_budget(mut self, budget: Arc<MemoryBudget>) -> Table {
+        self.budget = Some(budget);
         self
     }
 
@@ -444,7 +446,7 @@ impl Table {
         let slot = Self::insert_into(
             &mut self.slots,
             &self.options,
-            (self.observers.as_deref(), self.shedding.as_deref()),
+            (self.observers.as_deref(), self.budget.as_deref()),
             hash,
             &parts,
             line.kind,
@@ -498,7 +500,7 @@ impl Table {
         let slot = Self::insert_into(
             &mut self.slots,
             &self.options,
-            (self.observers.as_deref(), self.shedding.as_deref()),
+            (self.observers.as_deref(), self.budget.as_deref()),
             hash,
             &parts,
             line.kind,
@@ -551,7 +553,7 @@ impl Table {
     fn insert_into<'t>(
         slots: &'t mut HashTable<Slot>,
         options: &TableOptions,
-        (observers, shedding): NewSeries<'_>,
+        (observers, budget): NewSeries<'_>,
         hash: u64,
         parts: &KeyParts<'_>,
         kind: MetricKind,
@@ -561,8 +563,12 @@ impl Table {
         {
             return Err(TableFull::Series { max_series });
         }
-        if shedding.is_some_and(|shedding| shedding.load(Ordering::Relaxed)) {
-            return Err(TableFull::Memory);
+        if let Some(budget) = budget {
+            // Full: the next slot doubles the table, and for a moment both copies live.
+            let growth = || (slots.capacity() as u64 + 1) * 16 / 7 * (std::mem::size_of::<Slot>() as u64 + 1);
+            if budget.shedding() || (slots.len() == slots.capacity() && budget.would_exceed(growth())) {
+                return Err(TableFull::Memory);
+            }
         }
         let observer = match kind {
             MetricKind::Timer | MetricKind::Histogram | MetricKind::Distribution => {
@@ -673,6 +679,28 @@ mod tests {
         assert_eq!(out.len(), 3);
         assert!(out.contains(&(MetricKind::Counter, b"a".to_vec(), Aggregate::Counter(3.0))));
         assert!(out.contains(&(MetricKind::Counter, b"b|#k:v".to_vec(), Aggregate::Counter(1.0))));
+    }
+
+    #[test]
+    fn a_budget_refuses_new_series_while_it_sheds_and_a_growth_that_would_pass_it() {
+        let budget = Arc::new(MemoryBudget::new(10 << 20));
+        let mut table = Table::new(TableOptions::default()).with_budget(budget.clone());
+        assert!(observe(&mut table, b"known:1|c").unwrap());
+        budget.update(1 << 20, true);
+        assert_eq!(observe(&mut table, b"new:1|c"), Err(TableFull::Memory));
+        assert_eq!(observe(&mut table, b"known:1|c"), Ok(false), "a known series goes on");
+        budget.update(1 << 20, false);
+        // Fill the table to its room: the next series doubles it, which 9 MiB of 10 do not allow.
+        let mut n = 0;
+        while table.len() < table.capacity() {
+            observe(&mut table, format!("fill.{n}:1|c").as_bytes()).unwrap();
+            n += 1;
+        }
+        budget.update(9 << 20, false);
+        assert_eq!(observe(&mut table, b"one.more:1|c"), Err(TableFull::Memory));
+        assert_eq!(observe(&mut table, b"fill.0:1|c"), Ok(false));
+        budget.update(1 << 20, false);
+        assert_eq!(observe(&mut table, b"one.more:1|c"), Ok(true), "room again: it grows");
     }
 
     #[test]

@@ -83,7 +83,6 @@ static COLLISION_LOG: RateLimitedLog = RateLimitedLog::new("ingester.name_collis
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use bytes::Bytes;
 use tessera_core::aggregate::{Aggregate, kind_from_proto};
@@ -462,8 +461,8 @@ pub struct Converter {
     families: Option<(FamilyNotes, &'static str)>,
     /// The statsd kind of the tile whose families were noted last.
     noted_kind: Option<MetricKind>,
-    /// The memory guard's flag, and the count of totals evicted while it was set.
-    shedding: Option<(Arc<AtomicBool>, prometheus_client::metrics::counter::Counter)>,
+    /// The memory budget, and the count of totals evicted while it shed.
+    shedding: Option<(Arc<tessera_core::budget::MemoryBudget>, prometheus_client::metrics::counter::Counter)>,
     /// When totals were last evicted (at most once a second).
     last_eviction: Option<std::time::Instant>,
     /// Totals were evicted: every new total starts with an explicit reset, since the series
@@ -588,16 +587,16 @@ impl Converter {
         }
     }
 
-    /// While `shedding` is set (the ingester near its memory limit), evicts the least
+    /// While `budget` sheds (the ingester near its memory limit), evicts the least
     /// recently written tenth of the running totals once a second, counted in `evicted`;
     /// a series whose total was evicted starts over with an explicit reset, as after a
     /// move, so that storage's `increase()` stays right.
-    pub fn with_shedding(
+    pub fn with_budget(
         mut self,
-        shedding: Arc<AtomicBool>,
+        budget: Arc<tessera_core::budget::MemoryBudget>,
         evicted: prometheus_client::metrics::counter::Counter,
     ) -> Converter {
-        self.shedding = Some((shedding, evicted));
+        self.shedding = Some((budget, evicted));
         self
     }
 
@@ -923,7 +922,7 @@ impl Converter {
             let totals = &self.totals;
             self.histograms.retain(|key, _| totals.contains_key(key));
         }
-        let shedding = self.shedding.as_ref().is_some_and(|(flag, _)| flag.load(Ordering::Relaxed));
+        let shedding = self.shedding.as_ref().is_some_and(|(budget, _)| budget.shedding());
         if shedding && self.last_eviction.is_none_or(|last| last.elapsed() >= std::time::Duration::from_secs(1)) {
             self.last_eviction = Some(std::time::Instant::now());
             let evicted = self.evict_least_recent();

@@ -173,7 +173,7 @@ impl Ingester {
         });
         // The memory budget: a guard thread reads the resident memory, and the converters
         // evict their least recently written totals near the limit.
-        let shedding = tessera_runtime::memory::MemoryGuard::start(config.memory_limit, &metrics.memory)?;
+        let budget = tessera_runtime::memory::MemoryGuard::start(config.memory_limit, &metrics.memory)?;
         for (index, target_config) in config.targets().into_iter().enumerate() {
             let name = target_config.name.clone();
             let sink_config = target_config.sink.clone();
@@ -184,8 +184,8 @@ impl Ingester {
             if let Some(families) = &families {
                 converter = converter.with_families(families.clone(), config.mapping.timer_unit.as_str());
             }
-            if let Some(shedding) = &shedding {
-                converter = converter.with_shedding(shedding.clone(), metrics.writer.totals_evicted.clone());
+            if let Some(budget) = &budget {
+                converter = converter.with_budget(budget.clone(), metrics.writer.totals_evicted.clone());
             }
             let covers = writer::checkpoint::load(&dir, &name, &checkpoint_metrics, &mut converter);
             let from_checkpoint = converter.cumulative_series();

@@ -17,11 +17,11 @@
 
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use prometheus_client::metrics::gauge::Gauge;
 use serde::Deserialize;
+pub use tessera_core::budget::MemoryBudget;
 
 /// Shedding starts at this share of the limit: what a daemon admitted just before still
 /// grows its buffers for a window or two (the collector's cuts and merged table), so the
@@ -145,7 +145,7 @@ crate::metrics! {
 #[derive(Clone)]
 pub struct MemoryGuard {
     limit_bytes: u64,
-    shedding: Arc<AtomicBool>,
+    budget: Arc<MemoryBudget>,
     metrics: MemoryMetrics,
 }
 
@@ -153,24 +153,24 @@ impl MemoryGuard {
     /// A guard of `limit_bytes`, not shedding yet, reporting into `metrics`.
     pub fn new(limit_bytes: u64, metrics: MemoryMetrics) -> MemoryGuard {
         metrics.memory_limit.set(limit_bytes as i64);
-        MemoryGuard { limit_bytes, shedding: Arc::default(), metrics }
+        MemoryGuard { limit_bytes, budget: Arc::new(MemoryBudget::new(limit_bytes)), metrics }
     }
 
-    /// The flag the hot paths read: true while new work is to be shed.
-    pub fn shedding(&self) -> Arc<AtomicBool> {
-        Arc::clone(&self.shedding)
+    /// What the hot paths read: whether to shed new work, and whether a table may grow.
+    pub fn budget(&self) -> Arc<MemoryBudget> {
+        Arc::clone(&self.budget)
     }
 
     /// Takes one reading of `used_bytes`: shedding starts at [`SHED_AT`] of the limit and
     /// stops below [`RESUME_AT`]; returns whether it sheds now.
     pub fn observe(&self, used_bytes: u64) -> bool {
         self.metrics.memory_used.set(used_bytes as i64);
-        let was = self.shedding.load(Ordering::Relaxed);
+        let was = self.budget.shedding();
         let used = used_bytes as f64;
         let limit = self.limit_bytes as f64;
         let now = if was { used >= limit * RESUME_AT } else { used >= limit * SHED_AT };
+        self.budget.update(used_bytes, now);
         if now != was {
-            self.shedding.store(now, Ordering::Relaxed);
             if now {
                 tracing::warn!(
                     used_bytes,
@@ -194,14 +194,14 @@ impl MemoryGuard {
     pub fn start(
         limit: Option<MemoryLimit>,
         metrics: &MemoryMetrics,
-    ) -> Result<Option<Arc<AtomicBool>>, crate::StartError> {
+    ) -> Result<Option<Arc<MemoryBudget>>, crate::StartError> {
         let Some(limit) = limit else { return Ok(None) };
         let limit_bytes =
             limit.resolve().map_err(|reason| crate::config::InvalidSetting::new("memory_limit", reason))?;
         let guard = MemoryGuard::new(limit_bytes, metrics.clone());
         guard.spawn().map_err(|error| crate::StartError::setup("cannot start the memory guard", error))?;
         tracing::info!(limit_bytes, "memory budget");
-        Ok(Some(guard.shedding()))
+        Ok(Some(guard.budget()))
     }
 
     /// Reads the resident memory every [`CHECK_INTERVAL`] on a thread of its own, for the
@@ -260,11 +260,12 @@ mod tests {
     #[test]
     fn shedding_starts_near_the_limit_and_stops_well_under_it() {
         let guard = MemoryGuard::new(1000, MemoryMetrics::default());
-        let shedding = guard.shedding();
+        let budget = guard.budget();
         assert!(!guard.observe(740));
-        assert!(guard.observe(750) && shedding.load(Ordering::Relaxed));
+        assert!(guard.observe(750) && budget.shedding());
         assert!(guard.observe(700), "still above the resume mark");
-        assert!(!guard.observe(649) && !shedding.load(Ordering::Relaxed));
+        assert!(!guard.observe(649) && !budget.shedding());
+        assert!(budget.would_exceed(252) && !budget.would_exceed(250), "growth past 90 % of the limit");
         let metrics = &guard.metrics;
         assert_eq!(
             (metrics.memory_limit.get(), metrics.memory_used.get(), metrics.memory_shedding.get()),

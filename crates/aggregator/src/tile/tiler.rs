@@ -251,10 +251,10 @@ impl Tiler {
         }
     }
 
-    /// Refuses new series while `shedding` is set (the aggregator near its memory limit,
+    /// Refuses new series while `budget` sheds (the aggregator near its memory limit,
     /// counted as [`Applied::memory_limit`]); the series it holds go on.
-    pub fn with_shedding(mut self, shedding: std::sync::Arc<std::sync::atomic::AtomicBool>) -> Tiler {
-        self.registry.set_shedding(shedding);
+    pub fn with_budget(mut self, budget: std::sync::Arc<tessera_core::budget::MemoryBudget>) -> Tiler {
+        self.registry.set_budget(budget);
         self
     }
 

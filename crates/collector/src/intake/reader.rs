@@ -24,7 +24,7 @@
 //! in (see [`tessera_core::aggregate::Gauge`]).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crossbeam_channel::{Receiver, Sender};
 use tessera_core::aggregate::{Aggregate, GaugeDeltas, TimerUnit};
@@ -113,8 +113,8 @@ pub struct ReaderSettings {
     pub parse_options: ParseOptions,
     /// The unit `|ms` values are kept in.
     pub timer_unit: TimerUnit,
-    /// Set while the collector is near its memory limit: new series are refused.
-    pub shedding: Option<Arc<AtomicBool>>,
+    /// The memory budget: near it, new series are refused.
+    pub budget: Option<Arc<tessera_core::budget::MemoryBudget>>,
 }
 
 /// Reader ids, unique in the process.
@@ -167,8 +167,8 @@ impl Reader {
             Some(source) => Table::new(options).with_observer_source(source),
             None => Table::new(options),
         };
-        if let Some(shedding) = &settings.shedding {
-            table = table.with_shedding(Arc::clone(shedding));
+        if let Some(budget) = &settings.budget {
+            table = table.with_budget(Arc::clone(budget));
         }
         Reader {
             id: NEXT_READER.fetch_add(1, Ordering::Relaxed),

@@ -670,10 +670,10 @@ fn every_family_written_is_noted_once_with_its_type_and_timers_with_their_unit()
 #[test]
 fn near_the_memory_limit_the_least_recently_written_totals_are_evicted_and_start_over_with_a_reset() {
     use prometheus_client::metrics::counter::Counter;
-    use std::sync::atomic::{AtomicBool, Ordering};
-    let shedding = Arc::new(AtomicBool::new(false));
+    use tessera_core::budget::MemoryBudget;
+    let budget = Arc::new(MemoryBudget::new(1000));
     let evicted = Counter::default();
-    let mut converter = Converter::new(&[0.5], 3_600_000).with_shedding(shedding.clone(), evicted.clone());
+    let mut converter = Converter::new(&[0.5], 3_600_000).with_budget(budget.clone(), evicted.clone());
     let old: Vec<String> = (0..10).map(|n| format!("old.{n}")).collect();
     let recent: Vec<String> = (0..10).map(|n| format!("recent.{n}")).collect();
     let tiles = |ids: &[String], value: f64| {
@@ -682,13 +682,13 @@ fn near_the_memory_limit_the_least_recently_written_totals_are_evicted_and_start
     converted(&mut converter, &batch(10_000, tiles(&old, 5.0)));
     converted(&mut converter, &batch(20_000, tiles(&recent, 5.0)));
     assert_eq!(converter.cumulative_series(), 20);
-    shedding.store(true, Ordering::Relaxed);
+    budget.update(800, true);
     converted(&mut converter, &batch(30_000, tiles(&recent, 1.0)));
     assert_eq!((evicted.get(), converter.cumulative_series()), (2, 18), "a tenth, the least recently written");
     // Once a second at most: the next commit evicts nothing more.
     converted(&mut converter, &batch(40_000, tiles(&recent, 1.0)));
     assert_eq!(evicted.get(), 2);
-    shedding.store(false, Ordering::Relaxed);
+    budget.update(600, false);
     // The old series come back: two of them start over, from an explicit reset.
     let conversion = converter.convert(&batch(50_000, tiles(&old, 1.0)), 0).unwrap();
     converter.commit();

@@ -15,7 +15,8 @@
 
 use std::hash::BuildHasher;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+
+use tessera_core::budget::MemoryBudget;
 
 use hashbrown::HashTable;
 use tessera_core::parse::MetricKind;
@@ -53,14 +54,14 @@ pub struct Registry {
     entries: Vec<Entry>,
     free: Vec<SeriesNumber>,
     max_series: Option<usize>,
-    /// While set, new series are refused ([`RegistryFull::Memory`]); known ones go on.
-    shedding: Option<Arc<AtomicBool>>,
+    /// While it sheds, new series are refused ([`RegistryFull::Memory`]); known ones go on.
+    budget: Option<Arc<MemoryBudget>>,
 }
 
 impl Registry {
-    /// Refuses new series while `shedding` is set (the memory guard's flag).
-    pub fn set_shedding(&mut self, shedding: Arc<AtomicBool>) {
-        self.shedding = Some(shedding);
+    /// Refuses new series while `budget` sheds (the memory guard's).
+    pub fn set_budget(&mut self, budget: Arc<MemoryBudget>) {
+        self.budget = Some(budget);
     }
 
     /// An empty registry holding at most `max_series` series.
@@ -71,7 +72,7 @@ impl Registry {
             entries: Vec::new(),
             free: Vec::new(),
             max_series,
-            shedding: None,
+            budget: None,
         }
     }
 
@@ -96,7 +97,7 @@ impl Registry {
         if self.max_series.is_some_and(|max| self.len() >= max) {
             return Err(RegistryFull::Series);
         }
-        if self.shedding.as_ref().is_some_and(|shedding| shedding.load(Ordering::Relaxed)) {
+        if self.budget.as_ref().is_some_and(|budget| budget.shedding()) {
             return Err(RegistryFull::Memory);
         }
         let entry = Entry { hash, kind, id: id.into(), last_window_ms: i64::MIN, pins: 0, live: true };

@@ -462,17 +462,17 @@ fn a_slot_defined_while_the_series_cap_is_reached_counts_its_refs_as_series_limi
 #[test]
 fn near_the_memory_limit_new_series_are_refused_and_known_ones_go_on() {
     use std::sync::Arc;
-    use std::sync::atomic::{AtomicBool, Ordering};
-    let shedding = Arc::new(AtomicBool::new(false));
-    let mut tiler = Tiler::new(settings(&["1s:1h"]), T0).with_shedding(shedding.clone());
+    use tessera_core::budget::MemoryBudget;
+    let budget = Arc::new(MemoryBudget::new(1000));
+    let mut tiler = Tiler::new(settings(&["1s:1h"]), T0).with_budget(budget.clone());
     let mut sink = Sink::default();
     let applied = tiler.accept(&batch(T0, 1000, vec![counter("known", 1.0)]), T0 + 1100, &mut sink.emit()).unwrap();
     assert_eq!((applied.new_series, applied.memory_limit), (1, 0));
-    shedding.store(true, Ordering::Relaxed);
+    budget.update(800, true);
     let partials = vec![counter("known", 2.0), counter("new", 1.0)];
     let applied = tiler.accept(&batch(T0, 1000, partials), T0 + 1100, &mut sink.emit()).unwrap();
     assert_eq!((applied.new_series, applied.memory_limit), (0, 1));
-    shedding.store(false, Ordering::Relaxed);
+    budget.update(600, false);
     let applied = tiler.accept(&batch(T0, 1000, vec![counter("new", 5.0)]), T0 + 1100, &mut sink.emit()).unwrap();
     assert_eq!((applied.new_series, applied.memory_limit), (1, 0));
     tiler.close_due(T0 + 2000, &mut sink.emit());
