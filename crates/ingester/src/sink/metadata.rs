@@ -108,10 +108,12 @@ impl FamilyNotes {
     /// Notes `family` unless noted already.
     pub fn note(&mut self, family: &str, meta: FamilyMeta) {
         let key = xxhash_rust::xxh3::xxh3_64_with_seed(family.as_bytes(), meta.type_name.len() as u64);
-        if self.noted.len() >= self.families.max * 2 || self.noted.contains(&key) {
+        if self.noted.contains(&key) {
             return;
         }
-        if self.families.note(family, meta) {
+        // Past the bound the shared table counts what it does not keep; the local set stops
+        // growing too.
+        if self.families.note(family, meta) && self.noted.len() < self.families.max * 2 {
             self.noted.insert(key);
         }
     }
