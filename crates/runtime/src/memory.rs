@@ -9,7 +9,8 @@
 //!
 //! The limit is `memory_limit` in a daemon's configuration: bytes (`536870912`, or with a
 //! unit, `"512MiB"`, `"2GiB"`), or a share of the cgroup's memory limit (`"80%"`: cgroup v2's
-//! `memory.max`, else v1's `memory.limit_in_bytes`). What a daemon sheds is its own
+//! `memory.max`, else v1's `memory.limit_in_bytes`, the smallest of the process' own cgroup
+//! and its parents, [`own_cgroup_limit_bytes`]). What a daemon sheds is its own
 //! business (the collector: lines of new series, `drops_total{reason="memory_limit"}`,
 //! while known series go on); the guard only says when. Like Datadog's ADP memory limiter,
 //! it reads the process' real use rather than an estimate per series, so every structure
@@ -94,26 +95,68 @@ impl MemoryLimit {
         match self {
             MemoryLimit::Bytes(bytes) if bytes > 0 => Ok(bytes),
             MemoryLimit::Bytes(_) => Err("memory_limit must be above 0".to_owned()),
-            MemoryLimit::CgroupShare(share) => match cgroup_limit_bytes(Path::new("/sys/fs/cgroup")) {
-                Some(limit) => Ok((limit as f64 * share) as u64),
-                None => Err(format!(
-                    "memory_limit = {}% is a share of the cgroup's memory limit, and this process has none \
-                     (/sys/fs/cgroup/memory.max, /sys/fs/cgroup/memory/memory.limit_in_bytes): give bytes instead",
-                    share * 100.0
-                )),
-            },
+            MemoryLimit::CgroupShare(share) => {
+                let membership = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+                match own_cgroup_limit_bytes(Path::new("/sys/fs/cgroup"), &membership) {
+                    Some(limit) => Ok((limit as f64 * share) as u64),
+                    None => Err(format!(
+                        "memory_limit = {}% is a share of the cgroup's memory limit, and this process has none \
+                         (memory.max or memory/memory.limit_in_bytes under /sys/fs/cgroup, in this process' \
+                         cgroup of /proc/self/cgroup and its parents): give bytes instead",
+                        share * 100.0
+                    )),
+                }
+            }
         }
     }
+}
+
+/// The memory limit that holds for this process: the smallest that its own cgroup (named
+/// in `membership`, the text of /proc/self/cgroup) or any of its parents sets, under the
+/// cgroup file systems mounted at `root`.
+///
+/// A daemon in a container usually sees its own cgroup at the root of the mount (a cgroup
+/// namespace, or Docker's v1 bind mount), and the path named in /proc/self/cgroup does not
+/// exist there; one run by systemd with `MemoryMax=`, or put in a cgroup by hand, sees the
+/// whole tree, and its limit is in its own directory, not at the root.
+pub fn own_cgroup_limit_bytes(root: &Path, membership: &str) -> Option<u64> {
+    let mut limits = vec![cgroup_limit_bytes(root)];
+    for line in membership.lines() {
+        // `hierarchy:controllers:path`: v2's line is `0::path`, v1's memory line names `memory`.
+        let mut fields = line.splitn(3, ':');
+        let (Some(_), Some(controllers), Some(path)) = (fields.next(), fields.next(), fields.next()) else {
+            continue;
+        };
+        let file = match controllers {
+            "" => "memory.max",
+            _ if controllers.split(',').any(|controller| controller == "memory") => "memory/memory.limit_in_bytes",
+            _ => continue,
+        };
+        let mut dir = Path::new(path.trim_start_matches('/'));
+        while !dir.as_os_str().is_empty() {
+            let at = match file {
+                "memory.max" => root.join(dir).join(file),
+                _ => root.join("memory").join(dir).join("memory.limit_in_bytes"),
+            };
+            limits.push(read_limit(&at));
+            dir = dir.parent().unwrap_or(Path::new(""));
+        }
+    }
+    limits.into_iter().flatten().min()
 }
 
 /// The memory limit of the cgroup mounted at `root` (v2's `memory.max`, else v1's
 /// `memory/memory.limit_in_bytes`), if it sets one.
 pub fn cgroup_limit_bytes(root: &Path) -> Option<u64> {
-    let v2 = std::fs::read_to_string(root.join("memory.max")).ok();
-    let v1 = || std::fs::read_to_string(root.join("memory/memory.limit_in_bytes")).ok();
-    let text = v2.or_else(v1)?;
+    let v2 = root.join("memory.max");
+    if v2.exists() { read_limit(&v2) } else { read_limit(&root.join("memory/memory.limit_in_bytes")) }
+}
+
+/// A limit file's bytes; `None` when it is missing or says there is no limit.
+fn read_limit(file: &Path) -> Option<u64> {
+    let text = std::fs::read_to_string(file).ok()?;
     let limit: u64 = text.trim().parse().ok()?;
-    // v1 says "no limit" with a huge number (a page-rounded i64::MAX).
+    // v1 says "no limit" with a huge number (a page-rounded i64::MAX); v2 says "max".
     (limit < (1 << 60)).then_some(limit)
 }
 
@@ -255,6 +298,39 @@ mod tests {
         assert_eq!(cgroup_limit_bytes(dir.path()), None, "v2's max");
         std::fs::write(dir.path().join("memory.max"), "536870912\n").unwrap();
         assert_eq!(cgroup_limit_bytes(dir.path()), Some(512 << 20));
+    }
+
+    #[test]
+    fn the_limit_is_the_smallest_of_the_process_cgroup_and_its_parents() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let write = |path: &str, text: &str| {
+            std::fs::create_dir_all(root.join(path).parent().unwrap()).unwrap();
+            std::fs::write(root.join(path), text).unwrap();
+        };
+        // cgroup v1, the whole tree seen (a daemon put in a cgroup by hand on this host).
+        write("memory/memory.limit_in_bytes", "9223372036854771712\n");
+        write("memory/bench/memory.limit_in_bytes", "1073741824\n");
+        write("memory/bench/collector/memory.limit_in_bytes", "9223372036854771712\n");
+        let v1 = "12:pids:/\n9:memory:/bench/collector\n1:name=systemd:/user.slice\n";
+        assert_eq!(own_cgroup_limit_bytes(root, v1), Some(1 << 30), "the parent's limit holds");
+        write("memory/bench/collector/memory.limit_in_bytes", "268435456\n");
+        assert_eq!(own_cgroup_limit_bytes(root, v1), Some(256 << 20), "its own, smaller one");
+        // A container: its cgroup is mounted at the root and the named path is not there.
+        let container = "9:memory:/docker/0123abcd\n";
+        assert_eq!(own_cgroup_limit_bytes(root, container), None);
+        write("memory/memory.limit_in_bytes", "536870912\n");
+        assert_eq!(own_cgroup_limit_bytes(root, container), Some(512 << 20));
+        // cgroup v2 under systemd (`MemoryMax=`).
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        std::fs::create_dir_all(root.join("system.slice/tessera.service")).unwrap();
+        std::fs::write(root.join("memory.max"), "max\n").unwrap();
+        std::fs::write(root.join("system.slice/memory.max"), "max\n").unwrap();
+        std::fs::write(root.join("system.slice/tessera.service/memory.max"), "2147483648\n").unwrap();
+        assert_eq!(own_cgroup_limit_bytes(root, "0::/system.slice/tessera.service\n"), Some(2 << 30));
+        assert_eq!(own_cgroup_limit_bytes(root, "0::/\n"), None, "the root's max");
+        assert_eq!(own_cgroup_limit_bytes(root, ""), None);
     }
 
     #[test]

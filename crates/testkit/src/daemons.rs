@@ -48,10 +48,31 @@ impl Daemon {
         telemetry: SocketAddr,
         env: &[(&str, &str)],
     ) -> Daemon {
+        Daemon::start_wrapped(name, binary_name, config_text, telemetry, env, &[])
+    }
+
+    /// [`start_with_env`](Self::start_with_env) through `wrapper`: the command run is
+    /// `wrapper..., binary, --config, ...` (a shell that joins a cgroup and execs the rest,
+    /// say); an empty wrapper runs the binary itself.
+    pub fn start_wrapped(
+        name: &str,
+        binary_name: &str,
+        config_text: &str,
+        telemetry: SocketAddr,
+        env: &[(&str, &str)],
+        wrapper: &[&str],
+    ) -> Daemon {
         let dir = Server::directory();
         let config = dir.path().join(format!("{name}.toml"));
         std::fs::write(&config, config_text).expect("write config");
-        let mut command = Command::new(binary(binary_name));
+        let mut command = match wrapper.split_first() {
+            Some((program, args)) => {
+                let mut command = Command::new(program);
+                command.args(args).arg(binary(binary_name));
+                command
+            }
+            None => Command::new(binary(binary_name)),
+        };
         command.arg("--config").arg(&config).arg("--log-level").arg("info");
         command.envs(env.iter().copied());
         let mut server = Server::spawn(name, command, dir, "");
