@@ -8,7 +8,9 @@
 #   benches/load/bomb.sh [BOMB_SERIES] [BOMB_RATE] [COLLECTOR_MIB AGGREGATOR_MIB INGESTER_MIB]
 #   e.g. benches/load/bomb.sh 5000000 100000 256 512 512
 #
-# BUDGETS=0 runs the same without any budget, for comparison.
+# BUDGETS=0 runs the same without any budget, for comparison. MEMORY_CGROUPS=1 runs each
+# daemon in a cgroup v1 memory cgroup with those limits (the kernel's hard limit) and
+# `memory_limit = "100%"` (the daemon reads its budget from its cgroup); needs root.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -25,7 +27,13 @@ need_binaries
 make_work_dir
 write_pipeline_configs ""
 write_ingester_config $'[sink]\nkind = "file"\n'"dir = \"$work/sink\""$'\nrotate_secs = 2'
-if [ "${BUDGETS:-1}" != 0 ]; then
+if [ "${MEMORY_CGROUPS:-0}" = 1 ]; then
+    make_memory_cgroup collector "$collector_mib"
+    make_memory_cgroup aggregator "$aggregator_mib"
+    make_memory_cgroup ingester "$ingester_mib"
+    for daemon in collector aggregator ingester; do sed -i '1i memory_limit = "100%"' "$work/$daemon.toml"; done
+    echo "memory cgroups (v1, hard limits): collector ${collector_mib} MiB, aggregator ${aggregator_mib} MiB, ingester ${ingester_mib} MiB; each daemon's memory_limit = \"100%\" of its cgroup's"
+elif [ "${BUDGETS:-1}" != 0 ]; then
     sed -i "1i memory_limit = \"${collector_mib}MiB\"" "$work/collector.toml"
     sed -i "1i memory_limit = \"${aggregator_mib}MiB\"" "$work/aggregator.toml"
     sed -i "1i memory_limit = \"${ingester_mib}MiB\"" "$work/ingester.toml"
@@ -61,4 +69,9 @@ wait "$steady" || true
 tail -1 "$work/steady.txt" | sed 's/^/  steady: /'
 echo "  peak: collector=$(( $(peak_rss_kib $collector) / 1024 ))MB aggregator=$(( $(peak_rss_kib $aggregator) / 1024 ))MB ingester=$(( $(peak_rss_kib $ingester) / 1024 ))MB"
 echo "  shed: collector lines=$(metric_sum "$collector_http" tessera_collector_drops_total 'reason="memory_limit"') aggregator series=$(metric_sum "$aggregator_http" tessera_aggregator_drops_total 'reason="memory_limit"') ingester totals evicted=$(metric_sum "$ingester_http" tessera_ingester_totals_evicted_total)"
+for daemon in collector aggregator ingester; do
+    [ "${MEMORY_CGROUPS:-0}" = 1 ] && echo "  $(cgroup_report $daemon)"
+    kill -0 "${!daemon}" 2>/dev/null || echo "  $daemon is gone: $(tail -2 "$work/$daemon.log")"
+done
+echo "  budgets read: collector $(metric_sum "$collector_http" tessera_collector_memory_limit_bytes) aggregator $(metric_sum "$aggregator_http" tessera_aggregator_memory_limit_bytes) ingester $(metric_sum "$ingester_http" tessera_ingester_memory_limit_bytes) bytes"
 echo "  collector series_limit drops=$(metric_sum "$collector_http" tessera_collector_drops_total 'reason="series_limit"') kernel_drops=$(metric_sum "$collector_http" tessera_collector_kernel_drops_total)"

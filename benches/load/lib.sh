@@ -19,10 +19,41 @@ make_work_dir() {
     trap cleanup_work EXIT
 }
 cleanup_work() {
-    local pid
+    local pid group
     for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
     wait 2>/dev/null || true
     rm -rf "$work"
+    for group in "${memory_cgroups[@]}"; do rmdir "$group" 2>/dev/null || true; done
+}
+
+# make_memory_cgroup NAME MIB: a cgroup v1 memory cgroup tessera-bench-NAME limited to MIB
+# MiB, that `in_cgroup NAME` starts a daemon in (MEMORY_CGROUPS=1 in start_pipeline);
+# removed at exit.
+memory_cgroups=()
+make_memory_cgroup() {
+    local group=/sys/fs/cgroup/memory/tessera-bench-$1
+    mkdir -p "$group"
+    echo $(( $2 << 20 )) > "$group/memory.limit_in_bytes"
+    memory_cgroups+=("$group")
+}
+
+# in_cgroup NAME COMMAND...: execs COMMAND in the memory cgroup made for NAME when
+# MEMORY_CGROUPS=1, else as is (run it in a subshell: the subshell's pid becomes the
+# command's).
+in_cgroup() {
+    local name=$1
+    shift
+    if [ "${MEMORY_CGROUPS:-0}" = 1 ]; then
+        echo "$BASHPID" > "/sys/fs/cgroup/memory/tessera-bench-$name/cgroup.procs"
+    fi
+    exec "$@"
+}
+
+# cgroup_report NAME: a memory cgroup's peak use (page cache included), how often it hit its
+# limit, and the OOM kills in it.
+cgroup_report() {
+    local group=/sys/fs/cgroup/memory/tessera-bench-$1
+    echo "$1: cgroup limit $(( $(cat $group/memory.limit_in_bytes) >> 20 )) MiB, peak use $(( $(cat $group/memory.max_usage_in_bytes) >> 20 )) MiB (page cache included), limit hit $(cat $group/memory.failcnt) times, oom kills $(awk '/oom_kill / {print $2}' $group/memory.oom_control)"
 }
 
 # A loopback port nobody listens on; `free_port DGRAM` for UDP.
@@ -171,15 +202,19 @@ TOML
 
 # start_pipeline: starts the ingester and the aggregator on CPU 1 and the collector on
 # CPU 0 from the configs in $work, sets `ingester`, `aggregator` and `collector` to
-# their pids, and waits until all three are ready.
+# their pids, and waits until all three are ready. With MEMORY_CGROUPS=1 each runs in the
+# memory cgroup make_memory_cgroup made for it.
 start_pipeline() {
-    taskset -c 1 "$bin/tessera-ingester" --config "$work/ingester.toml" --log-level warn 2>"$work/ingester.log" &
+    (in_cgroup ingester taskset -c 1 "$bin/tessera-ingester" --config "$work/ingester.toml" --log-level warn) \
+        2>"$work/ingester.log" &
     pids+=($!)
     ingester=$!
-    taskset -c 1 "$bin/tessera-aggregator" --config "$work/aggregator.toml" --log-level warn 2>"$work/aggregator.log" &
+    (in_cgroup aggregator taskset -c 1 "$bin/tessera-aggregator" --config "$work/aggregator.toml" --log-level warn) \
+        2>"$work/aggregator.log" &
     pids+=($!)
     aggregator=$!
-    taskset -c 0 "$bin/tessera-collector" --config "$work/collector.toml" --log-level warn 2>"$work/collector.log" &
+    (in_cgroup collector taskset -c 0 "$bin/tessera-collector" --config "$work/collector.toml" --log-level warn) \
+        2>"$work/collector.log" &
     pids+=($!)
     collector=$!
     local port

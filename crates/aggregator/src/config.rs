@@ -95,6 +95,14 @@ tessera_wire::listener_config! {
         /// dropped and counted (`drops_total{reason="memory_limit"}`); known series go on.
         /// None by default.
         pub memory_limit: Option<tessera_runtime::memory::MemoryLimit> = None,
+        /// What a series costs the aggregator all told, bytes: its tiles, their flush to the
+        /// ingesters, the decode and merge buffers. With `memory_limit`, the series admitted
+        /// at once are capped at 75 % of the limit over this (shared by every merge thread;
+        /// further new series are dropped and counted as `reason="memory_limit"`): a series'
+        /// memory comes seconds after it is admitted, when its tiles fill and flush, too late
+        /// for the resident memory to warn. Measured for counters (`benches/load/waves.sh`):
+        /// about 1 KiB; timers with wide sketches cost more.
+        pub memory_bytes_per_series: u64 = 1024,
         /// Threads that merge partials into tiles. Shards are partitioned among
         /// them (shard `s` goes to thread `s mod merge_threads`), and each owns
         /// its shards' tables for every policy, so merging shares no lock.
@@ -163,6 +171,9 @@ impl Config {
         let invalid = |key, reason: String| Err(ConfigError::new(key, reason));
         if let Some(limit) = self.memory_limit {
             limit.resolve().map_err(|reason| ConfigError::new("memory_limit", reason))?;
+        }
+        if self.memory_bytes_per_series == 0 {
+            return invalid("memory_bytes_per_series", "must be at least 1".to_owned());
         }
         match self.instance_id.as_deref() {
             None | Some("") => {

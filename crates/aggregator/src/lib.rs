@@ -193,7 +193,11 @@ impl Aggregator {
 
         // The memory budget: a guard thread reads the resident memory, and the merge
         // threads refuse new series near the limit.
-        let budget = tessera_runtime::memory::MemoryGuard::start(config.memory_limit, &metrics.memory)?;
+        let budget = tessera_runtime::memory::MemoryGuard::start(
+            config.memory_limit,
+            Some(config.memory_bytes_per_series),
+            &metrics.memory,
+        )?;
         let merge_threads = config.merge_threads();
         let tiler_settings = config.tiler_settings(merge_threads);
         let started_ms = now_ms();

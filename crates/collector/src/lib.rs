@@ -98,7 +98,7 @@ impl Collector {
             config.mapping.file.is_some().then(|| rules.clone() as Arc<dyn tessera_core::table::ObserverSource>);
         // The memory budget: a guard thread reads the resident memory and the readers
         // refuse new series near the limit.
-        let budget = tessera_runtime::memory::MemoryGuard::start(config.memory_limit, &metrics.memory)?;
+        let budget = tessera_runtime::memory::MemoryGuard::start(config.memory_limit, None, &metrics.memory)?;
         let reader_settings = ReaderSettings {
             window_ms,
             max_series: config.aggregation.max_series,

@@ -173,7 +173,7 @@ impl Ingester {
         });
         // The memory budget: a guard thread reads the resident memory, and the converters
         // evict their least recently written totals near the limit.
-        let budget = tessera_runtime::memory::MemoryGuard::start(config.memory_limit, &metrics.memory)?;
+        let budget = tessera_runtime::memory::MemoryGuard::start(config.memory_limit, None, &metrics.memory)?;
         for (index, target_config) in config.targets().into_iter().enumerate() {
             let name = target_config.name.clone();
             let sink_config = target_config.sink.clone();

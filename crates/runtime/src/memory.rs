@@ -181,6 +181,11 @@ crate::metrics! {
         pub memory_used: Gauge [bytes],
         /// 1 while new series are shed near the budget (from 75 % of it until under 65 %)
         pub memory_shedding: Gauge,
+        /// Most series admitted at once under the budget (memory_limit over the cost of a
+        /// series; the aggregator's); 0 without such a cap
+        pub memory_series_cap: Gauge,
+        /// Series admitted under the budget's series cap, every 250 ms
+        pub memory_series_held: Gauge,
     }
 }
 
@@ -195,8 +200,14 @@ pub struct MemoryGuard {
 impl MemoryGuard {
     /// A guard of `limit_bytes`, not shedding yet, reporting into `metrics`.
     pub fn new(limit_bytes: u64, metrics: MemoryMetrics) -> MemoryGuard {
-        metrics.memory_limit.set(limit_bytes as i64);
-        MemoryGuard { limit_bytes, budget: Arc::new(MemoryBudget::new(limit_bytes)), metrics }
+        MemoryGuard::with_budget(MemoryBudget::new(limit_bytes), metrics)
+    }
+
+    /// A guard of `budget` (a [`MemoryBudget::with_series_cost`], say).
+    pub fn with_budget(budget: MemoryBudget, metrics: MemoryMetrics) -> MemoryGuard {
+        metrics.memory_limit.set(budget.limit_bytes() as i64);
+        metrics.memory_series_cap.set(budget.series_cap().map_or(0, |cap| cap as i64));
+        MemoryGuard { limit_bytes: budget.limit_bytes(), budget: Arc::new(budget), metrics }
     }
 
     /// What the hot paths read: whether to shed new work, and whether a table may grow.
@@ -208,6 +219,7 @@ impl MemoryGuard {
     /// stops below [`RESUME_AT`]; returns whether it sheds now.
     pub fn observe(&self, used_bytes: u64) -> bool {
         self.metrics.memory_used.set(used_bytes as i64);
+        self.metrics.memory_series_held.set(self.budget.series_held() as i64);
         let was = self.budget.shedding();
         let used = used_bytes as f64;
         let limit = self.limit_bytes as f64;
@@ -234,16 +246,24 @@ impl MemoryGuard {
 
     /// A daemon's budget from its `memory_limit`, if it has one: resolved, its guard
     /// thread started, reporting into `metrics`; returns the flag to shed by.
+    ///
+    /// With `series_cost` (bytes a series costs the daemon, all told), the budget also caps
+    /// the series admitted at once ([`MemoryBudget::with_series_cost`]).
     pub fn start(
         limit: Option<MemoryLimit>,
+        series_cost: Option<u64>,
         metrics: &MemoryMetrics,
     ) -> Result<Option<Arc<MemoryBudget>>, crate::StartError> {
         let Some(limit) = limit else { return Ok(None) };
         let limit_bytes =
             limit.resolve().map_err(|reason| crate::config::InvalidSetting::new("memory_limit", reason))?;
-        let guard = MemoryGuard::new(limit_bytes, metrics.clone());
+        let budget = match series_cost {
+            Some(bytes) => MemoryBudget::new(limit_bytes).with_series_cost(bytes),
+            None => MemoryBudget::new(limit_bytes),
+        };
+        let guard = MemoryGuard::with_budget(budget, metrics.clone());
         guard.spawn().map_err(|error| crate::StartError::setup("cannot start the memory guard", error))?;
-        tracing::info!(limit_bytes, "memory budget");
+        tracing::info!(limit_bytes, series_cap = guard.budget.series_cap(), "memory budget");
         Ok(Some(guard.budget()))
     }
 

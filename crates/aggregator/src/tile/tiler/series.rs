@@ -59,7 +59,8 @@ pub struct Registry {
 }
 
 impl Registry {
-    /// Refuses new series while `budget` sheds (the memory guard's).
+    /// Refuses new series while `budget` sheds (the memory guard's), and past its series
+    /// cap ([`MemoryBudget::with_series_cost`]), which every merge thread's registry shares.
     pub fn set_budget(&mut self, budget: Arc<MemoryBudget>) {
         self.budget = Some(budget);
     }
@@ -97,7 +98,9 @@ impl Registry {
         if self.max_series.is_some_and(|max| self.len() >= max) {
             return Err(RegistryFull::Series);
         }
-        if self.budget.as_ref().is_some_and(|budget| budget.shedding()) {
+        if let Some(budget) = &self.budget
+            && (budget.shedding() || !budget.admit_series())
+        {
             return Err(RegistryFull::Memory);
         }
         let entry = Entry { hash, kind, id: id.into(), last_window_ms: i64::MIN, pins: 0, live: true };
@@ -166,7 +169,18 @@ impl Registry {
             count += 1;
             freed(number);
         }
+        if let Some(budget) = &self.budget {
+            budget.release_series(count);
+        }
         count
+    }
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        if let Some(budget) = &self.budget {
+            budget.release_series(self.len());
+        }
     }
 }
 

@@ -479,3 +479,29 @@ fn near_the_memory_limit_new_series_are_refused_and_known_ones_go_on() {
     assert_eq!(sink.counter(0, T0 + 1000, "known"), Some(3.0), "the known series went on exactly");
     assert_eq!(sink.counter(0, T0 + 1000, "new"), Some(5.0), "only what came after the shedding");
 }
+
+#[test]
+fn a_series_cap_from_the_budget_refuses_new_series_until_others_expire() {
+    use std::sync::Arc;
+    use tessera_core::budget::MemoryBudget;
+    // 75 % of 1000 bytes at 250 bytes a series: two merge threads share three places.
+    let budget = Arc::new(MemoryBudget::new(1000).with_series_cost(250));
+    let mut first = Tiler::new(settings(&["1s:1h"]), T0).with_budget(budget.clone());
+    let mut second = Tiler::new(settings(&["1s:1h"]), T0).with_budget(budget.clone());
+    let mut sink = Sink::default();
+    let partials = vec![counter("a", 1.0), counter("b", 1.0)];
+    let applied = first.accept(&batch(T0, 1000, partials), T0 + 1100, &mut sink.emit()).unwrap();
+    assert_eq!((applied.new_series, applied.memory_limit), (2, 0));
+    let partials = vec![counter("c", 1.0), counter("d", 1.0)];
+    let applied = second.accept(&batch(T0, 1000, partials), T0 + 1100, &mut sink.emit()).unwrap();
+    assert_eq!((applied.new_series, applied.memory_limit), (1, 1), "one place left between the two");
+    assert_eq!(budget.series_held(), 3);
+    let applied = first.accept(&batch(T0, 1000, vec![counter("a", 2.0)]), T0 + 1100, &mut sink.emit()).unwrap();
+    assert_eq!((applied.new_series, applied.memory_limit), (0, 0), "a known series goes on");
+    first.close_due(T0 + 2000, &mut sink.emit());
+    assert_eq!(sink.counter(0, T0 + 1000, "a"), Some(3.0));
+    drop(first);
+    assert_eq!(budget.series_held(), 1, "a tiler that goes gives its places back");
+    let applied = second.accept(&batch(T0, 1000, vec![counter("d", 1.0)]), T0 + 1100, &mut sink.emit()).unwrap();
+    assert_eq!((applied.new_series, applied.memory_limit), (1, 0));
+}
