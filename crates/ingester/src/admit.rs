@@ -465,6 +465,8 @@ pub struct Converter {
     shedding: Option<(Arc<tessera_core::budget::MemoryBudget>, prometheus_client::metrics::counter::Counter)>,
     /// When totals were last evicted (at most once a second).
     last_eviction: Option<std::time::Instant>,
+    /// A view taken in said `rejoined`.
+    rejoined_seen: bool,
     /// Totals were evicted: every new total starts with an explicit reset, since the series
     /// may have been written before from a total that is gone.
     evicted_any: bool,
@@ -554,6 +556,7 @@ impl Converter {
             families: None,
             noted_kind: None,
             shedding: None,
+            rejoined_seen: false,
             last_eviction: None,
             evicted_any: false,
             last_sweep_tile_end_ms: i64::MIN,
@@ -647,9 +650,37 @@ impl Converter {
     /// A shard gained by a tile ahead of the view ([`epoch_of`](Self::epoch_of)) that the
     /// view shows taken at a cutover after that tile's start was gained by a stale tile, not
     /// ahead: its tenure starts at the cutover, as a new epoch.
+    ///
+    /// The first view taken in is the first one published since start, whenever the
+    /// converter first looks: a restarted joiner converts nothing until its cutover, and a
+    /// failover meanwhile makes the current view show its shards as owned from the start,
+    /// which would keep the totals it restored from a tenure that had ended (found by the
+    /// fault campaign, seed 38 at 5 minutes: the restored totals went on after the failover,
+    /// doubled on half the shards and lost on the other half). The current view then
+    /// follows as a change. A view that says `rejoined` after a first that did not (the
+    /// tier published before it had looked) makes every total so far stale.
     fn refresh_ownership(&mut self) {
-        let Some(ownership) = &self.ownership else { return };
+        let Some(ownership) = self.ownership.clone() else { return };
         let Some(view) = ownership.changed_since(&mut self.ownership_seen) else { return };
+        if self.owned.is_empty()
+            && let Some(start) = ownership.first().filter(|start| !Arc::ptr_eq(start, &view))
+        {
+            self.take_in_view(&start);
+        }
+        self.take_in_view(&view);
+    }
+
+    /// [`refresh_ownership`](Self::refresh_ownership) of one view.
+    fn take_in_view(&mut self, view: &crate::tier::OwnershipView) {
+        if view.rejoined && !self.rejoined_seen && !self.owned.is_empty() {
+            // Every total restored so far belongs to a tenure that ended while this
+            // ingester was down: a new epoch for every shard.
+            for epoch in &mut self.epochs {
+                *epoch += 1;
+            }
+            self.ownership_changed = true;
+        }
+        self.rejoined_seen |= view.rejoined;
         if self.owned.len() != view.owned.len() {
             let first = self.owned.is_empty();
             self.owned = view.owned.clone();

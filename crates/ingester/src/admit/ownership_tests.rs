@@ -295,3 +295,81 @@ fn a_total_a_restart_did_not_keep_starts_over_with_a_reset() {
     assert_eq!(one(&mut restarted, 120_000, &id, 240.0), (240.0, true), "storage reads 0 then 240: an increase of 240");
     assert_eq!(adopted.get(), 1);
 }
+
+/// A series of `shard`.
+fn series_in(shard: usize) -> String {
+    (0..1000)
+        .map(|n| format!("hits|#n:{n}"))
+        .find(|id| tessera_core::shard::shard_of(id.as_bytes(), SHARDS) as usize == shard)
+        .expect("a series in the shard")
+}
+
+/// Found by the fault campaign, seed 38 at 5 minutes. `a` checkpoints its totals, dies and is
+/// failed over; a first restart finds it missing, joins again (its shards at a cutover a
+/// minute out) and dies before writing a checkpoint; a second restart, within the lease,
+/// restores the same totals and finds itself in the placement as a joiner. A joiner converts
+/// nothing before its cutover, and meanwhile `b` dies and `a` fails it over: the current
+/// view then shows every shard owned from the start. Taken in as the converter's first view,
+/// it kept the restored totals of the ended tenure: the next tile went on from them (doubled
+/// where they were above what `b` had written, lost where they matched it). The first view
+/// taken in is now the one of the start.
+#[test]
+fn a_restart_that_joins_and_then_fails_the_giver_over_keeps_no_restored_total() {
+    let placement = Placement::init(&[("a", "a:1"), ("b", "b:1")], SHARDS, 1, 0).unwrap();
+    let start = OwnershipView::of(&placement, "a");
+    let mine = (0..SHARDS as usize).find(|shard| start.owned[*shard]).expect("a owns a shard");
+    let theirs = (0..SHARDS as usize).find(|shard| !start.owned[*shard]).expect("b owns a shard");
+    let (x, y) = (series_in(mine), series_in(theirs));
+
+    // Incarnation 0 of `a`: owns `mine`, and `theirs` after a failover of `b` it sees.
+    let (mut a0, ownership0, _, _, _) = setup();
+    ownership0.publish(start);
+    assert_eq!(one(&mut a0, 10_000, &x, 2.0), (2.0, true));
+    ownership0.publish(OwnershipView::of(&placement.fail_over(&["b"], 12_000).unwrap(), "a"));
+    assert_eq!(one(&mut a0, 20_000, &y, 2.0), (2.0, true));
+    let bytes = a0.encode_checkpoint(checkpoint::CheckpointMeta::default()).into_bytes();
+
+    // `a` dies; `b` is back and fails `a` over; `a`'s first restart joins at a cutover of 60 s.
+    let failed_over = placement.fail_over(&["a"], 25_000).unwrap();
+    let timing = tessera_topology::MoveTiming::new(30_000).with_delay_ms(1).with_boundary_ms(60_000);
+    let joined = failed_over.add_instance("a", "a:1", timing).unwrap();
+    let joining = OwnershipView::of(&joined, "a");
+    assert!(joining.joining.iter().zip(&joining.owned).any(|(joining, owned)| *joining && *owned));
+
+    for convert_between in [false, true] {
+        // The second restart: the same checkpoint, in the placement, not rejoined.
+        let (mut a2, ownership2, _, _, _) = setup();
+        a2.restore_checkpoint(&bytes).unwrap();
+        ownership2.publish(joining.clone());
+        if convert_between {
+            a2.convert(&batch(40_000, Vec::new()), 0).unwrap();
+            a2.commit();
+        }
+        // `b` dies before the cutover, and `a` fails it over: it owns every shard.
+        ownership2.publish(OwnershipView::of(&joined.fail_over(&["b"], 45_000).unwrap(), "a"));
+        assert_eq!(
+            one(&mut a2, 50_000, &x, 3.0),
+            (3.0, true),
+            "no restored total goes on (converted between: {convert_between})"
+        );
+        assert_eq!(one(&mut a2, 50_000, &y, 3.0), (3.0, true), "nor on a shard gained by the failover");
+    }
+}
+
+/// A view that says `rejoined` after a first that did not (the tier published before it
+/// had looked): every total restored from the checkpoint is stale.
+#[test]
+fn rejoined_said_late_makes_every_restored_total_stale() {
+    let (mut converter, ownership, _, id, _) = setup();
+    ownership.publish(all_owned(1));
+    assert_eq!(one(&mut converter, 10_000, &id, 2.0), (2.0, true));
+    let bytes = converter.encode_checkpoint(checkpoint::CheckpointMeta::default()).into_bytes();
+    let (mut restarted, ownership, _, _, _) = setup();
+    restarted.restore_checkpoint(&bytes).unwrap();
+    ownership.publish(all_owned(2));
+    assert_eq!(one(&mut restarted, 20_000, &id, 3.0), (5.0, false), "owned all along: the restored total goes on");
+    let mut late = all_owned(3);
+    late.rejoined = true;
+    ownership.publish(late);
+    assert_eq!(one(&mut restarted, 30_000, &id, 4.0), (4.0, true), "rejoined after all: starts over");
+}

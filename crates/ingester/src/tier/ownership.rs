@@ -77,6 +77,8 @@ impl OwnershipView {
 pub struct Ownership {
     generation: AtomicU64,
     view: Mutex<Option<Arc<OwnershipView>>>,
+    /// The first view published: what the placement gave this process at its start.
+    first: std::sync::OnceLock<Arc<OwnershipView>>,
     rejoined: std::sync::atomic::AtomicBool,
 }
 
@@ -109,8 +111,17 @@ impl Ownership {
         if current.as_deref() == Some(&view) {
             return;
         }
-        *current = Some(Arc::new(view));
+        let view = Arc::new(view);
+        let _ = self.first.set(Arc::clone(&view));
+        *current = Some(view);
         self.generation.fetch_add(1, Ordering::Release);
+    }
+
+    /// The first view published since start, if any: a converter takes it in before the
+    /// current one, whenever it first looks (a joiner may convert nothing for a minute,
+    /// and the placement may have changed meanwhile).
+    pub fn first(&self) -> Option<Arc<OwnershipView>> {
+        self.first.get().cloned()
     }
 
     /// The current view, if any.
