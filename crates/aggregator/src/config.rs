@@ -140,7 +140,11 @@ tessera_wire::sender_config! {
         /// connection.
         pub heartbeat_ms: u64 = 10_000,
     }
-    defaults { max_queue_bytes: 512 << 20, ack_timeout_ms: 30_000, shutdown_grace_secs: 10 }
+    // Frames of 4 MiB (batches of 2 MiB, about 60 000 counter series): an ingester holds a
+    // batch decoded, converted and written at once, so its memory follows the batch size
+    // (benches/load/waves.sh: with 16 MiB frames a 512 MiB ingester was killed by its
+    // cgroup under a wave of new series; with 4 MiB it peaked at 352 MiB).
+    defaults { max_queue_bytes: 512 << 20, max_frame_bytes: 4 << 20, ack_timeout_ms: 30_000, shutdown_grace_secs: 10 }
 }
 
 /// `[telemetry]`: `listen`, by default `127.0.0.1:9103`.

@@ -284,7 +284,7 @@ tessera_wire::sender_config! {
         /// BENCHMARKS.md, *Series dictionary*).
         pub series_dictionary: bool = false,
     }
-    defaults { max_queue_bytes: 256 << 20, ack_timeout_ms: 10_000, shutdown_grace_secs: 5 }
+    defaults { max_queue_bytes: 256 << 20, max_frame_bytes: 16 << 20, ack_timeout_ms: 10_000, shutdown_grace_secs: 5 }
 }
 
 /// `[telemetry]`: `listen`, by default `127.0.0.1:9102`.

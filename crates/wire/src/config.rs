@@ -133,7 +133,10 @@ macro_rules! sender_config {
         $vis:vis struct $name:ident {
             $( $(#[$fmeta:meta])* $fvis:vis $field:ident : $ty:ty = $default:expr, )*
         }
-        defaults { max_queue_bytes: $queue:expr, ack_timeout_ms: $ack:expr, shutdown_grace_secs: $grace:expr $(,)? }
+        defaults {
+            max_queue_bytes: $queue:expr, max_frame_bytes: $frame:expr, ack_timeout_ms: $ack:expr,
+            shutdown_grace_secs: $grace:expr $(,)?
+        }
     ) => {
         $(#[$meta])*
         #[derive(Debug, Clone, serde::Deserialize)]
@@ -167,7 +170,7 @@ macro_rules! sender_config {
                 $name {
                     $( $field: $default, )*
                     max_queue_bytes: $queue,
-                    max_frame_bytes: 16 << 20,
+                    max_frame_bytes: $frame,
                     connect_timeout_ms: 2_000,
                     ack_timeout_ms: $ack,
                     reconnect_min_ms: 100,

@@ -100,7 +100,7 @@
 //!         /// Name each series once per connection.
 //!         pub series_dictionary: bool = false,
 //!     }
-//!     defaults { max_queue_bytes: 256 << 20, ack_timeout_ms: 10_000, shutdown_grace_secs: 5 }
+//!     defaults { max_queue_bytes: 256 << 20, max_frame_bytes: 16 << 20, ack_timeout_ms: 10_000, shutdown_grace_secs: 5 }
 //! }
 //!
 //! let config: ForwardConfig = toml::from_str("max_buffer_bytes = 33554432\nseries_dictionary = true\n").unwrap();
