@@ -4,6 +4,7 @@
 //! daemon sees the whole cgroup tree here, as one run by systemd or put in a cgroup by hand
 //! does, so the limit is read from its own cgroup, not from the root of the mount (which has
 //! none: reading the root was the first version, and it refused such a daemon's config).
+//! Without `memory_limit`, a daemon in a cgroup with a limit budgets 80 % of it.
 
 use std::path::PathBuf;
 
@@ -84,10 +85,42 @@ fn a_share_of_the_limit_is_a_share_of_the_daemon_s_own_cgroup() {
         ]
     };
     let port = free_port();
+    let telemetry = format!("127.0.0.1:{port}").parse().unwrap();
     for (binary, gauge, config) in configs(port) {
-        let telemetry = format!("127.0.0.1:{port}").parse().unwrap();
         let mut daemon = Daemon::start_wrapped(binary, binary, &config, telemetry, &[], &wrapper);
         assert_eq!(daemon.metric(gauge, ""), (256u64 << 20) as f64, "{binary}: {}", daemon.log());
         daemon.terminate();
+        // Without `memory_limit`, 80 % of the cgroup's limit is the budget; "none" is none.
+        let unset = config.replace("memory_limit = \"25%\"\n", "");
+        let mut daemon = Daemon::start_wrapped(binary, binary, &unset, telemetry, &[], &wrapper);
+        assert_eq!(daemon.metric(gauge, ""), ((1u64 << 30) as f64 * 0.8).floor(), "{binary}: {}", daemon.log());
+        daemon.terminate();
+        let none = config.replace("memory_limit = \"25%\"", "memory_limit = \"none\"");
+        let mut daemon = Daemon::start_wrapped(binary, binary, &none, telemetry, &[], &wrapper);
+        assert_eq!(daemon.metric(gauge, ""), 0.0, "{binary}: {}", daemon.log());
+        daemon.terminate();
     }
+}
+
+#[test]
+fn without_memory_limit_the_budget_follows_the_cgroup_the_daemon_runs_in() {
+    let dir = tempfile::tempdir().unwrap();
+    let placement = dir.path().join("placement.toml");
+    std::fs::write(&placement, "num_shards = 4\n[[instances]]\nid = \"agg-1\"\nendpoint = \"127.0.0.1:1\"\n").unwrap();
+    let port = free_port();
+    let config = format!(
+        "[udp]\nlisten = \"127.0.0.1:0\"\n[telemetry]\nlisten = \"127.0.0.1:{port}\"\n\
+         [placement]\nkind = \"static\"\npath = \"{}\"\n",
+        placement.display()
+    );
+    // Run where the test runs: the machine's root memory cgroup here, with no limit (a
+    // container with one would give 80 % of it).
+    let membership = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    let inherited =
+        tessera_runtime::memory::own_cgroup_limit_bytes(std::path::Path::new("/sys/fs/cgroup"), &membership);
+    let due = inherited.map_or(0.0, |limit| (limit as f64 * 0.8).floor());
+    let telemetry = format!("127.0.0.1:{port}").parse().unwrap();
+    let mut daemon = Daemon::start("tessera-collector", "tessera-collector", &config, telemetry);
+    assert_eq!(daemon.metric("tessera_collector_memory_limit_bytes", ""), due, "{}", daemon.log());
+    daemon.terminate();
 }

@@ -93,7 +93,7 @@ tessera_wire::listener_config! {
         /// The memory budget: bytes (`536870912`, `"2GiB"`) or a share of the cgroup's
         /// limit (`"80%"`). From 75 % of it until under 65 %, partials of new series are
         /// dropped and counted (`drops_total{reason="memory_limit"}`); known series go on.
-        /// None by default.
+        /// Without it, 80 % of the cgroup's limit when it has one; `"none"`: no budget.
         pub memory_limit: Option<tessera_runtime::memory::MemoryLimit> = None,
         /// What a series costs the aggregator all told, bytes: its tiles, their flush to the
         /// ingesters, the decode and merge buffers. With `memory_limit`, the series admitted

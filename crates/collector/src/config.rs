@@ -45,8 +45,8 @@ pub struct Config {
     pub rules: RulesConfig,
     /// The memory budget: bytes (`536870912`, `"512MiB"`) or a share of the cgroup's
     /// limit (`"80%"`). From 75 % of it (until under 65 %) lines of new series are refused
-    /// and counted (`drops_total{reason="memory_limit"}`); known series go on. None by
-    /// default.
+    /// and counted (`drops_total{reason="memory_limit"}`); known series go on. Without it, 80 % of the
+    /// cgroup's limit when it has one; `"none"`: no budget.
     pub memory_limit: Option<MemoryLimit>,
     /// The file this configuration was read from, set by the binary (not a key): the
     /// rules reload when it changes. `None` on the embedded defaults or in a library.

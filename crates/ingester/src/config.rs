@@ -150,8 +150,8 @@ tessera_wire::listener_config! {
         /// The memory budget: bytes (`536870912`, `"2GiB"`) or a share of the cgroup's
         /// limit (`"80%"`). From 75 % of it until under 65 %, the least recently written
         /// tenth of the running totals is evicted once a second and counted
-        /// (`totals_evicted_total`); their series start over with an explicit reset. None by
-        /// default.
+        /// (`totals_evicted_total`); their series start over with an explicit reset. Without it, 80 % of the
+        /// cgroup's limit when it has one; `"none"`: no budget.
         pub memory_limit: Option<tessera_runtime::memory::MemoryLimit> = None,
         /// `[queue]`
         pub queue: QueueConfig = QueueConfig::default(),

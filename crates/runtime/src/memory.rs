@@ -41,7 +41,13 @@ pub enum MemoryLimit {
     Bytes(u64),
     /// This share (0 to 1) of the cgroup's memory limit.
     CgroupShare(f64),
+    /// No budget (`"none"`), not even the default one in a cgroup with a limit.
+    Off,
 }
+
+/// A daemon without `memory_limit` whose cgroup has a memory limit (a container or a pod
+/// with limits, a systemd unit with `MemoryMax=`) takes this share of it as its budget.
+pub const DEFAULT_CGROUP_SHARE: f64 = 0.8;
 
 #[derive(Deserialize)]
 #[serde(untagged)]
@@ -66,6 +72,9 @@ impl std::str::FromStr for MemoryLimit {
 
     fn from_str(text: &str) -> Result<MemoryLimit, String> {
         let text = text.trim();
+        if text == "none" {
+            return Ok(MemoryLimit::Off);
+        }
         if let Some(percent) = text.strip_suffix('%') {
             let share: f64 = percent.trim().parse().map_err(|_| format!("`{text}` is not a percentage"))?;
             if !(share > 0.0 && share <= 100.0) {
@@ -95,6 +104,7 @@ impl MemoryLimit {
         match self {
             MemoryLimit::Bytes(bytes) if bytes > 0 => Ok(bytes),
             MemoryLimit::Bytes(_) => Err("memory_limit must be above 0".to_owned()),
+            MemoryLimit::Off => Ok(0),
             MemoryLimit::CgroupShare(share) => {
                 let membership = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
                 match own_cgroup_limit_bytes(Path::new("/sys/fs/cgroup"), &membership) {
@@ -244,7 +254,8 @@ impl MemoryGuard {
         now
     }
 
-    /// A daemon's budget from its `memory_limit`, if it has one: resolved, its guard
+    /// A daemon's budget from its `memory_limit` (without one, [`DEFAULT_CGROUP_SHARE`] of
+    /// its cgroup's limit when there is one; none with `"none"`): resolved, its guard
     /// thread started, reporting into `metrics`; returns the flag to shed by.
     ///
     /// With `series_cost` (bytes a series costs the daemon, all told), the budget also caps
@@ -254,7 +265,22 @@ impl MemoryGuard {
         series_cost: Option<u64>,
         metrics: &MemoryMetrics,
     ) -> Result<Option<Arc<MemoryBudget>>, crate::StartError> {
-        let Some(limit) = limit else { return Ok(None) };
+        let limit = match limit {
+            Some(MemoryLimit::Off) => return Ok(None),
+            Some(limit) => limit,
+            None => {
+                let membership = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+                if own_cgroup_limit_bytes(Path::new("/sys/fs/cgroup"), &membership).is_none() {
+                    return Ok(None);
+                }
+                tracing::info!(
+                    share = DEFAULT_CGROUP_SHARE,
+                    "no memory_limit set and the cgroup has a memory limit: a share of it is the budget \
+                     (memory_limit = \"none\" for none)"
+                );
+                MemoryLimit::CgroupShare(DEFAULT_CGROUP_SHARE)
+            }
+        };
         let limit_bytes =
             limit.resolve().map_err(|reason| crate::config::InvalidSetting::new("memory_limit", reason))?;
         let budget = match series_cost {
@@ -291,6 +317,7 @@ mod tests {
         assert_eq!("512MiB".parse(), Ok(MemoryLimit::Bytes(512 << 20)));
         assert_eq!("2 GiB".parse(), Ok(MemoryLimit::Bytes(2 << 30)));
         assert_eq!("80%".parse(), Ok(MemoryLimit::CgroupShare(0.8)));
+        assert_eq!("none".parse(), Ok(MemoryLimit::Off));
         for bad in ["", "x", "12 parsecs", "0%", "150%", "-5"] {
             assert!(bad.parse::<MemoryLimit>().is_err(), "{bad}");
         }
