@@ -436,6 +436,10 @@ pub struct Converter {
     /// start of the tile that gained it ahead of the view (`i64::MAX`: none).
     cutovers: Vec<i64>,
     gained_ahead_at: Vec<i64>,
+    /// Per shard: the oldest epoch whose totals are of a tenure this process held. A shard
+    /// it did not own all along at its first view (joining, rejoined, or not owned) has
+    /// none below its first epoch: any total there was restored from a tenure that ended.
+    first_epoch_held: Vec<u32>,
     /// A shard was gained or lost since this process started: a total whose shard is
     /// unknown may be stale.
     ownership_changed: bool,
@@ -580,6 +584,7 @@ impl Converter {
             tenures: Vec::new(),
             cutovers: Vec::new(),
             gained_ahead_at: Vec::new(),
+            first_epoch_held: Vec::new(),
             ownership_changed: false,
             adopted_marker: false,
             correction: None,
@@ -678,6 +683,7 @@ impl Converter {
             for epoch in &mut self.epochs {
                 *epoch += 1;
             }
+            self.first_epoch_held.clone_from(&self.epochs);
             self.ownership_changed = true;
         }
         self.rejoined_seen |= view.rejoined;
@@ -691,6 +697,11 @@ impl Converter {
             // A shard this ingester is joining (it takes it at a cutover) was not owned all
             // along, nor was any after a start that found it failed over (rejoined).
             self.epochs = view.joining.iter().map(|joining| epoch + u32::from(*joining || view.rejoined)).collect();
+            if first {
+                self.first_epoch_held = (0..view.owned.len())
+                    .map(|shard| u32::from(!view.owned[shard] || view.joining[shard] || view.rejoined))
+                    .collect();
+            }
             self.ownership_changed |= !first || view.rejoined || view.joining.iter().any(|joining| *joining);
             return;
         }
@@ -731,9 +742,14 @@ impl Converter {
             self.gained_ahead_at[shard] = tile_start_ms;
             self.cutovers[shard] = 0;
             self.ownership_changed = true;
-        } else if tile_start_ms < self.cutovers[shard] {
+        } else if tile_start_ms < self.cutovers[shard]
+            && self.epochs[shard] > self.first_epoch_held.get(shard).copied().unwrap_or(0)
+        {
+            // The tenure before is one this process held. A restarted joiner held none: its
+            // epoch 0 is totals restored from a tenure that ended, and the tile starts its
+            // series over instead.
             self.earlier_tenure_pending += 1;
-            return (self.epochs[shard].saturating_sub(1), shard as u32 + 1);
+            return (self.epochs[shard] - 1, shard as u32 + 1);
         }
         (self.epochs[shard], shard as u32 + 1)
     }
