@@ -27,20 +27,7 @@ need_binaries
 make_work_dir
 write_pipeline_configs ""
 write_ingester_config $'[sink]\nkind = "file"\n'"dir = \"$work/sink\""$'\nrotate_secs = 2'
-if [ "${MEMORY_CGROUPS:-0}" = 1 ]; then
-    make_memory_cgroup collector "$collector_mib"
-    make_memory_cgroup aggregator "$aggregator_mib"
-    make_memory_cgroup ingester "$ingester_mib"
-    for daemon in collector aggregator ingester; do sed -i '1i memory_limit = "100%"' "$work/$daemon.toml"; done
-    echo "memory cgroups (v1, hard limits): collector ${collector_mib} MiB, aggregator ${aggregator_mib} MiB, ingester ${ingester_mib} MiB; each daemon's memory_limit = \"100%\" of its cgroup's"
-elif [ "${BUDGETS:-1}" != 0 ]; then
-    sed -i "1i memory_limit = \"${collector_mib}MiB\"" "$work/collector.toml"
-    sed -i "1i memory_limit = \"${aggregator_mib}MiB\"" "$work/aggregator.toml"
-    sed -i "1i memory_limit = \"${ingester_mib}MiB\"" "$work/ingester.toml"
-    echo "budgets: collector ${collector_mib} MiB, aggregator ${aggregator_mib} MiB, ingester ${ingester_mib} MiB"
-else
-    echo "no budgets"
-fi
+set_memory_budgets "$collector_mib" "$aggregator_mib" "$ingester_mib"
 mkdir -p "$work/sink"
 start_pipeline
 

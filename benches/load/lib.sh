@@ -49,6 +49,27 @@ in_cgroup() {
     exec "$@"
 }
 
+# set_memory_budgets COLLECTOR_MIB AGGREGATOR_MIB INGESTER_MIB: the pipeline's budgets in the
+# configs of $work: `memory_limit` of each size; with MEMORY_CGROUPS=1 a memory cgroup of each
+# size instead (make_memory_cgroup) and `memory_limit = "100%"`; with BUDGETS=0 none.
+set_memory_budgets() {
+    if [ "${MEMORY_CGROUPS:-0}" = 1 ]; then
+        make_memory_cgroup collector "$1"
+        make_memory_cgroup aggregator "$2"
+        make_memory_cgroup ingester "$3"
+        local daemon
+        for daemon in collector aggregator ingester; do sed -i '1i memory_limit = "100%"' "$work/$daemon.toml"; done
+        echo "memory cgroups (v1, hard limits): collector $1 MiB, aggregator $2 MiB, ingester $3 MiB; each daemon's memory_limit = \"100%\" of its cgroup's"
+    elif [ "${BUDGETS:-1}" != 0 ]; then
+        sed -i "1i memory_limit = \"$1MiB\"" "$work/collector.toml"
+        sed -i "1i memory_limit = \"$2MiB\"" "$work/aggregator.toml"
+        sed -i "1i memory_limit = \"$3MiB\"" "$work/ingester.toml"
+        echo "budgets: collector $1 MiB, aggregator $2 MiB, ingester $3 MiB"
+    else
+        echo "no budgets"
+    fi
+}
+
 # cgroup_report NAME: a memory cgroup's peak use (page cache included), how often it hit its
 # limit, and the OOM kills in it.
 cgroup_report() {
