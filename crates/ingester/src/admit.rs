@@ -754,6 +754,12 @@ impl Converter {
         (self.epochs[shard], shard as u32 + 1)
     }
 
+    /// Whether this converter has taken in an ownership view that says `rejoined`: every
+    /// total it restored is stale, and none is left in what it checkpoints.
+    pub fn took_in_rejoined_view(&self) -> bool {
+        self.rejoined_seen && !self.owned.is_empty()
+    }
+
     /// Whether `total` belongs to the current ownership of its shard: a checkpoint
     /// keeps only those (a restart restores every total at epoch 0).
     fn total_is_current(&self, total: &Total) -> bool {

@@ -116,6 +116,10 @@ use sink::{AnySink, Sink};
 use writer::Job;
 use writer::checkpoint::{CheckpointTarget, Checkpoints};
 
+/// The file in the data directory that says the totals restored at start are stale
+/// ([`tier::Ownership::persist_rejoined`]).
+const REJOIN_MARKER: &str = "rejoined";
+
 /// Batches remembered to answer a resent batch `Ok` without queueing it twice.
 const RECENT_BATCHES: usize = 65_536;
 
@@ -169,7 +173,7 @@ impl Ingester {
         let tier = config.placement.as_ref().map(|_| {
             let tier_metrics = tier::TierMetrics::default();
             telemetry.with_registry(|registry| tier_metrics.register(registry, METRIC_PREFIX));
-            (Arc::new(tier::Ownership::default()), tier_metrics)
+            (Arc::new(tier::Ownership::with_rejoin_marker(config.data_dir.join(REJOIN_MARKER))), tier_metrics)
         });
         // The memory budget: a guard thread reads the resident memory, and the converters
         // evict their least recently written totals near the limit.
@@ -277,7 +281,10 @@ impl Ingester {
             .writer
             .cumulative_histograms
             .set(converters.iter().map(Converter::cumulative_histograms).sum::<usize>() as i64);
-        let checkpoints = Checkpoints::start(checkpoint_targets, config.queue.checkpoint_interval())?;
+        let mut checkpoints = Checkpoints::start(checkpoint_targets, config.queue.checkpoint_interval())?;
+        if let Some((ownership, _)) = &tier {
+            checkpoints = checkpoints.clearing_rejoin(ownership.clone());
+        }
         let writer = Writer {
             converters,
             queues: writers,

@@ -270,9 +270,14 @@ impl Keeper {
             next.updated_at_ms = now;
             return self.write(Some(revision), &Placement::from_proto(next), "finalize").await;
         }
-        if !self.looked && placement.instance(&settings.instance_id).is_none() {
-            // Failed over while it was down (or new): what it restored is not current.
-            self.ownership.mark_rejoined();
+        if !self.looked
+            && placement.instance(&settings.instance_id).is_none()
+            && let Err(error) = self.ownership.persist_rejoined()
+        {
+            // Failed over while it was down (or new): what it restored is not current, and
+            // a restart must know it too before this one joins again. Tried again next tick.
+            tracing::error!(%error, "cannot record the rejoin in the data directory; not joining yet");
+            return Ok(());
         }
         self.looked = true;
         if settings.join && placement.instance(&settings.instance_id).is_none() && !placement.has_pending_moves() {

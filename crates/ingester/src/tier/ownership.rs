@@ -80,9 +80,47 @@ pub struct Ownership {
     /// The first view published: what the placement gave this process at its start.
     first: std::sync::OnceLock<Arc<OwnershipView>>,
     rejoined: std::sync::atomic::AtomicBool,
+    /// Where [`persist_rejoined`](Self::persist_rejoined) records that the totals restored
+    /// at start are stale, so that a restart before they are checkpointed away knows too.
+    marker: Option<std::path::PathBuf>,
 }
 
 impl Ownership {
+    /// An ownership whose rejoin is recorded at `marker` (a file in the data directory); a
+    /// marker left by an earlier process makes this one rejoined from the start.
+    pub fn with_rejoin_marker(marker: std::path::PathBuf) -> Ownership {
+        let ownership = Ownership { marker: Some(marker), ..Ownership::default() };
+        if ownership.marker.as_deref().is_some_and(std::path::Path::exists) {
+            tracing::warn!(
+                "an earlier process found this ingester failed over and its totals were not checkpointed away \
+                 since: every total restored starts over with an explicit reset"
+            );
+            ownership.mark_rejoined();
+        }
+        ownership
+    }
+
+    /// [`mark_rejoined`](Self::mark_rejoined), recorded durably first in the marker file,
+    /// if there is one: a restart before every target has a checkpoint without the stale
+    /// totals (the writer removes the marker then) must not take them for current, even if
+    /// it finds itself in the placement (this process joins again right after).
+    pub fn persist_rejoined(&self) -> std::io::Result<()> {
+        if let Some(marker) = &self.marker {
+            let file = std::fs::File::create(marker)?;
+            file.sync_all()?;
+            if let Some(dir) = marker.parent() {
+                std::fs::File::open(dir)?.sync_all()?;
+            }
+        }
+        self.mark_rejoined();
+        Ok(())
+    }
+
+    /// The rejoin marker's path, if this ownership keeps one.
+    pub fn rejoin_marker(&self) -> Option<&std::path::Path> {
+        self.marker.as_deref()
+    }
+
     /// This ingester found itself missing from the placement at start (see
     /// [`OwnershipView::rejoined`]); every view published from now on says so.
     pub fn mark_rejoined(&self) {

@@ -139,13 +139,15 @@ struct Round {
     encoder: CheckpointEncoder,
     covers: Position,
     started: Instant,
+    /// Taken after the converter took in a `rejoined` view: it holds no stale total.
+    clean: bool,
 }
 
 impl Round {
     fn begin(target: usize, converter: &Converter, queue: &QueueWriter) -> Round {
         let covers = queue.appended_through();
         let encoder = converter.begin_checkpoint(CheckpointMeta { taken_at_ms: now_ms(), covers });
-        Round { target, encoder, covers, started: Instant::now() }
+        Round { target, encoder, covers, started: Instant::now(), clean: converter.took_in_rejoined_view() }
     }
 }
 
@@ -155,6 +157,7 @@ struct Encoded {
     checkpoint: EncodedCheckpoint,
     covers: Position,
     started: Instant,
+    clean: bool,
 }
 
 /// Takes the checkpoints of every target (by target index, as the writer's converters and
@@ -167,6 +170,11 @@ pub struct Checkpoints {
     last_round: Instant,
     round: Option<Round>,
     files: Option<(SyncSender<Encoded>, JoinHandle<()>)>,
+    /// Per target: a clean checkpoint ([`Round::clean`]) is durable.
+    clean_written: Arc<[AtomicBool]>,
+    /// An ingesters' placement's ownership, whose rejoin marker is removed once every
+    /// target has a clean checkpoint ([`Checkpoints::clearing_rejoin`]).
+    rejoin: Option<Arc<crate::tier::Ownership>>,
 }
 
 impl Checkpoints {
@@ -177,8 +185,11 @@ impl Checkpoints {
         // round, the next is dropped rather than piled up.
         let (sender, receiver) = sync_channel(targets.len().max(1));
         let writing: Arc<[AtomicBool]> = targets.iter().map(|_| AtomicBool::new(false)).collect();
-        let (thread_targets, thread_writing) = (targets.clone(), writing.clone());
-        let thread = spawn_thread("checkpoint-files", move || write_each(&thread_targets, &thread_writing, &receiver))?;
+        let clean_written: Arc<[AtomicBool]> = targets.iter().map(|_| AtomicBool::new(false)).collect();
+        let (thread_targets, thread_writing, thread_clean) = (targets.clone(), writing.clone(), clean_written.clone());
+        let thread = spawn_thread("checkpoint-files", move || {
+            write_each(&thread_targets, &thread_writing, &thread_clean, &receiver)
+        })?;
         Ok(Checkpoints {
             targets,
             writing,
@@ -186,7 +197,43 @@ impl Checkpoints {
             last_round: Instant::now(),
             round: None,
             files: Some((sender, thread)),
+            clean_written,
+            rejoin: None,
         })
+    }
+
+    /// While `ownership` is rejoined with its marker on disk, a target whose converter has
+    /// taken in the `rejoined` view gets a checkpoint each interval until one is durable,
+    /// even with nothing appended (a joiner appends nothing before its cutover, and its old
+    /// checkpoint holds the stale totals); once every target has one, the marker is removed.
+    pub fn clearing_rejoin(mut self, ownership: Arc<crate::tier::Ownership>) -> Checkpoints {
+        self.rejoin = Some(ownership);
+        self
+    }
+
+    /// Whether clean checkpoints are still wanted for the rejoin marker.
+    fn rejoin_pending(&self) -> bool {
+        self.rejoin.as_ref().is_some_and(|ownership| ownership.rejoined() && ownership.rejoin_marker().is_some())
+    }
+
+    /// Removes the rejoin marker once every target has a clean checkpoint.
+    fn clear_rejoin_when_clean(&mut self) {
+        if !self.rejoin_pending() || !self.clean_written.iter().all(|clean| clean.load(Ordering::Acquire)) {
+            return;
+        }
+        let Some(marker) = self.rejoin.take().and_then(|ownership| ownership.rejoin_marker().map(Path::to_owned))
+        else {
+            return;
+        };
+        let removed = match std::fs::remove_file(&marker) {
+            Ok(()) => marker.parent().map_or(Ok(()), segment::sync_dir),
+            Err(error) if error.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(error) => Err(error),
+        };
+        match removed {
+            Ok(()) => tracing::info!("every target has a checkpoint without the stale totals: rejoin marker removed"),
+            Err(error) => tracing::error!(%error, marker = %marker.display(), "cannot remove the rejoin marker"),
+        }
     }
 
     /// Call it between batches: starts the targets' checkpoints when `interval` has passed
@@ -197,6 +244,7 @@ impl Checkpoints {
             if self.files.is_none() || self.last_round.elapsed() < self.interval {
                 return false;
             }
+            self.clear_rejoin_when_clean();
             self.last_round = Instant::now();
             self.round = self.next_round(0, converters, queues);
             if self.round.is_none() {
@@ -221,6 +269,7 @@ impl Checkpoints {
             checkpoint: converter.finish_checkpoint(round.encoder),
             covers: round.covers,
             started: round.started,
+            clean: round.clean,
         };
         self.send(encoded);
         self.round = self.next_round(next, converters, queues);
@@ -236,7 +285,11 @@ impl Checkpoints {
             if self.writing.get(target).is_some_and(|writing| writing.load(Ordering::Acquire)) {
                 continue;
             }
-            if let Some(files) = self.targets.get(target)
+            let clean_wanted = self.rejoin_pending()
+                && converter.took_in_rejoined_view()
+                && !self.clean_written.get(target).is_some_and(|clean| clean.load(Ordering::Acquire));
+            if !clean_wanted
+                && let Some(files) = self.targets.get(target)
                 && files.queue.checkpoint_covers() == Some(queue.appended_through())
             {
                 files.metrics.stats.age.set(now_ms());
@@ -280,28 +333,41 @@ impl Checkpoints {
         while let Some(round) = self.next_round(first, converters, queues) {
             let target = round.target;
             let checkpoint = converters[target].finish_checkpoint(round.encoder);
-            write_one(&self.targets, Encoded { target, checkpoint, covers: round.covers, started: round.started });
+            let encoded =
+                Encoded { target, checkpoint, covers: round.covers, started: round.started, clean: round.clean };
+            if write_one(&self.targets, encoded)
+                && let Some(clean) = self.clean_written.get(target)
+            {
+                clean.store(round.clean, Ordering::Release);
+            }
             first = target + 1;
         }
+        self.clear_rejoin_when_clean();
     }
 }
 
 /// The file thread: writes each checkpoint it is given until the writer hangs up.
-fn write_each(targets: &[CheckpointTarget], writing: &[AtomicBool], encoded: &Receiver<Encoded>) {
+fn write_each(targets: &[CheckpointTarget], writing: &[AtomicBool], clean: &[AtomicBool], encoded: &Receiver<Encoded>) {
     for checkpoint in encoded {
-        let target = checkpoint.target;
-        write_one(targets, checkpoint);
+        let (target, was_clean) = (checkpoint.target, checkpoint.clean);
+        if write_one(targets, checkpoint)
+            && was_clean
+            && let Some(clean) = clean.get(target)
+        {
+            clean.store(true, Ordering::Release);
+        }
         if let Some(writing) = writing.get(target) {
             writing.store(false, Ordering::Release);
         }
     }
 }
 
-fn write_one(targets: &[CheckpointTarget], mut encoded: Encoded) {
-    let Some(target) = targets.get(encoded.target) else { return };
+/// Writes one checkpoint; returns whether it is durable.
+fn write_one(targets: &[CheckpointTarget], mut encoded: Encoded) -> bool {
+    let Some(target) = targets.get(encoded.target) else { return false };
     if let Err(error) = write_atomically(&target.dir, &encoded.checkpoint.parts()) {
         error.emit(&target.name, &target.metrics);
-        return;
+        return false;
     }
     target.queue.checkpointed(encoded.covers);
     let metrics = &target.metrics;
@@ -310,6 +376,7 @@ fn write_one(targets: &[CheckpointTarget], mut encoded: Encoded) {
     stats.age.set(now_ms());
     stats.duration.observe(encoded.started.elapsed().as_secs_f64());
     stats.series.set(encoded.checkpoint.series() as i64);
+    true
 }
 
 /// Writes `parts` one after the other as `dir/checkpoint` so that a crash at any point
@@ -414,6 +481,65 @@ mod tests {
         checkpoints.finish(&converters, std::slice::from_ref(&writer));
         assert_eq!(target.metrics.stats.count.get(), 2, "nothing new to write at shutdown");
         assert!(dir.path().join(FILE_NAME).exists() && !dir.path().join(TEMPORARY_NAME).exists());
+    }
+
+    /// A restart that found itself failed over records it (the rejoin marker) before it joins
+    /// again; the marker goes once every target has a checkpoint taken after its converter
+    /// saw the `rejoined` view, even with nothing appended meanwhile (a joiner appends
+    /// nothing before its cutover, and its old checkpoint holds the stale totals). Until
+    /// then a restart, in the placement or not, is rejoined too.
+    #[test]
+    fn the_rejoin_marker_goes_once_every_target_has_a_clean_checkpoint() {
+        use crate::tier::{Ownership, OwnershipView};
+        use tessera_topology::Placement;
+        let data = tempfile::tempdir().unwrap();
+        let marker = data.path().join("rejoined");
+        let dir = data.path().join("queue");
+        std::fs::create_dir(&dir).unwrap();
+        let options = QueueOptions {
+            checkpointed: Some(Position::default()),
+            ..QueueOptions::new(dir.clone(), 1 << 20, 1 << 16, FsyncPolicy::Never)
+        };
+        let (queue, writer, ..) = queue::open(options, Default::default()).unwrap();
+        let metrics = WriterMetrics::default().checkpoint("default");
+        let target = CheckpointTarget { name: "default".into(), dir, queue, metrics };
+        let written = |count: u64| {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while target.metrics.stats.count.get() < count {
+                assert!(Instant::now() < deadline, "checkpoint {count} not written");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        };
+        let ownership = Arc::new(Ownership::with_rejoin_marker(marker.clone()));
+        assert!(!ownership.rejoined(), "no marker: not rejoined");
+        ownership.persist_rejoined().unwrap();
+        assert!(marker.exists() && ownership.rejoined());
+        assert!(Ownership::with_rejoin_marker(marker.clone()).rejoined(), "a restart now is rejoined too");
+
+        let tier_metrics = crate::tier::TierMetrics::default();
+        let mut converters = [Converter::new(&[0.5], 3_600_000).with_ownership(ownership.clone(), &tier_metrics)];
+        let queues = std::slice::from_ref(&writer);
+        let mut checkpoints =
+            Checkpoints::start(vec![target.clone()], Duration::ZERO).unwrap().clearing_rejoin(ownership.clone());
+        // The queue moved on since its start: a round, but the converter has seen no view.
+        while checkpoints.step(&converters, queues) {}
+        written(1);
+        assert!(!checkpoints.step(&converters, queues), "nothing appended, and no clean checkpoint possible yet");
+        assert!(marker.exists(), "no clean checkpoint yet");
+        // The converter takes in the rejoined view (with its first batch): a round is due
+        // although nothing was appended.
+        let placement = Placement::init(&[("a", "a:1")], 4, 1, 0).unwrap();
+        ownership.publish(OwnershipView { rejoined: ownership.rejoined(), ..OwnershipView::of(&placement, "a") });
+        converters[0].convert(&tessera_testkit::tiles::batch(10_000, Vec::new()), 0).unwrap();
+        converters[0].commit();
+        assert!(converters[0].took_in_rejoined_view());
+        while checkpoints.step(&converters, queues) {}
+        written(2);
+        // The next interval's step removes the marker.
+        checkpoints.step(&converters, queues);
+        assert!(!marker.exists(), "every target has a clean checkpoint");
+        assert!(!Ownership::with_rejoin_marker(marker).rejoined(), "a restart now keeps what it restores");
+        checkpoints.finish(&converters, queues);
     }
 
     #[test]
