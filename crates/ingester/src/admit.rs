@@ -440,6 +440,12 @@ pub struct Converter {
     /// it did not own all along at its first view (joining, rejoined, or not owned) has
     /// none below its first epoch: any total there was restored from a tenure that ended.
     first_epoch_held: Vec<u32>,
+    /// Per shard: owned in a view taken in, not in a later one, and given back by none
+    /// since. A tile for it is of the tenure that ended (a batch in flight to a paused
+    /// ingester when it was failed over), not a gain ahead of the view.
+    lost: Vec<bool>,
+    /// Per shard: the epoch of such tiles is open (bumped once per loss).
+    stale_open: Vec<bool>,
     /// A shard was gained or lost since this process started: a total whose shard is
     /// unknown may be stale.
     ownership_changed: bool,
@@ -585,6 +591,8 @@ impl Converter {
             cutovers: Vec::new(),
             gained_ahead_at: Vec::new(),
             first_epoch_held: Vec::new(),
+            lost: Vec::new(),
+            stale_open: Vec::new(),
             ownership_changed: false,
             adopted_marker: false,
             correction: None,
@@ -693,6 +701,8 @@ impl Converter {
             self.tenures = view.tenure.clone();
             self.cutovers = view.cutover_ms.clone();
             self.gained_ahead_at = vec![i64::MAX; view.owned.len()];
+            self.lost = vec![false; view.owned.len()];
+            self.stale_open = vec![false; view.owned.len()];
             let epoch = if first { 0 } else { self.epochs.iter().copied().max().unwrap_or(0) + 1 };
             // A shard this ingester is joining (it takes it at a cutover) was not owned all
             // along, nor was any after a start that found it failed over (rejoined).
@@ -714,6 +724,13 @@ impl Converter {
                 self.epochs[shard] += 1;
             }
             self.ownership_changed |= now != owned || new_tenure;
+            if owned && !now {
+                self.lost[shard] = true;
+            }
+            if now {
+                self.lost[shard] = false;
+                self.stale_open[shard] = false;
+            }
             self.owned[shard] = now;
             self.tenures[shard] = view.tenure[shard];
             self.cutovers[shard] = view.cutover_ms[shard];
@@ -735,6 +752,19 @@ impl Converter {
             return (0, 0);
         }
         let shard = tessera_core::shard::shard_of(series_id, self.owned.len() as u32) as usize;
+        if !self.owned[shard] && self.lost.get(shard).copied().unwrap_or(false) {
+            // A tile of a tenure this converter saw end (found by the fault campaign, seed 31
+            // at 5 minutes: a paused ingester converted a batch of a shard it had been failed
+            // over from). A new total after a reset, on an epoch of its own; the shard stays
+            // unowned, so the view that gives it back starts a new tenure whatever its cutover.
+            // Taken for a gain ahead, it made the later failover that gave the shard back look
+            // like the view catching up, and the next tile went on from the stale total.
+            if !std::mem::replace(&mut self.stale_open[shard], true) {
+                self.epochs[shard] += 1;
+            }
+            self.earlier_tenure_pending += 1;
+            return (self.epochs[shard], shard as u32 + 1);
+        }
         if !self.owned[shard] {
             self.owned[shard] = true;
             self.epochs[shard] += 1;

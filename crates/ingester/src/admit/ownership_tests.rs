@@ -373,3 +373,47 @@ fn rejoined_said_late_makes_every_restored_total_stale() {
     ownership.publish(late);
     assert_eq!(one(&mut restarted, 30_000, &id, 4.0), (4.0, true), "rejoined after all: starts over");
 }
+
+/// Found by the fault campaign (seed 31 at 5 minutes, twice). `a` is paused past its lease with
+/// the batch of a tile in flight to it; `b` fails it over. `a` resumes: its tier publishes the
+/// failover view, its converter converts the stale batch (a shard it no longer owns: a new
+/// total after a reset, exact), then `a` joins again for other shards at a cutover a minute
+/// out and converts nothing. `b` writes the series from a reset of its own, dies, and `a`
+/// fails it over: owned again, with no cutover. Taken for the view catching up with a gain
+/// ahead, it kept the stale tile's total, and the next tile went on from it over what `b` had
+/// written (storage read it as doubled).
+#[test]
+fn a_stale_tile_of_a_lost_shard_is_not_a_gain_that_a_later_failover_goes_on_from() {
+    let placement = Placement::init(&[("a", "a:1"), ("b", "b:1")], SHARDS, 1, 0).unwrap();
+    let failed_over = placement.fail_over(&["a"], 32_000).unwrap();
+    let timing = tessera_topology::MoveTiming::new(38_000).with_delay_ms(30_000).with_boundary_ms(60_000);
+    let rejoined = failed_over.add_instance("a", "a:1", timing).unwrap();
+    let back = rejoined.fail_over(&["b"], 45_000).unwrap();
+    let joining = OwnershipView::of(&rejoined, "a");
+    let shard = (0..SHARDS as usize)
+        .find(|shard| OwnershipView::of(&placement, "a").owned[*shard] && !joining.owned[*shard])
+        .expect("a shard `a` owned before the failover and does not join again");
+    let given_back = OwnershipView::of(&back, "a");
+    assert!(given_back.owned[shard] && given_back.cutover_ms[shard] == 0, "given back by a failover");
+    let id = series_in(shard);
+
+    for join_seen in [false, true] {
+        let why = format!("join view taken in: {join_seen}");
+        let (mut a, ownership, _, _, _) = setup();
+        ownership.publish(OwnershipView::of(&placement, "a"));
+        assert_eq!(one(&mut a, 10_000, &id, 2.0), (2.0, true));
+        assert_eq!(one(&mut a, 20_000, &id, 3.0), (5.0, false));
+        // The tile ending 30 000 was in flight when `a` stopped; failed over at 32 000; resumed.
+        ownership.publish(OwnershipView::of(&failed_over, "a"));
+        assert_eq!(one(&mut a, 30_000, &id, 4.0), (4.0, true), "the stale tile: a new total after a reset");
+        ownership.publish(joining.clone());
+        if join_seen {
+            a.convert(&batch(40_000, Vec::new()), 0).unwrap();
+            a.commit();
+        }
+        // `b` wrote the series from a reset of its own at 40 000, then died.
+        ownership.publish(given_back.clone());
+        assert_eq!(one(&mut a, 50_000, &id, 1.0), (1.0, true), "owned anew by a failover: starts over; {why}");
+        assert_eq!(one(&mut a, 60_000, &id, 2.0), (3.0, false), "then goes on; {why}");
+    }
+}
