@@ -453,6 +453,98 @@ mod tests {
         assert!(!follower.leader_flushed_incomplete(0, 20_000));
     }
 
+    /// Found by the fault campaign (seed 34 at 5 minutes, c35fec0): both collectors' links
+    /// into the leader stalled from before a 10 s tile began until after it closed, so the
+    /// leader closed that tile with no series, unconfirmed. Held by nobody (a tile without
+    /// values was not kept) and so never recorded incomplete, it was passed by the mark of
+    /// the next tile, and the follower, which held it whole and confirmed, let it go: 1 519
+    /// series lost the tile.
+    #[test]
+    fn a_leaders_empty_unconfirmed_tile_is_recorded_incomplete_and_a_whole_follower_completes_it() {
+        use super::super::{FlushSettings, Flusher, Held};
+        use crate::tile::ClosedTile;
+        use tessera_core::aggregate::Aggregate;
+        use tessera_proto::{Frame, MetricType, SeriesValue, frame::Body, framing};
+
+        let tile = |end: i64, series: usize, unconfirmed: bool| ClosedTile {
+            policy_index: 0,
+            policy: "10s:2d".parse().unwrap(),
+            tile_start_ms: end - 10_000,
+            tile_end_ms: end,
+            values: (0..series)
+                .map(|index| SeriesValue {
+                    r#ref: 0,
+                    series_id: format!("chaos.counter|#series:{index}").into_bytes(),
+                    r#type: MetricType::Counter as i32,
+                    aggregate: Some(Aggregate::Counter(40.0).to_proto()),
+                })
+                .collect(),
+            expired: 0,
+            series_held: series,
+            cut_duration: Duration::ZERO,
+            unconfirmed,
+        };
+        let flusher = |metrics: &Metrics, leadership: &Leadership| Flusher {
+            ingesters: Ingesters::new(&["i:1".to_owned()], 1 << 20, &metrics.outbound, &metrics.drops),
+            settings: FlushSettings { source: "agg".to_owned(), max_frame_bytes: 1 << 20 },
+            metrics: metrics.flush.clone(),
+            drops: metrics.drops.clone(),
+            policies: policies().iter().map(|policy| metrics.flush.policy(&policy.to_string())).collect(),
+            leadership: leadership.clone(),
+        };
+        let deliver = |flusher: &Flusher| {
+            let queue = flusher.ingesters.queue(0).unwrap();
+            while queue.pop_front().is_some() {
+                queue.finish_in_flight();
+            }
+        };
+
+        // The leader, on a live lease.
+        let (leader_metrics, leader) = (Metrics::default(), Leadership::new(policies(), 0));
+        leader.inner.replicated.store(true, Ordering::Release);
+        leader.inner.leader_lease.store(7, Ordering::Release);
+        let deadline = LeaseDeadline::default();
+        leader.inner.deadline.set(deadline.clone()).unwrap();
+        deadline.set(7, Instant::now() + FENCE_MARGIN * 60);
+        let leading = flusher(&leader_metrics, &leader);
+        let mut held = Held::default();
+        held.push(tile(10_000, 3, false), &leading);
+        held.release(&leading, false);
+        deliver(&leading);
+        // Every collector's link stalled across the tile ending 20 000: it closed with no series.
+        held.push(tile(20_000, 0, true), &leading);
+        held.release(&leading, false);
+        let acknowledged = leader.acknowledge(&leading.ingesters);
+        assert_eq!(
+            leader.marks_text(&acknowledged).encode(),
+            "10s:2d 20000\nincomplete 10s:2d 20000\n",
+            "the tile the leader had nothing of is recorded incomplete once it closes"
+        );
+        // The stall over, the next tile is whole.
+        held.push(tile(30_000, 3, false), &leading);
+        held.release(&leading, false);
+        deliver(&leading);
+        let marks = leader.marks_text(&leader.acknowledge(&leading.ingesters));
+
+        // The follower holds every tile whole and confirmed.
+        let (follower_metrics, follower) = (Metrics::default(), Leadership::new(policies(), 0));
+        follower.inner.replicated.store(true, Ordering::Release);
+        let following = flusher(&follower_metrics, &follower);
+        let mut copies = Held::default();
+        for end in [10_000, 20_000, 30_000] {
+            copies.push(tile(end, 3, false), &following);
+        }
+        follower.set_marks(&FlushMarks::decode(&marks.encode()));
+        copies.release(&following, false);
+        assert_eq!(follower_metrics.flush.tiles_completed.get(), 1, "its whole copy goes out");
+        let batch = following.ingesters.queue(0).unwrap().pop_front().expect("the completion is queued");
+        let Ok(Some((Frame { body: Some(Body::Tiles(tiles)) }, _))) = framing::decode_frame(&batch.frame, 1 << 20)
+        else {
+            panic!("not a tile batch")
+        };
+        assert_eq!((tiles.tile_end_ms, tiles.incomplete, tiles.tiles.len()), (20_000, false, 3));
+    }
+
     #[test]
     fn a_tile_sent_to_several_ingesters_is_acknowledged_once_every_share_is() {
         let metrics = Metrics::default();
