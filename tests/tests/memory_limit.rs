@@ -115,9 +115,7 @@ fn without_memory_limit_the_budget_follows_the_cgroup_the_daemon_runs_in() {
     );
     // Run where the test runs: the machine's root memory cgroup here, with no limit (a
     // container with one would give 80 % of it).
-    let membership = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
-    let inherited =
-        tessera_runtime::memory::own_cgroup_limit_bytes(std::path::Path::new("/sys/fs/cgroup"), &membership);
+    let inherited = tessera_runtime::memory::process_cgroup_limit_bytes();
     let due = inherited.map_or(0.0, |limit| (limit as f64 * 0.8).floor());
     let telemetry = format!("127.0.0.1:{port}").parse().unwrap();
     let mut daemon = Daemon::start("tessera-collector", "tessera-collector", &config, telemetry);

@@ -105,18 +105,15 @@ impl MemoryLimit {
             MemoryLimit::Bytes(bytes) if bytes > 0 => Ok(bytes),
             MemoryLimit::Bytes(_) => Err("memory_limit must be above 0".to_owned()),
             MemoryLimit::Off => Ok(0),
-            MemoryLimit::CgroupShare(share) => {
-                let membership = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
-                match own_cgroup_limit_bytes(Path::new("/sys/fs/cgroup"), &membership) {
-                    Some(limit) => Ok((limit as f64 * share) as u64),
-                    None => Err(format!(
-                        "memory_limit = {}% is a share of the cgroup's memory limit, and this process has none \
+            MemoryLimit::CgroupShare(share) => match process_cgroup_limit_bytes() {
+                Some(limit) => Ok((limit as f64 * share) as u64),
+                None => Err(format!(
+                    "memory_limit = {}% is a share of the cgroup's memory limit, and this process has none \
                          (memory.max or memory/memory.limit_in_bytes under /sys/fs/cgroup, in this process' \
                          cgroup of /proc/self/cgroup and its parents): give bytes instead",
-                        share * 100.0
-                    )),
-                }
-            }
+                    share * 100.0
+                )),
+            },
         }
     }
 }
@@ -137,22 +134,26 @@ pub fn own_cgroup_limit_bytes(root: &Path, membership: &str) -> Option<u64> {
         let (Some(_), Some(controllers), Some(path)) = (fields.next(), fields.next(), fields.next()) else {
             continue;
         };
-        let file = match controllers {
-            "" => "memory.max",
-            _ if controllers.split(',').any(|controller| controller == "memory") => "memory/memory.limit_in_bytes",
+        let (mount, file) = match controllers {
+            "" => (root.to_path_buf(), "memory.max"),
+            _ if controllers.split(',').any(|controller| controller == "memory") => {
+                (root.join("memory"), "memory.limit_in_bytes")
+            }
             _ => continue,
         };
         let mut dir = Path::new(path.trim_start_matches('/'));
         while !dir.as_os_str().is_empty() {
-            let at = match file {
-                "memory.max" => root.join(dir).join(file),
-                _ => root.join("memory").join(dir).join("memory.limit_in_bytes"),
-            };
-            limits.push(read_limit(&at));
+            limits.push(read_limit(&mount.join(dir).join(file)));
             dir = dir.parent().unwrap_or(Path::new(""));
         }
     }
     limits.into_iter().flatten().min()
+}
+
+/// [`own_cgroup_limit_bytes`] of this process, under /sys/fs/cgroup.
+pub fn process_cgroup_limit_bytes() -> Option<u64> {
+    let membership = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    own_cgroup_limit_bytes(Path::new("/sys/fs/cgroup"), &membership)
 }
 
 /// The memory limit of the cgroup mounted at `root` (v2's `memory.max`, else v1's
@@ -269,8 +270,7 @@ impl MemoryGuard {
             Some(MemoryLimit::Off) => return Ok(None),
             Some(limit) => limit,
             None => {
-                let membership = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
-                if own_cgroup_limit_bytes(Path::new("/sys/fs/cgroup"), &membership).is_none() {
+                if process_cgroup_limit_bytes().is_none() {
                     return Ok(None);
                 }
                 tracing::info!(
