@@ -277,6 +277,7 @@ impl Keeper {
             // Failed over while it was down (or new): what it restored is not current, and
             // a restart must know it too before this one joins again. Tried again next tick.
             tracing::error!(%error, "cannot record the rejoin in the data directory; not joining yet");
+            self.metrics.tier_errors.inc();
             return Ok(());
         }
         self.looked = true;

@@ -19,7 +19,8 @@ tessera_runtime::metrics! {
         /// Changes this ingester wrote to the ingesters' placement: init, join, fail_over (a dead
         /// ingester's shards handed to live ones), finalize
         placement_changes: Family<ByChange, Counter> = zeroed_family(CHANGES.map(|change| ByChange { change })),
-        /// etcd requests of the ingester tier task that failed
+        /// etcd requests of the ingester tier task that failed, and rejoins it could not record
+        /// in the data directory (it does not join again until it can)
         pub tier_errors: Counter,
         /// Times this ingester held every failover while live ingesters re-register (after etcd
         /// failed to answer, or after its own lease had to be granted again)
