@@ -372,6 +372,16 @@ impl Cluster {
         let etcd_section = |table: &str| {
             format!("[{table}]\nendpoints = [\"{}\"]\nenv = \"{ENV}\"\nrequest_timeout_ms = 1000\n", etcd.endpoint())
         };
+        // As every documented deployment has it (deploy/config/): a daemon restarted while
+        // etcd is down starts from its last placement instead of waiting for etcd.
+        let cached = |table: &str, name: &str, file: &str| {
+            let path = settings.dir.join(format!("{name}-{file}.pb"));
+            format!(
+                "{}cache_path = {:?}\n",
+                etcd_section(table).trim_start_matches(&format!("[{table}]\n")),
+                path.display().to_string()
+            )
+        };
         let binary = |name: &str| settings.bin_dir.join(name);
         let ttl = settings.ttl_secs;
 
@@ -427,8 +437,8 @@ impl Cluster {
                 "instance_id = \"{name}\"\nlisten = \"127.0.0.1:{port}\"\npolicies = [{policies}]\n\
                  liveness_ttl_secs = {ttl}\nmerge_threads = 1\n[placement]\nkind = \"etcd\"\n{}\
                  [ingester]\nreconnect_min_ms = 20\nreconnect_max_ms = 500\n[ingester.placement]\nkind = \"etcd\"\n{}",
-                etcd_section("placement").trim_start_matches("[placement]\n"),
-                etcd_section("ingester.placement").trim_start_matches("[ingester.placement]\n"),
+                cached("placement", &name, "placement"),
+                cached("ingester.placement", &name, "ingester-placement"),
             );
             let mut process =
                 Process::new(&name, binary("tessera-aggregator"), &settings.dir, &text, loopback(free_port()))?;
@@ -445,7 +455,7 @@ impl Cluster {
                 "instance_id = \"{name}\"\n[udp]\nlisten = \"127.0.0.1:{port}\"\nreader_threads = 1\n\
                  recv_buffer_bytes = 16777216\n[placement]\nkind = \"etcd\"\n{}\
                  [forward]\nreconnect_min_ms = 20\nreconnect_max_ms = 500\n",
-                etcd_section("placement").trim_start_matches("[placement]\n"),
+                cached("placement", &name, "placement"),
             );
             let mut process =
                 Process::new(&name, binary("tessera-collector"), &settings.dir, &text, loopback(free_port()))?;

@@ -48,6 +48,9 @@ pub struct Config {
     /// and counted (`drops_total{reason="memory_limit"}`); known series go on. Without it, 80 % of the
     /// cgroup's limit when it has one; `"none"`: no budget.
     pub memory_limit: Option<MemoryLimit>,
+    /// Origin detection: the container and pod behind each metric, as tags added before
+    /// sharding (see `origin.rs`). Off by default.
+    pub origin: crate::origin::OriginConfig,
     /// The file this configuration was read from, set by the binary (not a key): the
     /// rules reload when it changes. `None` on the embedded defaults or in a library.
     #[serde(skip)]
@@ -325,6 +328,7 @@ impl Config {
             return invalid("udp.enabled", "no listener is enabled (udp, tcp.listen or unix.path)");
         }
         self.rule_set(&RuleMetrics::default())?;
+        self.origin.validate()?;
         Ok(())
     }
 

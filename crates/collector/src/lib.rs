@@ -31,6 +31,7 @@
 mod config;
 mod intake;
 mod metrics;
+pub mod origin;
 mod outbound;
 mod rules;
 mod window;
@@ -99,6 +100,9 @@ impl Collector {
         // The memory budget: a guard thread reads the resident memory and the readers
         // refuse new series near the limit.
         let budget = tessera_runtime::memory::MemoryGuard::start(config.memory_limit, None, &metrics.memory)?;
+        let origin = origin::start(&config.origin, &metrics.origin).map_err(|error| {
+            StartError::setup("cannot start origin detection ([origin])", std::io::Error::other(error))
+        })?;
         let reader_settings = ReaderSettings {
             window_ms,
             max_series: config.aggregation.max_series,
@@ -106,6 +110,7 @@ impl Collector {
             parse_options,
             timer_unit: config.aggregation.timer_unit.into(),
             budget,
+            origins: origin.as_ref().map(|(origins, _)| Arc::clone(origins)),
         };
         // Everything that can fail on a bad file (the TLS files) before the readers start,
         // so that a failed start leaves no reader thread holding the ports.
@@ -151,6 +156,9 @@ impl Collector {
             flusher.run()
         })?;
 
+        if let Some((_, resolver)) = origin {
+            tokio::spawn(resolver.run(shutdown.clone()));
+        }
         let source = rules::RuleSource { config: config.clone() };
         tokio::spawn(rules::reload_loop(rules, source, window_ms, metrics.rules.clone(), shutdown.clone()));
 

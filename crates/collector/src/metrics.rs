@@ -43,6 +43,8 @@ tessera_runtime::metrics! {
         pub rules: RuleMetrics,
         /// The memory budget (`memory_limit`)
         pub memory: tessera_runtime::memory::MemoryMetrics,
+        /// Origin detection (`[origin]`)
+        pub origin: crate::origin::OriginMetrics,
     }
 }
 

@@ -274,6 +274,14 @@ pub struct Line<'a> {
     pub container_id: &'a [u8],
     /// The DogStatsD timestamp, unix seconds.
     pub timestamp: Option<u64>,
+    /// The DogStatsD external data (`|e:<data>`, trimmed), empty when absent: what a
+    /// Kubernetes admission controller told the client about its pod and container
+    /// (`it-false,cn-<container name>,pu-<pod uid>`). Not a tag; the collector's origin
+    /// detection reads it.
+    pub external_data: &'a [u8],
+    /// Tags the receiver adds to the line (comma-separated, DogStatsD form): the origin
+    /// tags of the container that sent it. The parser leaves it empty.
+    pub origin_tags: &'a [u8],
 }
 
 impl<'a> Line<'a> {
@@ -318,11 +326,11 @@ impl<'a> Line<'a> {
 
     /// Whether the series id holds more than [`Line::name`] and the tag
     /// field: tags written in the name, a name cut in two by SignalFx tags,
-    /// or a container id. The id of such a line is built by
+    /// a container id, or origin tags. The id of such a line is built by
     /// [`SeriesKey::build`](crate::series::SeriesKey::build), never found
     /// in the line as it lies.
     pub fn has_tags_beyond_tag_field(&self) -> bool {
-        !self.name_tail.is_empty() || !self.container_id.is_empty()
+        !self.name_tail.is_empty() || !self.container_id.is_empty() || !self.origin_tags.is_empty()
     }
 }
 
@@ -567,6 +575,7 @@ fn parse_metric(line: &[u8], options: ParseOptions) -> Result<Line<'_>, RejectRe
 
     // The optional fields, in locals: the line is built once, at the end.
     let (mut sample_rate, mut tags, mut container_id, mut timestamp) = (1.0, &b""[..], &b""[..], None);
+    let mut external_data = &b""[..];
     // Tags beyond the tag field: the container id (and the well-formed name tags, below).
     let mut more_tags = 0;
     let mut tag_field_count = 0;
@@ -582,7 +591,8 @@ fn parse_metric(line: &[u8], options: ParseOptions) -> Result<Line<'_>, RejectRe
                 container_id = parse_container_id(id)?;
                 more_tags += usize::from(!container_id.is_empty());
             }
-            // `e:` external data and whatever comes next.
+            [b'e', b':', data @ ..] => external_data = data.trim_ascii(),
+            // Whatever comes next.
             _ => {}
         }
     }
@@ -608,6 +618,8 @@ fn parse_metric(line: &[u8], options: ParseOptions) -> Result<Line<'_>, RejectRe
         tags,
         container_id,
         timestamp,
+        external_data,
+        origin_tags: b"",
     })
 }
 

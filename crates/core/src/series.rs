@@ -107,6 +107,10 @@ impl SeriesKey {
             gathered.extend_from_slice(b",container_id:");
             gathered.extend_from_slice(line.container_id);
         }
+        if !line.origin_tags.is_empty() {
+            gathered.push(b',');
+            gathered.extend_from_slice(line.origin_tags);
+        }
         append_sorted_tags(&mut self.buf, &mut self.ranges, gathered, Tags::new(gathered))
     }
 

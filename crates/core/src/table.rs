@@ -302,6 +302,18 @@ struct Slot {
     touched: bool,
 }
 
+/// Where the lines of a datagram come from, for [`Table::fold_datagram_from`]: the
+/// collector's origin detection, which tags each line with its sender's container and pod.
+pub trait Origin {
+    /// Whether every line of the datagram gets origin tags (its sender has some); when
+    /// not, only lines that name their own origin (a container id, external data) are
+    /// asked, and the others take the one-pass parser.
+    fn tags_every_line(&self) -> bool;
+
+    /// The origin tags of `line`, comma-separated in DogStatsD form; `None` for none.
+    fn tags_for(&mut self, line: &Line<'_>) -> Option<Arc<[u8]>>;
+}
+
 /// What [`Table::fold_datagram`] made of one line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Folded {
@@ -425,6 +437,53 @@ impl Table {
         }
     }
 
+    /// [`Table::fold_datagram`] for a receiver that adds origin tags: every line
+    /// `origin` wants to see ([`Origin::tags_every_line`], or any line with a container id
+    /// or external data) gets the tags [`Origin::tags_for`] gives it, and loses its raw
+    /// `container_id` tag (the origin's tags carry it when their cardinality asks for it).
+    pub fn fold_datagram_from(
+        &mut self,
+        datagram: &[u8],
+        options: ParseOptions,
+        stamp_ns: i64,
+        origin: &mut impl Origin,
+        mut each: impl FnMut(Folded),
+    ) {
+        let every_line = origin.tags_every_line();
+        let mut rest = datagram;
+        while !rest.is_empty() {
+            // A line the one-pass parser takes has no container id and no external data.
+            if !every_line && let Some((simple, used)) = parse_simple_prefix(rest, options.max_line_bytes) {
+                rest = &rest[used..];
+                each(Folded::metric(self.observe_simple(&simple, stamp_ns)));
+                continue;
+            }
+            let (line, after) = split_line(rest);
+            rest = after;
+            if line.is_empty() {
+                continue;
+            }
+            each(match parse_line_with(line, options) {
+                Parsed::Metric(line)
+                    if every_line || !line.container_id.is_empty() || !line.external_data.is_empty() =>
+                {
+                    let tags = origin.tags_for(&line);
+                    let tagged = Line { container_id: b"", origin_tags: tags.as_deref().unwrap_or_default(), ..line };
+                    match self.observe(&tagged, stamp_ns) {
+                        Ok(_) if line.name_tag_errors > 0 => Folded::MetricWithNameTagErrors(line.name_tag_errors),
+                        observed => Folded::metric(observed),
+                    }
+                }
+                Parsed::Metric(line) => match self.observe(&line, stamp_ns) {
+                    Ok(_) if line.name_tag_errors > 0 => Folded::MetricWithNameTagErrors(line.name_tag_errors),
+                    observed => Folded::metric(observed),
+                },
+                Parsed::Event(_) | Parsed::ServiceCheck(_) => Folded::Event,
+                Parsed::Rejected { reason, .. } => Folded::Rejected(reason),
+            });
+        }
+    }
+
     /// Parses one line (without its newline) with the full parser and folds
     /// it into its series: the path of every line [`parse_simple_prefix`]
     /// did not take.
@@ -490,9 +549,13 @@ impl Table {
         let parts = if pieces_lie_in_line {
             KeyParts { kind_byte, name: line.name, tags: line.tags }
         } else {
-            // The parser accepted the line, so its tags fit.
+            // The parser accepted the line, so its own tags fit; origin tags may not, and
+            // then the line goes on without them.
             if self.key.build(line).is_err() {
-                return Ok(false);
+                if line.origin_tags.is_empty() {
+                    return Ok(false);
+                }
+                return self.observe(&Line { origin_tags: b"", ..line.clone() }, stamp_ns);
             }
             let id = self.key.id();
             match split_id(id) {

@@ -101,6 +101,17 @@ pub enum ConfigError {
         /// toml's error, with line, column and key.
         error: toml::de::Error,
     },
+    /// The file names an environment variable (`${env:NAME}`) that is not set, or whose
+    /// value cannot stand in a TOML string.
+    #[error("config file `{path}`, line {line}: {reason}")]
+    Environment {
+        /// The file that was read.
+        path: PathBuf,
+        /// The line of the reference, from 1.
+        line: usize,
+        /// Which variable, and what is wrong with it.
+        reason: String,
+    },
     /// With no file, the config type could not be built from its serde defaults (a field
     /// without `#[serde(default)]`); a bug in the daemon, not in its input.
     #[error("config has no usable defaults (is `#[serde(default)]` missing?): {error}")]
@@ -126,7 +137,50 @@ pub fn load_toml<T: DeserializeOwned>(path: Option<&Path>) -> Result<T, ConfigEr
         return toml::from_str("").map_err(|error| ConfigError::Defaults { error });
     };
     let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Read { path: path.to_owned(), error })?;
+    let text = expand_environment(&text, |name| std::env::var(name).ok())
+        .map_err(|(line, reason)| ConfigError::Environment { path: path.to_owned(), line, reason })?;
     toml::from_str(&text).map_err(|error| ConfigError::Parse { path: path.to_owned(), error })
+}
+
+/// Replaces every `${env:NAME}` outside comment lines with the value of the environment
+/// variable `NAME`, so that one file serves every replica of a Kubernetes StatefulSet
+/// (`instance_id = "${env:POD_NAME}"`). Only this form is expanded: `${1}` in a rule's
+/// replacement stays as it is.
+///
+/// A variable that is not set, or whose value holds a quote, a backslash or a control
+/// character (it would change the TOML around it), is an error `(line, reason)`.
+fn expand_environment(text: &str, lookup: impl Fn(&str) -> Option<String>) -> Result<String, (usize, String)> {
+    const OPEN: &str = "${env:";
+    if !text.contains(OPEN) {
+        return Ok(text.to_owned());
+    }
+    let mut out = String::with_capacity(text.len());
+    for (index, line) in text.split_inclusive('\n').enumerate() {
+        if line.trim_start().starts_with('#') {
+            out.push_str(line);
+            continue;
+        }
+        let mut rest = line;
+        while let Some(start) = rest.find(OPEN) {
+            out.push_str(&rest[..start]);
+            let after = &rest[start + OPEN.len()..];
+            let Some(end) = after.find('}') else {
+                return Err((index + 1, "`${env:` without its closing `}`".to_owned()));
+            };
+            let name = &after[..end];
+            let value = lookup(name).ok_or_else(|| (index + 1, format!("environment variable `{name}` is not set")))?;
+            if value.chars().any(|c| c == '"' || c == '\'' || c == '\\' || c.is_control()) {
+                return Err((
+                    index + 1,
+                    format!("environment variable `{name}` holds a quote, a backslash or a control character"),
+                ));
+            }
+            out.push_str(&value);
+            rest = &after[end + 1..];
+        }
+        out.push_str(rest);
+    }
+    Ok(out)
 }
 
 /// What tells a file's new version from its old one: its modification time and size
@@ -134,4 +188,40 @@ pub fn load_toml<T: DeserializeOwned>(path: Option<&Path>) -> Result<T, ConfigEr
 pub fn file_stamp(path: &std::path::Path) -> Option<(std::time::SystemTime, u64)> {
     let metadata = std::fs::metadata(path).ok()?;
     Some((metadata.modified().ok()?, metadata.len()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::expand_environment;
+
+    fn lookup(name: &str) -> Option<String> {
+        match name {
+            "POD_NAME" => Some("tessera-ingester-1".to_owned()),
+            "QUOTED" => Some("a\"b".to_owned()),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn env_references_are_expanded_outside_comments() {
+        let text = "# ${env:UNSET} in a comment stays\ninstance_id = \"${env:POD_NAME}\"\n\
+                    advertise = \"${env:POD_NAME}.tessera-ingester:7500\"\nreplace = \"${1}_total\"\n";
+        let expanded = expand_environment(text, lookup).unwrap();
+        assert_eq!(
+            expanded,
+            "# ${env:UNSET} in a comment stays\ninstance_id = \"tessera-ingester-1\"\n\
+             advertise = \"tessera-ingester-1.tessera-ingester:7500\"\nreplace = \"${1}_total\"\n"
+        );
+    }
+
+    #[test]
+    fn an_unset_or_unsafe_variable_is_an_error_with_its_line() {
+        let unset = expand_environment("a = 1\nb = \"${env:UNSET}\"\n", lookup).unwrap_err();
+        assert_eq!(unset, (2, "environment variable `UNSET` is not set".to_owned()));
+        let quoted = expand_environment("b = \"${env:QUOTED}\"", lookup).unwrap_err();
+        assert_eq!(quoted.0, 1);
+        assert!(quoted.1.contains("quote"), "{}", quoted.1);
+        let open = expand_environment("b = \"${env:POD_NAME\"", lookup).unwrap_err();
+        assert!(open.1.contains("closing"), "{}", open.1);
+    }
 }

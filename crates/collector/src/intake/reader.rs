@@ -115,6 +115,8 @@ pub struct ReaderSettings {
     pub timer_unit: TimerUnit,
     /// The memory budget: near it, new series are refused.
     pub budget: Option<Arc<tessera_core::budget::MemoryBudget>>,
+    /// Origin detection, when on: each reader tags lines with their sender's container.
+    pub origins: Option<Arc<crate::origin::Origins>>,
 }
 
 /// Reader ids, unique in the process.
@@ -136,6 +138,8 @@ pub struct Reader {
     /// next cut's buffers are sized for.
     last_emitted: usize,
     bytes_per_id: usize,
+    /// Origin detection's side of this reader, when it is on.
+    tagger: Option<crate::origin::Tagger>,
 }
 
 /// Gives back most of a reused buffer's room when it holds four times what is expected
@@ -183,6 +187,7 @@ impl Reader {
             counts: BatchCounts::default(),
             last_emitted: 0,
             bytes_per_id: 0,
+            tagger: settings.origins.clone().map(crate::origin::Tagger::new),
         }
     }
 
@@ -209,11 +214,13 @@ impl Reader {
     #[inline]
     pub fn ingest(&mut self, data: &[u8], stamp_ns: i64) {
         self.tick(stamp_ns.div_euclid(1_000_000));
+        let metric_lines = |counts: &BatchCounts| counts.lines + counts.series_limit + counts.memory_limit;
+        let before = metric_lines(&self.counts);
         let counts = &mut self.counts;
         let table = &mut self.table;
         counts.datagrams += 1;
         counts.bytes += data.len() as u64;
-        table.fold_datagram(data, self.parse_options, stamp_ns, |folded| match folded {
+        let each = |folded| match folded {
             Folded::Metric => counts.lines += 1,
             Folded::MetricWithNameTagErrors(skipped) => {
                 counts.lines += 1;
@@ -223,7 +230,29 @@ impl Reader {
             Folded::MemoryLimit => counts.memory_limit += 1,
             Folded::Event => counts.events += 1,
             Folded::Rejected(reason) => counts.rejected[reason.index()] += 1,
-        });
+        };
+        match &mut self.tagger {
+            None => table.fold_datagram(data, self.parse_options, stamp_ns, each),
+            Some(tagger) => {
+                table.fold_datagram_from(data, self.parse_options, stamp_ns, tagger, each);
+                tagger.finish_datagram(metric_lines(&self.counts) - before);
+            }
+        }
+    }
+
+    /// [`Reader::ingest`] for a datagram whose sender's PID the socket gave (`None`: it
+    /// gave none): with origin detection on, its lines carry their container's tags.
+    #[inline]
+    pub fn ingest_from(&mut self, data: &[u8], stamp_ns: i64, pid: Option<u32>) {
+        if let Some(tagger) = &mut self.tagger {
+            tagger.set_sender(pid);
+        }
+        self.ingest(data, stamp_ns);
+    }
+
+    /// Whether origin detection is on for this reader.
+    pub fn tags_origins(&self) -> bool {
+        self.tagger.is_some()
     }
 
     /// Records a datagram the kernel truncated: its complete lines are kept
@@ -243,6 +272,9 @@ impl Reader {
     pub fn publish_counts(&mut self) {
         let counts = std::mem::take(&mut self.counts);
         self.listener.add(&counts);
+        if let Some(tagger) = &mut self.tagger {
+            tagger.publish_counts();
+        }
     }
 
     /// Counts a failed receive call of this reader's listener.

@@ -1,5 +1,6 @@
 //! The only unsafe code of the collector: batched receive with `recvmmsg`
-//! (with each datagram's kernel receive stamp), the reuseport distribution
+//! (with each datagram's kernel receive stamp), a Unix datagram with its sender's
+//! credentials, the reuseport distribution
 //! program, and the flusher's thread priority, thin wrappers over libc.
 #![allow(unsafe_code)]
 
@@ -225,6 +226,59 @@ pub fn lower_this_thread_priority(nice: i32) -> io::Result<()> {
     // this thread's priority changes.
     let result = unsafe { libc::setpriority(libc::PRIO_PROCESS, thread as libc::id_t, nice) };
     if result == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
+}
+
+/// Asks the kernel to attach each sender's credentials (`SCM_CREDENTIALS`: its PID, UID
+/// and GID, in this process' PID namespace) to every datagram of a Unix socket.
+pub fn enable_sender_credentials(socket: &impl AsRawFd) -> io::Result<()> {
+    let on: libc::c_int = 1;
+    // SAFETY: `on` outlives the call and its size is passed.
+    let rc = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PASSCRED,
+            (&raw const on).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
+}
+
+/// Receives one datagram into `buffer` with its sender's PID, when the kernel attached
+/// credentials ([`enable_sender_credentials`]). Returns the length (cut at the buffer's
+/// size; the rest of a longer datagram is discarded) and the PID.
+pub fn recv_with_sender(socket: &impl AsRawFd, buffer: &mut [u8]) -> io::Result<(usize, Option<u32>)> {
+    let mut iovec = libc::iovec { iov_base: buffer.as_mut_ptr().cast(), iov_len: buffer.len() };
+    // Room for one `ucred` message (and one more of any size), aligned for a `cmsghdr`.
+    let mut control = [0u64; CONTROL_WORDS];
+    // SAFETY: a zeroed msghdr is valid; every pointer set below outlives the call.
+    let mut message: libc::msghdr = unsafe { std::mem::zeroed() };
+    message.msg_iov = &raw mut iovec;
+    message.msg_iovlen = 1;
+    message.msg_control = control.as_mut_ptr().cast();
+    message.msg_controllen = std::mem::size_of_val(&control);
+    // SAFETY: `message` points at live buffers of the sizes it gives.
+    let n = unsafe { libc::recvmsg(socket.as_raw_fd(), &raw mut message, 0) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut pid = None;
+    // SAFETY: the kernel filled `msg_controllen` bytes of `control` with well-formed
+    // messages; CMSG_FIRSTHDR/CMSG_NXTHDR stay inside them, and a credentials message
+    // holds a `ucred` (read unaligned: the kernel does not promise its alignment).
+    unsafe {
+        let mut header = libc::CMSG_FIRSTHDR(&raw const message);
+        while !header.is_null() {
+            if (*header).cmsg_level == libc::SOL_SOCKET && (*header).cmsg_type == libc::SCM_CREDENTIALS {
+                let credentials = std::ptr::read_unaligned(libc::CMSG_DATA(header).cast::<libc::ucred>());
+                // The kernel sends PID 0 when the sender's PID has no number in our namespace.
+                pid = u32::try_from(credentials.pid).ok().filter(|pid| *pid != 0);
+            }
+            header = libc::CMSG_NXTHDR(&raw const message, header);
+        }
+    }
+    Ok((n as usize, pid))
 }
 
 #[cfg(test)]

@@ -11,28 +11,42 @@ use super::udp::RECV_TIMEOUT;
 use tessera_core::clock::{now_ms, now_ns};
 
 /// Binds the socket at `path`, replacing a stale socket file left by a
-/// previous run.
-pub fn bind(path: &Path) -> io::Result<UnixDatagram> {
+/// previous run; with `credentials`, each datagram comes with its sender's PID (origin
+/// detection).
+pub fn bind(path: &Path, credentials: bool) -> io::Result<UnixDatagram> {
     if path.exists() {
         std::fs::remove_file(path)?;
     }
     let socket = UnixDatagram::bind(path)?;
     socket.set_read_timeout(Some(RECV_TIMEOUT))?;
+    if credentials {
+        super::sys::enable_sender_credentials(&socket)?;
+    }
     Ok(socket)
 }
 
 /// The reader loop of the Unix socket.
 pub fn read_loop(socket: UnixDatagram, mut reader: Reader, max_datagram_bytes: usize, shutdown: Shutdown) {
     let mut buffer = vec![0u8; max_datagram_bytes];
+    let credentials = reader.tags_origins();
     loop {
         if shutdown.is_triggered() {
             reader.cut();
             return;
         }
-        match socket.recv(&mut buffer) {
-            Ok(len) => {
+        let received = if credentials {
+            super::sys::recv_with_sender(&socket, &mut buffer)
+        } else {
+            socket.recv(&mut buffer).map(|len| (len, None))
+        };
+        match received {
+            Ok((len, pid)) => {
                 // One thread reads the socket, so the read time keeps the order.
-                reader.ingest(&buffer[..len], now_ns());
+                if credentials {
+                    reader.ingest_from(&buffer[..len], now_ns(), pid);
+                } else {
+                    reader.ingest(&buffer[..len], now_ns());
+                }
                 reader.publish_counts();
             }
             Err(error) if matches!(error.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
