@@ -225,6 +225,10 @@ pub fn check(
         return report;
     }
     let empty = Samples::new();
+    // Every batch an aggregator admits feeds every policy alike, so at the end of the run a
+    // cumulative series holds as much at every resolution: the run's total by series, per
+    // resolution.
+    let mut totals: BTreeMap<(Kind, u64), Vec<(&str, f64)>> = BTreeMap::new();
     for kind in Kind::ALL {
         for resolution in resolutions {
             let placed = place(ledger, resolution, excuses, workload.collectors);
@@ -240,11 +244,31 @@ pub fn check(
                 let mut found = Found { report: &mut report, kind, resolution: &resolution.label, series };
                 match kind {
                     Kind::Counter | Kind::Timer => {
-                        check_cumulative(&mut found, &placed, collector, points, resolution.tile_ms)
+                        let total = check_cumulative(&mut found, &placed, collector, points, resolution.tile_ms);
+                        totals.entry((kind, series)).or_default().push((&resolution.label, total));
                     }
                     Kind::Gauge => check_gauge(&mut found, &placed, points),
                     Kind::Set => check_set(&mut found, &placed, collector, points, resolution.tile_ms),
                 }
+            }
+        }
+    }
+    for ((kind, series), by_resolution) in totals {
+        let Some(&(most_label, most)) = by_resolution.iter().max_by(|a, b| a.1.total_cmp(&b.1)) else { continue };
+        for (label, total) in by_resolution {
+            // A series already found wrong at this resolution is reported once.
+            let reported = report
+                .violations
+                .iter()
+                .any(|violation| violation.kind == kind && violation.series == series && violation.resolution == label);
+            if total < most - EPSILON && !reported {
+                let mut found = Found { report: &mut report, kind, resolution: label, series };
+                found.violation(
+                    Problem::Lost,
+                    None,
+                    format!("{most} over the run, as the {most_label} tiles hold"),
+                    format!("{total}"),
+                );
             }
         }
     }
@@ -330,7 +354,14 @@ impl Shortfalls {
 /// own correction). Only what came after a short tile makes it up, and only what no round
 /// of its own tile explains: units an excused round delivered in fact never cover a loss
 /// elsewhere. Over the run, nothing beyond what may have been sent (else **doubled**).
-fn check_cumulative(found: &mut Found<'_>, placed: &[Placed], collector: usize, points: &[(i64, f64)], tile_ms: i64) {
+/// Returns what the series holds over the run.
+fn check_cumulative(
+    found: &mut Found<'_>,
+    placed: &[Placed],
+    collector: usize,
+    points: &[(i64, f64)],
+    tile_ms: i64,
+) -> f64 {
     let (kind, series) = (found.kind, found.series);
     let total_sent: f64 = placed.iter().map(|round| units(kind, series, round.number)).sum();
     let total_required: f64 =
@@ -414,6 +445,7 @@ fn check_cumulative(found: &mut Found<'_>, placed: &[Placed], collector: usize, 
     if observed < total_sent - EPSILON && observed >= total_required - EPSILON {
         found.report.excused_missing += total_sent - observed;
     }
+    observed
 }
 
 fn check_gauge(found: &mut Found<'_>, placed: &[Placed], points: &[(i64, f64)]) {
@@ -490,12 +522,18 @@ mod tests {
     /// What an exact pipeline writes for every kind.
     fn exact(ledger: &[Round]) -> Observed {
         let mut observed = Observed::new();
+        exact_at(ledger, "10s", 10_000, &mut observed);
+        observed
+    }
+
+    /// What an exact pipeline writes for every kind at the resolution of `tile_ms`.
+    fn exact_at(ledger: &[Round], label: &str, tile_ms: i64, observed: &mut Observed) {
         for kind in Kind::ALL {
-            let samples = observed.entry((kind, "10s".into())).or_default();
+            let samples = observed.entry((kind, label.into())).or_default();
             for series in 0..WORKLOAD.series_per_kind {
                 let (mut total, mut gauge) = (0.0, 0.0);
                 let mut points = Vec::new();
-                for tile in ledger.chunks(20) {
+                for tile in ledger.chunks((tile_ms / 500) as usize) {
                     let mut members = BTreeSet::new();
                     for round in tile {
                         match line(kind, series, round.number) {
@@ -508,7 +546,7 @@ mod tests {
                             }
                         }
                     }
-                    let end = tile_end(tile[0].before_ms, 10_000);
+                    let end = tile_end(tile[0].before_ms, tile_ms);
                     let value = match kind {
                         Kind::Counter | Kind::Timer => total,
                         Kind::Gauge => gauge,
@@ -519,7 +557,6 @@ mod tests {
                 samples.insert(series, points);
             }
         }
-        observed
     }
 
     #[test]
@@ -597,6 +634,39 @@ mod tests {
             report.violations.iter().map(|violation| (violation.problem, violation.kind, violation.series)).collect();
         assert_eq!(lost, [(Problem::Lost, Kind::Counter, 1)], "series 1 goes to collector 1, which had no fault");
         assert!(report.excused_missing > 0.0);
+    }
+
+    /// Fault campaign seed 34 (5 minutes): a 1 min tile lost 24 units of series whose
+    /// collector had excused rounds in the same tile, delivered all the same, which covered
+    /// the loss tile by tile; the 10 s tiles held every unit. Every admitted batch feeds
+    /// every policy alike, so the run's totals must agree across resolutions.
+    #[test]
+    fn a_resolution_that_holds_less_over_the_run_than_another_is_a_loss() {
+        let ledger = ledger(40);
+        let mut observed = exact(&ledger);
+        exact_at(&ledger, "20s", 20_000, &mut observed);
+        let resolutions = vec![
+            Resolution { label: "10s".into(), tile_ms: 10_000, labelled: true },
+            Resolution { label: "20s".into(), tile_ms: 20_000, labelled: true },
+        ];
+        // Collector 0 was starved at 12–14 s (its rounds excused, but they arrived), and the
+        // 20 s tile lost two rounds of 16–17 s all the same.
+        let excuse = Excuse { collector: 0, from_ms: 11_900, to_ms: 14_100, why: "starve col-1".into() };
+        let report = check(&WORKLOAD, &ledger, &resolutions, std::slice::from_ref(&excuse), &observed);
+        assert!(report.violations.is_empty(), "exact at both resolutions: {:?}", report.violations);
+        let lost: f64 = ledger[32..34].iter().map(|round| units(Kind::Counter, 0, round.number)).sum();
+        for point in observed.get_mut(&(Kind::Counter, "20s".into())).unwrap().get_mut(&0).unwrap() {
+            point.1 -= lost;
+        }
+        let report = check(&WORKLOAD, &ledger, &resolutions, &[excuse], &observed);
+        let found: Vec<(Problem, &str, u64, Option<i64>)> = report
+            .violations
+            .iter()
+            .map(|violation| {
+                (violation.problem, violation.resolution.as_str(), violation.series, violation.tile_end_ms)
+            })
+            .collect();
+        assert_eq!(found, [(Problem::Lost, "20s", 0, None)], "{:?}", report.violations);
     }
 
     #[test]

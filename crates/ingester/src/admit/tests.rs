@@ -475,6 +475,44 @@ fn a_complete_copy_replaces_an_incomplete_one_and_never_the_other_way_round() {
     assert_eq!((conversion.skipped[SkipReason::Incomplete], conversion.skipped[SkipReason::Conflict]), (1, 0));
 }
 
+/// Fault campaign seed 34 (5 minutes): two faults cost each replica a different part of one
+/// tile, and both copies came incomplete. The larger replaces the smaller (each replica's
+/// copy sums whole batches, so the larger holds more), a smaller one after it changes
+/// nothing, and a whole copy still replaces both.
+#[test]
+fn of_two_incomplete_copies_the_larger_replaces_the_other_and_a_whole_copy_still_replaces_it() {
+    let mut converter = Converter::new(&[0.5], 3_600_000);
+    assert_eq!(converted(&mut converter, &counter_batch(10_000, "agg-4", "c", 5.0))[0].1, 5.0);
+    assert_eq!(converted(&mut converter, &incomplete(counter_batch(20_000, "agg-4", "c", 3.0)))[0].1, 8.0);
+    let larger = converter.convert(&incomplete(counter_batch(20_000, "agg-3", "c", 6.0)), 0).unwrap();
+    converter.commit();
+    assert_eq!(larger.skipped[SkipReason::Replaced], 1);
+    let [sample] = larger.record.samples.as_slice() else { panic!("{:?}", larger.record.samples) };
+    assert_eq!((sample.value, sample.timestamp_ms), (11.0, 20_001));
+    let smaller = converter.convert(&incomplete(counter_batch(20_000, "agg-4", "c", 3.0)), 0).unwrap();
+    converter.commit();
+    assert_eq!((smaller.skipped[SkipReason::Incomplete], smaller.record.samples.len()), (1, 0));
+    let whole = converter.convert(&counter_batch(20_000, "agg-1", "c", 7.0), 0).unwrap();
+    converter.commit();
+    assert_eq!(whole.skipped[SkipReason::Replaced], 1);
+    let [sample] = whole.record.samples.as_slice() else { panic!("{:?}", whole.record.samples) };
+    assert_eq!((sample.value, sample.timestamp_ms), (12.0, 20_002));
+    assert_eq!(converted(&mut converter, &counter_batch(30_000, "agg-1", "c", 1.0))[0].1, 13.0);
+}
+
+#[test]
+fn a_native_histogram_takes_the_larger_incomplete_copy_and_then_the_whole_one() {
+    let mut converter = Converter::new(&[0.5], 3_600_000).with_histograms(HistogramMode::Native, 160);
+    converted(&mut converter, &timer_batch(10_000, &[1.0, 2.0]));
+    converted(&mut converter, &incomplete(timer_batch(20_000, &[4.0])));
+    let [(_, larger)] = histograms(&mut converter, &incomplete(timer_batch(20_000, &[3.0, 4.0]))).try_into().unwrap();
+    assert_eq!((larger.count_int, larger.sum), (4, 10.0), "1 and 2, then 3 and 4 instead of 4 alone");
+    let [(_, whole)] = histograms(&mut converter, &timer_batch(20_000, &[3.0, 4.0, 5.0])).try_into().unwrap();
+    assert_eq!((whole.count_int, whole.sum), (5, 15.0));
+    let [(_, next)] = histograms(&mut converter, &timer_batch(30_000, &[6.0])).try_into().unwrap();
+    assert_eq!((next.count_int, next.sum), (6, 21.0));
+}
+
 /// A batch of one gauge (`temp`) set to `value` and one set (`users`) of `members`.
 fn gauge_and_set_batch(tile_end_ms: i64, value: f64, members: &[&str]) -> TileBatch {
     let mut set = HyperLogLog::new();
