@@ -4,8 +4,12 @@
 # Prometheus and VictoriaMetrics (integration tests run against the real
 # servers), Chromium (the dashboard page is tested in a headless browser), e2fsprogs,
 # losetup and fstrim (a failing disk under the ingester's queue is a loop device),
-# Docker, docker-compose, jq and curl (the compose stack test), and
+# Docker, docker-compose, jq and curl (the compose stack test), Python's venv
+# (the Kubernetes manifests' test installs its validator in one), and
 # starts the Docker daemon when it is installed but not running. Idempotent.
+# The Kubernetes test also needs kubectl 1.22 or later (its built-in kustomize)
+# or a standalone kustomize: Debian's kubernetes-client (1.20, kustomize v2) is
+# too old, so this script does not install it.
 set -euo pipefail
 
 # `--build`: only what building needs (protoc), for running tessera.
@@ -24,6 +28,7 @@ if [ "${1:-}" != "--build" ]; then
     command -v fstrim >/dev/null || need+=(util-linux)
     command -v jq >/dev/null || need+=(jq)
     command -v curl >/dev/null || need+=(curl)
+    python3 -c 'import ensurepip, venv' 2>/dev/null || need+=(python3-venv)
 fi
 
 if ((${#need[@]})); then

@@ -26,6 +26,12 @@ cargo test --workspace --doc
 # just built: statsd in, exact values out of Prometheus, dashboards' PromQL.
 TESSERA_PROFILE=debug deploy/test-compose.sh --no-cargo
 
+# The Kubernetes manifests, offline: rendered with kubectl's kustomize,
+# validated against the Kubernetes schemas (kubernetes-validate, from PyPI into
+# a cached venv), structural checks, each ConfigMap's file through its daemon's
+# --check-config, and the placement Job's script against a real etcd.
+BIN_DIR=target/debug deploy/kubernetes/test.sh
+
 # A 2-minute soak of the debug binaries with churning series (a tenth of the
 # series new each minute): no loss, and no daemon's RSS above the bound.
 # The 30-minute version and its figures: BENCHMARKS.md, "Soak".
