@@ -480,6 +480,64 @@ mod tests {
         assert_eq!(render(&listing.containers["bbb"], Cardinality::Orchestrator), "container_name:db");
     }
 
+    /// Serves `body` once per connection over TLS with the test PKI's server certificate
+    /// (for `localhost` and 127.0.0.1); returns the address.
+    async fn tls_kubelet(pki: &tessera_testkit::tls::Pki, body: &'static [u8]) -> std::net::SocketAddr {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let certs = tessera_wire::load_certs("server", &pki.server_cert).unwrap();
+        let key = tessera_wire::load_key("server", &pki.server_key).unwrap();
+        let config = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(certs, key)
+            .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                let Ok(mut stream) = acceptor.accept(tcp).await else { continue };
+                let mut request = Vec::new();
+                let mut buffer = [0u8; 1024];
+                while !request.windows(4).any(|end| end == b"\r\n\r\n") {
+                    match stream.read(&mut buffer).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => request.extend_from_slice(&buffer[..n]),
+                    }
+                }
+                let head = format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n", body.len());
+                let _ = stream.write_all(head.as_bytes()).await;
+                let _ = stream.write_all(body).await;
+                let _ = stream.shutdown().await;
+            }
+        });
+        address
+    }
+
+    #[tokio::test]
+    async fn a_kubelet_over_tls_is_listed_with_its_ca_or_with_verification_off_and_refused_otherwise() {
+        let dir = tempfile::tempdir().unwrap();
+        let pki = tessera_testkit::tls::Pki::create(dir.path());
+        let address = tls_kubelet(&pki, include_bytes!("../../tests/data/kubelet-pods.json")).await;
+        let kubelet = |tls| Kubelet {
+            url: format!("https://127.0.0.1:{}/pods", address.port()).parse().unwrap(),
+            token_file: None,
+            tls: Some(tls),
+            labels: vec![],
+        };
+        let timeout = Duration::from_secs(10);
+        // Its certificate is signed by a CA the system does not know: refused.
+        let verified = kubelet(kubelet_tls(None, true).unwrap());
+        let refused = within(timeout, verified.list()).await;
+        assert!(matches!(&refused, Err(SourceError::Transport(reason)) if reason.contains("TLS")), "{refused:?}");
+        // Given the CA, or with verification off (a self-signed kubelet): listed.
+        for tls in [kubelet_tls(Some(&pki.ca), true).unwrap(), kubelet_tls(None, false).unwrap()] {
+            let listing = within(timeout, kubelet(tls).list()).await.unwrap();
+            assert_eq!(listing.containers.len(), 4, "every container with an id");
+        }
+    }
+
     #[test]
     fn kubelet_pods_give_namespace_owner_container_and_pod_by_tier() {
         let kubelet = Kubelet { url: "http://x/pods".parse().unwrap(), token_file: None, tls: None, labels: vec![] };
