@@ -717,8 +717,8 @@ fn insert_bounded<K: std::hash::Hash + Eq>(map: &mut HashMap<K, Cached>, key: K,
 }
 
 impl tessera_core::table::Origin for Tagger {
-    fn tags_every_line(&self) -> bool {
-        self.sender.is_some()
+    fn sender_tags(&self) -> Option<Arc<[u8]>> {
+        self.sender.clone()
     }
 
     fn tags_for(&mut self, line: &Line<'_>) -> Option<Arc<[u8]>> {

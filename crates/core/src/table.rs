@@ -305,10 +305,11 @@ struct Slot {
 /// Where the lines of a datagram come from, for [`Table::fold_datagram_from`]: the
 /// collector's origin detection, which tags each line with its sender's container and pod.
 pub trait Origin {
-    /// Whether every line of the datagram gets origin tags (its sender has some); when
-    /// not, only lines that name their own origin (a container id, external data) are
-    /// asked, and the others take the one-pass parser.
-    fn tags_every_line(&self) -> bool;
+    /// The origin tags of the datagram's sender, in canonical order
+    /// ([`canonical_tags`](crate::series::canonical_tags)), when it has some: every line
+    /// gets them. Without, only lines that name their own origin (a container id, external
+    /// data) are asked for theirs.
+    fn sender_tags(&self) -> Option<Arc<[u8]>>;
 
     /// The origin tags of `line`, comma-separated in DogStatsD form; `None` for none.
     fn tags_for(&mut self, line: &Line<'_>) -> Option<Arc<[u8]>>;
@@ -369,6 +370,8 @@ pub struct Table {
     observers: Option<Arc<dyn ObserverSource>>,
     seed: u64,
     key: SeriesKey,
+    /// Reused for a line's tags with its sender's origin tags merged in.
+    merged_tags: Vec<u8>,
     options: TableOptions,
     /// Gauge merges whose order was ambiguous, since the last take.
     ambiguous_merges: u64,
@@ -387,6 +390,7 @@ impl Table {
             budget: None,
             seed: foldhash::fast::RandomState::default().hash_one(0u8),
             key: SeriesKey::default(),
+            merged_tags: Vec::new(),
             options,
             ambiguous_merges: 0,
             buckets_dropped: 0,
@@ -449,13 +453,19 @@ impl Table {
         origin: &mut impl Origin,
         mut each: impl FnMut(Folded),
     ) {
-        let every_line = origin.tags_every_line();
+        let sender = origin.sender_tags();
+        let every_line = sender.is_some();
         let mut rest = datagram;
         while !rest.is_empty() {
-            // A line the one-pass parser takes has no container id and no external data.
-            if !every_line && let Some((simple, used)) = parse_simple_prefix(rest, options.max_line_bytes) {
+            // A line the one-pass parser takes has no container id and no external data,
+            // and its tags are canonical: the sender's merge into them in one pass.
+            if let Some((simple, used)) = parse_simple_prefix(rest, options.max_line_bytes) {
                 rest = &rest[used..];
-                each(Folded::metric(self.observe_simple(&simple, stamp_ns)));
+                let observed = match &sender {
+                    None => self.observe_simple(&simple, stamp_ns),
+                    Some(tags) => self.observe_simple_tagged(&simple, tags, stamp_ns),
+                };
+                each(Folded::metric(observed));
                 continue;
             }
             let (line, after) = split_line(rest);
@@ -482,6 +492,27 @@ impl Table {
                 Parsed::Rejected { reason, .. } => Folded::Rejected(reason),
             });
         }
+    }
+
+    /// [`Table::observe_simple`] of `line` with `origin_tags` (canonical) merged into its
+    /// tags: the same series as the full parse of the line with those origin tags. Past
+    /// [`MAX_TAGS`](crate::parse::MAX_TAGS) the line goes on without them, as on the full path.
+    fn observe_simple_tagged(
+        &mut self,
+        line: &SimpleLine<'_>,
+        origin_tags: &[u8],
+        stamp_ns: i64,
+    ) -> Result<bool, TableFull> {
+        let mut merged = std::mem::take(&mut self.merged_tags);
+        merged.clear();
+        let count = crate::series::merge_canonical_tags(line.tags, origin_tags, &mut merged);
+        let observed = if count > crate::parse::MAX_TAGS {
+            self.observe_simple(line, stamp_ns)
+        } else {
+            self.observe_simple(&SimpleLine { tags: &merged, ..*line }, stamp_ns)
+        };
+        self.merged_tags = merged;
+        observed
     }
 
     /// Parses one line (without its newline) with the full parser and folds

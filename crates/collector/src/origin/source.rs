@@ -31,8 +31,8 @@ pub struct OriginTags {
 }
 
 impl OriginTags {
-    /// The tags of `cardinality`, in DogStatsD form (`key:value,…`), values cleaned of the
-    /// bytes that would end a tag or a line.
+    /// The tags of `cardinality`, in DogStatsD form (`key:value,…`) and canonical order
+    /// (what a series id holds), values cleaned of the bytes that would end a tag or a line.
     pub fn render(&self, cardinality: Cardinality) -> Arc<[u8]> {
         let tiers: &[&Vec<(String, String)>] = match cardinality {
             Cardinality::Low => &[&self.low],
@@ -51,7 +51,9 @@ impl OriginTags {
             out.push(b':');
             push_clean(&mut out, value);
         }
-        out.into()
+        let mut canonical = Vec::with_capacity(out.len());
+        tessera_core::series::canonical_tags(&out, &mut canonical);
+        canonical.into()
     }
 }
 
@@ -471,11 +473,12 @@ mod tests {
         let web = &listing.containers["aaa"];
         assert_eq!(
             render(web, Cardinality::Low),
-            "image_name:registry:5000/shop/web,short_image:web,image_tag:1.2,team:a_b"
+            "image_name:registry:5000/shop/web,image_tag:1.2,short_image:web,team:a_b",
+            "in canonical order, as a series id holds them"
         );
         assert_eq!(
             render(web, Cardinality::High),
-            "image_name:registry:5000/shop/web,short_image:web,image_tag:1.2,team:a_b,container_name:web-1,container_id:aaa"
+            "container_id:aaa,container_name:web-1,image_name:registry:5000/shop/web,image_tag:1.2,short_image:web,team:a_b"
         );
         assert_eq!(render(&listing.containers["bbb"], Cardinality::Orchestrator), "container_name:db");
     }
@@ -547,13 +550,15 @@ mod tests {
         let web = &listing.containers[id];
         assert_eq!(
             render(web, Cardinality::Low),
-            "kube_namespace:shop,kube_deployment:web,kube_container_name:app,image_name:shop/web,short_image:web,image_tag:2.0"
+            "image_name:shop/web,image_tag:2.0,kube_container_name:app,kube_deployment:web,kube_namespace:shop,short_image:web"
         );
-        assert!(render(web, Cardinality::Orchestrator).ends_with(",pod_name:web-7d4b9c8f6d-x2x9q"));
-        assert!(render(web, Cardinality::High).ends_with(&format!(",pod_name:web-7d4b9c8f6d-x2x9q,container_id:{id}")));
+        let orchestrator = render(web, Cardinality::Orchestrator);
+        assert!(orchestrator.contains(",pod_name:web-7d4b9c8f6d-x2x9q,") && !orchestrator.contains("container_id"));
+        assert!(render(web, Cardinality::High).starts_with(&format!("container_id:{id},")));
         let by_pod = &listing.pods[&("0f1e2d3c-1111-2222-3333-444455556666".to_owned(), "app".to_owned())];
         assert_eq!(by_pod, web, "external data finds the same container");
         let db = listing.pods.values().find(|tags| tags.orchestrator[0].1 == "db-0").unwrap();
-        assert!(render(db, Cardinality::Low).starts_with("kube_namespace:shop,kube_statefulset:db,"));
+        let db = render(db, Cardinality::Low);
+        assert!(db.contains("kube_namespace:shop,kube_statefulset:db,"), "{db}");
     }
 }
