@@ -35,11 +35,12 @@ fn build_sender(dir: &Path) -> PathBuf {
     binary
 }
 
-/// A collector on a free UDP port with its Unix socket at `socket`, origin detection on
+/// A collector on a free UDP port with its Unix socket at `socket` (writable by every
+/// user), origin detection on
 /// with `origin` (keys of `[origin]`, then its sub-tables), forwarding to `placement`.
 fn start_collector(placement: &str, socket: &Path, origin: &str) -> Daemon {
     let config = format!(
-        "{}[unix]\npath = {:?}\n[origin]\nenabled = true\n{origin}",
+        "{}[unix]\npath = {:?}\nmode = 0o666\n[origin]\nenabled = true\n{origin}",
         collector_config("host-1", free_port(), placement, ""),
         socket.display().to_string()
     );
@@ -336,6 +337,9 @@ fn the_kubelets_pod_list_tags_by_credentials_and_by_external_data() {
             token.display().to_string()
         ),
     );
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&socket).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o666, "[unix] mode");
     wait_until("the first listing", Duration::from_secs(20), || {
         collector.metric("tessera_collector_origin_lookups_total", "result=\"ok\"") >= 1.0
     });

@@ -152,6 +152,9 @@ impl Default for TcpConfig {
 pub struct UnixConfig {
     /// Path of the Unix datagram socket; off when absent.
     pub path: Option<PathBuf>,
+    /// Permissions of the socket file once bound (`0o666`: senders running as any user may
+    /// send, which needs write permission on the file); absent, the process' umask decides.
+    pub mode: Option<u32>,
     /// Reading of signed gauge values.
     pub gauge_deltas: GaugeDeltasConfig,
 }
@@ -329,6 +332,9 @@ impl Config {
         }
         self.rule_set(&RuleMetrics::default())?;
         self.origin.validate()?;
+        if self.unix.mode.is_some_and(|mode| mode > 0o777) {
+            return invalid("unix.mode", "must be permission bits, at most 0o777");
+        }
         Ok(())
     }
 

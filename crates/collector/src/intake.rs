@@ -117,7 +117,8 @@ pub async fn start(
     let mut unix_path = None;
     if let Some(path) = &config.unix.path {
         let what = format!("unix {}", path.display());
-        let socket = unix::bind(path, settings.origins.is_some()).map_err(|source| StartError::bind(what, source))?;
+        let socket = unix::bind(path, config.unix.mode, settings.origins.is_some())
+            .map_err(|source| StartError::bind(what, source))?;
         let reader = new_reader("unix", config.unix.gauge_deltas);
         let (max_bytes, stop) = (config.udp.max_datagram_bytes, shutdown.clone());
         readers.push(spawn_thread("unix-reader", move || unix::read_loop(socket, reader, max_bytes, stop))?);

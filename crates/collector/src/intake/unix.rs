@@ -11,13 +11,17 @@ use super::udp::RECV_TIMEOUT;
 use tessera_core::clock::{now_ms, now_ns};
 
 /// Binds the socket at `path`, replacing a stale socket file left by a
-/// previous run; with `credentials`, each datagram comes with its sender's PID (origin
-/// detection).
-pub fn bind(path: &Path, credentials: bool) -> io::Result<UnixDatagram> {
+/// previous run, and gives the file `mode` when set; with `credentials`, each datagram
+/// comes with its sender's PID (origin detection).
+pub fn bind(path: &Path, mode: Option<u32>, credentials: bool) -> io::Result<UnixDatagram> {
     if path.exists() {
         std::fs::remove_file(path)?;
     }
     let socket = UnixDatagram::bind(path)?;
+    if let Some(mode) = mode {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
+    }
     socket.set_read_timeout(Some(RECV_TIMEOUT))?;
     if credentials {
         super::sys::enable_sender_credentials(&socket)?;
