@@ -47,6 +47,33 @@ fn start_collector(placement: &str, socket: &Path, origin: &str) -> Daemon {
     start_daemon("collector", "tessera-collector", &config, free_port())
 }
 
+/// The whole pipeline into a fresh Prometheus (1 s tiles), the collector's socket at
+/// `socket` and `origin` as in [`start_collector`].
+struct Pipeline {
+    prometheus: Prometheus,
+    collector: Daemon,
+    /// The ingester and the aggregator, held until the test ends (bind it by name: a
+    /// pattern's `..` would drop them at once).
+    _upstream: (Daemon, Daemon),
+}
+
+fn start_pipeline(dir: &Path, socket: &Path, origin: &str) -> Pipeline {
+    let prometheus = Prometheus::start();
+    let (ingester, ingester_port) = start_ingester(dir, &prometheus, ONE_SECOND_SINK);
+    let (aggregator, placement) = start_lone_aggregator(dir, free_port(), ONE_SECOND_TILES, ingester_port, "");
+    let collector = start_collector(&placement, socket, origin);
+    Pipeline { prometheus, collector, _upstream: (ingester, aggregator) }
+}
+
+/// A fake `/proc` under `dir` in which this test process runs in the cgroup `cgroup`.
+fn pretend_this_process_runs_in(dir: &Path, cgroup: &str) -> PathBuf {
+    let proc_root = dir.join("proc");
+    let me = std::process::id();
+    std::fs::create_dir_all(proc_root.join(me.to_string())).unwrap();
+    std::fs::write(proc_root.join(format!("{me}/cgroup")), format!("0::{cgroup}\n")).unwrap();
+    proc_root
+}
+
 /// The containers a test started, removed however it ends.
 struct Containers(Vec<String>);
 
@@ -112,13 +139,10 @@ fn each_containers_metrics_carry_its_own_containers_tags() {
     assert!(import.wait().unwrap().success(), "docker import");
     assert!(sender.exists());
 
-    let prometheus = Prometheus::start();
-    let (_ingester, ingester_port) = start_ingester(dir.path(), &prometheus, ONE_SECOND_SINK);
-    let (_aggregator, placement) = start_lone_aggregator(dir.path(), free_port(), ONE_SECOND_TILES, ingester_port, "");
     let sockets = dir.path().join("sockets");
     std::fs::create_dir(&sockets).unwrap();
-    let collector = start_collector(
-        &placement,
+    let Pipeline { prometheus, collector, _upstream } = start_pipeline(
+        dir.path(),
         &sockets.join("statsd.sock"),
         "cardinality = \"orchestrator\"\n[origin.docker]\nlabels = [\"app\"]\n",
     );
@@ -213,10 +237,7 @@ fn a_silent_tag_source_and_an_exited_sender_cost_the_tags_never_the_metric() {
     let sender = build_sender(dir.path());
     // A fake /proc where this test process runs in a container, and the sender's PID
     // (a process that has exited, as far as the collector can tell) is not there.
-    let proc_root = dir.path().join("proc");
-    let me = std::process::id();
-    std::fs::create_dir_all(proc_root.join(me.to_string())).unwrap();
-    std::fs::write(proc_root.join(format!("{me}/cgroup")), format!("4:memory:/docker/{}\n", "a".repeat(64))).unwrap();
+    let proc_root = pretend_this_process_runs_in(dir.path(), &format!("/docker/{}", "a".repeat(64)));
     // A Docker API that takes connections and never answers.
     let silent = dir.path().join("docker.sock");
     let listener = std::os::unix::net::UnixListener::bind(&silent).unwrap();
@@ -227,12 +248,9 @@ fn a_silent_tag_source_and_an_exited_sender_cost_the_tags_never_the_metric() {
         }
     });
 
-    let prometheus = Prometheus::start();
-    let (_ingester, ingester_port) = start_ingester(dir.path(), &prometheus, ONE_SECOND_SINK);
-    let (_aggregator, placement) = start_lone_aggregator(dir.path(), free_port(), ONE_SECOND_TILES, ingester_port, "");
     let socket = dir.path().join("statsd.sock");
-    let collector = start_collector(
-        &placement,
+    let Pipeline { prometheus, collector, _upstream } = start_pipeline(
+        dir.path(),
         &socket,
         &format!(
             "lookup_timeout_ms = 300\nrefresh_secs = 1\nproc_root = {:?}\n[origin.docker]\nsocket = {:?}\n",
@@ -314,22 +332,15 @@ fn the_kubelets_pod_list_tags_by_credentials_and_by_external_data() {
     std::fs::write(&token, "s3cr3t\n").unwrap();
     // This test process runs, as far as the collector can tell, in the `app` container of
     // the recorded pod `web-7d4b9c8f6d-x2x9q`.
-    let proc_root = dir.path().join("proc");
-    let me = std::process::id();
-    std::fs::create_dir_all(proc_root.join(me.to_string())).unwrap();
-    std::fs::write(
-        proc_root.join(format!("{me}/cgroup")),
-        "0::/kubepods/burstable/pod0f1e2d3c-1111-2222-3333-444455556666/\
-         4d3c2b1a0f9e8d7c6b5a4f3e2d1c0b9a8f7e6d5c4b3a2f1e0d9c8b7a6f5e4d3c\n",
-    )
-    .unwrap();
+    let proc_root = pretend_this_process_runs_in(
+        dir.path(),
+        "/kubepods/burstable/pod0f1e2d3c-1111-2222-3333-444455556666/\
+         4d3c2b1a0f9e8d7c6b5a4f3e2d1c0b9a8f7e6d5c4b3a2f1e0d9c8b7a6f5e4d3c",
+    );
 
-    let prometheus = Prometheus::start();
-    let (_ingester, ingester_port) = start_ingester(dir.path(), &prometheus, ONE_SECOND_SINK);
-    let (_aggregator, placement) = start_lone_aggregator(dir.path(), free_port(), ONE_SECOND_TILES, ingester_port, "");
     let socket = dir.path().join("statsd.sock");
-    let collector = start_collector(
-        &placement,
+    let Pipeline { prometheus, collector, _upstream } = start_pipeline(
+        dir.path(),
         &socket,
         &format!(
             "proc_root = {:?}\n[origin.kubelet]\nurl = \"http://127.0.0.1:{port}/pods\"\ntoken_file = {:?}\nlabels = [\"app\"]\n",
