@@ -441,10 +441,11 @@ impl Table {
         }
     }
 
-    /// [`Table::fold_datagram`] for a receiver that adds origin tags: every line
-    /// `origin` wants to see ([`Origin::tags_every_line`], or any line with a container id
-    /// or external data) gets the tags [`Origin::tags_for`] gives it, and loses its raw
-    /// `container_id` tag (the origin's tags carry it when their cardinality asks for it).
+    /// [`Table::fold_datagram`] for a receiver that adds origin tags. A line that names its
+    /// own origin (a container id or external data) gets the tags [`Origin::tags_for`]
+    /// gives it and loses its raw `container_id` tag (the origin's tags carry it when their
+    /// cardinality asks for it); every other line gets the sender's
+    /// ([`Origin::sender_tags`]), merged into its canonical tags on the one-pass path.
     pub fn fold_datagram_from(
         &mut self,
         datagram: &[u8],
