@@ -107,7 +107,9 @@ impl Held {
         // a tile (every collector's link stalled across it) must still record it incomplete
         // with its marks, or its mark passes it and a follower that holds it whole lets it go
         // (found by the fault campaign, seed 34 at 5 minutes: 1 519 series lost a tile).
-        if !tile.values.is_empty() || tile.unconfirmed {
+        // With replicas, any tile with no series is kept (fix 16): the stalled collectors may
+        // have been silent so long that they no longer count, and the tile closed confirmed.
+        if !tile.values.is_empty() || tile.unconfirmed || flusher.leadership.replicated() {
             self.tiles.push_back(tile);
         }
     }
@@ -122,7 +124,8 @@ impl Held {
         for tile in std::mem::take(&mut self.tiles) {
             if marks.get(tile.policy_index).is_none_or(|&mark| tile.tile_end_ms > mark) {
                 self.tiles.push_back(tile);
-            } else if !leadership.began_before_start(tile.tile_start_ms)
+            } else if !tile.values.is_empty()
+                && !leadership.began_before_start(tile.tile_start_ms)
                 && leadership.leader_flushed_incomplete(tile.policy_index, tile.tile_end_ms)
             {
                 // An unconfirmed copy goes too, marked incomplete: each replica's copy sums
@@ -201,10 +204,11 @@ fn flush_tile(tile: ClosedTile, flusher: &Flusher, copy: Copy) {
         .into_iter()
         .filter_map(|share| ingesters.queue_share(&head, share, &settings.source, settings.max_frame_bytes))
         .collect();
-    // A leader's incomplete tile is recorded even when nothing of it was sent (it had
-    // nothing of it): a follower holding it whole completes it.
-    if copy == Copy::Leader && (!sent.is_empty() || head.incomplete) {
-        leadership.flushed(policy_index, sent, tile_end_ms, head.incomplete);
+    // A leader's incomplete tile is recorded even when nothing of it was sent, and a tile
+    // it had no series of is recorded incomplete whatever its watermarks said: a replica
+    // holding any of it completes it, and its copy is the only one (fixes 14 and 16).
+    if copy == Copy::Leader && (!sent.is_empty() || head.incomplete || series == 0) {
+        leadership.flushed(policy_index, sent, tile_end_ms, head.incomplete || series == 0);
     }
     policy.tiles_flushed.inc();
     policy.series_flushed.inc_by(series);

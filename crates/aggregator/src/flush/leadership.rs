@@ -197,7 +197,7 @@ impl Leadership {
         self.leads() && self.lease_remaining() > FENCE_MARGIN
     }
 
-    fn replicated(&self) -> bool {
+    pub(super) fn replicated(&self) -> bool {
         self.inner.replicated.load(Ordering::Acquire)
     }
 
@@ -570,6 +570,50 @@ mod tests {
         assert_eq!(follower_metrics.flush.tiles_completed.get(), 1, "its whole copy goes out");
         let (end, incomplete, values) = queued_tiles(&following);
         assert_eq!((end, incomplete, values.len()), (20_000, false, 3));
+    }
+
+    /// Fix 16: the links of every collector into the leader stalled from more than
+    /// `max_buffer_past` before a tile began until after it closed: the stalled collectors
+    /// were last seen too long before the tile to count, so it closed *confirmed*, with no
+    /// series. A tile the leader had nothing of is recorded incomplete all the same;
+    /// otherwise its mark passes it with the next tile and the follower, which holds it
+    /// whole, lets it go.
+    #[test]
+    fn a_leaders_empty_tile_that_closed_confirmed_is_recorded_incomplete_and_a_whole_follower_completes_it() {
+        use super::super::Held;
+        let tile = |end, series, unconfirmed| closed_tile(end, series, unconfirmed, 40.0);
+
+        let (leader_metrics, leader) = (Metrics::default(), live_leader());
+        let leading = test_flusher(&leader_metrics, &leader);
+        let mut held = Held::default();
+        held.push(tile(10_000, 3, false), &leading);
+        held.release(&leading, false);
+        deliver(&leading);
+        // The stall's first tile: the stalled collectors still count, it closes unconfirmed.
+        held.push(tile(20_000, 0, true), &leading);
+        held.release(&leading, false);
+        // Its second: they no longer count, it closes confirmed, still with nothing in it.
+        held.push(tile(30_000, 0, false), &leading);
+        held.release(&leading, false);
+        // The stall over, the next tile is whole.
+        held.push(tile(40_000, 3, false), &leading);
+        held.release(&leading, false);
+        deliver(&leading);
+        let marks = leader.marks_text(&leader.acknowledge(&leading.ingesters));
+        assert_eq!(marks.encode(), "10s:2d 40000\nincomplete 10s:2d 20000,30000\n");
+
+        let (follower_metrics, follower) = (Metrics::default(), Leadership::new(policies(), 0));
+        follower.inner.replicated.store(true, Ordering::Release);
+        let following = test_flusher(&follower_metrics, &follower);
+        let mut copies = Held::default();
+        for end in [10_000, 20_000, 30_000, 40_000] {
+            copies.push(tile(end, 3, false), &following);
+        }
+        follower.set_marks(&FlushMarks::decode(&marks.encode()));
+        copies.release(&following, false);
+        assert_eq!(follower_metrics.flush.tiles_completed.get(), 2, "both tiles the leader had nothing of");
+        assert_eq!(queued_tiles(&following).0, 20_000);
+        assert_eq!(queued_tiles(&following).0, 30_000);
     }
 
     /// Fault campaign seed 34 (5 minutes): in one 1 min tile, a collector's pause cost the

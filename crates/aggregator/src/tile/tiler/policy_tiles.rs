@@ -12,6 +12,11 @@ use super::series::{Registry, SeriesNumber};
 use super::{ClosedTile, TilerSettings, tables_per_policy};
 use crate::tile::StoragePolicy;
 
+/// Most empty tiles of one policy a close reports after a long pause (or a clock step):
+/// as many incomplete tile ends as a leader keeps with its marks
+/// (`flush::leadership::INCOMPLETE_KEPT`).
+const EMPTY_TILES_REPORTED: i64 = 16;
+
 /// One tile's aggregates, indexed by series number. A slot keeps its
 /// allocations (a sketch, a set) from tile to tile.
 #[derive(Default)]
@@ -145,10 +150,12 @@ impl PolicyTiles {
         slot
     }
 
-    /// Closes every tile starting before `target_ms`, in order. Tiles that
-    /// received nothing are reported as one empty tile (it carries the
-    /// expiry count and the series held); after a long pause the rest are
-    /// skipped.
+    /// Closes every tile starting before `target_ms`, in order. A tile that received
+    /// nothing is reported as an empty tile (the expiry count and the series held ride on
+    /// the round's last): a leader must record each one that closed unconfirmed, or its
+    /// mark passes it while a follower holds it whole (RELIABILITY.md, fix 16). After a
+    /// long pause (or a clock step), with nothing open, only the last
+    /// [`EMPTY_TILES_REPORTED`] are reported.
     pub(super) fn close_until(
         &mut self,
         target_ms: i64,
@@ -156,23 +163,21 @@ impl PolicyTiles {
         registry: &Registry,
         emit: &mut dyn FnMut(ClosedTile),
     ) {
-        let mut empty_reported = false;
+        // `target_ms` is a tile start (of this policy), so this is one too.
+        let reported_from = target_ms.saturating_sub(EMPTY_TILES_REPORTED.saturating_mul(self.resolution_ms));
         while self.closed_through_ms < target_ms {
+            if self.open_count == 0 && self.closed_through_ms < reported_from {
+                self.closed_through_ms = reported_from;
+                continue;
+            }
             let start = self.closed_through_ms;
             let slot = self.slot(start);
             match self.open[slot] {
                 Some(held) if held == start => self.close_tile(slot, start, index, registry, emit),
-                None if !empty_reported => {
-                    empty_reported = true;
-                    emit(self.closed(index, start, Vec::new(), registry, Instant::now()));
-                }
+                None => emit(self.closed(index, start, Vec::new(), registry, Instant::now())),
                 _ => {}
             }
             self.closed_through_ms = start.saturating_add(self.resolution_ms);
-            // After a long pause nothing is left to close: jump ahead.
-            if self.open_count == 0 && empty_reported {
-                self.closed_through_ms = self.closed_through_ms.max(target_ms);
-            }
         }
     }
 

@@ -505,3 +505,20 @@ fn a_series_cap_from_the_budget_refuses_new_series_until_others_expire() {
     let applied = second.accept(&batch(T0, 1000, vec![counter("d", 1.0)]), T0 + 1100, &mut sink.emit()).unwrap();
     assert_eq!((applied.new_series, applied.memory_limit), (1, 0));
 }
+
+/// RELIABILITY.md, fix 16: a close that passed several tiles of one policy with nothing in
+/// them reported only the first, so a leader never recorded the others incomplete and a
+/// follower holding them whole let them go.
+#[test]
+fn one_close_reports_every_tile_that_received_nothing() {
+    let mut tiler = Tiler::new(settings(&["1s:1h", "1m:1d"]), T0 + 500);
+    tiler.accept(&batch(T0, 1000, vec![counter("a", 1.0)]), T0 + 900, &mut |_| {}).unwrap();
+    let mut closed = Vec::new();
+    tiler.close_through(T0 + 4_000, &mut |tile| closed.push((tile.policy_index, tile.tile_end_ms, tile.values.len())));
+    assert_eq!(closed, [(0, T0 + 1_000, 1), (0, T0 + 2_000, 0), (0, T0 + 3_000, 0), (0, T0 + 4_000, 0)]);
+    // After a long pause (or a clock step), only the last 16 empty tiles of a policy.
+    let mut closed = Vec::new();
+    tiler.close_through(T0 + 3_600_000, &mut |tile| closed.push((tile.policy_index, tile.tile_end_ms)));
+    let seconds: Vec<i64> = closed.iter().filter(|(policy, _)| *policy == 0).map(|(_, end)| end - T0).collect();
+    assert_eq!(seconds, (3_585..=3_600).map(|second| second * 1000).collect::<Vec<_>>());
+}
