@@ -7,7 +7,9 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use clap::Parser;
 use tessera_chaos::run::{Campaign, run, summary};
-use tessera_chaos::schedule::{LINK_STALL_POLICIES, Scheduled, Shape, draw, link_stall, replica_kill};
+use tessera_chaos::schedule::{
+    LINK_STALL_POLICIES, LINK_STALL_ROUNDS, LINK_STALL_TILES, Scheduled, Shape, draw, link_stall, replica_kill,
+};
 
 /// The scripted scenarios' tile.
 const SCENARIO_TILE: Duration = Duration::from_secs(10);
@@ -67,7 +69,9 @@ struct Args {
     /// Instead of a drawn schedule, the scripted leader-link-stall scenario: the shape of
     /// `--replica-kill`; in each of two rounds the links into one replica, each in turn,
     /// stall from 2 s before a 10 s tile's end for 12 s (past `max_buffer_past`), inside
-    /// a 30 s tile still open. `--runs N` repeats it.
+    /// a 30 s tile still open; in two more, for 22 s from 1 s into a tile, so that the next
+    /// tile closes with nothing from the collectors on the stalled replica. `--runs N`
+    /// repeats it.
     #[arg(long)]
     link_stall: bool,
     /// Repeat each campaign this many times.
@@ -137,7 +141,12 @@ fn campaigns(args: &Args) -> anyhow::Result<bool> {
     let scripted: Option<(&str, Vec<Scheduled>, Duration, &[&str])> = if args.replica_kill {
         Some(("--replica-kill", replica_kill(SCENARIO_TILE, 3), SCENARIO_TILE * 9, &["10s:1h"]))
     } else if args.link_stall {
-        Some(("--link-stall", link_stall(SCENARIO_TILE, 2), SCENARIO_TILE * 8, &LINK_STALL_POLICIES))
+        Some((
+            "--link-stall",
+            link_stall(SCENARIO_TILE, LINK_STALL_ROUNDS),
+            SCENARIO_TILE * LINK_STALL_TILES,
+            &LINK_STALL_POLICIES,
+        ))
     } else {
         None
     };

@@ -252,24 +252,39 @@ pub fn replica_kill(tile: Duration, rounds: u32) -> Vec<Scheduled> {
         .collect()
 }
 
-/// The scripted leader-link-stall scenario (seeds 14 and 23 of the campaign), rounds
-/// three tiles of `tile` apart: in round `k` the links from the collectors into replica
-/// `k % 2` of the first shard set stall from a fifth of a tile before a tile's end, for
-/// 1.2 tiles (longer than the aggregators' default `max_buffer_past`, 8 s, past the end
-/// for a 10 s tile), so that the replica closes that tile at its deadline without the
-/// last windows and refuses them as `too_late` once the stall ends. Whichever replica
-/// leads, one of two rounds stalls the leader. Offsets count from a tile boundary. Run
-/// with [`LINK_STALL_POLICIES`]: the windows refused too late for the 10 s tile are refused
+/// The scripted leader-link-stall scenario (seeds 14 and 23 of the campaign), and its long
+/// rounds (fix 16). The first two rounds, three tiles of `tile` apart: in round `k` the links
+/// from the collectors into replica `k % 2` of the first shard set stall from a fifth of a
+/// tile before a tile's end, for 1.2 tiles (longer than the aggregators' default
+/// `max_buffer_past`, 8 s, past the end for a 10 s tile), so that the replica closes that
+/// tile at its deadline without the last windows and refuses them as `too_late` once the
+/// stall ends. Whichever replica leads, one of two rounds stalls the leader. Run with
+/// [`LINK_STALL_POLICIES`]: the windows refused too late for the 10 s tile are refused
 /// whole, so the 30 s tile they fall in, still open, lacks them too (seed 23).
+///
+/// Rounds 2 and 3, four tiles apart, stall the links into each replica in turn from a tenth
+/// into a tile for 2.2 tiles: the next tile begins more than `max_buffer_past` after the
+/// stall did, so its collectors no longer count and it closes *confirmed* with no series on
+/// the stalled replica, before the stall ends; a leader must still record it incomplete,
+/// or its follower lets its whole copy go (fix 16). Offsets count from a tile boundary.
 pub fn link_stall(tile: Duration, rounds: u32) -> Vec<Scheduled> {
     (0..rounds)
-        .map(|round| Scheduled {
-            at: tile * (3 * round + 2) - tile / 5,
-            lasts: tile * 6 / 5,
-            fault: Fault::Link(Daemon::Aggregator(round as usize % 2), LinkFault::Stall),
+        .map(|round| {
+            let replica = Daemon::Aggregator(round as usize % 2);
+            let (at, lasts) = match round {
+                0 | 1 => (tile * (3 * round + 2) - tile / 5, tile * 6 / 5),
+                long => (tile * (7 + 4 * (long - 2)) + tile / 10, tile * 22 / 10),
+            };
+            Scheduled { at, lasts, fault: Fault::Link(replica, LinkFault::Stall) }
         })
         .collect()
 }
+
+/// The link-stall scenario's rounds, and how long it runs, in tiles: the four rounds of
+/// [`link_stall`] and a quiet tail of more than two tiles.
+pub const LINK_STALL_ROUNDS: u32 = 4;
+/// See [`LINK_STALL_ROUNDS`].
+pub const LINK_STALL_TILES: u32 = 16;
 
 /// The policies of the link-stall scenario: 10 s tiles, and 30 s tiles that each stall
 /// ends inside of.
@@ -393,14 +408,24 @@ mod tests {
     #[test]
     fn the_link_stall_scenario_stalls_each_replica_in_turn_across_a_tile_end_past_max_buffer_past() {
         let tile = Duration::from_secs(10);
-        let faults = link_stall(tile, 2);
+        let faults = link_stall(tile, LINK_STALL_ROUNDS);
         let stalled: Vec<Fault> = faults.iter().map(|fault| fault.fault).collect();
         let stall = |n| Fault::Link(Daemon::Aggregator(n), LinkFault::Stall);
-        assert_eq!(stalled, [stall(0), stall(1)]);
-        for (round, fault) in faults.iter().enumerate() {
+        assert_eq!(stalled, [stall(0), stall(1), stall(0), stall(1)]);
+        let (max_buffer_past, buffer_past) = (Duration::from_secs(8), Duration::from_secs(2));
+        for (round, fault) in faults[..2].iter().enumerate() {
             let tile_end = tile * (3 * round as u32 + 2);
-            assert!(fault.at < tile_end && fault.ends() > tile_end + Duration::from_secs(8), "{fault}");
+            assert!(fault.at < tile_end && fault.ends() > tile_end + max_buffer_past, "{fault}");
         }
+        // The long rounds: a whole tile begins more than max_buffer_past into the stall and
+        // closes (its end plus buffer_past) before the stall ends.
+        for fault in &faults[2..] {
+            let next_start = (fault.at.as_millis() / tile.as_millis() + 1) as u32 * tile;
+            assert!(next_start - fault.at > max_buffer_past, "{fault}");
+            assert!(next_start + tile + buffer_past < fault.ends(), "{fault}");
+        }
+        let last = faults.last().unwrap();
+        assert!(last.ends() + tile * 2 < tile * LINK_STALL_TILES, "a quiet tail of more than two tiles");
     }
 
     #[test]

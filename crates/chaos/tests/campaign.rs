@@ -17,7 +17,8 @@ use std::time::Duration;
 use tessera_chaos::check::resolutions;
 use tessera_chaos::run::{Campaign, run, summary};
 use tessera_chaos::schedule::{
-    LINK_STALL_POLICIES, Scheduled, Shape, draw, link_stall, replica_kill, shard_set_recovery,
+    LINK_STALL_POLICIES, LINK_STALL_ROUNDS, LINK_STALL_TILES, Scheduled, Shape, draw, link_stall, replica_kill,
+    shard_set_recovery,
 };
 
 /// `target/<profile>`, where the workspace's binaries are.
@@ -47,13 +48,15 @@ fn replica_kill_campaign(dir: &std::path::Path) -> Campaign {
     scripted_campaign(dir.join("replica-kill"), replica_kill(tile, 3), tile * 9, &["10s:1h"])
 }
 
-/// The leader-link-stall scenario (seeds 14 and 23): the same shape; the links into each
-/// replica in turn stall across a tile's end for longer than `max_buffer_past`, so that
-/// the leader, in one of the two rounds, closes that tile without the last windows; and
-/// the 30 s tile the refused windows also fall in lacks them.
+/// The leader-link-stall scenario (seeds 14 and 23, and fix 16): the same shape; the links
+/// into each replica in turn stall across a tile's end for longer than `max_buffer_past`,
+/// so that the leader, in one of the two rounds, closes that tile without the last windows;
+/// the 30 s tile the refused windows also fall in lacks them; and, in two longer rounds, a
+/// whole tile closes with nothing from the collectors on the stalled replica.
 fn link_stall_campaign(dir: &std::path::Path) -> Campaign {
     let tile = Duration::from_secs(10);
-    scripted_campaign(dir.join("link-stall"), link_stall(tile, 2), tile * 8, &LINK_STALL_POLICIES)
+    let (rounds, tiles) = (LINK_STALL_ROUNDS, LINK_STALL_TILES);
+    scripted_campaign(dir.join("link-stall"), link_stall(tile, rounds), tile * tiles, &LINK_STALL_POLICIES)
 }
 
 /// One collector, two replicas as one shard set, one ingester, `policies` aligned to the
