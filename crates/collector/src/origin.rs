@@ -458,19 +458,16 @@ impl Resolver {
         let metrics = &self.origins.metrics;
         let mut listing = Listing::default();
         let mut failed = false;
-        let sources = [
-            ("docker", self.docker.as_ref().map(|docker| Box::pin(source::within(self.timeout, docker.list())) as _)),
-            (
-                "kubelet",
-                self.kubelet.as_ref().map(|kubelet| Box::pin(source::within(self.timeout, kubelet.list())) as _),
-            ),
-        ];
-        for (name, listed) in sources {
-            let Some(listed): Option<std::pin::Pin<Box<dyn std::future::Future<Output = _> + Send + '_>>> = listed
-            else {
-                continue;
-            };
-            let result: Result<Listing, SourceError> = listed.await;
+        let docker = match &self.docker {
+            Some(docker) => Some(source::within(self.timeout, docker.list()).await),
+            None => None,
+        };
+        let kubelet = match &self.kubelet {
+            Some(kubelet) => Some(source::within(self.timeout, kubelet.list()).await),
+            None => None,
+        };
+        for (name, result) in [("docker", docker), ("kubelet", kubelet)] {
+            let Some(result) = result else { continue };
             match result {
                 Ok(found) => {
                     metrics.origin_lookups.get_or_create(&BySourceResult { source: name, result: "ok" }).inc();
