@@ -49,8 +49,8 @@ pub struct Config {
     /// cgroup's limit when it has one; `"none"`: no budget.
     pub memory_limit: Option<MemoryLimit>,
     /// Origin detection: the container and pod behind each metric, as tags added before
-    /// sharding (see `origin.rs`). Off by default.
-    pub origin: crate::origin::OriginConfig,
+    /// sharding (see `intake/origin.rs`). Off by default.
+    pub origin: OriginConfig,
     /// The file this configuration was read from, set by the binary (not a key): the
     /// rules reload when it changes. `None` on the embedded defaults or in a library.
     #[serde(skip)]
@@ -362,6 +362,140 @@ impl Config {
     /// Reader threads for UDP.
     pub fn udp_reader_threads(&self) -> usize {
         self.udp.reader_threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, usize::from))
+    }
+}
+
+/// Which origin tags are added (Datadog's tag cardinality tiers).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Cardinality {
+    /// Namespace, owner (deployment, statefulset, …), container name in the pod, image,
+    /// allow-listed labels.
+    #[default]
+    Low,
+    /// And the pod's name (the Docker container's name off Kubernetes).
+    Orchestrator,
+    /// And the container id.
+    High,
+}
+
+/// `[origin]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OriginConfig {
+    /// Tags each metric with the container and pod that sent it: over the Unix socket from
+    /// the sender's credentials, on every listener from a line's DogStatsD `|c:` container
+    /// id or `|e:` external data.
+    pub enabled: bool,
+    /// `low`, `orchestrator` or `high`.
+    pub cardinality: Cardinality,
+    /// How long a reader keeps what it learnt of a sender or a container before it looks
+    /// again, seconds.
+    pub tags_ttl_secs: u64,
+    /// How often the sources are listed whole, seconds; a metric of an unknown container
+    /// lists them at once (at most once a second).
+    pub refresh_secs: u64,
+    /// How long one listing of a source may take, milliseconds.
+    pub lookup_timeout_ms: u64,
+    /// Where `<pid>/cgroup` files are read (`/proc`; the host's, so the collector runs with
+    /// the host's PID namespace, `hostPID: true` on Kubernetes).
+    pub proc_root: PathBuf,
+    /// Where cgroup trees are (for `|c:in-<inode>`).
+    pub cgroup_root: PathBuf,
+    /// The Docker Engine API as a source of tags.
+    pub docker: Option<DockerConfig>,
+    /// The kubelet's pod list as a source of tags.
+    pub kubelet: Option<KubeletConfig>,
+}
+
+impl Default for OriginConfig {
+    fn default() -> Self {
+        OriginConfig {
+            enabled: false,
+            cardinality: Cardinality::Low,
+            tags_ttl_secs: 60,
+            refresh_secs: 10,
+            lookup_timeout_ms: 2000,
+            proc_root: "/proc".into(),
+            cgroup_root: "/sys/fs/cgroup".into(),
+            docker: None,
+            kubelet: None,
+        }
+    }
+}
+
+/// `[origin.docker]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DockerConfig {
+    /// The Docker Engine API's socket.
+    pub socket: PathBuf,
+    /// Container labels copied as tags.
+    pub labels: Vec<String>,
+}
+
+impl Default for DockerConfig {
+    fn default() -> Self {
+        DockerConfig { socket: "/var/run/docker.sock".into(), labels: Vec::new() }
+    }
+}
+
+/// `[origin.kubelet]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct KubeletConfig {
+    /// The pod list: `https://<node IP>:10250/pods` (`${env:NODE_IP}` from the downward API).
+    pub url: String,
+    /// The bearer token's file (the pod's service account token); read at each listing.
+    pub token_file: Option<PathBuf>,
+    /// A CA bundle that signs the kubelet's certificate, beside the system's roots.
+    pub ca_file: Option<PathBuf>,
+    /// Check the kubelet's certificate. Most kubelets serve a self-signed one: off, any
+    /// certificate is taken (the token still goes only to `url`).
+    pub tls_verify: bool,
+    /// Pod labels copied as tags.
+    pub labels: Vec<String>,
+}
+
+impl Default for KubeletConfig {
+    fn default() -> Self {
+        KubeletConfig {
+            url: "https://127.0.0.1:10250/pods".into(),
+            token_file: Some("/var/run/secrets/kubernetes.io/serviceaccount/token".into()),
+            ca_file: None,
+            tls_verify: true,
+            labels: Vec::new(),
+        }
+    }
+}
+
+impl OriginConfig {
+    /// Checks what can be checked before the start.
+    pub fn validate(&self) -> Result<(), tessera_runtime::config::InvalidSetting> {
+        if !self.enabled {
+            return Ok(());
+        }
+        if self.tags_ttl_secs == 0 {
+            return Err(tessera_runtime::config::InvalidSetting::new("origin.tags_ttl_secs", "must be at least 1"));
+        }
+        if self.refresh_secs == 0 {
+            return Err(tessera_runtime::config::InvalidSetting::new("origin.refresh_secs", "must be at least 1"));
+        }
+        if self.lookup_timeout_ms == 0 {
+            return Err(tessera_runtime::config::InvalidSetting::new("origin.lookup_timeout_ms", "must be at least 1"));
+        }
+        if let Some(kubelet) = &self.kubelet {
+            let url: hyper::Uri = kubelet.url.parse().map_err(|error| {
+                tessera_runtime::config::InvalidSetting::new("origin.kubelet.url", format!("not a URL: {error}"))
+            })?;
+            if !matches!(url.scheme_str(), Some("http" | "https")) || url.host().is_none() {
+                return Err(tessera_runtime::config::InvalidSetting::new(
+                    "origin.kubelet.url",
+                    "must be an http:// or https:// URL",
+                ));
+            }
+        }
+        Ok(())
     }
 }
 

@@ -16,11 +16,14 @@
 //!   to one line thread;
 //! - `unix.rs`: a Unix datagram socket read by its own thread;
 //! - `reader.rs`: the [`Reader`] each of those threads owns, and the
-//!   [`Cut`]s it hands to the flusher.
+//!   [`Cut`]s it hands to the flusher;
+//! - `origin.rs`: origin detection, the container and pod behind each line as tags, which
+//!   each reader adds as it folds (the sources are listed by a task of their own).
 //!
 //! Nothing on the receive path is shared between readers.
 
 mod metrics;
+pub mod origin;
 mod reader;
 mod stream;
 mod sys;

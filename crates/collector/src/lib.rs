@@ -31,7 +31,6 @@
 mod config;
 mod intake;
 mod metrics;
-pub mod origin;
 mod outbound;
 mod rules;
 mod window;
@@ -100,7 +99,7 @@ impl Collector {
         // The memory budget: a guard thread reads the resident memory and the readers
         // refuse new series near the limit.
         let budget = tessera_runtime::memory::MemoryGuard::start(config.memory_limit, None, &metrics.memory)?;
-        let origin = origin::start(&config.origin, &metrics.origin).map_err(|error| {
+        let origin = intake::origin::start(&config.origin, &metrics.origin).map_err(|error| {
             StartError::setup("cannot start origin detection ([origin])", std::io::Error::other(error))
         })?;
         let reader_settings = ReaderSettings {

@@ -44,7 +44,7 @@ tessera_runtime::metrics! {
         /// The memory budget (`memory_limit`)
         pub memory: tessera_runtime::memory::MemoryMetrics,
         /// Origin detection (`[origin]`)
-        pub origin: crate::origin::OriginMetrics,
+        pub origin: crate::intake::origin::OriginMetrics,
     }
 }
 

@@ -116,7 +116,7 @@ pub struct ReaderSettings {
     /// The memory budget: near it, new series are refused.
     pub budget: Option<Arc<tessera_core::budget::MemoryBudget>>,
     /// Origin detection, when on: each reader tags lines with their sender's container.
-    pub origins: Option<Arc<crate::origin::Origins>>,
+    pub origins: Option<Arc<crate::intake::origin::Origins>>,
 }
 
 /// Reader ids, unique in the process.
@@ -139,7 +139,7 @@ pub struct Reader {
     last_emitted: usize,
     bytes_per_id: usize,
     /// Origin detection's side of this reader, when it is on.
-    tagger: Option<crate::origin::Tagger>,
+    tagger: Option<crate::intake::origin::Tagger>,
 }
 
 /// Gives back most of a reused buffer's room when it holds four times what is expected
@@ -187,7 +187,7 @@ impl Reader {
             counts: BatchCounts::default(),
             last_emitted: 0,
             bytes_per_id: 0,
-            tagger: settings.origins.clone().map(crate::origin::Tagger::new),
+            tagger: settings.origins.clone().map(crate::intake::origin::Tagger::new),
         }
     }
 

@@ -522,7 +522,7 @@ mod tests {
     async fn a_kubelet_over_tls_is_listed_with_its_ca_or_with_verification_off_and_refused_otherwise() {
         let dir = tempfile::tempdir().unwrap();
         let pki = tessera_testkit::tls::Pki::create(dir.path());
-        let address = tls_kubelet(&pki, include_bytes!("../../tests/data/kubelet-pods.json")).await;
+        let address = tls_kubelet(&pki, include_bytes!("../../../tests/data/kubelet-pods.json")).await;
         let kubelet = |tls| Kubelet {
             url: format!("https://127.0.0.1:{}/pods", address.port()).parse().unwrap(),
             token_file: None,
@@ -544,7 +544,7 @@ mod tests {
     #[test]
     fn kubelet_pods_give_namespace_owner_container_and_pod_by_tier() {
         let kubelet = Kubelet { url: "http://x/pods".parse().unwrap(), token_file: None, tls: None, labels: vec![] };
-        let body = include_bytes!("../../tests/data/kubelet-pods.json");
+        let body = include_bytes!("../../../tests/data/kubelet-pods.json");
         let listing = kubelet.listing(body).unwrap();
         let id = "4d3c2b1a0f9e8d7c6b5a4f3e2d1c0b9a8f7e6d5c4b3a2f1e0d9c8b7a6f5e4d3c";
         let web = &listing.containers[id];

@@ -1,6 +1,7 @@
 //! The reader's side of origin detection against a fake `/proc` and installed listings:
 //! which tags each line gets, and how the lines without are counted.
 
+use super::source::OriginTags;
 use super::*;
 use tessera_core::table::{Folded, Table, TableOptions};
 
