@@ -509,6 +509,21 @@ mod tests {
         leader
     }
 
+    /// A follower of a replicated shard set holding `copies`, which reads the leader's
+    /// `marks` and lets go of (or completes) what they cover.
+    fn follower_after(marks: &FlushMarks, copies: Vec<crate::tile::ClosedTile>) -> (Metrics, super::super::Flusher) {
+        let (metrics, follower) = (Metrics::default(), Leadership::new(policies(), 0));
+        follower.inner.replicated.store(true, Ordering::Release);
+        let following = test_flusher(&metrics, &follower);
+        let mut held = super::super::Held::default();
+        for copy in copies {
+            held.push(copy, &following);
+        }
+        follower.set_marks(&FlushMarks::decode(&marks.encode()));
+        held.release(&following, false);
+        (metrics, following)
+    }
+
     /// The one tile batch queued to the ingester: its end, whether incomplete, and its values.
     fn queued_tiles(flusher: &super::super::Flusher) -> (i64, bool, Vec<tessera_core::aggregate::Aggregate>) {
         use tessera_proto::{Frame, frame::Body, framing};
@@ -558,15 +573,8 @@ mod tests {
         let marks = leader.marks_text(&leader.acknowledge(&leading.ingesters));
 
         // The follower holds every tile whole and confirmed.
-        let (follower_metrics, follower) = (Metrics::default(), Leadership::new(policies(), 0));
-        follower.inner.replicated.store(true, Ordering::Release);
-        let following = test_flusher(&follower_metrics, &follower);
-        let mut copies = Held::default();
-        for end in [10_000, 20_000, 30_000] {
-            copies.push(tile(end, 3, false), &following);
-        }
-        follower.set_marks(&FlushMarks::decode(&marks.encode()));
-        copies.release(&following, false);
+        let copies = [10_000, 20_000, 30_000].map(|end| tile(end, 3, false)).into();
+        let (follower_metrics, following) = follower_after(&marks, copies);
         assert_eq!(follower_metrics.flush.tiles_completed.get(), 1, "its whole copy goes out");
         let (end, incomplete, values) = queued_tiles(&following);
         assert_eq!((end, incomplete, values.len()), (20_000, false, 3));
@@ -602,15 +610,8 @@ mod tests {
         let marks = leader.marks_text(&leader.acknowledge(&leading.ingesters));
         assert_eq!(marks.encode(), "10s:2d 40000\nincomplete 10s:2d 20000,30000\n");
 
-        let (follower_metrics, follower) = (Metrics::default(), Leadership::new(policies(), 0));
-        follower.inner.replicated.store(true, Ordering::Release);
-        let following = test_flusher(&follower_metrics, &follower);
-        let mut copies = Held::default();
-        for end in [10_000, 20_000, 30_000, 40_000] {
-            copies.push(tile(end, 3, false), &following);
-        }
-        follower.set_marks(&FlushMarks::decode(&marks.encode()));
-        copies.release(&following, false);
+        let copies = [10_000, 20_000, 30_000, 40_000].map(|end| tile(end, 3, false)).into();
+        let (follower_metrics, following) = follower_after(&marks, copies);
         assert_eq!(follower_metrics.flush.tiles_completed.get(), 2, "both tiles the leader had nothing of");
         assert_eq!(queued_tiles(&following).0, 20_000);
         assert_eq!(queued_tiles(&following).0, 30_000);
@@ -639,14 +640,8 @@ mod tests {
         let marks = leader.marks_text(&leader.acknowledge(&leading.ingesters));
         assert_eq!(marks.encode(), "10s:2d 20000\nincomplete 10s:2d 20000\n");
 
-        let (follower_metrics, follower) = (Metrics::default(), Leadership::new(policies(), 0));
-        follower.inner.replicated.store(true, Ordering::Release);
-        let following = test_flusher(&follower_metrics, &follower);
-        let mut copies = Held::default();
-        copies.push(closed_tile(10_000, 3, false, 40.0), &following);
-        copies.push(closed_tile(20_000, 3, true, 36.0), &following);
-        follower.set_marks(&FlushMarks::decode(&marks.encode()));
-        copies.release(&following, false);
+        let copies = vec![closed_tile(10_000, 3, false, 40.0), closed_tile(20_000, 3, true, 36.0)];
+        let (follower_metrics, following) = follower_after(&marks, copies);
         assert_eq!(follower_metrics.flush.tiles_completed.get(), 1, "its copy goes out");
         let (end, incomplete, values) = queued_tiles(&following);
         assert_eq!((end, incomplete), (20_000, true), "marked incomplete, as it is");
