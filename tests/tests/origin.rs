@@ -74,14 +74,18 @@ fn pretend_this_process_runs_in(dir: &Path, cgroup: &str) -> PathBuf {
     proc_root
 }
 
-/// The containers a test started, removed however it ends.
-struct Containers(Vec<String>);
+/// The image and the containers a test made, removed however it ends.
+struct Containers {
+    image: String,
+    names: Vec<String>,
+}
 
 impl Drop for Containers {
     fn drop(&mut self) {
-        for name in &self.0 {
+        for name in &self.names {
             let _ = Command::new("docker").args(["rm", "-f", name]).output();
         }
+        let _ = Command::new("docker").args(["rmi", "-f", &self.image]).output();
     }
 }
 
@@ -126,6 +130,7 @@ fn each_containers_metrics_carry_its_own_containers_tags() {
     let sender = build_sender(dir.path());
     // An image of one file: the static sender.
     let image = format!("tessera-origin-sender:{}", std::process::id());
+    let mut made = Containers { image: image.clone(), names: Vec::new() };
     let tar = Command::new("tar").arg("-C").arg(dir.path()).args(["-cf", "-", "sender"]).output().expect("run tar");
     assert!(tar.status.success());
     let mut import = Command::new("docker")
@@ -150,7 +155,7 @@ fn each_containers_metrics_carry_its_own_containers_tags() {
     let suffix = std::process::id();
     let (alpha, beta, gamma) =
         (format!("origin-alpha-{suffix}"), format!("origin-beta-{suffix}"), format!("origin-gamma-{suffix}"));
-    let _containers = Containers(vec![alpha.clone(), beta.clone(), gamma.clone()]);
+    made.names = vec![alpha.clone(), beta.clone(), gamma.clone()];
     let mount = format!("{}:/run/tessera", sockets.display());
     let unknown = "9".repeat(64);
     let named_line = format!("origin.named:1|c|c:ci-{unknown}");
@@ -228,7 +233,6 @@ fn each_containers_metrics_carry_its_own_containers_tags() {
         .sum();
     assert_eq!(untagged_counted, untagged + 200.0, "every untagged line is counted");
     assert!(collector.metric("tessera_collector_origin_lookups_total", "result=\"ok\"") >= 1.0);
-    let _ = Command::new("docker").args(["rmi", "-f", &image]).output();
 }
 
 #[test]
