@@ -152,18 +152,16 @@ struct Snapshot {
     failed: bool,
 }
 
-/// What the resolver is asked.
-enum Request {
-    List,
-    Inode(u64),
-}
-
 /// What every reader shares: the last listings, and the way to ask for a new one.
 pub struct Origins {
     snapshot: Mutex<Snapshot>,
     /// Bumped at each listing: a reader's pending entries are looked at again.
     generation: AtomicU64,
-    requests: tokio::sync::mpsc::Sender<Request>,
+    /// A reader met an origin the last listing did not know: list again. Permits do not
+    /// add up, so any number of misses asks for one listing.
+    listing_wanted: tokio::sync::Notify,
+    /// Cgroup inodes (`|c:in-<inode>`) to find the container of.
+    inodes_wanted: tokio::sync::mpsc::Sender<u64>,
     cardinality: Cardinality,
     ttl: Duration,
     proc_root: PathBuf,
@@ -173,7 +171,7 @@ pub struct Origins {
 /// Runs the sources; owns the receiving end of the readers' requests.
 pub struct Resolver {
     origins: Arc<Origins>,
-    requests: tokio::sync::mpsc::Receiver<Request>,
+    inodes_wanted: tokio::sync::mpsc::Receiver<u64>,
     docker: Option<Docker>,
     kubelet: Option<Kubelet>,
     refresh: Duration,
@@ -200,12 +198,6 @@ pub fn start(config: &OriginConfig, metrics: &OriginMetrics) -> Result<Option<(A
     };
     let docker =
         config.docker.as_ref().map(|docker| Docker { socket: docker.socket.clone(), labels: docker.labels.clone() });
-    for reason in Untagged::ALL {
-        let _ = metrics.origin_untagged.get_or_create(&ByReason { reason: reason.as_str() });
-    }
-    for result in ["hit", "miss"] {
-        let _ = metrics.origin_cache.get_or_create(&ByResult { result });
-    }
     for (source, on) in [("docker", docker.is_some()), ("kubelet", kubelet.is_some())] {
         if on {
             for result in ["ok", "error", "timeout"] {
@@ -213,11 +205,12 @@ pub fn start(config: &OriginConfig, metrics: &OriginMetrics) -> Result<Option<(A
             }
         }
     }
-    let (sender, receiver) = tokio::sync::mpsc::channel(256);
+    let (inodes_wanted, inodes_received) = tokio::sync::mpsc::channel(256);
     let origins = Arc::new(Origins {
         snapshot: Mutex::new(Snapshot::default()),
         generation: AtomicU64::new(0),
-        requests: sender,
+        listing_wanted: tokio::sync::Notify::new(),
+        inodes_wanted,
         cardinality: config.cardinality,
         ttl: Duration::from_secs(config.tags_ttl_secs),
         proc_root: config.proc_root.clone(),
@@ -225,7 +218,7 @@ pub fn start(config: &OriginConfig, metrics: &OriginMetrics) -> Result<Option<(A
     });
     let resolver = Resolver {
         origins: Arc::clone(&origins),
-        requests: receiver,
+        inodes_wanted: inodes_received,
         docker,
         kubelet,
         refresh: Duration::from_secs(config.refresh_secs),
@@ -259,8 +252,7 @@ impl Origins {
         }
         let (listed, failed) = (snapshot.listed, snapshot.failed);
         drop(snapshot);
-        // Full (a listing is already asked for) or closed (shutting down): nothing to add.
-        let _ = self.requests.try_send(Request::List);
+        self.listing_wanted.notify_one();
         match (listed, failed) {
             (false, _) => Known::Pending,
             (true, true) => Known::SourceError,
@@ -273,7 +265,8 @@ impl Origins {
     fn container_of_inode(&self, inode: u64) -> Option<Option<Box<str>>> {
         let found = self.lock().inodes.get(&inode).cloned();
         if found.is_none() {
-            let _ = self.requests.try_send(Request::Inode(inode));
+            // Full (asked already, many times) or closed (shutting down): nothing to add.
+            let _ = self.inodes_wanted.try_send(inode);
         }
         found
     }
@@ -287,36 +280,30 @@ impl Resolver {
         let mut last_listing: Option<Instant> = None;
         loop {
             let due = last_listing.map_or(Duration::ZERO, |at| self.refresh.saturating_sub(at.elapsed()));
-            let request = tokio::select! {
+            tokio::select! {
                 () = shutdown.wait() => return,
-                () = tokio::time::sleep(due) => Request::List,
-                request = self.requests.recv() => match request {
-                    Some(request) => request,
-                    None => return,
-                },
-            };
-            match request {
-                Request::List => {
+                () = tokio::time::sleep(due) => {}
+                () = self.origins.listing_wanted.notified() => {
                     if let Some(at) = last_listing
                         && at.elapsed() < MIN_INTERVAL
                     {
-                        // Readers asked again within the second: the listing they wait for
-                        // comes at the next due time or the next ask after the second.
+                        // Asked again within the second: at most one listing a second.
                         tokio::time::sleep(MIN_INTERVAL - at.elapsed()).await;
                     }
-                    while self.requests.try_recv().is_ok_and(|request| matches!(request, Request::List)) {}
-                    self.list().await;
-                    last_listing = Some(Instant::now());
                 }
-                Request::Inode(inode) => {
+                inode = self.inodes_wanted.recv() => {
+                    let Some(inode) = inode else { return };
                     let root = self.cgroup_root.clone();
                     let container = tokio::task::spawn_blocking(move || container_id_of_inode(&root, inode))
                         .await
                         .unwrap_or_default();
                     self.origins.lock().inodes.insert(inode, container.map(String::into_boxed_str));
                     self.origins.generation.fetch_add(1, Ordering::Release);
+                    continue;
                 }
             }
+            self.list().await;
+            last_listing = Some(Instant::now());
         }
     }
 
@@ -382,14 +369,12 @@ impl Origins {
 }
 
 /// A reader thread's side: its own caches (no lock per datagram), and its counts, added
-/// to the shared metrics once per batch.
+/// to the shared metrics once per batch through handles taken once.
 pub struct Tagger {
     origins: Arc<Origins>,
-    /// The tags of the current datagram's sender (`None`: its lines get none, unless they
-    /// name their own origin).
-    sender: Option<Arc<[u8]>>,
-    /// What was found of the current datagram's sender (`None` off the Unix socket).
-    sender_result: Option<Result<Option<Arc<[u8]>>, Untagged>>,
+    /// What was found of the current datagram's sender: its tags, none (a host process),
+    /// or why not; `None` off the Unix socket, and once the datagram is counted.
+    sender: Option<Result<Option<Arc<[u8]>>, Untagged>>,
     /// Lines of the current datagram that named their own origin.
     named_lines: u64,
     /// Senders by PID.
@@ -397,6 +382,7 @@ pub struct Tagger {
     /// Origins named in lines (`|c:` / `|e:`), by the field's bytes.
     fields: HashMap<Box<[u8]>, Cached>,
     counts: Counts,
+    handles: Handles,
 }
 
 #[derive(Clone)]
@@ -425,9 +411,9 @@ impl Tagger {
     /// A tagger for one reader thread.
     pub fn new(origins: Arc<Origins>) -> Tagger {
         Tagger {
+            handles: Handles::new(&origins.metrics),
             origins,
             sender: None,
-            sender_result: None,
             named_lines: 0,
             pids: HashMap::new(),
             fields: HashMap::new(),
@@ -439,12 +425,10 @@ impl Tagger {
     /// credentials (`None` when the kernel gave none). Its lines are counted by
     /// [`Tagger::finish_datagram`].
     pub fn set_sender(&mut self, pid: Option<u32>) {
-        let result = match pid {
+        self.sender = Some(match pid {
             None => Err(Untagged::NoCredentials),
             Some(pid) => self.sender_of(pid),
-        };
-        self.sender = result.clone().unwrap_or(None);
-        self.sender_result = Some(result);
+        });
     }
 
     fn sender_of(&mut self, pid: u32) -> Result<Option<Arc<[u8]>>, Untagged> {
@@ -469,7 +453,7 @@ impl Tagger {
     /// that did not name their own origin took the sender's.
     pub fn finish_datagram(&mut self, lines: u64) {
         let from_sender = lines.saturating_sub(std::mem::take(&mut self.named_lines));
-        if let Some(result) = self.sender_result.take() {
+        if let Some(result) = self.sender.take() {
             self.count_result(&result, from_sender);
         }
     }
@@ -545,20 +529,38 @@ impl Tagger {
     /// Adds this batch's counts to the shared metrics.
     pub fn publish_counts(&mut self) {
         let counts = std::mem::take(&mut self.counts);
-        let metrics = &self.origins.metrics;
-        if counts.hits > 0 {
-            metrics.origin_cache.get_or_create(&ByResult { result: "hit" }).inc_by(counts.hits);
-        }
-        if counts.misses > 0 {
-            metrics.origin_cache.get_or_create(&ByResult { result: "miss" }).inc_by(counts.misses);
-        }
-        metrics.origin_tagged_lines.inc_by(counts.tagged);
-        metrics.origin_host_lines.inc_by(counts.host);
-        for reason in Untagged::ALL {
-            let count = counts.untagged[reason as usize];
+        let handles = &self.handles;
+        let adds = [(&handles.hit, counts.hits), (&handles.miss, counts.misses), (&handles.tagged, counts.tagged)];
+        let adds = adds.into_iter().chain([(&handles.host, counts.host)]);
+        for (counter, count) in adds.chain(handles.untagged.iter().zip(counts.untagged)) {
             if count > 0 {
-                metrics.origin_untagged.get_or_create(&ByReason { reason: reason.as_str() }).inc_by(count);
+                counter.inc_by(count);
             }
+        }
+    }
+}
+
+/// A reader's handles on the shared counters, taken once: the Unix reader adds to them
+/// after every datagram.
+struct Handles {
+    hit: Counter,
+    miss: Counter,
+    tagged: Counter,
+    host: Counter,
+    /// By [`Untagged`], in its order.
+    untagged: [Counter; Untagged::ALL.len()],
+}
+
+impl Handles {
+    fn new(metrics: &OriginMetrics) -> Handles {
+        let cache = |result| metrics.origin_cache.get_or_create(&ByResult { result }).clone();
+        Handles {
+            hit: cache("hit"),
+            miss: cache("miss"),
+            tagged: metrics.origin_tagged_lines.clone(),
+            host: metrics.origin_host_lines.clone(),
+            untagged: Untagged::ALL
+                .map(|reason| metrics.origin_untagged.get_or_create(&ByReason { reason: reason.as_str() }).clone()),
         }
     }
 }
@@ -583,12 +585,12 @@ fn insert_bounded<K: std::hash::Hash + Eq>(map: &mut HashMap<K, Cached>, key: K,
 
 impl tessera_core::table::Origin for Tagger {
     fn sender_tags(&self) -> Option<Arc<[u8]>> {
-        self.sender.clone()
+        self.sender.clone()?.ok()?
     }
 
     fn tags_for(&mut self, line: &Line<'_>) -> Option<Arc<[u8]>> {
         if line.container_id.is_empty() && line.external_data.is_empty() {
-            return self.sender.clone();
+            return self.sender_tags();
         }
         self.named_lines += 1;
         let field: &[u8] = if line.container_id.is_empty() { line.external_data } else { line.container_id };
@@ -602,7 +604,7 @@ impl tessera_core::table::Origin for Tagger {
             None => {
                 self.counts.misses += 1;
                 // A field that names nothing usable: the sender's tags.
-                let tags = self.line_origin(line).unwrap_or_else(|| Ok(self.sender.clone()));
+                let tags = self.line_origin(line).unwrap_or_else(|| Ok(self.sender_tags()));
                 let cached = self.cache_entry(tags.clone(), now, generation);
                 insert_bounded(&mut self.fields, field.into(), cached, now);
                 tags

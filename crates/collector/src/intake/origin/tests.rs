@@ -216,3 +216,39 @@ fn origin_tags_that_would_pass_the_tag_limit_are_left_off_and_the_line_is_kept()
     let ids = fold(&mut tagger, Some(10), line.as_bytes());
     assert_eq!(ids, [format!("hits|#{}", tags.join(","))]);
 }
+
+/// `|c:in-<inode>`: the resolver finds the cgroup directory with that inode and its
+/// container; until it has, the line goes on untagged and counted.
+#[tokio::test]
+async fn a_line_naming_its_cgroup_inode_is_tagged_once_the_resolver_has_found_it() {
+    use std::os::unix::fs::MetadataExt;
+    let cgroups = tempfile::tempdir().unwrap();
+    let container = cgroups.path().join("memory/docker").join(WEB);
+    std::fs::create_dir_all(&container).unwrap();
+    let inode = std::fs::metadata(&container).unwrap().ino();
+    let config = OriginConfig { enabled: true, cgroup_root: cgroups.path().to_owned(), ..OriginConfig::default() };
+    let metrics = OriginMetrics::default();
+    let (origins, resolver) = start(&config, &metrics).unwrap().unwrap();
+    let shutdown = Shutdown::new();
+    let running = tokio::spawn(resolver.run(shutdown.clone()));
+    // Its first listing (of no source) done, the containers' tags as a source would give them.
+    while origins.generation.load(Ordering::Acquire) == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    origins.install(listing(), false);
+    let mut tagger = Tagger::new(Arc::clone(&origins));
+    let line = format!("hits:1|c|c:in-{inode}");
+    assert_eq!(fold(&mut tagger, None, line.as_bytes()), ["hits"], "not found yet");
+    assert_eq!(untagged(&metrics, "pending"), 1);
+    let mut ids = Vec::new();
+    for _ in 0..200 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        ids = fold(&mut tagger, None, line.as_bytes());
+        if ids != ["hits"] {
+            break;
+        }
+    }
+    assert_eq!(ids, ["hits|#kube_container_name:web,kube_namespace:shop"]);
+    shutdown.trigger();
+    running.await.unwrap();
+}
