@@ -480,17 +480,9 @@ impl Table {
                 {
                     let tags = origin.tags_for(&line);
                     let tagged = Line { container_id: b"", origin_tags: tags.as_deref().unwrap_or_default(), ..line };
-                    match self.observe(&tagged, stamp_ns) {
-                        Ok(_) if line.name_tag_errors > 0 => Folded::MetricWithNameTagErrors(line.name_tag_errors),
-                        observed => Folded::metric(observed),
-                    }
+                    self.fold_metric(&tagged, stamp_ns)
                 }
-                Parsed::Metric(line) => match self.observe(&line, stamp_ns) {
-                    Ok(_) if line.name_tag_errors > 0 => Folded::MetricWithNameTagErrors(line.name_tag_errors),
-                    observed => Folded::metric(observed),
-                },
-                Parsed::Event(_) | Parsed::ServiceCheck(_) => Folded::Event,
-                Parsed::Rejected { reason, .. } => Folded::Rejected(reason),
+                parsed => self.fold_parsed(parsed, stamp_ns),
             });
         }
     }
@@ -520,13 +512,23 @@ impl Table {
     /// it into its series: the path of every line [`parse_simple_prefix`]
     /// did not take.
     fn fold_full(&mut self, line: &[u8], options: ParseOptions, stamp_ns: i64) -> Folded {
-        match parse_line_with(line, options) {
-            Parsed::Metric(line) => match self.observe(&line, stamp_ns) {
-                Ok(_) if line.name_tag_errors > 0 => Folded::MetricWithNameTagErrors(line.name_tag_errors),
-                observed => Folded::metric(observed),
-            },
+        self.fold_parsed(parse_line_with(line, options), stamp_ns)
+    }
+
+    /// What folding one parsed line does.
+    fn fold_parsed(&mut self, parsed: Parsed<'_>, stamp_ns: i64) -> Folded {
+        match parsed {
+            Parsed::Metric(line) => self.fold_metric(&line, stamp_ns),
             Parsed::Event(_) | Parsed::ServiceCheck(_) => Folded::Event,
             Parsed::Rejected { reason, .. } => Folded::Rejected(reason),
+        }
+    }
+
+    /// Folds a metric line into its series.
+    fn fold_metric(&mut self, line: &Line<'_>, stamp_ns: i64) -> Folded {
+        match self.observe(line, stamp_ns) {
+            Ok(_) if line.name_tag_errors > 0 => Folded::MetricWithNameTagErrors(line.name_tag_errors),
+            observed => Folded::metric(observed),
         }
     }
 

@@ -336,23 +336,20 @@ impl Kubelet {
 /// (its name less the pod template hash), else `kube_<kind>` of the owner itself.
 fn owner_tag(metadata: &PodMetadata) -> Option<(String, String)> {
     let owner = metadata.owner_references.iter().find(|owner| owner.controller)?;
-    let tag = match owner.kind.as_str() {
+    let named = |tag: &str| Some((tag.to_owned(), owner.name.clone()));
+    match owner.kind.as_str() {
         "ReplicaSet" => match metadata.labels.get("pod-template-hash") {
             Some(hash) if owner.name.ends_with(&format!("-{hash}")) => {
-                return Some(("kube_deployment".into(), owner.name[..owner.name.len() - hash.len() - 1].into()));
+                Some(("kube_deployment".into(), owner.name[..owner.name.len() - hash.len() - 1].into()))
             }
-            _ => "kube_replica_set",
+            _ => named("kube_replica_set"),
         },
-        "StatefulSet" => "kube_statefulset",
-        "DaemonSet" => "kube_daemonset",
-        "Job" => "kube_job",
-        "CronJob" => "kube_cronjob",
-        _ => "kube_ownerref_kind",
-    };
-    if tag == "kube_ownerref_kind" {
-        return Some((tag.into(), owner.kind.to_lowercase()));
+        "StatefulSet" => named("kube_statefulset"),
+        "DaemonSet" => named("kube_daemonset"),
+        "Job" => named("kube_job"),
+        "CronJob" => named("kube_cronjob"),
+        other => Some(("kube_ownerref_kind".into(), other.to_lowercase())),
     }
-    Some((tag.into(), owner.name.clone()))
 }
 
 /// `GET path` over `stream` (HTTP/1.1, one request), with a bearer token when given;
