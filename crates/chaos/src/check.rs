@@ -253,15 +253,16 @@ pub fn check(
             }
         }
     }
+    // A series already found wrong at a resolution is reported there once.
+    let reported: std::collections::HashSet<(Kind, u64, String)> = report
+        .violations
+        .iter()
+        .map(|violation| (violation.kind, violation.series, violation.resolution.clone()))
+        .collect();
     for ((kind, series), by_resolution) in totals {
         let Some(&(most_label, most)) = by_resolution.iter().max_by(|a, b| a.1.total_cmp(&b.1)) else { continue };
         for (label, total) in by_resolution {
-            // A series already found wrong at this resolution is reported once.
-            let reported = report
-                .violations
-                .iter()
-                .any(|violation| violation.kind == kind && violation.series == series && violation.resolution == label);
-            if total < most - EPSILON && !reported {
+            if total < most - EPSILON && !reported.contains(&(kind, series, label.to_owned())) {
                 let mut found = Found { report: &mut report, kind, resolution: label, series };
                 found.violation(
                     Problem::Lost,
