@@ -242,6 +242,38 @@ start_pipeline() {
     for port in $ingester_http $aggregator_http $collector_http; do wait_ready "$port"; done
 }
 
+# start_fake_kubelet: origin detection's stand-ins in $work: the recorded kubelet pod list
+# (crates/collector/tests/data/kubelet-pods.json) served at /pods by python3's http.server,
+# a token file, and a fake /proc that `in_fake_container` puts a command's process in.
+# Sets `origin_config`, the collector's [origin] tables that read them.
+start_fake_kubelet() {
+    mkdir -p "$work/kubelet" "$work/proc"
+    cp crates/collector/tests/data/kubelet-pods.json "$work/kubelet/pods"
+    echo token > "$work/token"
+    local port
+    port=$(free_port)
+    python3 -m http.server "$port" --bind 127.0.0.1 --directory "$work/kubelet" >/dev/null 2>&1 &
+    pids+=($!)
+    # Up before the collector starts: its first listing would fail, and lines wait a second
+    # for the next (counted as source_error).
+    local _
+    for _ in $(seq 100); do
+        curl -sf "http://127.0.0.1:$port/pods" >/dev/null && break
+        sleep 0.05
+    done
+    origin_config=$(printf '[origin]\nenabled = true\nproc_root = "%s"\n[origin.kubelet]\nurl = "http://127.0.0.1:%s/pods"\ntoken_file = "%s"' \
+        "$work/proc" "$port" "$work/token")
+}
+
+# in_fake_container COMMAND...: runs COMMAND as a process of the `app` container of the
+# recorded pod `web-7d4b9c8f6d-x2x9q`, as far as a collector reading $work/proc can tell
+# (the shell's PID, kept by exec, is in the fake /proc before the command starts).
+in_fake_container() {
+    sh -c 'mkdir -p "$0/$$" &&
+        echo 0::/kubepods/burstable/pod0f1e2d3c-1111-2222-3333-444455556666/4d3c2b1a0f9e8d7c6b5a4f3e2d1c0b9a8f7e6d5c4b3a2f1e0d9c8b7a6f5e4d3c > "$0/$$/cgroup" &&
+        exec "$@"' "$work/proc" "$@"
+}
+
 # metric_sum PORT NAME [FILTER]: the sum of the samples of NAME (every label
 # set whose line contains FILTER) at a telemetry port.
 metric_sum() {

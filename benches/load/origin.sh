@@ -14,6 +14,8 @@
 #
 #   benches/load/origin.sh [LINES] [SERIES] [ROUNDS]
 #   e.g. benches/load/origin.sh 20000000 10000 3
+#   COLLECTOR_BEFORE=/path/to/an/older/tessera-collector: each round also runs that binary
+#   with origin detection on, between the two runs of this one (a before/after alternated)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -25,17 +27,10 @@ rounds=${3:-3}
 need_binaries
 make_work_dir
 
-# The kubelet: the recorded pod list at /pods.
-mkdir -p "$work/kubelet" "$work/proc"
-cp crates/collector/tests/data/kubelet-pods.json "$work/kubelet/pods"
-echo token > "$work/token"
-kubelet_port=$(free_port)
-python3 -m http.server "$kubelet_port" --bind 127.0.0.1 --directory "$work/kubelet" >/dev/null 2>&1 &
-pids+=($!)
-container=4d3c2b1a0f9e8d7c6b5a4f3e2d1c0b9a8f7e6d5c4b3a2f1e0d9c8b7a6f5e4d3c
+start_fake_kubelet
 
 run() {
-    local mode=$1 http_port socket collector
+    local mode=$1 binary=${2:-$bin/tessera-collector} label=${3:-} http_port socket collector
     http_port=$(free_port)
     socket="$work/statsd-$mode.sock"
     cat > "$work/collector-$mode.toml" <<TOML
@@ -50,26 +45,17 @@ kind = "static"
 path = "$work/placement.toml"
 TOML
     if [ "$mode" = on ]; then
-        cat >> "$work/collector-$mode.toml" <<TOML
-[origin]
-enabled = true
-proc_root = "$work/proc"
-[origin.kubelet]
-url = "http://127.0.0.1:$kubelet_port/pods"
-token_file = "$work/token"
-TOML
+        printf '%s\n' "$origin_config" >> "$work/collector-$mode.toml"
     fi
-    taskset -c 0 "$bin/tessera-collector" --config "$work/collector-$mode.toml" --log-level error \
+    taskset -c 0 "$binary" --config "$work/collector-$mode.toml" --log-level error \
         2>"$work/collector-$mode.log" &
     collector=$!
     wait_ready "$http_port"
     local cpu_before start report received previous elapsed cpu
     cpu_before=$(cpu_ticks $collector)
     start=$(date +%s.%N)
-    # The sender's PID is the shell's, kept by exec: it is in the fake /proc before it sends.
-    report=$(taskset -c 1 sh -c "mkdir -p '$work/proc/'\$\$ &&
-        echo '0::/kubepods/burstable/pod0f1e2d3c-1111-2222-3333-444455556666/$container' > '$work/proc/'\$\$/cgroup &&
-        exec '$bin/tessera' loadgen --unix '$socket' --total-lines $lines --series $series --mix counter=100 --json")
+    report=$(in_fake_container taskset -c 1 "$bin/tessera" loadgen --unix "$socket" --total-lines "$lines" \
+        --series "$series" --mix counter=100 --json)
     previous=-1
     while true; do
         received=$(metric_sum "$http_port" tessera_collector_lines_received_total 'listener="unix"')
@@ -82,8 +68,8 @@ TOML
     local tagged untagged
     tagged=$(metric_sum "$http_port" tessera_collector_origin_tagged_lines_total)
     untagged=$(metric_sum "$http_port" tessera_collector_origin_untagged_total)
-    printf 'origin %-3s lines=%s received=%s lines_per_sec=%.0f collector_cpu=%s%% tagged=%s untagged=%s peak_rss_kib=%s\n' \
-        "$mode" "$lines" "$received" "$(echo "$received / $elapsed" | bc -l)" "$cpu" "${tagged:-0}" "${untagged:-0}" \
+    printf 'origin %-3s%s lines=%s received=%s lines_per_sec=%.0f collector_cpu=%s%% tagged=%s untagged=%s peak_rss_kib=%s\n' \
+        "$mode" "$label" "$lines" "$received" "$(echo "$received / $elapsed" | bc -l)" "$cpu" "${tagged:-0}" "${untagged:-0}" \
         "$(peak_rss_kib $collector)"
     kill $collector
     wait $collector 2>/dev/null || true
@@ -92,5 +78,8 @@ TOML
 printf 'num_shards = 64\n[[instances]]\nid = "aggregator"\nendpoint = "127.0.0.1:9"\n' > "$work/placement.toml"
 for round in $(seq "$rounds"); do
     run off
+    if [ -n "${COLLECTOR_BEFORE:-}" ]; then
+        run on "$COLLECTOR_BEFORE" " (before)"
+    fi
     run on
 done

@@ -20,6 +20,10 @@
 #   LIMIT=1: a catch-all [[rules.limit]] in the collector (every series under a limit)
 #   WIRE_TLS=1: mutual TLS on both wire links (collector -> aggregator -> ingester),
 #   certificates made with openssl for the run
+#   ORIGIN=1: loadgen sends over the collector's Unix socket from a process a fake /proc
+#   puts in a pod's container, and origin detection (a fake kubelet) tags every line with
+#   six tags; ORIGIN=0 sends over the same socket with origin detection off (the pair to
+#   compare with); unset, UDP as above
 #
 # Needs `sysctl -w net.core.rmem_max=33554432` for the 32 MiB receive buffer.
 # For intake alone (the collector forwarding to a closed port), see collector.sh.
@@ -40,6 +44,17 @@ merge_threads_line=""
 write_pipeline_configs "$merge_threads_line"
 write_ingester_config $'[sink]\nkind = "file"\n'"dir = \"$work/sink\""$'\nrotate_secs = 2'
 mkdir -p "$work/sink"
+target=(--target "127.0.0.1:$udp_port")
+sender=()
+if [ -n "${ORIGIN:-}" ]; then
+    target=(--unix "$work/statsd.sock")
+    printf '[unix]\npath = "%s"\n' "$work/statsd.sock" >> "$work/collector.toml"
+    if [ "$ORIGIN" = 1 ]; then
+        start_fake_kubelet
+        printf '%s\n' "$origin_config" >> "$work/collector.toml"
+        sender=(in_fake_container)
+    fi
+fi
 start_pipeline
 
 # Non-zero samples of a metric family, `labels=value` joined by spaces.
@@ -72,7 +87,7 @@ aggregator_before=$(cpu_ticks $aggregator)
 
 start_profile "$collector_http" "$duration" "$work/profile.pb.gz"
 set +e
-report=$(taskset -c 1 "$bin/tessera" loadgen --target "127.0.0.1:$udp_port" --rate-lines-per-sec "$rate" \
+report=$("${sender[@]}" taskset -c 1 "$bin/tessera" loadgen "${target[@]}" --rate-lines-per-sec "$rate" \
     --duration-secs "$duration" --series "$series" --mix "$mix" --tags "$tags" --json \
     --verify "files=$work/sink" --verify-timeout-secs 60)
 set -e
@@ -91,3 +106,6 @@ echo "  end_to_end_10s p50 $(quantile 0.5) p99 $(quantile 0.99)"
 finish_profile "$work/profile.pb.gz"
 echo "  collector: kernel_drops=$(metric_sum $collector_http tessera_collector_kernel_drops_total) drops: $(nonzero $collector_http tessera_collector_drops_total) cpu=${collector_cpu}s peak_rss=$(rss $collector)MB$profile_note"
 echo "  aggregator: merged=$(metric_sum $aggregator_http tessera_aggregator_partials_merged_total) refused: $(nonzero $aggregator_http tessera_aggregator_partials_rejected_total) cpu=${aggregator_cpu}s peak_rss=$(rss $aggregator)MB"
+if [ "${ORIGIN:-}" = 1 ]; then
+    echo "  origin: tagged_lines=$(metric_sum $collector_http tessera_collector_origin_tagged_lines_total) untagged: $(nonzero $collector_http tessera_collector_origin_untagged_total)"
+fi
