@@ -377,6 +377,9 @@ pub struct Table {
     ambiguous_merges: u64,
     /// Merges that dropped fixed buckets, since the last take.
     buckets_dropped: u64,
+    /// Lines whose origin tags were left off (they would pass [`MAX_TAGS`](crate::parse::MAX_TAGS)),
+    /// since the last take.
+    origin_tags_left_off: u64,
     /// While it sheds, new series are refused ([`TableFull::Memory`]); known ones go on.
     budget: Option<Arc<MemoryBudget>>,
 }
@@ -394,6 +397,7 @@ impl Table {
             options,
             ambiguous_merges: 0,
             buckets_dropped: 0,
+            origin_tags_left_off: 0,
         }
     }
 
@@ -500,6 +504,7 @@ impl Table {
         merged.clear();
         let count = crate::series::merge_canonical_tags(line.tags, origin_tags, &mut merged);
         let observed = if count > crate::parse::MAX_TAGS {
+            self.origin_tags_left_off += 1;
             self.observe_simple(line, stamp_ns)
         } else {
             self.observe_simple(&SimpleLine { tags: &merged, ..*line }, stamp_ns)
@@ -589,6 +594,7 @@ impl Table {
                 if line.origin_tags.is_empty() {
                     return Ok(false);
                 }
+                self.origin_tags_left_off += 1;
                 return self.observe(&Line { origin_tags: b"", ..line.clone() }, stamp_ns);
             }
             let id = self.key.id();
@@ -642,6 +648,12 @@ impl Table {
             MergeOrder::Ambiguous => self.ambiguous_merges += 1,
             MergeOrder::BucketsDropped => self.buckets_dropped += 1,
         }
+    }
+
+    /// Lines since the last call that went on without their origin tags, which would have
+    /// passed the tag limit ([`Table::fold_datagram_from`]), resetting the count.
+    pub fn take_origin_tags_left_off(&mut self) -> u64 {
+        std::mem::take(&mut self.origin_tags_left_off)
     }
 
     /// Merges since the last call that dropped a distribution's fixed buckets (its

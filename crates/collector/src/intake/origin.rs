@@ -83,16 +83,19 @@ pub enum Untagged {
     UnknownCgroup = 4,
     /// The last listing of a tag source failed or timed out, and no source knows it.
     SourceError = 5,
+    /// With its origin tags the line would pass the tag limit: it went on without them.
+    TooManyTags = 6,
 }
 
 impl Untagged {
-    const ALL: [Untagged; 6] = [
+    const ALL: [Untagged; 7] = [
         Untagged::PidGone,
         Untagged::UnknownContainer,
         Untagged::Pending,
         Untagged::NoCredentials,
         Untagged::UnknownCgroup,
         Untagged::SourceError,
+        Untagged::TooManyTags,
     ];
 
     fn as_str(self) -> &'static str {
@@ -103,6 +106,7 @@ impl Untagged {
             Untagged::NoCredentials => "no_credentials",
             Untagged::UnknownCgroup => "unknown_cgroup",
             Untagged::SourceError => "source_error",
+            Untagged::TooManyTags => "too_many_tags",
         }
     }
 }
@@ -115,7 +119,7 @@ tessera_runtime::metrics! {
         /// Origins a reader found in its own cache (hit) or had to look for (miss), per datagram or line
         origin_cache: Family<ByResult, Counter>,
         /// Lines that went on without origin tags, per reason (pid_gone, unknown_container, pending,
-        /// no_credentials, unknown_cgroup, source_error); the lines themselves are kept
+        /// no_credentials, unknown_cgroup, source_error, too_many_tags); the lines themselves are kept
         origin_untagged: Family<ByReason, Counter>,
         /// Lines that carry origin tags
         origin_tagged_lines: Counter,
@@ -450,12 +454,16 @@ impl Tagger {
     }
 
     /// Counts the lines of the datagram just folded (`lines` metric lines in all): those
-    /// that did not name their own origin took the sender's.
-    pub fn finish_datagram(&mut self, lines: u64) {
+    /// that did not name their own origin took the sender's; `left_off` of the tagged ones
+    /// went on without their tags, which would have passed the tag limit.
+    pub fn finish_datagram(&mut self, lines: u64, left_off: u64) {
         let from_sender = lines.saturating_sub(std::mem::take(&mut self.named_lines));
         if let Some(result) = self.sender.take() {
             self.count_result(&result, from_sender);
         }
+        let left_off = left_off.min(self.counts.tagged);
+        self.counts.tagged -= left_off;
+        self.counts.untagged[Untagged::TooManyTags as usize] += left_off;
     }
 
     /// Counts `lines` lines of one origin result.

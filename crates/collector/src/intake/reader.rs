@@ -235,7 +235,8 @@ impl Reader {
             None => table.fold_datagram(data, self.parse_options, stamp_ns, each),
             Some(tagger) => {
                 table.fold_datagram_from(data, self.parse_options, stamp_ns, tagger, each);
-                tagger.finish_datagram(metric_lines(&self.counts) - before);
+                let left_off = table.take_origin_tags_left_off();
+                tagger.finish_datagram(metric_lines(&self.counts) - before, left_off);
             }
         }
     }

@@ -58,7 +58,7 @@ fn fold(tagger: &mut Tagger, pid: Option<u32>, datagram: &[u8]) -> Vec<String> {
         assert!(matches!(folded, Folded::Metric), "{folded:?}");
         lines += 1;
     });
-    tagger.finish_datagram(lines);
+    tagger.finish_datagram(lines, table.take_origin_tags_left_off());
     tagger.publish_counts();
     let mut ids = Vec::new();
     table.cut(|_, id, _| ids.push(String::from_utf8(id.to_vec()).unwrap()));
@@ -215,6 +215,8 @@ fn origin_tags_that_would_pass_the_tag_limit_are_left_off_and_the_line_is_kept()
     let line = format!("hits:1|c|#{}", tags.join(","));
     let ids = fold(&mut tagger, Some(10), line.as_bytes());
     assert_eq!(ids, [format!("hits|#{}", tags.join(","))]);
+    assert_eq!(untagged(&fixture.metrics, "too_many_tags"), 1, "counted");
+    assert_eq!(fixture.metrics.origin_tagged_lines.get(), 0);
 }
 
 /// `|c:in-<inode>`: the resolver finds the cgroup directory with that inode and its
