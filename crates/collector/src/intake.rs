@@ -42,9 +42,9 @@ use tessera_runtime::{Shutdown, StartError};
 
 use crate::config::{Config, GaugeDeltasConfig};
 pub use metrics::IntakeMetrics;
-pub use reader::{Cut, CutEntry, FlusherLinks, ReaderSettings, cut_links};
-use reader::{CutLinks, Reader};
-pub use sys::lower_this_thread_priority;
+use reader::Reader;
+pub use reader::{Cut, CutEntry, CutLinks, FlusherLinks, ReaderSettings, cut_links};
+pub use sys::{lower_this_thread_priority, return_large_buffers_when_freed};
 use tessera_runtime::telemetry::Drops;
 use udp::KernelDrops;
 pub use udp::poll_kernel_drops;

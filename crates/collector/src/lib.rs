@@ -49,6 +49,7 @@ use outbound::{Destinations, OutboundSettings, Router};
 use window::{FlushSettings, Flusher};
 
 pub use config::Config;
+pub use intake::return_large_buffers_when_freed;
 pub use metrics::{Metrics, PREFIX as METRIC_PREFIX};
 pub use tessera_runtime::StartError;
 pub use tessera_topology::{PlacementHandle, PlacementSource};
@@ -87,7 +88,10 @@ impl Collector {
         let instance_id = config.instance_id.clone().unwrap_or_else(|| tessera_runtime::daemon::hostname("collector"));
         let window_ms = config.aggregation.window_ms();
         let parse_options = config.parse.options();
-        let (cut_links, flusher_links) = intake::cut_links(1024);
+        // Room for pieces of 64 M series on their way (a channel slot is a few dozen
+        // bytes, allocated up front), and a few emptied pieces kept for the readers
+        // (about 1 MB each; more are freed).
+        let (cut_links, flusher_links) = intake::cut_links(4 * 1024, 4);
         let rule_set = config.rule_set(&metrics.rules)?;
         for note in rule_set.notes() {
             tracing::info!(note, "mapping file");

@@ -10,6 +10,7 @@ const LONG_ABOUT: &str = "tessera-collector: receives statsd / DogStatsD on this
                           every key.";
 
 fn main() -> ExitCode {
+    tessera_collector::return_large_buffers_when_freed();
     let about = [env!("CARGO_PKG_DESCRIPTION"), LONG_ABOUT];
     tessera_runtime::daemon_main(
         "tessera-collector",

@@ -75,6 +75,16 @@ enum Window {
     Merged(Table),
 }
 
+/// A window being routed piece by piece.
+struct Stream {
+    reader: usize,
+    window_start_ms: i64,
+    /// Series routed so far.
+    emitted: usize,
+    /// When its first piece came.
+    started: Instant,
+}
+
 /// The flusher thread's state.
 pub struct Flusher {
     cuts: Receiver<Cut>,
@@ -92,6 +102,11 @@ pub struct Flusher {
     watermark_sent_ms: i64,
     /// The rules' outcome of every series, and their counts.
     rules: RuleCache,
+    /// The window being routed piece by piece as its only reader hands it in.
+    stream: Option<Stream>,
+    /// Pieces of a reader's cut put together until its last one comes, by reader id
+    /// (where a window cannot be routed piece by piece).
+    assembling: HashMap<usize, Cut>,
     /// Buffers a cut is rewritten into by the rules, kept for the next one.
     spare_ids: Vec<u8>,
     spare_entries: Vec<CutEntry>,
@@ -124,6 +139,8 @@ impl Flusher {
             metrics,
             readers: HashMap::new(),
             watermark_sent_ms: i64::MIN,
+            stream: None,
+            assembling: HashMap::new(),
         }
     }
 
@@ -132,9 +149,13 @@ impl Flusher {
         loop {
             let timeout = self.time_to_next_flush();
             match self.cuts.recv_timeout(timeout) {
-                Ok(cut) => self.merge(cut),
+                Ok(piece) => self.receive(piece),
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => {
+                    self.close_stream();
+                    for (_, assembled) in std::mem::take(&mut self.assembling) {
+                        self.merge(assembled);
+                    }
                     self.flush_due(i64::MAX);
                     return;
                 }
@@ -149,6 +170,86 @@ impl Flusher {
         Duration::from_millis((due - now_ms()).clamp(1, 100) as u64)
     }
 
+    /// Takes one piece of a reader's cut ([`Cut::more`]). With one reader and no rules
+    /// in force, a window in several pieces is routed piece by piece as they come, each
+    /// piece given back at once, so that its series are never held whole here; otherwise
+    /// the pieces are put together and the cut merged whole.
+    fn receive(&mut self, mut piece: Cut) {
+        let streamed = self.stream.as_ref().map(|stream| (stream.reader, stream.window_start_ms));
+        if streamed.is_some_and(|streamed| streamed != (piece.reader, piece.window_start_ms)) {
+            // The rest of that window will not come (its reader has gone): it goes as is,
+            // below a watermark that this piece has not moved yet.
+            self.close_stream();
+        }
+        let through = self.readers.entry(piece.reader).or_insert(piece.through_ms);
+        *through = (*through).max(piece.through_ms);
+        if self.stream.is_some() {
+            return self.stream_piece(piece);
+        }
+        if let Some(mut assembled) = self.assembling.remove(&piece.reader) {
+            if assembled.window_start_ms == piece.window_start_ms {
+                assembled.append(&mut piece);
+                assembled.through_ms = assembled.through_ms.max(piece.through_ms);
+                assembled.more = piece.more;
+                let _ = self.spare_cuts.try_send(piece);
+                if assembled.more {
+                    self.assembling.insert(assembled.reader, assembled);
+                } else {
+                    self.merge(assembled);
+                }
+                return;
+            }
+            // Another window: the rest of this one will not come.
+            self.merge(assembled);
+        }
+        if !piece.more {
+            return self.merge(piece);
+        }
+        let streams = self.settings.readers == 1
+            && self.router.routes_in_pieces()
+            && self.settings.rules.for_window(piece.window_start_ms).is_empty();
+        if streams {
+            self.router.open_window();
+            self.stream = Some(Stream {
+                reader: piece.reader,
+                window_start_ms: piece.window_start_ms,
+                emitted: 0,
+                started: Instant::now(),
+            });
+            self.stream_piece(piece);
+        } else {
+            self.assembling.insert(piece.reader, piece);
+        }
+    }
+
+    /// Routes one piece of the window being streamed, and closes the window with its
+    /// last piece.
+    fn stream_piece(&mut self, piece: Cut) {
+        let stream = self.stream.as_mut().expect("a window is being streamed");
+        stream.emitted += self.router.route_series(piece.window_start_ms, |each| {
+            for entry in &piece.entries {
+                each(entry.kind, piece.id(entry), &entry.aggregate);
+            }
+            piece.entries.len()
+        });
+        let last = !piece.more;
+        let _ = self.spare_cuts.try_send(piece);
+        if last {
+            self.close_stream();
+        }
+    }
+
+    /// Queues the window being streamed, with the watermark as it stands.
+    fn close_stream(&mut self) {
+        let Some(stream) = self.stream.take() else { return };
+        let start = stream.window_start_ms;
+        let watermark_ms = self.watermark_ms().min(start + self.settings.window_ms);
+        self.router.close_window(start, watermark_ms);
+        self.watermark_sent_ms = self.watermark_sent_ms.max(watermark_ms);
+        self.record_flush(start, stream.emitted, stream.started);
+    }
+
+    /// Takes a reader's whole cut of a window.
     fn merge(&mut self, cut: Cut) {
         let through = self.readers.entry(cut.reader).or_insert(cut.through_ms);
         *through = (*through).max(cut.through_ms);
@@ -240,6 +341,11 @@ impl Flusher {
     }
 
     fn flush_due(&mut self, now: i64) {
+        if self.stream.is_some() {
+            // The router holds the streamed window's series: nothing else goes out until
+            // its last piece (at most a window's cut away) closes it.
+            return;
+        }
         let window_ms = self.settings.window_ms;
         let delay = self.settings.flush_delay_ms;
         let readers_through = self.readers_through_ms();
@@ -295,7 +401,10 @@ impl Flusher {
     fn watermark_ms(&self) -> i64 {
         let window_ms = self.settings.window_ms;
         let readers_through = self.readers_through_ms();
-        let held = self.windows.keys().next().copied().unwrap_or(i64::MAX);
+        let streaming = self.stream.as_ref().map(|stream| stream.window_start_ms);
+        let assembling = self.assembling.values().map(|cut| cut.window_start_ms);
+        let held = self.windows.keys().next().copied().into_iter().chain(streaming).chain(assembling).min();
+        let held = held.unwrap_or(i64::MAX);
         let through = readers_through.min(held);
         if through == i64::MAX || through == i64::MIN { through } else { through.div_euclid(window_ms) * window_ms }
     }
@@ -314,6 +423,11 @@ impl Flusher {
     ) {
         let started = Instant::now();
         let emitted = self.send_window(window_start_ms, series);
+        self.record_flush(window_start_ms, emitted, started);
+    }
+
+    /// Records the flush of a window of `emitted` series begun at `started`.
+    fn record_flush(&self, window_start_ms: i64, emitted: usize, started: Instant) {
         self.metrics.active_series.set(emitted as i64);
         self.metrics.flush_duration.observe(started.elapsed().as_secs_f64());
         let lag_ms = now_ms() - (window_start_ms + self.settings.window_ms);

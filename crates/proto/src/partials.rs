@@ -99,9 +99,9 @@ struct Chunk {
 
 impl ShardSeries {
     /// Appends one `SeriesValue`, starting a new chunk when the current one
-    /// would grow past `chunk_bytes`. `series_ref` 0 leaves the ref out; a
-    /// series named by its ref alone has an empty `series_id` and
-    /// `metric_type` 0.
+    /// would grow past `chunk_bytes`; returns the bytes it took. `series_ref` 0
+    /// leaves the ref out; a series named by its ref alone has an empty
+    /// `series_id` and `metric_type` 0.
     pub fn push(
         &mut self,
         chunk_bytes: usize,
@@ -109,7 +109,7 @@ impl ShardSeries {
         metric_type: i32,
         aggregate: &Aggregate,
         series_ref: u32,
-    ) {
+    ) -> usize {
         // A counter (most series) is one fixed64 field, written here; the
         // other aggregates go through prost.
         let counter = match aggregate.value {
@@ -156,6 +156,7 @@ impl ShardSeries {
             put_varint(out, u64::from(series_ref));
         }
         chunk.series += 1;
+        field_len
     }
 
     fn chunk_with_room(&mut self, chunk_bytes: usize, field_len: usize) -> &mut Chunk {
@@ -185,6 +186,13 @@ impl ShardSeries {
     /// The chunks in order: encoded series and how many.
     pub fn chunks(&self) -> impl Iterator<Item = (&[u8], u64)> {
         self.chunks[..self.used].iter().map(|chunk| (chunk.bytes.as_slice(), chunk.series))
+    }
+
+    /// Takes the chunks out in order, with their series counts, leaving no series: the
+    /// caller owns (and frees) their memory. [`cut_frames`] frees each once it is framed.
+    pub fn drain_chunks(&mut self) -> impl Iterator<Item = (Vec<u8>, u64)> + '_ {
+        let used = std::mem::take(&mut self.used);
+        self.chunks.drain(..).take(used).map(|chunk| (chunk.bytes, chunk.series))
     }
 
     /// Forgets the series, keeping the memory of the chunks this window used; chunks a
@@ -257,33 +265,40 @@ pub fn encode_partials_frame(header: &PartialBatch, sections: &[(u32, &[u8])]) -
 /// with none. The last frame carries `header.watermark_ms`, the others at
 /// most the window's start: a receiver must not take the window as sent in
 /// full before its last frame.
-pub fn cut_frames<'s>(
+///
+/// Each shard comes as its chunks and their series counts: borrowed
+/// ([`ShardSeries::chunks`]) or owned ([`ShardSeries::drain_chunks`]). Owned
+/// chunks are freed as soon as their frame is encoded, so that a window's
+/// encoded series and its frames are not both held whole.
+pub fn cut_frames<B: AsRef<[u8]>, C: IntoIterator<Item = (B, u64)>>(
     header: &PartialBatch,
-    shards: impl IntoIterator<Item = (u32, &'s ShardSeries)>,
+    shards: impl IntoIterator<Item = (u32, C)>,
     budget: usize,
     sequences: &mut dyn FnMut() -> u64,
     mut out: impl FnMut(u64, Vec<u8>, u64),
 ) {
-    let mut sections: Vec<(u32, &[u8])> = Vec::new();
+    let mut sections: Vec<(u32, B)> = Vec::new();
     let (mut pending_bytes, mut pending_series) = (0usize, 0u64);
-    let mut cut = |sections: &mut Vec<(u32, &[u8])>, series: &mut u64, bytes: &mut usize, last: bool| {
+    let mut cut = |sections: &mut Vec<(u32, B)>, series: &mut u64, bytes: &mut usize, last: bool| {
         if sections.is_empty() && !last {
             return;
         }
         let watermark_ms = if last { header.watermark_ms } else { header.watermark_ms.min(header.window_start_ms) };
         let sequence = sequences();
-        let frame = encode_partials_frame(&PartialBatch { sequence, watermark_ms, ..header.clone() }, sections);
+        let slices: Vec<(u32, &[u8])> = sections.iter().map(|(shard, chunk)| (*shard, chunk.as_ref())).collect();
+        let frame = encode_partials_frame(&PartialBatch { sequence, watermark_ms, ..header.clone() }, &slices);
         out(sequence, frame, *series);
         sections.clear();
         (*series, *bytes) = (0, 0);
     };
-    for (shard, series) in shards {
-        for (chunk, count) in series.chunks() {
-            if pending_bytes + chunk.len() > budget {
+    for (shard, chunks) in shards {
+        for (chunk, count) in chunks {
+            let len = chunk.as_ref().len();
+            if pending_bytes + len > budget {
                 cut(&mut sections, &mut pending_series, &mut pending_bytes, false);
             }
             sections.push((shard, chunk));
-            pending_bytes += chunk.len() + 8;
+            pending_bytes += len + 8;
             pending_series += count;
         }
     }
@@ -342,7 +357,7 @@ pub fn expand_refs<'d>(
         shards.push((group.shard, series));
     }
     let mut frames = Vec::new();
-    let sections = shards.iter().map(|(shard, series)| (*shard, series));
+    let sections = shards.iter().map(|(shard, series)| (*shard, series.chunks()));
     cut_frames(&header, sections, budget, &mut sequences, |sequence, frame, series| {
         frames.push((sequence, frame, series));
     });
@@ -475,7 +490,7 @@ mod tests {
         }
         let header = PartialBatch { window_start_ms: 5_000, watermark_ms: 6_000, dictionary: 3, ..Default::default() };
         let mut frame = Vec::new();
-        cut_frames(&header, [(2, &by_ref)], 1 << 20, &mut || 1, |_, bytes, _| frame = bytes);
+        cut_frames(&header, [(2, by_ref.chunks())], 1 << 20, &mut || 1, |_, bytes, _| frame = bytes);
         let mut next = 100;
         let lookup = |series_ref: u32| Some((MetricType::Counter as i32, &ids[series_ref as usize - 1][..]));
         let frames = expand_refs(

@@ -36,7 +36,12 @@ use tessera_runtime::telemetry::count_drops;
 
 use super::metrics::{BatchCounts, IntakeMetrics, ListenerMetrics};
 
-/// The partials one reader held for one window, and how far it has got.
+/// The partials one reader held for one window, or a piece of them, and how far it
+/// has got.
+///
+/// A reader hands a window in as pieces of at most [`PIECE_SERIES`] series, the last
+/// one with `more` false, so that a window with many series is never copied whole:
+/// the flusher routes each piece as it comes where it can, and gives it back.
 #[derive(Debug, Default)]
 pub struct Cut {
     /// The reader that cut it (unique in the process).
@@ -44,9 +49,11 @@ pub struct Cut {
     /// Start of the window, unix milliseconds.
     pub window_start_ms: i64,
     /// Everything this reader received stamped before this time has been
-    /// handed in (with this cut): the start of its window after the cut,
-    /// `i64::MAX` once it has stopped.
+    /// handed in (with this cut): on the last piece, the start of its window after
+    /// the cut, `i64::MAX` once it has stopped; on the others, the window's own start.
     pub through_ms: i64,
+    /// Whether more pieces of this window's cut follow.
+    pub more: bool,
     /// Canonical ids, back to back; entries index into it.
     pub ids: Vec<u8>,
     /// One entry per series touched in the window.
@@ -71,6 +78,19 @@ impl Cut {
     pub fn id(&self, entry: &CutEntry) -> &[u8] {
         &self.ids[entry.id_start as usize..entry.id_end as usize]
     }
+
+    /// Moves the series of `piece` (another piece of the same reader's cut) after these,
+    /// leaving it empty.
+    pub fn append(&mut self, piece: &mut Cut) {
+        let offset = self.ids.len() as u32;
+        self.ids.extend_from_slice(&piece.ids);
+        piece.ids.clear();
+        self.entries.extend(piece.entries.drain(..).map(|entry| CutEntry {
+            id_start: entry.id_start + offset,
+            id_end: entry.id_end + offset,
+            ..entry
+        }));
+    }
 }
 
 /// The two directions between readers and the flusher: cuts go to the
@@ -93,10 +113,14 @@ pub struct FlusherLinks {
     pub spares: Sender<Cut>,
 }
 
-/// Links for the readers, and the flusher's ends.
-pub fn cut_links(capacity: usize) -> (CutLinks, FlusherLinks) {
+/// Most series in one piece of a cut (about 900 KB of entries and ids at 23-byte ids).
+pub const PIECE_SERIES: usize = 16 * 1024;
+
+/// Links for the readers, and the flusher's ends: room for `capacity` pieces on their
+/// way to the flusher, and `spares` emptied pieces kept for reuse (more are freed).
+pub fn cut_links(capacity: usize, spares: usize) -> (CutLinks, FlusherLinks) {
     let (cuts, cut_receiver) = crossbeam_channel::bounded(capacity);
-    let (spare_sender, spares) = crossbeam_channel::bounded(capacity);
+    let (spare_sender, spares) = crossbeam_channel::bounded(spares);
     (CutLinks { cuts, spares }, FlusherLinks { cuts: cut_receiver, spares: spare_sender })
 }
 
@@ -291,31 +315,101 @@ impl Reader {
     /// Cuts the current window and tells the flusher that nothing stamped
     /// before `through_ms` is left here. The cut goes even when it is empty:
     /// the flusher's watermark waits for every reader ([`crate::window`]).
+    /// It goes in pieces of at most [`PIECE_SERIES`] series, each sent as
+    /// it fills.
     fn cut_through(&mut self, through_ms: i64) {
         self.publish_counts();
-        let mut cut = self.links.spares.try_recv().unwrap_or_default();
-        cut.reader = self.id;
-        cut.window_start_ms = self.window_start_ms;
-        cut.through_ms = through_ms;
-        cut.ids.clear();
-        cut.entries.clear();
+        let Reader { id, table, window_start_ms, links, metrics, drops, last_emitted, bytes_per_id, .. } = self;
         // Room for what the last cut emitted, not for every series the table holds (idle
-        // ones emit nothing); a spare grown by a burst gives the room back.
-        let expected = self.last_emitted + self.last_emitted / 4;
-        shrink_spare(&mut cut.entries, expected);
-        shrink_spare(&mut cut.ids, expected * self.bytes_per_id.max(1));
-        cut.entries.reserve(expected);
-        let stats = self.table.cut(|kind, id, aggregate| {
+        // ones emit nothing), up to a piece.
+        let expected = (*last_emitted + *last_emitted / 4).min(PIECE_SERIES);
+        let id_room = expected * (*bytes_per_id).max(1);
+        let piece = || {
+            let mut piece = links.spares.try_recv().unwrap_or_default();
+            piece.reader = *id;
+            piece.window_start_ms = *window_start_ms;
+            piece.through_ms = *window_start_ms;
+            piece.more = false;
+            piece.ids.clear();
+            piece.entries.clear();
+            // A spare grown by a burst (or merged whole by the flusher) gives its room back.
+            shrink_spare(&mut piece.entries, expected);
+            shrink_spare(&mut piece.ids, id_room);
+            piece.entries.reserve(expected);
+            piece
+        };
+        let send = |piece: Cut| {
+            let entries = piece.entries.len();
+            if links.cuts.send(piece).is_err() {
+                // The flusher is gone: the daemon is shutting down past its grace.
+                count_drops(&*drops, "shutdown", "partials", entries as u64);
+            }
+        };
+        let mut cut = piece();
+        let mut id_bytes = 0;
+        let stats = table.cut(|kind, id, aggregate| {
+            if cut.entries.len() == PIECE_SERIES {
+                id_bytes += cut.ids.len();
+                cut.more = true;
+                send(std::mem::replace(&mut cut, piece()));
+            }
             let id_start = cut.ids.len() as u32;
             cut.ids.extend_from_slice(id);
             cut.entries.push(CutEntry { kind, id_start, id_end: cut.ids.len() as u32, aggregate: aggregate.clone() });
         });
-        self.last_emitted = stats.emitted;
-        self.bytes_per_id = cut.ids.len().checked_div(stats.emitted).unwrap_or(self.bytes_per_id);
-        self.metrics.series_expired.inc_by(stats.expired as u64);
-        if self.links.cuts.send(cut).is_err() {
-            // The flusher is gone: the daemon is shutting down past its grace.
-            count_drops(&self.drops, "shutdown", "partials", stats.emitted as u64);
+        id_bytes += cut.ids.len();
+        cut.through_ms = through_ms;
+        send(cut);
+        *last_emitted = stats.emitted;
+        *bytes_per_id = id_bytes.checked_div(stats.emitted).unwrap_or(*bytes_per_id);
+        metrics.series_expired.inc_by(stats.expired as u64);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const W: i64 = 1_700_000_000_000;
+
+    #[test]
+    fn a_window_of_many_series_goes_in_pieces_the_last_saying_how_far_the_reader_got() {
+        let (links, flusher) = cut_links(1024, 4);
+        let metrics = IntakeMetrics::default();
+        let drops = Drops::default();
+        let settings = ReaderSettings {
+            window_ms: 1_000,
+            max_series: None,
+            expire_after_idle_windows: 2,
+            parse_options: ParseOptions::default(),
+            timer_unit: TimerUnit::default(),
+            budget: None,
+            origins: None,
+        };
+        let listener = metrics.listener("udp", &drops);
+        let mut reader = Reader::new(&settings, None, GaugeDeltas::default(), links, listener, metrics.clone(), drops);
+        let series = 2 * PIECE_SERIES + 5;
+        let datagram: String = (0..series).map(|i| format!("s{i}:1|c\n")).collect();
+        reader.ingest(datagram.as_bytes(), W * 1_000_000);
+        reader.tick(W + 1_000);
+        let pieces: Vec<Cut> = flusher.cuts.try_iter().filter(|cut| cut.window_start_ms == W).collect();
+        let shape: Vec<(usize, bool, i64)> =
+            pieces.iter().map(|piece| (piece.entries.len(), piece.more, piece.through_ms)).collect();
+        assert_eq!(shape, vec![(PIECE_SERIES, true, W), (PIECE_SERIES, true, W), (5, false, W + 1_000)]);
+        let in_order: Vec<Vec<u8>> =
+            pieces.iter().flat_map(|piece| piece.entries.iter().map(move |entry| piece.id(entry).to_vec())).collect();
+        let mut distinct = in_order.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        assert_eq!(distinct.len(), series, "every series once");
+        // Put together, the pieces are the whole cut, in order.
+        let mut pieces = pieces.into_iter();
+        let mut whole = pieces.next().unwrap();
+        for mut piece in pieces {
+            whole.append(&mut piece);
+            assert!(piece.entries.is_empty() && piece.ids.is_empty(), "appending empties the piece");
         }
+        let whole_ids: Vec<Vec<u8>> = whole.entries.iter().map(|entry| whole.id(entry).to_vec()).collect();
+        assert_eq!(whole_ids, in_order);
     }
 }

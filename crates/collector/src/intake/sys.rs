@@ -281,6 +281,19 @@ pub fn recv_with_sender(socket: &impl AsRawFd, buffer: &mut [u8]) -> io::Result<
     Ok((n as usize, pid))
 }
 
+/// Has glibc map every buffer of 256 KiB or more on its own, so that its memory goes back
+/// to the kernel when it is freed. By default glibc raises that threshold to the largest
+/// buffer freed so far, after which a window's frames and encoded series come from the
+/// heap, and the heap stays resident at the size of the largest window between windows.
+/// Called first thing in `main`.
+pub fn return_large_buffers_when_freed() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only sets an allocator parameter.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 256 << 10);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -234,7 +234,9 @@ mod tests {
         series.push(1 << 20, b"", 0, &counter, 1);
         let header = tessera_proto::PartialBatch { dictionary: 1, window_start_ms: 1000, ..Default::default() };
         let mut frame = Vec::new();
-        tessera_proto::partials::cut_frames(&header, [(3, &series)], 1 << 19, &mut || 9, |_, bytes, _| frame = bytes);
+        tessera_proto::partials::cut_frames(&header, [(3, series.chunks())], 1 << 19, &mut || 9, |_, bytes, _| {
+            frame = bytes
+        });
         let expanded = ids.expand(&frame, &mut || 10).unwrap();
         let decoded = tessera_proto::framing::decode_frame(&expanded[0].frame, 1 << 20).unwrap().unwrap().0;
         let Some(tessera_proto::frame::Body::Partials(batch)) = decoded.body else { panic!("{decoded:?}") };
@@ -245,7 +247,9 @@ mod tests {
         // A ref the generation never had cannot be expanded.
         series.clear();
         series.push(1 << 20, b"", 0, &counter, 3);
-        tessera_proto::partials::cut_frames(&header, [(3, &series)], 1 << 19, &mut || 9, |_, bytes, _| frame = bytes);
+        tessera_proto::partials::cut_frames(&header, [(3, series.chunks())], 1 << 19, &mut || 9, |_, bytes, _| {
+            frame = bytes
+        });
         assert!(ids.expand(&frame, &mut || 11).unwrap_err().contains("ref 3"));
     }
 

@@ -22,6 +22,8 @@ const W: i64 = 1_700_000_000_000;
 
 struct Harness {
     flusher: Flusher,
+    /// The readers' ends: pieces the flusher gives back come out of `spares`.
+    links: crate::intake::CutLinks,
     destinations: Destinations,
     _runtime: tokio::runtime::Runtime,
 }
@@ -33,7 +35,7 @@ fn harness(readers: usize) -> Harness {
 /// A flusher whose rules are `rules` (the `[rules]` table, without its header).
 fn harness_with_rules(readers: usize, rules: &str) -> Harness {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    let (_links, flusher_links) = cut_links(16);
+    let (links, flusher_links) = cut_links(16, 16);
     // Senders stop at once: what is flushed stays in the queue for the test to read.
     let stop_senders = Shutdown::new();
     stop_senders.trigger();
@@ -68,7 +70,7 @@ fn harness_with_rules(readers: usize, rules: &str) -> Harness {
     }
     let router = Router::new(outbound, placement, destinations.clone(), metrics.drops.clone());
     let flusher = Flusher::new(flusher_links, settings, router, metrics.window, metrics.rules);
-    Harness { flusher, destinations, _runtime: runtime }
+    Harness { flusher, links, destinations, _runtime: runtime }
 }
 
 fn cut(reader: usize, window_start_ms: i64, through_ms: i64, ids: &[&str]) -> Cut {
@@ -80,6 +82,13 @@ fn cut(reader: usize, window_start_ms: i64, through_ms: i64, ids: &[&str]) -> Cu
         cut.entries.push(CutEntry { kind: MetricKind::Counter, id_start, id_end, aggregate: Aggregate::Counter(1.0) });
     }
     cut
+}
+
+/// One piece of reader 0's cut of window `W`: the last one (`more` false) says the
+/// reader got to the next window.
+fn piece(ids: &[&str], more: bool) -> Cut {
+    let through = if more { W } else { W + 1_000 };
+    Cut { more, ..cut(0, W, through, ids) }
 }
 
 /// Every batch queued so far, decoded, in send order (taken off the queues).
@@ -203,4 +212,100 @@ fn a_reload_applies_from_its_window_and_a_window_before_keeps_the_old_rules() {
     harness.flusher.merge(cut(0, W + 1_000, W + 2_000, &["a"]));
     harness.flusher.flush_due(W + 2_000 + 10);
     assert_eq!(sent_series(&harness.destinations), vec![(W, "old.a".into(), 1.0), (W + 1_000, "new.a".into(), 1.0)]);
+}
+
+#[test]
+fn with_one_reader_and_no_rules_a_window_in_pieces_is_routed_as_they_come_and_each_given_back() {
+    let mut harness = harness(1);
+    harness.flusher.receive(piece(&["a", "b"], true));
+    harness.flusher.flush_due(W + 1_000 + 10);
+    assert!(harness.links.spares.try_recv().is_ok(), "the piece is routed and given back before the window ends");
+    let before = sent(&harness.destinations);
+    assert!(before.iter().all(|batch| batch.0 < W && batch.1 == 0), "nothing of W before its last piece: {before:?}");
+    harness.flusher.receive(piece(&["c"], false));
+    assert!(harness.links.spares.try_recv().is_ok());
+    harness.flusher.flush_due(W + 1_000 + 10);
+    let batches = sent_batches(&harness.destinations);
+    let claims: Vec<(i64, usize, i64)> = batches
+        .iter()
+        .map(|batch| {
+            (batch.window_start_ms, batch.shards.iter().map(|shard| shard.series.len()).sum(), batch.watermark_ms)
+        })
+        .collect();
+    assert_truthful(&claims);
+    assert_eq!(claims.last().unwrap().2, W + 1_000, "the last piece moved the watermark: {claims:?}");
+    let mut ids: Vec<&[u8]> = batches
+        .iter()
+        .flat_map(|batch| &batch.shards)
+        .flat_map(|shard| &shard.series)
+        .map(|value| &value.series_id[..])
+        .collect();
+    ids.sort_unstable();
+    assert_eq!(ids, vec![&b"a"[..], b"b", b"c"], "the window went out once, whole");
+}
+
+#[test]
+fn with_rules_in_force_the_pieces_are_put_together_and_two_series_meeting_across_pieces_go_out_once() {
+    let mut harness = harness_with_rules(1, "[[rollup]]\nmatch = \"api\"\naggregate_without = [\"user\"]\n");
+    harness.flusher.receive(piece(&["api|#user:1", "web"], true));
+    assert!(harness.links.spares.try_recv().is_err(), "a piece is held until its cut is whole");
+    harness.flusher.receive(piece(&["api|#user:2"], false));
+    harness.flusher.flush_due(W + 1_000 + 10);
+    assert_eq!(sent_series(&harness.destinations), vec![(W, "api".into(), 2.0), (W, "web".into(), 1.0)]);
+}
+
+#[test]
+fn with_several_readers_a_cut_in_pieces_merges_with_the_others() {
+    let mut harness = harness(2);
+    harness.flusher.receive(Cut { more: true, ..cut(0, W, W, &["a", "b"]) });
+    harness.flusher.receive(cut(1, W, W + 1_000, &["b", "c"]));
+    harness.flusher.flush_due(W + 1_000 + 10);
+    let before = sent(&harness.destinations);
+    assert!(before.iter().all(|batch| batch.0 < W && batch.1 == 0), "reader 0 has not finished W: {before:?}");
+    harness.flusher.receive(Cut { more: false, ..cut(0, W, W + 1_000, &["a"]) });
+    harness.flusher.flush_due(W + 1_000 + 10);
+    assert_eq!(
+        sent_series(&harness.destinations),
+        vec![(W, "a".into(), 2.0), (W, "b".into(), 2.0), (W, "c".into(), 1.0)]
+    );
+}
+
+#[test]
+fn a_window_cut_short_by_its_reader_going_goes_out_without_claiming_it_whole() {
+    let mut harness = harness(1);
+    harness.flusher.receive(piece(&["a"], true));
+    // The next piece is of the next window: the rest of W never comes.
+    harness.flusher.receive(cut(0, W + 1_000, W + 2_000, &["b"]));
+    harness.flusher.flush_due(W + 2_000 + 10);
+    let batches = sent(&harness.destinations);
+    assert_eq!(batches.first().map(|batch| (batch.0, batch.1)), Some((W, 1)), "{batches:?}");
+    assert!(batches.first().unwrap().2 <= W, "W is not claimed whole: {batches:?}");
+    assert_truthful(&batches);
+}
+
+#[test]
+fn a_window_larger_than_a_frame_goes_out_as_it_is_routed_claiming_nothing_until_its_last_frame() {
+    let mut harness = harness(1);
+    let ids: Vec<String> = (0..30_000).map(|i| format!("a.long.enough.series.name.{i}")).collect();
+    let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+    // Each series takes about 40 bytes: 20 000 of them pass the 512 KiB a frame holds.
+    harness.flusher.receive(piece(&ids[..20_000], true));
+    let early = sent_batches(&harness.destinations);
+    let early_series: usize = early.iter().flat_map(|batch| &batch.shards).map(|shard| shard.series.len()).sum();
+    assert!(early_series > 0, "frames go out before the window's last piece");
+    assert!(early.iter().all(|batch| batch.watermark_ms <= W), "and claim nothing of W");
+    harness.flusher.receive(piece(&ids[20_000..], false));
+    let late = sent_batches(&harness.destinations);
+    assert_eq!(late.last().map(|batch| batch.watermark_ms), Some(W + 1_000), "the last frame claims W");
+    let mut seen: Vec<Vec<u8>> = early
+        .iter()
+        .chain(&late)
+        .flat_map(|batch| &batch.shards)
+        .flat_map(|shard| &shard.series)
+        .map(|value| value.series_id.clone())
+        .collect();
+    seen.sort_unstable();
+    let mut expected: Vec<Vec<u8>> = ids.iter().map(|id| id.as_bytes().to_vec()).collect();
+    expected.sort_unstable();
+    assert_eq!(seen, expected, "every series once");
 }
