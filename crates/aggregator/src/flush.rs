@@ -125,14 +125,18 @@ impl Held {
             if marks.get(tile.policy_index).is_none_or(|&mark| tile.tile_end_ms > mark) {
                 self.tiles.push_back(tile);
             } else if !tile.values.is_empty()
-                && !leadership.began_before_start(tile.tile_start_ms)
                 && leadership.leader_flushed_incomplete(tile.policy_index, tile.tile_end_ms)
             {
-                // An unconfirmed copy goes too, marked incomplete: each replica's copy sums
-                // whole batches it admitted, and the ingesters keep the larger of two
-                // incomplete copies (found by the fault campaign, seed 34 at 5 minutes: two
-                // faults cost each replica a different part of one 1 min tile, the follower
-                // let its larger copy go, and 517 series lost 12 increments).
+                // Any copy goes, marked incomplete where it may lack something (unconfirmed,
+                // or begun before this process): each replica's copy sums whole batches it
+                // admitted, and the ingesters keep the larger of two incomplete copies.
+                // Found by the fault campaign: seed 34 at 5 minutes (two faults cost each
+                // replica a different part of one 1 min tile, the follower let its larger,
+                // unconfirmed copy go: 517 series lost 12 increments), and seed 61 (both
+                // replicas started 1.2 s into a minute; the leader's copy of that 1 min tile
+                // lacked a collector killed while its link into the leader stalled, and the
+                // follower's, which held it, was let go because it began before the
+                // follower started: 517 series lost 32 increments at 1 min).
                 metrics.tiles_completed.inc();
                 flush_tile(tile, flusher, Copy::Completion);
             } else {

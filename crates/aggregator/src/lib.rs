@@ -255,7 +255,9 @@ impl Aggregator {
         threads.push(spawn_thread("admission", {
             let (ingesters, metrics) = (ingesters.clone(), metrics.tile.clone());
             let tier = tile::MergeTier::new(merge_jobs);
-            let watermarks = Watermarks::new(config.buffer_past_ms as i64, config.max_buffer_past_ms() as i64);
+            let longest_tile_ms = config.policies.iter().map(|policy| policy.resolution_ms()).max().unwrap_or(0);
+            let watermarks = Watermarks::new(config.buffer_past_ms as i64, config.max_buffer_past_ms() as i64)
+                .remembering_departed_for(longest_tile_ms);
             move || tile::run_admission(shadow, tier, watermarks, batch_receiver, ingesters, metrics)
         })?);
         threads.extend(merge_handles);

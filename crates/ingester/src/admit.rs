@@ -495,7 +495,7 @@ const EVICTED_SHARE: f64 = 0.1;
 
 /// Where a tile's gauges and sets (values of the tile alone, with no running total to
 /// correct) are written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 enum PerTile {
     /// At the tile's end.
     AtEnd,
@@ -503,15 +503,20 @@ enum PerTile {
     /// written, so that storage, which keeps the first value at a timestamp, reads the
     /// whole one as the tile's last sample.
     Correction,
-    /// Not at all: an incomplete copy of a tile a whole copy was written for.
-    Skip,
+    /// Not at all, counted as `Verdict`: storage holds another copy's values of this
+    /// tile at its end already, and a different value there (or a correction after a
+    /// newer tile) is refused. Prometheus refuses the whole request with it, the
+    /// counters' corrections included (found by the fault campaign, seed 61).
+    Skip(Verdict),
 }
 
 /// The ends of recent tiles converted from incomplete and from whole copies, per
-/// resolution (a few dozen each).
+/// resolution (a few dozen each); an incomplete copy's with its aggregator (a hash of
+/// the batch's source), since one copy comes in several batches, each with its own
+/// series.
 #[derive(Debug, Default)]
 struct TileCopies {
-    incomplete: std::collections::VecDeque<(i64, i64)>,
+    incomplete: std::collections::VecDeque<(i64, i64, u64)>,
     whole: std::collections::VecDeque<(i64, i64)>,
     /// Per resolution, the newest tile end converted.
     newest: Vec<(i64, i64)>,
@@ -521,9 +526,9 @@ struct TileCopies {
 const TILE_COPIES_KEPT: usize = 64;
 
 impl TileCopies {
-    /// Where the gauges and sets of a copy of the tile of `resolution_ms` ending at
-    /// `end_ms` go, and remembers the copy.
-    fn per_tile(&mut self, resolution_ms: i64, end_ms: i64, incomplete: bool) -> PerTile {
+    /// Where the gauges and sets of a copy from `source` (a hash of the batch's source)
+    /// of the tile of `resolution_ms` ending at `end_ms` go, and remembers the copy.
+    fn per_tile(&mut self, resolution_ms: i64, end_ms: i64, incomplete: bool, source: u64) -> PerTile {
         let key = (resolution_ms, end_ms);
         let newest = match self.newest.iter_mut().find(|(resolution, _)| *resolution == resolution_ms) {
             Some((_, newest)) => std::mem::replace(newest, (*newest).max(end_ms)),
@@ -532,21 +537,39 @@ impl TileCopies {
                 end_ms
             }
         };
-        let (seen, other) =
-            if incomplete { (&mut self.incomplete, &self.whole) } else { (&mut self.whole, &self.incomplete) };
-        let answer = match (incomplete, other.contains(&key)) {
-            (true, true) => PerTile::Skip,
-            // Not once a newer tile was written: the correction would be out of order.
-            (false, true) if newest <= end_ms => PerTile::Correction,
-            _ => PerTile::AtEnd,
-        };
-        if !seen.contains(&key) {
-            seen.push_back(key);
-            if seen.len() > TILE_COPIES_KEPT {
-                seen.pop_front();
+        let whole_seen = self.whole.contains(&key);
+        let mut incomplete_seen = self.incomplete.iter().filter(|&&(resolution, end, _)| (resolution, end) == key);
+        let answer = if incomplete {
+            // After a whole copy, or after another aggregator's incomplete one (seed 61: a
+            // follower's larger copy replaced the leader's; its gauges and sets went where
+            // the leader's were stored, and each whole request was refused).
+            if whole_seen || incomplete_seen.any(|&(_, _, seen)| seen != source) {
+                PerTile::Skip(Verdict::Incomplete)
+            } else {
+                PerTile::AtEnd
             }
+        } else if incomplete_seen.next().is_some() {
+            // Once a newer tile was written, a correction would be out of order.
+            if newest <= end_ms { PerTile::Correction } else { PerTile::Skip(Verdict::Late) }
+        } else {
+            PerTile::AtEnd
+        };
+        if incomplete {
+            remember(&mut self.incomplete, (resolution_ms, end_ms, source));
+        } else {
+            remember(&mut self.whole, key);
         }
         answer
+    }
+}
+
+/// Adds `copy` to the last [`TILE_COPIES_KEPT`] copies `seen`.
+fn remember<T: PartialEq>(seen: &mut std::collections::VecDeque<T>, copy: T) {
+    if !seen.contains(&copy) {
+        seen.push_back(copy);
+        if seen.len() > TILE_COPIES_KEPT {
+            seen.pop_front();
+        }
     }
 }
 
@@ -880,7 +903,8 @@ impl Converter {
         self.spans.clear();
         let tile_end_ms = batch.tile_end_ms;
         let resolution_ms = i64::from(batch.resolution_ms);
-        self.per_tile = self.copies.per_tile(resolution_ms, tile_end_ms, batch.incomplete);
+        let source = xxhash_rust::xxh3::xxh3_64(batch.source.as_bytes());
+        self.per_tile = self.copies.per_tile(resolution_ms, tile_end_ms, batch.incomplete, source);
         let mut skipped = SkippedTiles::default();
         let mut tiles = 0u32;
         for tile in &batch.tiles {
@@ -1449,7 +1473,7 @@ impl Converter {
         let timestamp_ms = match self.per_tile {
             PerTile::AtEnd => 0,
             PerTile::Correction => tile_end_ms + 1,
-            PerTile::Skip => return Verdict::Incomplete,
+            PerTile::Skip(verdict) => return verdict,
         };
         let labels = self.encode(resolution, "", None);
         let kind = SampleKind::Gauge;

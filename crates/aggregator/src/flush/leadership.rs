@@ -60,10 +60,11 @@
 //! policy's tile (a batch is admitted whole or refused whole, and its sender's
 //! watermark moves on), is flushed marked incomplete too. The leader records the ends of the incomplete tiles it
 //! flushed with its flush marks (the last [`INCOMPLETE_KEPT`] per policy); a
-//! follower whose own copy of such a tile closed confirmed flushes it instead of
-//! letting it go (`tessera_aggregator_tiles_completed_total`), and the ingesters
-//! let that whole copy replace the incomplete one (`tessera-ingester`'s
-//! admission). Found by the fault campaign (seeds 14 and 23): before, the leader's
+//! follower flushes its own copy of such a tile instead of letting it go
+//! (`tessera_aggregator_tiles_completed_total`), marked incomplete where it may
+//! lack something too, and the ingesters let a whole copy replace the incomplete
+//! one, and the larger of two incomplete copies replace the smaller
+//! (`tessera-ingester`'s admission). Found by the fault campaign (seeds 14 and 23): before, the leader's
 //! short copy was the only one written. The whole copy must reach an ingester
 //! before the next tile of its series does (it follows the leader's flush by a
 //! tick or two, the next tile by a resolution): after that it is a duplicate.
@@ -647,6 +648,45 @@ mod tests {
         assert_eq!((end, incomplete), (20_000, true), "marked incomplete, as it is");
         assert_eq!(values, vec![tessera_core::aggregate::Aggregate::Counter(36.0); 3]);
         assert!(following.ingesters.queue(0).unwrap().pop_front().is_none(), "the 10 000 copy is let go");
+    }
+
+    /// Fault campaign seed 61 (5 minutes): the cluster started 1.2 s into a minute, so both
+    /// replicas' copies of the first 1 min tile began before their process. The leader's
+    /// copy lacked a collector killed while its link into the leader stalled, and went out
+    /// incomplete; the follower's, which held it, was let go because it began before the
+    /// follower started: 517 series short at 1 min while their 10 s tile was completed.
+    #[test]
+    fn a_follower_whose_copy_began_before_it_started_still_sends_it_after_the_leaders_incomplete_one() {
+        use super::super::Held;
+        // Both replicas started 5 s into the tile ending 20 000.
+        let started_ms = 15_000;
+        let leader = Leadership::new(policies(), started_ms);
+        leader.inner.replicated.store(true, Ordering::Release);
+        leader.inner.leader_lease.store(7, Ordering::Release);
+        let deadline = LeaseDeadline::default();
+        leader.inner.deadline.set(deadline.clone()).unwrap();
+        deadline.set(7, Instant::now() + FENCE_MARGIN * 60);
+        let leader_metrics = Metrics::default();
+        let leading = test_flusher(&leader_metrics, &leader);
+        let mut held = Held::default();
+        // Closed confirmed, and short: incomplete because it began before the leader started.
+        held.push(closed_tile(20_000, 3, false, 32.0), &leading);
+        held.release(&leading, false);
+        deliver(&leading);
+        let marks = leader.marks_text(&leader.acknowledge(&leading.ingesters));
+        assert_eq!(marks.encode(), "10s:2d 20000\nincomplete 10s:2d 20000\n");
+
+        let (metrics, follower) = (Metrics::default(), Leadership::new(policies(), started_ms));
+        follower.inner.replicated.store(true, Ordering::Release);
+        let following = test_flusher(&metrics, &follower);
+        let mut held = Held::default();
+        held.push(closed_tile(20_000, 3, false, 40.0), &following);
+        follower.set_marks(&FlushMarks::decode(&marks.encode()));
+        held.release(&following, false);
+        assert_eq!(metrics.flush.tiles_completed.get(), 1, "its larger copy goes out");
+        let (end, incomplete, values) = queued_tiles(&following);
+        assert_eq!((end, incomplete), (20_000, true), "marked incomplete: it began before the follower started");
+        assert_eq!(values, vec![tessera_core::aggregate::Aggregate::Counter(40.0); 3]);
     }
 
     #[test]

@@ -56,7 +56,7 @@ pub fn run_admission(
     loop {
         // Sleep until the next tile could close on the clock alone (the
         // latest it may: watermarks that arrive close it sooner).
-        let next_close = admission.watermarks.next_clock_close_ms(admission.shadow.next_tile_end_ms());
+        let next_close = admission.watermarks.next_clock_close_ms(admission.shadow.next_tile_end_ms(), now_ms());
         let wait_ms = (next_close - now_ms()).clamp(1, MAX_ADMISSION_SLEEP.as_millis() as i64);
         match jobs.recv_timeout(Duration::from_millis(wait_ms as u64)) {
             Ok(AdmissionJob::Batch { connection, sequence, batch, reply }) => {

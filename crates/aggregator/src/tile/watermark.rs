@@ -21,7 +21,10 @@
 //!   as `max(its last watermark, now - buffer_past)`, until it reports a
 //!   watermark on a new connection or `max_buffer_past` has passed: a batch
 //!   that was in flight when the connection dropped and is sent again on
-//!   the next one gets the grace a fixed close would give it;
+//!   the next one gets the grace a fixed close would give it. It is
+//!   remembered longer, for as long as a tile it may have sent into can be
+//!   open (the longest tile and `max_buffer_past`), so that such a tile is
+//!   not taken as confirmed ([`Watermarks::confirms`]);
 //! - **silent**: a connection with no batch for `max_buffer_past` (a stopped
 //!   process, a half-open connection, a destination the collector no longer
 //!   routes to) holds nothing; collectors send a batch every window.
@@ -111,6 +114,8 @@ struct Departed {
 pub struct Watermarks {
     buffer_past_ms: i64,
     max_buffer_past_ms: i64,
+    /// How long a departed collector is remembered for [`Watermarks::confirms`].
+    departed_kept_ms: i64,
     streams: HashMap<u64, Stream>,
     departed: HashMap<String, Departed>,
 }
@@ -119,12 +124,24 @@ impl Watermarks {
     /// No connections yet; `buffer_past_ms` applies to connections without
     /// a watermark, `max_buffer_past_ms` bounds how long any tile waits.
     pub fn new(buffer_past_ms: i64, max_buffer_past_ms: i64) -> Watermarks {
+        let max_buffer_past_ms = max_buffer_past_ms.max(buffer_past_ms).max(0);
         Watermarks {
             buffer_past_ms: buffer_past_ms.max(0),
-            max_buffer_past_ms: max_buffer_past_ms.max(buffer_past_ms).max(0),
+            max_buffer_past_ms,
+            departed_kept_ms: max_buffer_past_ms,
             streams: HashMap::new(),
             departed: HashMap::new(),
         }
+    }
+
+    /// Remembers a departed collector for as long as a tile of `longest_tile_ms` it may
+    /// have sent into can be open, so that the tile is not taken as confirmed without it
+    /// (found by the fault campaign, seed 61: a collector killed 11 s before a 1 min
+    /// tile's end was forgotten 8 s later, and the leader's copy of the tile, which
+    /// lacked its last windows, closed confirmed).
+    pub fn remembering_departed_for(mut self, longest_tile_ms: i64) -> Watermarks {
+        self.departed_kept_ms = self.max_buffer_past_ms.saturating_add(longest_tile_ms.max(0));
+        self
     }
 
     /// A collector (`source`, its instance id) connected as `connection` at `now_ms`.
@@ -157,9 +174,9 @@ impl Watermarks {
     /// When the clock alone next changes what may close, given the end of
     /// the oldest open tile: the admission thread sleeps until then (new
     /// watermarks wake it anyway).
-    pub fn next_clock_close_ms(&self, next_tile_end_ms: i64) -> i64 {
+    pub fn next_clock_close_ms(&self, next_tile_end_ms: i64, now_ms: i64) -> i64 {
         let all_report = !self.streams.is_empty()
-            && self.departed.is_empty()
+            && !self.holding_departed(now_ms).any(|_| true)
             && self.streams.values().all(|stream| stream.watermark_ms.is_some());
         let delay = if all_report { self.max_buffer_past_ms } else { self.buffer_past_ms };
         next_tile_end_ms.saturating_add(delay)
@@ -191,13 +208,14 @@ impl Watermarks {
     pub fn horizon(&mut self, now_ms: i64) -> (i64, Trigger) {
         let fixed = (now_ms.saturating_sub(self.buffer_past_ms), Trigger::BufferPast);
         let floor = now_ms.saturating_sub(self.max_buffer_past_ms);
-        self.departed.retain(|_, departed| departed.closed_ms > floor);
+        let forgotten = now_ms.saturating_sub(self.departed_kept_ms);
+        self.departed.retain(|_, departed| departed.closed_ms > forgotten);
         let live =
             self.streams.values().filter(|stream| stream.seen_ms >= floor).map(|stream| match stream.watermark_ms {
                 Some(watermark) => (watermark.min(now_ms), Trigger::Watermark),
                 None => fixed,
             });
-        let departed = self.departed.values().map(|departed| match departed.watermark_ms {
+        let departed = self.holding_departed(now_ms).map(|departed| match departed.watermark_ms {
             Some(watermark) if watermark.min(now_ms) > fixed.0 => (watermark.min(now_ms), Trigger::Watermark),
             _ => fixed,
         });
@@ -208,6 +226,13 @@ impl Watermarks {
             None => fixed,
         };
         if slowest.0 < floor { (floor, Trigger::MaxBufferPast) } else { slowest }
+    }
+
+    /// The departed collectors that still hold tiles at `now_ms`: those gone for less
+    /// than `max_buffer_past`.
+    fn holding_departed(&self, now_ms: i64) -> impl Iterator<Item = &Departed> {
+        let floor = now_ms.saturating_sub(self.max_buffer_past_ms);
+        self.departed.values().filter(move |departed| departed.closed_ms > floor)
     }
 
     /// `(source, now - watermark)` for every connection with a watermark,
@@ -268,11 +293,15 @@ mod tests {
         // Later, b's grace is buffer_past: tiles ending after now - 2 s wait for it.
         marks.advance(1, Some(NOW + 5_000), NOW + 5_000);
         assert_eq!(marks.horizon(NOW + 5_000), (NOW + 3_000, Trigger::BufferPast));
-        assert_eq!(marks.next_clock_close_ms(110_000), 112_000, "the clock closes on buffer_past while b is away");
+        assert_eq!(
+            marks.next_clock_close_ms(110_000, NOW + 5_000),
+            112_000,
+            "the clock closes on buffer_past while b is away"
+        );
         // Past max_buffer_past after it left, b holds nothing.
         marks.advance(1, Some(NOW + 8_500), NOW + 8_500);
         assert_eq!(marks.horizon(NOW + 8_500), (NOW + 8_500, Trigger::Watermark));
-        assert_eq!(marks.next_clock_close_ms(110_000), 118_000);
+        assert_eq!(marks.next_clock_close_ms(110_000, NOW + 8_500), 118_000);
     }
 
     #[test]
@@ -315,6 +344,30 @@ mod tests {
         // One that never reports a watermark confirms nothing.
         marks.opened(4, "legacy", later);
         assert!(!marks.confirms(NOW + 5_000, NOW + 15_000));
+    }
+
+    /// Fault campaign seed 61: a collector that sent into a 1 min tile was killed 11 s
+    /// before its end; forgotten `max_buffer_past` later, it no longer kept the tile
+    /// unconfirmed, and the leader's copy, which lacked its last windows, closed confirmed.
+    #[test]
+    fn a_collector_that_left_during_a_long_tile_keeps_it_unconfirmed_past_max_buffer_past() {
+        let mut marks = opened_at_now(&[(1, "a", Some(NOW)), (2, "b", Some(NOW))]);
+        marks = marks.remembering_departed_for(60_000);
+        marks.advance(2, Some(NOW + 40_000), NOW + 40_500);
+        marks.closed(2, NOW + 49_000);
+        let end = NOW + 60_000;
+        marks.advance(1, Some(end), end);
+        // What admission does before closing: b holds nothing any more...
+        assert_eq!(marks.horizon(end), (end, Trigger::Watermark));
+        assert_eq!(marks.next_clock_close_ms(end + 10_000, end), end + 18_000);
+        // ...but it sent into the tile and never confirmed its end.
+        assert!(!marks.confirms(NOW, end));
+        // Remembered until no tile it may have sent into can still be open.
+        marks.advance(1, Some(NOW + 110_000), NOW + 110_000);
+        marks.horizon(NOW + 110_000);
+        assert!(!marks.confirms(NOW, end));
+        marks.horizon(NOW + 49_000 + 68_001);
+        assert!(marks.confirms(NOW, end), "forgotten once the longest tile and max_buffer_past passed");
     }
 
     #[test]

@@ -22,6 +22,8 @@ pub struct Flushed {
     pub value: Value,
     /// When the aggregator flushed it (its clock), unix milliseconds.
     pub flushed_at_ms: i64,
+    /// Whether its batch was marked incomplete (a copy that may lack partials).
+    pub incomplete: bool,
 }
 
 impl Flushed {
@@ -147,6 +149,7 @@ async fn connection(mut stream: tokio::net::TcpStream, received: Arc<Mutex<Recei
                         source: batch.source.clone(),
                         value,
                         flushed_at_ms: batch.flushed_at_ms,
+                        incomplete: batch.incomplete,
                     });
                 }
             } else {

@@ -500,6 +500,36 @@ fn of_two_incomplete_copies_the_larger_replaces_the_other_and_a_whole_copy_still
     assert_eq!(converted(&mut converter, &counter_batch(30_000, "agg-1", "c", 1.0))[0].1, 13.0);
 }
 
+/// Fault campaign seed 61: a follower's larger incomplete copy replaced the leader's; its
+/// gauges and sets were written again at the tile's end, where storage held the leader's
+/// other values, and Prometheus refused each whole request (duplicate sample for
+/// timestamp), the counters' corrections with it.
+#[test]
+fn a_second_incomplete_copy_writes_its_correction_and_no_gauge_or_set_where_the_first_one_wrote() {
+    let mut converter = Converter::new(&[0.5], 3_600_000);
+    let copy = |source: &str, count: f64, gauge: f64, members: &[&str]| {
+        let mut batch = gauge_and_set_batch(20_000, gauge, members);
+        batch.tiles.push(tile("c", MetricType::Counter, Aggregate::Counter(count)));
+        batch.source = source.to_owned();
+        incomplete(batch)
+    };
+    assert_eq!(stamped(&mut converter, &copy("agg-2", 3.0, 20.0, &["a"])), [(20.0, 0), (1.0, 0), (3.0, 0)]);
+    // Another batch of the same (leader's) copy, other series: written at the end too.
+    let other_batch = incomplete(TileBatch {
+        source: "agg-2".into(),
+        ..batch(20_000, vec![tile("temp2", MetricType::Gauge, Aggregate::Gauge(Box::new(Gauge::with_value(5.0, 1))))])
+    });
+    assert_eq!(stamped(&mut converter, &other_batch), [(5.0, 0)]);
+    // The follower's larger copy: its counter replaces (the correction 1 ms after the end),
+    // and nothing is written again at 20 000, where storage holds agg-2's values.
+    let larger = converter.convert(&copy("agg-1", 6.0, 22.0, &["a", "b"]), 0).unwrap();
+    converter.commit();
+    let samples: Vec<(f64, i64)> =
+        larger.record.samples.iter().map(|sample| (sample.value, sample.timestamp_ms)).collect();
+    assert_eq!(samples, [(6.0, 20_001)], "only the counter's correction, after the tile's end");
+    assert_eq!((larger.skipped[SkipReason::Replaced], larger.skipped[SkipReason::Incomplete]), (1, 2));
+}
+
 #[test]
 fn a_native_histogram_takes_the_larger_incomplete_copy_and_then_the_whole_one() {
     let mut converter = Converter::new(&[0.5], 3_600_000).with_histograms(HistogramMode::Native, 160);
@@ -545,11 +575,15 @@ fn a_whole_copy_after_an_incomplete_one_writes_its_gauges_and_sets_after_it_and_
         stamped(&mut converter, &gauge_and_set_batch(20_000, 22.0, &["a", "b"])),
         [(22.0, 20_001), (2.0, 20_001)]
     );
-    // The next tile, and a whole copy of the one before it, now out of order: at the end.
+    // The next tile, and a whole copy of the one before it, now out of order: a correction
+    // would be refused, and so would another value where the incomplete copy's are
+    // stored (with the whole request). It is late.
     assert_eq!(stamped(&mut converter, &gauge_and_set_batch(30_000, 23.0, &["c"])), [(23.0, 0), (1.0, 0)]);
     assert_eq!(stamped(&mut converter, &incomplete(gauge_and_set_batch(40_000, 1.0, &["d"]))).len(), 2);
     assert_eq!(stamped(&mut converter, &gauge_and_set_batch(50_000, 2.0, &["e"])).len(), 2);
-    assert_eq!(stamped(&mut converter, &gauge_and_set_batch(40_000, 3.0, &["d", "f"])), [(3.0, 0), (2.0, 0)]);
+    let conversion = converter.convert(&gauge_and_set_batch(40_000, 3.0, &["d", "f"]), 0).unwrap();
+    converter.commit();
+    assert_eq!((conversion.record.samples.len(), conversion.skipped[SkipReason::Late]), (0, 2));
     // Written whole first, an incomplete copy writes nothing.
     let conversion = converter.convert(&incomplete(gauge_and_set_batch(30_000, 9.0, &["x"])), 0).unwrap();
     assert_eq!((conversion.record.samples.len(), conversion.skipped[SkipReason::Incomplete]), (0, 2));
