@@ -56,7 +56,7 @@
 //! | same end, another value, this copy incomplete | incomplete | unchanged | `reason="incomplete"` |
 //! | same end, another value, both whole | conflict: two whole copies disagree, which no fault the design survives explains | unchanged (the first one stays) | `reason="conflict"` |
 //! | older, and that tile was written | duplicate | unchanged | `reason="duplicate"` |
-//! | older, never written (**late**: its tile was written elsewhere or not at all) | late | adds; the new total is written at once as a **correction**, one millisecond after the series' newest sample (at its own timestamp, [`StoredSample::timestamp_ms`]: the tile's own end would be out of order), so a series that then goes idle shows it too; more than `resolution − 2` corrections between two tiles leave the rest to the next sample | `reason="late"` |
+//! | older, never written (**late**: its tile was written nowhere; a tile before the first of a total adopted from another writer counts as written, the earlier writer's) | late | adds; the new total is written at once as a **correction**, one millisecond after the series' newest sample (at its own timestamp, [`StoredSample::timestamp_ms`]: the tile's own end would be out of order), so a series that then goes idle shows it too; more than `resolution − 2` corrections between two tiles leave the rest to the next sample | `reason="late"` |
 //! | another statsd series with the same Prometheus name (`a.b` and `a_b` both become `a_b`) | name collision | unchanged: the first series keeps the name | `reason="name_collision"`, logged |
 //!
 //! Whoever sends a tile, it is never added twice to a total: what the converter remembers is
@@ -322,7 +322,8 @@ struct Total {
     last_tile_end_ms: i64,
     /// What that tile added (a duplicate adds the same).
     last_delta: f64,
-    /// Bit `k`: the tile ending `k` resolutions before `last_tile_end_ms` was written.
+    /// Bit `k`: the tile ending `k` resolutions before `last_tile_end_ms` was written (or
+    /// is before the first tile of a total adopted from another writer).
     written: u64,
     /// Hash of the statsd series (kind and id) the total belongs to; [`UNKNOWN_ORIGIN`]
     /// when rolled forward from the queue at start, until a tile adopts it.
@@ -1406,7 +1407,14 @@ impl Converter {
                 value: delta,
                 last_tile_end_ms: at.end_ms,
                 last_delta: delta,
-                written: 1,
+                // A total adopted from another writer (a new epoch of its shard, begun with
+                // an explicit reset) owns no tile before its first: those are the series'
+                // samples before the reset, its earlier writer's, and a copy of one that
+                // comes later is a duplicate, not late (found by the fault campaign, seed 62
+                // at 5 minutes: the follower's completion of a tile whose leader copy a
+                // paused, failed-over ingester had written reached the new owner after its
+                // next tile and was added again: 989 series counted a tile twice).
+                written: if at.epoch > 0 { u64::MAX } else { 1 },
                 origin: at.origin,
                 epoch: at.epoch,
                 shard: at.shard,

@@ -417,3 +417,38 @@ fn a_stale_tile_of_a_lost_shard_is_not_a_gain_that_a_later_failover_goes_on_from
         assert_eq!(one(&mut a, 60_000, &id, 2.0), (3.0, false), "then goes on; {why}");
     }
 }
+
+/// Found by the fault campaign, seed 62 at 5 minutes (989 counters and timers counted one
+/// 10 s tile twice). `b` took a shard from `a` at a cutover and was paused past its lease
+/// with the leader's incomplete copy of a tile in flight to it; `a` failed it over and wrote
+/// the next tile from an explicit reset. `b` resumed, wrote the stale tile from a reset of
+/// its own and acknowledged it; the follower's completion of that tile, routed by the new
+/// placement, reached `a` after its newer tile and was folded into `a`'s new total as a
+/// late tile: storage counted the tile twice.
+#[test]
+fn a_copy_of_a_tile_from_before_an_adopted_total_is_a_duplicate_not_late() {
+    let (mut converter, ownership, _, _, _) = setup();
+    let placement = Placement::init(&[("a", "a:1")], SHARDS, 1, 0).unwrap();
+    ownership.publish(OwnershipView::of(&placement, "a"));
+    let timing = tessera_topology::MoveTiming::new(0).with_delay_ms(1).with_boundary_ms(20_000);
+    let joined = placement.add_instance("b", "b:1", timing).unwrap();
+    let view = OwnershipView::of(&joined, "a");
+    let moving = (0..SHARDS as usize).find(|shard| view.cutoff_ms[*shard] > 0).expect("the join moves a shard away");
+    let id = series_in(moving);
+    assert_eq!(one(&mut converter, 10_000, &id, 2.0), (2.0, true));
+    ownership.publish(view);
+    assert_eq!(one(&mut converter, 20_000, &id, 3.0), (5.0, false), "before the cutoff the total goes on");
+    // `b` writes the tiles after the cutoff, is paused with the tile ending 50 000 in
+    // flight, and `a` fails it over: owned anew, the next tile starts over after a reset.
+    ownership.publish(OwnershipView::of(&joined.fail_over(&["b"], 55_000).unwrap(), "a"));
+    assert_eq!(one(&mut converter, 60_000, &id, 4.0), (4.0, true));
+    // The follower's completion of the tile ending 50 000 (`b` wrote the leader's copy).
+    let mut completion = batch(50_000, vec![counter(&id, 6.0)]);
+    completion.incomplete = true;
+    let conversion = converter.convert(&completion, 0).unwrap();
+    converter.commit();
+    assert!(conversion.record.samples.is_empty(), "no correction: {:?}", conversion.record.samples);
+    assert_eq!(conversion.skipped[SkipReason::Duplicate], 1);
+    assert_eq!(conversion.skipped[SkipReason::Late], 0);
+    assert_eq!(one(&mut converter, 70_000, &id, 1.0), (5.0, false), "the total goes on without it");
+}
