@@ -19,7 +19,11 @@
 //!
 //! Runs on its own thread. Cuts arrive as readers notice that their window
 //! has turned: every reader hands in one cut per window it moves past,
-//! empty or not, saying how far it has got. A window is flushed as soon as
+//! empty or not, saying how far it has got, in pieces of at most
+//! 16 384 series (the readers' `PIECE_SERIES`). With one reader and
+//! no rules in force, the pieces of a window are routed as they come and given
+//! back at once (the window is never held whole here); otherwise they are put
+//! together into the reader's cut first. A window is flushed as soon as
 //! every reader has moved past it, and at the latest `flush_delay` after it
 //! ends. A cut that arrives later still goes out, as its own batch stamped
 //! with its window. On shutdown (every reader gone) the flusher sends
