@@ -81,7 +81,7 @@ use tessera_runtime::RateLimitedLog;
 
 static COLLISION_LOG: RateLimitedLog = RateLimitedLog::new("ingester.name_collision", 5);
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -445,6 +445,10 @@ pub struct Converter {
     /// start of the tile that gained it ahead of the view (`i64::MAX`: none).
     cutovers: Vec<i64>,
     gained_ahead_at: Vec<i64>,
+    /// Per shard: the cutoff at which this ingester gives it away in the last view taken in
+    /// (0: none). Once a tile ending after it was converted, the shard's totals are of a
+    /// tenure that ended: its receiver writes it from an explicit reset.
+    cutoffs: Vec<i64>,
     /// Per shard: the oldest epoch whose totals are of a tenure this process held. A shard
     /// it did not own all along at its first view (joining, rejoined, or not owned) has
     /// none below its first epoch: any total there was restored from a tenure that ended.
@@ -504,27 +508,38 @@ enum PerTile {
     /// written, so that storage, which keeps the first value at a timestamp, reads the
     /// whole one as the tile's last sample.
     Correction,
-    /// Not at all, counted as `Verdict`: storage holds another copy's values of this
-    /// tile at its end already, and a different value there (or a correction after a
-    /// newer tile) is refused. Prometheus refuses the whole request with it, the
-    /// counters' corrections included (found by the fault campaign, seed 61).
+    /// Not at all, counted as `Verdict`: a whole copy of this tile was written already.
     Skip(Verdict),
+    /// At the tile's end for a series no earlier incomplete copy wrote a value of there;
+    /// not at all (counted as `Verdict`) for one it did: storage holds that value, a
+    /// different one at its timestamp (or a correction after a newer tile) is refused, and
+    /// Prometheus refuses the whole request with it, the counters' corrections included
+    /// (found by the fault campaign, seed 61).
+    UnlessWritten(Verdict),
 }
 
 /// The ends of recent tiles converted from incomplete and from whole copies, per
 /// resolution (a few dozen each); an incomplete copy's with its aggregator (a hash of
 /// the batch's source), since one copy comes in several batches, each with its own
-/// series.
+/// series. For the last few tiles with incomplete copies, which series got a value
+/// at the tile's end from one.
 #[derive(Debug, Default)]
 struct TileCopies {
     incomplete: std::collections::VecDeque<(i64, i64, u64)>,
     whole: std::collections::VecDeque<(i64, i64)>,
     /// Per resolution, the newest tile end converted.
     newest: Vec<(i64, i64)>,
+    /// `(resolution, end)` of a tile with an incomplete copy, and the series (hashes of
+    /// their ids) whose gauge or set value an incomplete copy wrote at its end.
+    written_at_end: std::collections::VecDeque<((i64, i64), HashSet<u64>)>,
 }
 
 /// Tile copies remembered, per kind of copy.
 const TILE_COPIES_KEPT: usize = 64;
+
+/// Tiles whose series written at the end by an incomplete copy are remembered (incomplete
+/// copies come only with faults; each tile's set holds its gauge and set series).
+const WRITTEN_AT_END_KEPT: usize = 8;
 
 impl TileCopies {
     /// Where the gauges and sets of a copy from `source` (a hash of the batch's source)
@@ -541,26 +556,47 @@ impl TileCopies {
         let whole_seen = self.whole.contains(&key);
         let mut incomplete_seen = self.incomplete.iter().filter(|&&(resolution, end, _)| (resolution, end) == key);
         let answer = if incomplete {
-            // After a whole copy, or after another aggregator's incomplete one (seed 61: a
-            // follower's larger copy replaced the leader's; its gauges and sets went where
-            // the leader's were stored, and each whole request was refused).
-            if whole_seen || incomplete_seen.any(|&(_, _, seen)| seen != source) {
+            if whole_seen {
                 PerTile::Skip(Verdict::Incomplete)
+            } else if incomplete_seen.any(|&(_, _, seen)| seen != source) {
+                // Another aggregator's incomplete copy (seed 61: a follower's larger copy
+                // replaced the leader's; its gauges and sets went where the leader's were
+                // stored, and each whole request was refused).
+                PerTile::UnlessWritten(Verdict::Incomplete)
             } else {
                 PerTile::AtEnd
             }
         } else if incomplete_seen.next().is_some() {
             // Once a newer tile was written, a correction would be out of order.
-            if newest <= end_ms { PerTile::Correction } else { PerTile::Skip(Verdict::Late) }
+            if newest <= end_ms { PerTile::Correction } else { PerTile::UnlessWritten(Verdict::Late) }
         } else {
             PerTile::AtEnd
         };
         if incomplete {
             remember(&mut self.incomplete, (resolution_ms, end_ms, source));
+            if !self.written_at_end.iter().any(|(tile, _)| *tile == key) {
+                self.written_at_end.push_back((key, HashSet::new()));
+                if self.written_at_end.len() > WRITTEN_AT_END_KEPT {
+                    self.written_at_end.pop_front();
+                }
+            }
         } else {
             remember(&mut self.whole, key);
         }
         answer
+    }
+
+    /// Whether an incomplete copy wrote the value of `series` (a hash of its id) at the end
+    /// of the tile `key`; a tile no longer remembered counts as written.
+    fn written_at_end(&self, key: (i64, i64), series: u64) -> bool {
+        self.written_at_end.iter().find(|(tile, _)| *tile == key).is_none_or(|(_, written)| written.contains(&series))
+    }
+
+    /// Records that an incomplete copy wrote the value of `series` at the end of tile `key`.
+    fn note_written_at_end(&mut self, key: (i64, i64), series: u64) {
+        if let Some((_, written)) = self.written_at_end.iter_mut().find(|(tile, _)| *tile == key) {
+            written.insert(series);
+        }
     }
 }
 
@@ -621,6 +657,7 @@ impl Converter {
             epochs: Vec::new(),
             tenures: Vec::new(),
             cutovers: Vec::new(),
+            cutoffs: Vec::new(),
             gained_ahead_at: Vec::new(),
             first_epoch_held: Vec::new(),
             lost: Vec::new(),
@@ -732,6 +769,7 @@ impl Converter {
             self.owned = view.owned.clone();
             self.tenures = view.tenure.clone();
             self.cutovers = view.cutover_ms.clone();
+            self.cutoffs = view.cutoff_ms.clone();
             self.gained_ahead_at = vec![i64::MAX; view.owned.len()];
             self.lost = vec![false; view.owned.len()];
             self.stale_open = vec![false; view.owned.len()];
@@ -766,6 +804,7 @@ impl Converter {
             self.owned[shard] = now;
             self.tenures[shard] = view.tenure[shard];
             self.cutovers[shard] = view.cutover_ms[shard];
+            self.cutoffs[shard] = view.cutoff_ms[shard];
             self.gained_ahead_at[shard] = i64::MAX;
         }
     }
@@ -803,6 +842,7 @@ impl Converter {
             self.tenures[shard] = GAINED_AHEAD;
             self.gained_ahead_at[shard] = tile_start_ms;
             self.cutovers[shard] = 0;
+            self.cutoffs[shard] = 0;
             self.ownership_changed = true;
         } else if tile_start_ms < self.cutovers[shard]
             && self.epochs[shard] > self.first_epoch_held.get(shard).copied().unwrap_or(0)
@@ -832,7 +872,19 @@ impl Converter {
             None => !self.ownership_changed,
             Some(shard) => {
                 let shard = shard as usize;
-                self.owned.get(shard).is_some_and(|owned| *owned) && self.epochs.get(shard) == Some(&total.epoch)
+                // Given away at a cutoff a converted tile has passed: the receiver writes the
+                // shard from an explicit reset after it, so these totals never go on, though
+                // the shard stays listed until the move is finalized. Kept, a restart within
+                // the lease took them for current after the placement had given the shard
+                // back (a failover of the receiver the converter never took in) and away
+                // again: its first view showed the shard owned all along, and the next tile
+                // went on over what the receiver had written (found by the fault campaign,
+                // seed 65 at 5 minutes: 989 counters and timers doubled in one 10 s tile).
+                let cutoff = self.cutoffs.get(shard).copied().unwrap_or(0);
+                let ended = cutoff > 0 && cutoff < self.newest_tile_end_ms;
+                !ended
+                    && self.owned.get(shard).is_some_and(|owned| *owned)
+                    && self.epochs.get(shard) == Some(&total.epoch)
             }
         }
     }
@@ -935,9 +987,9 @@ impl Converter {
             let verdict = match (kind, &aggregate) {
                 (MetricKind::Counter, Aggregate::Counter(delta)) => self.counter(*delta, &resolution, at),
                 (MetricKind::Gauge, Aggregate::Gauge(gauge)) => {
-                    self.tile_value(&resolution, tile_end_ms, gauge.resolve(Some(0.0)).unwrap_or(0.0))
+                    self.tile_value(&resolution, at, gauge.resolve(Some(0.0)).unwrap_or(0.0))
                 }
-                (MetricKind::Set, Aggregate::Set(set)) => self.tile_value(&resolution, tile_end_ms, set.estimate()),
+                (MetricKind::Set, Aggregate::Set(set)) => self.tile_value(&resolution, at, set.estimate()),
                 (
                     MetricKind::Timer | MetricKind::Histogram | MetricKind::Distribution,
                     Aggregate::Distribution(summary),
@@ -1477,12 +1529,18 @@ impl Converter {
     }
 
     /// A gauge's or a set's value of the tile, where [`PerTile`] says.
-    fn tile_value(&mut self, resolution: &str, tile_end_ms: i64, value: f64) -> Verdict {
+    fn tile_value(&mut self, resolution: &str, at: TileRef, value: f64) -> Verdict {
+        let key = (at.resolution_ms, at.end_ms);
         let timestamp_ms = match self.per_tile {
             PerTile::AtEnd => 0,
-            PerTile::Correction => tile_end_ms + 1,
+            PerTile::Correction => at.end_ms + 1,
             PerTile::Skip(verdict) => return verdict,
+            PerTile::UnlessWritten(verdict) if self.copies.written_at_end(key, at.origin) => return verdict,
+            PerTile::UnlessWritten(_) => 0,
         };
+        if at.incomplete && timestamp_ms == 0 {
+            self.copies.note_written_at_end(key, at.origin);
+        }
         let labels = self.encode(resolution, "", None);
         let kind = SampleKind::Gauge;
         self.spans.push(Span { labels, reset_before: false, histogram: (0, 0), value, kind, timestamp_ms });

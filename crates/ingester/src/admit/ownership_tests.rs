@@ -452,3 +452,51 @@ fn a_copy_of_a_tile_from_before_an_adopted_total_is_a_duplicate_not_late() {
     assert_eq!(conversion.skipped[SkipReason::Late], 0);
     assert_eq!(one(&mut converter, 70_000, &id, 1.0), (5.0, false), "the total goes on without it");
 }
+
+/// Found by the fault campaign, seed 65 at 5 minutes (989 counters and timers doubled in one
+/// 10 s tile). `a` gave a shard to `b` at a cutoff and checkpointed after it, with its totals
+/// of the shard (the shard stays listed until the move is finalized). `b` wrote the shard from
+/// an explicit reset, was paused past its lease and failed over by `a` (the shard given back,
+/// a view `a`'s converter never took in), and joined again to take the shard at a later
+/// cutoff. `a`, killed and restarted within its lease, restored the checkpoint; its first view
+/// showed the shard owned (given away again), so the restored total counted as owned all along
+/// and the next tile went on from it over what `b` had written.
+#[test]
+fn a_checkpoint_keeps_no_total_of_a_shard_given_away_past_its_cutoff() {
+    let placement = Placement::init(&[("a", "a:1")], SHARDS, 1, 0).unwrap();
+    let timing = tessera_topology::MoveTiming::new(0).with_delay_ms(1).with_boundary_ms(20_000);
+    let joined = placement.add_instance("b", "b:1", timing).unwrap();
+    let giving = OwnershipView::of(&joined, "a");
+    let moving = (0..SHARDS as usize).find(|shard| giving.cutoff_ms[*shard] > 0).expect("the join moves a shard away");
+    let kept = (0..SHARDS as usize)
+        .find(|shard| giving.owned[*shard] && giving.cutoff_ms[*shard] == 0)
+        .expect("`a` keeps a shard");
+    assert_eq!(giving.cutoff_ms[moving], 20_000);
+    let (id, own) = (series_in(moving), series_in(kept));
+    // `b` is paused past its lease and failed over at 52 000 (the shard given back), then
+    // joins again at 53 000 and takes it at 60 000.
+    let back = joined.fail_over(&["b"], 52_000).unwrap();
+    let timing = tessera_topology::MoveTiming::new(53_000).with_delay_ms(1).with_boundary_ms(20_000);
+    let again = OwnershipView::of(&back.add_instance("b", "b:1", timing).unwrap(), "a");
+    assert!(again.owned[moving] && !again.joining[moving] && again.cutoff_ms[moving] == 60_000);
+    assert!(again.owned[kept] && again.cutoff_ms[kept] == 0);
+
+    let (mut a1, ownership1, _, _, _) = setup();
+    ownership1.publish(OwnershipView::of(&placement, "a"));
+    assert_eq!(one(&mut a1, 10_000, &id, 2.0), (2.0, true));
+    ownership1.publish(giving);
+    assert_eq!(one(&mut a1, 20_000, &id, 3.0), (5.0, false), "before the cutoff the total goes on");
+    // After the cutoff `b` writes the shard from a reset; `a` writes its own and checkpoints.
+    for end_ms in [30_000, 40_000, 50_000] {
+        one(&mut a1, end_ms, &own, 1.0);
+    }
+    let bytes = a1.encode_checkpoint(checkpoint::CheckpointMeta::default()).into_bytes();
+
+    // The restart within the lease: not rejoined; its first view gives the shard away again.
+    let (mut a2, ownership2, _, _, _) = setup();
+    a2.restore_checkpoint(&bytes).unwrap();
+    assert_eq!(a2.cumulative_series(), 1, "only the total of the shard `a` keeps");
+    ownership2.publish(again);
+    assert_eq!(one(&mut a2, 60_000, &id, 4.0), (4.0, true), "the shard's series start over with a reset");
+    assert_eq!(one(&mut a2, 60_000, &own, 1.0), (4.0, false), "the shard kept goes on");
+}

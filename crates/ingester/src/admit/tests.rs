@@ -528,6 +528,14 @@ fn a_second_incomplete_copy_writes_its_correction_and_no_gauge_or_set_where_the_
         larger.record.samples.iter().map(|sample| (sample.value, sample.timestamp_ms)).collect();
     assert_eq!(samples, [(6.0, 20_001)], "only the counter's correction, after the tile's end");
     assert_eq!((larger.skipped[SkipReason::Replaced], larger.skipped[SkipReason::Incomplete]), (1, 2));
+    // A gauge the leader's copy had nothing of (its collector's link into the leader
+    // stalled) is written at the tile's end: storage holds no value there (the replay of
+    // seed 61 with the first version of this fix lost 962 sets that way).
+    let only_here = incomplete(TileBatch {
+        source: "agg-1".into(),
+        ..batch(20_000, vec![tile("temp3", MetricType::Gauge, Aggregate::Gauge(Box::new(Gauge::with_value(7.0, 1))))])
+    });
+    assert_eq!(stamped(&mut converter, &only_here), [(7.0, 0)]);
 }
 
 #[test]
