@@ -479,6 +479,11 @@ pub struct Converter {
     copies: TileCopies,
     /// Where the gauges and sets of the batch being converted go.
     per_tile: PerTile,
+    /// The copy being converted, and the series it wrote at the tile's end: remembered in
+    /// `copies` on commit, forgotten on rollback (a batch a full disk refused, converted
+    /// again when it comes back, must find the copies as they were).
+    copy_pending: Option<PendingCopy>,
+    written_at_end_pending: Vec<u64>,
     /// The families written, for remote write's metadata (a remote-write target's), and
     /// the unit of timers' families.
     families: Option<(FamilyNotes, &'static str)>,
@@ -543,16 +548,14 @@ const WRITTEN_AT_END_KEPT: usize = 8;
 
 impl TileCopies {
     /// Where the gauges and sets of a copy from `source` (a hash of the batch's source)
-    /// of the tile of `resolution_ms` ending at `end_ms` go, and remembers the copy.
-    fn per_tile(&mut self, resolution_ms: i64, end_ms: i64, incomplete: bool, source: u64) -> PerTile {
+    /// of the tile of `resolution_ms` ending at `end_ms` go, by the copies committed so far.
+    fn per_tile(&self, resolution_ms: i64, end_ms: i64, incomplete: bool, source: u64) -> PerTile {
         let key = (resolution_ms, end_ms);
-        let newest = match self.newest.iter_mut().find(|(resolution, _)| *resolution == resolution_ms) {
-            Some((_, newest)) => std::mem::replace(newest, (*newest).max(end_ms)),
-            None => {
-                self.newest.push(key);
-                end_ms
-            }
-        };
+        let newest = self
+            .newest
+            .iter()
+            .find(|(resolution, _)| *resolution == resolution_ms)
+            .map_or(end_ms, |(_, newest)| *newest);
         let whole_seen = self.whole.contains(&key);
         let mut incomplete_seen = self.incomplete.iter().filter(|&&(resolution, end, _)| (resolution, end) == key);
         let answer = if incomplete {
@@ -572,6 +575,18 @@ impl TileCopies {
         } else {
             PerTile::AtEnd
         };
+        answer
+    }
+
+    /// Remembers a copy once its conversion is committed, with the series (hashes of their
+    /// ids) whose gauge or set value it wrote at the tile's end.
+    fn record(&mut self, copy: PendingCopy, written_at_end: &[u64]) {
+        let PendingCopy { resolution_ms, end_ms, incomplete, source } = copy;
+        let key = (resolution_ms, end_ms);
+        match self.newest.iter_mut().find(|(resolution, _)| *resolution == resolution_ms) {
+            Some((_, newest)) => *newest = (*newest).max(end_ms),
+            None => self.newest.push(key),
+        }
         if incomplete {
             remember(&mut self.incomplete, (resolution_ms, end_ms, source));
             if !self.written_at_end.iter().any(|(tile, _)| *tile == key) {
@@ -580,10 +595,12 @@ impl TileCopies {
                     self.written_at_end.pop_front();
                 }
             }
+            if let Some((_, written)) = self.written_at_end.iter_mut().find(|(tile, _)| *tile == key) {
+                written.extend(written_at_end.iter().copied());
+            }
         } else {
             remember(&mut self.whole, key);
         }
-        answer
     }
 
     /// Whether an incomplete copy wrote the value of `series` (a hash of its id) at the end
@@ -591,13 +608,15 @@ impl TileCopies {
     fn written_at_end(&self, key: (i64, i64), series: u64) -> bool {
         self.written_at_end.iter().find(|(tile, _)| *tile == key).is_none_or(|(_, written)| written.contains(&series))
     }
+}
 
-    /// Records that an incomplete copy wrote the value of `series` at the end of tile `key`.
-    fn note_written_at_end(&mut self, key: (i64, i64), series: u64) {
-        if let Some((_, written)) = self.written_at_end.iter_mut().find(|(tile, _)| *tile == key) {
-            written.insert(series);
-        }
-    }
+/// The tile copy a conversion is of, remembered once it is committed.
+#[derive(Debug, Clone, Copy)]
+struct PendingCopy {
+    resolution_ms: i64,
+    end_ms: i64,
+    incomplete: bool,
+    source: u64,
 }
 
 /// Adds `copy` to the last [`TILE_COPIES_KEPT`] copies `seen`.
@@ -631,6 +650,8 @@ impl Converter {
             newest_tile_end_ms: i64::MIN,
             copies: TileCopies::default(),
             per_tile: PerTile::AtEnd,
+            copy_pending: None,
+            written_at_end_pending: Vec::new(),
             families: None,
             noted_kind: None,
             shedding: None,
@@ -958,6 +979,8 @@ impl Converter {
         let resolution_ms = i64::from(batch.resolution_ms);
         let source = xxhash_rust::xxh3::xxh3_64(batch.source.as_bytes());
         self.per_tile = self.copies.per_tile(resolution_ms, tile_end_ms, batch.incomplete, source);
+        self.copy_pending =
+            Some(PendingCopy { resolution_ms, end_ms: tile_end_ms, incomplete: batch.incomplete, source });
         let mut skipped = SkippedTiles::default();
         let mut tiles = 0u32;
         for tile in &batch.tiles {
@@ -1071,6 +1094,10 @@ impl Converter {
     /// tile time).
     pub fn commit(&mut self) {
         self.undo.clear();
+        if let Some(copy) = self.copy_pending.take() {
+            self.copies.record(copy, &self.written_at_end_pending);
+        }
+        self.written_at_end_pending.clear();
         if let Some(adopted) = &self.adopted {
             adopted.inc_by(std::mem::take(&mut self.adopted_pending));
         }
@@ -1119,6 +1146,8 @@ impl Converter {
     }
 
     fn discard_pending(&mut self) {
+        self.copy_pending = None;
+        self.written_at_end_pending.clear();
         let pending = self.pending.drain(..).map(|(_, histogram)| histogram);
         self.spare.extend(pending);
         self.spare.truncate(SPARE_HISTOGRAMS);
@@ -1539,7 +1568,7 @@ impl Converter {
             PerTile::UnlessWritten(_) => 0,
         };
         if at.incomplete && timestamp_ms == 0 {
-            self.copies.note_written_at_end(key, at.origin);
+            self.written_at_end_pending.push(at.origin);
         }
         let labels = self.encode(resolution, "", None);
         let kind = SampleKind::Gauge;

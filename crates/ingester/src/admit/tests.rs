@@ -538,6 +538,26 @@ fn a_second_incomplete_copy_writes_its_correction_and_no_gauge_or_set_where_the_
     assert_eq!(stamped(&mut converter, &only_here), [(7.0, 0)]);
 }
 
+/// Fault campaign seed 62, replayed with fix 17: a full disk refused the leader's incomplete
+/// copy of a tile after it was converted; the copies remembered its sets as written all the
+/// same, so the follower's copy skipped them, and the leader's, sent again once the disk
+/// had room, skipped them too: 1 000 sets had no sample for that tile.
+#[test]
+fn a_copy_whose_conversion_was_rolled_back_is_not_remembered() {
+    let mut converter = Converter::new(&[0.5], 3_600_000);
+    let copy = |source: &str| {
+        let mut batch = gauge_and_set_batch(20_000, 20.0, &["a"]);
+        batch.source = source.to_owned();
+        incomplete(batch)
+    };
+    assert_eq!(converter.convert(&copy("agg-2"), 0).unwrap().record.samples.len(), 2);
+    converter.rollback();
+    assert_eq!(stamped(&mut converter, &copy("agg-1")), [(20.0, 0), (1.0, 0)], "the follower's copy writes them");
+    let again = converter.convert(&copy("agg-2"), 0).unwrap();
+    converter.commit();
+    assert!(again.record.samples.is_empty(), "written once: {:?}", again.record.samples);
+}
+
 #[test]
 fn a_native_histogram_takes_the_larger_incomplete_copy_and_then_the_whole_one() {
     let mut converter = Converter::new(&[0.5], 3_600_000).with_histograms(HistogramMode::Native, 160);
