@@ -558,7 +558,7 @@ impl TileCopies {
             .map_or(end_ms, |(_, newest)| *newest);
         let whole_seen = self.whole.contains(&key);
         let mut incomplete_seen = self.incomplete.iter().filter(|&&(resolution, end, _)| (resolution, end) == key);
-        let answer = if incomplete {
+        if incomplete {
             if whole_seen {
                 PerTile::Skip(Verdict::Incomplete)
             } else if incomplete_seen.any(|&(_, _, seen)| seen != source) {
@@ -574,8 +574,7 @@ impl TileCopies {
             if newest <= end_ms { PerTile::Correction } else { PerTile::UnlessWritten(Verdict::Late) }
         } else {
             PerTile::AtEnd
-        };
-        answer
+        }
     }
 
     /// Remembers a copy once its conversion is committed, with the series (hashes of their
