@@ -642,6 +642,17 @@ mod tests {
         assert!(report.excused_missing > 0.0);
     }
 
+    /// What an exact pipeline writes at 10 s and 20 s tiles, and those two resolutions.
+    fn exact_at_10s_and_20s(ledger: &[Round]) -> (Observed, Vec<Resolution>) {
+        let mut observed = exact(ledger);
+        exact_at(ledger, "20s", 20_000, &mut observed);
+        let resolutions = vec![
+            Resolution { label: "10s".into(), tile_ms: 10_000, labelled: true },
+            Resolution { label: "20s".into(), tile_ms: 20_000, labelled: true },
+        ];
+        (observed, resolutions)
+    }
+
     /// Fault campaign seed 34 (5 minutes): a 1 min tile lost 24 units of series whose
     /// collector had excused rounds in the same tile, delivered all the same, which covered
     /// the loss tile by tile; the 10 s tiles held every unit. Every admitted batch feeds
@@ -649,12 +660,7 @@ mod tests {
     #[test]
     fn a_resolution_that_holds_less_over_the_run_than_another_is_a_loss() {
         let ledger = ledger(40);
-        let mut observed = exact(&ledger);
-        exact_at(&ledger, "20s", 20_000, &mut observed);
-        let resolutions = vec![
-            Resolution { label: "10s".into(), tile_ms: 10_000, labelled: true },
-            Resolution { label: "20s".into(), tile_ms: 20_000, labelled: true },
-        ];
+        let (mut observed, resolutions) = exact_at_10s_and_20s(&ledger);
         // Collector 0 was starved at 12–14 s (its rounds excused, but they arrived), and the
         // 20 s tile lost two rounds of 16–17 s all the same.
         let excuse = Excuse { collector: 0, from_ms: 11_900, to_ms: 14_100, why: "starve col-1".into() };
@@ -681,12 +687,7 @@ mod tests {
     #[test]
     fn a_resolution_reported_doubled_is_not_the_measure_of_the_others() {
         let ledger = ledger(40);
-        let mut observed = exact(&ledger);
-        exact_at(&ledger, "20s", 20_000, &mut observed);
-        let resolutions = vec![
-            Resolution { label: "10s".into(), tile_ms: 10_000, labelled: true },
-            Resolution { label: "20s".into(), tile_ms: 20_000, labelled: true },
-        ];
+        let (mut observed, resolutions) = exact_at_10s_and_20s(&ledger);
         let points = observed.get_mut(&(Kind::Counter, "10s".into())).unwrap().get_mut(&0).unwrap();
         // The tile ending 20 000 again, as a correction one millisecond later.
         let twice = points[1].1 - points[0].1;

@@ -179,12 +179,7 @@ fn a_checkpoint_leaves_out_the_totals_of_a_lost_shard_and_keeps_the_shard_of_the
 #[test]
 fn a_shard_given_away_then_back_by_a_failover_starts_its_total_over() {
     let (mut converter, ownership, adopted, _, _) = setup();
-    let placement = Placement::init(&[("a", "a:1")], SHARDS, 1, 0).unwrap();
-    ownership.publish(OwnershipView::of(&placement, "a"));
-    let timing = tessera_topology::MoveTiming::new(0).with_delay_ms(1).with_boundary_ms(20_000);
-    let joined = placement.add_instance("b", "b:1", timing).unwrap();
-    let view = OwnershipView::of(&joined, "a");
-    let moving = (0..SHARDS as usize).find(|shard| view.cutoff_ms[*shard] > 0).expect("the join moves a shard away");
+    let (placement, joined, view, moving) = b_joins_at_20s(&ownership);
     assert_eq!(view.owned_count(), SHARDS as usize, "a shard being given away is still listed until finalized");
     let id = (0..1000)
         .map(|n| format!("hits|#n:{n}"))
@@ -428,12 +423,7 @@ fn a_stale_tile_of_a_lost_shard_is_not_a_gain_that_a_later_failover_goes_on_from
 #[test]
 fn a_copy_of_a_tile_from_before_an_adopted_total_is_a_duplicate_not_late() {
     let (mut converter, ownership, _, _, _) = setup();
-    let placement = Placement::init(&[("a", "a:1")], SHARDS, 1, 0).unwrap();
-    ownership.publish(OwnershipView::of(&placement, "a"));
-    let timing = tessera_topology::MoveTiming::new(0).with_delay_ms(1).with_boundary_ms(20_000);
-    let joined = placement.add_instance("b", "b:1", timing).unwrap();
-    let view = OwnershipView::of(&joined, "a");
-    let moving = (0..SHARDS as usize).find(|shard| view.cutoff_ms[*shard] > 0).expect("the join moves a shard away");
+    let (_, joined, view, moving) = b_joins_at_20s(&ownership);
     let id = series_in(moving);
     assert_eq!(one(&mut converter, 10_000, &id, 2.0), (2.0, true));
     ownership.publish(view);
@@ -499,4 +489,17 @@ fn a_checkpoint_keeps_no_total_of_a_shard_given_away_past_its_cutoff() {
     ownership2.publish(again);
     assert_eq!(one(&mut a2, 60_000, &id, 4.0), (4.0, true), "the shard's series start over with a reset");
     assert_eq!(one(&mut a2, 60_000, &own, 1.0), (4.0, false), "the shard kept goes on");
+}
+
+/// `a` alone in its placement (its view published to `ownership`), then `b` joining with a
+/// move at 20 000: both placements, `a`'s view of the second (not yet published), and a
+/// shard `a` gives away.
+fn b_joins_at_20s(ownership: &Ownership) -> (Placement, Placement, OwnershipView, usize) {
+    let placement = Placement::init(&[("a", "a:1")], SHARDS, 1, 0).unwrap();
+    ownership.publish(OwnershipView::of(&placement, "a"));
+    let timing = tessera_topology::MoveTiming::new(0).with_delay_ms(1).with_boundary_ms(20_000);
+    let joined = placement.add_instance("b", "b:1", timing).unwrap();
+    let view = OwnershipView::of(&joined, "a");
+    let moving = (0..SHARDS as usize).find(|shard| view.cutoff_ms[*shard] > 0).expect("the join moves a shard away");
+    (placement, joined, view, moving)
 }
