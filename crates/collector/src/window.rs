@@ -185,8 +185,7 @@ impl Flusher {
             // below a watermark that this piece has not moved yet.
             self.close_stream();
         }
-        let through = self.readers.entry(piece.reader).or_insert(piece.through_ms);
-        *through = (*through).max(piece.through_ms);
+        self.note_through(&piece);
         if self.stream.is_some() {
             return self.stream_piece(piece);
         }
@@ -253,10 +252,15 @@ impl Flusher {
         self.record_flush(start, stream.emitted, stream.started);
     }
 
-    /// Takes a reader's whole cut of a window.
-    fn merge(&mut self, cut: Cut) {
+    /// Notes how far the reader of `cut` (or of a piece of one) has got.
+    fn note_through(&mut self, cut: &Cut) {
         let through = self.readers.entry(cut.reader).or_insert(cut.through_ms);
         *through = (*through).max(cut.through_ms);
+    }
+
+    /// Takes a reader's whole cut of a window.
+    fn merge(&mut self, cut: Cut) {
+        self.note_through(&cut);
         if cut.entries.is_empty() {
             let _ = self.spare_cuts.try_send(cut);
             return;
