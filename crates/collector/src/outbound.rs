@@ -4,7 +4,7 @@
 //! [`tessera_wire::run_sender`]).
 //!
 //! ```text
-//!  flusher ──route_window(window, watermark)──▶ Router (route.rs)
+//!  flusher ──open / route_series / close_window──▶ Router (route.rs)
 //!                                                 │ shard ─▶ owners; encode once per owner,
 //!                                                 │ by dictionary ref when on (dictionary.rs)
 //!                          ┌──────────────────────┼──────────────────────┐

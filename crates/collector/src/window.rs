@@ -245,11 +245,8 @@ impl Flusher {
     /// Queues the window being streamed, with the watermark as it stands.
     fn close_stream(&mut self) {
         let Some(stream) = self.stream.take() else { return };
-        let start = stream.window_start_ms;
-        let watermark_ms = self.watermark_ms().min(start + self.settings.window_ms);
-        self.router.close_window(start, watermark_ms);
-        self.watermark_sent_ms = self.watermark_sent_ms.max(watermark_ms);
-        self.record_flush(start, stream.emitted, stream.started);
+        self.close_window(stream.window_start_ms);
+        self.record_flush(stream.window_start_ms, stream.emitted, stream.started);
     }
 
     /// Notes how far the reader of `cut` (or of a piece of one) has got.
@@ -448,11 +445,19 @@ impl Flusher {
         window_start_ms: i64,
         series: impl FnOnce(&mut dyn FnMut(MetricKind, &[u8], &Aggregate)) -> usize,
     ) -> usize {
-        // This window is out of `windows` already: what is held now bounds the watermark.
-        let watermark_ms = self.watermark_ms().min(window_start_ms + self.settings.window_ms);
-        let emitted = self.router.route_window(window_start_ms, watermark_ms, series);
-        self.watermark_sent_ms = self.watermark_sent_ms.max(watermark_ms);
+        self.router.open_window();
+        let emitted = self.router.route_series(window_start_ms, series);
+        self.close_window(window_start_ms);
         emitted
+    }
+
+    /// Queues the window at `window_start_ms` routed so far, its last batch carrying the
+    /// watermark as it stands, capped at the window's end. The window is out of `windows`
+    /// (and no longer streamed) already: what is held now bounds the watermark.
+    fn close_window(&mut self, window_start_ms: i64) {
+        let watermark_ms = self.watermark_ms().min(window_start_ms + self.settings.window_ms);
+        self.router.close_window(window_start_ms, watermark_ms);
+        self.watermark_sent_ms = self.watermark_sent_ms.max(watermark_ms);
     }
 }
 

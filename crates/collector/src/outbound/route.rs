@@ -43,6 +43,11 @@ struct Routes {
 }
 
 /// Routes, encodes and queues windows for the aggregators of the current placement.
+///
+/// A window is routed as [`Router::open_window`], then [`Router::route_series`] (once, or
+/// once a piece with [`Router::routes_in_pieces`]), then [`Router::close_window`]. Each
+/// series is encoded once, straight into the shard buffers of the destinations that own
+/// it; frames are cut from those buffers.
 pub struct Router {
     settings: OutboundSettings,
     placement: PlacementHandle,
@@ -86,24 +91,6 @@ impl Router {
     /// The queue of `key`'s aggregator (its metrics labelled by instance id).
     fn queue(&self, key: &DestinationKey) -> Arc<DestinationQueue> {
         self.destinations.queue_of(key, &key.1, &key.0)
-    }
-
-    /// Routes and queues the window at `window_start_ms`, its batches
-    /// carrying `watermark_ms`; returns its series. `series` calls its
-    /// argument once per series of the window and returns how many there were.
-    ///
-    /// Each series is encoded once, straight into the shard buffers of the
-    /// destinations that own it; frames are then cut from whole buffers.
-    pub fn route_window(
-        &mut self,
-        window_start_ms: i64,
-        watermark_ms: i64,
-        series: impl FnOnce(&mut dyn FnMut(MetricKind, &[u8], &Aggregate)) -> usize,
-    ) -> usize {
-        self.open_window();
-        let emitted = self.route_series(window_start_ms, series);
-        self.close_window(window_start_ms, watermark_ms);
-        emitted
     }
 
     /// Whether a window may be routed in pieces ([`Router::route_series`] called more
