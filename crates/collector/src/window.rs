@@ -183,6 +183,7 @@ impl Flusher {
         if streamed.is_some_and(|streamed| streamed != (piece.reader, piece.window_start_ms)) {
             // The rest of that window will not come (its reader has gone): it goes as is,
             // below a watermark that this piece has not moved yet.
+            tracing::warn!(window_start_ms = ?streamed.map(|(_, start)| start), "a window's cut stopped part way; sending what came of it");
             self.close_stream();
         }
         self.note_through(&piece);
@@ -203,6 +204,10 @@ impl Flusher {
                 return;
             }
             // Another window: the rest of this one will not come.
+            tracing::warn!(
+                window_start_ms = assembled.window_start_ms,
+                "a window's cut stopped part way; sending what came of it"
+            );
             self.merge(assembled);
         }
         if !piece.more {
