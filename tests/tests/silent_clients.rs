@@ -38,7 +38,9 @@ async fn silent_clients(address: SocketAddr, role: Role) -> Vec<WireStream> {
     for index in 0..SILENT {
         let endpoint = endpoint.clone();
         connecting.spawn(async move {
-            tessera_wire::connect(&endpoint, role, &format!("silent-{index}"), Duration::from_secs(5), None).await.ok()
+            tessera_wire::connect(&endpoint, role, &format!("silent-{index}"), 0, Duration::from_secs(5), None)
+                .await
+                .ok()
         });
     }
     connecting.join_all().await.into_iter().flatten().collect()
@@ -51,7 +53,7 @@ async fn silent_clients(address: SocketAddr, role: Role) -> Vec<WireStream> {
 async fn byte_a_second(address: SocketAddr, role: Role) -> Duration {
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut stream = loop {
-        match tessera_wire::connect(&address.to_string(), role, "slow", Duration::from_secs(5), None).await {
+        match tessera_wire::connect(&address.to_string(), role, "slow", 0, Duration::from_secs(5), None).await {
             Ok(stream) => break stream,
             Err(error) if Instant::now() < deadline => {
                 eprintln!("slow client refused ({error:?}); trying again");

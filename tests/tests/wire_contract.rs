@@ -39,6 +39,7 @@ async fn partials_cross_a_real_socket_and_merge_back_exactly() {
         window_ms: 1000,
         placement_version: 1,
         watermark_ms: 1000,
+        expanded_from: 0,
         shards: by_shard.into_iter().map(|(shard, series)| ShardPartials { shard, series }).collect(),
     };
 

@@ -99,7 +99,8 @@ fn handshake(
     tls: Option<&Arc<ClientTls>>,
 ) -> Result<Vec<u8>, String> {
     runtime.block_on(async {
-        let connected = connect(&address.to_string(), Role::Tool, "wire-tls-test", Duration::from_secs(5), tls).await;
+        let connected =
+            connect(&address.to_string(), Role::Tool, "wire-tls-test", 0, Duration::from_secs(5), tls).await;
         match connected {
             Ok(WireStream::Client(stream)) => {
                 let certificates = stream.get_ref().1.peer_certificates().expect("a TLS server presents one");

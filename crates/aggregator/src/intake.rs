@@ -45,6 +45,8 @@ pub enum Inbound {
         connection: u64,
         /// The collector's instance id.
         source: String,
+        /// The collector's stream of batches to this aggregator (`Hello.stream`; 0: none).
+        stream: u64,
     },
     /// A frame, to be answered.
     Frame(FrameJob),
@@ -79,8 +81,8 @@ pub fn run_decoder(
         let job = match job {
             Inbound::Frame(job) => job,
             // Admission is gone only at shutdown, when nothing is left to close.
-            Inbound::Opened { connection, source } => {
-                let _ = admission.send(AdmissionJob::Opened { connection, source });
+            Inbound::Opened { connection, source, stream } => {
+                let _ = admission.send(AdmissionJob::Opened { connection, source, stream });
                 continue;
             }
             Inbound::Closed { connection } => {

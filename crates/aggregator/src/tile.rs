@@ -23,6 +23,7 @@ mod merge;
 mod metrics;
 mod ownership;
 mod policy;
+mod resends;
 mod tiler;
 mod watermark;
 

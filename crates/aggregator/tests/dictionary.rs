@@ -9,6 +9,7 @@ mod support;
 
 use std::net::{SocketAddr, UdpSocket};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use support::{TileReceiver, collector_config, test_config, wait_until};
@@ -19,16 +20,22 @@ use tessera_proto::AckReason;
 use tessera_runtime::{Shutdown, Telemetry};
 use tessera_topology::testing::EtcdServer;
 use tessera_topology::{MoveTiming, Placement, PlacementHandle, PlacementSource, PlacementStore};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
 
 const POLICIES: [&str; 2] = ["500ms:1h", "1s:1h"];
 const SERIES: usize = 200;
 
-/// A TCP relay whose connections can all be cut at once.
+/// A TCP relay whose connections can all be cut at once, and whose newest
+/// connection can be made to swallow the aggregator's answers.
 struct Relay {
     address: SocketAddr,
     cut: Arc<Notify>,
+    /// Connections opened so far (numbered from 1).
+    opened: Arc<AtomicU64>,
+    /// The connection whose answers go nowhere (0: none).
+    silenced: Arc<AtomicU64>,
 }
 
 impl Relay {
@@ -36,25 +43,48 @@ impl Relay {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = listener.local_addr().unwrap();
         let cut = Arc::new(Notify::new());
-        let cuts = cut.clone();
+        let (opened, silenced) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        let (cuts, opens, silence) = (cut.clone(), opened.clone(), silenced.clone());
         tokio::spawn(async move {
-            while let Ok((mut inbound, _)) = listener.accept().await {
-                let cut = cuts.clone();
+            while let Ok((inbound, _)) = listener.accept().await {
+                let (cut, silenced) = (cuts.clone(), silence.clone());
+                let number = opens.fetch_add(1, Ordering::SeqCst) + 1;
                 tokio::spawn(async move {
-                    let Ok(mut outbound) = TcpStream::connect(target).await else { return };
+                    let Ok(outbound) = TcpStream::connect(target).await else { return };
+                    let ((mut from_client, mut to_client), (mut from_server, mut to_server)) =
+                        (inbound.into_split(), outbound.into_split());
+                    let answers = async {
+                        let mut buffer = vec![0; 64 << 10];
+                        loop {
+                            let read = from_server.read(&mut buffer).await;
+                            let Ok(read @ 1..) = read else { return };
+                            if silenced.load(Ordering::SeqCst) != number
+                                && to_client.write_all(&buffer[..read]).await.is_err()
+                            {
+                                return;
+                            }
+                        }
+                    };
                     tokio::select! {
-                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                        _ = tokio::io::copy(&mut from_client, &mut to_server) => {}
+                        () = answers => {}
                         () = cut.notified() => {}
                     }
                 });
             }
         });
-        Relay { address, cut }
+        Relay { address, cut, opened, silenced }
     }
 
     /// Drops every connection open now.
     fn cut(&self) {
         self.cut.notify_waiters();
+    }
+
+    /// From now on the newest connection passes batches on but no answer back: the
+    /// collector's ack timeout ends it, and what it sent went in.
+    fn silence_answers(&self) {
+        self.silenced.store(self.opened.load(Ordering::SeqCst), Ordering::SeqCst);
     }
 }
 
@@ -97,13 +127,35 @@ async fn start_aggregator_on(
 }
 
 async fn start_collector(endpoint: String) -> (Collector, Shutdown) {
-    start_collector_on(PlacementHandle::fixed(Placement::init(&[("agg-1", endpoint)], 8, 1, 0).unwrap())).await
+    start_collector_with(endpoint, true, None).await
+}
+
+/// A collector sending to `endpoint` only, with or without its series dictionary, and with
+/// `ack_timeout_ms` if given.
+async fn start_collector_with(
+    endpoint: String,
+    series_dictionary: bool,
+    ack_timeout_ms: Option<u64>,
+) -> (Collector, Shutdown) {
+    let routed = PlacementHandle::fixed(Placement::init(&[("agg-1", endpoint)], 8, 1, 0).unwrap());
+    start_collector_configured(routed, series_dictionary, ack_timeout_ms).await
 }
 
 async fn start_collector_on(routed: PlacementHandle) -> (Collector, Shutdown) {
+    start_collector_configured(routed, true, None).await
+}
+
+async fn start_collector_configured(
+    routed: PlacementHandle,
+    series_dictionary: bool,
+    ack_timeout_ms: Option<u64>,
+) -> (Collector, Shutdown) {
     let shutdown = Shutdown::new();
     let mut config = collector_config();
-    config.forward.series_dictionary = true;
+    config.forward.series_dictionary = series_dictionary;
+    if let Some(ack_timeout_ms) = ack_timeout_ms {
+        config.forward.ack_timeout_ms = ack_timeout_ms;
+    }
     let collector =
         Collector::start(config, routed, Telemetry::new("collector", "test"), shutdown.clone()).await.unwrap();
     (collector, shutdown)
@@ -181,6 +233,49 @@ async fn tiles_stay_exact_when_the_connection_breaks_mid_stream() {
     let connects = collector.metrics().dictionary_generations_ended("agg-1", "connect");
     assert!(connects >= 4, "a new dictionary per connection: {connects}");
     stop(collector, &collector_shutdown, [aggregator], &shutdown).await;
+}
+
+/// The collector's acks stop coming on a connection (three times) while the batches on it
+/// still reach the aggregator and go in: the collector's ack timeout ends the connection and
+/// it sends the batch again on a new one (by the same sequence, or expanded from it when
+/// its refs died with the connection). The aggregator takes each batch once.
+async fn a_batch_sent_again_after_its_ack_timed_out_goes_in_once(series_dictionary: bool) {
+    let receiver = TileReceiver::start().await;
+    let shutdown = Shutdown::new();
+    let aggregator = start_aggregator(&receiver, "127.0.0.1:0", &shutdown).await;
+    let relay = Relay::start(aggregator.listen_addr()).await;
+    let (collector, collector_shutdown) =
+        start_collector_with(relay.address.to_string(), series_dictionary, Some(300)).await;
+    let metrics = aggregator.metrics().clone();
+    let rounds = 120;
+    send_rounds(&collector, rounds, async |round| {
+        if round % 30 == 10 {
+            relay.silence_answers();
+        }
+    })
+    .await;
+    assert_exact(&[&receiver], rounds).await;
+    assert_none_refused(&metrics, &[]);
+    let resent = metrics.tile.resent_batches.get();
+    assert!(resent >= 3, "each silenced connection's last batch came again: {resent} re-sent batches taken");
+    assert!(relay.opened.load(Ordering::SeqCst) >= 4, "the collector reconnected after each silence");
+    let expanded = collector.metrics().batches_expanded("agg-1", "ok");
+    if series_dictionary {
+        assert!(expanded >= 3, "the batches in flight went by refs and were sent again expanded: {expanded}");
+    } else {
+        assert_eq!(expanded, 0);
+    }
+    stop(collector, &collector_shutdown, [aggregator], &shutdown).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_sent_again_by_its_sequence_after_its_ack_timed_out_goes_in_once() {
+    a_batch_sent_again_after_its_ack_timed_out_goes_in_once(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_sent_again_expanded_after_its_ack_timed_out_goes_in_once() {
+    a_batch_sent_again_after_its_ack_timed_out_goes_in_once(true).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

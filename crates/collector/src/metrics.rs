@@ -65,6 +65,12 @@ impl Metrics {
     pub fn dictionary_generations_ended(&self, destination: &str, reason: &str) -> u64 {
         self.senders.dictionary_generations_ended(destination, reason)
     }
+
+    /// Batches of `destination` re-sent expanded (`ok`) or dropped unexpandable (`error`)
+    /// so far.
+    pub fn batches_expanded(&self, destination: &str, result: &'static str) -> u64 {
+        self.senders.batches_expanded(destination, result)
+    }
 }
 
 #[cfg(test)]

@@ -205,11 +205,24 @@ pub async fn client_handshake<S: AsyncRead + AsyncWrite + Unpin>(
     role: Role,
     instance_id: &str,
 ) -> Result<HelloAck, HandshakeError> {
+    client_handshake_for(stream, role, instance_id, 0).await
+}
+
+/// [`client_handshake`] for the sender's stream of batches `sender_stream`
+/// (`Hello.stream`: kept across its reconnections, so that the receiver
+/// takes a re-sent batch at most once; 0 for none).
+pub async fn client_handshake_for<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    role: Role,
+    instance_id: &str,
+    sender_stream: u64,
+) -> Result<HelloAck, HandshakeError> {
     let hello = Frame {
         body: Some(Body::Hello(Hello {
             protocol_version: PROTOCOL_VERSION,
             role: role as i32,
             instance_id: instance_id.to_owned(),
+            stream: sender_stream,
         })),
     };
     write_frame(stream, &hello, DEFAULT_MAX_FRAME_BYTES).await?;
@@ -328,12 +341,19 @@ mod tests {
         let (c, s) =
             tokio::join!(client_handshake(&mut client, Role::Collector, "c1"), server_handshake(&mut server, "agg1"));
         assert_eq!(c.unwrap().instance_id, "agg1");
-        assert_eq!(s.unwrap().instance_id, "c1");
+        assert_eq!(s.map(|hello| (hello.instance_id, hello.stream)).unwrap(), ("c1".into(), 0));
+        let (mut client, mut server) = tokio::io::duplex(1 << 16);
+        let (_, s) = tokio::join!(
+            client_handshake_for(&mut client, Role::Collector, "c1", 77),
+            server_handshake(&mut server, "agg1")
+        );
+        assert_eq!(s.unwrap().stream, 77, "the sender's stream reaches the server");
 
         let (mut client, mut server) = tokio::io::duplex(1 << 16);
         let old = Frame {
             body: Some(Body::Hello(Hello {
                 protocol_version: PROTOCOL_VERSION - 1,
+                stream: 0,
                 role: Role::Tool as i32,
                 instance_id: "t".into(),
             })),

@@ -46,6 +46,8 @@ const SHARD_NUMBER: u32 = 1;
 const SHARD_SERIES: u32 = 2;
 /// `PartialBatch.dictionary`.
 const BATCH_DICTIONARY: u32 = 8;
+/// `PartialBatch.expanded_from`.
+const BATCH_EXPANDED_FROM: u32 = 9;
 /// `SeriesValue.series_id`, `.type`, `.aggregate`, `.ref`.
 const SERIES_ID: u32 = 1;
 const SERIES_TYPE: u32 = 2;
@@ -211,15 +213,20 @@ impl ShardSeries {
 
 /// One length-prefixed `Frame { partials }`: `header` (whose `shards` must
 /// be empty) followed by one `ShardPartials` per `(shard, encoded series)`
-/// section, in the order given, and the header's `watermark_ms` and
-/// `dictionary` last (their tags follow `shards`, which is where prost
-/// writes them).
+/// section, in the order given, and the header's `watermark_ms`,
+/// `dictionary` and `expanded_from` last (their tags follow `shards`, which
+/// is where prost writes them).
 pub fn encode_partials_frame(header: &PartialBatch, sections: &[(u32, &[u8])]) -> Vec<u8> {
     debug_assert!(header.shards.is_empty(), "sections carry the shards");
-    let (watermark_ms, dictionary) = (header.watermark_ms, header.dictionary);
-    let header = PartialBatch { watermark_ms: 0, dictionary: 0, ..header.clone() };
-    let watermark_len = if watermark_ms == 0 { 0 } else { KEY_BYTES + encoded_len_varint(watermark_ms as u64) }
-        + if dictionary == 0 { 0 } else { KEY_BYTES + encoded_len_varint(dictionary) };
+    // The varint fields tagged after `shards`, in tag order; prost omits zeros.
+    let trailing = [
+        (BATCH_WATERMARK, header.watermark_ms as u64),
+        (BATCH_DICTIONARY, header.dictionary),
+        (BATCH_EXPANDED_FROM, header.expanded_from),
+    ];
+    let header = PartialBatch { watermark_ms: 0, dictionary: 0, expanded_from: 0, ..header.clone() };
+    let trailing_len: usize =
+        trailing.iter().filter(|(_, value)| *value != 0).map(|(_, value)| KEY_BYTES + encoded_len_varint(*value)).sum();
     let section_body_len = |shard: u32, series: &[u8]| {
         let number_len = if shard == 0 { 0 } else { KEY_BYTES + encoded_len_varint(u64::from(shard)) };
         number_len + series.len()
@@ -231,7 +238,7 @@ pub fn encode_partials_frame(header: &PartialBatch, sections: &[(u32, &[u8])]) -
             KEY_BYTES + encoded_len_varint(body as u64) + body
         })
         .sum();
-    let batch_len = header.encoded_len() + sections_len + watermark_len;
+    let batch_len = header.encoded_len() + sections_len + trailing_len;
     let frame_len = KEY_BYTES + encoded_len_varint(batch_len as u64) + batch_len;
     let mut out = Vec::with_capacity(4 + frame_len);
     out.extend_from_slice(&(frame_len as u32).to_be_bytes());
@@ -247,13 +254,9 @@ pub fn encode_partials_frame(header: &PartialBatch, sections: &[(u32, &[u8])]) -
         }
         out.extend_from_slice(series);
     }
-    if watermark_ms != 0 {
-        encode_key(BATCH_WATERMARK, WireType::Varint, &mut out);
-        encode_varint(watermark_ms as u64, &mut out);
-    }
-    if dictionary != 0 {
-        encode_key(BATCH_DICTIONARY, WireType::Varint, &mut out);
-        encode_varint(dictionary, &mut out);
+    for (tag, value) in trailing.into_iter().filter(|(_, value)| *value != 0) {
+        encode_key(tag, WireType::Varint, &mut out);
+        encode_varint(value, &mut out);
     }
     debug_assert_eq!(out.len(), 4 + frame_len);
     out
@@ -326,7 +329,8 @@ pub enum ExpandError {
 /// and within them, into frames of at most `budget` encoded series bytes
 /// each; every frame but the last carries a watermark no later than the
 /// window's start (as the sender's own split does). `sequences` numbers
-/// the frames.
+/// the frames; each names the batch's own sequence as the one it was
+/// expanded from, so that a receiver that took the batch takes none of them.
 pub fn expand_refs<'d>(
     frame: &[u8],
     max_frame_bytes: usize,
@@ -341,6 +345,7 @@ pub fn expand_refs<'d>(
     };
     let groups = std::mem::take(&mut header.shards);
     header.dictionary = 0;
+    header.expanded_from = header.sequence;
     let empty = Aggregate::default();
     let mut shards: Vec<(u32, ShardSeries)> = Vec::with_capacity(groups.len());
     for group in &groups {
@@ -397,6 +402,7 @@ mod tests {
             placement_version: 3,
             shards: Vec::new(),
             watermark_ms: 1_700_000_001_000,
+            expanded_from: 0,
         }
     }
 
@@ -405,10 +411,15 @@ mod tests {
         let ours = encode_partials_frame(&header(4), &[]);
         let theirs = encode_frame(&Frame { body: Some(Body::Partials(header(4))) }, DEFAULT_MAX_FRAME_BYTES).unwrap();
         assert_eq!(ours, theirs);
-        let none = PartialBatch { watermark_ms: 0, ..header(4) };
-        let theirs =
-            encode_frame(&Frame { body: Some(Body::Partials(none.clone())) }, DEFAULT_MAX_FRAME_BYTES).unwrap();
-        assert_eq!(encode_partials_frame(&none, &[]), theirs);
+        for trailing in [
+            PartialBatch { watermark_ms: 0, ..header(4) },
+            PartialBatch { dictionary: 5, expanded_from: 3, ..header(4) },
+            PartialBatch { watermark_ms: 0, expanded_from: 300, ..header(4) },
+        ] {
+            let theirs =
+                encode_frame(&Frame { body: Some(Body::Partials(trailing.clone())) }, DEFAULT_MAX_FRAME_BYTES).unwrap();
+            assert_eq!(encode_partials_frame(&trailing, &[]), theirs, "{trailing:?}");
+        }
     }
 
     #[test]
@@ -490,7 +501,7 @@ mod tests {
         }
         let header = PartialBatch { window_start_ms: 5_000, watermark_ms: 6_000, dictionary: 3, ..Default::default() };
         let mut frame = Vec::new();
-        cut_frames(&header, [(2, by_ref.chunks())], 1 << 20, &mut || 1, |_, bytes, _| frame = bytes);
+        cut_frames(&header, [(2, by_ref.chunks())], 1 << 20, &mut || 7, |_, bytes, _| frame = bytes);
         let mut next = 100;
         let lookup = |series_ref: u32| Some((MetricType::Counter as i32, &ids[series_ref as usize - 1][..]));
         let frames = expand_refs(
@@ -511,8 +522,8 @@ mod tests {
             let Some(Body::Partials(batch)) = decoded.body else { panic!("{decoded:?}") };
             let last = index == frames.len() - 1;
             assert_eq!(
-                (batch.sequence, batch.dictionary, batch.watermark_ms),
-                (*sequence, 0, if last { 6_000 } else { 5_000 })
+                (batch.sequence, batch.dictionary, batch.watermark_ms, batch.expanded_from),
+                (*sequence, 0, if last { 6_000 } else { 5_000 }, 7)
             );
             assert_eq!(*count, batch.shards[0].series.len() as u64);
             named.extend(batch.shards[0].series.iter().map(|value| (value.series_id.clone(), value.r#ref)));

@@ -120,12 +120,13 @@ fn host_of(endpoint: &str) -> &str {
 }
 
 /// Connects to `endpoint`, under TLS when `tls` is given (the server's certificate checked
-/// against the endpoint's host), and performs the handshake as `role`, all within
-/// `timeout`.
+/// against the endpoint's host), and performs the handshake as `role` for the sender's
+/// stream of batches `sender_stream` (`Hello.stream`, 0 for none), all within `timeout`.
 pub async fn connect(
     endpoint: &str,
     role: Role,
     instance_id: &str,
+    sender_stream: u64,
     timeout: Duration,
     tls: Option<&Arc<ClientTls>>,
 ) -> Result<WireStream, ClientError> {
@@ -146,7 +147,7 @@ pub async fn connect(
                 WireStream::Client(Box::new(connector.connect(name, tcp).await.map_err(tls_error)?))
             }
         };
-        framing::client_handshake(&mut stream, role, instance_id).await?;
+        framing::client_handshake_for(&mut stream, role, instance_id, sender_stream).await?;
         Ok(stream)
     };
     tokio::time::timeout(timeout, connecting).await.map_err(|_| ClientError::Timeout(timeout))?
@@ -207,7 +208,7 @@ mod tests {
     #[tokio::test]
     async fn an_exchange_returns_the_ack_of_its_batch() {
         let address = server(Some(7)).await;
-        let mut stream = connect(&address, Role::Tool, "t", Duration::from_secs(5), None).await.unwrap();
+        let mut stream = connect(&address, Role::Tool, "t", 0, Duration::from_secs(5), None).await.unwrap();
         let ack = exchange(&mut stream, &frame(7), 7, &mut Vec::new(), Duration::from_secs(5)).await.unwrap();
         assert_eq!(ack.sequence, 7);
     }
@@ -215,17 +216,17 @@ mod tests {
     #[tokio::test]
     async fn failures_are_told_apart_by_reason() {
         let address = server(Some(8)).await;
-        let mut stream = connect(&address, Role::Tool, "t", Duration::from_secs(5), None).await.unwrap();
+        let mut stream = connect(&address, Role::Tool, "t", 0, Duration::from_secs(5), None).await.unwrap();
         let error = exchange(&mut stream, &frame(7), 7, &mut Vec::new(), Duration::from_secs(5)).await.unwrap_err();
         assert_eq!((error.reason(), error.to_string().as_str()), ("protocol", "ack for sequence 8, expected 7"));
 
         let address = server(None).await;
-        let mut stream = connect(&address, Role::Tool, "t", Duration::from_secs(5), None).await.unwrap();
+        let mut stream = connect(&address, Role::Tool, "t", 0, Duration::from_secs(5), None).await.unwrap();
         let error = exchange(&mut stream, &frame(1), 1, &mut Vec::new(), Duration::from_secs(5)).await.unwrap_err();
         assert_eq!(error.reason(), "io", "{error}");
 
         let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap().to_string();
-        let error = connect(&closed, Role::Tool, "t", Duration::from_secs(5), None).await.unwrap_err();
+        let error = connect(&closed, Role::Tool, "t", 0, Duration::from_secs(5), None).await.unwrap_err();
         assert_eq!(error.reason(), "connect", "{error}");
     }
 }

@@ -244,6 +244,12 @@ impl SenderMetrics {
         let by = ByDestinationReason { destination: destination.to_owned(), reason: reason.to_owned() };
         self.dictionaries.dictionary_generations.get_or_create(&by).get()
     }
+
+    /// Batches of `destination` expanded (`ok`) or dropped unexpandable (`error`) so far.
+    pub fn batches_expanded(&self, destination: &str, result: &'static str) -> u64 {
+        let by = ByDestinationResult { destination: destination.to_owned(), result };
+        self.dictionaries.batches_expanded.get_or_create(&by).get()
+    }
 }
 
 /// Handles of one destination's queue and sender.

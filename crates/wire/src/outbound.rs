@@ -13,7 +13,9 @@
 //!   acknowledgement: `ok` forgets the batch, `retryable` puts it back at
 //!   the head and waits a backoff, `permanent` drops it and counts the
 //!   reason. A broken connection or a missing ack puts the batch back at
-//!   the head and reconnects.
+//!   the head and reconnects. A re-sent batch keeps its sequence, and the
+//!   queue names the same stream in every connection's handshake
+//!   ([`OutboundQueue::stream`]), so the receiver can take it once.
 //!
 //! **Series dictionaries.** A batch may name series by refs of its sender's
 //! dictionary ([`Refs`]); refs mean something only on the connection that
@@ -57,8 +59,9 @@ pub struct Batch {
 }
 
 /// Turns a frame that names series by refs into frames that name them in
-/// full (each with a fresh sequence from `sequences`), for a connection that
-/// never saw the refs' definitions.
+/// full (each with a fresh sequence from `sequences`, and the frame's own as
+/// the one it was expanded from), for a connection that never saw the refs'
+/// definitions.
 pub trait Expand: Send + Sync {
     /// The expanded batches, in order, or why the frame cannot be expanded.
     fn expand(&self, frame: &[u8], sequences: &mut dyn FnMut() -> u64) -> Result<Vec<Batch>, String>;
@@ -151,6 +154,8 @@ pub struct OutboundQueue<M> {
     bytes: AtomicUsize,
     notify: Notify,
     next_sequence: AtomicU64,
+    /// Names the queue's stream of batches to its receiver (`Hello.stream`).
+    stream: u64,
     in_flight: AtomicBool,
     /// Sequence of the batch in flight (meaningful while `in_flight`).
     in_flight_sequence: AtomicU64,
@@ -170,6 +175,7 @@ impl<M: OutboundMetrics> OutboundQueue<M> {
             bytes: AtomicUsize::new(0),
             notify: Notify::new(),
             next_sequence: AtomicU64::new(1),
+            stream: new_stream_id(),
             in_flight: AtomicBool::new(false),
             in_flight_sequence: AtomicU64::new(0),
             connected: AtomicBool::new(false),
@@ -187,6 +193,14 @@ impl<M: OutboundMetrics> OutboundQueue<M> {
     /// The metrics the queue reports to.
     pub fn metrics(&self) -> &M {
         &self.metrics
+    }
+
+    /// The id of this queue's stream of batches, sent in every connection's handshake
+    /// (`Hello.stream`): the same across reconnections, another in another process or
+    /// queue. A batch keeps its sequence when it is re-sent on a new connection, so a
+    /// receiver can tell a re-sent batch it already took.
+    pub fn stream(&self) -> u64 {
+        self.stream
     }
 
     /// The sequence number for the next batch.
@@ -370,6 +384,20 @@ impl<M: OutboundMetrics> OutboundQueue<M> {
     }
 }
 
+/// A stream id unlike any other process' or queue's: the clock, the process id and a
+/// per-process count, mixed by the standard library's randomly keyed hasher. Never 0
+/// (which means none).
+fn new_stream_id() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    static COUNT: AtomicU64 = AtomicU64::new(0);
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    let since_epoch = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    hasher.write_u128(since_epoch.as_nanos());
+    hasher.write_u32(std::process::id());
+    hasher.write_u64(COUNT.fetch_add(1, Ordering::Relaxed));
+    hasher.finish().max(1)
+}
+
 /// Settings of a sender.
 #[derive(Debug, Clone)]
 pub struct SenderSettings {
@@ -420,6 +448,7 @@ pub async fn run_sender<M: OutboundMetrics>(queue: Arc<OutboundQueue<M>>, settin
             &endpoint,
             settings.role,
             &settings.source,
+            queue.stream(),
             settings.connect_timeout,
             settings.tls.as_ref(),
         );

@@ -49,6 +49,9 @@ pub struct SplitBatch {
     pub shares: Vec<Vec<Partial>>,
     /// The sender's watermark ([`crate::tile::Watermarks`]), if it sent one.
     pub watermark_ms: Option<i64>,
+    /// The sequence of the batch this one was expanded from; 0 when whole
+    /// (`PartialBatch.expanded_from`).
+    pub expanded_from: u64,
 }
 
 impl SplitBatch {
@@ -66,6 +69,8 @@ pub enum AdmissionJob {
         connection: u64,
         /// The collector's instance id.
         source: String,
+        /// Its stream of batches (`Hello.stream`; 0: none).
+        stream: u64,
     },
     /// A decoded batch to admit or refuse.
     Batch {

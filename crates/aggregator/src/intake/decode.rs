@@ -222,7 +222,13 @@ impl Decoder {
                 }
             }
         }
-        let batch = SplitBatch { window_start_ms: batch.window_start_ms, window_ms, shares, watermark_ms };
+        let batch = SplitBatch {
+            window_start_ms: batch.window_start_ms,
+            window_ms,
+            shares,
+            watermark_ms,
+            expanded_from: batch.expanded_from,
+        };
         Decoded::Batch { sequence, batch }
     }
 

@@ -53,10 +53,10 @@ async fn serve_connection(
     peer: SocketAddr,
     (jobs, shutdown): (Sender<Inbound>, Shutdown),
 ) -> Result<(), WireError> {
-    let source = wire.hello.instance_id.clone();
-    tracing::debug!(%peer, %source, "collector connected");
+    let (source, stream) = (wire.hello.instance_id.clone(), wire.hello.stream);
+    tracing::debug!(%peer, %source, stream, "collector connected");
     let connection = NEXT_CONNECTION.fetch_add(1, Ordering::Relaxed);
-    if jobs.send(Inbound::Opened { connection, source }).is_err() {
+    if jobs.send(Inbound::Opened { connection, source, stream }).is_err() {
         return Ok(());
     }
     let served = serve_frames(&mut wire, connection, &jobs, &shutdown).await;

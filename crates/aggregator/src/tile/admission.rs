@@ -19,6 +19,7 @@ use tessera_wire::Answer;
 
 use super::merge::MergeTier;
 use super::metrics::TileMetrics;
+use super::resends::{Resends, Sent};
 use super::tiler::{Tiler, WindowPartials};
 use super::watermark::Watermarks;
 use crate::intake::{AdmissionJob, REFUSAL_LOG, SplitBatch};
@@ -52,6 +53,7 @@ pub fn run_admission(
         lags_exported_ms: 0,
         lag_sources: Vec::new(),
         tainted: Vec::new(),
+        resends: Resends::default(),
     };
     loop {
         // Sleep until the next tile could close on the clock alone (the
@@ -63,8 +65,9 @@ pub fn run_admission(
                 let answer = admission.admit(connection, sequence, batch);
                 let _ = reply.send(answer);
             }
-            Ok(AdmissionJob::Opened { connection, source }) => {
+            Ok(AdmissionJob::Opened { connection, source, stream }) => {
                 admission.watermarks.opened(connection, &source, now_ms());
+                admission.resends.opened(connection, stream);
             }
             Ok(AdmissionJob::Watermark { connection, watermark_ms }) => {
                 admission.watermarks.advance(connection, Some(watermark_ms), now_ms());
@@ -72,6 +75,7 @@ pub fn run_admission(
             Ok(AdmissionJob::Forget { connection }) => admission.tier.forget(connection),
             Ok(AdmissionJob::Closed { connection }) => {
                 admission.watermarks.closed(connection, now_ms());
+                admission.resends.closed(connection);
                 admission.tier.forget(connection);
             }
             Err(RecvTimeoutError::Timeout) => {}
@@ -98,6 +102,8 @@ struct Admission {
     /// Open tiles that lost a batch refused too late for another policy's tile (a batch
     /// is admitted whole or refused whole): they close unconfirmed.
     tainted: Vec<(usize, i64)>,
+    /// What each collector's stream had admitted ([`super::resends`]).
+    resends: Resends,
 }
 
 impl Admission {
@@ -123,6 +129,23 @@ impl Admission {
             self.advance(connection, batch.watermark_ms);
             return Answer::taken(sequence);
         }
+        let sent = Sent { sequence, expanded_from: batch.expanded_from };
+        if self.resends.already_admitted(connection, sent) {
+            // Its first copy went in on an earlier connection: answered as taken, merged
+            // once. What the decoder learned of the connection's dictionary still holds.
+            self.tier.bind(connection, batch.window_start_ms, batch.window_ms, batch.shares);
+            self.advance(connection, batch.watermark_ms);
+            self.metrics.resent_batches.inc();
+            self.metrics.resent_partials.inc_by(partials);
+            tracing::debug!(
+                connection,
+                sequence,
+                expanded_from = sent.expanded_from,
+                partials,
+                "a re-sent batch was admitted before; not merged again"
+            );
+            return Answer::taken(sequence);
+        }
         self.close_due();
         if !self.ingesters.has_room() {
             self.tier.bind(connection, batch.window_start_ms, batch.window_ms, batch.shares);
@@ -141,6 +164,7 @@ impl Admission {
         self.advance(connection, batch.watermark_ms);
         match checked {
             Ok(()) => {
+                self.resends.admitted(connection, sent, now_ms());
                 self.shadow.apply(&window, &mut |_| {});
                 self.tier.dispatch(connection, batch.window_start_ms, batch.window_ms, batch.shares);
                 Answer::taken(sequence)

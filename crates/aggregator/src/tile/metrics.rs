@@ -47,6 +47,11 @@ tessera_runtime::metrics! {
         pub unconfirmed_tiles: Counter,
         /// Per connected collector: now minus the end of the newest window it has sent in full
         watermark_lag: Family<BySource, Gauge<f64, AtomicU64>> [seconds],
+        /// Collector batches that came again on a new connection (their ack was late) after their
+        /// first copy was admitted: answered as taken, not merged again
+        pub resent_batches: Counter,
+        /// Partials in those batches
+        pub resent_partials: Counter,
         /// Shards this instance owns now
         pub shards_owned: Gauge;
         /// Batches refused (the intake counts here too)

@@ -272,6 +272,7 @@ fn batch_header(settings: &OutboundSettings, window_start_ms: i64, version: u64,
         // 0 on the wire: no watermark yet (no reader has reported).
         watermark_ms: watermark_ms.max(0),
         dictionary: 0,
+        expanded_from: 0,
     }
 }
 

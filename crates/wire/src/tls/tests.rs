@@ -64,7 +64,7 @@ async fn connect(address: &str, tls: ClientTlsConfig) -> Result<crate::stream::W
     let build = tls.clone();
     let config = Reloading::new(tls.files(), move || build.client_config(), never).unwrap();
     let tls = Arc::new(ClientTls { config, settings: tls });
-    client::connect(address, Role::Tool, "t", Duration::from_secs(5), Some(&tls)).await
+    client::connect(address, Role::Tool, "t", 0, Duration::from_secs(5), Some(&tls)).await
 }
 
 #[tokio::test]

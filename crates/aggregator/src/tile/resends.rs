@@ -1,0 +1,181 @@
+//! Re-sent batches: each collector batch is admitted at most once.
+//!
+//! A collector whose acknowledgement does not come within its ack timeout
+//! (this aggregator paused, starved, or its answers stalled on the way)
+//! reconnects and sends the batch again. The first copy may still be in the
+//! old connection's socket buffer, and be read and admitted after all: without
+//! this check the window would be merged twice.
+//!
+//! A collector names its *stream* of batches to this aggregator in its hello
+//! (`Hello.stream`: one per collector process and destination, kept across
+//! reconnections), and a re-sent batch keeps its sequence in that stream. A
+//! batch whose series went by refs of a dictionary that died with its
+//! connection is re-sent *expanded*: cut into pieces that name every series
+//! in full, with fresh sequences, each carrying the original's
+//! (`PartialBatch.expanded_from`). The sender has one batch in flight at a
+//! time, in queue order, so per stream the batches admitted come in order of
+//! their *key* (the original's sequence, for a piece) and, within one
+//! expanded batch, of their own sequence. A batch is a re-send of one already
+//! admitted, and is answered as taken without being merged, when:
+//!
+//! - its key is below the last admitted one (a later batch went in after it);
+//! - its key is the last admitted one and that batch was whole (a piece of it,
+//!   or itself again);
+//! - its key is the last admitted one, that was a piece, and it is the whole
+//!   batch (its pieces went in) or a piece at or below that one.
+//!
+//! A stream's record is forgotten after [`FORGET_AFTER_MS`] with no batch
+//! admitted (its collector restarted under a new stream, or left): no batch
+//! waits that long, a window would be refused as too late first.
+
+use std::collections::HashMap;
+
+/// How long a stream with no admitted batch is remembered.
+pub const FORGET_AFTER_MS: i64 = 15 * 60 * 1000;
+
+/// A batch as the resend check sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sent {
+    /// Its sequence in its stream.
+    pub sequence: u64,
+    /// The sequence of the batch it was expanded from; 0 when whole.
+    pub expanded_from: u64,
+}
+
+impl Sent {
+    fn key(self) -> u64 {
+        if self.expanded_from == 0 { self.sequence } else { self.expanded_from }
+    }
+
+    fn is_piece(self) -> bool {
+        self.expanded_from != 0
+    }
+}
+
+/// The last batch admitted from one stream.
+#[derive(Debug, Clone, Copy)]
+struct Admitted {
+    last: Sent,
+    at_ms: i64,
+}
+
+/// Every connection's stream, and each stream's last admitted batch.
+#[derive(Debug, Default)]
+pub struct Resends {
+    /// Open connections that named a stream.
+    streams_of: HashMap<u64, u64>,
+    admitted: HashMap<u64, Admitted>,
+    next_expiry_ms: i64,
+}
+
+impl Resends {
+    /// `connection` opened for `stream` (0: its sender named none, and its batches are not
+    /// checked).
+    pub fn opened(&mut self, connection: u64, stream: u64) {
+        if stream != 0 {
+            self.streams_of.insert(connection, stream);
+        }
+    }
+
+    /// `connection` ended; its stream's record stays for the connection that follows.
+    pub fn closed(&mut self, connection: u64) {
+        self.streams_of.remove(&connection);
+    }
+
+    /// Whether `batch`, come on `connection`, was admitted already.
+    pub fn already_admitted(&self, connection: u64, batch: Sent) -> bool {
+        let Some(admitted) = self.streams_of.get(&connection).and_then(|stream| self.admitted.get(stream)) else {
+            return false;
+        };
+        let last = admitted.last;
+        match batch.key().cmp(&last.key()) {
+            std::cmp::Ordering::Less => true,
+            std::cmp::Ordering::Greater => false,
+            std::cmp::Ordering::Equal => !last.is_piece() || !batch.is_piece() || batch.sequence <= last.sequence,
+        }
+    }
+
+    /// `batch`, come on `connection`, was admitted at `now_ms`.
+    pub fn admitted(&mut self, connection: u64, batch: Sent, now_ms: i64) {
+        if let Some(&stream) = self.streams_of.get(&connection) {
+            self.admitted.insert(stream, Admitted { last: batch, at_ms: now_ms });
+        }
+        if now_ms >= self.next_expiry_ms {
+            self.next_expiry_ms = now_ms + FORGET_AFTER_MS / 4;
+            self.admitted.retain(|_, admitted| now_ms - admitted.at_ms < FORGET_AFTER_MS);
+        }
+    }
+
+    /// Streams remembered.
+    #[cfg(test)]
+    fn remembered(&self) -> usize {
+        self.admitted.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn whole(sequence: u64) -> Sent {
+        Sent { sequence, expanded_from: 0 }
+    }
+
+    fn piece(sequence: u64, expanded_from: u64) -> Sent {
+        Sent { sequence, expanded_from }
+    }
+
+    /// Connections 1 and 2 of stream 7, 3 of stream 8, 4 of none.
+    fn opened() -> Resends {
+        let mut resends = Resends::default();
+        resends.opened(1, 7);
+        resends.opened(2, 7);
+        resends.opened(3, 8);
+        resends.opened(4, 0);
+        resends
+    }
+
+    #[test]
+    fn a_batch_re_sent_on_a_new_connection_after_it_went_in_is_not_taken_again() {
+        let mut resends = opened();
+        assert!(!resends.already_admitted(1, whole(5)));
+        resends.admitted(1, whole(5), 0);
+        resends.closed(1);
+        assert!(resends.already_admitted(2, whole(5)), "the same batch on the new connection");
+        assert!(resends.already_admitted(2, whole(4)), "an older one");
+        assert!(!resends.already_admitted(2, whole(6)), "the next one");
+        assert!(!resends.already_admitted(3, whole(5)), "another stream's sequences are its own");
+        assert!(!resends.already_admitted(4, whole(1)), "a sender that named no stream is not checked");
+    }
+
+    #[test]
+    fn the_pieces_of_an_admitted_batch_are_not_taken_and_neither_is_it_after_its_pieces() {
+        let mut resends = opened();
+        resends.admitted(1, whole(5), 0);
+        // Expanded on the new connection into fresh sequences 9 and 10.
+        assert!(resends.already_admitted(2, piece(9, 5)));
+        assert!(resends.already_admitted(2, piece(10, 5)));
+        // A batch queued behind 5, expanded after it: its pieces go in.
+        assert!(!resends.already_admitted(2, piece(11, 6)));
+
+        let mut resends = opened();
+        resends.admitted(2, piece(9, 5), 0);
+        assert!(!resends.already_admitted(2, piece(10, 5)), "the next piece of the same batch");
+        assert!(resends.already_admitted(1, whole(5)), "the old connection's copy, read after its first piece");
+        assert!(resends.already_admitted(2, piece(9, 5)), "a piece again");
+        resends.admitted(2, piece(10, 5), 0);
+        assert!(!resends.already_admitted(2, whole(6)), "the batch after it");
+    }
+
+    #[test]
+    fn a_stream_is_forgotten_when_nothing_came_for_a_long_time() {
+        let mut resends = opened();
+        resends.admitted(1, whole(5), 0);
+        resends.admitted(3, whole(2), FORGET_AFTER_MS - 1);
+        assert_eq!(resends.remembered(), 2);
+        resends.admitted(3, whole(3), 2 * FORGET_AFTER_MS);
+        assert_eq!(resends.remembered(), 1, "stream 7 forgotten, stream 8 kept");
+        assert!(!resends.already_admitted(2, whole(5)));
+        assert!(resends.already_admitted(3, whole(3)));
+    }
+}
