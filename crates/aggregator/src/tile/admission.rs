@@ -66,7 +66,7 @@ pub fn run_admission(
                 let _ = reply.send(answer);
             }
             Ok(AdmissionJob::Opened { connection, source, stream }) => {
-                admission.watermarks.opened(connection, &source, now_ms());
+                admission.watermarks.opened_as(connection, &source, stream, now_ms());
                 admission.resends.opened(connection, stream);
             }
             Ok(AdmissionJob::Watermark { connection, watermark_ms }) => {

@@ -24,7 +24,10 @@
 //!   the next one gets the grace a fixed close would give it. It is
 //!   remembered longer, for as long as a tile it may have sent into can be
 //!   open (the longest tile and `max_buffer_past`), so that such a tile is
-//!   not taken as confirmed ([`Watermarks::confirms`]);
+//!   not taken as confirmed ([`Watermarks::confirms`]). A collector that
+//!   comes back as another process (another stream in its hello: it was
+//!   restarted) does not confirm what its earlier life left unsent: that
+//!   one stops holding tiles, and is still remembered;
 //! - **silent**: a connection with no batch for `max_buffer_past` (a stopped
 //!   process, a half-open connection, a destination the collector no longer
 //!   routes to) holds nothing; collectors send a batch every window.
@@ -97,6 +100,9 @@ impl Trigger {
 #[derive(Debug)]
 struct Stream {
     source: String,
+    /// The collector process' stream of batches to this aggregator (`Hello.stream`, new
+    /// with each process; 0: not given).
+    incarnation: u64,
     watermark_ms: Option<i64>,
     /// When its last batch (or its opening) was seen, unix ms.
     seen_ms: i64,
@@ -107,6 +113,9 @@ struct Stream {
 struct Departed {
     watermark_ms: Option<i64>,
     closed_ms: i64,
+    /// The collector is back as another process: what this one left unsent will never
+    /// come, so it holds no tile open, but it confirms nothing past its watermark.
+    succeeded: bool,
 }
 
 /// The watermark of every open connection; see the module docs (`tile/watermark.rs`).
@@ -117,7 +126,8 @@ pub struct Watermarks {
     /// How long a departed collector is remembered for [`Watermarks::confirms`].
     departed_kept_ms: i64,
     streams: HashMap<u64, Stream>,
-    departed: HashMap<String, Departed>,
+    /// By collector and incarnation.
+    departed: HashMap<(String, u64), Departed>,
 }
 
 impl Watermarks {
@@ -146,15 +156,22 @@ impl Watermarks {
 
     /// A collector (`source`, its instance id) connected as `connection` at `now_ms`.
     pub fn opened(&mut self, connection: u64, source: &str, now_ms: i64) {
-        self.streams.insert(connection, Stream { source: source.to_owned(), watermark_ms: None, seen_ms: now_ms });
+        self.opened_as(connection, source, 0, now_ms);
+    }
+
+    /// [`Watermarks::opened`], for the collector process whose stream of batches is
+    /// `incarnation` (`Hello.stream`; 0: not given).
+    pub fn opened_as(&mut self, connection: u64, source: &str, incarnation: u64, now_ms: i64) {
+        let stream = Stream { source: source.to_owned(), incarnation, watermark_ms: None, seen_ms: now_ms };
+        self.streams.insert(connection, stream);
     }
 
     /// The connection closed at `now_ms`: its collector holds tiles as a
     /// departed one (see the module docs).
     pub fn closed(&mut self, connection: u64, now_ms: i64) {
         if let Some(stream) = self.streams.remove(&connection) {
-            let departed = Departed { watermark_ms: stream.watermark_ms, closed_ms: now_ms };
-            self.departed.insert(stream.source, departed);
+            let departed = Departed { watermark_ms: stream.watermark_ms, closed_ms: now_ms, succeeded: false };
+            self.departed.insert((stream.source, stream.incarnation), departed);
         }
     }
 
@@ -165,9 +182,19 @@ impl Watermarks {
         stream.seen_ms = now_ms;
         let Some(watermark_ms) = watermark_ms else { return };
         stream.watermark_ms = Some(stream.watermark_ms.map_or(watermark_ms, |held| held.max(watermark_ms)));
-        // Back with a watermark: the departed entry of this collector has done its job.
+        // Back with a watermark: the departed entry of this collector has done its job. An
+        // earlier process of it is done holding tiles, but what it left unsent stays
+        // unconfirmed.
         if !self.departed.is_empty() {
-            self.departed.remove(&stream.source);
+            let (source, incarnation) = (&stream.source, stream.incarnation);
+            self.departed.retain(|(departed_source, departed_incarnation), departed| {
+                if departed_source != source {
+                    return true;
+                }
+                let restarted = incarnation != 0 && *departed_incarnation != 0 && *departed_incarnation != incarnation;
+                departed.succeeded |= restarted;
+                restarted
+            });
         }
     }
 
@@ -232,7 +259,7 @@ impl Watermarks {
     /// than `max_buffer_past`.
     fn holding_departed(&self, now_ms: i64) -> impl Iterator<Item = &Departed> {
         let floor = now_ms.saturating_sub(self.max_buffer_past_ms);
-        self.departed.values().filter(move |departed| departed.closed_ms > floor)
+        self.departed.values().filter(move |departed| departed.closed_ms > floor && !departed.succeeded)
     }
 
     /// `(source, now - watermark)` for every connection with a watermark,
@@ -368,6 +395,31 @@ mod tests {
         assert!(!marks.confirms(NOW, end));
         marks.horizon(NOW + 49_000 + 68_001);
         assert!(marks.confirms(NOW, end), "forgotten once the longest tile and max_buffer_past passed");
+    }
+
+    /// A collector restarted within a tile: its first life's last windows reached one
+    /// replica and not the other. Its new life's watermark must not confirm the tile,
+    /// or the short copy would go out as whole.
+    #[test]
+    fn a_collector_back_as_another_process_does_not_confirm_what_its_first_life_left_unsent() {
+        let mut marks = Watermarks::new(2_000, 8_000).remembering_departed_for(60_000);
+        marks.opened_as(1, "a", 11, NOW);
+        marks.advance(1, Some(NOW + 20_000), NOW + 20_000);
+        marks.closed(1, NOW + 22_000);
+        marks.opened_as(2, "a", 12, NOW + 25_000);
+        marks.advance(2, Some(NOW + 60_000), NOW + 60_000);
+        assert!(!marks.confirms(NOW, NOW + 60_000), "the first life sent nothing past 120 s");
+        assert_eq!(marks.horizon(NOW + 60_000), (NOW + 60_000, Trigger::Watermark), "and holds nothing open");
+        // The new life leaves in turn: both are remembered.
+        marks.closed(2, NOW + 61_000);
+        assert!(!marks.confirms(NOW, NOW + 60_000));
+        assert!(marks.confirms(NOW + 31_000, NOW + 60_000), "a tile begun max_buffer_past after the first life left");
+        // Reconnecting as the same process confirms as before.
+        marks.opened_as(3, "a", 12, NOW + 62_000);
+        marks.advance(3, Some(NOW + 62_000), NOW + 62_000);
+        assert!(!marks.confirms(NOW, NOW + 60_000), "the first life still");
+        marks.horizon(NOW + 22_000 + 68_001);
+        assert!(marks.confirms(NOW, NOW + 60_000), "forgotten once no tile it sent into is open");
     }
 
     #[test]
