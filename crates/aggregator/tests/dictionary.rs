@@ -126,25 +126,21 @@ async fn start_aggregator_on(
         .unwrap()
 }
 
-async fn start_collector(endpoint: String) -> (Collector, Shutdown) {
-    start_collector_with(endpoint, true, None).await
+/// The placement of a collector that sends to `endpoint` only.
+fn only_to(endpoint: String) -> PlacementHandle {
+    PlacementHandle::fixed(Placement::init(&[("agg-1", endpoint)], 8, 1, 0).unwrap())
 }
 
-/// A collector sending to `endpoint` only, with or without its series dictionary, and with
-/// `ack_timeout_ms` if given.
-async fn start_collector_with(
-    endpoint: String,
-    series_dictionary: bool,
-    ack_timeout_ms: Option<u64>,
-) -> (Collector, Shutdown) {
-    let routed = PlacementHandle::fixed(Placement::init(&[("agg-1", endpoint)], 8, 1, 0).unwrap());
-    start_collector_configured(routed, series_dictionary, ack_timeout_ms).await
+async fn start_collector(endpoint: String) -> (Collector, Shutdown) {
+    start_collector_configured(only_to(endpoint), true, None).await
 }
 
 async fn start_collector_on(routed: PlacementHandle) -> (Collector, Shutdown) {
     start_collector_configured(routed, true, None).await
 }
 
+/// A collector routing by `routed`, with or without its series dictionary, and with
+/// `ack_timeout_ms` if given.
 async fn start_collector_configured(
     routed: PlacementHandle,
     series_dictionary: bool,
@@ -245,7 +241,7 @@ async fn a_batch_sent_again_after_its_ack_timed_out_goes_in_once(series_dictiona
     let aggregator = start_aggregator(&receiver, "127.0.0.1:0", &shutdown).await;
     let relay = Relay::start(aggregator.listen_addr()).await;
     let (collector, collector_shutdown) =
-        start_collector_with(relay.address.to_string(), series_dictionary, Some(300)).await;
+        start_collector_configured(only_to(relay.address.to_string()), series_dictionary, Some(300)).await;
     let metrics = aggregator.metrics().clone();
     let rounds = 120;
     send_rounds(&collector, rounds, async |round| {
