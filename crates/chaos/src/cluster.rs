@@ -84,6 +84,7 @@ pub const FOLLOWED: &[&str] = &[
     "tessera_aggregator_tiles_completed_total",
     "tessera_ingester_tiles_skipped_total{reason=\"replaced\"}",
     "tessera_aggregator_tiles_discarded_total",
+    "tessera_aggregator_resent_batches_total",
     "tessera_aggregator_elections_total",
     "tessera_aggregator_fenced_total",
     "tessera_collector_drops_total",
