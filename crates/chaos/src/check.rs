@@ -272,7 +272,12 @@ pub fn check(
                 found.violation(
                     Problem::Lost,
                     None,
-                    format!("{most} over the run, as the {most_label} tiles hold"),
+                    // Neither was found wrong tile by tile: this one lost what the other
+                    // holds, or the other holds something twice. Both are named.
+                    format!(
+                        "{most} over the run, as the {most_label} tiles hold (either lost here or doubled there: \
+                         no tile of either was found wrong)"
+                    ),
                     format!("{total}"),
                 );
             }
@@ -679,6 +684,8 @@ mod tests {
             })
             .collect();
         assert_eq!(found, [(Problem::Lost, "20s", 0, None)], "{:?}", report.violations);
+        let expected = &report.violations[0].expected;
+        assert!(expected.contains("the 10s tiles hold") && expected.contains("doubled there"), "{expected}");
     }
 
     /// Fault campaign seed 62: one 10 s tile was written twice (a late correction after a
