@@ -384,15 +384,13 @@ impl<M: OutboundMetrics> OutboundQueue<M> {
     }
 }
 
-/// A stream id unlike any other process' or queue's: the clock, the process id and a
-/// per-process count, mixed by the standard library's randomly keyed hasher. Never 0
-/// (which means none).
+/// A stream id unlike any other process' or queue's: the process id and a per-process
+/// count, mixed by the standard library's hasher under its keys drawn from the operating
+/// system's randomness. Never 0 (which means none).
 fn new_stream_id() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     static COUNT: AtomicU64 = AtomicU64::new(0);
     let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-    let since_epoch = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-    hasher.write_u128(since_epoch.as_nanos());
     hasher.write_u32(std::process::id());
     hasher.write_u64(COUNT.fetch_add(1, Ordering::Relaxed));
     hasher.finish().max(1)
@@ -658,6 +656,18 @@ mod tests {
 
     fn with_refs(sequence: u64, bytes: usize, generation: u64, expand: bool) -> Batch {
         Batch { refs: Some(Refs { generation, expand: Arc::new(Halves(expand)) }), ..batch(sequence, bytes, 2) }
+    }
+
+    #[test]
+    fn every_queue_names_a_stream_of_its_own() {
+        let queues: Vec<_> =
+            (0..100).map(|_| OutboundQueue::new("i:1".into(), 1 << 20, Arc::new(Recorded::default()))).collect();
+        let mut streams: Vec<u64> = queues.iter().map(OutboundQueue::stream).collect();
+        assert!(streams.iter().all(|&stream| stream != 0), "0 means none");
+        streams.sort_unstable();
+        streams.dedup();
+        assert_eq!(streams.len(), 100);
+        assert_eq!(queues[0].stream(), queues[0].stream(), "one queue keeps its stream");
     }
 
     #[test]
