@@ -101,8 +101,14 @@ impl<K: Clone + Eq + Hash> Destinations<K> {
         }
     }
 
+    /// Starts `queue`'s sender, unless senders do not run yet or it has one: an `add`
+    /// racing `start_senders` may try twice, and two senders would put two batches of one
+    /// stream in flight at once (receivers take a stream's batches in order,
+    /// [`crate::OutboundQueue::stream`]).
     fn spawn_sender(&self, queue: &Arc<DestinationQueue>) {
-        if let Some(spawner) = self.inner.spawner.get() {
+        if let Some(spawner) = self.inner.spawner.get()
+            && queue.claim_sender()
+        {
             spawner.runtime.spawn(run_sender(queue.clone(), spawner.settings.clone(), spawner.stop.clone()));
         }
     }

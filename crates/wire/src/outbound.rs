@@ -156,6 +156,8 @@ pub struct OutboundQueue<M> {
     next_sequence: AtomicU64,
     /// Names the queue's stream of batches to its receiver (`Hello.stream`).
     stream: u64,
+    /// Whether a sender was started for the queue ([`OutboundQueue::claim_sender`]).
+    sender_claimed: AtomicBool,
     in_flight: AtomicBool,
     /// Sequence of the batch in flight (meaningful while `in_flight`).
     in_flight_sequence: AtomicU64,
@@ -176,6 +178,7 @@ impl<M: OutboundMetrics> OutboundQueue<M> {
             notify: Notify::new(),
             next_sequence: AtomicU64::new(1),
             stream: new_stream_id(),
+            sender_claimed: AtomicBool::new(false),
             in_flight: AtomicBool::new(false),
             in_flight_sequence: AtomicU64::new(0),
             connected: AtomicBool::new(false),
@@ -201,6 +204,12 @@ impl<M: OutboundMetrics> OutboundQueue<M> {
     /// receiver can tell a re-sent batch it already took.
     pub fn stream(&self) -> u64 {
         self.stream
+    }
+
+    /// Whether the caller is the first to claim the queue's sender: a queue has one, so
+    /// that one batch of its stream is in flight at a time, in queue order.
+    pub fn claim_sender(&self) -> bool {
+        !self.sender_claimed.swap(true, Ordering::AcqRel)
     }
 
     /// The sequence number for the next batch.
@@ -667,7 +676,8 @@ mod tests {
         streams.sort_unstable();
         streams.dedup();
         assert_eq!(streams.len(), 100);
-        assert_eq!(queues[0].stream(), queues[0].stream(), "one queue keeps its stream");
+        assert!(queues[0].claim_sender(), "the first claim starts the sender");
+        assert!(!queues[0].claim_sender(), "and no second one");
     }
 
     #[test]

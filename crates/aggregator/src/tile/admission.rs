@@ -44,6 +44,7 @@ pub fn run_admission(
     ingesters: Ingesters,
     metrics: TileMetrics,
 ) {
+    let resends = Resends::new(watermarks.departed_kept_ms());
     let mut admission = Admission {
         shadow,
         tier,
@@ -53,7 +54,7 @@ pub fn run_admission(
         lags_exported_ms: 0,
         lag_sources: Vec::new(),
         tainted: Vec::new(),
-        resends: Resends::default(),
+        resends,
     };
     loop {
         // Sleep until the next tile could close on the clock alone (the

@@ -24,14 +24,17 @@
 //! - its key is the last admitted one, that was a piece, and it is the whole
 //!   batch (its pieces went in) or a piece at or below that one.
 //!
-//! A stream's record is forgotten after [`FORGET_AFTER_MS`] with no batch
-//! admitted (its collector restarted under a new stream, or left): no batch
-//! waits that long, a window would be refused as too late first.
+//! A stream's record is forgotten once no batch has been admitted from it for
+//! twice as long as a tile can stay open (the longest tile and
+//! `max_buffer_past`, [`super::Watermarks::departed_kept_ms`]), and never
+//! sooner than [`MIN_REMEMBERED_MS`]: its collector restarted under a new
+//! stream, or left. A batch admitted that long ago fed tiles that have all
+//! closed, so a copy of it coming now is refused as too late.
 
 use std::collections::HashMap;
 
-/// How long a stream with no admitted batch is remembered.
-pub const FORGET_AFTER_MS: i64 = 15 * 60 * 1000;
+/// The least time a stream with no admitted batch is remembered.
+pub const MIN_REMEMBERED_MS: i64 = 60_000;
 
 /// A batch as the resend check sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,15 +63,27 @@ struct Admitted {
 }
 
 /// Every connection's stream, and each stream's last admitted batch.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Resends {
     /// Open connections that named a stream.
     streams_of: HashMap<u64, u64>,
     admitted: HashMap<u64, Admitted>,
+    /// How long a stream with no admitted batch is remembered.
+    remembered_ms: i64,
     next_expiry_ms: i64,
 }
 
 impl Resends {
+    /// No stream yet; a tile stays open for at most `tile_open_ms` (see the module docs).
+    pub fn new(tile_open_ms: i64) -> Resends {
+        Resends {
+            streams_of: HashMap::new(),
+            admitted: HashMap::new(),
+            remembered_ms: tile_open_ms.saturating_mul(2).max(MIN_REMEMBERED_MS),
+            next_expiry_ms: 0,
+        }
+    }
+
     /// `connection` opened for `stream` (0: its sender named none, and its batches are not
     /// checked).
     pub fn opened(&mut self, connection: u64, stream: u64) {
@@ -101,8 +116,9 @@ impl Resends {
             self.admitted.insert(stream, Admitted { last: batch, at_ms: now_ms });
         }
         if now_ms >= self.next_expiry_ms {
-            self.next_expiry_ms = now_ms + FORGET_AFTER_MS / 4;
-            self.admitted.retain(|_, admitted| now_ms - admitted.at_ms < FORGET_AFTER_MS);
+            let remembered_ms = self.remembered_ms;
+            self.next_expiry_ms = now_ms + remembered_ms / 4;
+            self.admitted.retain(|_, admitted| now_ms - admitted.at_ms < remembered_ms);
         }
     }
 
@@ -127,7 +143,7 @@ mod tests {
 
     /// Connections 1 and 2 of stream 7, 3 of stream 8, 4 of none.
     fn opened() -> Resends {
-        let mut resends = Resends::default();
+        let mut resends = Resends::new(0);
         resends.opened(1, 7);
         resends.opened(2, 7);
         resends.opened(3, 8);
@@ -168,12 +184,25 @@ mod tests {
     }
 
     #[test]
+    fn a_stream_is_remembered_twice_as_long_as_a_tile_stays_open() {
+        let mut resends = Resends::new(10 * 60_000);
+        resends.opened(1, 7);
+        resends.opened(2, 8);
+        resends.admitted(1, whole(5), 0);
+        resends.admitted(2, whole(1), 19 * 60_000);
+        assert!(resends.already_admitted(1, whole(5)), "19 minutes on, still remembered");
+        // Swept every quarter of that: forgotten by 25 minutes.
+        resends.admitted(2, whole(2), 25 * 60_000);
+        assert!(!resends.already_admitted(1, whole(5)), "forgotten past 20 minutes");
+    }
+
+    #[test]
     fn a_stream_is_forgotten_when_nothing_came_for_a_long_time() {
         let mut resends = opened();
         resends.admitted(1, whole(5), 0);
-        resends.admitted(3, whole(2), FORGET_AFTER_MS - 1);
+        resends.admitted(3, whole(2), MIN_REMEMBERED_MS - 1);
         assert_eq!(resends.remembered(), 2);
-        resends.admitted(3, whole(3), 2 * FORGET_AFTER_MS);
+        resends.admitted(3, whole(3), 2 * MIN_REMEMBERED_MS);
         assert_eq!(resends.remembered(), 1, "stream 7 forgotten, stream 8 kept");
         assert!(!resends.already_admitted(2, whole(5)));
         assert!(resends.already_admitted(3, whole(3)));

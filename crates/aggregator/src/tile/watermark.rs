@@ -108,9 +108,11 @@ struct Stream {
     seen_ms: i64,
 }
 
-/// A collector whose connection closed: its last watermark, and when.
+/// A collector process whose connection closed: its last watermark, and when.
 #[derive(Debug, Clone, Copy)]
 struct Departed {
+    /// Its stream of batches (`Hello.stream`; 0: not given).
+    incarnation: u64,
     watermark_ms: Option<i64>,
     closed_ms: i64,
     /// The collector is back as another process: what this one left unsent will never
@@ -126,8 +128,8 @@ pub struct Watermarks {
     /// How long a departed collector is remembered for [`Watermarks::confirms`].
     departed_kept_ms: i64,
     streams: HashMap<u64, Stream>,
-    /// By collector and incarnation.
-    departed: HashMap<(String, u64), Departed>,
+    /// By collector, one per process (a restarted collector may have two).
+    departed: HashMap<String, Vec<Departed>>,
 }
 
 impl Watermarks {
@@ -154,6 +156,12 @@ impl Watermarks {
         self
     }
 
+    /// How long a departed collector is remembered: as long as a tile it may have sent
+    /// into can be open.
+    pub fn departed_kept_ms(&self) -> i64 {
+        self.departed_kept_ms
+    }
+
     /// A collector (`source`, its instance id) connected as `connection` at `now_ms`.
     pub fn opened(&mut self, connection: u64, source: &str, now_ms: i64) {
         self.opened_as(connection, source, 0, now_ms);
@@ -170,8 +178,12 @@ impl Watermarks {
     /// departed one (see the module docs).
     pub fn closed(&mut self, connection: u64, now_ms: i64) {
         if let Some(stream) = self.streams.remove(&connection) {
-            let departed = Departed { watermark_ms: stream.watermark_ms, closed_ms: now_ms, succeeded: false };
-            self.departed.insert((stream.source, stream.incarnation), departed);
+            let incarnation = stream.incarnation;
+            let departed =
+                Departed { incarnation, watermark_ms: stream.watermark_ms, closed_ms: now_ms, succeeded: false };
+            let lives = self.departed.entry(stream.source).or_default();
+            lives.retain(|life| life.incarnation != incarnation);
+            lives.push(departed);
         }
     }
 
@@ -185,16 +197,16 @@ impl Watermarks {
         // Back with a watermark: the departed entry of this collector has done its job. An
         // earlier process of it is done holding tiles, but what it left unsent stays
         // unconfirmed.
-        if !self.departed.is_empty() {
-            let (source, incarnation) = (&stream.source, stream.incarnation);
-            self.departed.retain(|(departed_source, departed_incarnation), departed| {
-                if departed_source != source {
-                    return true;
-                }
-                let restarted = incarnation != 0 && *departed_incarnation != 0 && *departed_incarnation != incarnation;
-                departed.succeeded |= restarted;
+        if let Some(lives) = self.departed.get_mut(&stream.source) {
+            let incarnation = stream.incarnation;
+            lives.retain_mut(|life| {
+                let restarted = incarnation != 0 && life.incarnation != 0 && life.incarnation != incarnation;
+                life.succeeded |= restarted;
                 restarted
             });
+            if lives.is_empty() {
+                self.departed.remove(&stream.source);
+            }
         }
     }
 
@@ -222,7 +234,11 @@ impl Watermarks {
         let since = tile_start_ms.saturating_sub(self.max_buffer_past_ms);
         let confirmed = |watermark: Option<i64>| watermark.is_some_and(|watermark| watermark >= tile_end_ms);
         self.streams.values().all(|stream| stream.seen_ms < since || confirmed(stream.watermark_ms))
-            && self.departed.values().all(|departed| departed.closed_ms < since || confirmed(departed.watermark_ms))
+            && self
+                .departed
+                .values()
+                .flatten()
+                .all(|departed| departed.closed_ms < since || confirmed(departed.watermark_ms))
     }
 
     /// Open connections.
@@ -236,7 +252,10 @@ impl Watermarks {
         let fixed = (now_ms.saturating_sub(self.buffer_past_ms), Trigger::BufferPast);
         let floor = now_ms.saturating_sub(self.max_buffer_past_ms);
         let forgotten = now_ms.saturating_sub(self.departed_kept_ms);
-        self.departed.retain(|_, departed| departed.closed_ms > forgotten);
+        self.departed.retain(|_, lives| {
+            lives.retain(|life| life.closed_ms > forgotten);
+            !lives.is_empty()
+        });
         let live =
             self.streams.values().filter(|stream| stream.seen_ms >= floor).map(|stream| match stream.watermark_ms {
                 Some(watermark) => (watermark.min(now_ms), Trigger::Watermark),
@@ -259,7 +278,7 @@ impl Watermarks {
     /// than `max_buffer_past`.
     fn holding_departed(&self, now_ms: i64) -> impl Iterator<Item = &Departed> {
         let floor = now_ms.saturating_sub(self.max_buffer_past_ms);
-        self.departed.values().filter(move |departed| departed.closed_ms > floor && !departed.succeeded)
+        self.departed.values().flatten().filter(move |departed| departed.closed_ms > floor && !departed.succeeded)
     }
 
     /// `(source, now - watermark)` for every connection with a watermark,
