@@ -68,7 +68,6 @@ pub fn run_admission(
             }
             Ok(AdmissionJob::Opened { connection, source, stream }) => {
                 admission.watermarks.opened_as(connection, &source, stream, now_ms());
-                admission.resends.opened(connection, stream);
             }
             Ok(AdmissionJob::Watermark { connection, watermark_ms }) => {
                 admission.watermarks.advance(connection, Some(watermark_ms), now_ms());
@@ -76,7 +75,6 @@ pub fn run_admission(
             Ok(AdmissionJob::Forget { connection }) => admission.tier.forget(connection),
             Ok(AdmissionJob::Closed { connection }) => {
                 admission.watermarks.closed(connection, now_ms());
-                admission.resends.closed(connection);
                 admission.tier.forget(connection);
             }
             Err(RecvTimeoutError::Timeout) => {}
@@ -131,7 +129,8 @@ impl Admission {
             return Answer::taken(sequence);
         }
         let sent = Sent { sequence, expanded_from: batch.expanded_from };
-        if self.resends.already_admitted(connection, sent) {
+        let stream = self.watermarks.stream_of(connection);
+        if self.resends.already_admitted(stream, sent) {
             // Its first copy went in on an earlier connection: answered as taken, merged
             // once. What the decoder learned of the connection's dictionary still holds.
             self.tier.bind(connection, batch.window_start_ms, batch.window_ms, batch.shares);
@@ -165,7 +164,7 @@ impl Admission {
         self.advance(connection, batch.watermark_ms);
         match checked {
             Ok(()) => {
-                self.resends.admitted(connection, sent, now_ms());
+                self.resends.admitted(stream, sent, now_ms());
                 self.shadow.apply(&window, &mut |_| {});
                 self.tier.dispatch(connection, batch.window_start_ms, batch.window_ms, batch.shares);
                 Answer::taken(sequence)

@@ -62,11 +62,10 @@ struct Admitted {
     at_ms: i64,
 }
 
-/// Every connection's stream, and each stream's last admitted batch.
+/// Each stream's last admitted batch (a connection's stream is the watermarks':
+/// [`super::Watermarks::stream_of`]).
 #[derive(Debug)]
 pub struct Resends {
-    /// Open connections that named a stream.
-    streams_of: HashMap<u64, u64>,
     admitted: HashMap<u64, Admitted>,
     /// How long a stream with no admitted batch is remembered.
     remembered_ms: i64,
@@ -77,29 +76,16 @@ impl Resends {
     /// No stream yet; a tile stays open for at most `tile_open_ms` (see the module docs).
     pub fn new(tile_open_ms: i64) -> Resends {
         Resends {
-            streams_of: HashMap::new(),
             admitted: HashMap::new(),
             remembered_ms: tile_open_ms.saturating_mul(2).max(MIN_REMEMBERED_MS),
             next_expiry_ms: 0,
         }
     }
 
-    /// `connection` opened for `stream` (0: its sender named none, and its batches are not
-    /// checked).
-    pub fn opened(&mut self, connection: u64, stream: u64) {
-        if stream != 0 {
-            self.streams_of.insert(connection, stream);
-        }
-    }
-
-    /// `connection` ended; its stream's record stays for the connection that follows.
-    pub fn closed(&mut self, connection: u64) {
-        self.streams_of.remove(&connection);
-    }
-
-    /// Whether `batch`, come on `connection`, was admitted already.
-    pub fn already_admitted(&self, connection: u64, batch: Sent) -> bool {
-        let Some(admitted) = self.streams_of.get(&connection).and_then(|stream| self.admitted.get(stream)) else {
+    /// Whether `batch` of `stream` was admitted already (stream 0: its sender named none,
+    /// and its batches are not checked).
+    pub fn already_admitted(&self, stream: u64, batch: Sent) -> bool {
+        let Some(admitted) = self.admitted.get(&stream).filter(|_| stream != 0) else {
             return false;
         };
         let last = admitted.last;
@@ -110,9 +96,9 @@ impl Resends {
         }
     }
 
-    /// `batch`, come on `connection`, was admitted at `now_ms`.
-    pub fn admitted(&mut self, connection: u64, batch: Sent, now_ms: i64) {
-        if let Some(&stream) = self.streams_of.get(&connection) {
+    /// `batch` of `stream` was admitted at `now_ms`.
+    pub fn admitted(&mut self, stream: u64, batch: Sent, now_ms: i64) {
+        if stream != 0 {
             self.admitted.insert(stream, Admitted { last: batch, at_ms: now_ms });
         }
         if now_ms >= self.next_expiry_ms {
@@ -141,70 +127,58 @@ mod tests {
         Sent { sequence, expanded_from }
     }
 
-    /// Connections 1 and 2 of stream 7, 3 of stream 8, 4 of none.
-    fn opened() -> Resends {
-        let mut resends = Resends::new(0);
-        resends.opened(1, 7);
-        resends.opened(2, 7);
-        resends.opened(3, 8);
-        resends.opened(4, 0);
-        resends
-    }
-
     #[test]
     fn a_batch_re_sent_on_a_new_connection_after_it_went_in_is_not_taken_again() {
-        let mut resends = opened();
-        assert!(!resends.already_admitted(1, whole(5)));
-        resends.admitted(1, whole(5), 0);
-        resends.closed(1);
-        assert!(resends.already_admitted(2, whole(5)), "the same batch on the new connection");
-        assert!(resends.already_admitted(2, whole(4)), "an older one");
-        assert!(!resends.already_admitted(2, whole(6)), "the next one");
-        assert!(!resends.already_admitted(3, whole(5)), "another stream's sequences are its own");
-        assert!(!resends.already_admitted(4, whole(1)), "a sender that named no stream is not checked");
+        let mut resends = Resends::new(0);
+        assert!(!resends.already_admitted(7, whole(5)));
+        resends.admitted(7, whole(5), 0);
+        assert!(resends.already_admitted(7, whole(5)), "the same batch on the new connection");
+        assert!(resends.already_admitted(7, whole(4)), "an older one");
+        assert!(!resends.already_admitted(7, whole(6)), "the next one");
+        assert!(!resends.already_admitted(8, whole(5)), "another stream's sequences are its own");
+        resends.admitted(0, whole(1), 0);
+        assert!(!resends.already_admitted(0, whole(1)), "a sender that named no stream is not checked");
     }
 
     #[test]
     fn the_pieces_of_an_admitted_batch_are_not_taken_and_neither_is_it_after_its_pieces() {
-        let mut resends = opened();
-        resends.admitted(1, whole(5), 0);
+        let mut resends = Resends::new(0);
+        resends.admitted(7, whole(5), 0);
         // Expanded on the new connection into fresh sequences 9 and 10.
-        assert!(resends.already_admitted(2, piece(9, 5)));
-        assert!(resends.already_admitted(2, piece(10, 5)));
+        assert!(resends.already_admitted(7, piece(9, 5)));
+        assert!(resends.already_admitted(7, piece(10, 5)));
         // A batch queued behind 5, expanded after it: its pieces go in.
-        assert!(!resends.already_admitted(2, piece(11, 6)));
+        assert!(!resends.already_admitted(7, piece(11, 6)));
 
-        let mut resends = opened();
-        resends.admitted(2, piece(9, 5), 0);
-        assert!(!resends.already_admitted(2, piece(10, 5)), "the next piece of the same batch");
-        assert!(resends.already_admitted(1, whole(5)), "the old connection's copy, read after its first piece");
-        assert!(resends.already_admitted(2, piece(9, 5)), "a piece again");
-        resends.admitted(2, piece(10, 5), 0);
-        assert!(!resends.already_admitted(2, whole(6)), "the batch after it");
+        let mut resends = Resends::new(0);
+        resends.admitted(7, piece(9, 5), 0);
+        assert!(!resends.already_admitted(7, piece(10, 5)), "the next piece of the same batch");
+        assert!(resends.already_admitted(7, whole(5)), "the old connection's copy, read after its first piece");
+        assert!(resends.already_admitted(7, piece(9, 5)), "a piece again");
+        resends.admitted(7, piece(10, 5), 0);
+        assert!(!resends.already_admitted(7, whole(6)), "the batch after it");
     }
 
     #[test]
     fn a_stream_is_remembered_twice_as_long_as_a_tile_stays_open() {
         let mut resends = Resends::new(10 * 60_000);
-        resends.opened(1, 7);
-        resends.opened(2, 8);
-        resends.admitted(1, whole(5), 0);
-        resends.admitted(2, whole(1), 19 * 60_000);
-        assert!(resends.already_admitted(1, whole(5)), "19 minutes on, still remembered");
+        resends.admitted(7, whole(5), 0);
+        resends.admitted(8, whole(1), 19 * 60_000);
+        assert!(resends.already_admitted(7, whole(5)), "19 minutes on, still remembered");
         // Swept every quarter of that: forgotten by 25 minutes.
-        resends.admitted(2, whole(2), 25 * 60_000);
-        assert!(!resends.already_admitted(1, whole(5)), "forgotten past 20 minutes");
+        resends.admitted(8, whole(2), 25 * 60_000);
+        assert!(!resends.already_admitted(7, whole(5)), "forgotten past 20 minutes");
     }
 
     #[test]
     fn a_stream_is_forgotten_when_nothing_came_for_a_long_time() {
-        let mut resends = opened();
-        resends.admitted(1, whole(5), 0);
-        resends.admitted(3, whole(2), MIN_REMEMBERED_MS - 1);
+        let mut resends = Resends::new(0);
+        resends.admitted(7, whole(5), 0);
+        resends.admitted(8, whole(2), MIN_REMEMBERED_MS - 1);
         assert_eq!(resends.remembered(), 2);
-        resends.admitted(3, whole(3), 2 * MIN_REMEMBERED_MS);
+        resends.admitted(8, whole(3), 2 * MIN_REMEMBERED_MS);
         assert_eq!(resends.remembered(), 1, "stream 7 forgotten, stream 8 kept");
-        assert!(!resends.already_admitted(2, whole(5)));
-        assert!(resends.already_admitted(3, whole(3)));
+        assert!(!resends.already_admitted(7, whole(5)));
+        assert!(resends.already_admitted(8, whole(3)));
     }
 }

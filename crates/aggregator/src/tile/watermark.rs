@@ -167,6 +167,12 @@ impl Watermarks {
         self.opened_as(connection, source, 0, now_ms);
     }
 
+    /// The stream of batches (`Hello.stream`) the collector named on `connection`; 0 when
+    /// it named none or the connection is not open.
+    pub fn stream_of(&self, connection: u64) -> u64 {
+        self.streams.get(&connection).map_or(0, |stream| stream.incarnation)
+    }
+
     /// [`Watermarks::opened`], for the collector process whose stream of batches is
     /// `incarnation` (`Hello.stream`; 0: not given).
     pub fn opened_as(&mut self, connection: u64, source: &str, incarnation: u64, now_ms: i64) {
