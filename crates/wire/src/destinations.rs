@@ -191,6 +191,43 @@ mod tests {
         assert!(destinations.entries()[1].is_departed());
     }
 
+    /// An `add` racing `start_senders` calls `spawn_sender` for a queue whose sender
+    /// `start_senders` already started: a second sender would put two batches of one stream
+    /// in flight, which receivers take in order. Each sender connects: one connection only.
+    #[tokio::test]
+    async fn a_queue_gets_one_sender_when_an_add_races_the_start() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let endpoint = listener.local_addr().unwrap().to_string();
+        let destinations = destinations();
+        let queue = destinations.queue_of(&"a".to_owned(), &endpoint, "a");
+        let settings = SenderSettings {
+            source: "test".into(),
+            role: tessera_proto::Role::Collector,
+            peer: "test",
+            connect_timeout: std::time::Duration::from_secs(5),
+            ack_timeout: std::time::Duration::from_secs(5),
+            reconnect_min: std::time::Duration::from_secs(5),
+            reconnect_max: std::time::Duration::from_secs(5),
+            rejection_label: |_| "rejected",
+            heartbeat: None,
+            tls: None,
+        };
+        let stop = Shutdown::new();
+        destinations.start_senders(&settings, &stop);
+        // The racing add's own call, after start_senders saw its entry.
+        destinations.spawn_sender(&queue);
+        queue.push(Batch { sequence: 1, frame: vec![0; 10], items: 1, refs: None });
+        let mut connections = Vec::new();
+        let accepting = async {
+            loop {
+                connections.push(listener.accept().await.unwrap().0);
+            }
+        };
+        let _ = tokio::time::timeout(std::time::Duration::from_millis(500), accepting).await;
+        stop.trigger();
+        assert_eq!(connections.len(), 1, "one sender per queue");
+    }
+
     #[test]
     fn idle_until_something_is_queued_and_abandoning_drops_it_all() {
         let destinations = destinations();
