@@ -67,7 +67,7 @@ pub fn run_admission(
                 let _ = reply.send(answer);
             }
             Ok(AdmissionJob::Opened { connection, source, stream }) => {
-                admission.watermarks.opened_as(connection, &source, stream, now_ms());
+                admission.watermarks.opened(connection, &source, stream, now_ms());
             }
             Ok(AdmissionJob::Watermark { connection, watermark_ms }) => {
                 admission.watermarks.advance(connection, Some(watermark_ms), now_ms());

@@ -51,8 +51,8 @@
 //! let now = 100_000;
 //! let mut marks = Watermarks::new(2_000, 8_000);
 //! assert_eq!(marks.horizon(now), (98_000, Trigger::BufferPast));
-//! marks.opened(1, "host-a", now);
-//! marks.opened(2, "host-b", now);
+//! marks.opened(1, "host-a", 0, now);
+//! marks.opened(2, "host-b", 0, now);
 //! marks.advance(1, Some(99_000), now);
 //! marks.advance(2, Some(95_000), now);
 //! assert_eq!(marks.horizon(now), (95_000, Trigger::Watermark));
@@ -60,11 +60,11 @@
 //! // host-b's batch in flight gets buffer_past: tiles ending after 98 s wait.
 //! assert_eq!(marks.horizon(now), (98_000, Trigger::BufferPast));
 //! // Once host-b is back with a watermark, it counts as any connection.
-//! marks.opened(3, "host-b", now);
+//! marks.opened(3, "host-b", 0, now);
 //! marks.advance(3, Some(99_500), now);
 //! assert_eq!(marks.horizon(now), (99_000, Trigger::Watermark));
 //! // A collector stuck at 80 s holds tiles 8 s past their end at most.
-//! marks.opened(4, "host-c", now);
+//! marks.opened(4, "host-c", 0, now);
 //! marks.advance(4, Some(80_000), now);
 //! assert_eq!(marks.horizon(now), (92_000, Trigger::MaxBufferPast));
 //! ```
@@ -162,22 +162,17 @@ impl Watermarks {
         self.departed_kept_ms
     }
 
-    /// A collector (`source`, its instance id) connected as `connection` at `now_ms`.
-    pub fn opened(&mut self, connection: u64, source: &str, now_ms: i64) {
-        self.opened_as(connection, source, 0, now_ms);
+    /// A collector (`source`, its instance id) connected as `connection` at `now_ms`, the
+    /// process whose stream of batches is `incarnation` (`Hello.stream`; 0: not given).
+    pub fn opened(&mut self, connection: u64, source: &str, incarnation: u64, now_ms: i64) {
+        let stream = Stream { source: source.to_owned(), incarnation, watermark_ms: None, seen_ms: now_ms };
+        self.streams.insert(connection, stream);
     }
 
     /// The stream of batches (`Hello.stream`) the collector named on `connection`; 0 when
     /// it named none or the connection is not open.
     pub fn stream_of(&self, connection: u64) -> u64 {
         self.streams.get(&connection).map_or(0, |stream| stream.incarnation)
-    }
-
-    /// [`Watermarks::opened`], for the collector process whose stream of batches is
-    /// `incarnation` (`Hello.stream`; 0: not given).
-    pub fn opened_as(&mut self, connection: u64, source: &str, incarnation: u64, now_ms: i64) {
-        let stream = Stream { source: source.to_owned(), incarnation, watermark_ms: None, seen_ms: now_ms };
-        self.streams.insert(connection, stream);
     }
 
     /// The connection closed at `now_ms`: its collector holds tiles as a
@@ -314,7 +309,7 @@ mod tests {
     fn opened_at_now(connections: &[(u64, &str, Option<i64>)]) -> Watermarks {
         let mut marks = Watermarks::new(2_000, 8_000);
         for &(connection, source, watermark_ms) in connections {
-            marks.opened(connection, source, NOW);
+            marks.opened(connection, source, 0, NOW);
             marks.advance(connection, watermark_ms, NOW);
         }
         marks
@@ -390,11 +385,11 @@ mod tests {
         assert!(marks.confirms(NOW, NOW + 10_000));
         marks.closed(2, later);
         assert!(!marks.confirms(NOW + 5_000, NOW + 15_000), "b left at 110 s");
-        marks.opened(3, "b", later);
+        marks.opened(3, "b", 0, later);
         marks.advance(3, Some(NOW + 20_000), later);
         assert!(marks.confirms(NOW + 5_000, NOW + 15_000), "back with a watermark past the end");
         // One that never reports a watermark confirms nothing.
-        marks.opened(4, "legacy", later);
+        marks.opened(4, "legacy", 0, later);
         assert!(!marks.confirms(NOW + 5_000, NOW + 15_000));
     }
 
@@ -428,10 +423,10 @@ mod tests {
     #[test]
     fn a_collector_back_as_another_process_does_not_confirm_what_its_first_life_left_unsent() {
         let mut marks = Watermarks::new(2_000, 8_000).remembering_departed_for(60_000);
-        marks.opened_as(1, "a", 11, NOW);
+        marks.opened(1, "a", 11, NOW);
         marks.advance(1, Some(NOW + 20_000), NOW + 20_000);
         marks.closed(1, NOW + 22_000);
-        marks.opened_as(2, "a", 12, NOW + 25_000);
+        marks.opened(2, "a", 12, NOW + 25_000);
         marks.advance(2, Some(NOW + 60_000), NOW + 60_000);
         assert!(!marks.confirms(NOW, NOW + 60_000), "the first life sent nothing past 120 s");
         assert_eq!(marks.horizon(NOW + 60_000), (NOW + 60_000, Trigger::Watermark), "and holds nothing open");
@@ -440,7 +435,7 @@ mod tests {
         assert!(!marks.confirms(NOW, NOW + 60_000));
         assert!(marks.confirms(NOW + 31_000, NOW + 60_000), "a tile begun max_buffer_past after the first life left");
         // Reconnecting as the same process confirms as before.
-        marks.opened_as(3, "a", 12, NOW + 62_000);
+        marks.opened(3, "a", 12, NOW + 62_000);
         marks.advance(3, Some(NOW + 62_000), NOW + 62_000);
         assert!(!marks.confirms(NOW, NOW + 60_000), "the first life still");
         marks.horizon(NOW + 22_000 + 68_001);
