@@ -449,6 +449,9 @@ pub struct Converter {
     /// (0: none). Once a tile ending after it was converted, the shard's totals are of a
     /// tenure that ended: its receiver writes it from an explicit reset.
     cutoffs: Vec<i64>,
+    /// Per shard: the cutoffs the restored checkpoint recorded, until the first view is
+    /// taken in and compared with them ([`checkpoint`] docs, *Cutoffs*).
+    restored_cutoffs: Option<Vec<i64>>,
     /// Per shard: the oldest epoch whose totals are of a tenure this process held. A shard
     /// it did not own all along at its first view (joining, rejoined, or not owned) has
     /// none below its first epoch: any total there was restored from a tenure that ended.
@@ -678,6 +681,7 @@ impl Converter {
             tenures: Vec::new(),
             cutovers: Vec::new(),
             cutoffs: Vec::new(),
+            restored_cutoffs: None,
             gained_ahead_at: Vec::new(),
             first_epoch_held: Vec::new(),
             lost: Vec::new(),
@@ -801,6 +805,7 @@ impl Converter {
                 self.first_epoch_held = (0..view.owned.len())
                     .map(|shard| u32::from(!view.owned[shard] || view.joining[shard] || view.rejoined))
                     .collect();
+                self.stale_restored_shards(view);
             }
             self.ownership_changed |= !first || view.rejoined || view.joining.iter().any(|joining| *joining);
             return;
@@ -826,6 +831,34 @@ impl Converter {
             self.cutovers[shard] = view.cutover_ms[shard];
             self.cutoffs[shard] = view.cutoff_ms[shard];
             self.gained_ahead_at[shard] = i64::MAX;
+        }
+    }
+
+    /// At the first view: a shard owned all along by that view whose cutoff differs from the
+    /// one the restored checkpoint recorded was given back or away again while this process
+    /// was down, or its move began after the checkpoint: the totals restored for it may be of
+    /// a tenure that ended, so its series start over, as a joined shard's do (found reading
+    /// the code after the fault campaign's seed 65: fix 19 left out of a checkpoint the
+    /// totals of a shard given away past its cutoff, but a checkpoint taken between the
+    /// cutoff and the first tile converted after it still kept them).
+    fn stale_restored_shards(&mut self, view: &crate::tier::OwnershipView) {
+        let Some(restored) = self.restored_cutoffs.take() else { return };
+        let mut stale = 0;
+        for shard in 0..view.owned.len() {
+            let changed = restored.len() != view.owned.len() || restored[shard] != view.cutoff_ms[shard];
+            if changed && view.owned[shard] && self.first_epoch_held[shard] == 0 {
+                self.epochs[shard] += 1;
+                self.first_epoch_held[shard] = self.epochs[shard];
+                self.ownership_changed = true;
+                stale += 1;
+            }
+        }
+        if stale > 0 {
+            tracing::warn!(
+                shards = stale,
+                "the placement moved shards since the checkpoint this ingester restored: their series start over \
+                 with an explicit reset"
+            );
         }
     }
 

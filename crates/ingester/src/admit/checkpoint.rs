@@ -57,7 +57,19 @@
 //! histograms   u64 n, then n × (key u128, sum f64, written u8, schema i32, zero_count f64,
 //!                      positive buckets, negative buckets)
 //! buckets      u32 m, then m × (index i32, weight f64), non-zero ones by increasing index
+//! cutoffs      u64 n, then n × i64 (version 4): per shard of the ingesters' placement, the
+//!                      cutoff at which this ingester was giving it away when the checkpoint
+//!                      was taken (0: none; i64::MIN: it changed while the checkpoint was taken);
+//!                      none (n = 0) when the converter knew no placement
 //! ```
+//!
+//! **Cutoffs.** A restart compares them with its first view of the placement: a shard whose
+//! cutoff differs was given back or given away again while the process was down (or since
+//! the checkpoint), so its receiver may have written it from an explicit reset, and the
+//! totals restored for it are of a tenure that ended: its series start over with a reset of
+//! their own ([`Converter::restore_checkpoint`]). A move begun after the checkpoint counts as
+//! a difference too: it cannot be told apart from one given back and away again, and a reset
+//! too many is exact where a total carried on from an ended tenure is not.
 //!
 //! **Adding a field to a running total** is one line in `total_fields`, at the end (and
 //! `VERSION + 1`). Totals are read at the width the file states, so a file written before
@@ -90,7 +102,7 @@ pub const FILE_NAME: &str = "checkpoint";
 pub const MAGIC: [u8; 8] = *b"TSCKPT\x00\x00";
 
 /// The format version this build writes; it reads every version up to it.
-pub const VERSION: u32 = 3;
+pub const VERSION: u32 = 4;
 
 /// Magic, version and CRC.
 const HEADER_BYTES: usize = MAGIC.len() + 8;
@@ -238,6 +250,8 @@ pub struct CheckpointEncoder {
     total_count: u64,
     histograms: Pieces,
     histogram_count: u64,
+    /// The converter's cutoffs per shard when it began (see the [module docs](self)).
+    cutoffs: Vec<i64>,
 }
 
 impl CheckpointEncoder {
@@ -255,6 +269,8 @@ pub struct EncodedCheckpoint {
     totals: Vec<Vec<u8>>,
     histogram_count: [u8; 8],
     histograms: Vec<Vec<u8>>,
+    /// The cutoffs' count and values.
+    cutoffs: Vec<u8>,
     series: u64,
 }
 
@@ -266,11 +282,13 @@ impl EncodedCheckpoint {
         self.totals.iter().for_each(|piece| crc.update(piece));
         crc.update(&self.histogram_count);
         self.histograms.iter().for_each(|piece| crc.update(piece));
+        crc.update(&self.cutoffs);
         self.head[MAGIC.len() + 4..HEADER_BYTES].copy_from_slice(&crc.finalize().to_le_bytes());
         let mut parts = vec![self.head.as_slice()];
         parts.extend(self.totals.iter().map(Vec::as_slice));
         parts.push(&self.histogram_count);
         parts.extend(self.histograms.iter().map(Vec::as_slice));
+        parts.push(&self.cutoffs);
         parts
     }
 
@@ -286,7 +304,11 @@ impl EncodedCheckpoint {
     /// Bytes of the file.
     pub fn len(&self) -> usize {
         let pieces = |pieces: &[Vec<u8>]| pieces.iter().map(Vec::len).sum::<usize>();
-        self.head.len() + pieces(&self.totals) + self.histogram_count.len() + pieces(&self.histograms)
+        self.head.len()
+            + pieces(&self.totals)
+            + self.histogram_count.len()
+            + pieces(&self.histograms)
+            + self.cutoffs.len()
     }
 
     /// Whether it is empty (never: a checkpoint has at least its header).
@@ -313,7 +335,15 @@ impl Converter {
             total_count: 0,
             histograms: Pieces::default(),
             histogram_count: 0,
+            cutoffs: self.checkpoint_cutoffs(),
         }
+    }
+
+    /// The cutoffs a checkpoint records: those of the views taken in, or before the first
+    /// one, those restored (a restart that checkpoints before it converts anything keeps
+    /// what it restored, and what that was compared with).
+    fn checkpoint_cutoffs(&self) -> Vec<i64> {
+        if self.owned.is_empty() { self.restored_cutoffs.clone().unwrap_or_default() } else { self.cutoffs.clone() }
     }
 
     /// Saves up to `series` more series as they are now; returns whether every one is saved.
@@ -353,11 +383,21 @@ impl Converter {
         self.last_sweep_tile_end_ms.put(&mut head);
         (total_bytes() as u32).put(&mut head);
         encoder.total_count.put(&mut head);
+        // A cutoff that changed between the first step and the last: the totals saved before
+        // the change and after it are of different views, so none of the shard's is trusted.
+        let now = self.checkpoint_cutoffs();
+        let mut cutoffs = Vec::with_capacity(8 + 8 * encoder.cutoffs.len());
+        (encoder.cutoffs.len() as u64).put(&mut cutoffs);
+        for (shard, began) in encoder.cutoffs.iter().enumerate() {
+            let now = now.get(shard).copied();
+            (if now == Some(*began) { *began } else { i64::MIN }).put(&mut cutoffs);
+        }
         EncodedCheckpoint {
             head,
             totals: encoder.totals.into_vec(),
             histogram_count: encoder.histogram_count.to_le_bytes(),
             histograms: encoder.histograms.into_vec(),
+            cutoffs,
             series: encoder.total_count,
         }
     }
@@ -368,13 +408,15 @@ impl Converter {
     }
 
     /// Replaces the running state with the checkpoint in `bytes`; returns what it covers.
-    /// On an error nothing changes.
+    /// On an error nothing changes. The first ownership view taken in after it makes the
+    /// totals of a shard whose cutoff changed since stale (see the [module docs](self)).
     pub fn restore_checkpoint(&mut self, bytes: &[u8]) -> Result<CheckpointMeta, CheckpointError> {
         let decoded = decode(bytes)?;
         self.undo.clear();
         self.discard_pending();
         self.totals = decoded.totals;
         self.histograms = decoded.histograms;
+        self.restored_cutoffs = decoded.cutoffs;
         self.newest_tile_end_ms = decoded.newest_tile_end_ms;
         self.last_sweep_tile_end_ms = decoded.last_sweep_tile_end_ms;
         Ok(decoded.meta)
@@ -597,6 +639,8 @@ struct Decoded {
     last_sweep_tile_end_ms: i64,
     totals: Totals,
     histograms: Histograms,
+    /// `None` before version 4, or when the converter knew no placement.
+    cutoffs: Option<Vec<i64>>,
 }
 
 fn decode(bytes: &[u8]) -> Result<Decoded, CheckpointError> {
@@ -653,6 +697,13 @@ fn decode(bytes: &[u8]) -> Result<Decoded, CheckpointError> {
         let sketch = Sketch::from_proto(&proto).map_err(|source| CheckpointError::Sketch { key, source })?;
         histograms.insert(key, Cumulative { sketch, sum, written, before_last: None });
     }
+    let cutoffs = if version >= 4 {
+        let count = reader.count("cutoffs", 8)?;
+        let cutoffs = (0..count).map(|_| reader.scalar("cutoff")).collect::<Result<Vec<i64>, _>>()?;
+        Some(cutoffs).filter(|cutoffs| !cutoffs.is_empty())
+    } else {
+        None
+    };
     let left = bytes.len() - reader.at;
     if left > 0 {
         return Err(CheckpointError::Trailing { bytes: left });
@@ -663,6 +714,7 @@ fn decode(bytes: &[u8]) -> Result<Decoded, CheckpointError> {
         last_sweep_tile_end_ms,
         totals,
         histograms,
+        cutoffs,
     })
 }
 

@@ -491,6 +491,77 @@ fn a_checkpoint_keeps_no_total_of_a_shard_given_away_past_its_cutoff() {
     assert_eq!(one(&mut a2, 60_000, &own, 1.0), (4.0, false), "the shard kept goes on");
 }
 
+/// Fix 19's gap: the same history as
+/// [`a_checkpoint_keeps_no_total_of_a_shard_given_away_past_its_cutoff`], with `a`'s last
+/// checkpoint taken before it converted any tile past the cutoff, so the shard's totals were
+/// still current and in it. The checkpoint records the cutoff it was taken under (20 000);
+/// the restart's first view gives the shard away at 60 000, so the restored total is of a
+/// tenure that ended and the series starts over. A restart under the same view goes on.
+#[test]
+fn a_restart_whose_first_view_moved_a_shard_since_the_checkpoint_starts_its_series_over() {
+    let placement = Placement::init(&[("a", "a:1")], SHARDS, 1, 0).unwrap();
+    let timing = tessera_topology::MoveTiming::new(0).with_delay_ms(1).with_boundary_ms(20_000);
+    let joined = placement.add_instance("b", "b:1", timing).unwrap();
+    let giving = OwnershipView::of(&joined, "a");
+    let moving = (0..SHARDS as usize).find(|shard| giving.cutoff_ms[*shard] > 0).expect("the join moves a shard away");
+    let kept = (0..SHARDS as usize)
+        .find(|shard| giving.owned[*shard] && giving.cutoff_ms[*shard] == 0)
+        .expect("`a` keeps a shard");
+    let (id, own) = (series_in(moving), series_in(kept));
+    let back = joined.fail_over(&["b"], 52_000).unwrap();
+    let timing = tessera_topology::MoveTiming::new(53_000).with_delay_ms(1).with_boundary_ms(20_000);
+    let again = OwnershipView::of(&back.add_instance("b", "b:1", timing).unwrap(), "a");
+    assert_eq!((giving.cutoff_ms[moving], again.cutoff_ms[moving]), (20_000, 60_000));
+
+    let (mut a1, ownership1, _, _, _) = setup();
+    ownership1.publish(OwnershipView::of(&placement, "a"));
+    assert_eq!(one(&mut a1, 10_000, &own, 1.0), (1.0, true));
+    ownership1.publish(giving.clone());
+    assert_eq!(one(&mut a1, 10_000, &id, 2.0), (2.0, true));
+    let bytes = a1.encode_checkpoint(checkpoint::CheckpointMeta::default()).into_bytes();
+
+    // (the restart's first view, the moved series' next tile, due)
+    let cases = [
+        (giving, 20_000, (5.0, false), "the same move: the total goes on"),
+        (again, 60_000, (3.0, true), "given back and away again: the series starts over"),
+    ];
+    for (first_view, tile_end_ms, due, why) in cases {
+        let (mut a2, ownership2, adopted, _, _) = setup();
+        a2.restore_checkpoint(&bytes).unwrap();
+        assert_eq!(a2.cumulative_series(), 2, "{why}: both totals were current when saved");
+        ownership2.publish(first_view);
+        assert_eq!(one(&mut a2, tile_end_ms, &id, 3.0), due, "{why}");
+        assert_eq!(one(&mut a2, 60_000, &own, 1.0), (2.0, false), "{why}: the shard kept goes on");
+        assert_eq!(adopted.get(), u64::from(due.1), "{why}");
+    }
+}
+
+/// A checkpoint taken in steps while a new view came in records the shard whose cutoff
+/// changed meanwhile as unknown: it began with the shard owned outright (cutoff 0) and ended
+/// giving it away at 20 000. Had it recorded the first cutoff, a restart that found the
+/// shard given back (cutoff 0 again: `b` took it, wrote it from a reset and was failed over)
+/// would take the restored total for current.
+#[test]
+fn a_cutoff_that_changed_while_a_checkpoint_was_taken_makes_the_shards_restored_totals_stale() {
+    let (mut a1, ownership1, _, _, _) = setup();
+    let (_, joined, giving, moving) = b_joins_at_20s(&ownership1);
+    let (id, own) = (series_in(moving), series_outside(moving));
+    assert_eq!(one(&mut a1, 10_000, &id, 2.0), (2.0, true));
+    one(&mut a1, 10_000, &own, 1.0);
+    let mut encoder = a1.begin_checkpoint(checkpoint::CheckpointMeta::default());
+    a1.continue_checkpoint(&mut encoder, 1);
+    ownership1.publish(giving);
+    one(&mut a1, 20_000, &own, 1.0);
+    let bytes = a1.finish_checkpoint(encoder).into_bytes();
+
+    let back = OwnershipView::of(&joined.fail_over(&["b"], 52_000).unwrap(), "a");
+    assert!(back.owned[moving] && back.cutoff_ms[moving] == 0, "given back");
+    let (mut a2, ownership2, _, _, _) = setup();
+    a2.restore_checkpoint(&bytes).unwrap();
+    ownership2.publish(back);
+    assert_eq!(one(&mut a2, 60_000, &id, 3.0), (3.0, true), "the restored total is not trusted");
+}
+
 /// `a` alone in its placement (its view published to `ownership`), then `b` joining with a
 /// move at 20 000: both placements, `a`'s view of the second (not yet published), and a
 /// shard `a` gives away.

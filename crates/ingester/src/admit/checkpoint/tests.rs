@@ -173,12 +173,22 @@ fn impossible_counts_behind_a_valid_checksum_are_refused_without_allocating() {
     reseal(&mut trailing);
     assert_eq!(converter().restore_checkpoint(&trailing).unwrap_err(), CheckpointError::Trailing { bytes: 4 });
 
+    // The file ends with the cutoffs' count (none without a placement).
+    const CUTOFFS: usize = 8;
+    let mut cutoffs = bytes.clone();
+    let cutoffs_at = cutoffs.len() - CUTOFFS;
+    cutoffs[cutoffs_at..].copy_from_slice(&u64::MAX.to_le_bytes());
+    reseal(&mut cutoffs);
+    let error = converter().restore_checkpoint(&cutoffs).unwrap_err();
+    assert!(matches!(error, CheckpointError::Truncated { what: "cutoffs", .. }), "{error}");
+
     // A histogram whose buckets are not a sketch's.
     let mut one = converter();
     convert(&mut one, &TileBatch { tiles: vec![timer("t", &[5.0])], ..tile_batch(0) });
     let mut bad = checkpoint(&one, Position::default());
-    // From the end: no negative bucket, one positive bucket, the zero count, the schema.
-    let schema_at = bad.len() - 4 - (4 + BUCKET_BYTES) - 8 - 4;
+    // From the end: no cutoff, no negative bucket, one positive bucket, the zero count, the
+    // schema.
+    let schema_at = bad.len() - CUTOFFS - 4 - (4 + BUCKET_BYTES) - 8 - 4;
     bad[schema_at..schema_at + 4].copy_from_slice(&99i32.to_le_bytes());
     reseal(&mut bad);
     let error = converter().restore_checkpoint(&bad).unwrap_err();
@@ -187,7 +197,7 @@ fn impossible_counts_behind_a_valid_checksum_are_refused_without_allocating() {
     let mut two = converter();
     convert(&mut two, &TileBatch { tiles: vec![timer("t", &[5.0, 500.0])], ..tile_batch(0) });
     let mut unordered = checkpoint(&two, Position::default());
-    let second_index_at = unordered.len() - 4 - BUCKET_BYTES;
+    let second_index_at = unordered.len() - CUTOFFS - 4 - BUCKET_BYTES;
     let first_index = unordered[second_index_at - BUCKET_BYTES..second_index_at - BUCKET_BYTES + 4].to_vec();
     unordered[second_index_at..second_index_at + 4].copy_from_slice(&first_index);
     reseal(&mut unordered);
@@ -218,6 +228,14 @@ fn a_file_from_before_a_total_field_was_added_gives_it_its_default() {
     // The unknown origin is adopted by the next tile, not taken for a name collision.
     let record = convert(&mut restored, &TileBatch { tiles: vec![counter("c", 3.0)], ..tile_batch(1) });
     assert_eq!(record.samples[0].value, 5.0);
+
+    // A version 3 file ends after the histograms: no cutoffs.
+    let mut version3 = bytes[..bytes.len() - 8].to_vec();
+    version3[MAGIC.len()..MAGIC.len() + 4].copy_from_slice(&3u32.to_le_bytes());
+    reseal(&mut version3);
+    let mut restored = converter();
+    restored.restore_checkpoint(&version3).expect("version 3 reads");
+    assert_eq!(state(&restored).totals[0].1.value, 2.0);
 }
 
 #[test]
