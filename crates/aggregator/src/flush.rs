@@ -194,8 +194,6 @@ fn flush_tile(tile: ClosedTile, flusher: &Flusher, copy: Copy) {
         ..
     } = tile;
     let series = values.len() as u64;
-    let (shares, unowned) = ingesters.assign(values, tile_start_ms);
-    count_drops(drops, "no_ingester", "series", unowned);
     let storage_policy = storage_policy.to_string();
     let head = TileHead {
         storage_policy: &storage_policy,
@@ -204,10 +202,8 @@ fn flush_tile(tile: ClosedTile, flusher: &Flusher, copy: Copy) {
         flushed_at_ms: now_ms(),
         incomplete: unconfirmed || leadership.began_before_start(tile_start_ms),
     };
-    let sent: Vec<(usize, u64)> = shares
-        .into_iter()
-        .filter_map(|share| ingesters.queue_share(&head, share, &settings.source, settings.max_frame_bytes))
-        .collect();
+    let (sent, unowned) = ingesters.send_tile(&head, values, tile_start_ms, &settings.source, settings.max_frame_bytes);
+    count_drops(drops, "no_ingester", "series", unowned);
     // A leader's incomplete tile is recorded even when nothing of it was sent, and a tile
     // it had no series of is recorded incomplete whatever its watermarks said: a replica
     // holding any of it completes it, and its copy is the only one (fixes 14 and 16).

@@ -12,7 +12,12 @@
 //!   placement (an operator removed it, or the ingesters failed it over when
 //!   its lease expired), [`run_rerouter`] takes the batches still queued for
 //!   it, splits their series by the current placement and queues them for
-//!   the new owners, so nothing that was not acknowledged is lost.
+//!   the new owners, so nothing that was not acknowledged is lost. A tile
+//!   being sent ([`Ingesters::send_tile`]) re-routes them first, under the
+//!   same lock: a departed ingester's older tile reaches the new owner before
+//!   the newer tile routed to it (its total, adopted from the tile after a
+//!   failover, takes a tile from before its first as the old owner's,
+//!   written: rerouted after it, the older tile would go nowhere).
 //! - **`endpoints`** (a fixed list): every batch of one tile goes to one
 //!   endpoint, the connected one with the fewest bytes queued.
 //!
@@ -33,7 +38,7 @@
 //! ([`tessera_wire::run_sender`]), as in the collector's forwarding.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, RwLockReadGuard};
+use std::sync::{Arc, Mutex, OnceLock, RwLockReadGuard};
 use std::time::Duration;
 
 use tessera_core::shard::shard_of;
@@ -76,6 +81,11 @@ struct Inner {
     headroom: AtomicUsize,
     /// The placement generation the queues were last matched against.
     seen_generation: AtomicU64,
+    /// How a departed destination's batches are re-routed, once the re-router runs.
+    reroute: OnceLock<Reroute>,
+    /// Held while batches are re-routed and while a tile is routed and queued, so that
+    /// re-routed batches are queued before a newer tile's.
+    routing_order: Mutex<()>,
     metrics: RoutingMetrics,
     /// Where series and batches that cannot be delivered are counted.
     drops: Drops,
@@ -131,6 +141,8 @@ impl Ingesters {
                 next: AtomicUsize::default(),
                 headroom: AtomicUsize::default(),
                 seen_generation: AtomicU64::default(),
+                reroute: OnceLock::new(),
+                routing_order: Mutex::new(()),
                 metrics: metrics.clone(),
                 drops: drops.clone(),
             }),
@@ -297,17 +309,48 @@ impl Ingesters {
         self.inner.destinations.abandon_all()
     }
 
+    /// Routes a tile's `values` (the tile `head` describes, starting at `tile_start_ms`) and
+    /// queues each share; returns each queue and its last batch's sequence, and the values
+    /// no ingester owns. With a placement and the re-router running, the batches still
+    /// queued for departed destinations are re-routed first (see the [module docs](self)).
+    pub fn send_tile(
+        &self,
+        head: &TileHead<'_>,
+        values: Vec<SeriesValue>,
+        tile_start_ms: i64,
+        source: &str,
+        max_frame_bytes: usize,
+    ) -> (Vec<(usize, u64)>, u64) {
+        let _order = self.inner.routing_order.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let (Some(placement), Some(reroute)) = (&self.inner.placement, self.inner.reroute.get()) {
+            let routing = self.current_routing(placement);
+            self.reroute_departed_in_order(&routing, reroute);
+        }
+        let (shares, unowned) = self.assign(values, tile_start_ms);
+        let sent =
+            shares.into_iter().filter_map(|share| self.queue_share(head, share, source, max_frame_bytes)).collect();
+        (sent, unowned)
+    }
+
     /// Moves the batches queued for destinations that left the placement to the
-    /// current owners of their series; returns the batches moved.
+    /// current owners of their series; returns the batches moved. The first call sets how
+    /// [`send_tile`](Self::send_tile) re-routes too.
     pub fn reroute_departed(&self, reroute: &Reroute) -> u64 {
         let Some(placement) = &self.inner.placement else { return 0 };
+        let _ = self.inner.reroute.set(reroute.clone());
+        let _order = self.inner.routing_order.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let routing = self.current_routing(placement);
+        self.reroute_departed_in_order(&routing, reroute)
+    }
+
+    /// [`reroute_departed`](Self::reroute_departed), under the routing order's lock.
+    fn reroute_departed_in_order(&self, routing: &Routing, reroute: &Reroute) -> u64 {
         let departed: Vec<Arc<Entry>> = self.entries().iter().filter(|entry| entry.is_departed()).cloned().collect();
         let mut moved = 0;
         for entry in departed {
             for batch in entry.queue.take_queued() {
                 moved += 1;
-                self.reroute_batch(&routing, batch, reroute);
+                self.reroute_batch(routing, batch, reroute);
             }
         }
         moved
@@ -361,8 +404,10 @@ pub struct Reroute {
 /// How often the re-router looks for departed destinations.
 pub const REROUTE_TICK: Duration = Duration::from_millis(250);
 
-/// Re-routes departed destinations' batches every [`REROUTE_TICK`] until `stop` fires.
+/// Re-routes departed destinations' batches every [`REROUTE_TICK`] until `stop` fires; from
+/// its start, [`Ingesters::send_tile`] re-routes them too before it routes a tile.
 pub async fn run_rerouter(ingesters: Ingesters, reroute: Reroute, stop: Shutdown) {
+    let _ = ingesters.inner.reroute.set(reroute.clone());
     loop {
         tokio::select! {
             () = stop.wait() => return,

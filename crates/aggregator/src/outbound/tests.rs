@@ -178,3 +178,56 @@ fn a_departed_ingesters_queue_goes_to_the_new_owners_of_its_series() {
     assert_eq!(delivered.len(), 3_000, "every series once, the departed one's included");
     assert_eq!(metrics.outbound.rerouted_count("series"), dead_share as u64);
 }
+
+/// A tile routed after a failover, before the re-router's next tick, must not overtake the
+/// departed ingester's older tile at the new owner: the new owner adopts each series from its
+/// first tile, and takes a tile from before that as the old owner's, already written.
+/// [`Ingesters::send_tile`] re-routes the departed queue first.
+#[test]
+fn a_tile_sent_after_a_failover_goes_behind_the_departed_ingesters_older_tile() {
+    let placement = three_ingesters();
+    let handle = PlacementHandle::fixed(placement.clone());
+    let metrics = Metrics::default();
+    let ingesters = Ingesters::placed(handle.clone(), 1 << 20, &metrics.outbound, &metrics.drops);
+    let reroute =
+        Reroute { source: "agg-1".into(), max_frame_bytes: 64 << 10, on_rerouted: Arc::new(|_: &str, _, _, _| {}) };
+    assert_eq!(ingesters.reroute_departed(&reroute), 0, "the re-router's first tick: nobody left");
+    let head = |tile_end_ms| TileHead {
+        storage_policy: "10s:2d",
+        resolution_ms: 10_000,
+        tile_end_ms,
+        flushed_at_ms: 1,
+        incomplete: false,
+    };
+    let (sent, unowned) = ingesters.send_tile(&head(20_000), values(3_000), 10_000, "agg-1", 4096);
+    assert_eq!((sent.len(), unowned), (3, 0));
+
+    // ing-2 fails over; its sender never took its batches (it is dead). The next tile is
+    // routed before the re-router's next tick.
+    handle.replace(placement.fail_over(&["ing-2"], 5).unwrap());
+    let (sent, _) = ingesters.send_tile(&head(30_000), values(3_000), 20_000, "agg-1", 4096);
+    assert_eq!(sent.len(), 2, "the new tile goes to the two live ingesters");
+
+    let queues = ingesters.queues();
+    let dead = queues.iter().find(|queue| queue.endpoint() == "127.0.0.1:2").unwrap();
+    assert!(dead.is_idle(), "nothing left for the departed ingester");
+    let mut first_tile = 0;
+    for queue in queues.iter().filter(|queue| queue.endpoint() != "127.0.0.1:2") {
+        let mut newest_end = 0;
+        while let Some(batch) = queue.pop_front() {
+            queue.finish_in_flight();
+            let tiles = decoded(&batch);
+            assert!(
+                tiles.tile_end_ms >= newest_end,
+                "{}: the tile ending {} after {newest_end}",
+                queue.endpoint(),
+                tiles.tile_end_ms
+            );
+            newest_end = tiles.tile_end_ms;
+            if tiles.tile_end_ms == 20_000 {
+                first_tile += tiles.tiles.len();
+            }
+        }
+    }
+    assert_eq!(first_tile, 3_000, "the older tile whole, the departed ingester's share included");
+}
