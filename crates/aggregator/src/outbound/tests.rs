@@ -126,14 +126,28 @@ fn a_full_queue_pushes_back_until_its_ingester_leaves_the_placement() {
     assert!(ingesters.has_room(), "a departed destination's queue no longer counts");
 }
 
-#[test]
-fn a_departed_ingesters_queue_goes_to_the_new_owners_of_its_series() {
+/// Three ingesters in a placement that can change, their queues, and how to re-route.
+struct Rerouting {
+    placement: Placement,
+    handle: PlacementHandle,
+    metrics: Metrics,
+    ingesters: Ingesters,
+    reroute: Reroute,
+}
+
+fn rerouting() -> Rerouting {
     let placement = three_ingesters();
     let handle = PlacementHandle::fixed(placement.clone());
     let metrics = Metrics::default();
     let ingesters = Ingesters::placed(handle.clone(), 1 << 20, &metrics.outbound, &metrics.drops);
     let reroute =
         Reroute { source: "agg-1".into(), max_frame_bytes: 64 << 10, on_rerouted: Arc::new(|_: &str, _, _, _| {}) };
+    Rerouting { placement, handle, metrics, ingesters, reroute }
+}
+
+#[test]
+fn a_departed_ingesters_queue_goes_to_the_new_owners_of_its_series() {
+    let Rerouting { placement, handle, metrics, ingesters, reroute } = rerouting();
     let head = TileHead {
         storage_policy: "10s:2d",
         resolution_ms: 10_000,
@@ -185,12 +199,7 @@ fn a_departed_ingesters_queue_goes_to_the_new_owners_of_its_series() {
 /// [`Ingesters::send_tile`] re-routes the departed queue first.
 #[test]
 fn a_tile_sent_after_a_failover_goes_behind_the_departed_ingesters_older_tile() {
-    let placement = three_ingesters();
-    let handle = PlacementHandle::fixed(placement.clone());
-    let metrics = Metrics::default();
-    let ingesters = Ingesters::placed(handle.clone(), 1 << 20, &metrics.outbound, &metrics.drops);
-    let reroute =
-        Reroute { source: "agg-1".into(), max_frame_bytes: 64 << 10, on_rerouted: Arc::new(|_: &str, _, _, _| {}) };
+    let Rerouting { placement, handle, ingesters, reroute, .. } = rerouting();
     assert_eq!(ingesters.reroute_departed(&reroute), 0, "the re-router's first tick: nobody left");
     let head = |tile_end_ms| TileHead {
         storage_policy: "10s:2d",

@@ -453,23 +453,8 @@ fn a_copy_of_a_tile_from_before_an_adopted_total_is_a_duplicate_not_late() {
 /// and the next tile went on from it over what `b` had written.
 #[test]
 fn a_checkpoint_keeps_no_total_of_a_shard_given_away_past_its_cutoff() {
-    let placement = Placement::init(&[("a", "a:1")], SHARDS, 1, 0).unwrap();
-    let timing = tessera_topology::MoveTiming::new(0).with_delay_ms(1).with_boundary_ms(20_000);
-    let joined = placement.add_instance("b", "b:1", timing).unwrap();
-    let giving = OwnershipView::of(&joined, "a");
-    let moving = (0..SHARDS as usize).find(|shard| giving.cutoff_ms[*shard] > 0).expect("the join moves a shard away");
-    let kept = (0..SHARDS as usize)
-        .find(|shard| giving.owned[*shard] && giving.cutoff_ms[*shard] == 0)
-        .expect("`a` keeps a shard");
-    assert_eq!(giving.cutoff_ms[moving], 20_000);
+    let GivenBackAndAway { placement, giving, again, moving, kept } = given_back_and_away();
     let (id, own) = (series_in(moving), series_in(kept));
-    // `b` is paused past its lease and failed over at 52 000 (the shard given back), then
-    // joins again at 53 000 and takes it at 60 000.
-    let back = joined.fail_over(&["b"], 52_000).unwrap();
-    let timing = tessera_topology::MoveTiming::new(53_000).with_delay_ms(1).with_boundary_ms(20_000);
-    let again = OwnershipView::of(&back.add_instance("b", "b:1", timing).unwrap(), "a");
-    assert!(again.owned[moving] && !again.joining[moving] && again.cutoff_ms[moving] == 60_000);
-    assert!(again.owned[kept] && again.cutoff_ms[kept] == 0);
 
     let (mut a1, ownership1, _, _, _) = setup();
     ownership1.publish(OwnershipView::of(&placement, "a"));
@@ -491,14 +476,18 @@ fn a_checkpoint_keeps_no_total_of_a_shard_given_away_past_its_cutoff() {
     assert_eq!(one(&mut a2, 60_000, &own, 1.0), (4.0, false), "the shard kept goes on");
 }
 
-/// Fix 19's gap: the same history as
-/// [`a_checkpoint_keeps_no_total_of_a_shard_given_away_past_its_cutoff`], with `a`'s last
-/// checkpoint taken before it converted any tile past the cutoff, so the shard's totals were
-/// still current and in it. The checkpoint records the cutoff it was taken under (20 000);
-/// the restart's first view gives the shard away at 60 000, so the restored total is of a
-/// tenure that ended and the series starts over. A restart under the same view goes on.
-#[test]
-fn a_restart_whose_first_view_moved_a_shard_since_the_checkpoint_starts_its_series_over() {
+/// `a` alone in its placement, `giving` a shard (`moving`) to `b` at a cutoff at 20 000 and
+/// keeping another (`kept`); `b` then paused past its lease and failed over at 52 000 (the
+/// shard given back), and joining `again` at 53 000 to take it at 60 000: `a`'s views.
+struct GivenBackAndAway {
+    placement: Placement,
+    giving: OwnershipView,
+    again: OwnershipView,
+    moving: usize,
+    kept: usize,
+}
+
+fn given_back_and_away() -> GivenBackAndAway {
     let placement = Placement::init(&[("a", "a:1")], SHARDS, 1, 0).unwrap();
     let timing = tessera_topology::MoveTiming::new(0).with_delay_ms(1).with_boundary_ms(20_000);
     let joined = placement.add_instance("b", "b:1", timing).unwrap();
@@ -507,11 +496,25 @@ fn a_restart_whose_first_view_moved_a_shard_since_the_checkpoint_starts_its_seri
     let kept = (0..SHARDS as usize)
         .find(|shard| giving.owned[*shard] && giving.cutoff_ms[*shard] == 0)
         .expect("`a` keeps a shard");
-    let (id, own) = (series_in(moving), series_in(kept));
+    assert_eq!(giving.cutoff_ms[moving], 20_000);
     let back = joined.fail_over(&["b"], 52_000).unwrap();
     let timing = tessera_topology::MoveTiming::new(53_000).with_delay_ms(1).with_boundary_ms(20_000);
     let again = OwnershipView::of(&back.add_instance("b", "b:1", timing).unwrap(), "a");
-    assert_eq!((giving.cutoff_ms[moving], again.cutoff_ms[moving]), (20_000, 60_000));
+    assert!(again.owned[moving] && !again.joining[moving] && again.cutoff_ms[moving] == 60_000);
+    assert!(again.owned[kept] && again.cutoff_ms[kept] == 0);
+    GivenBackAndAway { placement, giving, again, moving, kept }
+}
+
+/// Fix 19's gap: the same history as
+/// [`a_checkpoint_keeps_no_total_of_a_shard_given_away_past_its_cutoff`], with `a`'s last
+/// checkpoint taken before it converted any tile past the cutoff, so the shard's totals were
+/// still current and in it. The checkpoint records the cutoff it was taken under (20 000);
+/// the restart's first view gives the shard away at 60 000, so the restored total is of a
+/// tenure that ended and the series starts over. A restart under the same view goes on.
+#[test]
+fn a_restart_whose_first_view_moved_a_shard_since_the_checkpoint_starts_its_series_over() {
+    let GivenBackAndAway { placement, giving, again, moving, kept } = given_back_and_away();
+    let (id, own) = (series_in(moving), series_in(kept));
 
     let (mut a1, ownership1, _, _, _) = setup();
     ownership1.publish(OwnershipView::of(&placement, "a"));
