@@ -29,8 +29,12 @@
 //!   restarted) does not confirm what its earlier life left unsent: that
 //!   one stops holding tiles, and is still remembered;
 //! - **silent**: a connection with no batch for `max_buffer_past` (a stopped
-//!   process, a half-open connection, a destination the collector no longer
-//!   routes to) holds nothing; collectors send a batch every window.
+//!   process, a half-open connection, a stalled link) holds nothing;
+//!   collectors send a batch every window to every aggregator they route to.
+//!   It still confirms nothing past its watermark ([`Watermarks::confirms`]):
+//!   a stalled link delivers the collector's windows later, and a replica
+//!   whose link did not stall may hold them. The intake closes a connection
+//!   silent for `idle_timeout_ms` (30 s), which makes it a departed one.
 //!
 //! So:
 //!
@@ -224,17 +228,21 @@ impl Watermarks {
 
     /// Whether every collector that may have sent partials into the tile
     /// `[tile_start_ms, tile_end_ms)` confirmed its end with its watermark: every
-    /// collector seen since `max_buffer_past` before the tile began (on an open
-    /// connection, silent or not, or on one that closed since) has a watermark at or
-    /// after the tile's end. A tile closed without that confirmation (on
-    /// `max_buffer_past`, or with a collector's link stalled long enough to count as
-    /// silent) may lack partials that a replica of the shard set holds: it is flushed
-    /// marked incomplete (`flush/leadership.rs`). A collector that never reports a
-    /// watermark confirms nothing.
+    /// collector on an open connection, silent or not, and every one whose connection
+    /// closed since `max_buffer_past` before the tile began, has a watermark at or after
+    /// the tile's end. A tile closed without that confirmation (on `max_buffer_past`, or
+    /// with a collector's link stalled) may lack partials that a replica of the shard set
+    /// holds: it is flushed marked incomplete (`flush/leadership.rs`). A collector that
+    /// never reports a watermark confirms nothing.
+    ///
+    /// A silent connection counts however long it has been silent (found reading the
+    /// code for fix 16 of the fault campaign): one collector's link into the leader
+    /// stalled from before a tile began until after it closed, the others' fine, and the
+    /// tile closed confirmed without that collector's windows, which the follower held.
     pub fn confirms(&self, tile_start_ms: i64, tile_end_ms: i64) -> bool {
         let since = tile_start_ms.saturating_sub(self.max_buffer_past_ms);
         let confirmed = |watermark: Option<i64>| watermark.is_some_and(|watermark| watermark >= tile_end_ms);
-        self.streams.values().all(|stream| stream.seen_ms < since || confirmed(stream.watermark_ms))
+        self.streams.values().all(|stream| confirmed(stream.watermark_ms))
             && self
                 .departed
                 .values()
@@ -369,7 +377,7 @@ mod tests {
     }
 
     #[test]
-    fn a_tile_is_confirmed_once_every_collector_seen_around_it_has_passed_its_end() {
+    fn a_tile_is_confirmed_once_every_collector_connected_or_seen_around_it_has_passed_its_end() {
         let mut marks = opened_at_now(&[(1, "a", Some(NOW)), (2, "b", Some(NOW))]);
         assert!(marks.confirms(NOW - 10_000, NOW));
         assert!(!marks.confirms(NOW, NOW + 10_000), "neither has sent the tile's last window");
@@ -377,9 +385,11 @@ mod tests {
         let later = NOW + 15_000;
         marks.advance(1, Some(later), later);
         assert_eq!(marks.horizon(later).0, later, "b is silent: it holds nothing");
-        assert!(!marks.confirms(NOW, NOW + 10_000), "but b was seen when the tile began: unconfirmed");
+        assert!(!marks.confirms(NOW, NOW + 10_000), "but b has not sent the tile's end: unconfirmed");
         assert!(!marks.confirms(NOW + 5_000, NOW + 15_000), "seen within max_buffer_past before it began");
-        assert!(marks.confirms(NOW + 8_001, NOW + 15_000), "b was gone max_buffer_past before this one began");
+        // A link stalled since more than max_buffer_past before the tile began may still
+        // deliver b's windows of it (fix 16's gap): silent, b confirms nothing.
+        assert!(!marks.confirms(NOW + 8_001, NOW + 15_000), "b's link stalled across the whole tile");
         // A collector that left counts as it last stood, for as long as it is remembered.
         marks.advance(2, Some(NOW + 10_000), later);
         assert!(marks.confirms(NOW, NOW + 10_000));
