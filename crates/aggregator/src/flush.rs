@@ -202,14 +202,18 @@ fn flush_tile(tile: ClosedTile, flusher: &Flusher, copy: Copy) {
         flushed_at_ms: now_ms(),
         incomplete: unconfirmed || leadership.began_before_start(tile_start_ms),
     };
-    let (sent, unowned) = ingesters.send_tile(&head, values, tile_start_ms, &settings.source, settings.max_frame_bytes);
+    let incomplete = head.incomplete;
+    let unowned =
+        ingesters.send_tile(&head, values, tile_start_ms, (&settings.source, settings.max_frame_bytes), |sent| {
+            // A leader's incomplete tile is recorded even when nothing of it was sent, and a
+            // tile it had no series of is recorded incomplete whatever its watermarks said: a
+            // replica holding any of it completes it, and its copy is the only one (fixes 14
+            // and 16).
+            if copy == Copy::Leader && (!sent.is_empty() || incomplete || series == 0) {
+                leadership.flushed(policy_index, sent, tile_end_ms, incomplete || series == 0);
+            }
+        });
     count_drops(drops, "no_ingester", "series", unowned);
-    // A leader's incomplete tile is recorded even when nothing of it was sent, and a tile
-    // it had no series of is recorded incomplete whatever its watermarks said: a replica
-    // holding any of it completes it, and its copy is the only one (fixes 14 and 16).
-    if copy == Copy::Leader && (!sent.is_empty() || head.incomplete || series == 0) {
-        leadership.flushed(policy_index, sent, tile_end_ms, head.incomplete || series == 0);
-    }
     policy.tiles_flushed.inc();
     policy.series_flushed.inc_by(series);
     policy.flush_duration.observe((cut_duration + started.elapsed()).as_secs_f64());

@@ -310,26 +310,33 @@ impl Ingesters {
     }
 
     /// Routes a tile's `values` (the tile `head` describes, starting at `tile_start_ms`) and
-    /// queues each share; returns each queue and its last batch's sequence, and the values
-    /// no ingester owns. With a placement and the re-router running, the batches still
-    /// queued for departed destinations are re-routed first (see the [module docs](self)).
+    /// queues each share; hands `queued` each queue and its last batch's sequence, and
+    /// returns the values no ingester owns. With a placement and the re-router running, the
+    /// batches still queued for departed destinations are re-routed first, by the same
+    /// routing the tile is split by (see the [module docs](self)). `queued` runs under the
+    /// same lock, before any re-routing can move the tile's batches: the flusher records
+    /// them there for the flush marks, so a re-routing finds them recorded.
     pub fn send_tile(
         &self,
         head: &TileHead<'_>,
         values: Vec<SeriesValue>,
         tile_start_ms: i64,
-        source: &str,
-        max_frame_bytes: usize,
-    ) -> (Vec<(usize, u64)>, u64) {
+        (source, max_frame_bytes): (&str, usize),
+        queued: impl FnOnce(Vec<(usize, u64)>),
+    ) -> u64 {
         let _order = self.inner.routing_order.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let (Some(placement), Some(reroute)) = (&self.inner.placement, self.inner.reroute.get()) {
-            let routing = self.current_routing(placement);
-            self.reroute_departed_in_order(&routing, reroute);
-        }
-        let (shares, unowned) = self.assign(values, tile_start_ms);
-        let sent =
-            shares.into_iter().filter_map(|share| self.queue_share(head, share, source, max_frame_bytes)).collect();
-        (sent, unowned)
+        let (shares, unowned) = match &self.inner.placement {
+            Some(placement) => {
+                let routing = self.current_routing(placement);
+                if let Some(reroute) = self.inner.reroute.get() {
+                    self.reroute_departed_in_order(&routing, reroute);
+                }
+                self.split(&routing, values, tile_start_ms)
+            }
+            None => self.assign(values, tile_start_ms),
+        };
+        queued(shares.into_iter().filter_map(|share| self.queue_share(head, share, source, max_frame_bytes)).collect());
+        unowned
     }
 
     /// Moves the batches queued for destinations that left the placement to the

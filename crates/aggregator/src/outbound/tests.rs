@@ -208,13 +208,14 @@ fn a_tile_sent_after_a_failover_goes_behind_the_departed_ingesters_older_tile() 
         flushed_at_ms: 1,
         incomplete: false,
     };
-    let (sent, unowned) = ingesters.send_tile(&head(20_000), values(3_000), 10_000, "agg-1", 4096);
+    let mut sent = Vec::new();
+    let unowned = ingesters.send_tile(&head(20_000), values(3_000), 10_000, ("agg-1", 4096), |queued| sent = queued);
     assert_eq!((sent.len(), unowned), (3, 0));
 
     // ing-2 fails over; its sender never took its batches (it is dead). The next tile is
     // routed before the re-router's next tick.
     handle.replace(placement.fail_over(&["ing-2"], 5).unwrap());
-    let (sent, _) = ingesters.send_tile(&head(30_000), values(3_000), 20_000, "agg-1", 4096);
+    ingesters.send_tile(&head(30_000), values(3_000), 20_000, ("agg-1", 4096), |queued| sent = queued);
     assert_eq!(sent.len(), 2, "the new tile goes to the two live ingesters");
 
     let queues = ingesters.queues();
