@@ -449,9 +449,11 @@ pub struct Converter {
     /// (0: none). Once a tile ending after it was converted, the shard's totals are of a
     /// tenure that ended: its receiver writes it from an explicit reset.
     cutoffs: Vec<i64>,
-    /// Per shard: the cutoffs the restored checkpoint recorded, until the first view is
-    /// taken in and compared with them ([`checkpoint`] docs, *Cutoffs*).
-    restored_cutoffs: Option<Vec<i64>>,
+    /// The placement version of the last view taken in.
+    view_version: u64,
+    /// The placement the restored checkpoint recorded, until the first view is taken in and
+    /// compared with it ([`checkpoint`] docs, *Placement*).
+    restored_placement: Option<checkpoint::PlacementSeen>,
     /// Per shard: the oldest epoch whose totals are of a tenure this process held. A shard
     /// it did not own all along at its first view (joining, rejoined, or not owned) has
     /// none below its first epoch: any total there was restored from a tenure that ended.
@@ -681,7 +683,8 @@ impl Converter {
             tenures: Vec::new(),
             cutovers: Vec::new(),
             cutoffs: Vec::new(),
-            restored_cutoffs: None,
+            view_version: 0,
+            restored_placement: None,
             gained_ahead_at: Vec::new(),
             first_epoch_held: Vec::new(),
             lost: Vec::new(),
@@ -788,6 +791,7 @@ impl Converter {
             self.ownership_changed = true;
         }
         self.rejoined_seen |= view.rejoined;
+        self.view_version = view.version;
         if self.owned.len() != view.owned.len() {
             let first = self.owned.is_empty();
             self.owned = view.owned.clone();
@@ -835,17 +839,21 @@ impl Converter {
     }
 
     /// At the first view: a shard owned all along by that view whose cutoff differs from the
-    /// one the restored checkpoint recorded was given back or away again while this process
-    /// was down, or its move began after the checkpoint: the totals restored for it may be of
-    /// a tenure that ended, so its series start over, as a joined shard's do (found reading
-    /// the code after the fault campaign's seed 65: fix 19 left out of a checkpoint the
-    /// totals of a shard given away past its cutoff, but a checkpoint taken between the
-    /// cutoff and the first tile converted after it still kept them).
+    /// one the restored checkpoint recorded, or has none in either under another version of
+    /// the placement, may have been given back or away again while this process was down:
+    /// the totals restored for it may be of a tenure that ended, so its series start over, as
+    /// a joined shard's do (found reading the code after the fault campaign's seed 65: fix
+    /// 19 left out of a checkpoint the totals of a shard given away past its cutoff, but a
+    /// checkpoint taken between the cutoff and the first tile converted after it still kept
+    /// them). See the [`checkpoint`] docs, *Placement*.
     fn stale_restored_shards(&mut self, view: &crate::tier::OwnershipView) {
-        let Some(restored) = self.restored_cutoffs.take() else { return };
+        let Some(restored) = self.restored_placement.take() else { return };
         let mut stale = 0;
         for shard in 0..view.owned.len() {
-            let changed = restored.len() != view.owned.len() || restored[shard] != view.cutoff_ms[shard];
+            let cutoff = view.cutoff_ms[shard];
+            let changed = restored.cutoffs.len() != view.owned.len()
+                || restored.cutoffs[shard] != cutoff
+                || (cutoff == 0 && restored.version != view.version);
             if changed && view.owned[shard] && self.first_epoch_held[shard] == 0 {
                 self.epochs[shard] += 1;
                 self.first_epoch_held[shard] = self.epochs[shard];

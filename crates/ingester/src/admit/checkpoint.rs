@@ -57,19 +57,26 @@
 //! histograms   u64 n, then n × (key u128, sum f64, written u8, schema i32, zero_count f64,
 //!                      positive buckets, negative buckets)
 //! buckets      u32 m, then m × (index i32, weight f64), non-zero ones by increasing index
-//! cutoffs      u64 n, then n × i64 (version 4): per shard of the ingesters' placement, the
-//!                      cutoff at which this ingester was giving it away when the checkpoint
-//!                      was taken (0: none; i64::MIN: it changed while the checkpoint was taken);
-//!                      none (n = 0) when the converter knew no placement
+//! placement    u64 version (version 4): of the ingesters' placement the totals were made
+//!                      under when the checkpoint began
+//! cutoffs      u64 n, then n × i64 (version 4): per shard, the cutoff at which this
+//!                      ingester was giving it away then (0: none); none (n = 0) when the
+//!                      converter knew no placement
 //! ```
 //!
-//! **Cutoffs.** A restart compares them with its first view of the placement: a shard whose
-//! cutoff differs was given back or given away again while the process was down (or since
-//! the checkpoint), so its receiver may have written it from an explicit reset, and the
-//! totals restored for it are of a tenure that ended: its series start over with a reset of
-//! their own ([`Converter::restore_checkpoint`]). A move begun after the checkpoint counts as
-//! a difference too: it cannot be told apart from one given back and away again, and a reset
-//! too many is exact where a total carried on from an ended tenure is not.
+//! **Placement.** A restart compares the placement a checkpoint records with its first view
+//! of it: a shard whose cutoff differs was given back or given away again while the process
+//! was down (or since the checkpoint), so its receiver may have written it from an explicit
+//! reset, and the totals restored for it are of a tenure that ended: its series start over
+//! with a reset of their own ([`Converter::restore_checkpoint`]). So does a shard with no
+//! cutoff in either when the placement's version differs: it may have been given away and
+//! back in between (a failover gives a shard back with no cutoff). A shard whose move is
+//! the same one (the same cutoff) keeps its totals, and so does every shard when the
+//! placement is the one of the checkpoint. A change the restart cannot see through costs a
+//! reset too many, which is exact; a total carried on from an ended tenure is not. A view
+//! taken in while a checkpoint is encoded in steps is of a newer placement than the one
+//! recorded, so every later view differs from it: the totals saved under either are
+//! trusted only where the cutoff is the same one.
 //!
 //! **Adding a field to a running total** is one line in `total_fields`, at the end (and
 //! `VERSION + 1`). Totals are read at the width the file states, so a file written before
@@ -134,6 +141,15 @@ fn total_fields(total: &mut Total, fields: &mut impl Fields) {
     let mut last_incomplete = u8::from(total.last_incomplete);
     fields.field(&mut last_incomplete);
     total.last_incomplete = last_incomplete != 0;
+}
+
+/// The ingesters' placement as a checkpoint records it (see the [module docs](self)).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(super) struct PlacementSeen {
+    /// Its version.
+    pub(super) version: u64,
+    /// Per shard, the cutoff at which this ingester gives it away (0: none).
+    pub(super) cutoffs: Vec<i64>,
 }
 
 /// What a checkpoint says beside the converter's state.
@@ -250,8 +266,9 @@ pub struct CheckpointEncoder {
     total_count: u64,
     histograms: Pieces,
     histogram_count: u64,
-    /// The converter's cutoffs per shard when it began (see the [module docs](self)).
-    cutoffs: Vec<i64>,
+    /// The placement the converter's totals were made under when it began (see the
+    /// [module docs](self)).
+    placement: Option<PlacementSeen>,
 }
 
 impl CheckpointEncoder {
@@ -269,8 +286,8 @@ pub struct EncodedCheckpoint {
     totals: Vec<Vec<u8>>,
     histogram_count: [u8; 8],
     histograms: Vec<Vec<u8>>,
-    /// The cutoffs' count and values.
-    cutoffs: Vec<u8>,
+    /// The placement's version, the cutoffs' count and values.
+    placement: Vec<u8>,
     series: u64,
 }
 
@@ -282,13 +299,13 @@ impl EncodedCheckpoint {
         self.totals.iter().for_each(|piece| crc.update(piece));
         crc.update(&self.histogram_count);
         self.histograms.iter().for_each(|piece| crc.update(piece));
-        crc.update(&self.cutoffs);
+        crc.update(&self.placement);
         self.head[MAGIC.len() + 4..HEADER_BYTES].copy_from_slice(&crc.finalize().to_le_bytes());
         let mut parts = vec![self.head.as_slice()];
         parts.extend(self.totals.iter().map(Vec::as_slice));
         parts.push(&self.histogram_count);
         parts.extend(self.histograms.iter().map(Vec::as_slice));
-        parts.push(&self.cutoffs);
+        parts.push(&self.placement);
         parts
     }
 
@@ -308,7 +325,7 @@ impl EncodedCheckpoint {
             + pieces(&self.totals)
             + self.histogram_count.len()
             + pieces(&self.histograms)
-            + self.cutoffs.len()
+            + self.placement.len()
     }
 
     /// Whether it is empty (never: a checkpoint has at least its header).
@@ -335,15 +352,19 @@ impl Converter {
             total_count: 0,
             histograms: Pieces::default(),
             histogram_count: 0,
-            cutoffs: self.checkpoint_cutoffs(),
+            placement: self.placement_seen(),
         }
     }
 
-    /// The cutoffs a checkpoint records: those of the views taken in, or before the first
-    /// one, those restored (a restart that checkpoints before it converts anything keeps
-    /// what it restored, and what that was compared with).
-    fn checkpoint_cutoffs(&self) -> Vec<i64> {
-        if self.owned.is_empty() { self.restored_cutoffs.clone().unwrap_or_default() } else { self.cutoffs.clone() }
+    /// The placement a checkpoint records: that of the views taken in, or before the first
+    /// one, the one restored (a restart that checkpoints before it converts anything keeps
+    /// what it restored, and what that is compared with).
+    fn placement_seen(&self) -> Option<PlacementSeen> {
+        if self.owned.is_empty() {
+            self.restored_placement.clone()
+        } else {
+            Some(PlacementSeen { version: self.view_version, cutoffs: self.cutoffs.clone() })
+        }
     }
 
     /// Saves up to `series` more series as they are now; returns whether every one is saved.
@@ -385,19 +406,21 @@ impl Converter {
         encoder.total_count.put(&mut head);
         // A cutoff that changed between the first step and the last: the totals saved before
         // the change and after it are of different views, so none of the shard's is trusted.
-        let now = self.checkpoint_cutoffs();
-        let mut cutoffs = Vec::with_capacity(8 + 8 * encoder.cutoffs.len());
-        (encoder.cutoffs.len() as u64).put(&mut cutoffs);
-        for (shard, began) in encoder.cutoffs.iter().enumerate() {
-            let now = now.get(shard).copied();
-            (if now == Some(*began) { *began } else { i64::MIN }).put(&mut cutoffs);
+        // The placement it began under (see the module docs); the first view, if it came in
+        // during the steps.
+        let recorded = encoder.placement.or_else(|| self.placement_seen()).unwrap_or_default();
+        let mut placement = Vec::with_capacity(16 + 8 * recorded.cutoffs.len());
+        recorded.version.put(&mut placement);
+        (recorded.cutoffs.len() as u64).put(&mut placement);
+        for cutoff in recorded.cutoffs {
+            cutoff.put(&mut placement);
         }
         EncodedCheckpoint {
             head,
             totals: encoder.totals.into_vec(),
             histogram_count: encoder.histogram_count.to_le_bytes(),
             histograms: encoder.histograms.into_vec(),
-            cutoffs,
+            placement,
             series: encoder.total_count,
         }
     }
@@ -416,7 +439,7 @@ impl Converter {
         self.discard_pending();
         self.totals = decoded.totals;
         self.histograms = decoded.histograms;
-        self.restored_cutoffs = decoded.cutoffs;
+        self.restored_placement = decoded.placement;
         self.newest_tile_end_ms = decoded.newest_tile_end_ms;
         self.last_sweep_tile_end_ms = decoded.last_sweep_tile_end_ms;
         Ok(decoded.meta)
@@ -640,7 +663,7 @@ struct Decoded {
     totals: Totals,
     histograms: Histograms,
     /// `None` before version 4, or when the converter knew no placement.
-    cutoffs: Option<Vec<i64>>,
+    placement: Option<PlacementSeen>,
 }
 
 fn decode(bytes: &[u8]) -> Result<Decoded, CheckpointError> {
@@ -697,10 +720,11 @@ fn decode(bytes: &[u8]) -> Result<Decoded, CheckpointError> {
         let sketch = Sketch::from_proto(&proto).map_err(|source| CheckpointError::Sketch { key, source })?;
         histograms.insert(key, Cumulative { sketch, sum, written, before_last: None });
     }
-    let cutoffs = if version >= 4 {
+    let placement = if version >= 4 {
+        let version = reader.scalar("placement version")?;
         let count = reader.count("cutoffs", 8)?;
         let cutoffs = (0..count).map(|_| reader.scalar("cutoff")).collect::<Result<Vec<i64>, _>>()?;
-        Some(cutoffs).filter(|cutoffs| !cutoffs.is_empty())
+        Some(PlacementSeen { version, cutoffs }).filter(|placement| !placement.cutoffs.is_empty())
     } else {
         None
     };
@@ -714,7 +738,7 @@ fn decode(bytes: &[u8]) -> Result<Decoded, CheckpointError> {
         last_sweep_tile_end_ms,
         totals,
         histograms,
-        cutoffs,
+        placement,
     })
 }
 

@@ -173,10 +173,11 @@ fn impossible_counts_behind_a_valid_checksum_are_refused_without_allocating() {
     reseal(&mut trailing);
     assert_eq!(converter().restore_checkpoint(&trailing).unwrap_err(), CheckpointError::Trailing { bytes: 4 });
 
-    // The file ends with the cutoffs' count (none without a placement).
-    const CUTOFFS: usize = 8;
+    // The file ends with the placement's version and the cutoffs' count (none without a
+    // placement).
+    const CUTOFFS: usize = 16;
     let mut cutoffs = bytes.clone();
-    let cutoffs_at = cutoffs.len() - CUTOFFS;
+    let cutoffs_at = cutoffs.len() - 8;
     cutoffs[cutoffs_at..].copy_from_slice(&u64::MAX.to_le_bytes());
     reseal(&mut cutoffs);
     let error = converter().restore_checkpoint(&cutoffs).unwrap_err();
@@ -229,8 +230,8 @@ fn a_file_from_before_a_total_field_was_added_gives_it_its_default() {
     let record = convert(&mut restored, &TileBatch { tiles: vec![counter("c", 3.0)], ..tile_batch(1) });
     assert_eq!(record.samples[0].value, 5.0);
 
-    // A version 3 file ends after the histograms: no cutoffs.
-    let mut version3 = bytes[..bytes.len() - 8].to_vec();
+    // A version 3 file ends after the histograms: no placement.
+    let mut version3 = bytes[..bytes.len() - 16].to_vec();
     version3[MAGIC.len()..MAGIC.len() + 4].copy_from_slice(&3u32.to_le_bytes());
     reseal(&mut version3);
     let mut restored = converter();
