@@ -230,7 +230,8 @@ impl Aggregator {
                     })
                 },
             };
-            tokio::spawn(outbound::run_rerouter(ingesters.clone(), reroute, stop_senders.clone()));
+            ingesters.rerouting(reroute);
+            tokio::spawn(outbound::run_rerouter(ingesters.clone(), stop_senders.clone()));
         }
         // Shutdown joins the threads in this order: each one's exit closes the next one's input.
         let mut threads = vec![spawn_thread("decoder", {

@@ -81,7 +81,7 @@ struct Inner {
     headroom: AtomicUsize,
     /// The placement generation the queues were last matched against.
     seen_generation: AtomicU64,
-    /// How a departed destination's batches are re-routed, once the re-router runs.
+    /// How a departed destination's batches are re-routed ([`Ingesters::rerouting`]).
     reroute: OnceLock<Reroute>,
     /// Held while batches are re-routed and while a tile is routed and queued, so that
     /// re-routed batches are queued before a newer tile's.
@@ -339,12 +339,18 @@ impl Ingesters {
         unowned
     }
 
+    /// Sets how a departed destination's batches are re-routed, by [`run_rerouter`] and by
+    /// [`send_tile`](Self::send_tile) before each tile; until then neither re-routes. The
+    /// first call counts.
+    pub fn rerouting(&self, reroute: Reroute) {
+        let _ = self.inner.reroute.set(reroute);
+    }
+
     /// Moves the batches queued for destinations that left the placement to the
-    /// current owners of their series; returns the batches moved. The first call sets how
-    /// [`send_tile`](Self::send_tile) re-routes too.
-    pub fn reroute_departed(&self, reroute: &Reroute) -> u64 {
-        let Some(placement) = &self.inner.placement else { return 0 };
-        let _ = self.inner.reroute.set(reroute.clone());
+    /// current owners of their series; returns the batches moved (none before
+    /// [`rerouting`](Self::rerouting)).
+    pub fn reroute_departed(&self) -> u64 {
+        let (Some(placement), Some(reroute)) = (&self.inner.placement, self.inner.reroute.get()) else { return 0 };
         let _order = self.inner.routing_order.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let routing = self.current_routing(placement);
         self.reroute_departed_in_order(&routing, reroute)
@@ -411,18 +417,17 @@ pub struct Reroute {
 /// How often the re-router looks for departed destinations.
 pub const REROUTE_TICK: Duration = Duration::from_millis(250);
 
-/// Re-routes departed destinations' batches every [`REROUTE_TICK`] until `stop` fires; from
-/// its start, [`Ingesters::send_tile`] re-routes them too before it routes a tile.
-pub async fn run_rerouter(ingesters: Ingesters, reroute: Reroute, stop: Shutdown) {
-    let _ = ingesters.inner.reroute.set(reroute.clone());
+/// Re-routes departed destinations' batches every [`REROUTE_TICK`] until `stop` fires, as
+/// [`Ingesters::rerouting`] says.
+pub async fn run_rerouter(ingesters: Ingesters, stop: Shutdown) {
     loop {
         tokio::select! {
             () = stop.wait() => return,
             () = tokio::time::sleep(REROUTE_TICK) => {}
         }
-        let (ingesters, reroute) = (ingesters.clone(), reroute.clone());
+        let ingesters = ingesters.clone();
         // Decoding and encoding a departed ingester's backlog is CPU work: off the async workers.
-        let moved = tokio::task::spawn_blocking(move || ingesters.reroute_departed(&reroute)).await.unwrap_or(0);
+        let moved = tokio::task::spawn_blocking(move || ingesters.reroute_departed()).await.unwrap_or(0);
         if moved > 0 {
             tracing::info!(batches = moved, "re-routed tile batches of a departed ingester to the new owners");
         }

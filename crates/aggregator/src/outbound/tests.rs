@@ -126,13 +126,12 @@ fn a_full_queue_pushes_back_until_its_ingester_leaves_the_placement() {
     assert!(ingesters.has_room(), "a departed destination's queue no longer counts");
 }
 
-/// Three ingesters in a placement that can change, their queues, and how to re-route.
+/// Three ingesters in a placement that can change, and their queues, re-routing set.
 struct Rerouting {
     placement: Placement,
     handle: PlacementHandle,
     metrics: Metrics,
     ingesters: Ingesters,
-    reroute: Reroute,
 }
 
 fn rerouting() -> Rerouting {
@@ -142,12 +141,13 @@ fn rerouting() -> Rerouting {
     let ingesters = Ingesters::placed(handle.clone(), 1 << 20, &metrics.outbound, &metrics.drops);
     let reroute =
         Reroute { source: "agg-1".into(), max_frame_bytes: 64 << 10, on_rerouted: Arc::new(|_: &str, _, _, _| {}) };
-    Rerouting { placement, handle, metrics, ingesters, reroute }
+    ingesters.rerouting(reroute);
+    Rerouting { placement, handle, metrics, ingesters }
 }
 
 #[test]
 fn a_departed_ingesters_queue_goes_to_the_new_owners_of_its_series() {
-    let Rerouting { placement, handle, metrics, ingesters, reroute } = rerouting();
+    let Rerouting { placement, handle, metrics, ingesters } = rerouting();
     let head = TileHead {
         storage_policy: "10s:2d",
         resolution_ms: 10_000,
@@ -165,10 +165,10 @@ fn a_departed_ingesters_queue_goes_to_the_new_owners_of_its_series() {
         let (batches, _) = encode_values(&head, share.values, "agg-1", 4096, &mut || queue.next_sequence());
         queue.push_all(batches);
     }
-    assert_eq!(ingesters.reroute_departed(&reroute), 0, "nobody left");
+    assert_eq!(ingesters.reroute_departed(), 0, "nobody left");
 
     handle.replace(placement.fail_over(&["ing-2"], 5).unwrap());
-    let moved = ingesters.reroute_departed(&reroute);
+    let moved = ingesters.reroute_departed();
     assert!(moved > 1, "{moved} batches");
     let queues = ingesters.queues();
     let dead = queues.iter().find(|queue| queue.endpoint() == "127.0.0.1:2").unwrap();
@@ -199,8 +199,8 @@ fn a_departed_ingesters_queue_goes_to_the_new_owners_of_its_series() {
 /// [`Ingesters::send_tile`] re-routes the departed queue first.
 #[test]
 fn a_tile_sent_after_a_failover_goes_behind_the_departed_ingesters_older_tile() {
-    let Rerouting { placement, handle, ingesters, reroute, .. } = rerouting();
-    assert_eq!(ingesters.reroute_departed(&reroute), 0, "the re-router's first tick: nobody left");
+    let Rerouting { placement, handle, ingesters, .. } = rerouting();
+    assert_eq!(ingesters.reroute_departed(), 0, "the re-router's first tick: nobody left");
     let head = |tile_end_ms| TileHead {
         storage_policy: "10s:2d",
         resolution_ms: 10_000,
@@ -209,7 +209,12 @@ fn a_tile_sent_after_a_failover_goes_behind_the_departed_ingesters_older_tile() 
         incomplete: false,
     };
     let mut sent = Vec::new();
-    let unowned = ingesters.send_tile(&head(20_000), values(3_000), 10_000, ("agg-1", 4096), |queued| sent = queued);
+    let unowned = ingesters.send_tile(&head(20_000), values(3_000), 10_000, ("agg-1", 4096), |queued| {
+        // The flusher records the tile's batches for its flush marks here: no re-routing may
+        // move them before (the re-router takes the same lock).
+        assert!(ingesters.inner.routing_order.try_lock().is_err(), "told under the routing lock");
+        sent = queued;
+    });
     assert_eq!((sent.len(), unowned), (3, 0));
 
     // ing-2 fails over; its sender never took its batches (it is dead). The next tile is
