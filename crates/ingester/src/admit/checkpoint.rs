@@ -404,8 +404,6 @@ impl Converter {
         self.last_sweep_tile_end_ms.put(&mut head);
         (total_bytes() as u32).put(&mut head);
         encoder.total_count.put(&mut head);
-        // A cutoff that changed between the first step and the last: the totals saved before
-        // the change and after it are of different views, so none of the shard's is trusted.
         // The placement it began under (see the module docs); the first view, if it came in
         // during the steps.
         let recorded = encoder.placement.or_else(|| self.placement_seen()).unwrap_or_default();
@@ -432,7 +430,8 @@ impl Converter {
 
     /// Replaces the running state with the checkpoint in `bytes`; returns what it covers.
     /// On an error nothing changes. The first ownership view taken in after it makes the
-    /// totals of a shard whose cutoff changed since stale (see the [module docs](self)).
+    /// totals of a shard the placement may have moved since stale (see the
+    /// [module docs](self), *Placement*).
     pub fn restore_checkpoint(&mut self, bytes: &[u8]) -> Result<CheckpointMeta, CheckpointError> {
         let decoded = decode(bytes)?;
         self.undo.clear();
