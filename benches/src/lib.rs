@@ -27,6 +27,36 @@ pub fn counter_datagrams(series: usize, datagram_bytes: usize, tagged: bool) -> 
     (datagrams, lines)
 }
 
+/// [`counter_datagrams`] of untagged series with the lines in a seeded random order: each
+/// series once, as in the fixed order, but not in the order a table inserted them (which
+/// lets the hardware prefetcher read a table's slots in sequence). Real traffic arrives in
+/// no such order.
+pub fn shuffled_counter_datagrams(series: usize, datagram_bytes: usize, seed: u64) -> (Vec<Vec<u8>>, usize) {
+    let mut order: Vec<usize> = (0..series).collect();
+    let mut state = seed | 1;
+    for i in (1..order.len()).rev() {
+        // xorshift64*: enough for a benchmark's shuffle.
+        state ^= state >> 12;
+        state ^= state << 25;
+        state ^= state >> 27;
+        let pick = (state.wrapping_mul(0x2545_f491_4f6c_dd1d) % (i as u64 + 1)) as usize;
+        order.swap(i, pick);
+    }
+    let mut datagrams = Vec::new();
+    let mut current = Vec::with_capacity(datagram_bytes);
+    for i in order {
+        let line = format!("bench.counter.{i}:1|c\n");
+        if current.len() + line.len() > datagram_bytes && !current.is_empty() {
+            datagrams.push(std::mem::take(&mut current));
+        }
+        current.extend_from_slice(line.as_bytes());
+    }
+    if !current.is_empty() {
+        datagrams.push(current);
+    }
+    (datagrams, series)
+}
+
 /// A realistic DogStatsD mix: counters, gauges, timers with sample rates,
 /// distributions, sets, tags, in ~1400-byte datagrams.
 pub fn mixed_datagrams(lines_wanted: usize) -> (Vec<Vec<u8>>, usize) {
