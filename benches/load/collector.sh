@@ -11,6 +11,10 @@
 #
 #   benches/load/collector.sh RATE SERIES DATAGRAM_BYTES [LINES]
 #   e.g. benches/load/collector.sh 4000000 10000 1400
+#   ORDER=random|zipf: the order loadgen sends the names in (default sequential, the
+#   order the collector inserted them, which flatters its table); VALUES_PER_SERIES=N
+#   (default 4): a random pass repeats the first pass's order (the insertion order) once
+#   every N passes
 #   PROFILE_HZ=99: take a CPU profile at that frequency (/debug/pprof/profile)
 #   for the whole run, to measure what profiling costs
 #
@@ -25,6 +29,8 @@ lines=${4:-$((rate * 5))}
 threads=${READER_THREADS:-1}
 mix=${MIX:-counter=100}
 tags=${TAGS:-0}
+order=${ORDER:-sequential}
+values_per_series=${VALUES_PER_SERIES:-4}
 
 bin=${BIN_DIR:-target/release}
 [ -x $bin/tessera-collector ] && [ -x $bin/tessera ] || cargo build --release --bin tessera-collector --bin tessera >&2
@@ -44,7 +50,8 @@ sys_before=$(awk '{print $15}' /proc/$collector/stat)
 start_profile "$http_port" $(( lines / rate + 3 )) "$work/profile.pb.gz"
 start=$(date +%s.%N)
 report=$(taskset -c 1 $bin/tessera loadgen --target "127.0.0.1:$udp_port" --rate-lines-per-sec "$rate" \
-    --total-lines "$lines" --series "$series" --mix "$mix" --tags "$tags" --datagram-bytes "$datagram_bytes" --json)
+    --total-lines "$lines" --series "$series" --mix "$mix" --tags "$tags" --datagram-bytes "$datagram_bytes" \
+    --order "$order" --values-per-series "$values_per_series" --json)
 sent=$(echo "$report" | python3 -c 'import json,sys; print(json.load(sys.stdin)["lines"])')
 achieved=$(echo "$report" | python3 -c 'import json,sys; print(int(json.load(sys.stdin)["lines_per_sec"]))')
 # Wait until the collector has read everything the kernel queued.
@@ -65,4 +72,4 @@ rss_kib=$(peak_rss_kib $collector)
 kernel_drops=$(metric_sum "$http_port" tessera_collector_kernel_drops_total)
 lost=$((sent - received))
 finish_profile "$work/profile.pb.gz"
-echo "rate=$rate achieved=$achieved series=$series datagram_bytes=$datagram_bytes threads=$threads sent=$sent received=$received lost=$lost kernel_drops=$kernel_drops collector_cpu=${cpu}% (system ${sys}%) peak_rss_kib=$rss_kib$profile_note"
+echo "order=$order rate=$rate achieved=$achieved series=$series datagram_bytes=$datagram_bytes threads=$threads sent=$sent received=$received lost=$lost kernel_drops=$kernel_drops collector_cpu=${cpu}% (system ${sys}%) peak_rss_kib=$rss_kib$profile_note"

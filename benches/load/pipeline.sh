@@ -14,6 +14,10 @@
 #   benches/load/pipeline.sh RATE SERIES [DURATION_SECS]
 #   e.g. benches/load/pipeline.sh 1000000 1000000 10
 #   MIX=counter=70,gauge=10,timer=10,set=5,distribution=5 TAGS=3 (default: counters only, no tags)
+#   ORDER=random|zipf: the order loadgen sends the names in (default sequential, the
+#   order the collector inserted them, which flatters its table); VALUES_PER_SERIES=N
+#   (default 4): a random pass repeats the first pass's order (the insertion order) once
+#   every N passes
 #   MERGE_THREADS=N (default: the aggregator's default, the cores available)
 #   PROFILE_HZ=99: take a CPU profile of the collector at that frequency for
 #   the whole run (/debug/pprof/profile), to measure what profiling costs
@@ -35,6 +39,8 @@ series=${2:?distinct series}
 duration=${3:-10}
 mix=${MIX:-counter=100}
 tags=${TAGS:-0}
+order=${ORDER:-sequential}
+values_per_series=${VALUES_PER_SERIES:-4}
 
 . benches/load/lib.sh
 need_binaries
@@ -88,7 +94,7 @@ aggregator_before=$(cpu_ticks $aggregator)
 start_profile "$collector_http" "$duration" "$work/profile.pb.gz"
 set +e
 report=$("${sender[@]}" taskset -c 1 "$bin/tessera" loadgen "${target[@]}" --rate-lines-per-sec "$rate" \
-    --duration-secs "$duration" --series "$series" --mix "$mix" --tags "$tags" --json \
+    --duration-secs "$duration" --series "$series" --mix "$mix" --tags "$tags" --order "$order" --values-per-series "$values_per_series" --json \
     --verify "files=$work/sink" --verify-timeout-secs 60)
 set -e
 ticks=$(getconf CLK_TCK)
@@ -100,7 +106,7 @@ achieved=$(echo "$report" | head -1 | python3 -c 'import json,sys; print(int(jso
 verdict=$(echo "$report" | tail -1)
 rss() { echo $(( $(peak_rss_kib "$1") / 1024 )); }
 
-echo "rate=$rate achieved=$achieved series=$series mix=$mix tags=$tags duration=${duration}s sent=$sent"
+echo "order=$order rate=$rate achieved=$achieved series=$series mix=$mix tags=$tags duration=${duration}s sent=$sent"
 echo "  $verdict"
 echo "  end_to_end_10s p50 $(quantile 0.5) p99 $(quantile 0.99)"
 finish_profile "$work/profile.pb.gz"

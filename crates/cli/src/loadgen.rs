@@ -10,6 +10,8 @@
 //!
 //! - [`workload`]: series names, line format, packing into datagrams, and
 //!   the per-sender line sources (precomputed cycle or on-the-fly);
+//! - [`order`]: which series each line carries (`--order`: sequential,
+//!   random or zipf) and what each series got after a number of lines;
 //! - [`send`]: one sender thread: socket, pacing, `sendmmsg`, error counts;
 //! - [`expect`]: the expected counter sums, gauge last values, set
 //!   cardinalities and timer counts;
@@ -35,6 +37,7 @@ use anyhow::{Context, bail, ensure};
 
 mod expect;
 mod mix;
+mod order;
 mod report;
 mod send;
 mod sendmmsg;
@@ -44,6 +47,7 @@ mod verify;
 mod workload;
 
 use mix::Mix;
+use order::{Order, OrderName};
 use report::Summary;
 use send::{Connection, SenderPlan, SenderProgress, Target};
 use tessera_core::parse::MetricKind;
@@ -101,7 +105,26 @@ pub struct Args {
     /// share of the rate and its own range of the series.
     #[arg(long, value_name = "N", default_value_t = 1)]
     senders: usize,
-    /// Seed of the gauge, timer and distribution values.
+    /// Order in which each sender visits its series: `sequential` (insertion
+    /// order, which flatters the receiver's cache), `random` or `zipf`.
+    ///
+    /// Real traffic does not arrive in the order its series were first seen,
+    /// but `sequential` sends them in that order in every pass (0, 1, 2, ...),
+    /// which flatters a receiver that keeps its series in arrival order: every
+    /// pass reads its slots front to back, as they were filled, from the cache
+    /// or prefetched. `random` sends the lines of each pass in a seeded
+    /// permutation (each pass of a cycle its own), every series once; `zipf`
+    /// draws each line's series from a Zipf distribution over the sender's
+    /// series (its first is the most frequent): a few hot series and a long
+    /// cold tail.
+    #[arg(long, value_enum, default_value_t = OrderName::Sequential)]
+    order: OrderName,
+    /// Exponent `s` of `--order zipf`: series of rank `r` gets a share of
+    /// the lines proportional to `1 / r^s`.
+    #[arg(long, value_name = "S", default_value_t = 1.0)]
+    zipf_exponent: f64,
+    /// Seed of the gauge, timer and distribution values and of the random
+    /// and zipf orders.
     #[arg(long, default_value_t = 1)]
     seed: u64,
     /// Distinct values (gauge values, timer samples, set members) each
@@ -175,6 +198,18 @@ impl Config {
         if let Some(rate) = args.sample_rate {
             ensure!(rate > 0.0 && rate <= 1.0, "invalid sample rate `{rate}`: expected a number in (0, 1]");
         }
+        let order = match args.order {
+            OrderName::Sequential => Order::Sequential,
+            OrderName::Random => Order::Random,
+            OrderName::Zipf => {
+                ensure!(
+                    args.zipf_exponent > 0.0 && args.zipf_exponent.is_finite(),
+                    "invalid --zipf-exponent `{}`: expected a number above 0",
+                    args.zipf_exponent
+                );
+                Order::Zipf { exponent: args.zipf_exponent }
+            }
+        };
         let duration = match args.duration_secs {
             Some(secs) if !(secs > 0.0 && secs.is_finite()) => bail!("invalid --duration-secs `{secs}`"),
             Some(secs) => Some(Duration::from_secs_f64(secs)),
@@ -210,6 +245,7 @@ impl Config {
             seed: args.seed,
             max_datagram_bytes: args.datagram_bytes,
             series_offset: args.series_offset,
+            order,
         });
         Ok(Config {
             target,

@@ -2,16 +2,20 @@
 //! handed to the kernel.
 //!
 //! Sender `s` owning series `first..first + n` sends its lines in a fixed
-//! order ([`super::workload`]), so after `L` lines series `first + j` was
-//! sent `L / n + (j < L % n)` times, and its last pass is known. From that
-//! [`expected_totals`] gives, per series that was sent at least once, one
-//! statistic a verifier can check:
+//! order ([`super::order`]), so after `L` lines it is known how many lines
+//! each series got, the pass of its last line and how many distinct passes
+//! its lines had: in sequential order series `first + j` got
+//! `L / n + (j < L % n)` lines, in random order the same counts went to the
+//! series the last pass's permutation reached first, and in zipf order the
+//! sender's draws are replayed ([`super::order::SenderOrder::tallies`]).
+//! From that [`expected_totals`] gives, per series that was sent at least
+//! once, one statistic a verifier can check:
 //!
 //! | type | [`Stat`] | expected value |
 //! |---|---|---|
 //! | counter | `sum` | lines / sample rate (each line counts 1) |
 //! | gauge | `last` | the value of the last line sent |
-//! | set | `cardinality` | distinct members: min(lines, values per series) |
+//! | set | `cardinality` | distinct members: the distinct passes, min(lines, values per series) unless zipf |
 //! | timer, histogram | `count` | lines / sample rate |
 //! | distribution | `count` | lines (distributions carry no sample rate) |
 //!
@@ -92,22 +96,19 @@ pub fn expected_totals<'a>(
     let senders = lines_by_sender.len();
     lines_by_sender.iter().enumerate().flat_map(move |(sender, &lines_sent)| {
         let series_range = workload.sender_series(sender, senders);
-        let series_here = series_range.end - series_range.start;
-        let (rounds, extra) = (lines_sent / series_here, lines_sent % series_here);
-        let first = series_range.start;
+        let tallies = workload.sender_order(&series_range).tallies(lines_sent);
         series_range.filter_map(move |series| {
-            let lines = rounds + u64::from(series - first < extra);
-            if lines == 0 {
+            let tally = tallies.get(series);
+            if tally.lines == 0 {
                 return None;
             }
             let kind = workload.kind(series);
-            let values = u64::from(workload.values_per_series());
             let value = match Stat::of(kind) {
-                Stat::Sum | Stat::Count => lines as f64 / workload.sample_rate_of(kind),
-                Stat::Last => workload.value(series, ((lines - 1) % values) as u32) as f64,
-                Stat::Cardinality => lines.min(values) as f64,
+                Stat::Sum | Stat::Count => tally.lines as f64 / workload.sample_rate_of(kind),
+                Stat::Last => workload.value(series, tally.last_pass) as f64,
+                Stat::Cardinality => f64::from(tally.passes),
             };
-            Some(ExpectedSeries { series, kind, lines, stat: Stat::of(kind), value })
+            Some(ExpectedSeries { series, kind, lines: tally.lines, stat: Stat::of(kind), value })
         })
     })
 }

@@ -13,6 +13,7 @@ use tessera_core::parse::{MetricKind, Parsed, parse_datagram};
 use tessera_core::series::SeriesKey;
 
 use super::expect::{ExpectedSeries, Stat, expected_totals, write_tsv};
+use super::order::{Order, Permutation, SenderOrder, Zipf};
 use super::workload::{LineSource, PackLimits, Packed, Workload, WorkloadConfig};
 use super::{Args, Config, execute};
 
@@ -28,6 +29,17 @@ fn config(flags: &[&str]) -> Config {
 }
 
 fn workload(series: u64, mix: &str, tags: u32, sample_rate: Option<f64>, datagram_bytes: usize) -> Arc<Workload> {
+    workload_in(Order::Sequential, series, mix, tags, sample_rate, datagram_bytes)
+}
+
+fn workload_in(
+    order: Order,
+    series: u64,
+    mix: &str,
+    tags: u32,
+    sample_rate: Option<f64>,
+    datagram_bytes: usize,
+) -> Arc<Workload> {
     Arc::new(Workload::new(&WorkloadConfig {
         series,
         mix: mix.parse().unwrap(),
@@ -37,6 +49,7 @@ fn workload(series: u64, mix: &str, tags: u32, sample_rate: Option<f64>, datagra
         seed: 7,
         max_datagram_bytes: datagram_bytes,
         series_offset: 0,
+        order,
     }))
 }
 
@@ -128,6 +141,25 @@ fn payloads(source: &mut LineSource, lines: u64, max_datagrams: usize) -> Vec<Ve
     out
 }
 
+/// The lines (without newlines) of the first `lines` lines of a sender.
+fn lines_of(source: &mut LineSource, lines: u64) -> Vec<String> {
+    let mut out = Vec::new();
+    for payload in payloads(source, lines, 64) {
+        out.extend(payload.split(|byte| *byte == b'\n').map(|line| String::from_utf8(line.to_vec()).unwrap()));
+    }
+    assert_eq!(out.len() as u64, lines);
+    out
+}
+
+/// The series number at the end of a line's name, `loadgen.<type>.<i>:...`.
+fn series_of(line: &str) -> u64 {
+    let name = line.split(':').next().unwrap();
+    name.rsplit('.').next().unwrap().parse().unwrap()
+}
+
+const ORDERS: [Order; 4] =
+    [Order::Sequential, Order::Random, Order::Zipf { exponent: 1.0 }, Order::Zipf { exponent: 0.7 }];
+
 #[test]
 fn generated_datagrams_parse_into_the_expected_lines_and_series() {
     let cases = [
@@ -137,8 +169,11 @@ fn generated_datagrams_parse_into_the_expected_lines_and_series() {
         (2, 0, Some(1.0), 1),
         (4, 64, None, 9000),
     ];
-    for (senders, tags, sample_rate, datagram_bytes) in cases {
-        let workload = workload(
+    for ((senders, tags, sample_rate, datagram_bytes), order) in
+        cases.into_iter().flat_map(|case| ORDERS.map(|order| (case, order)))
+    {
+        let workload = workload_in(
+            order,
             101,
             "counter=5,gauge=2,timer=2,histogram=1,distribution=1,set=1",
             tags,
@@ -235,6 +270,155 @@ fn precomputed_and_streamed_sources_send_the_same_lines() {
     let mut cycle = LineSource::new(&workload, 0..37, usize::MAX);
     let mut stream = LineSource::new(&workload, 0..37, 0);
     assert_eq!(payloads(&mut cycle, 37 * 4 * 3, 16), payloads(&mut stream, 37 * 4 * 3, 16));
+}
+
+#[test]
+fn random_order_sends_every_series_once_per_pass_and_the_lines_of_sequential_order() {
+    let mix = "counter=3,gauge=1,set=1,timer=1";
+    let sequential = workload_in(Order::Sequential, 75, mix, 1, Some(0.5), 300);
+    let random = workload_in(Order::Random, 75, mix, 1, Some(0.5), 300);
+    for total in [75 * 9, 75 * 9 + 1, 75 * 6 + 40, 75 * 2 - 1, 30] {
+        let mut receiver = Receiver::default();
+        let mut lines_by_sender = Vec::new();
+        for sender in 0..2 {
+            let series = random.sender_series(sender, 2);
+            let series_here = series.end - series.start;
+            let lines = random.sender_total_lines(&series, total);
+            assert_eq!(lines, sequential.sender_total_lines(&series, total));
+            let random_lines = lines_of(&mut LineSource::new(&random, series.clone(), usize::MAX), lines);
+            let streamed = lines_of(&mut LineSource::new(&random, series.clone(), 0), lines);
+            assert_eq!(random_lines, streamed, "precomputed and streamed random order");
+            // One more pass than was sent, for the lines the partial one could have reached.
+            let whole_pass_lines = lines.div_ceil(series_here) * series_here;
+            let sequential_lines =
+                lines_of(&mut LineSource::new(&sequential, series.clone(), usize::MAX), whole_pass_lines);
+            let passes = random_lines.chunks(series_here as usize).zip(sequential_lines.chunks(series_here as usize));
+            for (pass, (random_pass, sequential_pass)) in passes.enumerate() {
+                let visited: HashSet<u64> = random_pass.iter().map(|line| series_of(line)).collect();
+                assert_eq!(visited.len(), random_pass.len(), "pass {pass} visits a series twice");
+                assert!(visited.iter().all(|index| series.contains(index)));
+                let mut random_sorted = random_pass.to_vec();
+                random_sorted.sort();
+                if random_pass.len() as u64 == series_here {
+                    // A whole pass: the same lines as sequential order, in another order.
+                    let mut sequential_sorted = sequential_pass.to_vec();
+                    sequential_sorted.sort();
+                    assert_eq!(random_sorted, sequential_sorted, "pass {pass}");
+                    assert_ne!(random_pass, sequential_pass, "pass {pass} is in insertion order");
+                } else {
+                    // The partial pass: lines sequential order sends in that pass, once each.
+                    assert!(random_pass.iter().all(|line| sequential_pass.contains(line)), "pass {pass}");
+                }
+            }
+            for line in &random_lines {
+                receiver.receive(line.as_bytes(), 1);
+            }
+            lines_by_sender.push(lines);
+        }
+        // The expectations follow the series the partial pass reached.
+        receiver.assert_matches(&random, &lines_by_sender);
+        // As many series got each count as in sequential order.
+        let mut random_counts: Vec<u64> = expected_totals(&random, &lines_by_sender).map(|e| e.lines).collect();
+        let mut sequential_counts: Vec<u64> = expected_totals(&sequential, &lines_by_sender).map(|e| e.lines).collect();
+        random_counts.sort_unstable();
+        sequential_counts.sort_unstable();
+        assert_eq!(random_counts, sequential_counts, "{total} lines");
+    }
+}
+
+#[test]
+fn random_order_depends_on_the_seed_and_the_pass() {
+    let range = 0..1000;
+    let order = |seed| SenderOrder::new(Order::Random, seed, &range, 4);
+    let pass_of = |order: &SenderOrder, pass: u64| -> Vec<u64> {
+        (pass * 1000..(pass + 1) * 1000).map(|line| order.line(line).0).collect()
+    };
+    let (seed_1, seed_2) = (order(1), order(2));
+    let first_pass = pass_of(&seed_1, 0);
+    assert_ne!(first_pass, pass_of(&seed_2, 0), "another seed, another order");
+    assert_eq!(first_pass, pass_of(&order(1), 0), "the same seed, the same order");
+    for pass in 1..4 {
+        assert_ne!(first_pass, pass_of(&seed_1, pass), "each pass of a cycle has its own order");
+    }
+    assert_eq!(first_pass, pass_of(&seed_1, 4), "the cycle repeats");
+    // Far from insertion order: few series in their own place, few steps to a neighbour.
+    let in_place = first_pass.iter().enumerate().filter(|(place, series)| *place as u64 == **series).count();
+    let neighbours = first_pass.windows(2).filter(|pair| pair[0].abs_diff(pair[1]) == 1).count();
+    assert!(in_place < 10 && neighbours < 20, "{in_place} in place, {neighbours} neighbours");
+}
+
+#[test]
+fn permutations_are_bijections_that_invert() {
+    for n in [1, 2, 3, 5, 8, 64, 65, 1000, 4097] {
+        let bits = u64::BITS - (n - 1u64).leading_zeros();
+        for (key, pass) in [(0, 0), (1, 0), (1, 3), (0xdead_beef, 7)] {
+            let permutation = Permutation::new(bits, key, pass);
+            let mut reached = vec![false; n as usize];
+            for position in 0..n {
+                let place = permutation.apply(position, n);
+                assert!(!reached[place as usize], "{n} places: {place} reached twice");
+                reached[place as usize] = true;
+                assert_eq!(permutation.invert(place, n), position);
+            }
+        }
+    }
+}
+
+#[test]
+fn zipf_order_favours_low_ranks_and_is_seeded() {
+    // A cycle of 100 000 lines: 1000 passes of 100 series.
+    let range = 0..100;
+    let lines = 100_000;
+    let counts = |exponent: f64, seed: u64| -> Vec<u64> {
+        let order = SenderOrder::new(Order::Zipf { exponent }, seed, &range, 1000);
+        let mut counts = vec![0; 100];
+        for line in 0..lines {
+            counts[order.line(line).0 as usize] += 1;
+        }
+        counts
+    };
+    for exponent in [1.0, 0.5, 2.0] {
+        let counts = counts(exponent, 1);
+        assert_eq!(counts.iter().sum::<u64>(), lines);
+        let normaliser: f64 = (1..=100).map(|rank| (rank as f64).powf(-exponent)).sum();
+        for rank in [1u64, 2, 3, 10, 50, 100] {
+            let expected = lines as f64 * (rank as f64).powf(-exponent) / normaliser;
+            let seen = counts[rank as usize - 1] as f64;
+            // Five standard deviations of a binomial count, plus one.
+            let slack = 5.0 * expected.sqrt() + 1.0;
+            assert!((seen - expected).abs() <= slack, "exponent {exponent}, rank {rank}: {seen} vs {expected:.0}");
+        }
+        assert!(counts[0] > counts[1] && counts[1] > counts[9] && counts[9] > counts[99], "{counts:?}");
+    }
+    assert_eq!(counts(1.0, 7), counts(1.0, 7), "the same seed, the same draws");
+    let order = |seed| SenderOrder::new(Order::Zipf { exponent: 1.0 }, seed, &range, 1000);
+    let draws = |seed| (0..1000).map(|line| order(seed).line(line).0).collect::<Vec<_>>();
+    assert_eq!(draws(3), draws(3));
+    assert_ne!(draws(3), draws(4), "another seed, other draws");
+    // One rank, whatever the draw.
+    let single = Zipf::new(1, 1.0);
+    assert!((0..100).all(|draw| single.sample(|| f64::from(draw) / 100.0) == 1));
+}
+
+#[test]
+fn zipf_expectations_count_what_was_sent() {
+    let zipf = workload_in(Order::Zipf { exponent: 1.2 }, 40, "counter=2,gauge=1,set=1,timer=1", 0, Some(0.5), 200);
+    // Cycles of 20 series × 4 passes = 80 lines per sender.
+    for lines in [[0, 1], [79, 80], [81, 159], [240, 333]] {
+        let mut receiver = Receiver::default();
+        for (sender, sent) in lines.iter().enumerate() {
+            let series = zipf.sender_series(sender, 2);
+            for line in lines_of(&mut LineSource::new(&zipf, series, 0), *sent) {
+                receiver.receive(line.as_bytes(), 0);
+            }
+        }
+        receiver.assert_matches(&zipf, &lines);
+        // Rank 1 (series 0) gets about 1 / Σ r^-1.2 ≈ 32 % of its sender's lines.
+        if lines[0] >= 80 {
+            let top = expected_totals(&zipf, &lines).next().unwrap();
+            assert!(top.series == 0 && top.lines > lines[0] / 5, "{top:?}");
+        }
+    }
 }
 
 #[test]
@@ -346,6 +530,22 @@ fn total_lines_reach_a_udp_socket_exactly() {
 }
 
 #[test]
+fn every_order_reaches_a_udp_socket_exactly() {
+    for order in ["random", "zipf"] {
+        let socket = udp_receiver();
+        let target = socket.local_addr().unwrap().to_string();
+        let receiving = std::thread::spawn(move || receive_lines(&socket, 9_999, 0));
+        let flags = ["--target", &target, "--total-lines", "9999", "--rate-lines-per-sec", "200000"];
+        let config = config(&[&flags[..], &["--senders", "2", "--series", "301", "--order", order]].concat());
+        let summary = execute(&config, &Arc::new(AtomicBool::new(false))).unwrap();
+        assert_eq!(summary.lines, 9_999);
+        let receiver = receiving.join().unwrap();
+        assert_eq!(receiver.lines, 9_999, "{order}: lines received");
+        receiver.assert_matches(&config.workload, &summary.lines_by_sender);
+    }
+}
+
+#[test]
 fn total_lines_reach_a_tcp_listener_exactly() {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let target = listener.local_addr().unwrap().to_string();
@@ -426,13 +626,14 @@ fn an_unbounded_run_stops_when_told() {
 
 #[test]
 fn bad_flags_are_refused_with_the_reason() {
-    let cases: [(&[&str], &str); 6] = [
+    let cases: [(&[&str], &str); 7] = [
         (&["--datagram-bytes", "65508"], "--datagram-bytes 65508 exceeds the largest UDP payload, 65507 bytes"),
         (&["--senders", "3", "--series", "2"], "--senders 3 exceeds --series 2: each sender needs a series of its own"),
         (&["--sample-rate", "0"], "invalid sample rate `0`: expected a number in (0, 1]"),
         (&["--tags", "65"], "--tags 65 exceeds the 64 tags a line may carry"),
         (&["--duration-secs=-1"], "invalid --duration-secs `-1`"),
         (&["--target", "nowhere"], "invalid --target `nowhere`"),
+        (&["--order", "zipf", "--zipf-exponent", "0"], "invalid --zipf-exponent `0`: expected a number above 0"),
     ];
     for (flags, message) in cases {
         let cli = TestCli::try_parse_from(std::iter::once("loadgen").chain(flags.iter().copied())).unwrap();
@@ -441,6 +642,8 @@ fn bad_flags_are_refused_with_the_reason() {
     }
     let error = TestCli::try_parse_from(["loadgen", "--mix", "counter=1,timer"]).unwrap_err();
     assert!(error.to_string().contains("mix entry `timer` is not `type=weight`"), "{error}");
+    let error = TestCli::try_parse_from(["loadgen", "--order", "shuffled"]).unwrap_err();
+    assert!(error.to_string().contains("[possible values: sequential, random, zipf]"), "{error}");
 }
 
 #[test]

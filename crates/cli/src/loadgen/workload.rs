@@ -15,12 +15,15 @@
 //! and histograms carry the sample rate. Values repeat every
 //! `values_per_series` passes.
 //!
-//! Each sender owns a contiguous range of series ([`Workload::sender_series`])
-//! and sends their lines in one fixed order: its line `k` is series
-//! `first + k % n` at pass `(k / n) % values_per_series`, so every series
-//! gets an equal share and what arrived can be predicted from the number of
-//! lines sent ([`super::expect`]). Lines are packed greedily into datagrams
-//! of at most `max_datagram_bytes` (a longer line goes alone).
+//! Each sender owns a contiguous range of `n` series
+//! ([`Workload::sender_series`]) and sends their lines in one fixed order
+//! ([`super::order`]): its line `k` is at pass `(k / n) % values_per_series`
+//! and, in the default sequential order, series `first + k % n`, so every
+//! series gets an equal share (in random order too, zipf favours the first
+//! series); in every order what arrived can be predicted from the number of
+//! lines sent ([`super::expect`]). Lines are packed
+//! greedily into datagrams of at most `max_datagram_bytes` (a longer line
+//! goes alone).
 //!
 //! A [`LineSource`] hands a sender its datagrams batch by batch: from a
 //! cycle of all its datagrams formatted once when that fits the memory
@@ -33,6 +36,7 @@ use std::sync::Arc;
 use tessera_core::parse::MetricKind;
 
 use super::mix::Mix;
+use super::order::{Order, SenderOrder};
 
 /// Series, line format and packing shared by all senders.
 #[derive(Debug)]
@@ -44,6 +48,7 @@ pub struct Workload {
     seed: u64,
     max_datagram_bytes: usize,
     series_offset: u64,
+    order: Order,
 }
 
 #[derive(Debug)]
@@ -72,6 +77,8 @@ pub struct WorkloadConfig {
     /// Added to every series number in names and tags: runs with different offsets
     /// send different series (churn).
     pub series_offset: u64,
+    /// The order in which each sender visits its series.
+    pub order: Order,
 }
 
 impl Workload {
@@ -85,6 +92,7 @@ impl Workload {
             seed: config.seed,
             max_datagram_bytes: config.max_datagram_bytes.max(1),
             series_offset: config.series_offset,
+            order: config.order,
         }
     }
 
@@ -96,11 +104,6 @@ impl Workload {
     /// The type of series `series`.
     pub fn kind(&self, series: u64) -> MetricKind {
         self.kinds[index(series)]
-    }
-
-    /// Distinct values each series cycles through.
-    pub fn values_per_series(&self) -> u32 {
-        self.values_per_series
     }
 
     /// The sample rate lines of `kind` carry, 1 when none.
@@ -120,14 +123,20 @@ impl Workload {
     }
 
     /// How many of `total_lines` lines the sender owning `series` sends so
-    /// that the senders together send exactly the lines one sender would:
-    /// series `i` gets `total_lines / n` lines plus one when
-    /// `i < total_lines % n`.
+    /// that the senders together send exactly the lines one sender would in
+    /// sequential order: series `i` gets `total_lines / n` lines plus one when
+    /// `i < total_lines % n`. In random order each sender sends as many, but
+    /// its last, partial pass reaches other series of its range.
     pub fn sender_total_lines(&self, series: &Range<u64>, total_lines: u64) -> u64 {
         let all = self.series_count();
         let extra = total_lines % all;
         let extra_here = extra.clamp(series.start, series.end) - series.start;
         total_lines / all * (series.end - series.start) + extra_here
+    }
+
+    /// The order of the sender owning `series`.
+    pub fn sender_order(&self, series: &Range<u64>) -> SenderOrder {
+        SenderOrder::new(self.order, self.seed, series, self.values_per_series)
     }
 
     /// The numeric value of `series` at `pass`: 1 for counters, the member
@@ -188,15 +197,14 @@ impl Workload {
     /// `max_bytes` bytes (datagram table included). Returns the number of
     /// lines packed; a datagram is never left open.
     pub fn pack(&self, series: &Range<u64>, first_line: u64, limits: PackLimits, out: &mut Packed) -> u64 {
-        let series_here = series.end - series.start;
+        let order = self.sender_order(series);
         let first_datagram = out.datagrams.len();
         let mut open = Datagram { start: out.bytes.len(), len: 0, lines: 0 };
         let mut packed = 0;
         while packed < limits.max_lines {
-            let line = first_line + packed;
-            let pass = ((line / series_here) % u64::from(self.values_per_series)) as u32;
+            let (line_series, pass) = order.line(first_line + packed);
             let line_start = out.bytes.len();
-            self.write_line(&mut out.bytes, series.start + line % series_here, pass);
+            self.write_line(&mut out.bytes, line_series, pass);
             let line_len = out.bytes.len() - line_start;
             // The payload drops the last line's newline.
             let fits = open.len as usize + line_len - 1 <= self.max_datagram_bytes;
@@ -431,7 +439,7 @@ fn push_decimal(out: &mut Vec<u8>, mut value: u64) {
 }
 
 /// SplitMix64's finaliser: a cheap, well-mixed hash of one word.
-fn mix64(mut value: u64) -> u64 {
+pub fn mix64(mut value: u64) -> u64 {
     value = value.wrapping_add(0x9e37_79b9_7f4a_7c15);
     value = (value ^ (value >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     value = (value ^ (value >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
