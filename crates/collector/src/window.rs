@@ -468,9 +468,9 @@ impl Flusher {
 
 /// Folds a cut into a window table under the ids it has.
 fn merge_cut_as_is(table: &mut Table, cut: &Cut) {
-    for entry in &cut.entries {
-        merge_entry(table, entry.kind, cut.id(entry), &entry.aggregate);
-    }
+    let series = cut.entries.iter().map(|entry| (entry.kind, cut.id(entry), &entry.aggregate));
+    // Both sides come from our own readers, so kinds always agree.
+    table.merge_all(series, |error| tracing::error!(%error, "merging a reader's partial failed"));
 }
 
 fn merge_entry(table: &mut Table, kind: MetricKind, id: &[u8], aggregate: &Aggregate) {

@@ -8,6 +8,7 @@
 //! - [`hll`]: a HyperLogLog cardinality sketch, exact while small;
 //! - [`aggregate`]: the mergeable per-type aggregates and their
 //!   serialisation to the wire types of `tessera-proto`;
+//! - [`index`]: a hash index of positions whose lookups can be prefetched;
 //! - [`table`]: a series table that folds parsed lines into aggregates
 //!   without allocating for series it already knows.
 //!
@@ -32,6 +33,7 @@ pub mod base64;
 pub mod budget;
 pub mod clock;
 pub mod hll;
+pub mod index;
 pub mod parse;
 pub mod prehashed;
 pub mod series;

@@ -37,9 +37,7 @@ use crate::parse::{
 };
 use crate::series::{SeriesKey, TAGS_SEPARATOR, kind_byte, kind_from_byte, split_id};
 
-mod index;
-
-use index::{Positions, prefetch};
+use crate::index::{Positions, prefetch};
 
 /// The observer source and the memory budget a new series is made with.
 type NewSeries<'a> = (Option<&'a dyn ObserverSource>, Option<&'a MemoryBudget>);
@@ -324,6 +322,15 @@ struct Pending<'a> {
     candidate: Option<u32>,
 }
 
+/// A series [`Table::merge_all`] has hashed and prefetched.
+struct PendingMerge<'a> {
+    kind: MetricKind,
+    parts: KeyParts<'a>,
+    hash: u64,
+    aggregate: &'a Aggregate,
+    candidate: Option<u32>,
+}
+
 impl Pending<'static> {
     const NONE: Pending<'static> = Pending {
         line: SimpleLine { name: b"", kind: MetricKind::Counter, value: 0.0, tags: b"" },
@@ -388,7 +395,7 @@ pub trait ObserverSource: Send + Sync {
 /// A table of per-series aggregates for one window.
 ///
 /// **Layout.** The slots lie back to back in a vector, and an index of their positions
-/// (`index.rs`: one `u32` an entry, at most three quarters full) finds them. A hash table
+/// ([`Positions`]: one `u32` an entry, at most three quarters full) finds them. A hash table
 /// of the slots themselves is between 44 % and 88 % full, so a series cost up to twice its
 /// 72-byte slot: at 1 000 000 series, just past a doubling, 170 MB. Back to back they cost
 /// the slot and 5 to 11 bytes of index (81 MB at 1 000 000), and a cut walks them in order.
@@ -720,14 +727,64 @@ impl Table {
     /// Returns whether the series is new to the table.
     pub fn merge(&mut self, kind: MetricKind, id: &[u8], aggregate: &Aggregate) -> Result<bool, MergeError> {
         let parts = KeyParts::of_id(kind, id);
-        let hash = parts.hash(self.seed);
-        if let Some(slot) = self.slots.find_mut(hash, &parts) {
+        self.merge_hashed(None, &parts, parts.hash(self.seed), kind, aggregate)
+    }
+
+    /// [`Table::merge`] of every series of `series`, looked up in groups as
+    /// [`Table::fold_datagram`] looks lines up (their misses overlap): what merging a
+    /// whole cut of a million series costs. `failed` hears of every merge that failed;
+    /// the others go on.
+    pub fn merge_all<'a>(
+        &mut self,
+        series: impl IntoIterator<Item = (MetricKind, &'a [u8], &'a Aggregate)>,
+        mut failed: impl FnMut(MergeError),
+    ) {
+        let mut group: [Option<PendingMerge<'a>>; GROUP_LINES] = [const { None }; GROUP_LINES];
+        let mut series = series.into_iter().peekable();
+        while series.peek().is_some() {
+            for (pending, (kind, id, aggregate)) in group.iter_mut().zip(series.by_ref()) {
+                let parts = KeyParts::of_id(kind, id);
+                let hash = parts.hash(self.seed);
+                self.slots.index.prefetch(hash);
+                *pending = Some(PendingMerge { kind, parts, hash, aggregate, candidate: None });
+            }
+            for pending in group.iter_mut().flatten() {
+                pending.candidate = self.slots.index.find(pending.hash, |_| true);
+                if let Some(at) = pending.candidate {
+                    self.slots.prefetch(at);
+                }
+            }
+            for pending in group.iter_mut() {
+                let Some(PendingMerge { kind, parts, hash, aggregate, candidate }) = pending.take() else { break };
+                if let Err(error) = self.merge_hashed(candidate, &parts, hash, kind, aggregate) {
+                    failed(error);
+                }
+            }
+        }
+    }
+
+    /// [`Table::merge`] of the series of `parts`, of hash `hash`, trying the slot at
+    /// `candidate` first.
+    #[inline(always)]
+    fn merge_hashed(
+        &mut self,
+        candidate: Option<u32>,
+        parts: &KeyParts<'_>,
+        hash: u64,
+        kind: MetricKind,
+        aggregate: &Aggregate,
+    ) -> Result<bool, MergeError> {
+        let slot = match self.slots.candidate_mut(candidate, hash, parts) {
+            Some(slot) => Some(slot),
+            None => self.slots.find_mut(hash, parts),
+        };
+        if let Some(slot) = slot {
             let order = slot.aggregate.merge(aggregate)?;
             slot.touched = true;
             self.count_merge(order);
             return Ok(false);
         }
-        let slot = Self::insert_into(&mut self.slots, &self.options, (None, None), hash, &parts, kind)?;
+        let slot = Self::insert_into(&mut self.slots, &self.options, (None, None), hash, parts, kind)?;
         let order = slot.aggregate.merge(aggregate)?;
         self.count_merge(order);
         Ok(true)
@@ -1178,6 +1235,43 @@ mod tests {
         assert_fast_path_agrees(&datagram);
         // A gauge's last line goes the full parser's way, behind a simple one still grouped.
         assert_fast_path_agrees(b"g:1|g\ng:2|g|@1\n");
+    }
+
+    #[test]
+    fn merging_in_groups_is_merging_one_by_one() {
+        // Known, new and repeated series (a repeat added by an earlier one of its group),
+        // gauges whose last merge wins, and a kind that does not fit (refused, the rest go on).
+        let ids: Vec<(MetricKind, Vec<u8>, Aggregate)> = (0..500u32)
+            .map(|i| {
+                let series = i.wrapping_mul(2_654_435_761) % 150;
+                match i % 4 {
+                    0 => (MetricKind::Gauge, format!("g.{}", series % 7).into_bytes(), {
+                        let mut gauge = Aggregate::new(MetricKind::Gauge);
+                        gauge.observe_value(f64::from(i), 0);
+                        gauge
+                    }),
+                    _ => (
+                        MetricKind::Counter,
+                        format!("c.{series}|#k:{}", series % 3).into_bytes(),
+                        Aggregate::Counter(1.0),
+                    ),
+                }
+            })
+            .chain([(MetricKind::Counter, b"g.1".to_vec(), Aggregate::new(MetricKind::Set))])
+            .collect();
+        let mut one_by_one = Table::new(TableOptions::default());
+        let mut grouped = Table::new(TableOptions::default());
+        for table in [&mut one_by_one, &mut grouped] {
+            table.merge(MetricKind::Counter, b"c.0|#k:0", &Aggregate::Counter(5.0)).unwrap();
+        }
+        let mut refused_one_by_one = 0;
+        for (kind, id, aggregate) in &ids {
+            refused_one_by_one += usize::from(one_by_one.merge(*kind, id, aggregate).is_err());
+        }
+        let mut refused = 0;
+        grouped.merge_all(ids.iter().map(|(kind, id, aggregate)| (*kind, &id[..], aggregate)), |_| refused += 1);
+        assert_eq!((refused, refused_one_by_one), (1, 1));
+        assert_eq!(cut(&mut grouped), cut(&mut one_by_one));
     }
 
     proptest::proptest! {

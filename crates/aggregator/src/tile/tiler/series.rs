@@ -17,8 +17,8 @@ use std::hash::BuildHasher;
 use std::sync::Arc;
 
 use tessera_core::budget::MemoryBudget;
+use tessera_core::index::{Positions, prefetch};
 
-use hashbrown::HashTable;
 use tessera_core::parse::MetricKind;
 use tessera_core::series::kind_byte;
 
@@ -47,9 +47,16 @@ struct Entry {
     live: bool,
 }
 
+/// A series hashed for [`Registry::resolve_prepared`], and the number it probably has.
+#[derive(Debug, Clone, Copy)]
+pub struct Prepared {
+    hash: u64,
+    candidate: Option<SeriesNumber>,
+}
+
 /// Series numbers of one merge thread; see the [module docs](self).
 pub struct Registry {
-    index: HashTable<SeriesNumber>,
+    index: Positions,
     hasher: foldhash::fast::RandomState,
     entries: Vec<Entry>,
     free: Vec<SeriesNumber>,
@@ -68,7 +75,7 @@ impl Registry {
     /// An empty registry holding at most `max_series` series.
     pub fn new(max_series: Option<usize>) -> Registry {
         Registry {
-            index: HashTable::new(),
+            index: Positions::default(),
             hasher: foldhash::fast::RandomState::default(),
             entries: Vec::new(),
             free: Vec::new(),
@@ -89,10 +96,43 @@ impl Registry {
     /// The number of `(kind, id)`, registering it if new; `true` if new.
     pub fn resolve(&mut self, kind: MetricKind, id: &[u8]) -> Result<(SeriesNumber, bool), RegistryFull> {
         let hash = self.hash(kind, id);
+        self.resolve_prepared(kind, id, Prepared { hash, candidate: None })
+    }
+
+    /// The first step of resolving a group of series whose misses overlap: hashes
+    /// `(kind, id)` and starts loading its index entry.
+    #[inline]
+    pub fn prepare(&self, kind: MetricKind, id: &[u8]) -> Prepared {
+        let hash = self.hash(kind, id);
+        self.index.prefetch(hash);
+        Prepared { hash, candidate: None }
+    }
+
+    /// The second step: reads the (prefetched) index entry for the number the series
+    /// probably has, and starts loading that number's entry.
+    #[inline]
+    pub fn guess(&self, prepared: &mut Prepared) {
+        prepared.candidate = self.index.find(prepared.hash, |_| true);
+        if let Some(entry) = prepared.candidate.and_then(|number| self.entries.get(number as usize)) {
+            prefetch(entry);
+        }
+    }
+
+    /// [`Registry::resolve`] of a series [`Registry::prepare`]d (and perhaps
+    /// [`Registry::guess`]ed): the guess is checked, and the whole lookup taken when wrong.
+    pub fn resolve_prepared(
+        &mut self,
+        kind: MetricKind,
+        id: &[u8],
+        prepared: Prepared,
+    ) -> Result<(SeriesNumber, bool), RegistryFull> {
+        let Prepared { hash, candidate } = prepared;
         let entries = &self.entries;
-        if let Some(&number) =
-            self.index.find(hash, |&n| entries[n as usize].kind == kind && *entries[n as usize].id == *id)
-        {
+        let is = |number: SeriesNumber| {
+            let entry = &entries[number as usize];
+            entry.live && entry.hash == hash && entry.kind == kind && *entry.id == *id
+        };
+        if let Some(number) = candidate.filter(|&number| is(number)).or_else(|| self.index.find(hash, is)) {
             return Ok((number, false));
         }
         if self.max_series.is_some_and(|max| self.len() >= max) {
@@ -115,7 +155,7 @@ impl Registry {
             }
         };
         let entries = &self.entries;
-        self.index.insert_unique(hash, number, |&n| entries[n as usize].hash);
+        self.index.insert(hash, number, |n| entries[n as usize].hash);
         Ok((number, true))
     }
 
@@ -159,15 +199,17 @@ impl Registry {
                 continue;
             }
             let number = number as SeriesNumber;
-            let hash = entry.hash;
-            if let Ok(found) = self.index.find_entry(hash, |&n| n == number) {
-                found.remove();
-            }
             entry.live = false;
             entry.id = Box::default();
             self.free.push(number);
             count += 1;
             freed(number);
+        }
+        // Out of the index after the walk: removing one moves others, which asks for their
+        // hashes (freed entries keep theirs).
+        let entries = &self.entries;
+        for &number in &self.free[self.free.len() - count..] {
+            self.index.remove(entries[number as usize].hash, number, |n| entries[n as usize].hash);
         }
         if let Some(budget) = &self.budget {
             budget.release_series(count);
@@ -187,6 +229,41 @@ impl Drop for Registry {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn prepared_lookups_resolve_as_plain_ones_even_when_the_guess_is_stale() {
+        let mut registry = Registry::new(None);
+        let ids: Vec<Vec<u8>> = (0..5_000).map(|i| format!("s.{i}").into_bytes()).collect();
+        // Prepared and guessed before any is registered: every guess is empty, and the
+        // repeats of a group find what an earlier one of the group registered.
+        let mut numbers = Vec::new();
+        for group in ids.chunks(16).chain(ids.chunks(16)) {
+            let mut prepared: Vec<Prepared> =
+                group.iter().map(|id| registry.prepare(MetricKind::Counter, id)).collect();
+            prepared.iter_mut().for_each(|ahead| registry.guess(ahead));
+            for (id, ahead) in group.iter().zip(prepared) {
+                numbers.push(registry.resolve_prepared(MetricKind::Counter, id, ahead).unwrap());
+            }
+        }
+        assert_eq!(registry.len(), 5_000);
+        let (first, second) = numbers.split_at(5_000);
+        assert!(first.iter().all(|&(_, new)| new) && second.iter().all(|&(_, new)| !new));
+        assert!(first.iter().zip(second).all(|(a, b)| a.0 == b.0));
+        for (id, &(number, _)) in ids.iter().zip(first) {
+            assert_eq!(registry.resolve(MetricKind::Counter, id), Ok((number, false)));
+            assert_eq!(
+                registry.resolve(MetricKind::Gauge, id).map(|(_, new)| new),
+                Ok(true),
+                "kind is part of the key"
+            );
+        }
+        // A guess made before the series expired names a freed number: not taken.
+        let mut stale = registry.prepare(MetricKind::Counter, &ids[0]);
+        registry.guess(&mut stale);
+        registry.expire(i64::MAX, |_| {});
+        assert_eq!(registry.len(), 0);
+        assert_eq!(registry.resolve_prepared(MetricKind::Counter, &ids[0], stale).map(|(_, new)| new), Ok(true));
+    }
 
     #[test]
     fn numbers_are_dense_reused_after_expiry_and_kept_while_pinned() {

@@ -1,4 +1,5 @@
-//! The hash index of a [`Table`](super::Table): where each series' slot lies.
+//! A hash index of positions whose lookups can be prefetched: where each series' slot of
+//! a [`Table`](crate::table::Table) lies, or each series number of the aggregator's registry.
 //!
 //! A flat array of `u32` entries, open addressing with linear probing, at most three
 //! quarters full. An entry holds a slot's position in its low `bits` bits and, above
@@ -28,8 +29,23 @@ const EMPTY: u32 = u32::MAX;
 /// The smallest index: 16 entries, one cache line.
 const MIN_BITS: u32 = 4;
 
-/// Positions of a table's slots, by hash.
-pub(super) struct Positions {
+/// Positions (dense numbers from 0: slots of a vector, series numbers) by hash. The
+/// caller keeps what each position names and its hash: a lookup checks its candidate
+/// itself, and growing or removing asks for the hashes of the positions held.
+///
+/// ```
+/// use tessera_core::index::Positions;
+///
+/// let names: Vec<&str> = vec!["a", "b"];
+/// let hash_of = |position: u32| (position as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+/// let mut index = Positions::default();
+/// for position in 0..names.len() as u32 {
+///     index.insert(hash_of(position), position, hash_of);
+/// }
+/// index.prefetch(hash_of(1)); // start loading the entry now, look it up later
+/// assert_eq!(index.find(hash_of(1), |position| names[position as usize] == "b"), Some(1));
+/// ```
+pub struct Positions {
     entries: Box<[u32]>,
     bits: u32,
     len: usize,
@@ -43,7 +59,7 @@ impl Default for Positions {
 
 /// Starts loading the cache line at `pointer` (a hint: nothing is read, nothing can fault).
 #[inline(always)]
-pub(super) fn prefetch<T>(pointer: *const T) {
+pub fn prefetch<T>(pointer: *const T) {
     #[cfg(target_arch = "x86_64")]
     #[allow(unsafe_code)]
     // SAFETY: a prefetch is a hint to the cache. It reads nothing architecturally and
@@ -77,37 +93,41 @@ impl Positions {
     }
 
     /// Positions held.
-    #[cfg(test)]
-    fn len(&self) -> usize {
+    pub fn len(&self) -> usize {
         self.len
     }
 
+    /// Whether the index holds no position.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
     /// Positions the index holds before it grows.
-    pub(super) fn capacity(&self) -> usize {
+    pub fn capacity(&self) -> usize {
         self.entries.len() / 4 * 3
     }
 
     /// Bytes of the entries.
-    pub(super) fn bytes(&self) -> usize {
+    pub fn bytes(&self) -> usize {
         self.entries.len() * std::mem::size_of::<u32>()
     }
 
     /// Bytes the index would allocate to take one more position (the old entries live
     /// until the new ones are filled), if it must grow to.
-    pub(super) fn growth_bytes(&self) -> Option<u64> {
+    pub fn growth_bytes(&self) -> Option<u64> {
         (self.len >= self.capacity()).then(|| (self.entries.len() * 2 * std::mem::size_of::<u32>()) as u64)
     }
 
     /// Starts loading the entry a lookup of `hash` reads first.
     #[inline(always)]
-    pub(super) fn prefetch(&self, hash: u64) {
+    pub fn prefetch(&self, hash: u64) {
         prefetch(&self.entries[self.home(hash)]);
     }
 
     /// The first position whose entry carries `hash`'s tag and for which `is` holds, in
     /// probe order.
     #[inline(always)]
-    pub(super) fn find(&self, hash: u64, is: impl FnMut(u32) -> bool) -> Option<u32> {
+    pub fn find(&self, hash: u64, is: impl FnMut(u32) -> bool) -> Option<u32> {
         self.find_entry(hash, is).map(|at| self.entries[at] & self.position_mask())
     }
 
@@ -132,9 +152,15 @@ impl Positions {
 
     /// Adds `position` under `hash` (the caller knows it is not there). `hash_of` gives
     /// the hash of a position already held, to move it when the index grows.
-    pub(super) fn insert(&mut self, hash: u64, position: u32, hash_of: impl Fn(u32) -> u64) {
-        if self.len >= self.capacity() {
-            self.rebuild(self.bits + 1, hash_of);
+    pub fn insert(&mut self, hash: u64, position: u32, hash_of: impl Fn(u32) -> u64) {
+        // Grown for one more, and wide enough for the position (positions are dense, so
+        // this is the same but for a caller whose positions ran ahead of its count).
+        let mut bits = self.bits;
+        while (1usize << bits) / 4 * 3 <= self.len || u64::from(position) >= (1u64 << bits) - 1 {
+            bits += 1;
+        }
+        if bits != self.bits {
+            self.rebuild(bits, hash_of);
         }
         self.place(hash, position);
         self.len += 1;
@@ -161,7 +187,7 @@ impl Positions {
     }
 
     /// Rebuilds the index for `room` positions, no fewer than it holds.
-    pub(super) fn shrink_to(&mut self, room: usize, hash_of: impl Fn(u32) -> u64) {
+    pub fn shrink_to(&mut self, room: usize, hash_of: impl Fn(u32) -> u64) {
         let room = room.max(self.len);
         let mut bits = MIN_BITS;
         while (1usize << bits) / 4 * 3 < room {
@@ -174,7 +200,7 @@ impl Positions {
 
     /// Removes `position`, held under `hash`. `hash_of` gives the hashes of the positions
     /// held, to close the gap (backward-shift deletion: no tombstones).
-    pub(super) fn remove(&mut self, hash: u64, position: u32, hash_of: impl Fn(u32) -> u64) {
+    pub fn remove(&mut self, hash: u64, position: u32, hash_of: impl Fn(u32) -> u64) {
         let Some(mut gap) = self.find_entry(hash, |held| held == position) else { return };
         let mask = self.entries.len() - 1;
         let position_mask = self.position_mask();
@@ -199,7 +225,7 @@ impl Positions {
     }
 
     /// Moves the entry of `from`, held under `hash`, to name `to` instead.
-    pub(super) fn rename(&mut self, hash: u64, from: u32, to: u32) {
+    pub fn rename(&mut self, hash: u64, from: u32, to: u32) {
         if let Some(at) = self.find_entry(hash, |held| held == from) {
             self.entries[at] = self.tag(hash) | to;
         }

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# `tessera local` (all three daemons in one process, file sink) under `tessera loadgen`, as a
+# user first tries it: SERIES counter series at RATE lines/s for SECS seconds, names in ORDER,
+# then loss (loadgen --verify against the files) and where the latency goes, from the one
+# telemetry port: end-to-end (storage ack - tile end) p50 / p99 per resolution, and the
+# mean of each hop's own lag (collector flush, aggregator flush, ingester intake).
+#
+#   benches/load/local.sh SERIES RATE [SECS]
+#   e.g. ORDER=random benches/load/local.sh 1000000 1000000 20
+#   ORDER=sequential|random|zipf (default random); BIN_DIR (default target/release)
+#
+# Needs `sysctl -w net.core.rmem_max=33554432` for the 32 MiB receive buffer.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+series=${1:?distinct series}
+rate=${2:?lines per second}
+secs=${3:-20}
+order=${ORDER:-random}
+
+. benches/load/lib.sh
+need_binaries
+make_work_dir
+statsd_port=$(free_port DGRAM)
+http_port=$(free_port)
+"$bin/tessera" local --data-dir "$work/data" --plain --statsd "127.0.0.1:$statsd_port" \
+    --telemetry "127.0.0.1:$http_port" >"$work/local.log" 2>&1 &
+pids+=($!)
+local_pid=$!
+wait_ready "$http_port"
+cpu_before=$(cpu_ticks $local_pid)
+verdict=$("$bin/tessera" loadgen --target "127.0.0.1:$statsd_port" --series "$series" --mix counter=100 \
+    --rate-lines-per-sec "$rate" --duration-secs "$secs" --order "$order" \
+    --verify "files=$work/data/openmetrics" --verify-timeout-secs 120 | tail -1)
+cpu=$(echo "scale=1; ($(cpu_ticks $local_pid) - $cpu_before) / $(getconf CLK_TCK)" | bc)
+curl -sf "http://127.0.0.1:$http_port/metrics" > "$work/metrics.txt"
+python3 - "$work/metrics.txt" <<'PY'
+import re, sys
+text = open(sys.argv[1]).read()
+buckets, sums = {}, {}
+for line in text.splitlines():
+    m = re.match(r'tessera_ingester_end_to_end_latency_seconds_bucket\{(.*)\} (\S+)', line)
+    if m:
+        resolution = re.search(r'resolution="([^"]+)"', m.group(1)).group(1)
+        le = re.search(r'le="([^"]+)"', m.group(1)).group(1)
+        buckets.setdefault(resolution, []).append((float('inf') if le == '+Inf' else float(le), float(m.group(2))))
+    m = re.match(r'(tessera_\w+_(?:lag|latency)_seconds)_(sum|count)(?:\{(.*)\})? (\S+)', line)
+    if m:
+        key = (m.group(1), m.group(3) or '')
+        sums.setdefault(key, {})[m.group(2)] = sums.get(key, {}).get(m.group(2), 0) + float(m.group(4))
+def quantile(points, q):
+    points.sort()
+    total = points[-1][1]
+    for le, count in points:
+        if count >= q * total:
+            return le
+for resolution, points in sorted(buckets.items()):
+    if points[-1][1] == 0:
+        continue
+    print(f"  end_to_end {resolution}: tiles {int(points[-1][1])}, p50 <= {quantile(points, 0.5)} s, p99 <= {quantile(points, 0.99)} s")
+for (name, labels), parts in sorted(sums.items()):
+    if parts.get('count'):
+        print(f"  mean {name}{{{labels}}}: {parts['sum'] / parts['count']:.2f} s over {int(parts['count'])}")
+PY
+echo "  $verdict"
+echo "  order=$order series=$series rate=$rate secs=$secs cpu=${cpu}s peak_rss=$(( $(peak_rss_kib $local_pid) / 1024 ))MB"
