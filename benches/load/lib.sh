@@ -159,7 +159,7 @@ write_pipeline_configs() {
     aggregator_http=$(free_port)
     ingester_port=$(free_port)
     ingester_http=$(free_port)
-    write_collector_config "$work" "$udp_port" "$collector_http" 1 "127.0.0.1:$aggregator_port"
+    write_collector_config "$work" "$udp_port" "$collector_http" "${READER_THREADS:-1}" "127.0.0.1:$aggregator_port"
     make_wire_tls "$work/tls"
     printf '%s\n' "$tls_forward" >> "$work/collector.toml"
     cat > "$work/aggregator.toml" <<TOML

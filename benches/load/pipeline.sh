@@ -18,6 +18,7 @@
 #   order the collector inserted them, which flatters its table); VALUES_PER_SERIES=N
 #   (default 4): a random pass repeats the first pass's order (the insertion order) once
 #   every N passes
+#   READER_THREADS=N: the collector's UDP reader threads (default 1; its own default is one per core)
 #   MERGE_THREADS=N (default: the aggregator's default, the cores available)
 #   PROFILE_HZ=99: take a CPU profile of the collector at that frequency for
 #   the whole run (/debug/pprof/profile), to measure what profiling costs
