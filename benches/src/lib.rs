@@ -6,25 +6,30 @@
 /// Builds datagrams of about `datagram_bytes` holding counter lines of
 /// `series` distinct series (`bench.counter.<i>`), in a fixed order.
 pub fn counter_datagrams(series: usize, datagram_bytes: usize, tagged: bool) -> (Vec<Vec<u8>>, usize) {
-    let mut datagrams = Vec::new();
-    let mut current = Vec::with_capacity(datagram_bytes);
-    let mut lines = 0;
-    for i in 0..series {
-        let line = if tagged {
+    let lines = (0..series).map(|i| {
+        if tagged {
             format!("bench.counter.{}:1|c|#env:prod,host:h{},route:/api/v{}\n", i / 16, i % 16, i % 3)
         } else {
             format!("bench.counter.{i}:1|c\n")
-        };
+        }
+    });
+    (pack(lines, datagram_bytes), series)
+}
+
+/// Packs `lines` into datagrams of about `datagram_bytes`.
+fn pack(lines: impl Iterator<Item = String>, datagram_bytes: usize) -> Vec<Vec<u8>> {
+    let mut datagrams = Vec::new();
+    let mut current = Vec::with_capacity(datagram_bytes);
+    for line in lines {
         if current.len() + line.len() > datagram_bytes && !current.is_empty() {
             datagrams.push(std::mem::take(&mut current));
         }
         current.extend_from_slice(line.as_bytes());
-        lines += 1;
     }
     if !current.is_empty() {
         datagrams.push(current);
     }
-    (datagrams, lines)
+    datagrams
 }
 
 /// [`counter_datagrams`] of untagged series with the lines in a seeded random order: each
@@ -42,44 +47,22 @@ pub fn shuffled_counter_datagrams(series: usize, datagram_bytes: usize, seed: u6
         let pick = (state.wrapping_mul(0x2545_f491_4f6c_dd1d) % (i as u64 + 1)) as usize;
         order.swap(i, pick);
     }
-    let mut datagrams = Vec::new();
-    let mut current = Vec::with_capacity(datagram_bytes);
-    for i in order {
-        let line = format!("bench.counter.{i}:1|c\n");
-        if current.len() + line.len() > datagram_bytes && !current.is_empty() {
-            datagrams.push(std::mem::take(&mut current));
-        }
-        current.extend_from_slice(line.as_bytes());
-    }
-    if !current.is_empty() {
-        datagrams.push(current);
-    }
-    (datagrams, series)
+    let lines = order.into_iter().map(|i| format!("bench.counter.{i}:1|c\n"));
+    (pack(lines, datagram_bytes), series)
 }
 
 /// A realistic DogStatsD mix: counters, gauges, timers with sample rates,
 /// distributions, sets, tags, in ~1400-byte datagrams.
 pub fn mixed_datagrams(lines_wanted: usize) -> (Vec<Vec<u8>>, usize) {
-    let mut datagrams = Vec::new();
-    let mut current = Vec::with_capacity(1400);
-    for i in 0..lines_wanted {
-        let line = match i % 6 {
-            0 => format!("http.requests:1|c|#env:prod,route:/r{},status:200\n", i % 50),
-            1 => format!("queue.depth:{}|g|#queue:q{}\n", i % 1000, i % 10),
-            2 => format!("http.latency:{}.{}|ms|@0.5|#route:/r{}\n", i % 500, i % 10, i % 50),
-            3 => format!("payload.bytes:{}|d|#service:api\n", i % 9000),
-            4 => format!("users.active:user{}|s|#app:web\n", i % 2000),
-            _ => format!("jobs.done:{}|c\n", i % 7),
-        };
-        if current.len() + line.len() > 1400 {
-            datagrams.push(std::mem::take(&mut current));
-        }
-        current.extend_from_slice(line.as_bytes());
-    }
-    if !current.is_empty() {
-        datagrams.push(current);
-    }
-    (datagrams, lines_wanted)
+    let lines = (0..lines_wanted).map(|i| match i % 6 {
+        0 => format!("http.requests:1|c|#env:prod,route:/r{},status:200\n", i % 50),
+        1 => format!("queue.depth:{}|g|#queue:q{}\n", i % 1000, i % 10),
+        2 => format!("http.latency:{}.{}|ms|@0.5|#route:/r{}\n", i % 500, i % 10, i % 50),
+        3 => format!("payload.bytes:{}|d|#service:api\n", i % 9000),
+        4 => format!("users.active:user{}|s|#app:web\n", i % 2000),
+        _ => format!("jobs.done:{}|c\n", i % 7),
+    });
+    (pack(lines, 1400), lines_wanted)
 }
 
 /// Where a line carries its tags: the inputs of the `tag_style` benchmarks,
@@ -141,17 +124,5 @@ impl TagStyle {
 /// Builds ~1400-byte datagrams of counter lines of `series` distinct series,
 /// each line written in `style`.
 pub fn tag_style_datagrams(style: TagStyle, series: usize) -> (Vec<Vec<u8>>, usize) {
-    let mut datagrams = Vec::new();
-    let mut current = Vec::with_capacity(1400);
-    for i in 0..series {
-        let line = style.line(i);
-        if current.len() + line.len() > 1400 && !current.is_empty() {
-            datagrams.push(std::mem::take(&mut current));
-        }
-        current.extend_from_slice(line.as_bytes());
-    }
-    if !current.is_empty() {
-        datagrams.push(current);
-    }
-    (datagrams, series)
+    (pack((0..series).map(|i| style.line(i)), 1400), series)
 }

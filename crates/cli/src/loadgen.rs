@@ -15,10 +15,9 @@
 //! - [`send`]: one sender thread: socket, pacing, `sendmmsg`, error counts;
 //! - [`expect`]: the expected counter sums, gauge last values, set
 //!   cardinalities and timer counts;
-//! - [`report`]: the final text or JSON report.
-//!
-//! A later `verify` module will compare [`expect`]'s table with what the
-//! pipeline's sinks received.
+//! - [`report`]: the final text or JSON report;
+//! - [`verify`]: with `--verify`, reads the counters back from the sink and
+//!   compares them with [`expect`]'s table.
 //!
 //! ```text
 //! tessera loadgen --target 127.0.0.1:8125 --series 10000 --senders 2 \

@@ -46,7 +46,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use tessera_core::aggregate::Aggregate;
 use tessera_core::clock::now_ms;
 use tessera_core::parse::MetricKind;
-use tessera_core::table::{Table, TableOptions};
+use tessera_core::table::{MergeError, Table, TableOptions};
 use tessera_rules::{RuleCache, RuleMetrics, RulesHandle};
 
 use crate::intake::{Cut, CutEntry, FlusherLinks};
@@ -469,15 +469,19 @@ impl Flusher {
 /// Folds a cut into a window table under the ids it has.
 fn merge_cut_as_is(table: &mut Table, cut: &Cut) {
     let series = cut.entries.iter().map(|entry| (entry.kind, cut.id(entry), &entry.aggregate));
-    // Both sides come from our own readers, so kinds always agree.
-    table.merge_all(series, |error| tracing::error!(%error, "merging a reader's partial failed"));
+    table.merge_all(series, merge_failed);
 }
 
 fn merge_entry(table: &mut Table, kind: MetricKind, id: &[u8], aggregate: &Aggregate) {
-    // Both sides come from our own readers, so kinds always agree.
     if let Err(error) = table.merge(kind, id, aggregate) {
-        tracing::error!(%error, "merging a reader's partial failed");
+        merge_failed(error);
     }
+}
+
+/// Both sides come from our own readers, so kinds always agree and the window table has
+/// no series cap: a failed merge is a bug, logged.
+fn merge_failed(error: MergeError) {
+    tracing::error!(%error, "merging a reader's partial failed");
 }
 
 #[cfg(test)]

@@ -322,6 +322,14 @@ struct Pending<'a> {
     candidate: Option<u32>,
 }
 
+impl Pending<'static> {
+    const NONE: Pending<'static> = Pending {
+        line: SimpleLine { name: b"", kind: MetricKind::Counter, value: 0.0, tags: b"" },
+        hash: 0,
+        candidate: None,
+    };
+}
+
 /// A series [`Table::merge_all`] has hashed and prefetched.
 struct PendingMerge<'a> {
     kind: MetricKind,
@@ -329,14 +337,6 @@ struct PendingMerge<'a> {
     hash: u64,
     aggregate: &'a Aggregate,
     candidate: Option<u32>,
-}
-
-impl Pending<'static> {
-    const NONE: Pending<'static> = Pending {
-        line: SimpleLine { name: b"", kind: MetricKind::Counter, value: 0.0, tags: b"" },
-        hash: 0,
-        candidate: None,
-    };
 }
 
 /// Where the lines of a datagram come from, for [`Table::fold_datagram_from`]: the
@@ -512,23 +512,17 @@ impl Table {
     #[inline(always)]
     fn fold_group(&mut self, group: &mut [Pending<'_>], stamp_ns: i64, each: &mut impl FnMut(Folded)) {
         for pending in group.iter_mut() {
-            pending.candidate = self.slots.index.find(pending.hash, |_| true);
-            if let Some(at) = pending.candidate {
-                self.slots.prefetch(at);
-            }
+            pending.candidate = self.slots.guess(pending.hash);
         }
         for pending in group.iter() {
             let parts = KeyParts::of_simple(&pending.line);
-            let observed = match self.slots.candidate_mut(pending.candidate, pending.hash, &parts) {
-                Some(slot) => {
-                    let value = self.options.timer_unit.convert(pending.line.kind, pending.line.value);
-                    slot.aggregate.observe_value(value, stamp_ns);
-                    slot.touched = true;
-                    Ok(false)
-                }
-                None => self.observe_simple_hashed(&pending.line, &parts, pending.hash, stamp_ns),
-            };
-            each(Folded::metric(observed));
+            each(Folded::metric(self.observe_simple_hashed(
+                &pending.line,
+                pending.candidate,
+                &parts,
+                pending.hash,
+                stamp_ns,
+            )));
         }
     }
 
@@ -631,20 +625,22 @@ impl Table {
     #[inline(always)]
     pub fn observe_simple(&mut self, line: &SimpleLine<'_>, stamp_ns: i64) -> Result<bool, TableFull> {
         let parts = KeyParts::of_simple(line);
-        self.observe_simple_hashed(line, &parts, parts.hash(self.seed), stamp_ns)
+        self.observe_simple_hashed(line, None, &parts, parts.hash(self.seed), stamp_ns)
     }
 
-    /// [`Table::observe_simple`] of a line whose key is `parts`, of hash `hash`.
+    /// [`Table::observe_simple`] of a line whose key is `parts`, of hash `hash`, trying the
+    /// slot at `candidate` first.
     #[inline(always)]
     fn observe_simple_hashed(
         &mut self,
         line: &SimpleLine<'_>,
+        candidate: Option<u32>,
         parts: &KeyParts<'_>,
         hash: u64,
         stamp_ns: i64,
     ) -> Result<bool, TableFull> {
         let value = self.options.timer_unit.convert(line.kind, line.value);
-        if let Some(slot) = self.slots.find_mut(hash, parts) {
+        if let Some(slot) = self.slots.find_from_mut(candidate, hash, parts) {
             slot.aggregate.observe_value(value, stamp_ns);
             slot.touched = true;
             return Ok(false);
@@ -749,13 +745,10 @@ impl Table {
                 *pending = Some(PendingMerge { kind, parts, hash, aggregate, candidate: None });
             }
             for pending in group.iter_mut().flatten() {
-                pending.candidate = self.slots.index.find(pending.hash, |_| true);
-                if let Some(at) = pending.candidate {
-                    self.slots.prefetch(at);
-                }
+                pending.candidate = self.slots.guess(pending.hash);
             }
-            for pending in group.iter_mut() {
-                let Some(PendingMerge { kind, parts, hash, aggregate, candidate }) = pending.take() else { break };
+            // Taken out, so that a short last group leaves no earlier series behind.
+            for PendingMerge { kind, parts, hash, aggregate, candidate } in group.iter_mut().map_while(Option::take) {
                 if let Err(error) = self.merge_hashed(candidate, &parts, hash, kind, aggregate) {
                     failed(error);
                 }
@@ -774,11 +767,7 @@ impl Table {
         kind: MetricKind,
         aggregate: &Aggregate,
     ) -> Result<bool, MergeError> {
-        let slot = match self.slots.candidate_mut(candidate, hash, parts) {
-            Some(slot) => Some(slot),
-            None => self.slots.find_mut(hash, parts),
-        };
-        if let Some(slot) = slot {
+        if let Some(slot) = self.slots.find_from_mut(candidate, hash, parts) {
             let order = slot.aggregate.merge(aggregate)?;
             slot.touched = true;
             self.count_merge(order);
@@ -922,21 +911,30 @@ impl Slots {
         Some(&mut self.slots[at as usize])
     }
 
-    /// The slot at `candidate` if it is the series of `parts`: a guess from
-    /// [`Positions::find`] taken before the group's earlier lines were folded.
+    /// The first step of a lookup in a group, once the index entry of `hash` has been
+    /// prefetched: the position the index probably holds the series at (its tag matches),
+    /// whose slot (both cache lines it may span) starts loading.
     #[inline(always)]
-    fn candidate_mut(&mut self, candidate: Option<u32>, hash: u64, parts: &KeyParts<'_>) -> Option<&mut Slot> {
-        let slot = self.slots.get_mut(candidate? as usize)?;
-        (slot.hash == hash && slot.key.matches(parts)).then_some(slot)
-    }
-
-    /// Starts loading the slot at `at` (both cache lines it may span).
-    #[inline(always)]
-    fn prefetch(&self, at: u32) {
+    fn guess(&self, hash: u64) -> Option<u32> {
+        let at = self.index.find(hash, |_| true)?;
         if let Some(slot) = self.slots.get(at as usize) {
             let start: *const Slot = slot;
             prefetch(start);
             prefetch(start.wrapping_byte_add(std::mem::size_of::<Slot>() - 1));
+        }
+        Some(at)
+    }
+
+    /// [`Slots::find_mut`], trying the slot at `candidate` (a [`Slots::guess`]) first. A
+    /// guess is checked: its tag may be another series', and the series may have been
+    /// added since it was taken.
+    #[inline(always)]
+    fn find_from_mut(&mut self, candidate: Option<u32>, hash: u64, parts: &KeyParts<'_>) -> Option<&mut Slot> {
+        let guessed = candidate
+            .filter(|&at| self.slots.get(at as usize).is_some_and(|slot| slot.hash == hash && slot.key.matches(parts)));
+        match guessed {
+            Some(at) => Some(&mut self.slots[at as usize]),
+            None => self.find_mut(hash, parts),
         }
     }
 
@@ -1235,6 +1233,31 @@ mod tests {
         assert_fast_path_agrees(&datagram);
         // A gauge's last line goes the full parser's way, behind a simple one still grouped.
         assert_fast_path_agrees(b"g:1|g\ng:2|g|@1\n");
+    }
+
+    #[test]
+    fn a_wrong_guess_is_checked_and_the_whole_lookup_taken() {
+        // A guess is a position whose tag matched: it may hold another series (or none).
+        let mut table = Table::new(TableOptions::default());
+        for id in [&b"a"[..], b"b"] {
+            table.merge(MetricKind::Counter, id, &Aggregate::Counter(1.0)).unwrap();
+        }
+        let b_at = table.slots.index.find(KeyParts::of_id(MetricKind::Counter, b"b").hash(table.seed), |_| true);
+        let a = KeyParts::of_id(MetricKind::Counter, b"a");
+        let a_hash = a.hash(table.seed);
+        for wrong in [b_at, Some(7)] {
+            let merged = table.merge_hashed(wrong, &a, a_hash, MetricKind::Counter, &Aggregate::Counter(10.0));
+            assert!(!merged.unwrap(), "a is no new series");
+            let line = SimpleLine { name: b"a", kind: MetricKind::Counter, value: 100.0, tags: b"" };
+            assert_eq!(table.observe_simple_hashed(&line, wrong, &a, a_hash, 0), Ok(false));
+        }
+        assert_eq!(
+            cut(&mut table),
+            vec![
+                (MetricKind::Counter, b"a".to_vec(), Aggregate::Counter(221.0)),
+                (MetricKind::Counter, b"b".to_vec(), Aggregate::Counter(1.0)),
+            ]
+        );
     }
 
     #[test]

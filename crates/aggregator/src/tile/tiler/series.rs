@@ -257,6 +257,10 @@ mod tests {
                 "kind is part of the key"
             );
         }
+        // A guess naming another series is checked, not taken.
+        let (b, _) = registry.resolve(MetricKind::Counter, &ids[1]).unwrap();
+        let wrong = Prepared { hash: registry.hash(MetricKind::Counter, &ids[0]), candidate: Some(b) };
+        assert_eq!(registry.resolve_prepared(MetricKind::Counter, &ids[0], wrong), Ok((first[0].0, false)));
         // A guess made before the series expired names a freed number: not taken.
         let mut stale = registry.prepare(MetricKind::Counter, &ids[0]);
         registry.guess(&mut stale);
