@@ -7,7 +7,9 @@
 #
 #   benches/load/local.sh SERIES RATE [SECS]
 #   e.g. ORDER=random benches/load/local.sh 1000000 1000000 20
-#   ORDER=sequential|random|zipf (default random); BIN_DIR (default target/release)
+#   ORDER=sequential|random|zipf (default random); BIN_DIR (default target/release);
+#   LOADGEN=path of the `tessera` whose loadgen sends (default BIN_DIR's: set it to run an
+#   older `tessera local`, from before `--order`, under today's loadgen)
 #
 # Needs `sysctl -w net.core.rmem_max=33554432` for the 32 MiB receive buffer.
 set -euo pipefail
@@ -29,7 +31,7 @@ pids+=($!)
 local_pid=$!
 wait_ready "$http_port"
 cpu_before=$(cpu_ticks $local_pid)
-verdict=$("$bin/tessera" loadgen --target "127.0.0.1:$statsd_port" --series "$series" --mix counter=100 \
+verdict=$("${LOADGEN:-$bin/tessera}" loadgen --target "127.0.0.1:$statsd_port" --series "$series" --mix counter=100 \
     --rate-lines-per-sec "$rate" --duration-secs "$secs" --order "$order" \
     --verify "files=$work/data/openmetrics" --verify-timeout-secs 120 | tail -1)
 cpu=$(echo "scale=1; ($(cpu_ticks $local_pid) - $cpu_before) / $(getconf CLK_TCK)" | bc)
