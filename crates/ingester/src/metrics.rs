@@ -33,7 +33,8 @@
 //! | `tessera_ingester_worker_busy_seconds_total` | counter | `target`, `worker` |
 //! | `tessera_ingester_in_flight_limit`, `_in_flight_requests` | gauge | `target` |
 //! | `tessera_ingester_pace_samples_per_second` | gauge | `target` |
-//! | `tessera_ingester_file_sink_files_closed_total`, `_file_sink_bad_journal_lines_total`, `_file_sink_histograms_skipped_total` | counter | `target` |
+//! | `tessera_ingester_file_sink_files_closed_total`, `_file_sink_bad_journal_lines_total`, `_file_sink_histograms_skipped_total`, `_file_sink_close_failures_total` | counter | `target` |
+//! | `tessera_ingester_file_sink_journals_closing` | gauge | `target` |
 //! | `tessera_ingester_checkpoint_age_seconds` | gauge, computed when scraped | `target` |
 //! | `tessera_ingester_checkpoints_total` | counter | `target` |
 //! | `tessera_ingester_checkpoint_errors_total` | counter | `target`, `reason` (`write`, `read`, `corrupt`) |
