@@ -86,6 +86,9 @@ pub struct Distribution {
     pub count: f64,
     /// Weighted sum of values.
     pub sum: f64,
+    /// Weighted sum of the squares of the values: with `count` and `sum`, the standard
+    /// deviation statsd's Graphite backend writes (`std`, `sum_squares`). Merges by addition.
+    pub sum_squares: f64,
     /// Smallest value seen (`+inf` when empty).
     pub min: f64,
     /// Largest value seen (`-inf` when empty).
@@ -114,6 +117,7 @@ impl Default for Distribution {
         Distribution {
             count: 0.0,
             sum: 0.0,
+            sum_squares: 0.0,
             min: f64::INFINITY,
             max: f64::NEG_INFINITY,
             sketch: Sketch::new(),
@@ -129,6 +133,7 @@ impl Distribution {
     pub fn insert(&mut self, value: f64, weight: f64) {
         self.count += weight;
         self.sum += value * weight;
+        self.sum_squares += value * value * weight;
         self.min = self.min.min(value);
         self.max = self.max.max(value);
         self.sketch.insert(value, weight);
@@ -179,6 +184,7 @@ impl Distribution {
         }
         self.count += other.count;
         self.sum += other.sum;
+        self.sum_squares += other.sum_squares;
         self.min = self.min.min(other.min);
         self.max = self.max.max(other.max);
         self.sketch.merge(&other.sketch);
@@ -188,6 +194,7 @@ impl Distribution {
     fn clear(&mut self) {
         self.count = 0.0;
         self.sum = 0.0;
+        self.sum_squares = 0.0;
         self.min = f64::INFINITY;
         self.max = f64::NEG_INFINITY;
         self.sketch.clear();
@@ -250,6 +257,9 @@ pub enum AggregateError {
     /// A gauge's deltas end before they start.
     #[error("gauge deltas end before they start")]
     BadDeltaRange,
+    /// A distribution's sum of squares is below zero.
+    #[error("negative sum of squares {0} in a distribution aggregate")]
+    NegativeSumSquares(f64),
 }
 
 impl Aggregate {
@@ -393,6 +403,7 @@ impl Aggregate {
             Aggregate::Distribution(summary) => Value::Distribution(proto::Distribution {
                 count: summary.count,
                 sum: summary.sum,
+                sum_squares: summary.sum_squares,
                 min: summary.min,
                 max: summary.max,
                 sketch: Some(summary.sketch.to_proto()),
@@ -418,6 +429,10 @@ impl Aggregate {
             Value::Distribution(summary) => {
                 finite(summary.count, "count", "distribution")?;
                 finite(summary.sum, "sum", "distribution")?;
+                finite(summary.sum_squares, "sum_squares", "distribution")?;
+                if summary.sum_squares < 0.0 {
+                    return Err(AggregateError::NegativeSumSquares(summary.sum_squares));
+                }
                 let sketch = match &summary.sketch {
                     Some(sketch) => Sketch::from_proto(sketch)?,
                     None => Sketch::new(),
@@ -433,6 +448,7 @@ impl Aggregate {
                 Aggregate::Distribution(Box::new(Distribution {
                     count: summary.count,
                     sum: summary.sum,
+                    sum_squares: summary.sum_squares,
                     min: summary.min,
                     max: summary.max,
                     sketch,
@@ -565,6 +581,34 @@ mod tests {
         let Aggregate::Distribution(summary) = &timer else { panic!() };
         assert_eq!((summary.count, summary.sum, summary.min, summary.max), (4.0, 52.0, 2.0, 30.0));
         assert_eq!(summary.sketch.count(), 4.0);
+    }
+
+    #[test]
+    fn distributions_carry_the_weighted_sum_of_squares_through_merges_and_the_wire() {
+        let milliseconds = Reading { timer_unit: TimerUnit::Milliseconds, ..Reading::default() };
+        let lines: [&[u8]; 2] = [b"t:10|ms|@0.5", b"t:2:30|ms"];
+        let timer = observe_all(MetricKind::Timer, &lines, milliseconds);
+        let Aggregate::Distribution(summary) = &timer else { panic!() };
+        // 10 counts twice (sample rate 0.5): 2 × 100 + 4 + 900.
+        assert_eq!(summary.sum_squares, 1104.0);
+        // statsd's `std` from count, sum and the squares: mean 13, variance 276 - 169.
+        let mean = summary.sum / summary.count;
+        assert_eq!(summary.sum_squares / summary.count - mean * mean, 107.0);
+        // Two partials of the same lines merge to the same squares.
+        let mut merged = observe_all(MetricKind::Timer, &lines[..1], milliseconds);
+        merged.merge(&observe_all(MetricKind::Timer, &lines[1..], milliseconds)).unwrap();
+        let Aggregate::Distribution(merged_summary) = &merged else { panic!() };
+        assert_eq!(merged_summary.sum_squares, 1104.0);
+        // Across the wire, and refused when it cannot be a sum of squares.
+        let wire = timer.to_proto();
+        assert_eq!(Aggregate::from_proto(&wire).unwrap(), timer);
+        for (bad, error) in [(-1.0, "negative sum of squares -1"), (f64::INFINITY, "non-finite sum_squares")] {
+            let mut wire = wire.clone();
+            let Some(proto::aggregate::Value::Distribution(distribution)) = &mut wire.value else { panic!() };
+            distribution.sum_squares = bad;
+            let refused = Aggregate::from_proto(&wire).unwrap_err().to_string();
+            assert!(refused.starts_with(error), "{refused}");
+        }
     }
 
     #[test]

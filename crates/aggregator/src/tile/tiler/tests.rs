@@ -287,6 +287,9 @@ fn distributions_and_sets_merge_exactly() {
     let Some(Value::Distribution(timer)) = sink.value(0, T0 + 1000, "t") else { panic!("no timer") };
     assert_eq!((timer.count, timer.sum, timer.min, timer.max), (expected.count, expected.sum, 1.0, 100.0));
     assert_eq!(timer.sketch, Some(expected.sketch.to_proto()));
+    // The squares add up across senders too (statsd's `std`, for per-tile stores).
+    assert_eq!(timer.sum_squares, expected.sum_squares);
+    assert!(timer.sum_squares > 0.0);
     let Some(Value::Set(set)) = sink.value(0, T0 + 1000, "s") else { panic!("no set") };
     assert_eq!(HyperLogLog::from_proto(&set).unwrap().estimate(), members.estimate());
     assert_eq!(members.estimate(), distinct.len() as f64, "exact while small");
