@@ -596,7 +596,10 @@ mod tests {
         assert_eq!(summary.sum_squares / summary.count - mean * mean, 107.0);
         // Two partials of the same lines merge to the same squares.
         let mut merged = observe_all(MetricKind::Timer, &lines[..1], milliseconds);
-        merged.merge(&observe_all(MetricKind::Timer, &lines[1..], milliseconds)).unwrap();
+        assert_eq!(
+            merged.merge(&observe_all(MetricKind::Timer, &lines[1..], milliseconds)).unwrap(),
+            MergeOrder::Exact
+        );
         let Aggregate::Distribution(merged_summary) = &merged else { panic!() };
         assert_eq!(merged_summary.sum_squares, 1104.0);
         // Across the wire, and refused when it cannot be a sum of squares.
