@@ -149,6 +149,21 @@ pub enum SketchError {
     },
 }
 
+/// What [`Sketch::threshold`] reads: the statistics of the lowest (or highest) values up
+/// to a weight.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Threshold {
+    /// The weight taken: the weight asked for, or all of the sketch's if it holds less.
+    pub weight: f64,
+    /// Weighted sum of the values taken.
+    pub sum: f64,
+    /// Weighted sum of their squares.
+    pub sum_squares: f64,
+    /// The last value taken: the highest of the lowest values (statsd's `upper_<pct>`), or
+    /// the lowest of the highest (`lower_top<pct>`).
+    pub boundary: f64,
+}
+
 /// A mergeable quantile sketch with Prometheus native-histogram buckets; see the
 /// [module docs](self).
 #[derive(Debug)]
@@ -314,30 +329,8 @@ impl Sketch {
         let rank = if wanted > 0.0 { wanted } else { f64::MIN_POSITIVE };
         let mut cumulative = 0.0;
         let mut last_value = None;
-        for (position, &weight) in self.negative.counts.iter().enumerate().rev() {
-            if weight == 0.0 {
-                continue;
-            }
+        for (value, weight) in self.ascending() {
             cumulative += weight;
-            let value = -self.bucket_value(self.negative.offset + position as i32);
-            if cumulative >= rank {
-                return Some(value);
-            }
-            last_value = Some(value);
-        }
-        if self.zero_count > 0.0 {
-            cumulative += self.zero_count;
-            if cumulative >= rank {
-                return Some(0.0);
-            }
-            last_value = Some(0.0);
-        }
-        for (position, &weight) in self.positive.counts.iter().enumerate() {
-            if weight == 0.0 {
-                continue;
-            }
-            cumulative += weight;
-            let value = self.bucket_value(self.positive.offset + position as i32);
             if cumulative >= rank {
                 return Some(value);
             }
@@ -345,6 +338,59 @@ impl Sketch {
         }
         // Only reached if rounding left the rank at or past the total: answer with the largest.
         last_value
+    }
+
+    /// The statistics of the values carrying the lowest `weight` of the sketch's weight
+    /// (statsd's positive percent thresholds: `count_90`, `upper_90`, `sum_90`,
+    /// `sum_squares_90` are those of the lowest 90 % of the values), or of the highest
+    /// `weight` with `from_top` (statsd's negative thresholds: `lower_top10`, …). `None` when
+    /// the sketch is empty or `weight` is not a positive number.
+    ///
+    /// Walks the buckets in value order, taking each bucket's weight until `weight` is
+    /// reached (part of the last one). Each value is read as its bucket's value, so within
+    /// [`relative_error`] `α` of itself: `boundary` (the last value taken) and, for values
+    /// of one sign, `sum` and `mean` are within `α` of the exact statistics of the same
+    /// values, `sum_squares` within `2α + α²`. Values in the zero bucket read as 0.
+    pub fn threshold(&self, weight: f64, from_top: bool) -> Option<Threshold> {
+        if weight.is_nan() || weight <= 0.0 || self.is_empty() {
+            return None;
+        }
+        let mut threshold = Threshold { weight: 0.0, sum: 0.0, sum_squares: 0.0, boundary: 0.0 };
+        let mut take = |(value, bucket_weight): (f64, f64)| {
+            let taken = bucket_weight.min(weight - threshold.weight);
+            threshold.weight += taken;
+            threshold.sum += taken * value;
+            threshold.sum_squares += taken * value * value;
+            threshold.boundary = value;
+            // Done once the weight is reached (a hair below it counts, as in `quantile`).
+            threshold.weight < weight * (1.0 - 1e-12)
+        };
+        if from_top {
+            self.ascending().rev().take_while(|&bucket| take(bucket)).for_each(drop);
+        } else {
+            self.ascending().take_while(|&bucket| take(bucket)).for_each(drop);
+        }
+        Some(threshold)
+    }
+
+    /// The non-empty buckets as `(value, weight)` in value order: the most negative first,
+    /// then zero, then the positive ones.
+    fn ascending(&self) -> impl DoubleEndedIterator<Item = (f64, f64)> + '_ {
+        let negative = self
+            .negative
+            .counts
+            .iter()
+            .enumerate()
+            .rev()
+            .map(|(position, &weight)| (-self.bucket_value(self.negative.offset + position as i32), weight));
+        let zero = std::iter::once((0.0, self.zero_count));
+        let positive = self
+            .positive
+            .counts
+            .iter()
+            .enumerate()
+            .map(|(position, &weight)| (self.bucket_value(self.positive.offset + position as i32), weight));
+        negative.chain(zero).chain(positive).filter(|&(_, weight)| weight > 0.0)
     }
 
     /// Empties the sketch, keeping its memory (and its stores' windows) for reuse.

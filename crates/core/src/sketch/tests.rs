@@ -510,3 +510,66 @@ mod properties {
         }
     }
 }
+
+/// statsd's percent-threshold statistics of exact values: the lowest `n` of the sorted values
+/// (the highest with `from_top`): (sum, sum of squares, boundary).
+fn exact_threshold(sorted: &[f64], n: usize, from_top: bool) -> (f64, f64, f64) {
+    let taken = if from_top { &sorted[sorted.len() - n..] } else { &sorted[..n] };
+    let boundary = if from_top { taken[0] } else { taken[n - 1] };
+    (taken.iter().sum(), taken.iter().map(|value| value * value).sum(), boundary)
+}
+
+#[test]
+fn threshold_statistics_are_statsds_within_the_bound() {
+    let values = lognormal_values(20_000, 11);
+    let mut sorted = values.clone();
+    sorted.sort_by(f64::total_cmp);
+    let sketch = sketch_of(DEFAULT_SCHEMA, &values);
+    let alpha = relative_error(DEFAULT_SCHEMA) + 1e-12;
+    for pct in [50.0, 90.0, 99.0, 99.9] {
+        for from_top in [false, true] {
+            // statsd: numInThreshold = round(pct / 100 * count).
+            let n = (pct / 100.0 * values.len() as f64).round() as usize;
+            let threshold = sketch.threshold(n as f64, from_top).unwrap();
+            let (sum, sum_squares, boundary) = exact_threshold(&sorted, n, from_top);
+            assert_eq!(threshold.weight, n as f64);
+            let error = |estimate: f64, exact: f64| ((estimate - exact) / exact).abs();
+            assert!(error(threshold.sum, sum) <= alpha, "{pct} {from_top}: sum {} vs {sum}", threshold.sum);
+            assert!(
+                error(threshold.boundary, boundary) <= alpha,
+                "{pct} {from_top}: {} vs {boundary}",
+                threshold.boundary
+            );
+            let squares_error = error(threshold.sum_squares, sum_squares);
+            assert!(squares_error <= 2.0 * alpha + alpha * alpha, "{pct} {from_top}: squares off by {squares_error}");
+        }
+    }
+    // The upper boundary at a threshold is the quantile's nearest rank.
+    assert_eq!(sketch.threshold(18_000.0, false).unwrap().boundary, sketch.quantile(0.9).unwrap());
+}
+
+#[test]
+fn thresholds_cross_zero_and_signs_and_stop_at_what_the_sketch_holds() {
+    let sketch = sketch_of(DEFAULT_SCHEMA, &[-4.0, 0.0, 2.0, 8.0]);
+    // A power of two is its bucket's upper bound: read exactly α below it.
+    let alpha = relative_error(DEFAULT_SCHEMA) + 1e-12;
+    // The lowest two: -4 and 0.
+    let lowest = sketch.threshold(2.0, false).unwrap();
+    assert_eq!((lowest.weight, lowest.boundary), (2.0, 0.0));
+    assert!((lowest.sum + 4.0).abs() <= 4.0 * alpha, "{lowest:?}");
+    // The highest one: 8; more than the sketch holds takes all of it.
+    let highest = sketch.threshold(1.0, true).unwrap();
+    assert!((highest.boundary - 8.0).abs() <= 8.0 * alpha, "{highest:?}");
+    assert_eq!(highest.weight, 1.0);
+    assert_eq!(sketch.threshold(10.0, false).unwrap().weight, 4.0);
+    // Part of a bucket: half of a weight-2 value.
+    let mut weighted = Sketch::new();
+    weighted.insert(3.0, 2.0);
+    let half = weighted.threshold(1.0, false).unwrap();
+    assert_eq!(half.weight, 1.0);
+    assert_eq!(half.sum, half.boundary);
+    // Nothing to read.
+    assert_eq!(Sketch::new().threshold(1.0, false), None);
+    assert_eq!(weighted.threshold(0.0, false), None);
+    assert_eq!(weighted.threshold(f64::NAN, false), None);
+}
