@@ -1,0 +1,455 @@
+//! Graphite paths for a tile: the names statsd's Graphite backend, brubeck and tessera give
+//! each statistic, so that dashboards built on them read tessera's values unchanged.
+//!
+//! This is the naming half of the Graphite target (issue 49). [`Naming::write`] turns one
+//! series' tile into carbon plaintext lines, `path value timestamp\n`. The transport is not
+//! built yet: carbon's connection, the resend window and the per-tile converter.
+//!
+//! | statistic | `statsd` (`legacy_namespace = true`) | `brubeck` | `tessera` |
+//! |---|---|---|---|
+//! | counter | `stats.<key>` (per second), `stats_counts.<key>` (count) | `<key>` (count) | `<key>.count`, `<key>.rate` |
+//! | gauge | `stats.gauges.<key>` | `<key>` | `<key>` |
+//! | set | `stats.sets.<key>.count` | `<key>` | `<key>.count` |
+//! | timer, histogram, distribution | `stats.timers.<key>.{count,count_ps,sum,sum_squares,mean,median,upper,lower,std}` and per threshold `count_90,mean_90,upper_90,sum_90,sum_squares_90` | `<key>.{min,max,sum,mean,count,median}`, `<key>.percentile.{75,95,98,99,999}` | `<key>.{count,rate,sum,min,max,mean,std,median,p90,p99}` |
+//!
+//! With `legacy_namespace = false`, statsd's names are `<global_prefix>.<prefix_counter>.<key>.rate`
+//! and `.count`, `<global_prefix>.<prefix_timer>.<key>.…`, `<global_prefix>.<prefix_gauge>.<key>`
+//! and `<global_prefix>.<prefix_set>.<key>.count` (empty prefixes left out), each followed by
+//! `.<global_suffix>` when one is set.
+//!
+//! **Values.** Counters and timer counts are weighted by the sample rate (statsd's
+//! `count` and `count_ps` are too). A timer's values are written in the unit it was sent in:
+//! [`Tile::timer_scale`] undoes the collector's `timer_unit`. statsd computes `sum`, `mean`,
+//! `std` and the threshold statistics from the raw values, each once whatever its sample rate;
+//! tessera weights them by the rate, so they agree when nothing is sampled. `count_90` is
+//! exact. `median`, `upper_90`, `mean_90` and `sum_90` come from the sketch, within its
+//! relative error `α` (1.08 % at the default schema); `sum_squares_90` within `2α + α²`
+//! ([`tessera_core::sketch::Sketch::threshold`]). `upper`, `lower`, `sum`, `sum_squares`,
+//! `mean` and `std` are exact.
+//!
+//! **Names and tags.** Keys are sanitized as statsd's `keyNameSanitize` does: whitespace runs
+//! become `_`, `/` becomes `-`, anything outside `[A-Za-z0-9_.-]` is dropped. A `;` in a key
+//! starts Graphite tags (`key;k=v`, statsd's own way to tag), which join the DogStatsD tags.
+//! Tags are written as Graphite 1.1 tagged series (`path;k=v;…`, [`TagStyle::Tagged`]), as
+//! path nodes `<path>.<k>_<v>` ([`TagStyle::Path`]) or not at all ([`TagStyle::Drop`]).
+//! Carbon misparses a tag name holding `;!^=` or whitespace, an empty value, and a value
+//! starting with `~`: those characters are dropped, a tag left empty is dropped, and each
+//! change is counted in [`Changes`]. No line carbon would misparse is written.
+
+use std::fmt::Write;
+
+use tessera_core::aggregate::Distribution;
+use tessera_core::parse::MetricKind;
+
+/// Whose paths to write; see the [module docs](self).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Scheme {
+    /// Etsy statsd's Graphite backend.
+    #[default]
+    Statsd,
+    /// GitHub's brubeck.
+    Brubeck,
+    /// tessera's own: one node per statistic under the key.
+    Tessera,
+}
+
+/// How a series' tags are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TagStyle {
+    /// Graphite 1.1 tagged series: `path;k=v;…`.
+    #[default]
+    Tagged,
+    /// Path nodes after the whole path: `path.k_v.…`.
+    Path,
+    /// Not written.
+    Drop,
+}
+
+/// statsd's Graphite backend options (its `graphite` config block, same names).
+#[derive(Debug, Clone, PartialEq)]
+pub struct StatsdOptions {
+    /// `stats.<key>` and `stats_counts.<key>` for counters (statsd's default), or the
+    /// prefixed `.rate` / `.count` names below.
+    pub legacy_namespace: bool,
+    /// `globalPrefix` (default `stats`).
+    pub global_prefix: String,
+    /// `prefixCounter` (default `counters`).
+    pub prefix_counter: String,
+    /// `prefixTimer` (default `timers`).
+    pub prefix_timer: String,
+    /// `prefixGauge` (default `gauges`).
+    pub prefix_gauge: String,
+    /// `prefixSet` (default `sets`).
+    pub prefix_set: String,
+    /// `globalSuffix` (default none).
+    pub global_suffix: String,
+    /// `percentThreshold` (default `[90]`); a negative one reads the top values
+    /// (`lower_top10`).
+    pub percent_thresholds: Vec<f64>,
+}
+
+impl Default for StatsdOptions {
+    fn default() -> Self {
+        StatsdOptions {
+            legacy_namespace: true,
+            global_prefix: "stats".into(),
+            prefix_counter: "counters".into(),
+            prefix_timer: "timers".into(),
+            prefix_gauge: "gauges".into(),
+            prefix_set: "sets".into(),
+            global_suffix: String::new(),
+            percent_thresholds: vec![90.0],
+        }
+    }
+}
+
+/// One series' tile, resolved to what Graphite stores.
+#[derive(Debug, Clone, Copy)]
+pub struct Tile<'a> {
+    /// The canonical series id: the name, then `|#` and the tags.
+    pub id: &'a [u8],
+    /// The value.
+    pub value: TileValue<'a>,
+    /// The tile's length in seconds (for `count_ps` and counter rates).
+    pub interval_secs: f64,
+    /// What a timer's values are multiplied by to be in the unit they were sent in (1000
+    /// when the collector kept `|ms` in seconds); 1 for histograms and distributions.
+    pub timer_scale: f64,
+}
+
+/// A tile's value by type.
+#[derive(Debug, Clone, Copy)]
+pub enum TileValue<'a> {
+    /// A counter's count over the tile.
+    Counter(f64),
+    /// A gauge's value at the tile's end.
+    Gauge(f64),
+    /// A set's distinct members in the tile.
+    Set(f64),
+    /// A timer's, histogram's or distribution's values in the tile.
+    Distribution(MetricKind, &'a Distribution),
+}
+
+/// What [`Naming::write`] had to change to write a line carbon parses; counted by the caller.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Changes {
+    /// Keys that lost or had characters replaced.
+    pub keys_sanitized: u64,
+    /// Tags that lost characters.
+    pub tags_sanitized: u64,
+    /// Tags dropped (empty name or value once sanitized).
+    pub tags_dropped: u64,
+}
+
+/// A target's naming: scheme, tag style and statsd's options.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Naming {
+    /// Whose paths.
+    pub scheme: Scheme,
+    /// How tags are written.
+    pub tags: TagStyle,
+    /// statsd's options (the `statsd` scheme alone reads them).
+    pub statsd: StatsdOptions,
+}
+
+/// brubeck's timer percentiles and their path nodes.
+const BRUBECK_PERCENTILES: [(f64, &str); 5] = [(0.75, "75"), (0.95, "95"), (0.98, "98"), (0.99, "99"), (0.999, "999")];
+
+impl Naming {
+    /// Appends the carbon plaintext lines of `tile`, stamped `timestamp_secs`, to `out`.
+    pub fn write(&self, tile: &Tile<'_>, timestamp_secs: i64, out: &mut String, changes: &mut Changes) {
+        let (raw_name, raw_tags) = tessera_core::series::split_id(tile.id);
+        let mut key = String::with_capacity(raw_name.len());
+        let mut tags = Vec::new();
+        sanitize_key(raw_name, &mut key, &mut tags, changes);
+        for tag in raw_tags.split(|byte| *byte == b',').filter(|tag| !tag.is_empty()) {
+            let (name, value) = crate::admit::names::split_tag(tag);
+            push_tag(name, value.unwrap_or(b"true"), &mut tags, changes);
+        }
+        if key.is_empty() {
+            key.push('_');
+            changes.keys_sanitized += 1;
+        }
+        tags.sort();
+        let mut line = Line { out, tags: &tags, style: self.tags, timestamp_secs };
+        match self.scheme {
+            Scheme::Statsd => self.write_statsd(&key, tile, &mut line),
+            Scheme::Brubeck => write_brubeck(&key, tile, &mut line),
+            Scheme::Tessera => write_tessera(&key, tile, &mut line),
+        }
+    }
+
+    fn write_statsd(&self, key: &str, tile: &Tile<'_>, line: &mut Line<'_>) {
+        let options = &self.statsd;
+        let suffix =
+            if options.global_suffix.is_empty() { String::new() } else { format!(".{}", options.global_suffix) };
+        let prefixed = |prefix: &str| {
+            let mut path = String::new();
+            for node in [options.global_prefix.as_str(), prefix].into_iter().filter(|node| !node.is_empty()) {
+                path.push_str(node);
+                path.push('.');
+            }
+            path.push_str(key);
+            path
+        };
+        match tile.value {
+            TileValue::Counter(count) => {
+                let rate = count / tile.interval_secs;
+                if options.legacy_namespace {
+                    line.write(&format!("stats.{key}{suffix}"), rate);
+                    line.write(&format!("stats_counts.{key}{suffix}"), count);
+                } else {
+                    let path = prefixed(&options.prefix_counter);
+                    line.write(&format!("{path}.rate{suffix}"), rate);
+                    line.write(&format!("{path}.count{suffix}"), count);
+                }
+            }
+            TileValue::Gauge(value) => {
+                let path = if options.legacy_namespace {
+                    format!("stats.gauges.{key}")
+                } else {
+                    prefixed(&options.prefix_gauge)
+                };
+                line.write(&format!("{path}{suffix}"), value);
+            }
+            TileValue::Set(members) => {
+                let path =
+                    if options.legacy_namespace { format!("stats.sets.{key}") } else { prefixed(&options.prefix_set) };
+                line.write(&format!("{path}.count{suffix}"), members);
+            }
+            TileValue::Distribution(kind, distribution) => {
+                let path = if options.legacy_namespace {
+                    format!("stats.timers.{key}")
+                } else {
+                    prefixed(&options.prefix_timer)
+                };
+                let stats = Stats::of(kind, distribution, tile);
+                let mut stat = |name: &str, value: f64| line.write(&format!("{path}.{name}{suffix}"), value);
+                for &pct in &options.percent_thresholds {
+                    let Some((count, threshold)) = stats.threshold(distribution, pct) else { continue };
+                    let clean = format!("{pct}").replace('.', "_").replace('-', "top");
+                    stat(&format!("count_{clean}"), count);
+                    stat(&format!("mean_{clean}"), threshold.sum / count);
+                    stat(&format!("{}_{clean}", if pct > 0.0 { "upper" } else { "lower" }), threshold.boundary);
+                    stat(&format!("sum_{clean}"), threshold.sum);
+                    stat(&format!("sum_squares_{clean}"), threshold.sum_squares);
+                }
+                stat("std", stats.std);
+                stat("upper", stats.max);
+                stat("lower", stats.min);
+                stat("count", stats.count);
+                stat("count_ps", stats.count / tile.interval_secs);
+                stat("sum", stats.sum);
+                stat("sum_squares", stats.sum_squares);
+                stat("mean", stats.mean);
+                stat("median", stats.quantile(distribution, 0.5));
+            }
+        }
+    }
+}
+
+fn write_brubeck(key: &str, tile: &Tile<'_>, line: &mut Line<'_>) {
+    match tile.value {
+        TileValue::Counter(value) | TileValue::Gauge(value) | TileValue::Set(value) => line.write(key, value),
+        TileValue::Distribution(kind, distribution) => {
+            let stats = Stats::of(kind, distribution, tile);
+            for (name, value) in [
+                ("min", stats.min),
+                ("max", stats.max),
+                ("sum", stats.sum),
+                ("mean", stats.mean),
+                ("count", stats.count),
+                ("median", stats.quantile(distribution, 0.5)),
+            ] {
+                line.write(&format!("{key}.{name}"), value);
+            }
+            for (q, node) in BRUBECK_PERCENTILES {
+                line.write(&format!("{key}.percentile.{node}"), stats.quantile(distribution, q));
+            }
+        }
+    }
+}
+
+fn write_tessera(key: &str, tile: &Tile<'_>, line: &mut Line<'_>) {
+    match tile.value {
+        TileValue::Counter(count) => {
+            line.write(&format!("{key}.count"), count);
+            line.write(&format!("{key}.rate"), count / tile.interval_secs);
+        }
+        TileValue::Gauge(value) => line.write(key, value),
+        TileValue::Set(members) => line.write(&format!("{key}.count"), members),
+        TileValue::Distribution(kind, distribution) => {
+            let stats = Stats::of(kind, distribution, tile);
+            for (name, value) in [
+                ("count", stats.count),
+                ("rate", stats.count / tile.interval_secs),
+                ("sum", stats.sum),
+                ("min", stats.min),
+                ("max", stats.max),
+                ("mean", stats.mean),
+                ("std", stats.std),
+                ("median", stats.quantile(distribution, 0.5)),
+                ("p90", stats.quantile(distribution, 0.9)),
+                ("p99", stats.quantile(distribution, 0.99)),
+            ] {
+                line.write(&format!("{key}.{name}"), value);
+            }
+        }
+    }
+}
+
+/// A distribution's statistics in the unit its values were sent in.
+struct Stats {
+    scale: f64,
+    count: f64,
+    sum: f64,
+    sum_squares: f64,
+    mean: f64,
+    std: f64,
+    min: f64,
+    max: f64,
+}
+
+impl Stats {
+    fn of(kind: MetricKind, distribution: &Distribution, tile: &Tile<'_>) -> Stats {
+        let scale = if kind == MetricKind::Timer { tile.timer_scale } else { 1.0 };
+        let count = distribution.count;
+        let sum = distribution.sum * scale;
+        let sum_squares = distribution.sum_squares * scale * scale;
+        let (mean, std) = if count > 0.0 {
+            let mean = sum / count;
+            (mean, (sum_squares / count - mean * mean).max(0.0).sqrt())
+        } else {
+            (0.0, 0.0)
+        };
+        let finite_or_zero = |value: f64| if value.is_finite() { value * scale } else { 0.0 };
+        Stats {
+            scale,
+            count,
+            sum,
+            sum_squares,
+            mean,
+            std,
+            min: finite_or_zero(distribution.min),
+            max: finite_or_zero(distribution.max),
+        }
+    }
+
+    fn quantile(&self, distribution: &Distribution, q: f64) -> f64 {
+        distribution.sketch.quantile(q).map_or(0.0, |value| value * self.scale)
+    }
+
+    /// statsd's threshold `pct`: `round(|pct| / 100 × count)` values from the bottom (from
+    /// the top when negative), none when that rounds to 0; with one value, that value.
+    fn threshold(&self, distribution: &Distribution, pct: f64) -> Option<(f64, tessera_core::sketch::Threshold)> {
+        let count = if self.count > 1.0 { (pct.abs() / 100.0 * self.count).round() } else { self.count };
+        let threshold = distribution.sketch.threshold(count, pct < 0.0)?;
+        let scaled = tessera_core::sketch::Threshold {
+            weight: threshold.weight,
+            sum: threshold.sum * self.scale,
+            sum_squares: threshold.sum_squares * self.scale * self.scale,
+            boundary: threshold.boundary * self.scale,
+        };
+        Some((count, scaled))
+    }
+}
+
+/// Writes lines with one series' tags and timestamp.
+struct Line<'a> {
+    out: &'a mut String,
+    tags: &'a [(String, String)],
+    style: TagStyle,
+    timestamp_secs: i64,
+}
+
+impl Line<'_> {
+    fn write(&mut self, path: &str, value: f64) {
+        self.out.push_str(path);
+        match self.style {
+            TagStyle::Tagged => {
+                for (name, value) in self.tags {
+                    let _ = write!(self.out, ";{name}={value}");
+                }
+            }
+            TagStyle::Path => {
+                for (name, value) in self.tags {
+                    let _ = write!(self.out, ".{name}_{value}");
+                }
+            }
+            TagStyle::Drop => {}
+        }
+        let value = if value.is_finite() { value } else { 0.0 };
+        let _ = writeln!(self.out, " {value} {}", self.timestamp_secs);
+    }
+}
+
+/// statsd's `keyNameSanitize` on a key, into `key`; `;k=v` parts of it go to `tags`.
+fn sanitize_key(raw: &[u8], key: &mut String, tags: &mut Vec<(String, String)>, changes: &mut Changes) {
+    let mut parts = raw.split(|byte| *byte == b';');
+    let name = parts.next().unwrap_or_default();
+    let mut changed = false;
+    let mut in_whitespace = false;
+    for &byte in name {
+        if byte.is_ascii_whitespace() {
+            if !in_whitespace {
+                key.push('_');
+            }
+            in_whitespace = true;
+            changed = true;
+            continue;
+        }
+        in_whitespace = false;
+        match byte {
+            b'/' => {
+                key.push('-');
+                changed = true;
+            }
+            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'_' | b'.' | b'-' => key.push(char::from(byte)),
+            _ => changed = true,
+        }
+    }
+    changes.keys_sanitized += u64::from(changed);
+    for part in parts {
+        match part.iter().position(|byte| *byte == b'=') {
+            Some(equals) => push_tag(&part[..equals], &part[equals + 1..], tags, changes),
+            None => changes.tags_dropped += 1,
+        }
+    }
+}
+
+/// Adds one tag, sanitized for carbon, or counts it dropped.
+fn push_tag(name: &[u8], value: &[u8], tags: &mut Vec<(String, String)>, changes: &mut Changes) {
+    let mut changed = false;
+    let mut clean = |text: &[u8], forbidden: &[u8]| -> String {
+        let mut out = String::with_capacity(text.len());
+        for chunk in text.utf8_chunks() {
+            changed |= !chunk.invalid().is_empty();
+            for c in chunk.valid().chars() {
+                if c.is_whitespace() {
+                    out.push('_');
+                    changed = true;
+                } else if c.is_ascii() && forbidden.contains(&(c as u8)) {
+                    changed = true;
+                } else {
+                    out.push(c);
+                }
+            }
+        }
+        out
+    };
+    let name = clean(name, b";!^=");
+    let mut value = clean(value, b";");
+    if value.starts_with('~') {
+        value = value.trim_start_matches('~').to_owned();
+        changed = true;
+    }
+    if name.is_empty() || value.is_empty() {
+        changes.tags_dropped += 1;
+        return;
+    }
+    changes.tags_sanitized += u64::from(changed);
+    tags.push((name, value));
+}
+
+#[cfg(test)]
+mod tests;
