@@ -22,7 +22,10 @@
 pub mod file;
 #[cfg_attr(
     not(test),
-    expect(dead_code, reason = "the Graphite target's naming alone: its transport and converter are the rest of issue 49")
+    expect(
+        dead_code,
+        reason = "the Graphite target's naming alone: its transport and converter are the rest of issue 49"
+    )
 )]
 pub mod graphite;
 pub mod metadata;

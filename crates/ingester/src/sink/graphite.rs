@@ -163,8 +163,12 @@ impl Naming {
         let mut tags = Vec::new();
         sanitize_key(raw_name, &mut key, &mut tags, changes);
         for tag in raw_tags.split(|byte| *byte == b',').filter(|tag| !tag.is_empty()) {
-            let (name, value) = crate::admit::names::split_tag(tag);
-            push_tag(name, value.unwrap_or(b"true"), &mut tags, changes);
+            // `key:value`, or a bare `key` (DogStatsD's valueless tag), written `key=true`.
+            let (name, value) = match tag.iter().position(|byte| *byte == b':') {
+                Some(colon) => (&tag[..colon], &tag[colon + 1..]),
+                None => (tag, &b"true"[..]),
+            };
+            push_tag(name, value, &mut tags, changes);
         }
         if key.is_empty() {
             key.push('_');
