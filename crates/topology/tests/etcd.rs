@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use tessera_topology::testing::EtcdServer;
 use tessera_topology::{
-    EtcdConfig, MoveTiming, Placement, PlacementSource, PlacementStore, StoreError, WatchError, WatchEvent, Watcher,
+    EtcdConfig, Leader, MoveTiming, Placement, PlacementSource, PlacementStore, StoreError, WatchError, WatchEvent,
+    Watcher, etcd_client,
 };
 
 /// How long any expected change may take before the test fails.
@@ -250,4 +251,53 @@ async fn a_lease_etcd_says_is_gone_is_granted_again_without_a_backoff() {
         registration.lease_id() != first_lease && store.alive_instances().await.is_ok_and(|alive| alive == ["ing-a"])
     })
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_instance_frees_what_its_previous_incarnation_held_at_once() {
+    let etcd = start_etcd();
+    let store = PlacementStore::connect(etcd.config("restart")).await.unwrap();
+    // agg-a's first life: registered with a 60 s TTL, leader of shard set 0, then killed: its
+    // runtime goes away without revoking anything.
+    let config = etcd.config("restart");
+    let dead_lease = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let (registration, lease) = runtime.block_on(async {
+            let store = PlacementStore::connect(config).await.unwrap();
+            let registration = store.register_instance("agg-a", Duration::from_secs(60)).await.unwrap();
+            let lease = registration.lease_id();
+            assert_eq!(store.election(0, "agg-a").campaign(lease).await.unwrap(), Leader::Us);
+            (registration, lease)
+        });
+        drop(runtime);
+        drop(registration);
+        lease
+    })
+    .join()
+    .unwrap();
+    let leaders = store.leaders().await.unwrap();
+    assert_eq!(leaders.get(&0).map(String::as_str), Some("agg-a"), "the dead incarnation still leads");
+    let alive_key = "/tessera/restart/alive/agg-a";
+    let created = |response: etcd_client::GetResponse| response.kvs().first().map(|kv| kv.create_revision());
+    let first_created = created(store.client().clone().get(alive_key, None).await.unwrap());
+
+    // Its second life: once registered, the old lease is revoked and the leader key with it,
+    // 60 s before it would have expired; the alive key moved to the new lease and never went.
+    let registration = store.register_instance("agg-a", Duration::from_secs(60)).await.unwrap();
+    assert_ne!(registration.lease_id(), dead_lease);
+    assert!(store.leaders().await.unwrap().is_empty(), "the dead incarnation's leader key is gone");
+    let old = store.client().clone().lease_time_to_live(dead_lease, None).await.unwrap();
+    assert_eq!(old.ttl(), -1, "the old lease is revoked");
+    assert_eq!(store.alive_instances().await.unwrap(), ["agg-a"]);
+    assert_eq!(created(store.client().clone().get(alive_key, None).await.unwrap()), first_created, "never deleted");
+
+    // The other replica is elected now, not after the TTL.
+    let survivor = store.register_instance("agg-b", Duration::from_secs(60)).await.unwrap();
+    assert_eq!(store.election(0, "agg-b").campaign(survivor.lease_id()).await.unwrap(), Leader::Us);
+    // A registration with nothing before it revokes nothing of anyone else's.
+    let other = store.register_instance("agg-c", Duration::from_secs(60)).await.unwrap();
+    assert_eq!(store.leaders().await.unwrap().get(&0).map(String::as_str), Some("agg-b"));
+    for registration in [registration, survivor, other] {
+        registration.revoke().await.unwrap();
+    }
 }

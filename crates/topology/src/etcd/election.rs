@@ -18,9 +18,12 @@
 //!   flush round that moved a mark, not once per tile or series.
 //!
 //! Leadership is held with the lease: a replica is leader while the key
-//! carries its id **and** its current lease. A restarted process whose
-//! previous incarnation still holds the key (same id, older lease) is not
-//! the leader; it waits for that lease to expire like any other replica.
+//! carries its id **and** its current lease. A restarted process revokes its
+//! previous incarnation's lease as it registers
+//! ([`PlacementStore::register_instance`](super::PlacementStore::register_instance)),
+//! so a leader key that incarnation still held goes at once, and the shard
+//! set's other replicas campaign on their next tick instead of waiting out
+//! the TTL.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -120,9 +120,20 @@ pub(crate) async fn register(
     let ttl_secs = ttl.as_secs_f64().ceil().max(1.0) as i64;
     let key = config.alive_key(instance_id);
     let valid_until = LeaseDeadline::default();
+    // The lease of this instance's previous incarnation, if its key is still there: a process
+    // that died (or was killed and restarted) within the TTL.
+    let previous = request(&config, "get", &key, client.get(key.as_str(), None))
+        .await?
+        .kvs()
+        .first()
+        .map(|kv| kv.lease())
+        .filter(|lease| *lease != 0);
     let sent = Instant::now();
     let lease_id = grant_and_put(&config, &mut client, &key, instance_id, ttl_secs).await?;
     valid_until.set(lease_id, sent + Duration::from_secs(ttl_secs as u64));
+    if let Some(previous) = previous.filter(|previous| *previous != lease_id) {
+        revoke_previous_incarnation(&config, &mut client, &key, previous).await?;
+    }
     let lease = Arc::new(AtomicI64::new(lease_id));
     let (stop, stop_requests) = oneshot::channel();
     let keeper = KeepAlive {
@@ -137,6 +148,35 @@ pub(crate) async fn register(
     };
     let task = tokio::spawn(keeper.run(stop_requests));
     Ok(Registration { key, lease_id: lease, valid_until, stop: Some(stop), task: Some(task) })
+}
+
+/// Revokes the lease of this instance's previous incarnation, after the alive key moved to
+/// the new lease (so the key itself never disappears: nobody sees the instance die and come
+/// back). Whatever else that process held with its lease goes at once: a shard set's leader
+/// key, so a replica takes over now instead of after the TTL. Instance ids are one process
+/// each (`tessera-topology`'s README): a second live process with the same id would lose
+/// its leases to this one.
+async fn revoke_previous_incarnation(
+    config: &EtcdConfig,
+    client: &mut Client,
+    key: &str,
+    previous: i64,
+) -> Result<(), StoreError> {
+    match with_timeout(config, "lease revoke", key, client.lease_revoke(previous)).await? {
+        Ok(_) => {
+            tracing::info!(
+                key,
+                lease = previous,
+                "revoked the lease of this instance's previous incarnation: what it held is free now"
+            );
+            Ok(())
+        }
+        // Expired meanwhile: nothing to revoke.
+        Err(etcd_client::Error::GRpcStatus(status)) if status.message().contains("lease not found") => Ok(()),
+        Err(source) => {
+            Err(StoreError::Request { operation: "lease revoke", key: key.to_owned(), source: Box::new(source) })
+        }
+    }
 }
 
 async fn grant_and_put(

@@ -101,6 +101,12 @@ impl PlacementStore {
     /// alive in a background task, re-registering after etcd outages. The
     /// key goes away when the [`Registration`] is dropped or revoked, or
     /// `ttl` after the process dies.
+    ///
+    /// If the key is still there from this instance's previous incarnation (a
+    /// process that died within the TTL), it moves to the new lease, and the old
+    /// lease is revoked: whatever else that process held with it, a shard set's
+    /// leader key, is free at once. Instance ids must name one process each: a
+    /// second live process with the same id loses its leases to the newer one.
     pub async fn register_instance(&self, instance_id: &str, ttl: Duration) -> Result<Registration, StoreError> {
         liveness::register(self.client.clone(), self.config.clone(), instance_id, ttl).await
     }
