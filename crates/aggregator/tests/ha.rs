@@ -73,7 +73,7 @@ fn start_replica(id: &'static str, port: u16, placement: &str, receiver: SocketA
 }
 
 fn start_replica_with(id: &'static str, port: u16, placement: &str, receiver: SocketAddr, policies: &[&str]) -> Daemon {
-    start_replica_env(id, port, placement, receiver, policies, &[])
+    start_replica_env(id, port, placement, receiver, policies, &[], TTL_SECS)
 }
 
 fn start_replica_env(
@@ -83,6 +83,7 @@ fn start_replica_env(
     receiver: SocketAddr,
     policies: &[&str],
     env: &[(&str, &str)],
+    ttl_secs: u64,
 ) -> Daemon {
     let telemetry = free_port();
     let policies = policies.iter().map(|policy| format!("\"{policy}\"")).collect::<Vec<_>>().join(", ");
@@ -91,7 +92,7 @@ fn start_replica_env(
         "tessera-aggregator",
         &format!(
             "instance_id = \"{id}\"\nlisten = \"127.0.0.1:{port}\"\npolicies = [{policies}]\n\
-             buffer_past_ms = 500\nmax_buffer_past_ms = 3000\nbuffer_future_ms = 1000\nliveness_ttl_secs = {TTL_SECS}\n\
+             buffer_past_ms = 500\nmax_buffer_past_ms = 3000\nbuffer_future_ms = 1000\nliveness_ttl_secs = {ttl_secs}\n\
              {placement}\
              [ingester]\nendpoints = [\"{receiver}\"]\nreconnect_min_ms = 20\nreconnect_max_ms = 200\n\
              [telemetry]\nlisten = \"127.0.0.1:{telemetry}\"\n"
@@ -128,9 +129,15 @@ struct Stack {
     /// The socket the tests send statsd from.
     socket: UdpSocket,
     etcd: EtcdServer,
+    /// The replicas' `liveness_ttl_secs`.
+    ttl_secs: u64,
 }
 
 async fn start_stack(env: &str) -> Stack {
+    start_stack_with_ttl(env, TTL_SECS).await
+}
+
+async fn start_stack_with_ttl(env: &str, ttl_secs: u64) -> Stack {
     let etcd = tokio::task::block_in_place(EtcdServer::start).expect("starting etcd");
     let store = PlacementStore::connect(etcd.config(env)).await.unwrap();
     let ports = [free_port(), free_port()];
@@ -141,11 +148,13 @@ async fn start_stack(env: &str) -> Stack {
     store.compare_and_swap(None, &placement).await.unwrap();
     let receiver = TileReceiver::start().await;
     let section = etcd_section(&etcd, env);
-    let replicas = [("agg-1", ports[0]), ("agg-2", ports[1])]
-        .map(|(id, port)| Replica { id, daemon: Some(start_replica(id, port, &section, receiver.address)) });
+    let replicas = [("agg-1", ports[0]), ("agg-2", ports[1])].map(|(id, port)| {
+        let daemon = start_replica_env(id, port, &section, receiver.address, &POLICIES, &[], ttl_secs);
+        Replica { id, daemon: Some(daemon) }
+    });
     let (collector, statsd) = start_collector(&section);
     let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
-    let stack = Stack { receiver, replicas, ports, section, _collector: collector, statsd, socket, etcd };
+    let stack = Stack { receiver, replicas, ports, section, _collector: collector, statsd, socket, etcd, ttl_secs };
     wait_until("one leader", Duration::from_secs(15), || stack.replicas.iter().filter(|r| r.is_leader()).count() == 1)
         .await;
     stack
@@ -181,6 +190,24 @@ impl Stack {
         replica.daemon.as_mut().expect("running").terminate();
         replica.daemon = None;
         replica.daemon = Some(start_replica(replica.id, self.ports[index], &self.section, self.receiver.address));
+    }
+
+    /// Kills replica `index` (SIGKILL: its lease stays until the TTL) and starts it again
+    /// (same id and port).
+    fn kill_and_restart(&mut self, index: usize) {
+        let replica = &mut self.replicas[index];
+        replica.daemon.as_mut().expect("running").kill();
+        replica.daemon = None;
+        let daemon = start_replica_env(
+            replica.id,
+            self.ports[index],
+            &self.section,
+            self.receiver.address,
+            &POLICIES,
+            &[],
+            self.ttl_secs,
+        );
+        replica.daemon = Some(daemon);
     }
 
     /// Every tile copy flushed, with its policy and tile end, in flush order.
@@ -322,6 +349,34 @@ async fn a_killed_leader_is_replaced_and_every_tile_stays_exact() {
     );
 }
 
+/// Issue 50's schedule: the leader is SIGKILLed mid-tile and restarted at once, with a
+/// lease TTL far longer than the test. The restarted process revokes its dead
+/// incarnation's lease as it registers, so the follower takes over on its next ticks,
+/// not after the TTL, and flushes the tile the dead leader held: every tile exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_killed_and_restarted_hands_over_without_waiting_out_its_lease() {
+    const LONG_TTL_SECS: u64 = 60;
+    let mut stack = start_stack_with_ttl("ha-restart-kill", LONG_TTL_SECS).await;
+    let (leader, follower) = stack.leader_and_follower();
+    let mut sent = stack.send_for(Duration::from_millis(2_000)).await;
+    sleep_until_mid_tile().await;
+    let killed_at = Instant::now();
+    stack.kill_and_restart(leader);
+    sent += stack.send_for(Duration::from_millis(1_000)).await;
+    // Without the revocation the dead incarnation's key would hold for 60 s.
+    wait_until("the follower to take over", Duration::from_secs(LONG_TTL_SECS / 2), || {
+        stack.replicas[follower].is_leader()
+    })
+    .await;
+    let takeover = killed_at.elapsed();
+    sent += stack.send_for(Duration::from_millis(3_000)).await;
+    assert_exact(&stack.receiver, sent).await;
+    let new_leader = stack.replicas[follower].daemon();
+    assert!(new_leader.metric("tessera_aggregator_elections_total", "result=\"won\"") >= 1.0);
+    assert!(!stack.replicas[leader].is_leader(), "one leader: the restarted replica follows");
+    eprintln!("leader killed and restarted; the follower leads after {takeover:?} (lease TTL {LONG_TTL_SECS} s)");
+}
+
 /// The race the fault campaign found: a replica restarted just before a tile ends, whose
 /// election is slow to register its lease (etcd or the machine busy), must not flush its
 /// partial copy of that tile. The failpoint holds the restarted replica's registration
@@ -347,6 +402,7 @@ async fn a_replica_restarted_before_a_tile_ends_with_its_election_held_back_flus
         stack.receiver.address,
         &POLICIES,
         &[("TESSERA_FAILPOINTS", "aggregator.election.before_register=6000")],
+        TTL_SECS,
     ));
     let partial_tile_end = restarted_at_ms - restarted_at_ms.rem_euclid(5_000) + 5_000;
     sent += stack.send_until(partial_tile_end + 3_000).await;
