@@ -43,6 +43,7 @@
 //!
 //! [telemetry]
 //! listen = "0.0.0.0:9103"
+//! profiling = true             # CPU profiles at /debug/pprof/profile; false: 403
 //! ```
 
 use std::time::Duration;

@@ -42,6 +42,10 @@ pub struct Args {
     /// The dashboard page (`/`), `/metrics`, `/healthz`, `/readyz` of all three daemons.
     #[arg(long, default_value = "127.0.0.1:9100")]
     telemetry: SocketAddr,
+    /// Refuse CPU profiles at `/debug/pprof/profile` (403), for a `--telemetry` address
+    /// others can reach.
+    #[arg(long)]
+    no_profiling: bool,
     /// A Prometheus statsd_exporter mapping file: dotted name parts become labels
     /// (reloaded on SIGHUP and when it changes; check it with `tessera check --mapping`).
     #[arg(long, value_name = "FILE")]
@@ -110,6 +114,7 @@ impl Configs {
             statsd = args.statsd,
             telemetry = args.telemetry
         ))?;
+        collector.telemetry.profiling = !args.no_profiling;
         collector.mapping.file.clone_from(&args.mapping_config);
         collector.validate_settings().context("--mapping-config")?;
         Ok(Configs { ingester, aggregator, collector })
@@ -431,6 +436,7 @@ tessera_aggregator_drops_total{reason=\"queue_full\",unit=\"series\"} 9
             remote_write: RemoteWriteFlags::default(),
             mapping_config: Some(mapping),
             telemetry: "127.0.0.1:0".parse().unwrap(),
+            no_profiling: false,
             shards: 8,
             policies: vec!["1s:1h".to_owned()],
             plain: true,

@@ -170,7 +170,10 @@ impl Collector {
         }
 
         let server = match config.telemetry.listen {
-            Some(address) => Some(tessera_runtime::serve(address, telemetry, readiness, shutdown.clone()).await?),
+            Some(address) => {
+                telemetry.set_profiling(config.telemetry.profiling);
+                Some(tessera_runtime::serve(address, telemetry, readiness, shutdown.clone()).await?)
+            }
             None => None,
         };
         let telemetry_addr = server.as_ref().map(ServerHandle::local_addr);

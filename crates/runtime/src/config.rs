@@ -37,6 +37,9 @@ pub struct TelemetryConfig<const DEFAULT_PORT: u16> {
     /// Address of `/metrics`, `/healthz`, `/readyz`; off when `None` (which only code,
     /// such as tests, can ask for: a missing key means the default address).
     pub listen: Option<SocketAddr>,
+    /// Serve CPU profiles at `/debug/pprof/profile` (default `true`); `false` answers 403
+    /// there, for a port others can reach.
+    pub profiling: bool,
 }
 
 // serde's derive does not take const generics yet.
@@ -47,15 +50,20 @@ impl<'de, const DEFAULT_PORT: u16> Deserialize<'de> for TelemetryConfig<DEFAULT_
         struct Fields {
             #[serde(default)]
             listen: Option<SocketAddr>,
+            #[serde(default = "profiling_default")]
+            profiling: bool,
+        }
+        fn profiling_default() -> bool {
+            true
         }
         let fields = Fields::deserialize(deserializer)?;
-        Ok(TelemetryConfig { listen: fields.listen.or(Self::default().listen) })
+        Ok(TelemetryConfig { listen: fields.listen.or(Self::default().listen), profiling: fields.profiling })
     }
 }
 
 impl<const DEFAULT_PORT: u16> Default for TelemetryConfig<DEFAULT_PORT> {
     fn default() -> Self {
-        TelemetryConfig { listen: Some((Ipv4Addr::LOCALHOST, DEFAULT_PORT).into()) }
+        TelemetryConfig { listen: Some((Ipv4Addr::LOCALHOST, DEFAULT_PORT).into()), profiling: true }
     }
 }
 

@@ -89,6 +89,8 @@ struct Inner {
     daemon: String,
     registry: Mutex<Registry>,
     profiles: profile::ProfileMetrics,
+    /// `/debug/pprof/profile` takes profiles (`[telemetry] profiling`).
+    profiling: std::sync::atomic::AtomicBool,
 }
 
 impl Telemetry {
@@ -117,11 +119,25 @@ impl Telemetry {
         );
         registry.register(
             format!("{prefix}_profile_requests_refused"),
-            "Profile requests refused, per reason (busy: one was running; bad_request; sampler: it failed)",
+            "Profile requests refused, per reason (busy: one was running; bad_request; sampler: it failed; disabled: profiling = false)",
             profiles.refused.clone(),
         );
 
-        Self { inner: Arc::new(Inner { daemon: daemon.to_owned(), registry: Mutex::new(registry), profiles }) }
+        let profiling = std::sync::atomic::AtomicBool::new(true);
+        Self {
+            inner: Arc::new(Inner { daemon: daemon.to_owned(), registry: Mutex::new(registry), profiles, profiling }),
+        }
+    }
+
+    /// Whether `/debug/pprof/profile` takes CPU profiles (on by default); off, it answers
+    /// 403 and counts the request refused with reason `disabled`.
+    pub fn set_profiling(&self, on: bool) {
+        self.inner.profiling.store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// See [`set_profiling`](Self::set_profiling).
+    pub fn profiling(&self) -> bool {
+        self.inner.profiling.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The profile counters, for the `/debug/pprof/profile` handler.

@@ -113,3 +113,19 @@ fn telemetry_defaults_to_its_port_and_takes_an_address_or_refuses_unknown_keys()
     let error = parse("[telemetry]\nlisen = \"0.0.0.0:9000\"").unwrap_err().to_string();
     assert!(error.contains("lisen"), "{error}");
 }
+
+#[test]
+fn profiling_is_on_unless_the_telemetry_table_turns_it_off() {
+    use tessera_runtime::config::TelemetryConfig;
+
+    #[derive(Debug, Default, serde::Deserialize)]
+    #[serde(default, deny_unknown_fields)]
+    struct Daemon {
+        telemetry: TelemetryConfig<9199>,
+    }
+    let parse = |text: &str| toml::from_str::<Daemon>(text).unwrap().telemetry.profiling;
+    assert!(parse(""));
+    assert!(parse("[telemetry]\nlisten = \"0.0.0.0:9000\""));
+    assert!(!parse("[telemetry]\nprofiling = false"));
+    assert!(toml::from_str::<Daemon>("[telemetry]\nprofiling = \"no\"").is_err());
+}

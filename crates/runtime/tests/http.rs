@@ -115,6 +115,28 @@ async fn serve_on_a_free_port(name: &str, shutdown: &Shutdown) -> ServerHandle {
 }
 
 #[tokio::test]
+async fn with_profiling_off_the_profiler_answers_403_and_counts_it_and_the_rest_is_served() {
+    let shutdown = Shutdown::new();
+    let telemetry = Telemetry::new("testd", "0");
+    telemetry.set_profiling(false);
+    let server = serve(([127, 0, 0, 1], 0).into(), telemetry, Readiness::new(), shutdown.clone()).await.expect("binds");
+    let address = server.local_addr();
+    let refused = get(address, "/debug/pprof/profile?seconds=1").await.expect("profile answer");
+    assert_eq!(refused.status, 403);
+    assert!(refused.body.contains("profiling = false"), "{}", refused.body);
+    let metrics = get(address, "/metrics").await.expect("metrics answer");
+    assert_eq!(metrics.status, 200);
+    assert!(
+        metrics.body.contains("tessera_testd_profile_requests_refused_total{reason=\"disabled\"} 1"),
+        "{}",
+        metrics.body
+    );
+    assert_eq!(get(address, "/healthz").await.expect("healthz answer").status, 200);
+    shutdown.trigger();
+    server.stopped().await.expect("server stopped cleanly");
+}
+
+#[tokio::test]
 async fn binding_a_taken_address_names_it() {
     let shutdown = Shutdown::new();
     let first = serve_on_a_free_port("a", &shutdown).await;

@@ -133,7 +133,7 @@ pub struct ProfileMetrics {
     pub taken: Family<Vec<(&'static str, &'static str)>, Counter>,
     /// Whole seconds spent sampling.
     pub seconds: Counter,
-    /// Requests refused, by reason (`busy`, `bad_request`, `sampler`).
+    /// Requests refused, by reason (`busy`, `bad_request`, `sampler`, `disabled`).
     pub refused: Family<Vec<(&'static str, &'static str)>, Counter>,
 }
 

@@ -157,6 +157,11 @@ async fn readyz(State(endpoint): State<Endpoint>) -> Response {
 
 async fn profile(State(endpoint): State<Endpoint>, RawQuery(query): RawQuery) -> Response {
     let metrics = endpoint.telemetry.profile_metrics().clone();
+    if !endpoint.telemetry.profiling() {
+        metrics.refuse("disabled");
+        let message = "CPU profiling is off on this daemon (`[telemetry] profiling = false`)\n";
+        return (StatusCode::FORBIDDEN, message).into_response();
+    }
     let request = match ProfileRequest::from_query(query.as_deref().unwrap_or_default()) {
         Ok(request) => request,
         Err(reason) => {
