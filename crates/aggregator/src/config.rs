@@ -44,6 +44,7 @@
 //! [telemetry]
 //! listen = "0.0.0.0:9103"
 //! profiling = true             # CPU profiles at /debug/pprof/profile; false: 403
+//! # web_config = "/etc/tessera/web.yml"  # Prometheus web config: basic_auth_users (bcrypt)
 //! ```
 
 use std::time::Duration;

@@ -46,6 +46,10 @@ pub struct Args {
     /// others can reach.
     #[arg(long)]
     no_profiling: bool,
+    /// A Prometheus web config file (`basic_auth_users` with bcrypt hashes): every path of
+    /// `--telemetry` but `/healthz` and `/readyz` then needs the password.
+    #[arg(long, value_name = "FILE")]
+    web_config: Option<PathBuf>,
     /// A Prometheus statsd_exporter mapping file: dotted name parts become labels
     /// (reloaded on SIGHUP and when it changes; check it with `tessera check --mapping`).
     #[arg(long, value_name = "FILE")]
@@ -115,6 +119,7 @@ impl Configs {
             telemetry = args.telemetry
         ))?;
         collector.telemetry.profiling = !args.no_profiling;
+        collector.telemetry.web_config.clone_from(&args.web_config);
         collector.mapping.file.clone_from(&args.mapping_config);
         collector.validate_settings().context("--mapping-config")?;
         Ok(Configs { ingester, aggregator, collector })
@@ -437,6 +442,7 @@ tessera_aggregator_drops_total{reason=\"queue_full\",unit=\"series\"} 9
             mapping_config: Some(mapping),
             telemetry: "127.0.0.1:0".parse().unwrap(),
             no_profiling: false,
+            web_config: None,
             shards: 8,
             policies: vec!["1s:1h".to_owned()],
             plain: true,

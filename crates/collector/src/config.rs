@@ -293,7 +293,9 @@ tessera_wire::sender_config! {
     defaults { max_queue_bytes: 256 << 20, max_frame_bytes: 16 << 20, ack_timeout_ms: 10_000, shutdown_grace_secs: 5 }
 }
 
-/// `[telemetry]`: `listen`, by default `127.0.0.1:9102`, and `profiling` (default `true`; `false` answers 403 at `/debug/pprof/profile`).
+/// `[telemetry]`: `listen`, by default `127.0.0.1:9102`; `profiling` (default `true`; `false` answers 403 at
+/// `/debug/pprof/profile`); `web_config`, a Prometheus web config file whose `basic_auth_users` every path but
+/// the probes requires.
 pub type TelemetryConfig = tessera_runtime::config::TelemetryConfig<9102>;
 
 /// A configuration that cannot work.

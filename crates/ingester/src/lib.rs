@@ -312,6 +312,7 @@ impl Ingester {
         let server = match config.telemetry.listen {
             Some(address) => {
                 telemetry.set_profiling(config.telemetry.profiling);
+                telemetry.set_web_config(config.telemetry.web_config.as_deref())?;
                 Some(tessera_runtime::serve(address, telemetry, readiness, shutdown.clone()).await?)
             }
             None => None,

@@ -40,6 +40,10 @@ pub struct TelemetryConfig<const DEFAULT_PORT: u16> {
     /// Serve CPU profiles at `/debug/pprof/profile` (default `true`); `false` answers 403
     /// there, for a port others can reach.
     pub profiling: bool,
+    /// A Prometheus exporter-toolkit web configuration file whose `basic_auth_users`
+    /// (bcrypt hashes) every path but `/healthz` and `/readyz` requires
+    /// ([`crate::telemetry::web_config`]); none by default.
+    pub web_config: Option<PathBuf>,
 }
 
 // serde's derive does not take const generics yet.
@@ -52,18 +56,24 @@ impl<'de, const DEFAULT_PORT: u16> Deserialize<'de> for TelemetryConfig<DEFAULT_
             listen: Option<SocketAddr>,
             #[serde(default = "profiling_default")]
             profiling: bool,
+            #[serde(default)]
+            web_config: Option<PathBuf>,
         }
         fn profiling_default() -> bool {
             true
         }
         let fields = Fields::deserialize(deserializer)?;
-        Ok(TelemetryConfig { listen: fields.listen.or(Self::default().listen), profiling: fields.profiling })
+        Ok(TelemetryConfig {
+            listen: fields.listen.or(Self::default().listen),
+            profiling: fields.profiling,
+            web_config: fields.web_config,
+        })
     }
 }
 
 impl<const DEFAULT_PORT: u16> Default for TelemetryConfig<DEFAULT_PORT> {
     fn default() -> Self {
-        TelemetryConfig { listen: Some((Ipv4Addr::LOCALHOST, DEFAULT_PORT).into()), profiling: true }
+        TelemetryConfig { listen: Some((Ipv4Addr::LOCALHOST, DEFAULT_PORT).into()), profiling: true, web_config: None }
     }
 }
 

@@ -100,6 +100,9 @@ pub enum StartError {
     /// The telemetry endpoint could not start.
     #[error("cannot serve telemetry")]
     Telemetry(#[from] crate::telemetry::ServeError),
+    /// The telemetry web config cannot be used (exit 64).
+    #[error(transparent)]
+    WebConfig(#[from] crate::telemetry::web_config::WebConfigError),
     /// A part of the daemon's own could not start (a queue, a sink).
     #[error("{what}")]
     Failed {
@@ -130,7 +133,7 @@ impl StartError {
     /// 64 when the configuration, or what it names, is at fault; 1 otherwise.
     pub fn exit_code(&self) -> ExitCode {
         match self {
-            StartError::Config(_) | StartError::Setup { .. } => ExitCode::from(EXIT_CONFIG),
+            StartError::Config(_) | StartError::Setup { .. } | StartError::WebConfig(_) => ExitCode::from(EXIT_CONFIG),
             _ => ExitCode::FAILURE,
         }
     }

@@ -62,6 +62,7 @@ mod process;
 pub mod profile;
 mod readiness;
 mod server;
+pub mod web_config;
 
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -91,6 +92,8 @@ struct Inner {
     profiles: profile::ProfileMetrics,
     /// `/debug/pprof/profile` takes profiles (`[telemetry] profiling`).
     profiling: std::sync::atomic::AtomicBool,
+    /// Basic auth on every path but the probes (`[telemetry] web_config`).
+    basic_auth: Mutex<Option<web_config::BasicAuth>>,
 }
 
 impl Telemetry {
@@ -103,8 +106,7 @@ impl Telemetry {
         // Exported as `tessera_build_info`: the encoder appends `_info`.
         registry.register("tessera_build", "The daemon and version of this tessera binary", build_info);
 
-        let metric_name_part: String =
-            daemon.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '_' }).collect();
+        let metric_name_part = metric_name_part(daemon);
         let up = Gauge::<i64>::default();
         up.set(1);
         registry.register(format!("tessera_{metric_name_part}_up"), "1 while the daemon runs", up);
@@ -124,9 +126,43 @@ impl Telemetry {
         );
 
         let profiling = std::sync::atomic::AtomicBool::new(true);
-        Self {
-            inner: Arc::new(Inner { daemon: daemon.to_owned(), registry: Mutex::new(registry), profiles, profiling }),
-        }
+        let inner = Inner {
+            daemon: daemon.to_owned(),
+            registry: Mutex::new(registry),
+            profiles,
+            profiling,
+            basic_auth: Mutex::new(None),
+        };
+        Self { inner: Arc::new(inner) }
+    }
+
+    /// Requires basic auth as a user of the web configuration file at `path` on every path
+    /// but `/healthz` and `/readyz` ([`web_config`]); nothing when `path` is `None`.
+    ///
+    /// # Errors
+    ///
+    /// The file cannot be read, or cannot work (named, with the reason).
+    pub fn set_web_config(&self, path: Option<&std::path::Path>) -> Result<(), web_config::WebConfigError> {
+        let Some(path) = path else { return Ok(()) };
+        let auth = web_config::BasicAuth::load(path)?;
+        let prefix = format!("tessera_{}", metric_name_part(&self.inner.daemon));
+        self.register(
+            format!("{prefix}_telemetry_auth_failures"),
+            "Telemetry requests refused for their credentials, per reason (missing, malformed, wrong)",
+            auth.failures(),
+        );
+        self.register(
+            format!("{prefix}_telemetry_web_config_reload_errors"),
+            "Changes of the telemetry web config file that did not load (the users it had stay)",
+            auth.reload_errors(),
+        );
+        *self.inner.basic_auth.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(auth);
+        Ok(())
+    }
+
+    /// The basic auth [`set_web_config`](Self::set_web_config) set, if any.
+    pub fn basic_auth(&self) -> Option<web_config::BasicAuth> {
+        self.inner.basic_auth.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone()
     }
 
     /// Whether `/debug/pprof/profile` takes CPU profiles (on by default); off, it answers
@@ -187,4 +223,10 @@ impl Telemetry {
         // A panic while registering leaves the registry usable: each register is one push.
         self.inner.registry.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
+}
+
+/// `daemon` as it appears in metric names: characters other than ASCII letters and digits
+/// become `_`.
+fn metric_name_part(daemon: &str) -> String {
+    daemon.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '_' }).collect()
 }

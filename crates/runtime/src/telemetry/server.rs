@@ -109,11 +109,36 @@ pub async fn serve(
         .route("/debug/pprof/profile", get(profile))
         .route("/debug/pprof/heap", get(heap))
         .fallback(not_found)
+        .layer(axum::middleware::from_fn_with_state(telemetry.clone(), require_basic_auth))
         .with_state(Endpoint { telemetry, readiness, dashboard, shutdown: shutdown.clone() });
     let task = tokio::spawn(async move {
         axum::serve(listener, router).with_graceful_shutdown(async move { shutdown.wait().await }).await
     });
     Ok(ServerHandle { local_addr, task })
+}
+
+/// With a web config ([`super::web_config`]), every path but the probes needs basic auth;
+/// the bcrypt check runs off the async workers.
+async fn require_basic_auth(
+    State(telemetry): State<Telemetry>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let Some(auth) = telemetry.basic_auth() else { return next.run(request).await };
+    if matches!(request.uri().path(), "/healthz" | "/readyz") {
+        return next.run(request).await;
+    }
+    let authorization = request.headers().get(header::AUTHORIZATION).map(|value| value.as_bytes().to_vec());
+    let verdict = tokio::task::spawn_blocking(move || auth.check(authorization.as_deref())).await;
+    match verdict {
+        Ok(super::web_config::Verdict::Allowed) => next.run(request).await,
+        Ok(super::web_config::Verdict::Refused(_)) | Err(_) => (
+            StatusCode::UNAUTHORIZED,
+            [(header::WWW_AUTHENTICATE, "Basic realm=\"tessera\"")],
+            "unauthorized: this telemetry port requires basic auth (its web config)\n",
+        )
+            .into_response(),
+    }
 }
 
 async fn metrics(State(endpoint): State<Endpoint>) -> Response {

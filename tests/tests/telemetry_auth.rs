@@ -1,0 +1,95 @@
+//! The telemetry port behind basic auth from a Prometheus web config file
+//! (`[telemetry] web_config`): a real Prometheus scrapes a real ingester with the password;
+//! jobs with a wrong password or none get nothing and are counted; the probes stay open.
+
+use std::time::Duration;
+
+use tessera_testkit::daemons::Daemon;
+use tessera_testkit::prometheus::Prometheus;
+use tessera_testkit::tls::{TEST_PASSWORD, TEST_PASSWORD_BCRYPT};
+use tessera_testkit::{free_port, http_get};
+use tessera_tests::{loopback, scalar};
+
+#[test]
+fn prometheus_scrapes_through_basic_auth_and_wrong_or_missing_passwords_are_refused_and_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let web_config = dir.path().join("web.yml");
+    std::fs::write(&web_config, format!("basic_auth_users:\n  tessera: {TEST_PASSWORD_BCRYPT}\n")).unwrap();
+    let telemetry = loopback(free_port());
+    let config = format!(
+        "listen = \"127.0.0.1:{}\"\ndata_dir = {:?}\n[sink]\nkind = \"file\"\n\
+         [telemetry]\nlisten = \"{telemetry}\"\nweb_config = {:?}\n",
+        free_port(),
+        dir.path().join("data").display().to_string(),
+        web_config.display().to_string(),
+    );
+    // Started and found ready through /readyz, which needs no password.
+    let _ingester = Daemon::start("ingester", "tessera-ingester", &config, telemetry);
+    assert_eq!(http_get(telemetry, "/healthz").unwrap().0, 200);
+    let (status, body) = http_get(telemetry, "/metrics").unwrap();
+    assert_eq!(status, 401, "{body}");
+    assert_eq!(http_get(telemetry, "/").unwrap().0, 401, "the dashboard needs the password too");
+
+    let job = |name: &str, password: Option<&str>| {
+        let auth = password.map_or(String::new(), |password| {
+            format!("    basic_auth:\n      username: tessera\n      password: '{password}'\n")
+        });
+        format!("  - job_name: {name}\n{auth}    static_configs:\n      - targets: ['{telemetry}']\n")
+    };
+    let prometheus = Prometheus::start_with_config(&format!(
+        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n{}{}{}",
+        job("right", Some(TEST_PASSWORD)),
+        job("wrong", Some("not-the-password")),
+        job("none", None),
+    ));
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let counted = |reason: &str| {
+        scalar(
+            &prometheus,
+            &format!("tessera_ingester_telemetry_auth_failures_total{{job=\"right\",reason=\"{reason}\"}}"),
+        )
+    };
+    loop {
+        let up = ["right", "wrong", "none"].map(|job| scalar(&prometheus, &format!("up{{job=\"{job}\"}}")));
+        let done = up == [Some(1.0), Some(0.0), Some(0.0)]
+            && counted("wrong").is_some_and(|count| count >= 1.0)
+            && counted("missing").is_some_and(|count| count >= 1.0);
+        if done {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "up {up:?}, wrong {:?}, missing {:?}",
+            counted("wrong"),
+            counted("missing")
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    // The scrape with the password reads the daemon's own metrics.
+    assert_eq!(scalar(&prometheus, "tessera_ingester_up{job=\"right\"}"), Some(1.0));
+}
+
+#[test]
+fn a_web_config_that_cannot_work_stops_the_daemon_at_start_with_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let web_config = dir.path().join("web.yml");
+    std::fs::write(&web_config, "tls_server_config:\n  cert_file: a.pem\n  key_file: a.key\n").unwrap();
+    let config_path = dir.path().join("ingester.toml");
+    std::fs::write(
+        &config_path,
+        format!(
+            "listen = \"127.0.0.1:0\"\ndata_dir = {:?}\n[sink]\nkind = \"file\"\n[telemetry]\nlisten = \"127.0.0.1:0\"\nweb_config = {:?}\n",
+            dir.path().join("data").display().to_string(),
+            web_config.display().to_string(),
+        ),
+    )
+    .unwrap();
+    let output = std::process::Command::new(tessera_testkit::daemons::binary("tessera-ingester"))
+        .arg("--config")
+        .arg(&config_path)
+        .output()
+        .expect("run tessera-ingester");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(64), "{stderr}");
+    assert!(stderr.contains("tls_server_config is not supported yet") && stderr.contains("web.yml"), "{stderr}");
+}
