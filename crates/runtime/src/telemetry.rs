@@ -69,6 +69,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use prometheus_client::collector::Collector;
 use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Metric;
@@ -94,6 +96,10 @@ struct Inner {
     profiling: std::sync::atomic::AtomicBool,
     /// Basic auth on every path but the probes (`[telemetry] web_config`).
     basic_auth: Mutex<Option<web_config::BasicAuth>>,
+    /// Requests refused for their credentials, by reason.
+    auth_failures: Family<Vec<(&'static str, &'static str)>, Counter>,
+    /// Changes of the web config file that did not load.
+    web_config_reload_errors: Counter,
 }
 
 impl Telemetry {
@@ -125,6 +131,18 @@ impl Telemetry {
             profiles.refused.clone(),
         );
 
+        let auth_failures = Family::default();
+        registry.register(
+            format!("{prefix}_telemetry_auth_failures"),
+            "Telemetry requests refused for their credentials, per reason (missing, malformed, wrong)",
+            auth_failures.clone(),
+        );
+        let web_config_reload_errors = Counter::default();
+        registry.register(
+            format!("{prefix}_telemetry_web_config_reload_errors"),
+            "Changes of the telemetry web config file that did not load (the users it had stay)",
+            web_config_reload_errors.clone(),
+        );
         let profiling = std::sync::atomic::AtomicBool::new(true);
         let inner = Inner {
             daemon: daemon.to_owned(),
@@ -132,6 +150,8 @@ impl Telemetry {
             profiles,
             profiling,
             basic_auth: Mutex::new(None),
+            auth_failures,
+            web_config_reload_errors,
         };
         Self { inner: Arc::new(inner) }
     }
@@ -144,18 +164,11 @@ impl Telemetry {
     /// The file cannot be read, or cannot work (named, with the reason).
     pub fn set_web_config(&self, path: Option<&std::path::Path>) -> Result<(), web_config::WebConfigError> {
         let Some(path) = path else { return Ok(()) };
-        let auth = web_config::BasicAuth::load(path)?;
-        let prefix = format!("tessera_{}", metric_name_part(&self.inner.daemon));
-        self.register(
-            format!("{prefix}_telemetry_auth_failures"),
-            "Telemetry requests refused for their credentials, per reason (missing, malformed, wrong)",
-            auth.failures(),
-        );
-        self.register(
-            format!("{prefix}_telemetry_web_config_reload_errors"),
-            "Changes of the telemetry web config file that did not load (the users it had stay)",
-            auth.reload_errors(),
-        );
+        let auth = web_config::BasicAuth::load(
+            path,
+            self.inner.auth_failures.clone(),
+            self.inner.web_config_reload_errors.clone(),
+        )?;
         *self.inner.basic_auth.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(auth);
         Ok(())
     }

@@ -11,7 +11,7 @@
 //! needs HTTP basic auth as one of them: `/metrics`, the dashboard, the profiler. A
 //! request without it, or with a wrong one, gets 401 with a `WWW-Authenticate` challenge
 //! and is counted in `tessera_<daemon>_telemetry_auth_failures_total{reason}` (`missing`,
-//! `malformed`, `wrong`). A bcrypt check takes tens of milliseconds by design, so it runs
+//! `malformed`, `wrong`; exported by every daemon, 0 without a web config). A bcrypt check takes tens of milliseconds by design, so it runs
 //! off the async workers, and a pair of credentials once accepted is remembered (up to
 //! [`REMEMBERED`] pairs, until the file changes) so that a scrape every few seconds costs
 //! one check, as exporter-toolkit does.
@@ -102,25 +102,20 @@ pub enum Verdict {
 }
 
 impl BasicAuth {
-    /// Reads `path`; an error names the file and what is wrong with it.
-    pub fn load(path: &Path) -> Result<BasicAuth, WebConfigError> {
+    /// Reads `path`; an error names the file and what is wrong with it. Refusals count in
+    /// `failures` (by reason), changes of the file that do not load in `reload_errors`.
+    pub fn load(
+        path: &Path,
+        failures: Family<Vec<(&'static str, &'static str)>, Counter>,
+        reload_errors: Counter,
+    ) -> Result<BasicAuth, WebConfigError> {
         let (hashes, modified) = read(path)?;
         Ok(BasicAuth {
             path: path.to_owned(),
             users: Arc::new(Mutex::new(Users { hashes, modified, accepted: HashSet::new() })),
-            failures: Family::default(),
-            reload_errors: Counter::default(),
+            failures,
+            reload_errors,
         })
-    }
-
-    /// Requests refused, by reason (to register).
-    pub fn failures(&self) -> Family<Vec<(&'static str, &'static str)>, Counter> {
-        self.failures.clone()
-    }
-
-    /// Changes of the file that did not load (to register).
-    pub fn reload_errors(&self) -> Counter {
-        self.reload_errors.clone()
     }
 
     /// Checks an `Authorization` header's value (`None`: no header). Blocks for a bcrypt
@@ -245,7 +240,12 @@ mod tests {
     fn right_wrong_missing_and_malformed_credentials() {
         let dir = tempfile::tempdir().unwrap();
         let hash = bcrypt::hash("s3cret", 4).unwrap();
-        let auth = BasicAuth::load(&file_with(dir.path(), &format!("basic_auth_users:\n  prom: {hash}\n"))).unwrap();
+        let auth = BasicAuth::load(
+            &file_with(dir.path(), &format!("basic_auth_users:\n  prom: {hash}\n")),
+            Family::default(),
+            Counter::default(),
+        )
+        .unwrap();
         assert_eq!(auth.check(Some(&header("prom", "s3cret"))), Verdict::Allowed);
         // Remembered: the same pair again is allowed without another bcrypt check.
         assert_eq!(auth.check(Some(&header("prom", "s3cret"))), Verdict::Allowed);
@@ -254,7 +254,7 @@ mod tests {
         assert_eq!(auth.check(None), Verdict::Refused("missing"));
         assert_eq!(auth.check(Some(b"Bearer abc")), Verdict::Refused("malformed"));
         assert_eq!(auth.check(Some(b"Basic !!!")), Verdict::Refused("malformed"));
-        let count = |reason: &'static str| auth.failures().get_or_create(&vec![("reason", reason)]).get();
+        let count = |reason: &'static str| auth.failures.get_or_create(&vec![("reason", reason)]).get();
         assert_eq!((count("wrong"), count("missing"), count("malformed")), (2, 1, 2));
     }
 
@@ -263,7 +263,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let first = bcrypt::hash("one", 4).unwrap();
         let path = file_with(dir.path(), &format!("basic_auth_users:\n  prom: {first}\n"));
-        let auth = BasicAuth::load(&path).unwrap();
+        let auth = BasicAuth::load(&path, Family::default(), Counter::default()).unwrap();
         assert_eq!(auth.check(Some(&header("prom", "one"))), Verdict::Allowed);
         // A new password: the old one, though remembered, no longer opens.
         std::thread::sleep(std::time::Duration::from_millis(20));
@@ -278,7 +278,7 @@ mod tests {
         let bump = bump + std::time::Duration::from_secs(1);
         std::fs::File::options().write(true).open(&path).unwrap().set_modified(bump).unwrap();
         assert_eq!(auth.check(Some(&header("prom", "two"))), Verdict::Allowed);
-        assert_eq!(auth.reload_errors().get(), 1);
+        assert_eq!(auth.reload_errors.get(), 1);
     }
 
     #[test]
@@ -295,10 +295,14 @@ mod tests {
             ("basic_auth_users: {}\n".to_owned(), "lists no user"),
             ("basic_auth_user:\n  u: x\n".to_owned(), "unknown field"),
         ] {
-            let error = BasicAuth::load(&file_with(dir.path(), &text)).unwrap_err().to_string();
+            let error = BasicAuth::load(&file_with(dir.path(), &text), Family::default(), Counter::default())
+                .unwrap_err()
+                .to_string();
             assert!(error.contains(reason) && error.contains("web.yml"), "{text}: {error}");
         }
-        let error = BasicAuth::load(&dir.path().join("missing.yml")).unwrap_err().to_string();
+        let error = BasicAuth::load(&dir.path().join("missing.yml"), Family::default(), Counter::default())
+            .unwrap_err()
+            .to_string();
         assert!(error.contains("cannot read") && error.contains("missing.yml"), "{error}");
     }
 }
