@@ -152,3 +152,84 @@ fn the_dashboard_page_shows_live_rates_and_latency_in_a_real_browser() {
     sender.join().unwrap();
     assert_eq!(local.terminate(), Some(0), "tessera local drains and exits cleanly");
 }
+
+/// `GET path` with basic auth as `user:password` (HTTP/1.0): the status code and the response.
+fn get_with_auth(address: SocketAddr, path: &str, user: &str, password: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let credentials = base64_encode(format!("{user}:{password}").as_bytes());
+    let mut stream = std::net::TcpStream::connect(address).unwrap();
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {address}\r\nAuthorization: Basic {credentials}\r\n\r\n").unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    (response.split(' ').nth(1).and_then(|code| code.parse().ok()).unwrap_or(0), response)
+}
+
+/// Standard base64 with padding (RFC 4648), for a basic-auth header.
+fn base64_encode(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let n = chunk.iter().enumerate().fold(0u32, |n, (i, byte)| n | u32::from(*byte) << (16 - 8 * i));
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(char::from(ALPHABET[(n >> (18 - 6 * i) & 63) as usize]));
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+/// The dashboard behind basic auth (`tessera local --web-config`): Chromium with the
+/// password in the URL loads the page and its data polls; without it gets the 401 page.
+#[test]
+fn the_dashboard_loads_through_basic_auth_in_a_real_browser_and_not_without_it() {
+    use tessera_testkit::tls::{TEST_PASSWORD, TEST_PASSWORD_BCRYPT};
+    let (statsd, telemetry) = (free_port(), free_port());
+    let dir = Server::directory();
+    let web_config = dir.path().join("web.yml");
+    std::fs::write(&web_config, format!("basic_auth_users:\n  tessera: {TEST_PASSWORD_BCRYPT}\n")).unwrap();
+    let mut command = Command::new(binary("tessera"));
+    command
+        .args(["local", "--plain"])
+        .args(["--statsd", &loopback(statsd).to_string(), "--telemetry", &loopback(telemetry).to_string()])
+        .arg("--web-config")
+        .arg(&web_config)
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
+        .args(["--policy", "1s:1h"]);
+    let mut local = Server::spawn("tessera local", command, dir, "");
+    local.wait_ready(loopback(telemetry), "/readyz", Duration::from_secs(30)).unwrap();
+    assert_eq!(http_get(loopback(telemetry), "/dashboard/data?since=0").unwrap().0, 401);
+    assert_eq!(get_with_auth(loopback(telemetry), "/dashboard/data?since=0", "tessera", TEST_PASSWORD).0, 200);
+
+    let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let datagram: String = (0..20).map(|series| format!("dash.hits:1|c|#series:s{series}\n")).collect();
+    // A few seconds of statsd, so that the dashboard's sampler has points to show.
+    let until = Instant::now() + Duration::from_secs(4);
+    while Instant::now() < until {
+        socket.send_to(datagram.as_bytes(), loopback(statsd)).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    let url = format!("http://tessera:{TEST_PASSWORD}@{}/", loopback(telemetry));
+    let (dom, log) = chromium(&url, &["--dump-dom"]);
+    let uncaught: Vec<&str> = log.lines().filter(|line| line.contains("Uncaught")).collect();
+    assert!(uncaught.is_empty(), "script errors on the page: {uncaught:?}");
+    assert_eq!(attribute_near(&dom, "id=\"status\"", "data-state"), Some("live"), "{dom}");
+    let drawn =
+        attribute_near(&dom, "data-panel=\"lines_in\"", "data-points").and_then(|count| count.parse::<u32>().ok());
+    assert!(drawn.is_some_and(|count| count > 0), "the page's data polls went through: {drawn:?}\n{dom}");
+
+    let missing = |metrics: &str| {
+        let sample = "tessera_local_telemetry_auth_failures_total{reason=\"missing\"} ";
+        metrics.lines().find_map(|line| line.strip_prefix(sample)?.parse::<f64>().ok()).unwrap_or(0.0)
+    };
+    let before = missing(&get_with_auth(loopback(telemetry), "/metrics", "tessera", TEST_PASSWORD).1);
+    let (refused, _) = chromium(&format!("http://{}/", loopback(telemetry)), &["--dump-dom"]);
+    assert!(!refused.contains("data-panel="), "no dashboard without the password:\n{refused}");
+    let after = missing(&get_with_auth(loopback(telemetry), "/metrics", "tessera", TEST_PASSWORD).1);
+    assert!(after > before, "the browser's request without a password is counted: {before} -> {after}");
+    assert_eq!(local.terminate(), Some(0), "tessera local drains and exits cleanly");
+}

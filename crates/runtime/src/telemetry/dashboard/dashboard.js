@@ -187,7 +187,10 @@
   }
 
   function poll() {
-    fetch("/dashboard/data?since=" + since, { cache: "no-store" })
+    // From the origin, not the page's URL: a page opened as http://user:password@host/
+    // (a telemetry port behind basic auth) cannot fetch a URL that holds credentials, and
+    // the browser sends the ones it was given for the origin anyway.
+    fetch(location.origin + "/dashboard/data?since=" + since, { cache: "no-store" })
       .then(function (response) {
         if (!response.ok) throw new Error("/dashboard/data answered " + response.status);
         return response.json();
