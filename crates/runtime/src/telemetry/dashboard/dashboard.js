@@ -187,7 +187,7 @@
   }
 
   function poll() {
-    // From the origin, not the page's URL: a page opened as http://user:password@host/
+    // From the origin, not the page's URL: a page opened with a user and password in its URL
     // (a telemetry port behind basic auth) cannot fetch a URL that holds credentials, and
     // the browser sends the ones it was given for the origin anyway.
     fetch(location.origin + "/dashboard/data?since=" + since, { cache: "no-store" })
