@@ -156,29 +156,12 @@ fn the_dashboard_page_shows_live_rates_and_latency_in_a_real_browser() {
 /// `GET path` with basic auth as `user:password` (HTTP/1.0): the status code and the response.
 fn get_with_auth(address: SocketAddr, path: &str, user: &str, password: &str) -> (u16, String) {
     use std::io::{Read, Write};
-    let credentials = base64_encode(format!("{user}:{password}").as_bytes());
+    let credentials = tessera_core::base64::encode(format!("{user}:{password}").as_bytes());
     let mut stream = std::net::TcpStream::connect(address).unwrap();
     write!(stream, "GET {path} HTTP/1.0\r\nHost: {address}\r\nAuthorization: Basic {credentials}\r\n\r\n").unwrap();
     let mut response = String::new();
     stream.read_to_string(&mut response).unwrap();
     (response.split(' ').nth(1).and_then(|code| code.parse().ok()).unwrap_or(0), response)
-}
-
-/// Standard base64 with padding (RFC 4648), for a basic-auth header.
-fn base64_encode(bytes: &[u8]) -> String {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::new();
-    for chunk in bytes.chunks(3) {
-        let n = chunk.iter().enumerate().fold(0u32, |n, (i, byte)| n | u32::from(*byte) << (16 - 8 * i));
-        for i in 0..4 {
-            if i <= chunk.len() {
-                out.push(char::from(ALPHABET[(n >> (18 - 6 * i) & 63) as usize]));
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
 }
 
 /// The dashboard behind basic auth (`tessera local --web-config`): Chromium with the

@@ -1,8 +1,9 @@
 //! Standard base64 with padding (RFC 4648 §4), for the one place tessera needs it:
-//! HTTP basic authentication.
+//! HTTP basic authentication (sent to stores, checked on the telemetry port).
 //!
 //! ```
 //! assert_eq!(tessera_core::base64::encode(b"user:pa55"), "dXNlcjpwYTU1");
+//! assert_eq!(tessera_core::base64::decode(b"dXNlcjpwYTU1").as_deref(), Some(&b"user:pa55"[..]));
 //! ```
 
 const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
@@ -19,6 +20,29 @@ pub fn encode(bytes: &[u8]) -> String {
     out
 }
 
+/// The bytes of padded base64 `text`; `None` unless it is a whole number of four-character
+/// groups of the alphabet, `=` only at the end.
+pub fn decode(text: &[u8]) -> Option<Vec<u8>> {
+    if text.len() % 4 != 0 {
+        return None;
+    }
+    let mut out = Vec::with_capacity(text.len() / 4 * 3);
+    let groups = text.len() / 4;
+    for (index, group) in text.chunks(4).enumerate() {
+        let padding = group.iter().rev().take_while(|byte| **byte == b'=').count();
+        if padding > 2 || (padding > 0 && index + 1 != groups) {
+            return None;
+        }
+        let mut n = 0u32;
+        for (i, &byte) in group[..4 - padding].iter().enumerate() {
+            let value = ALPHABET.iter().position(|symbol| *symbol == byte)? as u32;
+            n |= value << (18 - 6 * i);
+        }
+        out.extend_from_slice(&n.to_be_bytes()[1..4 - padding]);
+    }
+    Some(out)
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -33,6 +57,14 @@ mod tests {
             ("foobar", "Zm9vYmFy"),
         ] {
             assert_eq!(super::encode(text.as_bytes()), encoded, "{text}");
+            assert_eq!(super::decode(encoded.as_bytes()).as_deref(), Some(text.as_bytes()), "{encoded}");
+        }
+    }
+
+    #[test]
+    fn refuses_what_is_not_padded_base64() {
+        for bad in ["Zg", "Zg=", "Z===", "Zg==Zm9v", "Zm9!", "Zm 9"] {
+            assert_eq!(super::decode(bad.as_bytes()), None, "{bad}");
         }
     }
 }

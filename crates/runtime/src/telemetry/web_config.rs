@@ -30,7 +30,6 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
-use base64::Engine as _;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use serde::Deserialize;
@@ -133,7 +132,7 @@ impl BasicAuth {
         let Some(encoded) = header.strip_prefix(b"Basic ").or_else(|| header.strip_prefix(b"basic ")) else {
             return Verdict::Refused("malformed");
         };
-        let Ok(pair) = base64::engine::general_purpose::STANDARD.decode(encoded.trim_ascii()) else {
+        let Some(pair) = tessera_core::base64::decode(encoded.trim_ascii()) else {
             return Verdict::Refused("malformed");
         };
         let Some(colon) = pair.iter().position(|byte| *byte == b':') else {
@@ -226,7 +225,7 @@ mod tests {
     use super::*;
 
     fn header(user: &str, password: &str) -> Vec<u8> {
-        let encoded = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
+        let encoded = tessera_core::base64::encode(format!("{user}:{password}").as_bytes());
         format!("Basic {encoded}").into_bytes()
     }
 
