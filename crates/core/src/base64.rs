@@ -23,7 +23,7 @@ pub fn encode(bytes: &[u8]) -> String {
 /// The bytes of padded base64 `text`; `None` unless it is a whole number of four-character
 /// groups of the alphabet, `=` only at the end.
 pub fn decode(text: &[u8]) -> Option<Vec<u8>> {
-    if text.len() % 4 != 0 {
+    if !text.len().is_multiple_of(4) {
         return None;
     }
     let mut out = Vec::with_capacity(text.len() / 4 * 3);
