@@ -163,10 +163,12 @@ impl Writer {
                 journal.len >= self.settings.rotate_bytes || journal.opened.elapsed() >= self.settings.rotate_after
             });
             if due && let Err(error) = self.hand_over() {
+                self.metrics.close_failures.inc();
                 tracing::error!(%error, dir = %self.settings.dir.display(), "cannot rename the OpenMetrics journal for closing; will retry");
             }
         }
         if let Err(error) = self.hand_over() {
+            self.metrics.close_failures.inc();
             tracing::error!(%error, dir = %self.settings.dir.display(), "cannot rename the OpenMetrics journal at shutdown; it is closed at the next start");
         }
         // The closer ends when its channel does, after the journals handed to it.

@@ -79,7 +79,8 @@ tessera_runtime::labelled_metrics! {
         pub bad_journal_lines: Counter = file_sink_bad_journal_lines,
         /// Journals renamed for closing and not yet closed into `.om` files, per target
         pub journals_closing: Gauge = file_sink_journals_closing,
-        /// Attempts to close a journal into an `.om` file that failed (tried again), per target
+        /// Attempts to close a journal that failed (its rename for closing, or its conversion into an
+        /// `.om` file; tried again), per target
         pub close_failures: Counter = file_sink_close_failures,
         /// Native histogram samples in a file target's queue (kept from a remote-write configuration), not
         /// written
