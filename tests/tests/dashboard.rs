@@ -57,6 +57,17 @@ fn legend(dom: &str, panel: &str) -> Vec<(String, Option<f64>)> {
         .collect()
 }
 
+/// The DOM of the page at `url` in Chromium, checked to have run without a script error,
+/// to show no error, and to be live (its data polls answered).
+fn live_page(url: &str) -> String {
+    let (dom, log) = chromium(url, &["--dump-dom"]);
+    let uncaught: Vec<&str> = log.lines().filter(|line| line.contains("Uncaught")).collect();
+    assert!(uncaught.is_empty(), "script errors on the page: {uncaught:?}");
+    assert_eq!(attribute_near(&dom, "id=\"errors\"", "data-count"), Some("0"), "errors shown on the page:\n{dom}");
+    assert_eq!(attribute_near(&dom, "id=\"status\"", "data-state"), Some("live"), "{dom}");
+    dom
+}
+
 fn artifact_dir() -> PathBuf {
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
@@ -115,11 +126,7 @@ fn the_dashboard_page_shows_live_rates_and_latency_in_a_real_browser() {
     }
 
     let url = format!("http://{}/", loopback(telemetry));
-    let (dom, log) = chromium(&url, &["--dump-dom"]);
-    let uncaught: Vec<&str> = log.lines().filter(|line| line.contains("Uncaught")).collect();
-    assert!(uncaught.is_empty(), "script errors on the page: {uncaught:?}");
-    assert_eq!(attribute_near(&dom, "id=\"errors\"", "data-count"), Some("0"), "errors shown on the page:\n{dom}");
-    assert_eq!(attribute_near(&dom, "id=\"status\"", "data-state"), Some("live"), "{dom}");
+    let dom = live_page(&url);
     for panel in
         ["lines_in", "drops", "active_series", "tiles", "queues", "storage_latency", "end_to_end", "latency_breakdown"]
     {
@@ -196,11 +203,7 @@ fn the_dashboard_loads_through_basic_auth_in_a_real_browser_and_not_without_it()
         std::thread::sleep(Duration::from_millis(20));
     }
 
-    let url = format!("http://tessera:{TEST_PASSWORD}@{}/", loopback(telemetry));
-    let (dom, log) = chromium(&url, &["--dump-dom"]);
-    let uncaught: Vec<&str> = log.lines().filter(|line| line.contains("Uncaught")).collect();
-    assert!(uncaught.is_empty(), "script errors on the page: {uncaught:?}");
-    assert_eq!(attribute_near(&dom, "id=\"status\"", "data-state"), Some("live"), "{dom}");
+    let dom = live_page(&format!("http://tessera:{TEST_PASSWORD}@{}/", loopback(telemetry)));
     let drawn =
         attribute_near(&dom, "data-panel=\"lines_in\"", "data-points").and_then(|count| count.parse::<u32>().ok());
     assert!(drawn.is_some_and(|count| count > 0), "the page's data polls went through: {drawn:?}\n{dom}");
