@@ -185,90 +185,81 @@ impl Naming {
 
     fn write_statsd(&self, key: &str, tile: &Tile<'_>, line: &mut Line<'_>) {
         let options = &self.statsd;
-        let suffix =
-            if options.global_suffix.is_empty() { String::new() } else { format!(".{}", options.global_suffix) };
-        let prefixed = |prefix: &str| {
-            let mut path = String::new();
-            for node in [options.global_prefix.as_str(), prefix].into_iter().filter(|node| !node.is_empty()) {
-                path.push_str(node);
-                path.push('.');
-            }
-            path.push_str(key);
-            path
-        };
+        let end = [if options.global_suffix.is_empty() { "" } else { "." }, options.global_suffix.as_str()];
+        let under = |legacy, prefix| statsd_base(options, legacy, prefix, key);
+        let path = |base, node| statsd_path(base, node, end);
         match tile.value {
             TileValue::Counter(count) => {
                 let rate = count / tile.interval_secs;
                 if options.legacy_namespace {
-                    line.write(&format!("stats.{key}{suffix}"), rate);
-                    line.write(&format!("stats_counts.{key}{suffix}"), count);
+                    line.write(&path(["stats.", key, "", "", ""], ["", ""]), rate);
+                    line.write(&path(["stats_counts.", key, "", "", ""], ["", ""]), count);
                 } else {
-                    let path = prefixed(&options.prefix_counter);
-                    line.write(&format!("{path}.rate{suffix}"), rate);
-                    line.write(&format!("{path}.count{suffix}"), count);
+                    let base = under("", &options.prefix_counter);
+                    line.write(&path(base, ["rate", ""]), rate);
+                    line.write(&path(base, ["count", ""]), count);
                 }
             }
             TileValue::Gauge(value) => {
-                let path = if options.legacy_namespace {
-                    format!("stats.gauges.{key}")
-                } else {
-                    prefixed(&options.prefix_gauge)
-                };
-                line.write(&format!("{path}{suffix}"), value);
+                line.write(&path(under("stats.gauges.", &options.prefix_gauge), ["", ""]), value)
             }
             TileValue::Set(members) => {
-                let path =
-                    if options.legacy_namespace { format!("stats.sets.{key}") } else { prefixed(&options.prefix_set) };
-                line.write(&format!("{path}.count{suffix}"), members);
+                line.write(&path(under("stats.sets.", &options.prefix_set), ["count", ""]), members)
             }
             TileValue::Distribution(kind, distribution) => {
-                let path = if options.legacy_namespace {
-                    format!("stats.timers.{key}")
-                } else {
-                    prefixed(&options.prefix_timer)
-                };
+                let base = under("stats.timers.", &options.prefix_timer);
                 let stats = Stats::of(kind, distribution, tile);
-                let mut stat = |name: &str, value: f64| line.write(&format!("{path}.{name}{suffix}"), value);
+                let mut stat = |node: [&str; 2], value: f64| line.write(&statsd_path(base, node, end), value);
                 for &pct in &options.percent_thresholds {
                     let Some((count, threshold)) = stats.threshold(distribution, pct) else { continue };
                     let clean = format!("{pct}").replace('.', "_").replace('-', "top");
-                    stat(&format!("count_{clean}"), count);
-                    stat(&format!("mean_{clean}"), threshold.sum / count);
-                    stat(&format!("{}_{clean}", if pct > 0.0 { "upper" } else { "lower" }), threshold.boundary);
-                    stat(&format!("sum_{clean}"), threshold.sum);
-                    stat(&format!("sum_squares_{clean}"), threshold.sum_squares);
+                    stat(["count_", &clean], count);
+                    stat(["mean_", &clean], threshold.sum / count);
+                    stat([if pct > 0.0 { "upper_" } else { "lower_" }, &clean], threshold.boundary);
+                    stat(["sum_", &clean], threshold.sum);
+                    stat(["sum_squares_", &clean], threshold.sum_squares);
                 }
-                stat("std", stats.std);
-                stat("upper", stats.max);
-                stat("lower", stats.min);
-                stat("count", stats.count);
-                stat("count_ps", stats.count / tile.interval_secs);
-                stat("sum", stats.sum);
-                stat("sum_squares", stats.sum_squares);
-                stat("mean", stats.mean);
-                stat("median", stats.quantile(distribution, 0.5));
+                stat(["std", ""], stats.std);
+                stat(["upper", ""], stats.max);
+                stat(["lower", ""], stats.min);
+                stat(["count", ""], stats.count);
+                stat(["count_ps", ""], stats.count / tile.interval_secs);
+                stat(["sum", ""], stats.sum);
+                stat(["sum_squares", ""], stats.sum_squares);
+                stat(["mean", ""], stats.mean);
+                stat(["median", ""], stats.quantile(distribution, 0.5));
             }
         }
     }
 }
 
+/// The path up to the key: statsd's fixed `legacy` one, or `<global_prefix>.<prefix>.<key>`
+/// (empty prefixes left out).
+fn statsd_base<'a>(options: &'a StatsdOptions, legacy: &'static str, prefix: &'a str, key: &'a str) -> [&'a str; 5] {
+    if options.legacy_namespace {
+        return [legacy, key, "", "", ""];
+    }
+    let dot = |node: &str| if node.is_empty() { "" } else { "." };
+    [options.global_prefix.as_str(), dot(&options.global_prefix), prefix, dot(prefix), key]
+}
+
+/// A statsd path: the path up to the key, then `.<node>` (a statistic's name, in two parts:
+/// `count_` and `90`) unless the node is empty, then `.<global_suffix>` if one is set.
+fn statsd_path<'a>(base: [&'a str; 5], node: [&'a str; 2], end: [&'a str; 2]) -> [&'a str; 10] {
+    let dot = if node[0].is_empty() { "" } else { "." };
+    [base[0], base[1], base[2], base[3], base[4], dot, node[0], node[1], end[0], end[1]]
+}
+
 fn write_brubeck(key: &str, tile: &Tile<'_>, line: &mut Line<'_>) {
     match tile.value {
-        TileValue::Counter(value) | TileValue::Gauge(value) | TileValue::Set(value) => line.write(key, value),
+        TileValue::Counter(value) | TileValue::Gauge(value) | TileValue::Set(value) => line.write(&[key], value),
         TileValue::Distribution(kind, distribution) => {
             let stats = Stats::of(kind, distribution, tile);
-            for (name, value) in [
-                ("min", stats.min),
-                ("max", stats.max),
-                ("sum", stats.sum),
-                ("mean", stats.mean),
-                ("count", stats.count),
-                ("median", stats.quantile(distribution, 0.5)),
-            ] {
-                line.write(&format!("{key}.{name}"), value);
-            }
+            let median = stats.quantile(distribution, 0.5);
+            let nodes = [("min", stats.min), ("max", stats.max), ("sum", stats.sum), ("mean", stats.mean)];
+            line.write_nodes(key, nodes.into_iter().chain([("count", stats.count), ("median", median)]));
             for (q, node) in BRUBECK_PERCENTILES {
-                line.write(&format!("{key}.percentile.{node}"), stats.quantile(distribution, q));
+                line.write(&[key, ".percentile.", node], stats.quantile(distribution, q));
             }
         }
     }
@@ -277,27 +268,28 @@ fn write_brubeck(key: &str, tile: &Tile<'_>, line: &mut Line<'_>) {
 fn write_tessera(key: &str, tile: &Tile<'_>, line: &mut Line<'_>) {
     match tile.value {
         TileValue::Counter(count) => {
-            line.write(&format!("{key}.count"), count);
-            line.write(&format!("{key}.rate"), count / tile.interval_secs);
+            line.write_nodes(key, [("count", count), ("rate", count / tile.interval_secs)]);
         }
-        TileValue::Gauge(value) => line.write(key, value),
-        TileValue::Set(members) => line.write(&format!("{key}.count"), members),
+        TileValue::Gauge(value) => line.write(&[key], value),
+        TileValue::Set(members) => line.write(&[key, ".count"], members),
         TileValue::Distribution(kind, distribution) => {
             let stats = Stats::of(kind, distribution, tile);
-            for (name, value) in [
-                ("count", stats.count),
-                ("rate", stats.count / tile.interval_secs),
-                ("sum", stats.sum),
-                ("min", stats.min),
-                ("max", stats.max),
-                ("mean", stats.mean),
-                ("std", stats.std),
-                ("median", stats.quantile(distribution, 0.5)),
-                ("p90", stats.quantile(distribution, 0.9)),
-                ("p99", stats.quantile(distribution, 0.99)),
-            ] {
-                line.write(&format!("{key}.{name}"), value);
-            }
+            let quantile = |q| stats.quantile(distribution, q);
+            line.write_nodes(
+                key,
+                [
+                    ("count", stats.count),
+                    ("rate", stats.count / tile.interval_secs),
+                    ("sum", stats.sum),
+                    ("min", stats.min),
+                    ("max", stats.max),
+                    ("mean", stats.mean),
+                    ("std", stats.std),
+                    ("median", quantile(0.5)),
+                    ("p90", quantile(0.9)),
+                    ("p99", quantile(0.99)),
+                ],
+            );
         }
     }
 }
@@ -367,8 +359,18 @@ struct Line<'a> {
 }
 
 impl Line<'_> {
-    fn write(&mut self, path: &str, value: f64) {
-        self.out.push_str(path);
+    /// Writes `<key>.<node>` for each `(node, value)`.
+    fn write_nodes(&mut self, key: &str, nodes: impl IntoIterator<Item = (&'static str, f64)>) {
+        for (node, value) in nodes {
+            self.write(&[key, ".", node], value);
+        }
+    }
+
+    /// Writes one line whose path is `parts` joined, without building it first.
+    fn write(&mut self, parts: &[&str], value: f64) {
+        for part in parts {
+            self.out.push_str(part);
+        }
         match self.style {
             TagStyle::Tagged => {
                 for (name, value) in self.tags {
