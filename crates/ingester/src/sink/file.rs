@@ -423,6 +423,43 @@ mod tests {
         assert_eq!(metrics.journals_closing.get(), 0);
     }
 
+    #[test]
+    fn a_handed_over_journal_waits_for_the_closer_while_writes_go_on_to_a_new_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let metrics = FileSinkMetrics::default();
+        // A closer that has not run yet: the test holds its channel.
+        let (closing, waiting) = std::sync::mpsc::channel();
+        let mut writer = Writer {
+            settings: settings(dir.path(), u64::MAX),
+            metrics: metrics.clone(),
+            journal: None,
+            closing,
+            closer: None,
+        };
+        writer.append(&counter_request("a_total", 1.0)).unwrap();
+        writer.hand_over().unwrap();
+        writer.append(&counter_request("b_total", 2.0)).unwrap();
+        writer.hand_over().unwrap();
+        writer.append(&counter_request("c_total", 3.0)).unwrap();
+        // Nothing closed: two renamed journals wait, in order, and the third is the open one.
+        let handed: Vec<PathBuf> = waiting.try_iter().collect();
+        assert_eq!(handed.len(), 2);
+        let (closed, _) = files_in(dir.path());
+        assert!(closed.is_empty(), "closed on the write path: {closed:?}");
+        assert_eq!(metrics.journals_closing.get(), 2);
+        let journal = |path: &Path| std::fs::read_to_string(path).unwrap();
+        assert!(journal(&handed[0]).contains("a_total") && journal(&handed[1]).contains("b_total"));
+        assert!(journal(&dir.path().join(JOURNAL_NAME)).contains("c_total"));
+        // The closer catches up.
+        let closer = Closer { dir: dir.path().to_path_buf(), helps: Helps::default(), metrics: metrics.clone() };
+        let mut queue: std::collections::VecDeque<PathBuf> = handed.into();
+        closer.close_waiting(&mut queue);
+        let (closed, _) = files_in(dir.path());
+        assert_eq!(closed.len(), 2);
+        assert!(closed[0].contains("a_total") && closed[1].contains("b_total"), "{closed:?}");
+        assert_eq!(metrics.journals_closing.get(), 0);
+    }
+
     #[tokio::test]
     async fn journals_a_crash_left_are_closed_at_start_oldest_first() {
         let dir = tempfile::tempdir().unwrap();
