@@ -356,19 +356,17 @@ impl Sketch {
             return None;
         }
         let mut threshold = Threshold { weight: 0.0, sum: 0.0, sum_squares: 0.0, boundary: 0.0 };
-        let mut take = |(value, bucket_weight): (f64, f64)| {
+        let mut buckets = self.ascending();
+        while let Some((value, bucket_weight)) = if from_top { buckets.next_back() } else { buckets.next() } {
             let taken = bucket_weight.min(weight - threshold.weight);
             threshold.weight += taken;
             threshold.sum += taken * value;
             threshold.sum_squares += taken * value * value;
             threshold.boundary = value;
             // Done once the weight is reached (a hair below it counts, as in `quantile`).
-            threshold.weight < weight * (1.0 - 1e-12)
-        };
-        if from_top {
-            self.ascending().rev().take_while(|&bucket| take(bucket)).for_each(drop);
-        } else {
-            self.ascending().take_while(|&bucket| take(bucket)).for_each(drop);
+            if threshold.weight >= weight * (1.0 - 1e-12) {
+                break;
+            }
         }
         Some(threshold)
     }
