@@ -132,7 +132,11 @@ pub(crate) async fn register(
     let lease_id = grant_and_put(&config, &mut client, &key, instance_id, ttl_secs).await?;
     valid_until.set(lease_id, sent + Duration::from_secs(ttl_secs as u64));
     if let Some(previous) = previous.filter(|previous| *previous != lease_id) {
-        revoke_previous_incarnation(&config, &mut client, &key, previous).await?;
+        // Best effort: if it fails, what the old lease holds goes when it expires, as it did
+        // before this was done; the registration itself (a new lease, the key on it) stands.
+        if let Err(error) = revoke_previous_incarnation(&config, &mut client, &key, previous).await {
+            tracing::warn!(%error, key, lease = previous, "cannot revoke the previous incarnation's lease; it expires after its TTL");
+        }
     }
     let lease = Arc::new(AtomicI64::new(lease_id));
     let (stop, stop_requests) = oneshot::channel();
