@@ -6,6 +6,7 @@
 # losetup and fstrim (a failing disk under the ingester's queue is a loop device),
 # Docker, docker-compose, jq and curl (the compose stack test), Python's venv
 # (the Kubernetes manifests' test installs its validator in one), and
+# carbon-cache and whisper-fetch (the Graphite target's tests), and
 # starts the Docker daemon when it is installed but not running. Idempotent.
 # The Kubernetes test also needs kubectl 1.22 or later (its built-in kustomize)
 # or a standalone kustomize: Debian's kubernetes-client (1.20, kustomize v2) is
@@ -29,6 +30,10 @@ if [ "${1:-}" != "--build" ]; then
     command -v jq >/dev/null || need+=(jq)
     command -v curl >/dev/null || need+=(curl)
     python3 -c 'import ensurepip, venv' 2>/dev/null || need+=(python3-venv)
+    # The Graphite target's tests write to a real carbon-cache and read its
+    # whisper files back with Debian's whisper-fetch.
+    command -v carbon-cache >/dev/null || need+=(graphite-carbon)
+    command -v whisper-fetch >/dev/null || need+=(python3-whisper)
 fi
 
 if ((${#need[@]})); then

@@ -75,6 +75,7 @@
 //! record is durable, [`Converter::rollback`] restores them when it could not be queued.
 
 pub mod checkpoint;
+pub mod lines;
 pub mod names;
 
 use tessera_runtime::RateLimitedLog;
@@ -479,6 +480,8 @@ pub struct Converter {
     /// [`Converter::commit`] into `earlier_tenure`.
     earlier_tenure_pending: u64,
     earlier_tenure: Option<prometheus_client::metrics::counter::Counter>,
+    /// A per-tile target's rendering ([`lines`]); `None` for a cumulative one.
+    lines: Option<lines::Lines>,
     /// Which copies of recent tiles came: for the gauges and sets of a whole copy
     /// that follows an incomplete one.
     copies: TileCopies,
@@ -696,6 +699,7 @@ impl Converter {
             adopted: None,
             earlier_tenure_pending: 0,
             earlier_tenure: None,
+            lines: None,
         }
     }
 
@@ -1021,6 +1025,9 @@ impl Converter {
         self.per_tile = self.copies.per_tile(resolution_ms, tile_end_ms, batch.incomplete, source);
         self.copy_pending =
             Some(PendingCopy { resolution_ms, end_ms: tile_end_ms, incomplete: batch.incomplete, source });
+        if self.lines.is_some() {
+            return Ok(self.convert_lines(batch, resolution, received_at_ms));
+        }
         let mut skipped = SkippedTiles::default();
         let mut tiles = 0u32;
         for tile in &batch.tiles {
@@ -1112,6 +1119,7 @@ impl Converter {
                 histogram: arena.slice(span.histogram.0..span.histogram.1),
                 reset_before: span.reset_before,
                 timestamp_ms: span.timestamp_ms,
+                lines: Bytes::new(),
             })
             .collect();
         let record = Record {
@@ -1134,6 +1142,7 @@ impl Converter {
     /// tile time).
     pub fn commit(&mut self) {
         self.undo.clear();
+        self.commit_lines();
         if let Some(copy) = self.copy_pending.take() {
             self.copies.record(copy, &self.written_at_end_pending);
         }
@@ -1169,6 +1178,7 @@ impl Converter {
 
     /// Restores the running totals from before the last conversion (its record was not queued).
     pub fn rollback(&mut self) {
+        self.rollback_lines();
         self.adopted_pending = 0;
         self.earlier_tenure_pending = 0;
         while let Some((key, previous)) = self.undo.pop() {

@@ -126,7 +126,9 @@ use crate::admit::HistogramMode;
 use crate::pool::PoolSettings;
 use crate::pool::pacing::Aimd;
 use crate::queue::{FsyncPolicy, QueueOptions};
+use crate::sink::carbon::{CarbonSettings, Protocol};
 use crate::sink::file::FileSinkSettings;
+use crate::sink::graphite::{Naming, Scheme, StatsdOptions, TagStyle};
 use crate::sink::openmetrics::Helps;
 use crate::sink::remote_write::{Authorization, RemoteWriteSettings, TokenFile, parse_url};
 use hyper::header::{HeaderMap, HeaderName, HeaderValue};
@@ -397,6 +399,8 @@ pub enum SinkConfig {
     File(FileSinkConfig),
     /// Prometheus remote write.
     RemoteWrite(Box<RemoteWriteConfig>),
+    /// Graphite (carbon), per tile.
+    Graphite(Box<GraphiteConfig>),
 }
 
 impl Default for SinkConfig {
@@ -505,6 +509,102 @@ impl Default for RemoteWriteConfig {
             tenant_header: "X-Scope-OrgID".to_owned(),
             metadata: None,
             metadata_interval_secs: 60,
+        }
+    }
+}
+
+/// `kind = "graphite"`: carbon's plaintext or pickle protocol, each tile written once with
+/// the names of `naming` (see [`crate::sink::graphite`] and [`crate::sink::carbon`]).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GraphiteConfig {
+    /// carbon's receiver, `host:port` (plaintext: carbon's `LINE_RECEIVER_PORT`, 2003;
+    /// pickle: `PICKLE_RECEIVER_PORT`, 2004).
+    pub address: String,
+    /// `plaintext` or `pickle`.
+    pub protocol: Protocol,
+    /// Whose paths: `statsd`, `brubeck` or `tessera`.
+    pub naming: Scheme,
+    /// How tags are written: `tagged` (`path;k=v`), `path` (`path.k_v`) or `drop`.
+    pub tags: TagStyle,
+    /// statsd's `legacyNamespace`.
+    pub legacy_namespace: bool,
+    /// statsd's `globalPrefix`.
+    pub global_prefix: String,
+    /// statsd's `prefixCounter`.
+    pub prefix_counter: String,
+    /// statsd's `prefixTimer`.
+    pub prefix_timer: String,
+    /// statsd's `prefixGauge`.
+    pub prefix_gauge: String,
+    /// statsd's `prefixSet`.
+    pub prefix_set: String,
+    /// statsd's `globalSuffix`.
+    pub global_suffix: String,
+    /// statsd's `percentThreshold`.
+    pub percent_thresholds: Vec<f64>,
+    /// What was written this recently is sent again after a break, seconds.
+    pub resend_window_secs: u64,
+    /// The resend window's most bytes.
+    pub resend_window_bytes: u64,
+    /// TCP connect deadline, milliseconds.
+    pub connect_timeout_ms: u64,
+    /// Deadline of one write, milliseconds.
+    pub write_timeout_ms: u64,
+}
+
+impl Default for GraphiteConfig {
+    fn default() -> Self {
+        let statsd = StatsdOptions::default();
+        GraphiteConfig {
+            address: "127.0.0.1:2003".to_owned(),
+            protocol: Protocol::Plaintext,
+            naming: Scheme::Statsd,
+            tags: TagStyle::Tagged,
+            legacy_namespace: statsd.legacy_namespace,
+            global_prefix: statsd.global_prefix,
+            prefix_counter: statsd.prefix_counter,
+            prefix_timer: statsd.prefix_timer,
+            prefix_gauge: statsd.prefix_gauge,
+            prefix_set: statsd.prefix_set,
+            global_suffix: statsd.global_suffix,
+            percent_thresholds: statsd.percent_thresholds,
+            resend_window_secs: 60,
+            resend_window_bytes: 256 << 20,
+            connect_timeout_ms: 2_000,
+            write_timeout_ms: 10_000,
+        }
+    }
+}
+
+impl GraphiteConfig {
+    /// The target's naming.
+    pub fn naming(&self) -> Naming {
+        Naming {
+            scheme: self.naming,
+            tags: self.tags,
+            statsd: StatsdOptions {
+                legacy_namespace: self.legacy_namespace,
+                global_prefix: self.global_prefix.clone(),
+                prefix_counter: self.prefix_counter.clone(),
+                prefix_timer: self.prefix_timer.clone(),
+                prefix_gauge: self.prefix_gauge.clone(),
+                prefix_set: self.prefix_set.clone(),
+                global_suffix: self.global_suffix.clone(),
+                percent_thresholds: self.percent_thresholds.clone(),
+            },
+        }
+    }
+
+    /// The connection's settings.
+    pub fn settings(&self) -> CarbonSettings {
+        CarbonSettings {
+            address: self.address.clone(),
+            protocol: self.protocol,
+            connect_timeout: Duration::from_millis(self.connect_timeout_ms),
+            write_timeout: Duration::from_millis(self.write_timeout_ms),
+            resend_window: Duration::from_secs(self.resend_window_secs),
+            resend_window_bytes: usize::try_from(self.resend_window_bytes).unwrap_or(usize::MAX),
         }
     }
 }
@@ -774,6 +874,17 @@ fn validate_sink(key: &str, sink: &SinkConfig) -> Result<(), ConfigError> {
             }
             if file.rotate_secs == 0 {
                 return invalid("rotate_secs", "must be at least 1".into());
+            }
+        }
+        SinkConfig::Graphite(graphite) => {
+            if graphite.address.trim().is_empty() || !graphite.address.contains(':') {
+                return invalid("address", format!("`{}` is not host:port", graphite.address));
+            }
+            if graphite.connect_timeout_ms == 0 || graphite.write_timeout_ms == 0 {
+                return invalid("connect_timeout_ms", "timeouts must be at least 1 ms".into());
+            }
+            if let Some(bad) = graphite.percent_thresholds.iter().find(|pct| !(pct.abs() > 0.0 && pct.abs() <= 100.0)) {
+                return invalid("percent_thresholds", format!("{bad} is not within (0, 100] or [-100, 0)"));
             }
         }
         SinkConfig::RemoteWrite(remote) => {

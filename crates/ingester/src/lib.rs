@@ -184,7 +184,7 @@ impl Ingester {
             let dir = config.data_dir.join("queue").join(target_dir_name(&name));
             let checkpoint_metrics = metrics.writer.checkpoint(&name);
             let families = metadata_families(&target_config, &metrics.sink.target(&name).writes);
-            let mut converter = converter_for(&config, &target_config, &tier);
+            let mut converter = converter_for(&config, &target_config, &tier, &metrics.sink);
             if let Some(families) = &families {
                 converter = converter.with_families(families.clone(), config.mapping.timer_unit.as_str());
             }
@@ -366,16 +366,26 @@ fn converter_for(
     config: &Config,
     target: &TargetConfig,
     tier: &Option<(Arc<tier::Ownership>, tier::TierMetrics)>,
+    metrics: &sink::SinkMetrics,
 ) -> Converter {
-    let mut converter =
-        Converter::new(&config.mapping.quantiles, config.mapping.counter_expire_after_secs as i64 * 1000)
-            .with_resolution_label(target.resolution_label());
+    let converter = Converter::new(&config.mapping.quantiles, config.mapping.counter_expire_after_secs as i64 * 1000);
+    if let SinkConfig::Graphite(graphite) = &target.sink {
+        // Per tile: no running totals, so nothing that moves with a shard of the
+        // ingesters' placement either (two owners write the same values to one slot).
+        let timer_scale = match config.mapping.timer_unit {
+            config::TimerUnitName::Seconds => 1000.0,
+            config::TimerUnitName::Milliseconds => 1.0,
+        };
+        let format = admit::lines::LineFormat::Graphite { naming: graphite.naming(), timer_scale };
+        return converter.with_lines(format, metrics.name_changes(&target.name));
+    }
+    let mut converter = converter.with_resolution_label(target.resolution_label());
     if let Some((ownership, metrics)) = tier {
         converter = converter.with_ownership(ownership.clone(), metrics);
     }
     match &target.sink {
         SinkConfig::RemoteWrite(remote) => converter.with_histograms(remote.histograms, remote.max_buckets),
-        SinkConfig::File(_) => converter,
+        SinkConfig::File(_) | SinkConfig::Graphite(_) => converter,
     }
 }
 
@@ -397,6 +407,9 @@ fn build_sink(
             let sink =
                 FileSink::open(settings, metrics.file_sink(name), config.pool.workers * 2).map_err(sink_error)?;
             Ok(AnySink::File(sink))
+        }
+        SinkConfig::Graphite(graphite) => {
+            Ok(AnySink::Graphite(Box::new(sink::carbon::CarbonSink::new(graphite.settings(), metrics.carbon(name)))))
         }
         SinkConfig::RemoteWrite(remote) => {
             let settings = remote

@@ -1,12 +1,11 @@
-//! Where samples go: the [`Sink`] trait and its two implementations.
+//! Where samples go: the [`Sink`] trait and its implementations.
 //!
 //! - [`remote_write::RemoteWriteSink`]: Prometheus remote write 1.0 over HTTP/1.1
 //!   (Prometheus, VictoriaMetrics, the M3 coordinator, Mimir, Thanos receive).
 //! - [`file::FileSink`]: the embedded default, OpenMetrics text files that
 //!   `promtool tsdb create-blocks-from openmetrics` imports.
-//!
-//! [`graphite`] names a tile's statistics as statsd, brubeck or tessera write them to
-//! Graphite (the Graphite target's transport is not built yet).
+//! - [`carbon::CarbonSink`]: Graphite, each tile once, named by [`graphite`] as statsd,
+//!   brubeck or tessera write it.
 //!
 //! [`prompb`] holds the remote-write messages and encodes a request body straight from the
 //! queued samples; [`openmetrics`] writes the text format for the file sink and the
@@ -17,16 +16,10 @@
 //! record) and answers `Ok` once storage has them, or a [`SinkError`]: retryable (the
 //! worker backs off and sends it again) or permanent (counted by status, logged to the
 //! [`rejected::RejectedLog`], not sent again). [`AnySink`] lets one pool type serve
-//! either.
+//! any of them.
 
+pub mod carbon;
 pub mod file;
-#[cfg_attr(
-    not(test),
-    expect(
-        dead_code,
-        reason = "the Graphite target's naming alone: its transport and converter are the rest of issue 49"
-    )
-)]
 pub mod graphite;
 pub mod metadata;
 mod metrics;
@@ -149,12 +142,14 @@ pub trait Sink: Send + Sync + 'static {
     }
 }
 
-/// Either sink, so that one pool type serves every target.
+/// Any sink, so that one pool type serves every target.
 pub enum AnySink {
     /// Prometheus remote write.
     RemoteWrite(Box<remote_write::RemoteWriteSink>),
     /// OpenMetrics files.
     File(file::FileSink),
+    /// Graphite (carbon).
+    Graphite(Box<carbon::CarbonSink>),
 }
 
 impl Sink for AnySink {
@@ -162,6 +157,7 @@ impl Sink for AnySink {
         match self {
             AnySink::RemoteWrite(sink) => sink.kind(),
             AnySink::File(sink) => sink.kind(),
+            AnySink::Graphite(sink) => sink.kind(),
         }
     }
 
@@ -169,6 +165,7 @@ impl Sink for AnySink {
         match self {
             AnySink::RemoteWrite(sink) => sink.write(request).await,
             AnySink::File(sink) => sink.write(request).await,
+            AnySink::Graphite(sink) => sink.write(request).await,
         }
     }
 
@@ -176,6 +173,7 @@ impl Sink for AnySink {
         match self {
             AnySink::RemoteWrite(sink) => sink.close().await,
             AnySink::File(sink) => sink.close().await,
+            AnySink::Graphite(sink) => sink.close().await,
         }
     }
 }

@@ -447,6 +447,10 @@ impl Converter {
     /// Applies one record appended after the restored checkpoint (see the
     /// [module docs](self)); returns how many running totals it set.
     pub fn roll_forward(&mut self, record: &Record) -> usize {
+        if self.renders_lines() {
+            // A per-tile target keeps no running totals.
+            return 0;
+        }
         let resolution_ms = resolution_ms(&record.resolution);
         let mut applied = 0;
         for sample in &record.samples {
@@ -552,7 +556,7 @@ impl Converter {
 }
 
 /// Milliseconds of a `resolution` label (`500ms`, `10s`, `1m`, `1h`, `1d`).
-fn resolution_ms(label: &str) -> Option<i64> {
+pub(super) fn resolution_ms(label: &str) -> Option<i64> {
     let digits = label.bytes().take_while(u8::is_ascii_digit).count();
     let (number, unit) = label.split_at(digits);
     let number: i64 = number.parse().ok()?;

@@ -96,6 +96,11 @@ pub struct StoredSample {
     /// newest sample, see [`crate::admit`]).
     #[prost(int64, tag = "6")]
     pub timestamp_ms: i64,
+    /// A per-tile target's text for the series' tile, in its protocol (carbon plaintext
+    /// lines for Graphite, [`crate::sink::graphite`]), rendered at ingest time like the
+    /// labels; `labels` is empty then, and `value` unused.
+    #[prost(bytes = "bytes", tag = "7")]
+    pub lines: Bytes,
 }
 
 impl StoredSample {
@@ -274,6 +279,7 @@ mod tests {
                     histogram: Bytes::new(),
                     reset_before: true,
                     timestamp_ms: 0,
+                    lines: Bytes::new(),
                 },
                 StoredSample {
                     labels: Bytes::from_static(b""),
@@ -282,6 +288,7 @@ mod tests {
                     histogram: Bytes::new(),
                     reset_before: false,
                     timestamp_ms: 1_700_000_020_001,
+                    lines: Bytes::from_static(b"a.b 1 1700000020\n"),
                 },
                 StoredSample {
                     labels: Bytes::from_static(b"\x0a\x01h"),
@@ -290,6 +297,7 @@ mod tests {
                     histogram: Bytes::from_static(b"\x08\x03"),
                     reset_before: false,
                     timestamp_ms: 0,
+                    lines: Bytes::new(),
                 },
             ],
             flushed_at_ms: 1_700_000_010_500,

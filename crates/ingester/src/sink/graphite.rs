@@ -1,9 +1,8 @@
 //! Graphite paths for a tile: the names statsd's Graphite backend, brubeck and tessera give
 //! each statistic, so that dashboards built on them read tessera's values unchanged.
 //!
-//! This is the naming half of the Graphite target (issue 49). [`Naming::write`] turns one
-//! series' tile into carbon plaintext lines, `path value timestamp\n`. The transport is not
-//! built yet: carbon's connection, the resend window and the per-tile converter.
+//! [`Naming::write`] turns one series' tile into carbon plaintext lines, `path value
+//! timestamp\n`, at ingest time ([`crate::admit::lines`]); [`super::carbon`] sends them.
 //!
 //! | statistic | `statsd` (`legacy_namespace = true`) | `brubeck` | `tessera` |
 //! |---|---|---|---|
@@ -42,7 +41,8 @@ use tessera_core::aggregate::Distribution;
 use tessera_core::parse::MetricKind;
 
 /// Whose paths to write; see the [module docs](self).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Scheme {
     /// Etsy statsd's Graphite backend.
     #[default]
@@ -54,7 +54,8 @@ pub enum Scheme {
 }
 
 /// How a series' tags are written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum TagStyle {
     /// Graphite 1.1 tagged series: `path;k=v;…`.
     #[default]

@@ -40,6 +40,10 @@ tessera_runtime::metrics! {
         targets: TargetFamilies,
         /// The file targets' own
         file_sinks: FileSinkFamilies,
+        /// The Graphite targets' connections
+        carbon: super::carbon::CarbonFamilies,
+        /// Names a per-tile target had to change
+        names: NameChangeFamilies,
     }
 }
 
@@ -88,7 +92,38 @@ tessera_runtime::labelled_metrics! {
     }
 }
 
+tessera_runtime::labelled_metrics! {
+    /// What per-tile targets (Graphite) had to change in names to write them.
+    pub struct NameChangeFamilies;
+    /// One per-tile target's name changes.
+    #[derive(Default)]
+    pub struct NameChangeMetrics by ByTarget {
+        /// Keys sanitized for a Graphite path (statsd's keyNameSanitize: whitespace, `/` and characters outside
+        /// `[A-Za-z0-9_.-]`), per target
+        pub keys_sanitized: Counter = graphite_keys_sanitized,
+        /// Tags that lost characters carbon would misparse, per target
+        pub tags_sanitized: Counter = graphite_tags_sanitized,
+        /// Tags dropped (an empty name or value once sanitized), per target
+        pub tags_dropped: Counter = graphite_tags_dropped,
+    }
+}
+
 impl SinkMetrics {
+    /// Handles of one target's Graphite connection.
+    pub fn carbon(&self, target: &str) -> super::carbon::CarbonMetrics {
+        self.carbon.handles(&ByTarget { target: target.to_owned() })
+    }
+
+    /// Handles of one per-tile target's name changes.
+    pub fn name_changes(&self, target: &str) -> crate::admit::lines::NameChanges {
+        let metrics = self.names.handles(&ByTarget { target: target.to_owned() });
+        crate::admit::lines::NameChanges {
+            keys_sanitized: metrics.keys_sanitized,
+            tags_sanitized: metrics.tags_sanitized,
+            tags_dropped: metrics.tags_dropped,
+        }
+    }
+
     /// Handles of one target's file sink.
     pub fn file_sink(&self, target: &str) -> FileSinkMetrics {
         self.file_sinks.handles(&ByTarget { target: target.to_owned() })
