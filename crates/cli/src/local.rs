@@ -2,9 +2,10 @@
 //!
 //! Runs a collector, one aggregator and an ingester on loopback with a
 //! static one-instance placement, the file sink by default (OpenMetrics
-//! files under `--data-dir`) or Prometheus remote write with
+//! files under `--data-dir`), Prometheus remote write with
 //! `--remote-write URL` (over https, with a CA file, basic auth or a bearer
-//! token, and headers: [`remote_write`]). The three daemons share one
+//! token, and headers: [`remote_write`]), or Graphite with `--graphite
+//! HOST:PORT` (statsd's paths, or `--graphite-naming brubeck|tessera`). The three daemons share one
 //! telemetry registry served on `--telemetry`. While it runs it shows
 //! intake, active series, tiles, samples written, drops and end-to-end
 //! latency, redrawn in place on a terminal and as a log line every ten
@@ -39,6 +40,18 @@ pub struct Args {
     data_dir: PathBuf,
     #[command(flatten)]
     remote_write: RemoteWriteFlags,
+    /// Send to Graphite (carbon's plaintext receiver, e.g. 127.0.0.1:2003) instead of the
+    /// file sink: each 10 s tile once, with statsd's paths by default.
+    #[arg(long, value_name = "HOST:PORT", conflicts_with = "url")]
+    graphite: Option<String>,
+    /// With --graphite: whose paths to write, `statsd` (stats.<key>, stats_counts.<key>,
+    /// stats.timers.<key>.upper_90, ...), `brubeck` or `tessera`.
+    #[arg(long, value_name = "SCHEME", default_value = "statsd", requires = "graphite")]
+    graphite_naming: String,
+    /// With --graphite: `plaintext` (carbon's line receiver, 2003) or `pickle` (its
+    /// pickle receiver, 2004).
+    #[arg(long, value_name = "PROTOCOL", default_value = "plaintext", requires = "graphite")]
+    graphite_protocol: String,
     /// The dashboard page (`/`), `/metrics`, `/healthz`, `/readyz` of all three daemons.
     #[arg(long, default_value = "127.0.0.1:9100")]
     telemetry: SocketAddr,
@@ -199,6 +212,21 @@ fn ingester_config(args: &Args) -> Result<tessera_ingester::Config, FlagError> {
         toml::from_str("listen = \"127.0.0.1:0\"\n[telemetry]\n").expect("the embedded ingester configuration parses");
     config.data_dir = args.data_dir.join("queue");
     config.telemetry.listen = None;
+    if let Some(address) = &args.graphite {
+        let mut graphite = toml::Table::new();
+        graphite.insert("kind".into(), "graphite".into());
+        graphite.insert("address".into(), address.as_str().into());
+        graphite.insert("naming".into(), args.graphite_naming.as_str().into());
+        graphite.insert("protocol".into(), args.graphite_protocol.as_str().into());
+        config.sink = graphite.try_into().map_err(|error: toml::de::Error| FlagError::Refused {
+            flag: "--graphite-naming or --graphite-protocol",
+            reason: error.message().to_owned(),
+        })?;
+        return config
+            .validate()
+            .map(|()| config)
+            .map_err(|invalid| FlagError::Refused { flag: "--graphite", reason: invalid.reason });
+    }
     let sink = match args.remote_write.sink_table()? {
         Some(sink) => sink,
         None => {
@@ -216,9 +244,10 @@ async fn run_async(args: Args, configs: Configs) -> anyhow::Result<ExitCode> {
     let signals = Shutdown::from_signals().context("installing signal handlers")?;
     let pipeline = Pipeline::start(&args, configs).await?;
     let interactive = std::io::stdout().is_terminal() && !args.plain;
-    let sink = match &args.remote_write.url {
-        Some(url) => format!("remote write {url}"),
-        None => format!("files in {}", args.data_dir.join("openmetrics").display()),
+    let sink = match (&args.remote_write.url, &args.graphite) {
+        (Some(url), _) => format!("remote write {url}"),
+        (None, Some(address)) => format!("Graphite at {address} ({} paths)", args.graphite_naming),
+        (None, None) => format!("files in {}", args.data_dir.join("openmetrics").display()),
     };
     let statsd = pipeline.statsd_addr().unwrap_or(args.statsd);
     println!(
@@ -439,6 +468,9 @@ tessera_aggregator_drops_total{reason=\"queue_full\",unit=\"series\"} 9
             statsd: "127.0.0.1:0".parse().unwrap(),
             data_dir: dir.path().join("data"),
             remote_write: RemoteWriteFlags::default(),
+            graphite: None,
+            graphite_naming: "statsd".into(),
+            graphite_protocol: "plaintext".into(),
             mapping_config: Some(mapping),
             telemetry: "127.0.0.1:0".parse().unwrap(),
             no_profiling: false,

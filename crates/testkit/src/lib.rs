@@ -4,6 +4,7 @@
 //!   loopback port (remote-write receiver on, optional scrape config),
 //!   polled until ready, killed on drop; instant queries.
 //! - [`victoria`]: Debian's `victoria-metrics` the same way.
+//! - [`graphite`]: Debian's `carbon-cache`, its whisper files read with `whisper-fetch`.
 //! - [`daemons`]: the real tessera binaries as child processes, with a
 //!   config file each, polled on `/readyz`, killed on drop.
 //! - [`process`]: what those three share (a child with its files and log,
@@ -18,6 +19,7 @@
 //! `testing`).
 
 pub mod daemons;
+pub mod graphite;
 pub mod process;
 pub mod prometheus;
 pub mod tiles;

@@ -21,7 +21,8 @@
 //! [`Tile::timer_scale`] undoes the collector's `timer_unit`. statsd computes `sum`, `mean`,
 //! `std` and the threshold statistics from the raw values, each once whatever its sample rate;
 //! tessera weights them by the rate, so they agree when nothing is sampled. `count_90` is
-//! exact. `median`, `upper_90`, `mean_90` and `sum_90` come from the sketch, within its
+//! exact. `median` (statsd's: the mean of the two middle values of an even count),
+//! `upper_90`, `mean_90` and `sum_90` come from the sketch, within its
 //! relative error `α` (1.08 % at the default schema); `sum_squares_90` within `2α + α²`
 //! ([`tessera_core::sketch::Sketch::threshold`]). `upper`, `lower`, `sum`, `sum_squares`,
 //! `mean` and `std` are exact.
@@ -228,7 +229,7 @@ impl Naming {
                 stat(["sum", ""], stats.sum);
                 stat(["sum_squares", ""], stats.sum_squares);
                 stat(["mean", ""], stats.mean);
-                stat(["median", ""], stats.quantile(distribution, 0.5));
+                stat(["median", ""], stats.statsd_median(distribution));
             }
         }
     }
@@ -334,6 +335,17 @@ impl Stats {
 
     fn quantile(&self, distribution: &Distribution, q: f64) -> f64 {
         distribution.sketch.quantile(q).map_or(0.0, |value| value * self.scale)
+    }
+
+    /// statsd's median: the middle value, or the mean of the two middle values of an even
+    /// count (each read from the sketch, within its `α`).
+    fn statsd_median(&self, distribution: &Distribution) -> f64 {
+        let count = self.count.round();
+        if count < 2.0 || count % 2.0 == 1.0 {
+            return self.quantile(distribution, 0.5);
+        }
+        let middle = count / 2.0;
+        (self.quantile(distribution, middle / count) + self.quantile(distribution, (middle + 1.0) / count)) / 2.0
     }
 
     /// statsd's threshold `pct`: `round(|pct| / 100 × count)` values from the bottom (from
