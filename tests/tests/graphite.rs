@@ -1,5 +1,6 @@
 //! What a statsd or brubeck user meets, end to end: `tessera local --graphite` into a real
-//! carbon-cache (Debian's `graphite-carbon`), read back from its whisper files.
+//! carbon-cache (Debian's `graphite-carbon`) with the schemas in `deploy/graphite/`, read
+//! back from its whisper files.
 //!
 //! - **statsd's paths and values** for one 10 s tile of counters, `|ms` timers and a gauge:
 //!   `stats_counts.<key>` (the count), `stats.<key>` (per second), `stats.timers.<key>.
@@ -80,7 +81,10 @@ fn one_tile_of_statsd(key: &str) -> Vec<String> {
 
 #[test]
 fn tessera_local_gives_carbon_statsds_and_brubecks_paths_and_values_for_one_tile() {
-    let carbon = Carbon::start("10s:6h");
+    // The schemas tessera ships: the first archive's step is the 10 s tile.
+    let deploy = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/graphite/");
+    let read = |name: &str| std::fs::read_to_string(format!("{deploy}{name}")).unwrap();
+    let carbon = Carbon::start_with(&read("storage-schemas.conf"), &read("storage-aggregation.conf"));
     let alpha = relative_error(DEFAULT_SCHEMA);
     for (naming, key) in [("statsd", "api"), ("brubeck", "web")] {
         let (local, statsd, _) = local(carbon.plaintext, &["--graphite-naming", naming]);

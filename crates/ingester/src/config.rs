@@ -61,7 +61,7 @@
 //! timer_unit = "seconds"         # what the collectors write |ms timers in: the unit of
 //!                                # timer families in remote write's metadata
 //!
-//! [sink]                      # the default target: kind = "file" or "remote_write"
+//! [sink]                      # the default target: kind = "file", "remote_write" or "graphite"
 //! kind = "file"
 //! dir = "./data/ingester/openmetrics/default"  # default: <data_dir>/openmetrics/default
 //! rotate_bytes = 67108864        # close the journal into an .om file past this size
@@ -91,6 +91,25 @@
 //! # [policy_sinks."1m:40d".basic_auth]  # instead of bearer_token_file: username and
 //! # username = "tessera"              # password_file or password_env (one of the two)
 //! # password_file = "/run/secrets/password"
+//!
+//! [policy_sinks."10s:7d"]     # or [sink]: Graphite, each tile written once (per-tile
+//! kind = "graphite"              # values, not running totals; see crate::sink::graphite)
+//! address = "127.0.0.1:2003"     # carbon's receiver, host:port
+//! protocol = "plaintext"         # or "pickle" (carbon's PICKLE_RECEIVER_PORT, 2004)
+//! naming = "statsd"              # whose paths: "statsd", "brubeck" or "tessera"
+//! tags = "tagged"                # "tagged" (path;k=v), "path" (path.k_v) or "drop"
+//! legacy_namespace = true        # statsd's graphite options, same meanings:
+//! global_prefix = "stats"        #   with legacy_namespace = false, counters are
+//! prefix_counter = "counters"    #   <global_prefix>.<prefix_counter>.<key>.rate / .count
+//! prefix_timer = "timers"
+//! prefix_gauge = "gauges"
+//! prefix_set = "sets"
+//! global_suffix = ""
+//! percent_thresholds = [90]      # statsd's percentThreshold: count_90, upper_90, ...
+//! resend_window_secs = 60        # what was written this recently is sent again after a
+//! resend_window_bytes = 268435456  # break (carbon has no acks; its cache dies with it)
+//! connect_timeout_ms = 2000
+//! write_timeout_ms = 10000
 //!
 //! [telemetry]
 //! listen = "127.0.0.1:9104"      # /metrics, /healthz, /readyz; absent = off
@@ -995,6 +1014,25 @@ mod tests {
     }
 
     #[test]
+    fn the_documented_example_parses_and_is_valid() {
+        let docs: String = include_str!("config.rs")
+            .lines()
+            .map_while(|line| line.strip_prefix("//!"))
+            .map(|line| format!("{}\n", line.strip_prefix(' ').unwrap_or(line)))
+            .collect();
+        let example = docs.split("```toml\n").nth(1).and_then(|rest| rest.split("```").next()).expect("a toml block");
+        // Every key is known (unknown ones are refused); the files it names need not exist
+        // here, so the Graphite target alone is validated.
+        let config: Config = toml::from_str(example).unwrap_or_else(|error| panic!("{error}\n{example}"));
+        let graphite =
+            config.targets().into_iter().find(|target| target.name == "10s:7d").expect("the Graphite target");
+        validate_sink("graphite", &graphite.sink).unwrap();
+        let SinkConfig::Graphite(graphite) = graphite.sink else { panic!("kind = \"graphite\"") };
+        assert_eq!(graphite.naming(), Naming::default(), "the example spells out the defaults");
+        assert_eq!(graphite.settings().resend_window, Duration::from_secs(60));
+    }
+
+    #[test]
     fn validation_names_the_key() {
         let cases = [
             ("[pool]\nworkers = 0", "pool.workers"),
@@ -1026,6 +1064,9 @@ mod tests {
             ("[queue]\ncheckpoint_interval_secs = 0", "queue.checkpoint_interval_secs"),
             ("[queue]\ncheckpoint_interval_secs = 3601", "queue.checkpoint_interval_secs"),
             ("[policy_sinks.\"1m:40d\"]\nkind = \"remote_write\"", "policy_sinks.\"1m:40d\".url"),
+            ("[sink]\nkind = \"graphite\"\naddress = \"carbon\"", "sink.address"),
+            ("[sink]\nkind = \"graphite\"\npercent_thresholds = [90, 0]", "sink.percent_thresholds"),
+            ("[sink]\nkind = \"graphite\"\nwrite_timeout_ms = 0", "sink.connect_timeout_ms"),
         ];
         for (text, key) in cases {
             let config: Config = toml::from_str(text).unwrap();

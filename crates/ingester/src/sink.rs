@@ -37,7 +37,7 @@ use std::sync::Arc;
 
 use crate::queue::record::{Record, StoredSample};
 use crate::queue::{Position, RequestKey};
-pub use metrics::{SinkMetrics, TargetSinkMetrics, TargetWrites};
+pub use metrics::{NameChangeMetrics, SinkMetrics, TargetSinkMetrics, TargetWrites};
 
 /// The record a request belongs to, shared by all of the record's requests.
 #[derive(Debug)]

@@ -33,6 +33,14 @@ impl Carbon {
     /// Starts carbon-cache storing every path with `retentions` (e.g. `1s:1h`, `10s:6h`),
     /// and waits until both receivers accept connections.
     pub fn start(retentions: &str) -> Carbon {
+        let schemas = format!("[everything]\npattern = .*\nretentions = {retentions}\n");
+        let aggregation = "[everything]\npattern = .*\nxFilesFactor = 0\naggregationMethod = sum\n";
+        Carbon::start_with(&schemas, aggregation)
+    }
+
+    /// Starts carbon-cache with these `storage-schemas.conf` and `storage-aggregation.conf`
+    /// (tessera's own, in `deploy/graphite/`, say).
+    pub fn start_with(schemas: &str, aggregation: &str) -> Carbon {
         let dir = Server::directory();
         let plaintext: SocketAddr = ([127, 0, 0, 1], free_port()).into();
         let pickle: SocketAddr = ([127, 0, 0, 1], free_port()).into();
@@ -52,9 +60,7 @@ impl Carbon {
             pickle.port()
         );
         std::fs::write(dir.path().join("conf/carbon.conf"), conf).expect("carbon.conf");
-        let schemas = format!("[everything]\npattern = .*\nretentions = {retentions}\n");
         std::fs::write(dir.path().join("conf/storage-schemas.conf"), schemas).expect("storage-schemas.conf");
-        let aggregation = "[everything]\npattern = .*\nxFilesFactor = 0\naggregationMethod = sum\n";
         std::fs::write(dir.path().join("conf/storage-aggregation.conf"), aggregation)
             .expect("storage-aggregation.conf");
         let mut carbon = Carbon { server: None, dir, plaintext, pickle };

@@ -19,13 +19,13 @@
 //! time, which is the end of the interval flushed). A replay resends the same text.
 
 use bytes::Bytes;
-use prometheus_client::metrics::counter::Counter;
 use tessera_core::aggregate::{Aggregate, kind_from_proto};
 use tessera_core::parse::MetricKind;
 use tessera_proto::TileBatch;
 
 use super::{Conversion, Converter, PerTile, SkipReason, SkippedTiles};
 use crate::queue::record::{Record, SampleKind, StoredSample};
+use crate::sink::NameChangeMetrics;
 use crate::sink::graphite::{Changes, Naming, Tile, TileValue};
 
 /// How a per-tile target renders a series' tile.
@@ -41,21 +41,10 @@ pub enum LineFormat {
     },
 }
 
-/// Counters of the names a per-tile target had to change.
-#[derive(Clone, Debug, Default)]
-pub struct NameChanges {
-    /// Keys sanitized.
-    pub keys_sanitized: Counter,
-    /// Tags sanitized.
-    pub tags_sanitized: Counter,
-    /// Tags dropped.
-    pub tags_dropped: Counter,
-}
-
 /// A converter's per-tile rendering, with the changes of the conversion not committed yet.
 pub(super) struct Lines {
     format: LineFormat,
-    counters: NameChanges,
+    counters: NameChangeMetrics,
     pending: Changes,
     text: String,
     /// Text bytes per tile of the last batch, to size the next at once.
@@ -65,7 +54,7 @@ pub(super) struct Lines {
 impl Converter {
     /// Makes this the converter of a per-tile target: each series' tile is rendered in
     /// `format` (see [`lines`](self)); the names it had to change are counted in `changes`.
-    pub fn with_lines(mut self, format: LineFormat, changes: NameChanges) -> Converter {
+    pub fn with_lines(mut self, format: LineFormat, changes: NameChangeMetrics) -> Converter {
         self.lines = Some(Lines {
             format,
             counters: changes,
@@ -207,7 +196,7 @@ mod tests {
 
     fn converter() -> Converter {
         let format = LineFormat::Graphite { naming: Naming::default(), timer_scale: 1000.0 };
-        Converter::new(&[0.5], 3_600_000).with_lines(format, NameChanges::default())
+        Converter::new(&[0.5], 3_600_000).with_lines(format, NameChangeMetrics::default())
     }
 
     /// Converts and commits `batch`; returns its text and skipped tiles.

@@ -9,7 +9,7 @@
 //! | counter | `stats.<key>` (per second), `stats_counts.<key>` (count) | `<key>` (count) | `<key>.count`, `<key>.rate` |
 //! | gauge | `stats.gauges.<key>` | `<key>` | `<key>` |
 //! | set | `stats.sets.<key>.count` | `<key>` | `<key>.count` |
-//! | timer, histogram, distribution | `stats.timers.<key>.{count,count_ps,sum,sum_squares,mean,median,upper,lower,std}` and per threshold `count_90,mean_90,upper_90,sum_90,sum_squares_90` | `<key>.{min,max,sum,mean,count,median}`, `<key>.percentile.{75,95,98,99,999}` | `<key>.{count,rate,sum,min,max,mean,std,median,p90,p99}` |
+//! | timer, histogram, distribution | `stats.timers.<key>.{count,count_ps,sum,sum_squares,mean,median,upper,lower,std}` and per threshold `count_90,mean_90,upper_90,sum_90,sum_squares_90` | `<key>.{count,count_ps,min,max,sum,mean,median}`, `<key>.percentile.{75,95,98,99,999}` | `<key>.{count,rate,sum,min,max,mean,std,median,p90,p99}` |
 //!
 //! With `legacy_namespace = false`, statsd's names are `<global_prefix>.<prefix_counter>.<key>.rate`
 //! and `.count`, `<global_prefix>.<prefix_timer>.<key>.…`, `<global_prefix>.<prefix_gauge>.<key>`
@@ -258,8 +258,12 @@ fn write_brubeck(key: &str, tile: &Tile<'_>, line: &mut Line<'_>) {
         TileValue::Distribution(kind, distribution) => {
             let stats = Stats::of(kind, distribution, tile);
             let median = stats.quantile(distribution, 0.5);
-            let nodes = [("min", stats.min), ("max", stats.max), ("sum", stats.sum), ("mean", stats.mean)];
-            line.write_nodes(key, nodes.into_iter().chain([("count", stats.count), ("median", median)]));
+            let count_ps = stats.count / tile.interval_secs;
+            let nodes = [("count", stats.count), ("count_ps", count_ps), ("min", stats.min), ("max", stats.max)];
+            line.write_nodes(
+                key,
+                nodes.into_iter().chain([("sum", stats.sum), ("mean", stats.mean), ("median", median)]),
+            );
             for (q, node) in BRUBECK_PERCENTILES {
                 line.write(&[key, ".percentile.", node], stats.quantile(distribution, q));
             }

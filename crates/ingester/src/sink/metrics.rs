@@ -115,13 +115,8 @@ impl SinkMetrics {
     }
 
     /// Handles of one per-tile target's name changes.
-    pub fn name_changes(&self, target: &str) -> crate::admit::lines::NameChanges {
-        let metrics = self.names.handles(&ByTarget { target: target.to_owned() });
-        crate::admit::lines::NameChanges {
-            keys_sanitized: metrics.keys_sanitized,
-            tags_sanitized: metrics.tags_sanitized,
-            tags_dropped: metrics.tags_dropped,
-        }
+    pub fn name_changes(&self, target: &str) -> NameChangeMetrics {
+        self.names.handles(&ByTarget { target: target.to_owned() })
     }
 
     /// Handles of one target's file sink.

@@ -130,12 +130,13 @@ fn brubeck_and_tessera_names() {
     assert_eq!(paths["queue.depth"], 42.0);
     // A histogram is not a timer: its values are written as they are held.
     assert_eq!((paths["sizes.min"], paths["sizes.max"], paths["sizes.count"]), (0.1, 1.0, 10.0));
+    assert_eq!(paths["sizes.count_ps"], 1.0, "per second of the flush interval, as brubeck's `.count_ps`");
     for node in
         ["sum", "mean", "median", "percentile.75", "percentile.95", "percentile.98", "percentile.99", "percentile.999"]
     {
         assert!(paths.contains_key(&format!("sizes.{node}")), "{node}: {paths:#?}");
     }
-    assert_eq!(paths.len(), 2 + 11);
+    assert_eq!(paths.len(), 2 + 12);
     let tessera = Naming { scheme: Scheme::Tessera, ..Naming::default() };
     let (paths, _) = lines(&tessera, &tiles);
     assert_eq!((paths["api.hits.count"], paths["api.hits.rate"], paths["queue.depth"]), (50.0, 5.0, 42.0));
