@@ -6,7 +6,8 @@
 # losetup and fstrim (a failing disk under the ingester's queue is a loop device),
 # Docker, docker-compose, jq and curl (the compose stack test), Python's venv
 # (the Kubernetes manifests' test installs its validator in one), and
-# carbon-cache and whisper-fetch (the Graphite target's tests), and
+# carbon-cache and whisper-fetch (the Graphite target's tests), influxd (the
+# InfluxDB target's), and
 # starts the Docker daemon when it is installed but not running. Idempotent.
 # The Kubernetes test also needs kubectl 1.22 or later (its built-in kustomize)
 # or a standalone kustomize: Debian's kubernetes-client (1.20, kustomize v2) is
@@ -34,6 +35,8 @@ if [ "${1:-}" != "--build" ]; then
     # whisper files back with Debian's whisper-fetch.
     command -v carbon-cache >/dev/null || need+=(graphite-carbon)
     command -v whisper-fetch >/dev/null || need+=(python3-whisper)
+    # The InfluxDB target's tests write to a real InfluxDB 1.x.
+    command -v influxd >/dev/null || need+=(influxdb)
 fi
 
 if ((${#need[@]})); then

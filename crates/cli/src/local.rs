@@ -4,8 +4,9 @@
 //! static one-instance placement, the file sink by default (OpenMetrics
 //! files under `--data-dir`), Prometheus remote write with
 //! `--remote-write URL` (over https, with a CA file, basic auth or a bearer
-//! token, and headers: [`remote_write`]), or Graphite with `--graphite
-//! HOST:PORT` (statsd's paths, or `--graphite-naming brubeck|tessera`). The three daemons share one
+//! token, and headers: [`remote_write`]), Graphite with `--graphite
+//! HOST:PORT` (statsd's paths, or `--graphite-naming brubeck|tessera`), or
+//! InfluxDB 1.x with `--influxdb URL --influxdb-database NAME` (Telegraf's names). The three daemons share one
 //! telemetry registry served on `--telemetry`. While it runs it shows
 //! intake, active series, tiles, samples written, drops and end-to-end
 //! latency, redrawn in place on a terminal and as a log line every ten
@@ -52,6 +53,13 @@ pub struct Args {
     /// pickle receiver, 2004).
     #[arg(long, value_name = "PROTOCOL", default_value = "plaintext", requires = "graphite")]
     graphite_protocol: String,
+    /// Send to InfluxDB 1.x instead of the file sink (e.g. http://127.0.0.1:8086): each
+    /// 10 s tile once, named as Telegraf's statsd input writes it.
+    #[arg(long, value_name = "URL", conflicts_with_all = ["url", "graphite"])]
+    influxdb: Option<String>,
+    /// With --influxdb: the database to write to.
+    #[arg(long, value_name = "NAME", default_value = "telegraf", requires = "influxdb")]
+    influxdb_database: String,
     /// The dashboard page (`/`), `/metrics`, `/healthz`, `/readyz` of all three daemons.
     #[arg(long, default_value = "127.0.0.1:9100")]
     telemetry: SocketAddr,
@@ -212,20 +220,17 @@ fn ingester_config(args: &Args) -> Result<tessera_ingester::Config, FlagError> {
         toml::from_str("listen = \"127.0.0.1:0\"\n[telemetry]\n").expect("the embedded ingester configuration parses");
     config.data_dir = args.data_dir.join("queue");
     config.telemetry.listen = None;
+    let table = |entries: &[(&str, &str)]| -> toml::Table {
+        entries.iter().map(|(key, value)| ((*key).to_owned(), toml::Value::from(*value))).collect()
+    };
+    if let Some(url) = &args.influxdb {
+        let influx = table(&[("kind", "influxdb"), ("url", url), ("database", &args.influxdb_database)]);
+        return per_tile_sink(config, influx, "--influxdb");
+    }
     if let Some(address) = &args.graphite {
-        let mut graphite = toml::Table::new();
-        graphite.insert("kind".into(), "graphite".into());
-        graphite.insert("address".into(), address.as_str().into());
-        graphite.insert("naming".into(), args.graphite_naming.as_str().into());
-        graphite.insert("protocol".into(), args.graphite_protocol.as_str().into());
-        config.sink = graphite.try_into().map_err(|error: toml::de::Error| FlagError::Refused {
-            flag: "--graphite-naming or --graphite-protocol",
-            reason: error.message().to_owned(),
-        })?;
-        return config
-            .validate()
-            .map(|()| config)
-            .map_err(|invalid| FlagError::Refused { flag: "--graphite", reason: invalid.reason });
+        let (naming, protocol) = (&args.graphite_naming, &args.graphite_protocol);
+        let graphite = table(&[("kind", "graphite"), ("address", address), ("naming", naming), ("protocol", protocol)]);
+        return per_tile_sink(config, graphite, "--graphite");
     }
     let sink = match args.remote_write.sink_table()? {
         Some(sink) => sink,
@@ -240,6 +245,20 @@ fn ingester_config(args: &Args) -> Result<tessera_ingester::Config, FlagError> {
     Ok(config)
 }
 
+/// `config` with `sink` as its `[sink]`, checked as the ingester checks its file; a refusal
+/// names `flag`.
+fn per_tile_sink(
+    mut config: tessera_ingester::Config,
+    sink: toml::Table,
+    flag: &'static str,
+) -> Result<tessera_ingester::Config, FlagError> {
+    config.sink = sink
+        .try_into()
+        .map_err(|error: toml::de::Error| FlagError::Refused { flag, reason: error.message().to_owned() })?;
+    config.validate().map_err(|invalid| FlagError::Refused { flag, reason: invalid.reason })?;
+    Ok(config)
+}
+
 async fn run_async(args: Args, configs: Configs) -> anyhow::Result<ExitCode> {
     let signals = Shutdown::from_signals().context("installing signal handlers")?;
     let pipeline = Pipeline::start(&args, configs).await?;
@@ -247,7 +266,10 @@ async fn run_async(args: Args, configs: Configs) -> anyhow::Result<ExitCode> {
     let sink = match (&args.remote_write.url, &args.graphite) {
         (Some(url), _) => format!("remote write {url}"),
         (None, Some(address)) => format!("Graphite at {address} ({} paths)", args.graphite_naming),
-        (None, None) => format!("files in {}", args.data_dir.join("openmetrics").display()),
+        (None, None) => match &args.influxdb {
+            Some(url) => format!("InfluxDB at {url} (database {})", args.influxdb_database),
+            None => format!("files in {}", args.data_dir.join("openmetrics").display()),
+        },
     };
     let statsd = pipeline.statsd_addr().unwrap_or(args.statsd);
     println!(
@@ -471,6 +493,8 @@ tessera_aggregator_drops_total{reason=\"queue_full\",unit=\"series\"} 9
             graphite: None,
             graphite_naming: "statsd".into(),
             graphite_protocol: "plaintext".into(),
+            influxdb: None,
+            influxdb_database: "telegraf".into(),
             mapping_config: Some(mapping),
             telemetry: "127.0.0.1:0".parse().unwrap(),
             no_profiling: false,

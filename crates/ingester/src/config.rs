@@ -61,7 +61,8 @@
 //! timer_unit = "seconds"         # what the collectors write |ms timers in: the unit of
 //!                                # timer families in remote write's metadata
 //!
-//! [sink]                      # the default target: kind = "file", "remote_write" or "graphite"
+//! [sink]                      # the default target: kind = "file", "remote_write", "graphite"
+//!                             # or "influxdb"
 //! kind = "file"
 //! dir = "./data/ingester/openmetrics/default"  # default: <data_dir>/openmetrics/default
 //! rotate_bytes = 67108864        # close the journal into an .om file past this size
@@ -111,6 +112,20 @@
 //! connect_timeout_ms = 2000
 //! write_timeout_ms = 10000
 //!
+//! [policy_sinks."1m:1y"]      # or [sink]: InfluxDB, each tile written once in line
+//! kind = "influxdb"              # protocol, named as Telegraf's statsd input writes it
+//! url = "http://127.0.0.1:8086"  # or https://; a path prefix is kept
+//! database = "telegraf"          # 1.x: /write?db=...&rp=...&precision=ms
+//! retention_policy = ""          # 1.x: empty for the database's default
+//! # [policy_sinks."1m:1y".basic_auth]  # 1.x: username and password_file or password_env
+//! # org = "acme"                 # 2.x: org, bucket and token_file (Authorization: Token)
+//! # bucket = "statsd"            #   bucket set: /api/v2/write?org=...&bucket=...
+//! # token_file = "/run/secrets/influx-token"
+//! separator = "_"                # Telegraf's metric_separator: api.hits -> api_hits
+//! percentiles = [90]             # Telegraf's percentiles: 90_percentile fields of timers
+//! request_timeout_ms = 10000
+//! connect_timeout_ms = 2000
+//!
 //! [telemetry]
 //! listen = "127.0.0.1:9104"      # /metrics, /healthz, /readyz; absent = off
 //! profiling = true             # CPU profiles at /debug/pprof/profile; false: 403
@@ -148,6 +163,7 @@ use crate::queue::{FsyncPolicy, QueueOptions};
 use crate::sink::carbon::{CarbonSettings, Protocol};
 use crate::sink::file::FileSinkSettings;
 use crate::sink::graphite::{Naming, Scheme, StatsdOptions, TagStyle};
+use crate::sink::influx::{InfluxNaming, InfluxSettings, endpoint};
 use crate::sink::openmetrics::Helps;
 use crate::sink::remote_write::{Authorization, RemoteWriteSettings, TokenFile, parse_url};
 use hyper::header::{HeaderMap, HeaderName, HeaderValue};
@@ -420,6 +436,8 @@ pub enum SinkConfig {
     RemoteWrite(Box<RemoteWriteConfig>),
     /// Graphite (carbon), per tile.
     Graphite(Box<GraphiteConfig>),
+    /// InfluxDB line protocol, per tile.
+    Influxdb(Box<InfluxConfig>),
 }
 
 impl Default for SinkConfig {
@@ -625,6 +643,122 @@ impl GraphiteConfig {
             resend_window: Duration::from_secs(self.resend_window_secs),
             resend_window_bytes: usize::try_from(self.resend_window_bytes).unwrap_or(usize::MAX),
         }
+    }
+}
+
+/// `kind = "influxdb"`: each tile once in line protocol, named as Telegraf's statsd input
+/// writes it (see [`crate::sink::influx`]). InfluxDB 1.x (`database`, optional
+/// `retention_policy` and `[basic_auth]`) or 2.x (`org`, `bucket` and `token_file`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct InfluxConfig {
+    /// The server, `http://host:8086` or `https://…` (a path prefix is kept).
+    pub url: String,
+    /// 1.x: the database (`/write?db=`).
+    pub database: String,
+    /// 1.x: the retention policy (`&rp=`); empty: the database's default.
+    pub retention_policy: String,
+    /// 1.x: `username` and `password_file` or `password_env`.
+    pub basic_auth: Option<BasicAuthConfig>,
+    /// 2.x: the organization (`/api/v2/write?org=`).
+    pub org: String,
+    /// 2.x: the bucket; set, the target speaks 2.x's API.
+    pub bucket: String,
+    /// 2.x: a file holding the API token (`Authorization: Token …`).
+    pub token_file: Option<PathBuf>,
+    /// Telegraf's `metric_separator`: what joins a dotted name's parts in a measurement.
+    pub separator: String,
+    /// Telegraf's `percentiles`: `<p>_percentile` fields of timers.
+    pub percentiles: Vec<f64>,
+    /// Whole-request deadline, milliseconds.
+    pub request_timeout_ms: u64,
+    /// TCP connect deadline, milliseconds.
+    pub connect_timeout_ms: u64,
+}
+
+impl Default for InfluxConfig {
+    fn default() -> Self {
+        let naming = InfluxNaming::default();
+        InfluxConfig {
+            url: "http://127.0.0.1:8086".to_owned(),
+            database: "telegraf".to_owned(),
+            retention_policy: String::new(),
+            basic_auth: None,
+            org: String::new(),
+            bucket: String::new(),
+            token_file: None,
+            separator: naming.separator,
+            percentiles: naming.percentiles,
+            request_timeout_ms: 10_000,
+            connect_timeout_ms: 2_000,
+        }
+    }
+}
+
+impl InfluxConfig {
+    /// The target's naming.
+    pub fn naming(&self) -> InfluxNaming {
+        InfluxNaming { separator: self.separator.clone(), percentiles: self.percentiles.clone() }
+    }
+
+    /// The sink's settings, its credential read now.
+    ///
+    /// # Errors
+    ///
+    /// The key at fault and why.
+    pub fn settings(&self, max_idle_connections: usize) -> Result<InfluxSettings, (&'static str, String)> {
+        let v2 = !self.bucket.is_empty();
+        let base = parse_url(&self.url).map_err(|error| ("url", error.to_string()))?;
+        let (name, scope, destination) = if v2 {
+            if self.org.is_empty() {
+                return Err(("org", "a 2.x target (bucket set) needs its org".to_owned()));
+            }
+            (&self.bucket, &self.org, format!("bucket `{}`", self.bucket))
+        } else {
+            if self.database.is_empty() {
+                return Err(("database", "must be set (or org and bucket for InfluxDB 2.x)".to_owned()));
+            }
+            (&self.database, &self.retention_policy, format!("database `{}`", self.database))
+        };
+        let url = endpoint(&base.to_string(), v2, name, scope)
+            .parse()
+            .map_err(|error: hyper::http::uri::InvalidUri| ("url", error.to_string()))?;
+        let authorization = match (v2, &self.basic_auth, &self.token_file) {
+            (true, Some(_), _) => return Err(("basic_auth", "InfluxDB 2.x takes a token_file, not basic_auth".into())),
+            (false, _, Some(_)) => {
+                return Err(("token_file", "InfluxDB 1.x takes basic_auth; set bucket for 2.x".into()));
+            }
+            (true, None, None) => return Err(("token_file", "InfluxDB 2.x needs an API token".to_owned())),
+            (true, None, Some(path)) => {
+                let token = std::fs::read_to_string(path)
+                    .map_err(|error| ("token_file", format!("`{}`: {error}", path.display())))?;
+                let mut value = HeaderValue::from_str(&format!("Token {}", token.trim()))
+                    .map_err(|_| ("token_file", "the token holds characters a header cannot carry".to_owned()))?;
+                value.set_sensitive(true);
+                Some(value)
+            }
+            (false, Some(basic), None) => {
+                let password = basic.password().map_err(|error| ("basic_auth", error))?;
+                match Authorization::basic(&basic.username, &password) {
+                    Ok(Authorization::Basic(value)) => Some(value),
+                    _ => {
+                        return Err((
+                            "basic_auth",
+                            "the user name or password holds characters a header cannot carry".into(),
+                        ));
+                    }
+                }
+            }
+            (false, None, None) => None,
+        };
+        Ok(InfluxSettings {
+            url,
+            destination,
+            authorization,
+            request_timeout: Duration::from_millis(self.request_timeout_ms),
+            connect_timeout: Duration::from_millis(self.connect_timeout_ms),
+            max_idle_connections,
+        })
     }
 }
 
@@ -895,6 +1029,17 @@ fn validate_sink(key: &str, sink: &SinkConfig) -> Result<(), ConfigError> {
                 return invalid("rotate_secs", "must be at least 1".into());
             }
         }
+        SinkConfig::Influxdb(influx) => {
+            if let Err((field, reason)) = influx.settings(1) {
+                return invalid(field, reason);
+            }
+            if influx.request_timeout_ms == 0 || influx.connect_timeout_ms == 0 {
+                return invalid("request_timeout_ms", "timeouts must be at least 1 ms".into());
+            }
+            if let Some(bad) = influx.percentiles.iter().find(|pct| !(**pct > 0.0 && **pct <= 100.0)) {
+                return invalid("percentiles", format!("{bad} is not within (0, 100]"));
+            }
+        }
         SinkConfig::Graphite(graphite) => {
             if graphite.address.trim().is_empty() || !graphite.address.contains(':') {
                 return invalid("address", format!("`{}` is not host:port", graphite.address));
@@ -1030,6 +1175,11 @@ mod tests {
         let SinkConfig::Graphite(graphite) = graphite.sink else { panic!("kind = \"graphite\"") };
         assert_eq!(graphite.naming(), Naming::default(), "the example spells out the defaults");
         assert_eq!(graphite.settings().resend_window, Duration::from_secs(60));
+        let influx = config.targets().into_iter().find(|target| target.name == "1m:1y").expect("the InfluxDB target");
+        validate_sink("influxdb", &influx.sink).unwrap();
+        let SinkConfig::Influxdb(influx) = influx.sink else { panic!("kind = \"influxdb\"") };
+        assert_eq!(influx.naming(), InfluxNaming::default(), "the example spells out the defaults");
+        assert_eq!(influx.settings(1).unwrap().url, "http://127.0.0.1:8086/write?db=telegraf&precision=ms");
     }
 
     #[test]
@@ -1065,6 +1215,11 @@ mod tests {
             ("[queue]\ncheckpoint_interval_secs = 3601", "queue.checkpoint_interval_secs"),
             ("[policy_sinks.\"1m:40d\"]\nkind = \"remote_write\"", "policy_sinks.\"1m:40d\".url"),
             ("[sink]\nkind = \"graphite\"\naddress = \"carbon\"", "sink.address"),
+            ("[sink]\nkind = \"influxdb\"\nbucket = \"b\"", "sink.org"),
+            ("[sink]\nkind = \"influxdb\"\nbucket = \"b\"\norg = \"o\"", "sink.token_file"),
+            ("[sink]\nkind = \"influxdb\"\ntoken_file = \"/etc/hosts\"", "sink.token_file"),
+            ("[sink]\nkind = \"influxdb\"\ndatabase = \"\"", "sink.database"),
+            ("[sink]\nkind = \"influxdb\"\nurl = \"influx:8086\"", "sink.url"),
             ("[sink]\nkind = \"graphite\"\npercent_thresholds = [90, 0]", "sink.percent_thresholds"),
             ("[sink]\nkind = \"graphite\"\nwrite_timeout_ms = 0", "sink.connect_timeout_ms"),
         ];

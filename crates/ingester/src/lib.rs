@@ -372,11 +372,11 @@ fn converter_for(
     if let SinkConfig::Graphite(graphite) = &target.sink {
         // Per tile: no running totals, so nothing that moves with a shard of the
         // ingesters' placement either (two owners write the same values to one slot).
-        let timer_scale = match config.mapping.timer_unit {
-            config::TimerUnitName::Seconds => 1000.0,
-            config::TimerUnitName::Milliseconds => 1.0,
-        };
-        let format = admit::lines::LineFormat::Graphite { naming: graphite.naming(), timer_scale };
+        let format = admit::lines::LineFormat::Graphite { naming: graphite.naming(), timer_scale: timer_scale(config) };
+        return converter.with_lines(format, metrics.name_changes(&target.name));
+    }
+    if let SinkConfig::Influxdb(influx) = &target.sink {
+        let format = admit::lines::LineFormat::Influx { naming: influx.naming(), timer_scale: timer_scale(config) };
         return converter.with_lines(format, metrics.name_changes(&target.name));
     }
     let mut converter = converter.with_resolution_label(target.resolution_label());
@@ -385,7 +385,15 @@ fn converter_for(
     }
     match &target.sink {
         SinkConfig::RemoteWrite(remote) => converter.with_histograms(remote.histograms, remote.max_buckets),
-        SinkConfig::File(_) | SinkConfig::Graphite(_) => converter,
+        SinkConfig::File(_) | SinkConfig::Graphite(_) | SinkConfig::Influxdb(_) => converter,
+    }
+}
+
+/// What a per-tile target multiplies timers by to write them in the unit they were sent in.
+fn timer_scale(config: &Config) -> f64 {
+    match config.mapping.timer_unit {
+        config::TimerUnitName::Seconds => 1000.0,
+        config::TimerUnitName::Milliseconds => 1.0,
     }
 }
 
@@ -407,6 +415,14 @@ fn build_sink(
             let sink =
                 FileSink::open(settings, metrics.file_sink(name), config.pool.workers * 2).map_err(sink_error)?;
             Ok(AnySink::File(sink))
+        }
+        SinkConfig::Influxdb(influx) => {
+            let settings = influx
+                .settings(config.pool.workers)
+                .map_err(|(field, reason)| sink_error(std::io::Error::other(format!("{field}: {reason}"))))?;
+            let sink =
+                sink::influx::InfluxSink::new(settings).map_err(|error| sink_error(std::io::Error::other(error)))?;
+            Ok(AnySink::Influx(Box::new(sink)))
         }
         SinkConfig::Graphite(graphite) => {
             Ok(AnySink::Graphite(Box::new(sink::carbon::CarbonSink::new(graphite.settings(), metrics.carbon(name)))))

@@ -6,6 +6,8 @@
 //!   `promtool tsdb create-blocks-from openmetrics` imports.
 //! - [`carbon::CarbonSink`]: Graphite, each tile once, named by [`graphite`] as statsd,
 //!   brubeck or tessera write it.
+//! - [`influx::InfluxSink`]: InfluxDB line protocol, each tile once, named as Telegraf's
+//!   statsd input writes it.
 //!
 //! [`prompb`] holds the remote-write messages and encodes a request body straight from the
 //! queued samples; [`openmetrics`] writes the text format for the file sink and the
@@ -21,6 +23,7 @@
 pub mod carbon;
 pub mod file;
 pub mod graphite;
+pub mod influx;
 pub mod metadata;
 mod metrics;
 #[cfg_attr(
@@ -96,6 +99,17 @@ pub enum SinkError {
         /// Whether this says storage is overloaded (429, 5xx, timeout), for pacing.
         overloaded: bool,
     },
+    /// Storage asked to be left alone for a while (429 or 503 with `Retry-After`):
+    /// retryable and overloaded, not sent again before `after`.
+    #[error("retryable {reason} (retry after {after:?}): {message}")]
+    RetryAfter {
+        /// Closed-set reason for metrics: `status_429`, `status_5xx`.
+        reason: &'static str,
+        /// Details for the log.
+        message: String,
+        /// The least wait storage asked for.
+        after: std::time::Duration,
+    },
     /// Will never succeed: a 4xx other than 429, or a request that cannot be built.
     #[error("rejected with status {status}: {message}")]
     Permanent {
@@ -150,6 +164,8 @@ pub enum AnySink {
     File(file::FileSink),
     /// Graphite (carbon).
     Graphite(Box<carbon::CarbonSink>),
+    /// InfluxDB.
+    Influx(Box<influx::InfluxSink>),
 }
 
 impl Sink for AnySink {
@@ -158,6 +174,7 @@ impl Sink for AnySink {
             AnySink::RemoteWrite(sink) => sink.kind(),
             AnySink::File(sink) => sink.kind(),
             AnySink::Graphite(sink) => sink.kind(),
+            AnySink::Influx(sink) => sink.kind(),
         }
     }
 
@@ -166,6 +183,7 @@ impl Sink for AnySink {
             AnySink::RemoteWrite(sink) => sink.write(request).await,
             AnySink::File(sink) => sink.write(request).await,
             AnySink::Graphite(sink) => sink.write(request).await,
+            AnySink::Influx(sink) => sink.write(request).await,
         }
     }
 
@@ -174,6 +192,7 @@ impl Sink for AnySink {
             AnySink::RemoteWrite(sink) => sink.close().await,
             AnySink::File(sink) => sink.close().await,
             AnySink::Graphite(sink) => sink.close().await,
+            AnySink::Influx(sink) => sink.close().await,
         }
     }
 }

@@ -5,6 +5,7 @@
 //!   polled until ready, killed on drop; instant queries.
 //! - [`victoria`]: Debian's `victoria-metrics` the same way.
 //! - [`graphite`]: Debian's `carbon-cache`, its whisper files read with `whisper-fetch`.
+//! - [`influx`]: Debian's `influxd` (InfluxDB 1.x), queried over `/query`.
 //! - [`daemons`]: the real tessera binaries as child processes, with a
 //!   config file each, polled on `/readyz`, killed on drop.
 //! - [`process`]: what those three share (a child with its files and log,
@@ -20,6 +21,7 @@
 
 pub mod daemons;
 pub mod graphite;
+pub mod influx;
 pub mod process;
 pub mod prometheus;
 pub mod tiles;

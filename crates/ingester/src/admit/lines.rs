@@ -1,8 +1,10 @@
 //! Per-tile targets: each series' tile rendered, at ingest time, as text in the target's
-//! protocol (carbon plaintext for Graphite, [`crate::sink::graphite`]).
+//! protocol (carbon plaintext for Graphite, [`crate::sink::graphite`]; line protocol for
+//! InfluxDB, [`crate::sink::influx`]).
 //!
 //! A per-tile store keeps what happened in each interval, one value per (path, slot), and
-//! a later write to a slot replaces the earlier one (whisper). So of the rules in
+//! a later write to a slot replaces the earlier one (whisper; InfluxDB's points, by
+//! measurement, tags and time). So of the rules in
 //! [`crate::admit`] (*Each tile counts once*) only the copies' apply; running totals,
 //! corrections, adoptions and resets do not:
 //!
@@ -27,6 +29,7 @@ use super::{Conversion, Converter, PerTile, SkipReason, SkippedTiles};
 use crate::queue::record::{Record, SampleKind, StoredSample};
 use crate::sink::NameChangeMetrics;
 use crate::sink::graphite::{Changes, Naming, Tile, TileValue};
+use crate::sink::influx::InfluxNaming;
 
 /// How a per-tile target renders a series' tile.
 #[derive(Debug, Clone)]
@@ -37,6 +40,13 @@ pub enum LineFormat {
         /// Whose paths, and how tags are written.
         naming: Naming,
         /// 1000 when the collectors keep `|ms` timers in seconds, else 1.
+        timer_scale: f64,
+    },
+    /// InfluxDB line protocol, named as Telegraf's statsd input writes it, stamped in ms.
+    Influx {
+        /// Separator and percentiles.
+        naming: InfluxNaming,
+        /// As for Graphite.
         timer_scale: f64,
     },
 }
@@ -127,15 +137,19 @@ impl Converter {
                 self.written_at_end_pending.push(origin);
             }
             let start = lines.text.len();
+            let (LineFormat::Graphite { timer_scale, .. } | LineFormat::Influx { timer_scale, .. }) = &lines.format;
+            let tile = Tile {
+                id: &tile.series_id,
+                value,
+                interval_secs: resolution_ms as f64 / 1000.0,
+                timer_scale: *timer_scale,
+            };
             match &lines.format {
-                LineFormat::Graphite { naming, timer_scale } => {
-                    let tile = Tile {
-                        id: &tile.series_id,
-                        value,
-                        interval_secs: resolution_ms as f64 / 1000.0,
-                        timer_scale: *timer_scale,
-                    };
-                    naming.write(&tile, tile_end_ms.div_euclid(1000), &mut lines.text, &mut lines.pending);
+                LineFormat::Graphite { naming, .. } => {
+                    naming.write(&tile, tile_end_ms.div_euclid(1000), &mut lines.text, &mut lines.pending)
+                }
+                LineFormat::Influx { naming, .. } => {
+                    naming.write(&tile, tile_end_ms, &mut lines.text, &mut lines.pending)
                 }
             }
             spans.push((start, lines.text.len()));

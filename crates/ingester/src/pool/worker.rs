@@ -107,14 +107,19 @@ async fn send<S: Sink>(target: &Target<S>, item: &WorkItem, settings: &PoolSetti
                     return;
                 }
             }
-            Err(SinkError::Retryable { reason, message, overloaded }) => {
+            Err(error @ (SinkError::Retryable { .. } | SinkError::RetryAfter { .. })) => {
+                let (reason, message, overloaded, at_least) = match error {
+                    SinkError::Retryable { reason, message, overloaded } => (reason, message, overloaded, None),
+                    SinkError::RetryAfter { reason, message, after } => (reason, message, true, Some(after)),
+                    _ => unreachable!("matched above"),
+                };
                 permit.finish(if overloaded { Outcome::Overloaded } else { Outcome::Neutral });
                 metrics.sink.request(reason);
                 if stop.is_triggered() {
                     return;
                 }
                 metrics.sink.writes.retries.inc();
-                let delay = backoff.next_delay();
+                let delay = backoff.next_delay().max(at_least.unwrap_or_default());
                 attempt = attempt.saturating_add(1);
                 if RETRY_LOG.allow() {
                     tracing::warn!(

@@ -301,19 +301,20 @@ fn write_tessera(key: &str, tile: &Tile<'_>, line: &mut Line<'_>) {
 }
 
 /// A distribution's statistics in the unit its values were sent in.
-struct Stats {
+pub(super) struct Stats {
     scale: f64,
-    count: f64,
-    sum: f64,
+    pub(super) count: f64,
+    pub(super) sum: f64,
     sum_squares: f64,
-    mean: f64,
-    std: f64,
-    min: f64,
-    max: f64,
+    pub(super) mean: f64,
+    /// Population standard deviation, as statsd's and Telegraf's.
+    pub(super) std: f64,
+    pub(super) min: f64,
+    pub(super) max: f64,
 }
 
 impl Stats {
-    fn of(kind: MetricKind, distribution: &Distribution, tile: &Tile<'_>) -> Stats {
+    pub(super) fn of(kind: MetricKind, distribution: &Distribution, tile: &Tile<'_>) -> Stats {
         let scale = if kind == MetricKind::Timer { tile.timer_scale } else { 1.0 };
         let count = distribution.count;
         let sum = distribution.sum * scale;
@@ -337,13 +338,13 @@ impl Stats {
         }
     }
 
-    fn quantile(&self, distribution: &Distribution, q: f64) -> f64 {
+    pub(super) fn quantile(&self, distribution: &Distribution, q: f64) -> f64 {
         distribution.sketch.quantile(q).map_or(0.0, |value| value * self.scale)
     }
 
     /// statsd's median: the middle value, or the mean of the two middle values of an even
     /// count (each read from the sketch, within its `α`).
-    fn statsd_median(&self, distribution: &Distribution) -> f64 {
+    pub(super) fn statsd_median(&self, distribution: &Distribution) -> f64 {
         let count = self.count.round();
         if count < 2.0 || count % 2.0 == 1.0 {
             return self.quantile(distribution, 0.5);

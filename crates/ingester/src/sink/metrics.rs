@@ -93,18 +93,18 @@ tessera_runtime::labelled_metrics! {
 }
 
 tessera_runtime::labelled_metrics! {
-    /// What per-tile targets (Graphite) had to change in names to write them.
+    /// What per-tile targets (Graphite, InfluxDB) had to change in names to write them.
     pub struct NameChangeFamilies;
     /// One per-tile target's name changes.
     #[derive(Default)]
     pub struct NameChangeMetrics by ByTarget {
         /// Keys sanitized for a Graphite path (statsd's keyNameSanitize: whitespace, `/` and characters outside
-        /// `[A-Za-z0-9_.-]`), per target
-        pub keys_sanitized: Counter = graphite_keys_sanitized,
+        /// `[A-Za-z0-9_.-]`), or empty measurement names not written to InfluxDB, per target
+        pub keys_sanitized: Counter = names_keys_sanitized,
         /// Tags that lost characters carbon would misparse, per target
-        pub tags_sanitized: Counter = graphite_tags_sanitized,
-        /// Tags dropped (an empty name or value once sanitized), per target
-        pub tags_dropped: Counter = graphite_tags_dropped,
+        pub tags_sanitized: Counter = names_tags_sanitized,
+        /// Tags dropped (an empty name or value once sanitized; InfluxDB: a tag named `metric_type`), per target
+        pub tags_dropped: Counter = names_tags_dropped,
     }
 }
 

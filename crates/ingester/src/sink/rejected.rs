@@ -44,12 +44,23 @@ impl RejectedLog {
         let logged_at_ms = tessera_core::clock::now_ms();
         let reason = reason.replace(['\n', '"'], " ");
         let mut text = String::with_capacity(request.samples.len() * 128);
-        for sample in &request.samples {
+        let prefix = |text: &mut String| {
             let _ = write!(
                 text,
                 "{logged_at_ms} target={target} status={status} policy={} ",
                 request.record.storage_policy
             );
+        };
+        for sample in &request.samples {
+            if !sample.lines.is_empty() {
+                // A per-tile target's sample: its lines as they were sent.
+                for line in String::from_utf8_lossy(&sample.lines).lines() {
+                    prefix(&mut text);
+                    let _ = writeln!(text, "{line} reason=\"{reason}\"");
+                }
+                continue;
+            }
+            prefix(&mut text);
             match decode_labels(&sample.labels) {
                 Ok(labels) => write_series(&mut text, &labels),
                 Err(_) => text.push_str("<undecodable labels>"),

@@ -206,7 +206,30 @@ pub fn parse_url(url: &str) -> Result<Uri, UrlError> {
 }
 
 /// hyper's pooled client over rustls (or plain TCP for `http`).
-type HttpsClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
+pub(super) type HttpsClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
+
+/// A pooled HTTP/1.1 client for `http` and `https` URLs, trusting what `tls` trusts, with
+/// `server_name` for every host when set.
+pub(super) fn https_client(
+    connect_timeout: Duration,
+    max_idle_connections: usize,
+    tls: Arc<ClientConfig>,
+    server_name: Option<String>,
+) -> HttpsClient {
+    let mut connector = HttpConnector::new();
+    connector.set_connect_timeout(Some(connect_timeout));
+    connector.set_nodelay(true);
+    connector.enforce_http(false);
+    let builder = hyper_rustls::HttpsConnectorBuilder::new().with_tls_config((*tls).clone()).https_or_http();
+    let builder = match server_name.and_then(|name| rustls::pki_types::ServerName::try_from(name).ok()) {
+        Some(name) => builder.with_server_name_resolver(hyper_rustls::FixedServerNameResolver::new(name)),
+        None => builder,
+    };
+    Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(30))
+        .pool_max_idle_per_host(max_idle_connections)
+        .build(builder.enable_http1().wrap_connector(connector))
+}
 
 /// A Prometheus remote-write target; see the [module docs](self).
 pub struct RemoteWriteSink {
@@ -217,7 +240,7 @@ pub struct RemoteWriteSink {
 }
 
 /// A TLS configuration for plain `http` targets, never used: the connector needs one.
-fn unused_tls() -> Arc<ClientConfig> {
+pub(super) fn unused_tls() -> Arc<ClientConfig> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = ClientConfig::builder_with_provider(provider).with_safe_default_protocol_versions();
     let config =
@@ -242,24 +265,9 @@ impl RemoteWriteSink {
         Ok(RemoteWriteSink { client: Mutex::new((tls, client)), settings, user_agent })
     }
 
-    fn client_with(
-        settings: &RemoteWriteSettings,
-        tls: Arc<ClientConfig>,
-    ) -> Client<HttpsConnector<HttpConnector>, Full<Bytes>> {
-        let mut connector = HttpConnector::new();
-        connector.set_connect_timeout(Some(settings.connect_timeout));
-        connector.set_nodelay(true);
-        connector.enforce_http(false);
-        let builder = hyper_rustls::HttpsConnectorBuilder::new().with_tls_config((*tls).clone()).https_or_http();
+    fn client_with(settings: &RemoteWriteSettings, tls: Arc<ClientConfig>) -> HttpsClient {
         let name = settings.tls.as_ref().and_then(|tls| tls.settings.server_name.clone());
-        let builder = match name.and_then(|name| rustls::pki_types::ServerName::try_from(name).ok()) {
-            Some(name) => builder.with_server_name_resolver(hyper_rustls::FixedServerNameResolver::new(name)),
-            None => builder,
-        };
-        Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(30))
-            .pool_max_idle_per_host(settings.max_idle_connections)
-            .build(builder.enable_http1().wrap_connector(connector))
+        https_client(settings.connect_timeout, settings.max_idle_connections, tls, name)
     }
 
     /// The client for the next request: rebuilt when the TLS files changed.

@@ -145,7 +145,7 @@ fn brubeck_and_tessera_names() {
 }
 
 #[test]
-fn tags_are_graphite_tags_sanitized_for_carbon_and_every_change_counted() {
+fn tags_are_names_tags_sanitized_for_carbon_and_every_change_counted() {
     let tiles = [
         tile("api.hits|#env:prod,route:/users", TileValue::Counter(10.0)),
         // statsd's own tags in the key, and a key with whitespace and a slash.
