@@ -45,8 +45,8 @@ pub struct Args {
     /// file sink: each 10 s tile once, with statsd's paths by default.
     #[arg(long, value_name = "HOST:PORT", conflicts_with = "url")]
     graphite: Option<String>,
-    /// With --graphite: whose paths to write, `statsd` (stats.<key>, stats_counts.<key>,
-    /// stats.timers.<key>.upper_90, ...), `brubeck` or `tessera`.
+    /// With --graphite: whose paths to write, `statsd` (`stats.KEY`, `stats_counts.KEY`,
+    /// `stats.timers.KEY.upper_90`, ...), `brubeck` or `tessera`.
     #[arg(long, value_name = "SCHEME", default_value = "statsd", requires = "graphite")]
     graphite_naming: String,
     /// With --graphite: `plaintext` (carbon's line receiver, 2003) or `pickle` (its

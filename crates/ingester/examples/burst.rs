@@ -19,6 +19,8 @@
 //! - the adaptive in-flight limit and pace reached, the ingester's peak RSS;
 //! - end-to-end latency p50/p99 over every tile (from the ingester's histogram).
 
+use tessera_testkit::graphite::Carbon;
+use tessera_testkit::influx::Influx;
 use tessera_testkit::prometheus;
 #[path = "../tests/support/wire.rs"]
 mod wire;
@@ -54,14 +56,19 @@ struct Flags {
     /// Workers (and the highest in-flight limit).
     #[arg(long, default_value_t = 8)]
     workers: usize,
-    /// Where samples go: `prometheus` (remote write), or `file` (the OpenMetrics sink, to
-    /// see the ingester's own capacity when storage is not the bottleneck).
+    /// Where samples go: `prometheus` (remote write), `file` (the OpenMetrics sink, to
+    /// see the ingester's own capacity when storage is not the bottleneck), `graphite` (a
+    /// real carbon-cache, brubeck's names), `graphite-null` (a receiver that drops the
+    /// lines: the Graphite target's own cost) or `influxdb` (a real InfluxDB 1.x).
     #[arg(long, default_value = "prometheus")]
     sink: String,
     /// Extra `[pacing]` keys, e.g. `min_in_flight = 4` (repeatable); default: the
     /// ingester's defaults.
     #[arg(long)]
     pacing: Vec<String>,
+    /// Extra `[sink]` keys, e.g. `resend_window_secs = 0` (repeatable).
+    #[arg(long)]
+    sink_option: Vec<String>,
 }
 
 struct Process {
@@ -157,6 +164,22 @@ fn tiles(series: usize) -> Vec<SeriesValue> {
         .collect()
 }
 
+/// A carbon receiver that reads and drops everything (a thread per connection): the
+/// Graphite target's own cost, with no store behind it. Returns its address.
+fn null_carbon() -> SocketAddr {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind the null carbon");
+    let address = listener.local_addr().expect("its address");
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            std::thread::spawn(move || {
+                let mut stream = stream;
+                let _ = std::io::copy(&mut stream, &mut std::io::sink());
+            });
+        }
+    });
+    address
+}
+
 fn ingester_binary() -> PathBuf {
     if let Some(path) = std::env::var_os("TESSERA_INGESTER_BIN") {
         return PathBuf::from(path);
@@ -191,10 +214,42 @@ async fn main() {
     let dir = tempfile::tempdir().expect("temporary directory");
     let (wire_port, telemetry_port) = (free_port(), free_port());
     let config = dir.path().join("ingester.toml");
+    // The store whose CPU is measured beside the ingester's (none for the file sink and
+    // the null carbon, which is a thread of this process reading and dropping lines).
+    let mut store_pid = prometheus.pid();
+    let mut _store: Option<Box<dyn std::any::Any + Send>> = None;
     let sink = match flags.sink.as_str() {
-        "file" => "kind = \"file\"\nrotate_secs = 10\n".to_owned(),
+        "file" => {
+            store_pid = None;
+            "kind = \"file\"\nrotate_secs = 10\n".to_owned()
+        }
+        "graphite-null" => {
+            store_pid = None;
+            format!("kind = \"graphite\"\naddress = \"{}\"\n", null_carbon())
+        }
+        "graphite" => {
+            let carbon = tokio::task::spawn_blocking(|| Carbon::start("10s:10m")).await.expect("carbon-cache starts");
+            store_pid = carbon.pid();
+            let sink = format!("kind = \"graphite\"\naddress = \"{}\"\nnaming = \"brubeck\"\n", carbon.plaintext);
+            _store = Some(Box::new(carbon));
+            sink
+        }
+        "influxdb" => {
+            let influx = tokio::task::spawn_blocking(|| {
+                let influx = Influx::start();
+                influx.query("CREATE DATABASE bench");
+                influx
+            })
+            .await
+            .expect("influxd starts");
+            store_pid = influx.pid();
+            let sink = format!("kind = \"influxdb\"\nurl = \"http://{}\"\ndatabase = \"bench\"\n", influx.address);
+            _store = Some(Box::new(influx));
+            sink
+        }
         _ => format!("kind = \"remote_write\"\nurl = \"{}\"\n", prometheus.remote_write_url()),
     };
+    let sink: String = std::iter::once(sink).chain(flags.sink_option.iter().map(|line| format!("{line}\n"))).collect();
     std::fs::write(
         &config,
         format!(
@@ -258,10 +313,9 @@ async fn main() {
     let mut e2e_after_first = e2e_before.clone();
     let mut sequence = 1_000;
     let mut peak_rss = rss_idle;
-    let prometheus_pid = prometheus.pid().expect("prometheus runs");
     let ingester_pid = ingester.child.id();
     println!(
-        "burst | durable s | drain s | e2e bound s | req p50 ms | req p99 ms | limit min/avg/max | pace max/s | refusals | rss MiB | cpu-s ingester | cpu-s prometheus"
+        "burst | durable s | drain s | e2e bound s | req p50 ms | req p99 ms | limit min/avg/max | pace max/s | refusals | rss MiB | cpu-s ingester | cpu-s store"
     );
     for burst in 0..flags.bursts {
         // The tile that ends at the next 10 s boundary, flushed 1 s after its end.
@@ -277,7 +331,8 @@ async fn main() {
         let wait = (tile_end + 1_000 - now_ms()).max(0) as u64;
         tokio::time::sleep(Duration::from_millis(wait)).await;
         let before = buckets(&ingester.metrics(), duration_name, "target=\"default\"");
-        let (ingester_cpu, prometheus_cpu) = (cpu_seconds(ingester_pid), cpu_seconds(prometheus_pid));
+        let store_cpu_before = store_pid.map_or(0.0, cpu_seconds);
+        let ingester_cpu = cpu_seconds(ingester_pid);
         let start = Instant::now();
         let refusals = send_frames(&mut sender, &frames).await;
         let durable = start.elapsed();
@@ -308,7 +363,7 @@ async fn main() {
             limit_sum / polls,
             peak_rss >> 20,
             cpu_seconds(ingester_pid) - ingester_cpu,
-            cpu_seconds(prometheus_pid) - prometheus_cpu,
+            store_pid.map_or(0.0, cpu_seconds) - store_cpu_before,
         );
         if burst == 0 {
             e2e_after_first = buckets(&ingester.metrics(), e2e_name, "resolution=\"10s\"");
@@ -334,7 +389,7 @@ async fn main() {
         metric(&text, "tessera_ingester_sink_retries_total", "target=\"default\""),
         metric(&text, "tessera_ingester_sink_rejected_samples_total", "target=\"default\",status=\"400\""),
     );
-    if flags.sink != "file" {
+    if flags.sink == "prometheus" {
         let check = prometheus.query("count(bench_requests_total)", now_ms() as f64 / 1000.0);
         println!("prometheus holds {} bench series", check[0]["value"][1].as_str().unwrap_or("0"));
     }

@@ -101,6 +101,11 @@ impl Carbon {
         }
     }
 
+    /// carbon-cache's process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.server.as_ref().and_then(Server::pid)
+    }
+
     /// carbon-cache's console log so far.
     pub fn log(&self) -> String {
         self.server.as_ref().map(Server::log).unwrap_or_default()

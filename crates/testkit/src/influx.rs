@@ -75,6 +75,11 @@ impl Influx {
         }
     }
 
+    /// influxd's process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.server.as_ref().and_then(Server::pid)
+    }
+
     /// influxd's log so far.
     pub fn log(&self) -> String {
         self.server.as_ref().map(Server::log).unwrap_or_default()
