@@ -128,9 +128,12 @@ pub fn split_fingerprint(workers: usize, max_samples_per_request: usize) -> u32 
     xxhash_rust::xxh3::xxh3_64(&bytes) as u32
 }
 
-/// The worker shard of a sample.
+/// The worker shard of a sample: by its series' labels, so that one series' samples go
+/// out in order; a per-tile target's samples (no labels, each a series' tile as lines,
+/// with no order to keep) by their text.
 pub fn shard_of(sample: &StoredSample, workers: usize) -> usize {
-    (xxhash_rust::xxh3::xxh3_64(&sample.labels) % workers.max(1) as u64) as usize
+    let key = if sample.labels.is_empty() { &sample.lines } else { &sample.labels };
+    (xxhash_rust::xxh3::xxh3_64(key) % workers.max(1) as u64) as usize
 }
 
 /// Splits `samples` into requests: per shard, chunks of at most `max_per_request`, keyed
@@ -148,14 +151,14 @@ pub fn split(
     }
     let mut chunked: Vec<std::vec::IntoIter<Vec<StoredSample>>> = by_shard
         .into_iter()
-        .map(|mut samples| {
+        .map(|samples| {
+            // Each chunk is allocated at its own size. (`split_off` would leave every chunk
+            // holding the capacity of all the shard's samples after it: at a million
+            // series, a record's chunks took eight times the memory of its samples.)
             let mut chunks = Vec::with_capacity(samples.len().div_ceil(max_per_request));
-            while samples.len() > max_per_request {
-                let rest = samples.split_off(max_per_request);
-                chunks.push(std::mem::replace(&mut samples, rest));
-            }
-            if !samples.is_empty() {
-                chunks.push(samples);
+            let mut samples = samples.into_iter();
+            while samples.len() > 0 {
+                chunks.push(samples.by_ref().take(max_per_request).collect::<Vec<_>>());
             }
             chunks.into_iter()
         })
@@ -265,5 +268,50 @@ fn dispatch<S: Sink>(
                 return;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+
+    use super::*;
+
+    fn sample(labels: &str, lines: &str) -> StoredSample {
+        StoredSample {
+            labels: Bytes::from(labels.to_owned()),
+            lines: Bytes::from(lines.to_owned()),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn split_sends_each_sample_once_in_chunks_that_hold_only_their_own_samples() {
+        let samples: Vec<StoredSample> = (0..10_000).map(|i| sample(&format!("series{i}"), "")).collect();
+        let requests = split(samples.clone(), 4, 300);
+        let mut seen: Vec<Bytes> = Vec::new();
+        for (shard, _, chunk) in &requests {
+            assert!(!chunk.is_empty() && chunk.len() <= 300, "{}", chunk.len());
+            assert_eq!(chunk.capacity(), chunk.len(), "a chunk is allocated at its own size");
+            assert!(chunk.iter().all(|sample| shard_of(sample, 4) == *shard));
+            seen.extend(chunk.iter().map(|sample| sample.labels.clone()));
+        }
+        seen.sort();
+        let mut expected: Vec<Bytes> = samples.iter().map(|sample| sample.labels.clone()).collect();
+        expected.sort();
+        assert_eq!(seen, expected);
+        let first: Vec<(usize, u32)> = requests.iter().take(4).map(|(shard, chunk, _)| (*shard, *chunk)).collect();
+        assert_eq!(first, vec![(0, 0), (1, 0), (2, 0), (3, 0)], "round robin over shards, chunk 0 first");
+    }
+
+    #[test]
+    fn per_tile_samples_spread_over_the_workers_by_their_text() {
+        let samples: Vec<StoredSample> = (0..1000).map(|i| sample("", &format!("stats.a{i} 1 10\n"))).collect();
+        let mut per_shard = [0usize; 4];
+        for sample in &samples {
+            per_shard[shard_of(sample, 4)] += 1;
+        }
+        assert!(per_shard.iter().all(|&count| count > 150), "{per_shard:?}");
+        assert_eq!(shard_of(&samples[7], 4), shard_of(&samples[7].clone(), 4), "the same text, the same worker");
     }
 }

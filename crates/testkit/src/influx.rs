@@ -1,6 +1,8 @@
 //! A real InfluxDB 1.x for tests: Debian's `influxdb` (`influxd`) started as a child
 //! process on free loopback ports, its data in a temporary directory, readiness polled on
-//! `/ping` (204), killed when dropped. Queries go through its HTTP `/query` API.
+//! `/ping` (204), killed when dropped. Queries go through its HTTP `/query` API. Its
+//! series limits are off (`max-values-per-tag`, `max-series-per-database`: 100 000 and a
+//! million by default), so that a benchmark can write a million series.
 //!
 //! The binary is `$TESSERA_INFLUXD_BIN`, else `influxd` on `PATH`, else `/usr/bin/influxd`.
 
@@ -41,6 +43,7 @@ impl Influx {
         let config = format!(
             "reporting-disabled = true\nbind-address = \"127.0.0.1:{}\"\n[meta]\n  dir = \"{root}/meta\"\n\
              [data]\n  dir = \"{root}/data\"\n  wal-dir = \"{root}/wal\"\n  query-log-enabled = false\n\
+             max-values-per-tag = 0\n  max-series-per-database = 0\n\
              [http]\n  bind-address = \"{address}\"\n  auth-enabled = {auth}\n  log-enabled = false\n\
              [monitor]\n  store-enabled = false\n",
             free_port()
