@@ -10,6 +10,10 @@
 #   ORDER=sequential|random|zipf (default random); BIN_DIR (default target/release);
 #   LOADGEN=path of the `tessera` whose loadgen sends (default BIN_DIR's: set it to run an
 #   older `tessera local`, from before `--order`, under today's loadgen)
+#   SINK=file (default) or graphite: `--graphite` with brubeck's paths into a carbon
+#   receiver that sums what it reads (benches/load/carbon_sum.py, standing in for carbon,
+#   which cannot create a million whisper files a tile on this machine); loss = lines sent -
+#   the sum of every `loadgen.counter.*` value, 25 s (two tiles) after the last line
 #
 # Needs `sysctl -w net.core.rmem_max=33554432` for the 32 MiB receive buffer.
 set -euo pipefail
@@ -25,15 +29,33 @@ need_binaries
 make_work_dir
 statsd_port=$(free_port DGRAM)
 http_port=$(free_port)
+sink=${SINK:-file}
+sink_flags=()
+if [ "$sink" = graphite ]; then
+    carbon_port=$(free_port)
+    python3 benches/load/carbon_sum.py "$carbon_port" loadgen.counter. "$work/carbon.sum" &
+    pids+=($!)
+    carbon_pid=$!
+    sink_flags=(--graphite "127.0.0.1:$carbon_port" --graphite-naming brubeck)
+fi
 "$bin/tessera" local --data-dir "$work/data" --plain --statsd "127.0.0.1:$statsd_port" \
-    --telemetry "127.0.0.1:$http_port" >"$work/local.log" 2>&1 &
+    --telemetry "127.0.0.1:$http_port" "${sink_flags[@]}" >"$work/local.log" 2>&1 &
 pids+=($!)
 local_pid=$!
 wait_ready "$http_port"
 cpu_before=$(cpu_ticks $local_pid)
-verdict=$("${LOADGEN:-$bin/tessera}" loadgen --target "127.0.0.1:$statsd_port" --series "$series" --mix counter=100 \
-    --rate-lines-per-sec "$rate" --duration-secs "$secs" --order "$order" \
-    --verify "files=$work/data/openmetrics" --verify-timeout-secs 120 | tail -1)
+loadgen=("${LOADGEN:-$bin/tessera}" loadgen --target "127.0.0.1:$statsd_port" --series "$series" --mix counter=100
+    --rate-lines-per-sec "$rate" --duration-secs "$secs" --order "$order")
+if [ "$sink" = graphite ]; then
+    report=$("${loadgen[@]}" --json | head -1)
+    sleep 25
+    kill -TERM "$carbon_pid"
+    wait "$carbon_pid" 2>/dev/null || true
+    sent=$(echo "$report" | python3 -c 'import json,sys; print(json.load(sys.stdin)["lines"])')
+    verdict=$(python3 -c "import sys; sent, seen = int(sys.argv[1]), float(sys.argv[2]); print(f'verify (carbon): expected counter increase {sent}, seen {seen:.0f}, lost {sent - seen:.0f} ({100 * (sent - seen) / sent:.3f} %)')" "$sent" "$(cat "$work/carbon.sum")")
+else
+    verdict=$("${loadgen[@]}" --verify "files=$work/data/openmetrics" --verify-timeout-secs 120 | tail -1)
+fi
 cpu=$(echo "scale=1; ($(cpu_ticks $local_pid) - $cpu_before) / $(getconf CLK_TCK)" | bc)
 curl -sf "http://127.0.0.1:$http_port/metrics" > "$work/metrics.txt"
 python3 - "$work/metrics.txt" <<'PY'
@@ -65,4 +87,4 @@ for (name, labels), parts in sorted(sums.items()):
         print(f"  mean {name}{{{labels}}}: {parts['sum'] / parts['count']:.2f} s over {int(parts['count'])}")
 PY
 echo "  $verdict"
-echo "  order=$order series=$series rate=$rate secs=$secs cpu=${cpu}s peak_rss=$(( $(peak_rss_kib $local_pid) / 1024 ))MB"
+echo "  sink=$sink order=$order series=$series rate=$rate secs=$secs cpu=${cpu}s peak_rss=$(( $(peak_rss_kib $local_pid) / 1024 ))MB"
