@@ -6,7 +6,7 @@
 # losetup and fstrim (a failing disk under the ingester's queue is a loop device),
 # Docker, docker-compose, jq and curl (the compose stack test), Python's venv
 # (the Kubernetes manifests' test installs its validator in one), and
-# carbon-cache and whisper-fetch (the Graphite target's tests), influxd (the
+# carbon-cache, whisper-fetch and graphite-web (the Graphite target's tests), influxd (the
 # InfluxDB target's), and
 # starts the Docker daemon when it is installed but not running. Idempotent.
 # The Kubernetes test also needs kubectl 1.22 or later (its built-in kustomize)
@@ -35,6 +35,8 @@ if [ "${1:-}" != "--build" ]; then
     # whisper files back with Debian's whisper-fetch.
     command -v carbon-cache >/dev/null || need+=(graphite-carbon)
     command -v whisper-fetch >/dev/null || need+=(python3-whisper)
+    # Tagged series are read back through graphite-web's /render (seriesByTag).
+    [ -e /usr/lib/python3/dist-packages/graphite/settings.py ] || need+=(graphite-web)
     # The InfluxDB target's tests write to a real InfluxDB 1.x.
     command -v influxd >/dev/null || need+=(influxdb)
 fi

@@ -8,6 +8,10 @@
 //!   `stats.gauges.<key>`.
 //! - **brubeck's**: `<key>` for counters and gauges, `<key>.{count,min,max,sum,mean}` for
 //!   timers.
+//! - **tagged series** (Graphite 1.1's `path;k=v`, the default) read back as dashboards
+//!   read them, through graphite-web's `/render?target=seriesByTag(…)`, graphite-web
+//!   started before carbon-cache; sample rates applied; tags carbon would misparse (`!` in a
+//!   name, a value starting with `~`, an empty value) sanitized or dropped, and counted.
 //! - **carbon-cache stopped, SIGKILLed and restarted mid-run**: every tile's count is in
 //!   whisper afterwards, the tiles the kernel took for the dead process included (the
 //!   resend window), through the pickle receiver as well. Without the window the test
@@ -119,6 +123,54 @@ fn tessera_local_gives_carbon_statsds_and_brubecks_paths_and_values_for_one_tile
     }
 }
 
+/// The value of the metric whose line starts with `prefix` in `tessera local`'s telemetry.
+fn metric(telemetry: u16, prefix: &str) -> Option<f64> {
+    let metrics = tessera_testkit::http_get(loopback(telemetry), "/metrics").unwrap().1;
+    metrics.lines().find(|line| line.starts_with(prefix)).and_then(|line| line.rsplit(' ').next()?.parse().ok())
+}
+
+#[test]
+fn tagged_series_read_back_through_graphite_webs_series_by_tag() {
+    let deploy = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/graphite/");
+    let read = |name: &str| std::fs::read_to_string(format!("{deploy}{name}")).unwrap();
+    let carbon = Carbon::start_tagged(&read("storage-schemas.conf"), &read("storage-aggregation.conf"));
+    let (local, statsd, telemetry) = local(carbon.plaintext, &[]);
+    early_in_a_tile();
+    let from = now_secs() as i64 - 10;
+    let mut datagrams: Vec<String> = (0..4).map(|_| "api.hits:5|c|@0.5|#env:prod,region:eu".to_owned()).collect();
+    datagrams.extend((0..2).map(|_| "api.hits:1|c|#env:dev".to_owned()));
+    datagrams.extend(["api.latency:100|ms|#env:prod".to_owned(), "api.latency:300|ms|#env:prod".to_owned()]);
+    // `!` is not allowed in a tag name, nor `~` first in a value; an empty value is no tag.
+    datagrams.push("temp:21.5|g|#room:~lab,bad!name:1,empty:".to_owned());
+    send(statsd, &datagrams);
+    let one = |target: &str| {
+        let target = format!("seriesByTag({target})");
+        wait_until(&format!("{target} in graphite-web"), Duration::from_secs(60), || {
+            carbon.render(&target, from).iter().any(|series| !series.points.is_empty())
+        });
+        let found = carbon.render(&target, from);
+        assert_eq!(found.len(), 1, "{target}: one series: {found:?}");
+        assert_eq!(found[0].points.len(), 1, "{target}: one tile, one slot: {found:?}");
+        (found[0].target.clone(), found[0].points[0].1)
+    };
+    // 4 × 5 at @0.5: a count of 40 in the tile, 4 per second.
+    assert_eq!(
+        one("'name=stats_counts.api.hits','env=prod'"),
+        ("stats_counts.api.hits;env=prod;region=eu".to_owned(), 40.0)
+    );
+    assert_eq!(one("'name=stats.api.hits','env=prod'").1, 4.0);
+    assert_eq!(one("'name=stats_counts.api.hits','env=dev'"), ("stats_counts.api.hits;env=dev".to_owned(), 2.0));
+    assert_eq!(one("'name=stats.timers.api.latency.upper','env=prod'").1, 300.0, "in ms, as sent");
+    assert_eq!(one("'name=stats.timers.api.latency.mean','env=prod'").1, 200.0);
+    assert_eq!(one("'name=stats.gauges.temp','room=lab'"), ("stats.gauges.temp;badname=1;room=lab".to_owned(), 21.5));
+    let both = carbon.render("seriesByTag('name=stats_counts.api.hits')", from);
+    assert_eq!(both.len(), 2, "one series per tag set: {both:?}");
+    let counted = |name: &str| metric(telemetry, &format!("tessera_ingester_names_{name}_total")).unwrap_or(0.0);
+    assert!(counted("tags_sanitized") >= 2.0, "`bad!name` and `~lab`: {}", counted("tags_sanitized"));
+    assert!(counted("tags_dropped") >= 1.0, "`empty:`: {}", counted("tags_dropped"));
+    drop(local);
+}
+
 #[test]
 fn carbon_killed_and_restarted_mid_run_loses_no_tile() {
     for protocol in ["plaintext", "pickle"] {
@@ -154,11 +206,7 @@ fn carbon_killed_and_restarted_mid_run_loses_no_tile() {
         wait_until(&format!("{sent} increments in whisper ({protocol})"), Duration::from_secs(60), || {
             stored() == sent as f64
         });
-        let metrics = tessera_testkit::http_get(loopback(telemetry), "/metrics").unwrap().1;
-        let resends = metrics
-            .lines()
-            .find(|line| line.starts_with("tessera_ingester_carbon_resends_total"))
-            .and_then(|line| line.rsplit(' ').next()?.parse::<f64>().ok());
+        let resends = metric(telemetry, "tessera_ingester_carbon_resends_total");
         assert!(resends.is_some_and(|resends| resends >= 1.0), "the window was resent: {resends:?}\n{}", carbon.log());
         local.terminate();
     }

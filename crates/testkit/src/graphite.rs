@@ -7,16 +7,24 @@
 //! `carbon-cache` and `whisper-fetch` on `PATH`, else under `/usr/bin`.
 //!
 //! Carbon is configured as a test needs it, not as Debian ships it: no limit on creates
-//! and updates (Debian's 50 creates a minute would hold new series back for minutes),
-//! tags off (no graphite-web beside it), and one storage schema for every path.
+//! and updates (Debian's 50 creates a minute would hold new series back for minutes) and
+//! one storage schema for every path. Tags are off, unless [`Carbon::start_tagged`] starts
+//! a graphite-web (Debian's `graphite-web`, Django's development server, its tag database in
+//! SQLite) beside it first: carbon then posts each new tagged series to that tag database,
+//! and tagged series are read back as dashboards read them, through `/render` with
+//! `seriesByTag(…)`. graphite-web must be up before carbon-cache, or carbon's tag index
+//! misses the series created meanwhile.
+//!
+//! graphite-web runs under `$TESSERA_GRAPHITE_PYTHON`, else Debian's `/usr/bin/python3`
+//! (the Python its packages are installed for).
 
 use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-use crate::free_port;
 use crate::process::{Server, system_binary};
+use crate::{free_port, http_get};
 
 /// A running carbon-cache, killed on drop.
 pub struct Carbon {
@@ -27,6 +35,68 @@ pub struct Carbon {
     pub plaintext: SocketAddr,
     /// The pickle receiver.
     pub pickle: SocketAddr,
+    /// graphite-web, with [`Carbon::start_tagged`].
+    web: Option<GraphiteWeb>,
+}
+
+/// graphite-web serving one carbon's whisper files and tag database, killed on drop.
+struct GraphiteWeb {
+    _server: Server,
+    address: SocketAddr,
+}
+
+impl GraphiteWeb {
+    /// Starts graphite-web on the whisper files under `root`, its database migrated, and
+    /// waits until its tag API answers.
+    fn start(root: &std::path::Path) -> GraphiteWeb {
+        let address: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+        let dir = Server::directory();
+        let root = root.display();
+        let settings = format!(
+            "SECRET_KEY = 'tessera-test'\nSTORAGE_DIR = '{root}/'\nWHISPER_DIR = '{root}/whisper/'\n\
+             STANDARD_DIRS = ['{root}/whisper/']\nLOG_DIR = '{root}/log/'\nINDEX_FILE = '{root}/index'\n\
+             CONF_DIR = '{root}/conf/'\nGRAPHITE_ROOT = '/usr/share/graphite-web'\n\
+             STATIC_ROOT = '/usr/share/graphite-web/static'\n\
+             TAGDB = 'graphite.tags.localdatabase.LocalDatabaseTagDB'\nTAGDB_CACHE_DURATION = 0\n\
+             DATABASES = {{'default': {{'NAME': '{root}/graphite.db', 'ENGINE': 'django.db.backends.sqlite3'}}}}\n\
+             LOG_ROTATION = False\nDEFAULT_XFILES_FACTOR = 0\nFUNCTION_PLUGINS = []\n"
+        );
+        std::fs::write(dir.path().join("tessera_graphite.py"), settings).expect("graphite-web's settings");
+        let python = system_binary("TESSERA_GRAPHITE_PYTHON", "/usr/bin/python3");
+        let django = |command: &mut Command| {
+            command
+                .env("PYTHONPATH", dir.path())
+                .env("GRAPHITE_SETTINGS_MODULE", "tessera_graphite")
+                .env("DJANGO_SETTINGS_MODULE", "graphite.settings")
+                .args(["-m", "django"]);
+        };
+        let mut migrate = Command::new(&python);
+        django(&mut migrate);
+        let output = migrate.args(["migrate", "--run-syncdb"]).output().expect("graphite-web's migrate");
+        assert!(
+            output.status.success(),
+            "graphite-web's database (install Debian's `graphite-web`): {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let mut command = Command::new(&python);
+        django(&mut command);
+        command.args(["runserver", "--noreload", &address.to_string()]);
+        let mut server = Server::spawn("graphite-web", command, dir, "; install Debian's `graphite-web`");
+        let ready = || matches!(http_get(address, "/tags/findSeries?expr=name=none"), Ok((200, _)));
+        server.wait_ready_with(Duration::from_secs(60), ready).unwrap_or_else(|why| panic!("{why}"));
+        GraphiteWeb { _server: server, address }
+    }
+}
+
+/// One series of a graphite-web `/render` answer: its name (tags included) and its points.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rendered {
+    /// The series' name, `path;tag=value;…` for a tagged series.
+    pub target: String,
+    /// Its tags, `name` included.
+    pub tags: serde_json::Map<String, serde_json::Value>,
+    /// `(timestamp, value)` of every slot that holds a value.
+    pub points: Vec<(i64, f64)>,
 }
 
 impl Carbon {
@@ -41,6 +111,16 @@ impl Carbon {
     /// Starts carbon-cache with these `storage-schemas.conf` and `storage-aggregation.conf`
     /// (tessera's own, in `deploy/graphite/`, say).
     pub fn start_with(schemas: &str, aggregation: &str) -> Carbon {
+        Carbon::start_inner(schemas, aggregation, false)
+    }
+
+    /// [`Carbon::start_with`], with tags on and a graphite-web beside it (started first),
+    /// to read tagged series back with [`Carbon::render`].
+    pub fn start_tagged(schemas: &str, aggregation: &str) -> Carbon {
+        Carbon::start_inner(schemas, aggregation, true)
+    }
+
+    fn start_inner(schemas: &str, aggregation: &str, tagged: bool) -> Carbon {
         let dir = Server::directory();
         let plaintext: SocketAddr = ([127, 0, 0, 1], free_port()).into();
         let pickle: SocketAddr = ([127, 0, 0, 1], free_port()).into();
@@ -49,13 +129,18 @@ impl Carbon {
         for sub in ["conf", "whisper", "log", "pid", "lists"] {
             std::fs::create_dir_all(dir.path().join(sub)).expect("carbon's directories");
         }
+        let web = tagged.then(|| GraphiteWeb::start(dir.path()));
+        let tags = match &web {
+            Some(web) => format!("ENABLE_TAGS = True\nGRAPHITE_URL = http://{}\n", web.address),
+            None => "ENABLE_TAGS = False\n".to_owned(),
+        };
         let conf = format!(
             "[cache]\nSTORAGE_DIR = {root}/\nLOCAL_DATA_DIR = {root}/whisper/\nWHITELISTS_DIR = {root}/lists/\n\
              CONF_DIR = {root}/conf/\nLOG_DIR = {root}/log/\nPID_DIR = {root}/pid/\nDATABASE = whisper\n\
              ENABLE_LOGROTATION = False\nUSER =\nMAX_CACHE_SIZE = inf\nMAX_UPDATES_PER_SECOND = inf\n\
              MAX_CREATES_PER_MINUTE = inf\nLINE_RECEIVER_INTERFACE = 127.0.0.1\nLINE_RECEIVER_PORT = {}\n\
              ENABLE_UDP_LISTENER = False\nPICKLE_RECEIVER_INTERFACE = 127.0.0.1\nPICKLE_RECEIVER_PORT = {}\n\
-             CACHE_QUERY_INTERFACE = 127.0.0.1\nCACHE_QUERY_PORT = {query}\nENABLE_TAGS = False\n",
+             CACHE_QUERY_INTERFACE = 127.0.0.1\nCACHE_QUERY_PORT = {query}\n{tags}",
             plaintext.port(),
             pickle.port()
         );
@@ -63,7 +148,7 @@ impl Carbon {
         std::fs::write(dir.path().join("conf/storage-schemas.conf"), schemas).expect("storage-schemas.conf");
         std::fs::write(dir.path().join("conf/storage-aggregation.conf"), aggregation)
             .expect("storage-aggregation.conf");
-        let mut carbon = Carbon { server: None, dir, plaintext, pickle };
+        let mut carbon = Carbon { server: None, dir, plaintext, pickle, web };
         carbon.restart();
         carbon
     }
@@ -114,6 +199,38 @@ impl Carbon {
     /// The whisper file of `path` (`stats.api.hits` → `<dir>/whisper/stats/api/hits.wsp`).
     pub fn whisper_file(&self, path: &str) -> PathBuf {
         self.dir.path().join("whisper").join(format!("{}.wsp", path.replace('.', "/")))
+    }
+
+    /// What graphite-web's `/render?target=…&format=json` answers for `target` (such as
+    /// `seriesByTag('name=stats_counts.api.hits')`) since `from` (unix seconds): each
+    /// series found, with the slots that hold a value. Needs [`Carbon::start_tagged`].
+    pub fn render(&self, target: &str, from: i64) -> Vec<Rendered> {
+        let web = self.web.as_ref().expect("render needs Carbon::start_tagged");
+        let encoded: String = target
+            .bytes()
+            .map(|byte| match byte {
+                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' => char::from(byte).to_string(),
+                other => format!("%{other:02X}"),
+            })
+            .collect();
+        let path = format!("/render?target={encoded}&format=json&from={from}&until=now");
+        let (status, body) = http_get(web.address, &path).expect("graphite-web answers /render");
+        assert_eq!(status, 200, "graphite-web /render {target}: {body}");
+        let answer: Vec<serde_json::Value> = serde_json::from_str(&body)
+            .unwrap_or_else(|error| panic!("graphite-web /render {target}: {error}: {body}"));
+        answer
+            .iter()
+            .map(|series| Rendered {
+                target: series["target"].as_str().unwrap_or_default().to_owned(),
+                tags: series["tags"].as_object().cloned().unwrap_or_default(),
+                points: series["datapoints"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|point| Some((point[1].as_i64()?, point[0].as_f64()?)))
+                    .collect(),
+            })
+            .collect()
     }
 
     /// Every value stored for `path` since `from` (unix seconds), as `(timestamp, value)`;
