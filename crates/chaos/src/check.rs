@@ -32,6 +32,8 @@ pub struct Resolution {
     pub tile_ms: i64,
     /// Whether the store holds several resolutions, so that samples carry the label.
     pub labelled: bool,
+    /// Whether its tiles go to the Graphite target (a carbon-cache) instead of Prometheus.
+    pub graphite: bool,
 }
 
 impl Resolution {
@@ -57,15 +59,27 @@ pub fn resolution_ms(label: &str) -> Option<i64> {
     )
 }
 
-/// The resolutions of `policies` (`10s:1h` → `10s`).
+/// The resolutions of `policies` (`10s:1h` → `10s`), all stored in Prometheus.
 pub fn resolutions(policies: &[String]) -> anyhow::Result<Vec<Resolution>> {
-    let labelled = policies.len() > 1;
+    resolutions_in(policies, None)
+}
+
+/// The resolutions of `policies`, the one of policy `graphite` (if any) stored in Graphite
+/// and the others in Prometheus.
+pub fn resolutions_in(policies: &[String], graphite: Option<&str>) -> anyhow::Result<Vec<Resolution>> {
+    if let Some(graphite) = graphite {
+        anyhow::ensure!(
+            policies.iter().any(|policy| policy == graphite),
+            "the Graphite policy `{graphite}` is not one of the policies"
+        );
+    }
+    let labelled = policies.iter().filter(|policy| Some(policy.as_str()) != graphite).count() > 1;
     policies
         .iter()
         .map(|policy| {
             let label = policy.split(':').next().unwrap_or_default().to_owned();
             let tile_ms = resolution_ms(&label).with_context(|| format!("policy `{policy}`"))?;
-            Ok(Resolution { label, tile_ms, labelled })
+            Ok(Resolution { label, tile_ms, labelled, graphite: Some(policy.as_str()) == graphite })
         })
         .collect()
 }
@@ -515,12 +529,25 @@ fn check_set(found: &mut Found<'_>, placed: &[Placed], collector: usize, points:
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_graphite_policy_is_read_from_carbon_and_leaves_prometheus_one_resolution_unlabelled() {
+        let policies = vec!["5s:1h".to_owned(), "20s:1h".to_owned()];
+        let both = resolutions_in(&policies, None).unwrap();
+        assert!(both.iter().all(|resolution| resolution.labelled && !resolution.graphite));
+        let split = resolutions_in(&policies, Some("20s:1h")).unwrap();
+        assert_eq!((split[0].labelled, split[0].graphite), (false, false), "Prometheus holds 5s alone");
+        assert!(split[1].graphite);
+        let error = resolutions_in(&policies, Some("1m:1h")).unwrap_err().to_string();
+        assert!(error.contains("1m:1h"), "{error}");
+    }
+
     use super::*;
 
     const WORKLOAD: Workload = Workload { series_per_kind: 2, collectors: 2 };
 
     fn ten_seconds() -> Vec<Resolution> {
-        vec![Resolution { label: "10s".into(), tile_ms: 10_000, labelled: false }]
+        vec![Resolution { label: "10s".into(), tile_ms: 10_000, labelled: false, graphite: false }]
     }
 
     /// Two rounds a second from t = 0 for `seconds`.
@@ -652,8 +679,8 @@ mod tests {
         let mut observed = exact(ledger);
         exact_at(ledger, "20s", 20_000, &mut observed);
         let resolutions = vec![
-            Resolution { label: "10s".into(), tile_ms: 10_000, labelled: true },
-            Resolution { label: "20s".into(), tile_ms: 20_000, labelled: true },
+            Resolution { label: "10s".into(), tile_ms: 10_000, labelled: true, graphite: false },
+            Resolution { label: "20s".into(), tile_ms: 20_000, labelled: true, graphite: false },
         ];
         (observed, resolutions)
     }

@@ -7,6 +7,7 @@
 //!                                    proxy ──▶ ing-1 … ing-M  (the ingesters' placement)
 //!                                                 │
 //!                                    proxy ──▶ Prometheus (remote write)
+//!                                    proxy ──▶ carbon-cache (the Graphite policy, if any)
 //! ```
 //!
 //! The aggregators' placement names each aggregator by its proxy's address, and so does
@@ -23,6 +24,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
 use tessera_testkit::free_port;
+use tessera_testkit::graphite::Carbon;
 use tessera_testkit::prometheus::{NO_SCRAPES, Prometheus};
 use tessera_topology::testing::EtcdServer;
 
@@ -41,6 +43,9 @@ pub struct Settings {
     /// The aggregators' storage policies (`10s:1h`); the ingesters store them all in the one
     /// Prometheus, each with its `resolution` label.
     pub policies: Vec<String>,
+    /// The policy whose tiles the ingesters write to a real carbon-cache (the Graphite
+    /// target, brubeck's paths with tags as nodes) instead of Prometheus, if any.
+    pub graphite: Option<String>,
     /// The liveness lease TTL of aggregators and ingesters.
     pub ttl_secs: u64,
     /// Where the binaries are.
@@ -90,6 +95,8 @@ pub const FOLLOWED: &[&str] = &[
     "tessera_collector_drops_total",
     "tessera_collector_kernel_drops_total",
     "tessera_aggregator_drops_total",
+    "tessera_ingester_carbon_resends_total",
+    "tessera_ingester_carbon_resent_lines_total",
 ];
 
 impl Process {
@@ -333,6 +340,8 @@ pub struct Cluster {
     pub prometheus: Prometheus,
     /// The proxy in front of the store.
     pub store_proxy: Proxy,
+    /// The carbon-cache of the Graphite policy, and the proxy in front of it.
+    pub carbon: Option<(Carbon, Proxy)>,
     /// Collectors, in order.
     pub collectors: Vec<Process>,
     /// Each collector's statsd address.
@@ -370,6 +379,21 @@ impl Cluster {
         ));
         let store_proxy = Proxy::start(prometheus.address)?;
         let remote_write = format!("http://{}/api/v1/write", store_proxy.address());
+        let mut carbon = None;
+        let mut graphite_sink = String::new();
+        if let Some(policy) = &settings.graphite {
+            // Whisper's first archive steps by the tile, as deploy/graphite's schemas do.
+            let tile = policy.split(':').next().unwrap_or_default();
+            let store = Carbon::start(&format!("{tile}:1d"));
+            let proxy = Proxy::start(store.plaintext)?;
+            graphite_sink = format!(
+                "[policy_sinks.{policy:?}]\nkind = \"graphite\"\naddress = \"{}\"\nnaming = \"brubeck\"\ntags = \"path\"\n",
+                proxy.address()
+            );
+            carbon = Some((store, proxy));
+        }
+        let prometheus_policies: Vec<&String> =
+            settings.policies.iter().filter(|policy| Some(*policy) != settings.graphite.as_ref()).collect();
         let etcd_section = |table: &str| {
             format!("[{table}]\nendpoints = [\"{}\"]\nenv = \"{ENV}\"\nrequest_timeout_ms = 1000\n", etcd.endpoint())
         };
@@ -404,9 +428,10 @@ impl Cluster {
                 "instance_id = \"{name}\"\nlisten = \"127.0.0.1:{port}\"\ndata_dir = {:?}\n\
                  sink_policies = {:?}\n\
                  [placement]\nadvertise = \"{}\"\nliveness_ttl_secs = {ttl}\n{}\
-                 [sink]\nkind = \"remote_write\"\nurl = \"{remote_write}\"\nhistograms = \"summary\"\n",
+                 [sink]\nkind = \"remote_write\"\nurl = \"{remote_write}\"\nhistograms = \"summary\"\n\
+                 {graphite_sink}",
                 settings.dir.join(&name).display().to_string(),
-                settings.policies,
+                prometheus_policies,
                 ingester_proxies[n].address(),
                 etcd_section("placement.etcd"),
             );
@@ -469,6 +494,7 @@ impl Cluster {
             etcd,
             prometheus,
             store_proxy,
+            carbon,
             collectors,
             statsd,
             aggregators,

@@ -44,6 +44,10 @@ struct Args {
     /// The aggregators' storage policies.
     #[arg(long, value_delimiter = ',', default_value = "10s:1h,1m:1h")]
     policies: Vec<String>,
+    /// One of `--policies` to write to a real carbon-cache (the Graphite target; Debian's
+    /// `graphite-carbon`) instead of Prometheus, checked per tile from its whisper files.
+    #[arg(long, value_name = "POLICY")]
+    graphite_policy: Option<String>,
     /// Liveness lease TTL of aggregators and ingesters, seconds.
     #[arg(long, default_value_t = 4)]
     ttl_secs: u64,
@@ -180,6 +184,7 @@ fn campaigns(args: &Args) -> anyhow::Result<bool> {
             duration,
             shape,
             policies: policies.clone(),
+            graphite: args.graphite_policy.clone().filter(|_| scripted.is_none()),
             ttl_secs,
             series_per_kind: args.series_per_kind,
             bin_dir: bin_dir.clone(),
@@ -210,7 +215,7 @@ fn campaigns(args: &Args) -> anyhow::Result<bool> {
             }
             println!(
                 "replay: tessera-chaos --seed {seed} --duration {}s --collectors {} --aggregators {} --replication-factor {} \
-                 --ingesters {} --policies {} --ttl-secs {} --series-per-kind {}",
+                 --ingesters {} --policies {} --ttl-secs {} --series-per-kind {}{}",
                 duration.as_secs(),
                 shape.collectors,
                 shape.aggregators,
@@ -219,6 +224,7 @@ fn campaigns(args: &Args) -> anyhow::Result<bool> {
                 policies.join(","),
                 ttl_secs,
                 args.series_per_kind,
+                campaign.graphite.as_ref().map(|policy| format!(" --graphite-policy {policy}")).unwrap_or_default(),
             );
         }
     }

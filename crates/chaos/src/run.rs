@@ -8,8 +8,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use tessera_core::clock::now_ms;
+use tessera_testkit::graphite::Carbon;
 
-use crate::check::{Excuse, Observed, Report, Resolution, check, resolutions, tile_end};
+use crate::check::{Excuse, Observed, Report, Resolution, Samples, check, resolutions_in, tile_end};
 use crate::cluster::{Cluster, Settings, send_signal};
 use crate::proxy::Mode;
 use crate::schedule::{Daemon, Fault, LinkFault, Scheduled, Shape, StoreFault};
@@ -26,6 +27,9 @@ pub struct Campaign {
     pub shape: Shape,
     /// The aggregators' storage policies.
     pub policies: Vec<String>,
+    /// The policy written to a real carbon-cache through the Graphite target (and checked
+    /// from its whisper files, per tile) instead of Prometheus, if any.
+    pub graphite: Option<String>,
     /// The liveness lease TTL of aggregators and ingesters.
     pub ttl_secs: u64,
     /// Series of each kind.
@@ -88,11 +92,12 @@ enum Step {
 
 /// Runs the campaign; errors are failures to run it, not violations.
 pub fn run(campaign: &Campaign, log: &mut dyn FnMut(&str)) -> anyhow::Result<Outcome> {
-    let resolutions = resolutions(&campaign.policies)?;
+    let resolutions = resolutions_in(&campaign.policies, campaign.graphite.as_deref())?;
     std::fs::create_dir_all(&campaign.dir)?;
     let mut cluster = Cluster::start(Settings {
         shape: campaign.shape,
         policies: campaign.policies.clone(),
+        graphite: campaign.graphite.clone(),
         ttl_secs: campaign.ttl_secs,
         bin_dir: campaign.bin_dir.clone(),
         dir: campaign.dir.clone(),
@@ -158,7 +163,7 @@ pub fn run(campaign: &Campaign, log: &mut dyn FnMut(&str)) -> anyhow::Result<Out
     let waited = wait_for_last_tiles(&mut cluster, &resolutions, &ledger, campaign)?;
     log(&format!("last tiles in after {:.1}s", waited.as_secs_f64()));
     watch.scrape(&mut cluster);
-    let observed = read_back(&cluster, &resolutions, &ledger)?;
+    let observed = read_back(&cluster, &resolutions, &ledger, campaign.series_per_kind)?;
     let mut excuses = excuses(&applied);
     excuses.extend(watch.kernel_drops.iter().cloned());
     let report = check(&workload, &ledger, &resolutions, &excuses, &observed);
@@ -252,8 +257,22 @@ fn begin(cluster: &mut Cluster, fault: &Fault) -> anyhow::Result<()> {
         Fault::Starve(daemon, percent) => cluster.process(daemon).starve(percent)?,
         Fault::EtcdRestart => cluster.etcd.stop(),
         Fault::EtcdPause => send_signal(cluster.etcd.pid(), "STOP"),
-        Fault::Store(StoreFault::Slow(delay)) => cluster.store_proxy.set(Mode::Delay(delay)),
-        Fault::Store(StoreFault::Refuse) => cluster.store_proxy.set(Mode::Refuse503),
+        // Graphite beside Prometheus: its proxy slowed the same; for a refusal carbon-cache
+        // is stopped (SIGSTOP: the kernel still takes what is written to it), then SIGKILLed
+        // and restarted when the fault ends. Carbon's protocol has no answer to refuse with:
+        // what the kernel took dies with it, and only the resend window brings it back.
+        Fault::Store(StoreFault::Slow(delay)) => {
+            cluster.store_proxy.set(Mode::Delay(delay));
+            if let Some((_, proxy)) = &cluster.carbon {
+                proxy.set(Mode::Delay(delay));
+            }
+        }
+        Fault::Store(StoreFault::Refuse) => {
+            cluster.store_proxy.set(Mode::Refuse503);
+            if let Some((carbon, _)) = &cluster.carbon {
+                carbon.pause();
+            }
+        }
         Fault::DiskFull(daemon) => cluster.process(daemon).fill_disk()?,
         Fault::Link(daemon, kind) => {
             let proxy = cluster.proxy(daemon).context("no proxy in front of that daemon")?;
@@ -282,7 +301,16 @@ fn end(cluster: &mut Cluster, fault: &Fault) -> anyhow::Result<Option<i64>> {
         Fault::Starve(daemon, _) => cluster.process(daemon).unstarve(),
         Fault::EtcdRestart => cluster.etcd.restart().context("restart etcd")?,
         Fault::EtcdPause => send_signal(cluster.etcd.pid(), "CONT"),
-        Fault::Store(_) => cluster.store_proxy.set(Mode::Pass),
+        Fault::Store(fault) => {
+            cluster.store_proxy.set(Mode::Pass);
+            if let Some((carbon, proxy)) = &mut cluster.carbon {
+                proxy.set(Mode::Pass);
+                if fault == StoreFault::Refuse {
+                    carbon.kill();
+                    carbon.restart();
+                }
+            }
+        }
         Fault::DiskFull(daemon) => cluster.process(daemon).free_disk(),
         Fault::Link(daemon, _) => {
             if let Some(proxy) = cluster.proxy(daemon) {
@@ -347,6 +375,41 @@ pub fn metric_name(kind: Kind) -> &'static str {
     }
 }
 
+/// The carbon path of a checked series (brubeck's names, tags as path nodes): its count
+/// for counters and timers, its value for gauges and sets, per tile.
+pub fn graphite_path(kind: Kind, series: u64) -> String {
+    match kind {
+        Kind::Timer => format!("{}.count.series_{series}", kind.name()),
+        _ => format!("{}.series_{series}", kind.name()),
+    }
+}
+
+/// The samples of every checked series of `kind` in carbon's whisper files since `from_ms`,
+/// as the checker reads Prometheus': per-tile counts summed into running totals (the
+/// whisper slot of a tile is its end), per-tile values of gauges and sets as they are.
+fn graphite_samples(carbon: &Carbon, kind: Kind, series_per_kind: u64, from_ms: i64) -> Samples {
+    let mut samples = HashMap::new();
+    for series in 0..series_per_kind {
+        let points = carbon.points(&graphite_path(kind, series), from_ms.div_euclid(1_000));
+        if points.is_empty() {
+            continue;
+        }
+        let mut total = 0.0;
+        let points = points
+            .into_iter()
+            .map(|(time, value)| match kind {
+                Kind::Counter | Kind::Timer => {
+                    total += value;
+                    (time * 1_000, total)
+                }
+                Kind::Gauge | Kind::Set => (time * 1_000, value),
+            })
+            .collect();
+        samples.insert(series, points);
+    }
+    samples
+}
+
 /// Waits until every checked series has a sample at its last tile, at every
 /// resolution, or the longest tile plus a minute has passed since that tile ended.
 fn wait_for_last_tiles(
@@ -364,6 +427,14 @@ fn wait_for_last_tiles(
         for resolution in resolutions {
             let last_tile = tile_end(last.after_ms, resolution.tile_ms);
             for kind in Kind::ALL {
+                if resolution.graphite {
+                    let Some((carbon, _)) = &cluster.carbon else { anyhow::bail!("no carbon-cache for Graphite") };
+                    let from_ms = ledger.first().map_or(last_tile, |round| round.before_ms);
+                    let samples = graphite_samples(carbon, kind, campaign.series_per_kind, from_ms);
+                    let at_last = samples.values().filter(|points| points.last().is_some_and(|p| p.0 >= last_tile));
+                    complete &= at_last.count() as u64 >= campaign.series_per_kind;
+                    continue;
+                }
                 let query = format!(
                     "count(timestamp({}{{{}}}) >= {})",
                     metric_name(kind),
@@ -388,13 +459,24 @@ fn wait_for_last_tiles(
 }
 
 /// Reads every checked series' raw samples back from the store.
-fn read_back(cluster: &Cluster, resolutions: &[Resolution], ledger: &[Round]) -> anyhow::Result<Observed> {
+fn read_back(
+    cluster: &Cluster,
+    resolutions: &[Resolution],
+    ledger: &[Round],
+    series_per_kind: u64,
+) -> anyhow::Result<Observed> {
     let mut observed = Observed::new();
     let first = ledger.first().map_or(now_ms(), |round| round.before_ms);
     let now = now_ms();
     let range_secs = (now - first) / 1_000 + 120;
     for kind in Kind::ALL {
         for resolution in resolutions {
+            if resolution.graphite {
+                let Some((carbon, _)) = &cluster.carbon else { anyhow::bail!("no carbon-cache for Graphite") };
+                let samples = graphite_samples(carbon, kind, series_per_kind, first - resolution.tile_ms);
+                observed.insert((kind, resolution.label.clone()), samples);
+                continue;
+            }
             let query = format!("{}{{{}}}[{range_secs}s]", metric_name(kind), resolution.matchers());
             let result = cluster.prometheus.query(&query, now as f64 / 1_000.0);
             let samples = observed.entry((kind, resolution.label.clone())).or_default();

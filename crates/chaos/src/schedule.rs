@@ -89,7 +89,8 @@ pub enum LinkFault {
     Reset,
 }
 
-/// What the store's proxy does to remote-write requests.
+/// What the store's proxy does to remote-write requests (and, with a Graphite policy, what
+/// happens to carbon-cache: slowed the same, or SIGKILLed for a refusal and restarted after).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StoreFault {
     /// Every chunk of every request and answer arrives this much later.

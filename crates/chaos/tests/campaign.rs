@@ -6,7 +6,8 @@
 //! - The scripted leader-link-stall scenario, after it: the links into each replica in
 //!   turn stall across a tile's end past `max_buffer_past`; every 10 s tile exact.
 //! - Beside it, as its busy neighbour, short campaigns of drawn faults on two seeds: no
-//!   series lost, doubled or wrong.
+//!   series lost, doubled or wrong; their 20 s tiles go to a real carbon-cache through the
+//!   Graphite target (SIGKILLed for the store's refusals), checked per tile from whisper.
 //!
 //! Long campaigns are a benchmark (`tessera-chaos --seeds 1..=100 --duration 5m`):
 //! RELIABILITY.md has what they ran and found.
@@ -74,6 +75,7 @@ fn scripted_campaign(dir: PathBuf, schedule: Vec<Scheduled>, duration: Duration,
             shard_set_recovery: Duration::ZERO,
         },
         policies: campaign_policies.clone(),
+        graphite: None,
         ttl_secs: 10,
         series_per_kind: 50,
         bin_dir: bin_dir(),
@@ -109,6 +111,8 @@ fn short_campaigns(dir: &std::path::Path) -> Vec<Campaign> {
                 duration,
                 shape,
                 policies: policies.clone(),
+                // The 20 s tiles go to a real carbon-cache, checked per tile from whisper.
+                graphite: Some("20s:1h".to_owned()),
                 ttl_secs,
                 series_per_kind: 100,
                 bin_dir: bin_dir(),

@@ -233,6 +233,12 @@ impl Carbon {
             .collect()
     }
 
+    /// [`Carbon::fetch`] without a process per file: the whisper file's first archive read
+    /// here ([`read_whisper`]), for checkers that read thousands of series.
+    pub fn points(&self, path: &str, from: i64) -> Vec<(i64, f64)> {
+        read_whisper(&self.whisper_file(path), from).unwrap_or_default()
+    }
+
     /// Every value stored for `path` since `from` (unix seconds), as `(timestamp, value)`;
     /// empty while the file does not exist.
     pub fn fetch(&self, path: &str, from: i64) -> Vec<(i64, f64)> {
@@ -258,5 +264,62 @@ impl Carbon {
                 Some((timestamp.trim().parse().ok()?, value.trim().parse().ok()?))
             })
             .collect()
+    }
+}
+
+/// The points of a whisper file's first (finest) archive stamped at or after `from` (unix
+/// seconds), by time: whisper's format is a header (aggregation, max retention, xFilesFactor,
+/// archive count), one `(offset, seconds per point, points)` per archive, then each archive
+/// a ring of `(timestamp u32, value f64)`, all big-endian. A slot never written holds
+/// timestamp 0; one written before the ring wrapped holds a timestamp older than the
+/// archive's retention, left out when `from` is within it.
+pub fn read_whisper(path: &std::path::Path, from: i64) -> std::io::Result<Vec<(i64, f64)>> {
+    let bytes = std::fs::read(path)?;
+    let invalid = || std::io::Error::new(std::io::ErrorKind::InvalidData, format!("{}: not whisper", path.display()));
+    let u32_at = |at: usize| -> std::io::Result<u32> {
+        Ok(u32::from_be_bytes(bytes.get(at..at + 4).ok_or_else(invalid)?.try_into().map_err(|_| invalid())?))
+    };
+    if u32_at(12)? == 0 {
+        return Ok(Vec::new());
+    }
+    let (offset, points) = (u32_at(16)? as usize, u32_at(24)? as usize);
+    let mut out = Vec::new();
+    for slot in 0..points {
+        let at = offset + slot * 12;
+        let timestamp = i64::from(u32_at(at)?);
+        let value =
+            f64::from_be_bytes(bytes.get(at + 4..at + 12).ok_or_else(invalid)?.try_into().map_err(|_| invalid())?);
+        if timestamp != 0 && timestamp >= from {
+            out.push((timestamp, value));
+        }
+    }
+    out.sort_by_key(|point| point.0);
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::process::Command;
+
+    use super::*;
+
+    /// The reader against whisper's own tools: a file made by `whisper-create`, written by
+    /// `whisper-update`, read back the same as `whisper-fetch` reads it.
+    #[test]
+    fn read_whisper_reads_what_whispers_tools_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("a.wsp");
+        // whisper's other tools, from wherever whisper-fetch is.
+        let tool = |name: &str| Command::new(system_binary("TESSERA_WHISPER_FETCH_BIN", name).with_file_name(name));
+        let created = tool("whisper-create").arg(&file).args(["10s:1h", "1m:1d"]).output().unwrap();
+        assert!(created.status.success(), "{}", String::from_utf8_lossy(&created.stderr));
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
+        let end = now - now % 10;
+        let points = [(end - 30, 1.5), (end - 20, -2.0), (end, 1e9)];
+        let mut update = tool("whisper-update");
+        update.arg(&file).args(points.iter().map(|(time, value)| format!("{time}:{value}")));
+        assert!(update.status().unwrap().success());
+        assert_eq!(read_whisper(&file, end - 60).unwrap(), points.to_vec());
+        assert_eq!(read_whisper(&file, end - 20).unwrap(), points[1..].to_vec());
     }
 }
