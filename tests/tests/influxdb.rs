@@ -1,7 +1,8 @@
 //! What a Telegraf user meets, end to end: `tessera local --influxdb` into a real InfluxDB
 //! 1.x (Debian's `influxdb`): one 10 s tile of counters, `|ms` timers, a gauge and a set
 //! gives the measurements, tags and fields Telegraf's statsd input writes, with timers in
-//! ms as sent.
+//! ms as sent, sample rates applied, and tags with line protocol's special characters read
+//! back as sent.
 
 use std::net::UdpSocket;
 use std::process::Command;
@@ -39,6 +40,9 @@ fn tessera_local_gives_influxdb_telegrafs_measurements_and_fields_for_one_tile()
     lines.extend((0..30).map(|_| "api.hits:5|c|@0.5".to_owned()));
     lines.extend(["queue.depth:7|g".to_owned(), "queue.depth:42|g".to_owned()]);
     lines.extend(["users.online:alice|s", "users.online:bob|s", "users.online:alice|s"].map(str::to_owned));
+    // Line protocol's special characters in a tag value and a tag key (escaped, read back
+    // as sent), and an empty tag (dropped).
+    lines.push("disk.used:3|g|#mount:/var/a b,k=v:1,empty:".to_owned());
     for line in &lines {
         socket.send_to(line.as_bytes(), loopback(statsd)).unwrap();
     }
@@ -56,6 +60,12 @@ fn tessera_local_gives_influxdb_telegrafs_measurements_and_fields_for_one_tile()
     assert_eq!((depth["value"].as_f64(), depth["metric_type"].as_str()), (Some(42.0), Some("gauge")));
     let online = row("users_online");
     assert_eq!((online["value"].as_f64(), online["metric_type"].as_str()), (Some(2.0), Some("set")));
+    let disk = row("disk_used");
+    assert_eq!(
+        (disk["mount"].as_str(), disk["k=v"].as_str(), disk["value"].as_f64()),
+        (Some("/var/a b"), Some("1"), Some(3.0))
+    );
+    assert!(disk.get("empty").is_none_or(serde_json::Value::is_null), "{disk:?}");
     let latency = row("api_latency");
     assert_eq!((latency["route"].as_str(), latency["metric_type"].as_str()), (Some("users"), Some("timing")));
     let field = |name: &str| latency[name].as_f64().unwrap_or_else(|| panic!("{name}: {latency:?}"));
