@@ -60,7 +60,12 @@ fn legend(dom: &str, panel: &str) -> Vec<(String, Option<f64>)> {
 /// The DOM of the page at `url` in Chromium, checked to have run without a script error,
 /// to show no error, and to be live (its data polls answered).
 fn live_page(url: &str) -> String {
-    let (dom, log) = chromium(url, &["--dump-dom"]);
+    live_page_with(url, &[])
+}
+
+/// [`live_page`] with more Chromium flags.
+fn live_page_with(url: &str, flags: &[&str]) -> String {
+    let (dom, log) = chromium(url, &[&["--dump-dom"][..], flags].concat());
     let uncaught: Vec<&str> = log.lines().filter(|line| line.contains("Uncaught")).collect();
     assert!(uncaught.is_empty(), "script errors on the page: {uncaught:?}");
     assert_eq!(attribute_near(&dom, "id=\"errors\"", "data-count"), Some("0"), "errors shown on the page:\n{dom}");
@@ -160,26 +165,23 @@ fn the_dashboard_page_shows_live_rates_and_latency_in_a_real_browser() {
     assert_eq!(local.terminate(), Some(0), "tessera local drains and exits cleanly");
 }
 
-/// `GET path` with basic auth as `user:password` (HTTP/1.0): the status code and the response.
-fn get_with_auth(address: SocketAddr, path: &str, user: &str, password: &str) -> (u16, String) {
-    use std::io::{Read, Write};
-    let credentials = tessera_core::base64::encode(format!("{user}:{password}").as_bytes());
-    let mut stream = std::net::TcpStream::connect(address).unwrap();
-    write!(stream, "GET {path} HTTP/1.0\r\nHost: {address}\r\nAuthorization: Basic {credentials}\r\n\r\n").unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    (response.split(' ').nth(1).and_then(|code| code.parse().ok()).unwrap_or(0), response)
-}
-
-/// The dashboard behind basic auth (`tessera local --web-config`): Chromium with the
-/// password in the URL loads the page and its data polls; without it gets the 401 page.
+/// The dashboard behind TLS and basic auth (`tessera local --web-config` with
+/// `tls_server_config` and `basic_auth_users`): Chromium with the password in the URL loads
+/// the page over HTTPS, and its data polls; without the password it gets the 401 page.
+/// (Chromium is told to accept the test CA's certificate: it has no flag to trust a CA.)
 #[test]
-fn the_dashboard_loads_through_basic_auth_in_a_real_browser_and_not_without_it() {
-    use tessera_testkit::tls::{TEST_PASSWORD, TEST_PASSWORD_BCRYPT};
+fn the_dashboard_loads_through_tls_and_basic_auth_in_a_real_browser_and_not_without_the_password() {
+    use tessera_testkit::tls::{Pki, TEST_PASSWORD, TEST_PASSWORD_BCRYPT, https_get};
     let (statsd, telemetry) = (free_port(), free_port());
     let dir = Server::directory();
+    let pki = Pki::create(dir.path());
     let web_config = dir.path().join("web.yml");
-    std::fs::write(&web_config, format!("basic_auth_users:\n  tessera: {TEST_PASSWORD_BCRYPT}\n")).unwrap();
+    let tls = format!(
+        "tls_server_config:\n  cert_file: {:?}\n  key_file: {:?}\n",
+        pki.server_cert.display().to_string(),
+        pki.server_key.display().to_string()
+    );
+    std::fs::write(&web_config, format!("{tls}basic_auth_users:\n  tessera: {TEST_PASSWORD_BCRYPT}\n")).unwrap();
     let mut command = Command::new(binary("tessera"));
     command
         .args(["local", "--plain"])
@@ -189,10 +191,14 @@ fn the_dashboard_loads_through_basic_auth_in_a_real_browser_and_not_without_it()
         .arg("--data-dir")
         .arg(dir.path().join("data"))
         .args(["--policy", "1s:1h"]);
+    let ca = pki.ca.clone();
+    let get = move |path: &str, auth| https_get(loopback(telemetry), path, &ca, auth);
+    let right = Some(("tessera", TEST_PASSWORD));
     let mut local = Server::spawn("tessera local", command, dir, "");
-    local.wait_ready(loopback(telemetry), "/readyz", Duration::from_secs(30)).unwrap();
-    assert_eq!(http_get(loopback(telemetry), "/dashboard/data?since=0").unwrap().0, 401);
-    assert_eq!(get_with_auth(loopback(telemetry), "/dashboard/data?since=0", "tessera", TEST_PASSWORD).0, 200);
+    local.wait_ready_with(Duration::from_secs(30), || matches!(get("/readyz", None), Ok((200, _)))).unwrap();
+    assert!(!matches!(http_get(loopback(telemetry), "/readyz"), Ok((200, _))), "HTTPS only");
+    assert_eq!(get("/dashboard/data?since=0", None).unwrap().0, 401);
+    assert_eq!(get("/dashboard/data?since=0", right).unwrap().0, 200);
 
     let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
     let datagram: String = (0..20).map(|series| format!("dash.hits:1|c|#series:s{series}\n")).collect();
@@ -203,7 +209,9 @@ fn the_dashboard_loads_through_basic_auth_in_a_real_browser_and_not_without_it()
         std::thread::sleep(Duration::from_millis(20));
     }
 
-    let dom = live_page(&format!("http://tessera:{TEST_PASSWORD}@{}/", loopback(telemetry)));
+    let insecure = ["--ignore-certificate-errors"];
+    let url = format!("https://tessera:{TEST_PASSWORD}@localhost:{}/", telemetry);
+    let dom = live_page_with(&url, &insecure);
     let drawn =
         attribute_near(&dom, "data-panel=\"lines_in\"", "data-points").and_then(|count| count.parse::<u32>().ok());
     assert!(drawn.is_some_and(|count| count > 0), "the page's data polls went through: {drawn:?}\n{dom}");
@@ -212,10 +220,11 @@ fn the_dashboard_loads_through_basic_auth_in_a_real_browser_and_not_without_it()
         let sample = "tessera_local_telemetry_auth_failures_total{reason=\"missing\"} ";
         metrics.lines().find_map(|line| line.strip_prefix(sample)?.parse::<f64>().ok()).unwrap_or(0.0)
     };
-    let before = missing(&get_with_auth(loopback(telemetry), "/metrics", "tessera", TEST_PASSWORD).1);
-    let (refused, _) = chromium(&format!("http://{}/", loopback(telemetry)), &["--dump-dom"]);
+    let before = missing(&get("/metrics", right).unwrap().1);
+    let (refused, _) =
+        chromium(&format!("https://localhost:{telemetry}/"), &[&["--dump-dom"][..], &insecure[..]].concat());
     assert!(!refused.contains("data-panel="), "no dashboard without the password:\n{refused}");
-    let after = missing(&get_with_auth(loopback(telemetry), "/metrics", "tessera", TEST_PASSWORD).1);
+    let after = missing(&get("/metrics", right).unwrap().1);
     assert!(after > before, "the browser's request without a password is counted: {before} -> {after}");
     assert_eq!(local.terminate(), Some(0), "tessera local drains and exits cleanly");
 }

@@ -1,12 +1,15 @@
-//! The telemetry port behind basic auth from a Prometheus web config file
+//! The telemetry port behind basic auth and TLS from a Prometheus web config file
 //! (`[telemetry] web_config`): a real Prometheus scrapes a real ingester with the password;
 //! jobs with a wrong password or none get nothing and are counted; the probes stay open.
+//! With `tls_server_config` and mutual TLS, a real Prometheus scrapes over HTTPS with its
+//! client certificate and the password; a job without a certificate, and a plain-HTTP
+//! client, get nothing and are counted.
 
 use std::time::Duration;
 
 use tessera_testkit::daemons::Daemon;
 use tessera_testkit::prometheus::Prometheus;
-use tessera_testkit::tls::{TEST_PASSWORD, TEST_PASSWORD_BCRYPT};
+use tessera_testkit::tls::{Pki, TEST_PASSWORD, TEST_PASSWORD_BCRYPT, https_get_as};
 use tessera_testkit::{free_port, http_get};
 use tessera_tests::{loopback, scalar};
 
@@ -91,5 +94,85 @@ fn a_web_config_that_cannot_work_stops_the_daemon_at_start_with_the_reason() {
         .expect("run tessera-ingester");
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(64), "{stderr}");
-    assert!(stderr.contains("tls_server_config is not supported yet") && stderr.contains("web.yml"), "{stderr}");
+    // The certificate files named do not exist: said at start, where they were looked for.
+    let missing = dir.path().join("a.pem").display().to_string();
+    assert!(stderr.contains(&missing) && stderr.contains("web.yml"), "{stderr}");
+}
+
+#[test]
+fn prometheus_scrapes_over_mutual_tls_with_basic_auth_and_clients_without_a_certificate_are_refused_and_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::create(dir.path());
+    let web_config = dir.path().join("web.yml");
+    std::fs::write(
+        &web_config,
+        format!(
+            "tls_server_config:\n  cert_file: {:?}\n  key_file: {:?}\n  client_ca_file: ca.pem\n\
+             client_auth_type: RequireAndVerifyClientCert\nbasic_auth_users:\n  tessera: {TEST_PASSWORD_BCRYPT}\n",
+            pki.server_cert.display().to_string(),
+            pki.server_key.display().to_string(),
+        )
+        .replace("\nclient_auth_type", "\n  client_auth_type"),
+    )
+    .unwrap();
+    let telemetry = loopback(free_port());
+    let config = format!(
+        "listen = \"127.0.0.1:{}\"\ndata_dir = {:?}\n[sink]\nkind = \"file\"\n\
+         [telemetry]\nlisten = \"{telemetry}\"\nweb_config = {:?}\n",
+        free_port(),
+        dir.path().join("data").display().to_string(),
+        web_config.display().to_string(),
+    );
+    let client = Some((pki.client_cert.as_path(), pki.client_key.as_path()));
+    let get = |path: &str, client, auth| https_get_as(telemetry, path, &pki.ca, client, auth);
+    let ingester = Daemon::start_until("ingester", "tessera-ingester", &config, telemetry, || {
+        matches!(get("/readyz", client, None), Ok((200, _)))
+    });
+    let right = Some(("tessera", TEST_PASSWORD));
+    assert_eq!(get("/metrics", client, None).unwrap().0, 401, "TLS and the password, both");
+    assert_eq!(get("/metrics", client, Some(("tessera", "guess"))).unwrap().0, 401);
+    assert_eq!(get("/metrics", client, right).unwrap().0, 200);
+    assert!(get("/metrics", None, right).is_err(), "no client certificate: no TLS session");
+    assert!(!matches!(http_get(telemetry, "/healthz"), Ok((200, _))), "plain HTTP gets nothing");
+
+    let job = |name: &str, tls: &str| {
+        format!(
+            "  - job_name: {name}\n    scheme: https\n    tls_config:\n      ca_file: {:?}\n      server_name: localhost\n{tls}\
+             \x20   basic_auth:\n      username: tessera\n      password: '{TEST_PASSWORD}'\n\
+             \x20   static_configs:\n      - targets: ['{telemetry}']\n",
+            pki.ca.display().to_string()
+        )
+    };
+    let certificate = format!(
+        "      cert_file: {:?}\n      key_file: {:?}\n",
+        pki.client_cert.display().to_string(),
+        pki.client_key.display().to_string()
+    );
+    let prometheus = Prometheus::start_with_config(&format!(
+        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n{}{}",
+        job("mutual", &certificate),
+        job("no_certificate", ""),
+    ));
+    let failures = |reason: &str| {
+        scalar(
+            &prometheus,
+            &format!("tessera_ingester_telemetry_tls_failures_total{{job=\"mutual\",reason=\"{reason}\"}}"),
+        )
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let up = ["mutual", "no_certificate"].map(|job| scalar(&prometheus, &format!("up{{job=\"{job}\"}}")));
+        if up == [Some(1.0), Some(0.0)] && failures("no_certificate").is_some_and(|count| count >= 2.0) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "up {up:?}, no_certificate {:?}\n{}",
+            failures("no_certificate"),
+            ingester.log()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    assert_eq!(scalar(&prometheus, "tessera_ingester_up{job=\"mutual\"}"), Some(1.0));
+    assert!(failures("tls").is_some_and(|count| count >= 1.0), "the plain-HTTP client: {:?}", failures("tls"));
 }

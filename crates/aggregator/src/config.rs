@@ -44,7 +44,7 @@
 //! [telemetry]
 //! listen = "0.0.0.0:9103"
 //! profiling = true             # CPU profiles at /debug/pprof/profile; false: 403
-//! # web_config = "/etc/tessera/web.yml"  # Prometheus web config: basic_auth_users (bcrypt)
+//! # web_config = "/etc/tessera/web.yml"  # Prometheus web config: tls_server_config, basic_auth_users
 //! ```
 
 use std::time::Duration;

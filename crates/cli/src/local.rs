@@ -67,8 +67,9 @@ pub struct Args {
     /// others can reach.
     #[arg(long)]
     no_profiling: bool,
-    /// A Prometheus web config file (`basic_auth_users` with bcrypt hashes): every path of
-    /// `--telemetry` but `/healthz` and `/readyz` then needs the password.
+    /// A Prometheus web config file: `tls_server_config` (the `--telemetry` port speaks
+    /// HTTPS only) and `basic_auth_users` with bcrypt hashes (every path but `/healthz` and
+    /// `/readyz` then needs the password).
     #[arg(long, value_name = "FILE")]
     web_config: Option<PathBuf>,
     /// A Prometheus statsd_exporter mapping file: dotted name parts become labels

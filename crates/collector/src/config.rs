@@ -294,8 +294,8 @@ tessera_wire::sender_config! {
 }
 
 /// `[telemetry]`: `listen`, by default `127.0.0.1:9102`; `profiling` (default `true`; `false` answers 403 at
-/// `/debug/pprof/profile`); `web_config`, a Prometheus web config file whose `basic_auth_users` every path but
-/// the probes requires.
+/// `/debug/pprof/profile`); `web_config`, a Prometheus web config file: `tls_server_config` (HTTPS only) and
+/// `basic_auth_users`, which every path but the probes requires.
 pub type TelemetryConfig = tessera_runtime::config::TelemetryConfig<9102>;
 
 /// A configuration that cannot work.

@@ -129,7 +129,7 @@
 //! [telemetry]
 //! listen = "127.0.0.1:9104"      # /metrics, /healthz, /readyz; absent = off
 //! profiling = true             # CPU profiles at /debug/pprof/profile; false: 403
-//! # web_config = "/etc/tessera/web.yml"  # Prometheus web config: basic_auth_users (bcrypt)
+//! # web_config = "/etc/tessera/web.yml"  # Prometheus web config: tls_server_config, basic_auth_users
 //!
 //! [tls]                       # optional: TLS on the wire listener; plain TCP when absent
 //! cert_file = "/etc/tessera/tls/ingester.crt"

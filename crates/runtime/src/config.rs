@@ -40,9 +40,10 @@ pub struct TelemetryConfig<const DEFAULT_PORT: u16> {
     /// Serve CPU profiles at `/debug/pprof/profile` (default `true`); `false` answers 403
     /// there, for a port others can reach.
     pub profiling: bool,
-    /// A Prometheus exporter-toolkit web configuration file whose `basic_auth_users`
-    /// (bcrypt hashes) every path but `/healthz` and `/readyz` requires
-    /// ([`crate::telemetry::web_config`]); none by default.
+    /// A Prometheus exporter-toolkit web configuration file: `tls_server_config` (HTTPS
+    /// only, mutual TLS with a client CA) and `basic_auth_users` (bcrypt hashes, which every
+    /// path but `/healthz` and `/readyz` requires) ([`crate::telemetry::web_config`]); none
+    /// by default.
     pub web_config: Option<PathBuf>,
 }
 

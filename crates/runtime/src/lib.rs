@@ -66,6 +66,7 @@ pub mod logging;
 pub mod memory;
 pub mod shutdown;
 pub mod telemetry;
+pub mod tls;
 
 pub use backoff::{Backoff, sleep_or_stop};
 pub use config::{ConfigError, EXIT_CONFIG, file_stamp};

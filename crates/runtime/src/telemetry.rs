@@ -100,6 +100,10 @@ struct Inner {
     auth_failures: Family<Vec<(&'static str, &'static str)>, Counter>,
     /// Changes of the web config file that did not load.
     web_config_reload_errors: Counter,
+    /// TLS on the port (`tls_server_config` of the web config).
+    tls: Mutex<Option<Arc<web_config::Tls>>>,
+    /// TLS handshakes that failed, by reason.
+    tls_failures: Family<Vec<(&'static str, &'static str)>, Counter>,
 }
 
 impl Telemetry {
@@ -143,6 +147,12 @@ impl Telemetry {
             "Changes of the telemetry web config file that did not load (the users it had stay)",
             web_config_reload_errors.clone(),
         );
+        let tls_failures = Family::default();
+        registry.register(
+            format!("{prefix}_telemetry_tls_failures"),
+            "TLS handshakes on the telemetry port that failed, per reason (no_certificate, unknown_ca, bad_certificate, timeout, tls)",
+            tls_failures.clone(),
+        );
         let profiling = std::sync::atomic::AtomicBool::new(true);
         let inner = Inner {
             daemon: daemon.to_owned(),
@@ -152,6 +162,8 @@ impl Telemetry {
             basic_auth: Mutex::new(None),
             auth_failures,
             web_config_reload_errors,
+            tls: Mutex::new(None),
+            tls_failures,
         };
         Self { inner: Arc::new(inner) }
     }
@@ -169,8 +181,21 @@ impl Telemetry {
             self.inner.auth_failures.clone(),
             self.inner.web_config_reload_errors.clone(),
         )?;
+        let tls = web_config::load_tls(path, self.inner.web_config_reload_errors.clone())?;
         *self.inner.basic_auth.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(auth);
+        *self.inner.tls.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = tls.map(Arc::new);
         Ok(())
+    }
+
+    /// The TLS [`set_web_config`](Self::set_web_config) set, if any: the port then serves
+    /// HTTPS only.
+    pub fn tls(&self) -> Option<Arc<web_config::Tls>> {
+        self.inner.tls.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone()
+    }
+
+    /// Counts a failed TLS handshake on the telemetry port under `reason`.
+    pub fn count_tls_failure(&self, reason: &'static str) {
+        self.inner.tls_failures.get_or_create(&vec![("reason", reason)]).inc();
     }
 
     /// The basic auth [`set_web_config`](Self::set_web_config) set, if any.

@@ -82,6 +82,27 @@ impl Daemon {
         Daemon { name: name.to_owned(), server, telemetry }
     }
 
+    /// [`start`](Self::start) for a daemon whose telemetry port is not plain HTTP (TLS):
+    /// ready when `ready` says so.
+    pub fn start_until(
+        name: &str,
+        binary_name: &str,
+        config_text: &str,
+        telemetry: SocketAddr,
+        ready: impl FnMut() -> bool,
+    ) -> Daemon {
+        let dir = Server::directory();
+        let config = dir.path().join(format!("{name}.toml"));
+        std::fs::write(&config, config_text).expect("write config");
+        let mut command = Command::new(binary(binary_name));
+        command.arg("--config").arg(&config).arg("--log-level").arg("info");
+        let mut server = Server::spawn(name, command, dir, "");
+        if let Err(why) = server.wait_ready_with(Duration::from_secs(30), ready) {
+            panic!("{why}");
+        }
+        Daemon { name: name.to_owned(), server, telemetry }
+    }
+
     /// The daemon's log so far.
     pub fn log(&self) -> String {
         self.server.log()

@@ -102,6 +102,17 @@ pub fn https_get(
     ca: &Path,
     basic_auth: Option<(&str, &str)>,
 ) -> std::io::Result<(u16, String)> {
+    https_get_as(address, path, ca, None, basic_auth)
+}
+
+/// [`https_get`] presenting the client certificate `(cert, key)` when given (mutual TLS).
+pub fn https_get_as(
+    address: std::net::SocketAddr,
+    path: &str,
+    ca: &Path,
+    client: Option<(&Path, &Path)>,
+    basic_auth: Option<(&str, &str)>,
+) -> std::io::Result<(u16, String)> {
     use rustls::pki_types::pem::PemObject;
     use std::io::{Read, Write};
 
@@ -113,8 +124,18 @@ pub fn https_get(
     let config = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(std::io::Error::other)?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
+        .with_root_certificates(roots);
+    let config = match client {
+        Some((cert, key)) => {
+            let chain = rustls::pki_types::CertificateDer::pem_file_iter(cert)
+                .map_err(std::io::Error::other)?
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(std::io::Error::other)?;
+            let key = rustls::pki_types::PrivateKeyDer::from_pem_file(key).map_err(std::io::Error::other)?;
+            config.with_client_auth_cert(chain, key).map_err(std::io::Error::other)?
+        }
+        None => config.with_no_client_auth(),
+    };
     let name = rustls::pki_types::ServerName::try_from("localhost").map_err(std::io::Error::other)?;
     let connection = rustls::ClientConnection::new(Arc::new(config), name).map_err(std::io::Error::other)?;
     let tcp = std::net::TcpStream::connect_timeout(&address, std::time::Duration::from_secs(2))?;

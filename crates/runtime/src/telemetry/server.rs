@@ -1,19 +1,25 @@
 //! The HTTP endpoint: the dashboard page at `/` (and its assets and data),
-//! `/metrics`, `/healthz`, `/readyz`, `/debug/pprof/profile`, `/debug/pprof/heap`.
+//! `/metrics`, `/healthz`, `/readyz`, `/debug/pprof/profile`, `/debug/pprof/heap`; HTTPS
+//! only when the web config has `tls_server_config` ([`super::web_config`]).
 
 use std::io;
 use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Router;
 use axum::extract::{Query, RawQuery, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
+use tokio_rustls::server::TlsStream;
 
 use super::dashboard::{DASHBOARD_CSS, DASHBOARD_JS, Dashboard, INDEX_HTML};
 use super::profile::{ProfileError, ProfileRequest, take_profile};
+use super::web_config::Tls;
 use super::{Readiness, Telemetry};
 use crate::Shutdown;
 
@@ -95,6 +101,7 @@ pub async fn serve(
     let listener = TcpListener::bind(address).await.map_err(|error| ServeError::Bind { address, error })?;
     let local_addr = listener.local_addr().map_err(|error| ServeError::Bind { address, error })?;
     let dashboard = Dashboard::start(telemetry.clone(), shutdown.clone());
+    let (tls, telemetry_for_tls) = (telemetry.tls(), telemetry.clone());
     let router = Router::new()
         .route("/", get(|| async { ([(header::CONTENT_TYPE, "text/html; charset=utf-8")], INDEX_HTML) }))
         .route(
@@ -111,10 +118,91 @@ pub async fn serve(
         .fallback(not_found)
         .layer(axum::middleware::from_fn_with_state(telemetry.clone(), require_basic_auth))
         .with_state(Endpoint { telemetry, readiness, dashboard, shutdown: shutdown.clone() });
-    let task = tokio::spawn(async move {
-        axum::serve(listener, router).with_graceful_shutdown(async move { shutdown.wait().await }).await
-    });
+    let task = match tls {
+        Some(tls) => {
+            let listener = TlsListener::start(listener, local_addr, tls, telemetry_for_tls, shutdown.clone());
+            tokio::spawn(async move {
+                axum::serve(listener, router).with_graceful_shutdown(async move { shutdown.wait().await }).await
+            })
+        }
+        None => tokio::spawn(async move {
+            axum::serve(listener, router).with_graceful_shutdown(async move { shutdown.wait().await }).await
+        }),
+    };
     Ok(ServerHandle { local_addr, task })
+}
+
+/// How long a client has to finish its TLS handshake.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The telemetry port with `tls_server_config`: TCP connections accepted here, each
+/// handshake in a task of its own under [`HANDSHAKE_TIMEOUT`] (a slow or silent client holds
+/// up no one), and only those that completed handed to the HTTP server. Failures are
+/// counted by reason ([`Telemetry::count_tls_failure`]).
+struct TlsListener {
+    handshaken: mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
+    local_addr: SocketAddr,
+}
+
+impl TlsListener {
+    fn start(
+        listener: TcpListener,
+        local_addr: SocketAddr,
+        tls: Arc<Tls>,
+        telemetry: Telemetry,
+        shutdown: Shutdown,
+    ) -> TlsListener {
+        let (sender, handshaken) = mpsc::channel(64);
+        tokio::spawn(async move {
+            loop {
+                let (stream, peer) = tokio::select! {
+                    accepted = listener.accept() => match accepted {
+                        Ok(accepted) => accepted,
+                        Err(error) => {
+                            // Out of descriptors, say: wait rather than spin.
+                            tracing::warn!(%error, "telemetry port: accept failed");
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                            continue;
+                        }
+                    },
+                    () = shutdown.wait() => return,
+                };
+                let acceptor = tokio_rustls::TlsAcceptor::from(tls.current());
+                let (sender, telemetry) = (sender.clone(), telemetry.clone());
+                tokio::spawn(async move {
+                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                        Ok(Ok(stream)) => {
+                            let _ = sender.send((stream, peer)).await;
+                        }
+                        Ok(Err(error)) => {
+                            let reason = crate::tls::failure_label(&error);
+                            tracing::debug!(%error, %peer, reason, "telemetry port: TLS handshake failed");
+                            telemetry.count_tls_failure(reason);
+                        }
+                        Err(_) => telemetry.count_tls_failure("timeout"),
+                    }
+                });
+            }
+        });
+        TlsListener { handshaken, local_addr }
+    }
+}
+
+impl axum::serve::Listener for TlsListener {
+    type Io = TlsStream<TcpStream>;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        match self.handshaken.recv().await {
+            Some(connection) => connection,
+            // The acceptor stopped (shutdown): nothing more comes.
+            None => std::future::pending().await,
+        }
+    }
+
+    fn local_addr(&self) -> io::Result<SocketAddr> {
+        Ok(self.local_addr)
+    }
 }
 
 /// With a web config ([`super::web_config`]), every path but the probes needs basic auth;

@@ -1,6 +1,9 @@
+use std::path::Path;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use rustls::ClientConfig;
 use tessera_proto::Role;
 use tessera_runtime::Shutdown;
 use tessera_testkit::tls::Pki;
