@@ -400,6 +400,16 @@ test_with_compose_tool() {
         return 1
     fi
 
+    # The shipped configs keep the CPU profiler off (their telemetry ports are reachable
+    # from every container): it answers 403 while /metrics answers.
+    local probe_out
+    if probe_out=$(compose exec -T collector http-probe "http://127.0.0.1:9102/debug/pprof/profile?seconds=1" 2>&1) \
+        || [[ $probe_out != *403* ]]; then
+        log "the collector's profiler is not refused: $probe_out"
+        return 1
+    fi
+    log "the profiler is off in the shipped configs ($probe_out)"
+
     log "sending statsd (run tag $run_id) to udp 127.0.0.1:$TESSERA_STATSD_PORT"
     start_background_timer
     send_known_statsd

@@ -161,7 +161,14 @@ def check_probes_and_configs(objects, config_maps):
                 if text is None:
                     report(False, subject, f"--config {path} is not in a ConfigMap mounted at {os.path.dirname(path)}")
                     continue
-                listen = tomllib.loads(text).get("telemetry", {}).get("listen", "")
+                telemetry = tomllib.loads(text).get("telemetry", {})
+                listen = telemetry.get("listen", "")
+                # The port is on every interface of the pod: its CPU profiler must be off, or
+                # behind the password of a web config.
+                profiler_open = telemetry.get("profiling", True) and "web_config" not in telemetry
+                report(not profiler_open, subject,
+                       "the CPU profiler is off or behind a web config" if not profiler_open
+                       else f"{path} serves the CPU profiler on {listen} to anyone: set profiling = false or web_config")
                 match = re.fullmatch(r"0\.0\.0\.0:(\d+)", listen)
                 if not match:
                     report(False, subject, f"[telemetry] listen of {path} is `{listen}`, not 0.0.0.0:<port>")

@@ -13,19 +13,26 @@ use tessera_testkit::tls::{Pki, TEST_PASSWORD, TEST_PASSWORD_BCRYPT, https_get_a
 use tessera_testkit::{free_port, http_get};
 use tessera_tests::{loopback, scalar};
 
-#[test]
-fn prometheus_scrapes_through_basic_auth_and_wrong_or_missing_passwords_are_refused_and_counted() {
-    let dir = tempfile::tempdir().unwrap();
-    let web_config = dir.path().join("web.yml");
-    std::fs::write(&web_config, format!("basic_auth_users:\n  tessera: {TEST_PASSWORD_BCRYPT}\n")).unwrap();
+/// An ingester's config (file sink, data under `dir`) whose telemetry port, on a free
+/// port, takes the web config at `web_config`; with that port's address.
+fn ingester_with_web_config(dir: &std::path::Path, web_config: &std::path::Path) -> (String, std::net::SocketAddr) {
     let telemetry = loopback(free_port());
     let config = format!(
         "listen = \"127.0.0.1:{}\"\ndata_dir = {:?}\n[sink]\nkind = \"file\"\n\
          [telemetry]\nlisten = \"{telemetry}\"\nweb_config = {:?}\n",
         free_port(),
-        dir.path().join("data").display().to_string(),
+        dir.join("data").display().to_string(),
         web_config.display().to_string(),
     );
+    (config, telemetry)
+}
+
+#[test]
+fn prometheus_scrapes_through_basic_auth_and_wrong_or_missing_passwords_are_refused_and_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let web_config = dir.path().join("web.yml");
+    std::fs::write(&web_config, format!("basic_auth_users:\n  tessera: {TEST_PASSWORD_BCRYPT}\n")).unwrap();
+    let (config, telemetry) = ingester_with_web_config(dir.path(), &web_config);
     // Started and found ready through /readyz, which needs no password.
     let _ingester = Daemon::start("ingester", "tessera-ingester", &config, telemetry);
     assert_eq!(http_get(telemetry, "/healthz").unwrap().0, 200);
@@ -107,22 +114,14 @@ fn prometheus_scrapes_over_mutual_tls_with_basic_auth_and_clients_without_a_cert
     std::fs::write(
         &web_config,
         format!(
-            "tls_server_config:\n  cert_file: {:?}\n  key_file: {:?}\n  client_ca_file: ca.pem\n\
+            "tls_server_config:\n  cert_file: {:?}\n  key_file: {:?}\n  client_ca_file: ca.pem\n  \
              client_auth_type: RequireAndVerifyClientCert\nbasic_auth_users:\n  tessera: {TEST_PASSWORD_BCRYPT}\n",
             pki.server_cert.display().to_string(),
             pki.server_key.display().to_string(),
-        )
-        .replace("\nclient_auth_type", "\n  client_auth_type"),
+        ),
     )
     .unwrap();
-    let telemetry = loopback(free_port());
-    let config = format!(
-        "listen = \"127.0.0.1:{}\"\ndata_dir = {:?}\n[sink]\nkind = \"file\"\n\
-         [telemetry]\nlisten = \"{telemetry}\"\nweb_config = {:?}\n",
-        free_port(),
-        dir.path().join("data").display().to_string(),
-        web_config.display().to_string(),
-    );
+    let (config, telemetry) = ingester_with_web_config(dir.path(), &web_config);
     let client = Some((pki.client_cert.as_path(), pki.client_key.as_path()));
     let get = |path: &str, client, auth| https_get_as(telemetry, path, &pki.ca, client, auth);
     let ingester = Daemon::start_until("ingester", "tessera-ingester", &config, telemetry, || {
