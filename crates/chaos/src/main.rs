@@ -8,7 +8,8 @@ use anyhow::{Context, bail};
 use clap::Parser;
 use tessera_chaos::run::{Campaign, run, summary};
 use tessera_chaos::schedule::{
-    LINK_STALL_POLICIES, LINK_STALL_ROUNDS, LINK_STALL_TILES, Scheduled, Shape, draw, link_stall, replica_kill,
+    LINK_STALL_POLICIES, LINK_STALL_ROUNDS, LINK_STALL_TILES, Scheduled, Shape, double_kill, draw, link_stall,
+    replica_kill,
 };
 
 /// The scripted scenarios' tile.
@@ -68,8 +69,14 @@ struct Args {
     /// two aggregators as one shard set (RF 2), one ingester, 10 s tiles; in each of
     /// three rounds of one tile, a replica is SIGKILLed mid-tile and restarted, each in
     /// turn. `--runs N` repeats it. Overrides the shape, policies and duration.
-    #[arg(long, conflicts_with = "link_stall")]
+    #[arg(long, conflicts_with_all = ["link_stall", "double_kill"])]
     replica_kill: bool,
+    /// Instead of a drawn schedule, the scripted double-kill scenario: the shape of
+    /// `--replica-kill`; replica 1 SIGKILLed mid-tile and restarted 3 s later, replica 2
+    /// SIGKILLed 10 s after the first (the default lease TTL) and restarted 3 s later;
+    /// every 10 s tile exact. `--runs N` repeats it.
+    #[arg(long, conflicts_with = "link_stall")]
+    double_kill: bool,
     /// Instead of a drawn schedule, the scripted leader-link-stall scenario: the shape of
     /// `--replica-kill`; in each of two rounds the links into one replica, each in turn,
     /// stall from 2 s before a 10 s tile's end for 12 s (past `max_buffer_past`), inside
@@ -144,6 +151,8 @@ fn campaigns(args: &Args) -> anyhow::Result<bool> {
     // A scripted scenario: its flag, schedule, length and policies.
     let scripted: Option<(&str, Vec<Scheduled>, Duration, &[&str])> = if args.replica_kill {
         Some(("--replica-kill", replica_kill(SCENARIO_TILE, 3), SCENARIO_TILE * 9, &["10s:1h"]))
+    } else if args.double_kill {
+        Some(("--double-kill", double_kill(SCENARIO_TILE), SCENARIO_TILE * 6, &["10s:1h"]))
     } else if args.link_stall {
         Some((
             "--link-stall",

@@ -253,6 +253,25 @@ pub fn replica_kill(tile: Duration, rounds: u32) -> Vec<Scheduled> {
         .collect()
 }
 
+/// The scripted double-kill scenario (issue 50): replica 0 of the first shard set
+/// SIGKILLed mid-tile and restarted 3 s later, replica 1 SIGKILLed 10 s after the first kill
+/// (one lease TTL of the daemons' default) and restarted 3 s later. Never both down at once,
+/// so every tile must be exact: a survivor that waited out its dead peer's lease would still
+/// be waiting when the second kill takes the only replica holding the tile. Offsets count
+/// from a tile boundary.
+pub fn double_kill(tile: Duration) -> Vec<Scheduled> {
+    let first = tile + tile / 2;
+    let restart_after = Duration::from_secs(3);
+    vec![
+        Scheduled { at: first, lasts: restart_after, fault: Fault::Kill(Daemon::Aggregator(0)) },
+        Scheduled {
+            at: first + Duration::from_secs(10),
+            lasts: restart_after,
+            fault: Fault::Kill(Daemon::Aggregator(1)),
+        },
+    ]
+}
+
 /// The scripted leader-link-stall scenario (seeds 14 and 23 of the campaign), and its long
 /// rounds (fix 16). The first two rounds, three tiles of `tile` apart: in round `k` the links
 /// from the collectors into replica `k % 2` of the first shard set stall from a fifth of a
