@@ -464,6 +464,17 @@ mod tests {
     }
 
     #[test]
+    fn the_double_kill_scenario_kills_the_second_replica_a_ttl_after_the_first_never_both_at_once() {
+        let tile = Duration::from_secs(10);
+        let faults = double_kill(tile);
+        let killed: Vec<Fault> = faults.iter().map(|fault| fault.fault).collect();
+        assert_eq!(killed, [Daemon::Aggregator(0), Daemon::Aggregator(1)].map(Fault::Kill).to_vec());
+        assert!(faults[0].at > tile && faults[0].at < tile * 2, "mid-tile: {}", faults[0]);
+        assert_eq!(faults[1].at - faults[0].at, Duration::from_secs(10), "the daemons' default TTL apart");
+        assert!(faults[0].ends() < faults[1].at, "the first is back before the second dies");
+    }
+
+    #[test]
     fn every_kind_of_fault_is_drawn() {
         let faults: Vec<Fault> =
             (0..50).flat_map(|seed| draw(seed, Duration::from_secs(300), &SHAPE)).map(|s| s.fault).collect();
