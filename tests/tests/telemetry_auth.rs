@@ -80,7 +80,7 @@ fn prometheus_scrapes_through_basic_auth_and_wrong_or_missing_passwords_are_refu
 }
 
 #[test]
-fn a_web_config_that_cannot_work_stops_the_daemon_at_start_with_the_reason() {
+fn a_web_config_that_cannot_work_stops_the_daemon_at_start_and_fails_check_config_with_the_reason() {
     let dir = tempfile::tempdir().unwrap();
     let web_config = dir.path().join("web.yml");
     std::fs::write(&web_config, "tls_server_config:\n  cert_file: a.pem\n  key_file: a.key\n").unwrap();
@@ -103,6 +103,16 @@ fn a_web_config_that_cannot_work_stops_the_daemon_at_start_with_the_reason() {
     assert_eq!(output.status.code(), Some(64), "{stderr}");
     // The certificate files named do not exist: said at start, where they were looked for.
     let missing = dir.path().join("a.pem").display().to_string();
+    assert!(stderr.contains(&missing) && stderr.contains("web.yml"), "{stderr}");
+    // And by --check-config, before anything starts.
+    let checked = std::process::Command::new(tessera_testkit::daemons::binary("tessera-ingester"))
+        .arg("--config")
+        .arg(&config_path)
+        .arg("--check-config")
+        .output()
+        .expect("run tessera-ingester --check-config");
+    let stderr = String::from_utf8_lossy(&checked.stderr);
+    assert_eq!(checked.status.code(), Some(64), "{stderr}");
     assert!(stderr.contains(&missing) && stderr.contains("web.yml"), "{stderr}");
 }
 

@@ -14,7 +14,12 @@ fn main() -> ExitCode {
     tessera_runtime::daemon_main(
         "tessera-aggregator",
         about,
-        |config: &Config| config.validate().map(|()| Vec::new()),
+        |config: &Config| {
+            config.validate().map_err(|error| error.to_string())?;
+            tessera_runtime::telemetry::web_config::check(config.telemetry.web_config.as_deref())
+                .map_err(|error| error.to_string())?;
+            Ok::<_, String>(Vec::new())
+        },
         |config: Config, telemetry, shutdown, _config_file| async {
             Aggregator::start(config, telemetry, shutdown).await?.wait().await;
             Ok(())

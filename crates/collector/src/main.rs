@@ -15,7 +15,12 @@ fn main() -> ExitCode {
     tessera_runtime::daemon_main(
         "tessera-collector",
         about,
-        |config: &Config| config.validate().map(|()| Vec::new()),
+        |config: &Config| {
+            config.validate().map_err(|error| error.to_string())?;
+            tessera_runtime::telemetry::web_config::check(config.telemetry.web_config.as_deref())
+                .map_err(|error| error.to_string())?;
+            Ok::<_, String>(Vec::new())
+        },
         |mut config: Config, telemetry, shutdown, config_file| async {
             config.config_file = config_file;
             let placement = tessera_collector::start_placement(&config)

@@ -14,7 +14,12 @@ fn main() -> ExitCode {
     tessera_runtime::daemon_main(
         "tessera-ingester",
         about,
-        |config: &Config| config.validate().map(|()| config.warnings()),
+        |config: &Config| {
+            config.validate().map_err(|error| error.to_string())?;
+            tessera_runtime::telemetry::web_config::check(config.telemetry.web_config.as_deref())
+                .map_err(|error| error.to_string())?;
+            Ok::<_, String>(config.warnings())
+        },
         |config: Config, telemetry, shutdown, _config_file| async {
             Ingester::start(config, telemetry, shutdown).await?.wait().await;
             Ok(())

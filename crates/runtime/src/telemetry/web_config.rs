@@ -107,6 +107,18 @@ struct TlsSection {
     max_version: Option<String>,
 }
 
+/// `--check-config`'s look at a daemon's web config (`None`: it has none): what the daemon
+/// would refuse at start, it refuses here, without listening.
+///
+/// # Errors
+///
+/// The file cannot be read or parsed, or its TLS section or certificates cannot work.
+pub fn check(path: Option<&Path>) -> Result<(), WebConfigError> {
+    let Some(path) = path else { return Ok(()) };
+    read(path)?;
+    load_tls(path, Counter::default()).map(|_| ())
+}
+
 /// The telemetry port's TLS: its rustls configuration, rebuilt when a file changes.
 pub type Tls = crate::tls::Reloading<ServerConfig>;
 
