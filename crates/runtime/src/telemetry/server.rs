@@ -121,15 +121,22 @@ pub async fn serve(
     let task = match tls {
         Some(tls) => {
             let listener = TlsListener::start(listener, local_addr, tls, telemetry_for_tls, shutdown.clone());
-            tokio::spawn(async move {
-                axum::serve(listener, router).with_graceful_shutdown(async move { shutdown.wait().await }).await
-            })
+            spawn_server(listener, router, shutdown)
         }
-        None => tokio::spawn(async move {
-            axum::serve(listener, router).with_graceful_shutdown(async move { shutdown.wait().await }).await
-        }),
+        None => spawn_server(listener, router, shutdown),
     };
     Ok(ServerHandle { local_addr, task })
+}
+
+/// Serves `router` on `listener` (plain TCP, or TLS) in a task of its own until `shutdown`.
+fn spawn_server<L>(listener: L, router: Router, shutdown: Shutdown) -> JoinHandle<io::Result<()>>
+where
+    L: axum::serve::Listener,
+    L::Addr: std::fmt::Debug,
+{
+    tokio::spawn(async move {
+        axum::serve(listener, router).with_graceful_shutdown(async move { shutdown.wait().await }).await
+    })
 }
 
 /// How long a client has to finish its TLS handshake.
