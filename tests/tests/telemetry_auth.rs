@@ -3,15 +3,17 @@
 //! jobs with a wrong password or none get nothing and are counted; the probes stay open.
 //! With `tls_server_config` and mutual TLS, a real Prometheus scrapes over HTTPS with its
 //! client certificate and the password; a job without a certificate, and a plain-HTTP
-//! client, get nothing and are counted.
+//! client, get nothing and are counted. The port's certificate rotates without a restart
+//! (a broken rotation keeps the old one, counted), and a client that never finishes its
+//! handshake holds up no one and is counted when its deadline passes.
 
 use std::time::Duration;
 
 use tessera_testkit::daemons::Daemon;
 use tessera_testkit::prometheus::Prometheus;
-use tessera_testkit::tls::{Pki, TEST_PASSWORD, TEST_PASSWORD_BCRYPT, https_get_as};
+use tessera_testkit::tls::{Pki, TEST_PASSWORD, TEST_PASSWORD_BCRYPT, https_get, https_get_as, server_certificate};
 use tessera_testkit::{free_port, http_get};
-use tessera_tests::{loopback, scalar};
+use tessera_tests::{loopback, scalar, wait_until};
 
 /// An ingester's config (file sink, data under `dir`) whose telemetry port, on a free
 /// port, takes the web config at `web_config`; with that port's address.
@@ -184,4 +186,47 @@ fn prometheus_scrapes_over_mutual_tls_with_basic_auth_and_clients_without_a_cert
     }
     assert_eq!(scalar(&prometheus, "tessera_ingester_up{job=\"mutual\"}"), Some(1.0));
     assert!(failures("tls").is_some_and(|count| count >= 1.0), "the plain-HTTP client: {:?}", failures("tls"));
+}
+
+#[test]
+fn the_telemetry_certificate_rotates_without_a_restart_and_a_silent_client_holds_up_no_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::create(dir.path());
+    let web_config = dir.path().join("web.yml");
+    // TLS alone: no password asked.
+    std::fs::write(&web_config, "tls_server_config:\n  cert_file: server.pem\n  key_file: server-key.pem\n").unwrap();
+    let (config, telemetry) = ingester_with_web_config(dir.path(), &web_config);
+    let get = |path: &str| https_get(telemetry, path, &pki.ca, None);
+    let _ingester = Daemon::start_until("ingester", "tessera-ingester", &config, telemetry, || {
+        matches!(get("/readyz"), Ok((200, _)))
+    });
+    let metric = |sample: &str| {
+        let metrics = get("/metrics").unwrap().1;
+        metrics.lines().find_map(|line| line.strip_prefix(sample)?.trim().parse::<f64>().ok()).unwrap_or(0.0)
+    };
+    let timeouts = "tessera_ingester_telemetry_tls_failures_total{reason=\"timeout\"}";
+
+    // A client that connects and never says a word: the others are served meanwhile, well
+    // before its handshake deadline counts it (a listener that handshook in turn would
+    // serve them only after that).
+    let silent = std::net::TcpStream::connect(telemetry).unwrap();
+    assert_eq!(get("/metrics").unwrap().0, 200);
+    assert_eq!(metric(timeouts), 0.0, "served before the silent client's deadline");
+
+    // A rotation: new connections get the new certificate, with no restart.
+    let first = server_certificate(telemetry, &pki.ca, None).unwrap();
+    pki.rotate_server();
+    wait_until("the rotated certificate served", Duration::from_secs(30), || {
+        server_certificate(telemetry, &pki.ca, None).unwrap() != first
+    });
+    let rotated = server_certificate(telemetry, &pki.ca, None).unwrap();
+
+    // A rotation that does not load keeps the certificate served, and is counted.
+    std::fs::write(&pki.server_cert, "not a certificate\n").unwrap();
+    let reload_errors = "tessera_ingester_telemetry_web_config_reload_errors_total ";
+    wait_until("the broken rotation counted", Duration::from_secs(30), || metric(reload_errors) >= 1.0);
+    assert_eq!(server_certificate(telemetry, &pki.ca, None).unwrap(), rotated);
+
+    wait_until("the silent client counted at its deadline", Duration::from_secs(30), || metric(timeouts) >= 1.0);
+    drop(silent);
 }

@@ -94,27 +94,14 @@ pub const TEST_PASSWORD_BCRYPT: &str = "$2b$04$.YEEm0Hh2Y8H7TKESvS3uuHGUGVRHqKQU
 /// The password of the test stores' user `tessera`.
 pub const TEST_PASSWORD: &str = "tessera-test-password";
 
-/// A blocking HTTPS GET (HTTP/1.0, the server closes the connection after the answer) to
-/// `localhost` at `address`, trusting `ca`, with basic auth when given: status and body.
-pub fn https_get(
+/// A TLS session to `localhost` at `address`, trusting `ca`, presenting `client`'s
+/// certificate when given; the handshake is done on the first read or write.
+fn tls_session(
     address: std::net::SocketAddr,
-    path: &str,
-    ca: &Path,
-    basic_auth: Option<(&str, &str)>,
-) -> std::io::Result<(u16, String)> {
-    https_get_as(address, path, ca, None, basic_auth)
-}
-
-/// [`https_get`] presenting the client certificate `(cert, key)` when given (mutual TLS).
-pub fn https_get_as(
-    address: std::net::SocketAddr,
-    path: &str,
     ca: &Path,
     client: Option<(&Path, &Path)>,
-    basic_auth: Option<(&str, &str)>,
-) -> std::io::Result<(u16, String)> {
+) -> std::io::Result<rustls::StreamOwned<rustls::ClientConnection, std::net::TcpStream>> {
     use rustls::pki_types::pem::PemObject;
-    use std::io::{Read, Write};
 
     let mut roots = rustls::RootCertStore::empty();
     for cert in rustls::pki_types::CertificateDer::pem_file_iter(ca).map_err(std::io::Error::other)? {
@@ -140,7 +127,46 @@ pub fn https_get_as(
     let connection = rustls::ClientConnection::new(Arc::new(config), name).map_err(std::io::Error::other)?;
     let tcp = std::net::TcpStream::connect_timeout(&address, std::time::Duration::from_secs(2))?;
     tcp.set_read_timeout(Some(std::time::Duration::from_secs(60)))?;
-    let mut stream = rustls::StreamOwned::new(connection, tcp);
+    Ok(rustls::StreamOwned::new(connection, tcp))
+}
+
+/// The certificate (DER) the TLS server at `address` presents to a new connection, which
+/// is verified against `ca` (and, with `client`, shown a client certificate).
+pub fn server_certificate(
+    address: std::net::SocketAddr,
+    ca: &Path,
+    client: Option<(&Path, &Path)>,
+) -> std::io::Result<Vec<u8>> {
+    let mut stream = tls_session(address, ca, client)?;
+    while stream.conn.is_handshaking() {
+        stream.conn.complete_io(&mut stream.sock)?;
+    }
+    let chain = stream.conn.peer_certificates().ok_or_else(|| std::io::Error::other("no server certificate"))?;
+    Ok(chain.first().map(|cert| cert.to_vec()).unwrap_or_default())
+}
+
+/// A blocking HTTPS GET (HTTP/1.0, the server closes the connection after the answer) to
+/// `localhost` at `address`, trusting `ca`, with basic auth when given: status and body.
+pub fn https_get(
+    address: std::net::SocketAddr,
+    path: &str,
+    ca: &Path,
+    basic_auth: Option<(&str, &str)>,
+) -> std::io::Result<(u16, String)> {
+    https_get_as(address, path, ca, None, basic_auth)
+}
+
+/// [`https_get`] presenting the client certificate `(cert, key)` when given (mutual TLS).
+pub fn https_get_as(
+    address: std::net::SocketAddr,
+    path: &str,
+    ca: &Path,
+    client: Option<(&Path, &Path)>,
+    basic_auth: Option<(&str, &str)>,
+) -> std::io::Result<(u16, String)> {
+    use std::io::{Read, Write};
+
+    let mut stream = tls_session(address, ca, client)?;
     let authorization = basic_auth.map_or_else(String::new, |(user, password)| {
         format!("Authorization: Basic {}\r\n", tessera_core::base64::encode(format!("{user}:{password}").as_bytes()))
     });
