@@ -377,7 +377,7 @@ pub fn metric_name(kind: Kind) -> &'static str {
 
 /// The carbon path of a checked series (brubeck's names, tags as path nodes): its count
 /// for counters and timers, its value for gauges and sets, per tile.
-pub fn graphite_path(kind: Kind, series: u64) -> String {
+fn graphite_path(kind: Kind, series: u64) -> String {
     match kind {
         Kind::Timer => format!("{}.count.series_{series}", kind.name()),
         _ => format!("{}.series_{series}", kind.name()),

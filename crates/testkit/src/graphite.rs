@@ -206,13 +206,7 @@ impl Carbon {
     /// series found, with the slots that hold a value. Needs [`Carbon::start_tagged`].
     pub fn render(&self, target: &str, from: i64) -> Vec<Rendered> {
         let web = self.web.as_ref().expect("render needs Carbon::start_tagged");
-        let encoded: String = target
-            .bytes()
-            .map(|byte| match byte {
-                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' => char::from(byte).to_string(),
-                other => format!("%{other:02X}"),
-            })
-            .collect();
+        let encoded = crate::prometheus::encode_component(target);
         let path = format!("/render?target={encoded}&format=json&from={from}&until=now");
         let (status, body) = http_get(web.address, &path).expect("graphite-web answers /render");
         assert_eq!(status, 200, "graphite-web /render {target}: {body}");

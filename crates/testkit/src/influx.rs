@@ -97,13 +97,7 @@ impl Influx {
 
     /// [`Influx::query`] in `database`.
     pub fn query_in(&self, database: &str, statement: &str) -> serde_json::Value {
-        let encoded: String = statement
-            .bytes()
-            .map(|byte| match byte {
-                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => char::from(byte).to_string(),
-                other => format!("%{other:02X}"),
-            })
-            .collect();
+        let encoded = crate::prometheus::encode_component(statement);
         let mut path = format!("/query?db={database}&epoch=ms&q={encoded}");
         if self.auth {
             let (user, password) = ADMIN;
