@@ -300,6 +300,28 @@ fn write_tessera(key: &str, tile: &Tile<'_>, line: &mut Line<'_>) {
     }
 }
 
+/// Exact powers of ten, for [`in_unit`].
+const POWERS_OF_TEN: [f64; 23] = [
+    1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20,
+    1e21, 1e22,
+];
+
+/// `value` × `scale`, in the unit it was sent in: to 15 significant digits when a scale
+/// applies. The collector's `ms` → s and back is exact to 15 digits but not to the last
+/// bit, and merges that sum in another order differ there: ten timings of 100 … 1000 ms
+/// have a sum of 5500, as statsd writes it, not 5499.999999999999.
+fn in_unit(value: f64, scale: f64) -> f64 {
+    let scaled = value * scale;
+    if scale == 1.0 || scaled == 0.0 || !scaled.is_finite() {
+        return scaled;
+    }
+    let digits = 14 - scaled.abs().log10().floor() as i32;
+    match usize::try_from(digits).ok().and_then(|digits| POWERS_OF_TEN.get(digits)) {
+        Some(power) => (scaled * power).round() / power,
+        None => scaled,
+    }
+}
+
 /// A distribution's statistics in the unit its values were sent in.
 pub(super) struct Stats {
     scale: f64,
@@ -317,15 +339,15 @@ impl Stats {
     pub(super) fn of(kind: MetricKind, distribution: &Distribution, tile: &Tile<'_>) -> Stats {
         let scale = if kind == MetricKind::Timer { tile.timer_scale } else { 1.0 };
         let count = distribution.count;
-        let sum = distribution.sum * scale;
-        let sum_squares = distribution.sum_squares * scale * scale;
+        let sum = in_unit(distribution.sum, scale);
+        let sum_squares = in_unit(distribution.sum_squares, scale * scale);
         let (mean, std) = if count > 0.0 {
             let mean = sum / count;
             (mean, (sum_squares / count - mean * mean).max(0.0).sqrt())
         } else {
             (0.0, 0.0)
         };
-        let finite_or_zero = |value: f64| if value.is_finite() { value * scale } else { 0.0 };
+        let finite_or_zero = |value: f64| if value.is_finite() { in_unit(value, scale) } else { 0.0 };
         Stats {
             scale,
             count,
@@ -339,7 +361,7 @@ impl Stats {
     }
 
     pub(super) fn quantile(&self, distribution: &Distribution, q: f64) -> f64 {
-        distribution.sketch.quantile(q).map_or(0.0, |value| value * self.scale)
+        distribution.sketch.quantile(q).map_or(0.0, |value| in_unit(value, self.scale))
     }
 
     /// statsd's median: the middle value, or the mean of the two middle values of an even
@@ -360,9 +382,9 @@ impl Stats {
         let threshold = distribution.sketch.threshold(count, pct < 0.0)?;
         let scaled = tessera_core::sketch::Threshold {
             weight: threshold.weight,
-            sum: threshold.sum * self.scale,
-            sum_squares: threshold.sum_squares * self.scale * self.scale,
-            boundary: threshold.boundary * self.scale,
+            sum: in_unit(threshold.sum, self.scale),
+            sum_squares: in_unit(threshold.sum_squares, self.scale * self.scale),
+            boundary: in_unit(threshold.boundary, self.scale),
         };
         Some((count, scaled))
     }

@@ -189,3 +189,16 @@ fn an_empty_timer_and_a_single_value_write_numbers_carbon_takes() {
     assert_eq!(paths["stats.timers.t.std"], 0.0);
     assert_eq!((paths["stats.timers.t.upper"], paths["stats.timers.t.lower"]), (250.0, 250.0));
 }
+
+#[test]
+fn timer_statistics_scaled_back_to_ms_keep_15_significant_digits() {
+    // The sum of 0.1 … 1.0 s summed in two orders: the last bit differs, the ms do not.
+    assert_eq!(in_unit(5.499999999999999, 1000.0), 5500.0);
+    assert_eq!(in_unit(5.5, 1000.0), 5500.0);
+    assert_eq!(in_unit(0.1 + 0.2, 1000.0), 300.0);
+    assert_eq!(in_unit(1.234_567_891_234_5e-4, 1000.0), 0.123_456_789_123_45, "15 digits kept");
+    assert_eq!(in_unit(-2.5e-7, 1000.0), -2.5e-4);
+    assert_eq!(in_unit(0.1 + 0.2, 1.0), 0.1 + 0.2, "no scale, no rounding: the value as merged");
+    assert_eq!(in_unit(f64::INFINITY, 1000.0), f64::INFINITY);
+    assert_eq!(in_unit(1e300, 1e6), 1e306, "beyond the table: as multiplied");
+}
