@@ -201,6 +201,8 @@ fn flush_tile(tile: ClosedTile, flusher: &Flusher, copy: Copy) {
         tile_end_ms,
         flushed_at_ms: now_ms(),
         incomplete: unconfirmed || leadership.began_before_start(tile_start_ms),
+        // Stamped with the routing's version where a placement routes it (send_tile).
+        placement_version: 0,
     };
     let incomplete = head.incomplete;
     let unowned =
@@ -247,6 +249,7 @@ mod tests {
             tile_end_ms: tile.tile_end_ms,
             flushed_at_ms,
             incomplete: false,
+            placement_version: 0,
         };
         encode_values(&head, tile.values, source, max_frame_bytes, next_sequence)
     }

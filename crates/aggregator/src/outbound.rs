@@ -47,7 +47,7 @@ use tessera_runtime::Shutdown;
 use tessera_runtime::telemetry::Drops;
 use tessera_runtime::telemetry::count_drops;
 use tessera_topology::{Destination, PlacementHandle, Routing};
-use tessera_wire::{Batch, DestinationEntry, Destinations, SenderSettings};
+use tessera_wire::{Batch, DestinationEntry, Destinations, Redirect, SenderSettings};
 
 mod encode;
 mod metrics;
@@ -159,8 +159,19 @@ impl Ingesters {
 
     /// Spawns one sender per queue on the current runtime, and later one per queue
     /// made; they stop when `stop` fires.
+    ///
+    /// With a placement, a batch an ingester refuses as `placement_stale` is routed again
+    /// ([`redirect`](Self::redirect)) rather than sent to it again.
     pub fn spawn_senders(&self, settings: &SenderSettings, stop: &Shutdown) {
-        self.inner.destinations.start_senders(settings, stop);
+        let mut settings = settings.clone();
+        if self.inner.placement.is_some() {
+            let ingesters = Arc::downgrade(&self.inner);
+            settings.redirect = Some(Redirect(Arc::new(move |batch| match ingesters.upgrade() {
+                Some(inner) => Ingesters { inner }.redirect(batch),
+                None => Err(batch),
+            })));
+        }
+        self.inner.destinations.start_senders(&settings, stop);
     }
 
     fn entries(&self) -> RwLockReadGuard<'_, Vec<Arc<Entry>>> {
@@ -325,17 +336,24 @@ impl Ingesters {
         queued: impl FnOnce(Vec<(usize, u64)>),
     ) -> u64 {
         let _order = self.inner.routing_order.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let (shares, unowned) = match &self.inner.placement {
+        let (shares, unowned, version) = match &self.inner.placement {
             Some(placement) => {
                 let routing = self.current_routing(placement);
                 if let Some(reroute) = self.inner.reroute.get() {
                     self.reroute_departed_in_order(&routing, reroute);
                 }
-                self.split(&routing, values, tile_start_ms)
+                let (shares, unowned) = self.split(&routing, values, tile_start_ms);
+                (shares, unowned, routing.version())
             }
-            None => self.assign(values, tile_start_ms),
+            None => {
+                let (shares, unowned) = self.assign(values, tile_start_ms);
+                (shares, unowned, 0)
+            }
         };
-        queued(shares.into_iter().filter_map(|share| self.queue_share(head, share, source, max_frame_bytes)).collect());
+        let head = TileHead { placement_version: version, ..*head };
+        queued(
+            shares.into_iter().filter_map(|share| self.queue_share(&head, share, source, max_frame_bytes)).collect(),
+        );
         unowned
     }
 
@@ -370,23 +388,60 @@ impl Ingesters {
     }
 
     fn reroute_batch(&self, routing: &Routing, batch: Batch, reroute: &Reroute) {
-        let metrics = &self.inner.metrics;
-        let tiles = match framing::decode_frame(&batch.frame, usize::MAX) {
-            Ok(Some((Frame { body: Some(Body::Tiles(tiles)) }, _))) => tiles,
+        if let Some(tiles) = self.decode_queued(&batch) {
+            self.reroute_tiles(routing, tiles, reroute);
+        }
+    }
+
+    /// The tile batch a queued frame holds; `None` (dropped and counted) if it does not decode.
+    fn decode_queued(&self, batch: &Batch) -> Option<TileBatch> {
+        match framing::decode_frame(&batch.frame, usize::MAX) {
+            Ok(Some((Frame { body: Some(Body::Tiles(tiles)) }, _))) => Some(tiles),
             _ => {
                 // Only this process encodes these frames: this is a bug, counted, not a peer's fault.
                 tracing::error!(series = batch.items, "a queued tile batch does not decode; dropped");
                 count_drops(&self.inner.drops, "unroutable", "series", batch.items);
-                return;
+                None
             }
+        }
+    }
+
+    /// Routes a batch an ingester refused as `placement_stale` (routed under a placement
+    /// that no longer gives it some of the batch's series) again, by the current placement,
+    /// in the routing order: `Err` with the batch when this aggregator has not seen a newer
+    /// placement than the one it was routed under yet (it waits, and goes again), or does
+    /// not re-route.
+    pub fn redirect(&self, batch: Batch) -> Result<(), Batch> {
+        let (Some(placement), Some(reroute)) = (&self.inner.placement, self.inner.reroute.get()) else {
+            return Err(batch);
         };
+        let _order = self.inner.routing_order.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let routing = self.current_routing(placement);
+        let Some(tiles) = self.decode_queued(&batch) else { return Ok(()) };
+        if tiles.placement_version >= routing.version() {
+            return Err(batch);
+        }
+        self.inner.metrics.redirected_batches.inc();
+        self.reroute_tiles(&routing, tiles, reroute);
+        Ok(())
+    }
+
+    fn reroute_tiles(&self, routing: &Routing, tiles: TileBatch, reroute: &Reroute) {
+        let metrics = &self.inner.metrics;
         let TileBatch { storage_policy, resolution_ms, tile_end_ms, tiles: values, flushed_at_ms, incomplete, .. } =
             tiles;
         let series = values.len() as u64;
         let tile_start_ms = tile_end_ms - i64::from(resolution_ms);
         let (shares, unowned) = self.split(routing, values, tile_start_ms);
         count_drops(&self.inner.drops, "no_ingester", "series", unowned);
-        let head = TileHead { storage_policy: &storage_policy, resolution_ms, tile_end_ms, flushed_at_ms, incomplete };
+        let head = TileHead {
+            storage_policy: &storage_policy,
+            resolution_ms,
+            tile_end_ms,
+            flushed_at_ms,
+            incomplete,
+            placement_version: routing.version(),
+        };
         for share in shares {
             if let Some((queue, last_sequence)) =
                 self.queue_share(&head, share, &reroute.source, reroute.max_frame_bytes)

@@ -78,6 +78,8 @@ fn main() {
         recent: RecentBatches::new(1024),
         metrics: Metrics::default().writer,
         checkpoints: None,
+        fence: Default::default(),
+        ownership: None,
     };
     let tiles: Vec<SeriesValue> = (0..flags.series)
         .map(|n| SeriesValue {
@@ -96,6 +98,7 @@ fn main() {
             .map(|chunk| {
                 sequence += 1;
                 let batch = TileBatch {
+                    placement_version: 0,
                     source: "bench".into(),
                     sequence,
                     storage_policy: "10s:2d".into(),

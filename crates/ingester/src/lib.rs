@@ -175,6 +175,12 @@ impl Ingester {
             telemetry.with_registry(|registry| tier_metrics.register(registry, METRIC_PREFIX));
             (Arc::new(tier::Ownership::with_rejoin_marker(config.data_dir.join(REJOIN_MARKER))), tier_metrics)
         });
+        // Writes only while the liveness lease is certainly alive (tier::fence); always
+        // without a placement.
+        let fence = Arc::new(match &tier {
+            Some((_, tier_metrics)) => tier::Fence::of_placement(tier_metrics.into()),
+            None => tier::Fence::none(),
+        });
         // The memory budget: a guard thread reads the resident memory, and the converters
         // evict their least recently written totals near the limit.
         let budget = tessera_runtime::memory::MemoryGuard::start(config.memory_limit, None, &metrics.memory)?;
@@ -259,6 +265,7 @@ impl Ingester {
                 metrics: target_metrics.clone(),
                 rejected: rejected.clone(),
                 queue: queue.clone(),
+                fence: fence.clone(),
             };
             let pool = Pool::start(target, reader, config.pool.settings(), shutdown.clone())?;
             routes.add(&target_config.takes, index);
@@ -292,6 +299,8 @@ impl Ingester {
             recent,
             metrics: metrics.writer.clone(),
             checkpoints: Some(checkpoints),
+            fence: fence.clone(),
+            ownership: tier.as_ref().map(|(ownership, _)| ownership.clone()),
         };
         let writer = tessera_runtime::daemon::spawn_thread("intake-writer", move || writer.run(job_receiver))?;
         tokio::spawn(tick_writer(jobs.clone(), config.queue.writer_tick(), shutdown.clone()));
@@ -306,7 +315,7 @@ impl Ingester {
         if let (Some(placement), Some((ownership, tier_metrics))) = (&config.placement, tier) {
             let settings = placement.settings(&instance_id, listen_addr);
             tracing::info!(instance_id, endpoint = settings.endpoint, "joining the ingesters' placement");
-            tokio::spawn(tier::run_tier(settings, ownership, tier_metrics, shutdown.clone()));
+            tokio::spawn(tier::run_tier(settings, ownership, fence, tier_metrics, shutdown.clone()));
         }
 
         let server = match config.telemetry.listen {

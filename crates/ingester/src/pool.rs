@@ -81,6 +81,8 @@ pub struct Target<S> {
     pub rejected: Arc<RejectedLog>,
     /// Completion goes here.
     pub queue: Queue,
+    /// Whether this ingester may write now (always, without a placement).
+    pub fence: Arc<crate::tier::Fence>,
 }
 
 /// One request with the record it belongs to.

@@ -92,7 +92,8 @@ pub enum SinkError {
     /// Worth retrying: network error, timeout, 429, 5xx, a full disk.
     #[error("retryable {reason}: {message}")]
     Retryable {
-        /// Closed-set reason for metrics: `network`, `timeout`, `status_429`, `status_5xx`, `io`.
+        /// Closed-set reason for metrics: `network`, `timeout`, `status_429`, `status_5xx`, `io`,
+        /// and `fenced` (cancelled in flight when the ingester's fence fell).
         reason: &'static str,
         /// Details for the log.
         message: String,
@@ -154,6 +155,14 @@ pub trait Sink: Send + Sync + 'static {
     fn close(&self) -> impl Future<Output = ()> + Send {
         async {}
     }
+
+    /// Whether the sink writes running totals (remote write, the file sink), which a
+    /// second writer of a series would corrupt: its requests in flight are cancelled when
+    /// the ingester's fence falls ([`crate::tier::fence`]). A per-tile store's (Graphite,
+    /// InfluxDB) write each tile's own values, and are left to finish.
+    fn keeps_totals(&self) -> bool {
+        true
+    }
 }
 
 /// Any sink, so that one pool type serves every target.
@@ -185,6 +194,10 @@ impl Sink for AnySink {
             AnySink::Graphite(sink) => sink.write(request).await,
             AnySink::Influx(sink) => sink.write(request).await,
         }
+    }
+
+    fn keeps_totals(&self) -> bool {
+        matches!(self, AnySink::RemoteWrite(_) | AnySink::File(_))
     }
 
     async fn close(&self) {

@@ -63,10 +63,12 @@ use tessera_runtime::sleep_or_stop;
 use tessera_topology::{EtcdConfig, MoveTiming, Placement, PlacementStore, Registration, StoreError, Tier, Watcher};
 
 mod config;
+pub mod fence;
 mod metrics;
 mod ownership;
 
 pub use config::{PlacementConfig, TierSettings};
+pub use fence::Fence;
 pub use metrics::TierMetrics;
 pub use ownership::{Ownership, OwnershipView};
 
@@ -75,7 +77,13 @@ pub const TICK: Duration = Duration::from_secs(1);
 
 /// Runs until `shutdown`: registers this ingester's liveness, keeps the
 /// placement (init, join, fail over, finalize) and publishes what it owns.
-pub async fn run_tier(settings: TierSettings, ownership: Arc<Ownership>, metrics: TierMetrics, shutdown: Shutdown) {
+pub async fn run_tier(
+    settings: TierSettings,
+    ownership: Arc<Ownership>,
+    fence: Arc<Fence>,
+    metrics: TierMetrics,
+    shutdown: Shutdown,
+) {
     let etcd = settings.etcd.clone().for_tier(Tier::Ingesters);
     let Some(store) = retry(&shutdown, &metrics, "connect to etcd", || PlacementStore::connect(etcd.clone())).await
     else {
@@ -89,6 +97,7 @@ pub async fn run_tier(settings: TierSettings, ownership: Arc<Ownership>, metrics
         return;
     };
     metrics.liveness_registered.set(1);
+    fence.attach(registration.deadline());
     tracing::info!(instance_id = %settings.instance_id, key = registration.key(), "ingester registered");
     let lease_id = registration.lease_id();
     let mut keeper = Keeper {
@@ -96,6 +105,7 @@ pub async fn run_tier(settings: TierSettings, ownership: Arc<Ownership>, metrics
         store,
         metrics,
         ownership,
+        fence,
         seen_alive: HashSet::new(),
         missing_since: HashMap::new(),
         registration,
@@ -152,6 +162,9 @@ async fn publish_changes(
 /// Publishes `placement`'s view for `instance_id` and counts shards gained and lost.
 fn publish(ownership: &Ownership, metrics: &TierMetrics, placement: &Placement, instance_id: &str) {
     let view = OwnershipView { rejoined: ownership.rejoined(), ..OwnershipView::of(placement, instance_id) };
+    if ownership.current().is_some_and(|previous| previous.version > view.version) {
+        return; // the watch or the tier task saw a newer one already
+    }
     if let Some(previous) = ownership.current().filter(|previous| previous.num_shards == view.num_shards) {
         let gained = view.owned.iter().zip(&previous.owned).filter(|(now, before)| **now && !**before).count();
         let lost = view.owned.iter().zip(&previous.owned).filter(|(now, before)| !**now && **before).count();
@@ -171,6 +184,8 @@ struct Keeper {
     store: PlacementStore,
     metrics: TierMetrics,
     ownership: Arc<Ownership>,
+    /// Lifted once the placement is read under a live lease ([`Fence::approve`]).
+    fence: Arc<Fence>,
     /// Instances seen with a live lease since this task started.
     seen_alive: HashSet<String>,
     /// Instances of the placement without a live lease, since when.
@@ -195,6 +210,9 @@ impl Keeper {
             self.lease_id = lease_id;
             self.hold_failovers("this ingester's liveness lease was granted again");
         }
+        // Looked at every tick, so that the fence's gauge and log follow the lease even
+        // when no batch and no request looks.
+        self.fence.allows();
         if let Err(error) = self.try_tick().await {
             self.awaiting_answer = true;
             self.missing_since.clear();
@@ -220,19 +238,46 @@ impl Keeper {
     }
 
     async fn try_tick(&mut self) -> Result<(), StoreError> {
-        let settings = &self.settings;
-        let now = now_ms();
-        let (placement, revision) = match self.store.get().await {
+        // A read that starts while the lease is certainly alive shows which shards are
+        // this ingester's under it: once that is published, the fence may lift.
+        let lease_alive = self.fence.lease_alive();
+        let (placement, revision) = match self.read_placement().await {
             Ok(found) => found,
-            Err(StoreError::NotFound { .. }) if settings.join => {
-                let first =
-                    Placement::init(&[(&settings.instance_id, &settings.endpoint)], settings.num_shards, 1, now)
-                        .map_err(|source| StoreError::Invalid { key: self.store.placement_key().to_owned(), source })?;
-                return self.write(None, &first, "init").await;
-            }
             Err(StoreError::NotFound { .. }) => return Ok(()),
             Err(error) => return Err(error),
         };
+        let result = self.keep_placement(&placement, revision).await;
+        if let Some(lease) = lease_alive.filter(|_| self.looked) {
+            publish(&self.ownership, &self.metrics, &placement, &self.settings.instance_id);
+            self.fence.approve(lease);
+        }
+        result
+    }
+
+    /// The placement and its revision; a missing one is made (`init`) when this ingester
+    /// joins, and read back.
+    async fn read_placement(&mut self) -> Result<(Placement, i64), StoreError> {
+        loop {
+            match self.store.get().await {
+                Err(StoreError::NotFound { .. }) if self.settings.join => {
+                    let settings = &self.settings;
+                    let first = Placement::init(
+                        &[(&settings.instance_id, &settings.endpoint)],
+                        settings.num_shards,
+                        1,
+                        now_ms(),
+                    )
+                    .map_err(|source| StoreError::Invalid { key: self.store.placement_key().to_owned(), source })?;
+                    self.write(None, &first, "init").await?;
+                }
+                found => return found,
+            }
+        }
+    }
+
+    /// Fails over the dead, finalizes moves past their settling time, and joins.
+    async fn keep_placement(&mut self, placement: &Placement, revision: i64) -> Result<(), StoreError> {
+        let now = now_ms();
         let alive: HashSet<String> = self.store.alive_instances().await?.into_iter().collect();
         if std::mem::take(&mut self.awaiting_answer) {
             self.hold_failovers("etcd answers again");

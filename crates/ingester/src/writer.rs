@@ -12,6 +12,9 @@
 //! |---|---|
 //! | record durable (by the fsync policy) | `Ok` |
 //! | the same batch (source, policy, tile end, sequence) was queued recently | `Ok`, reason `duplicate`, not queued twice |
+//! | the ingester is fenced off: its liveness lease may expire ([`crate::tier::fence`]) | `Retryable`, reason `fenced` |
+//! | routed under a newer placement version than the ingester has seen | `Retryable`, reason `placement_ahead` (taken once it catches up) |
+//! | routed under an older version, with a series of a shard the ingester does not own in its own | `Retryable`, reason `placement_stale` (the sender routes it again) |
 //! | the target's queue is over `max_queue_bytes` | `Retryable`, reason `queue_full` |
 //! | writing or fsyncing the queue failed | `Retryable`, reason `queue_io` |
 //! | no storage policy and no resolution, or no tile end | `Permanent`, reason `invalid_batch` |
@@ -31,9 +34,14 @@ mod metrics;
 
 pub use metrics::{CheckpointFailure, CheckpointMetrics, WriterMetrics};
 
+use std::sync::Arc;
+
+use tessera_core::shard::shard_of;
+
 use crate::admit::Converter;
 use crate::admit::names::resolution_label;
 use crate::intake::FrameJob;
+use crate::tier::{Fence, Ownership, OwnershipView};
 use checkpoint::Checkpoints;
 use tessera_core::clock::now_ms;
 
@@ -103,6 +111,11 @@ pub struct Writer {
     pub metrics: WriterMetrics,
     /// Takes the converters' checkpoints (`None`: none, as in benchmarks).
     pub checkpoints: Option<Checkpoints>,
+    /// Whether this ingester may take batches now ([`crate::tier::fence`]).
+    pub fence: Arc<Fence>,
+    /// Which shards this ingester owns, with a placement: a batch routed under another
+    /// version of it is checked against it.
+    pub ownership: Option<Arc<Ownership>>,
 }
 
 /// Which target stores a batch: by its storage policy (`10s:2d`), else by its resolution
@@ -215,6 +228,14 @@ impl Writer {
             self.metrics.heartbeats.inc();
             return taken(&self.metrics, batch.sequence);
         }
+        if !self.fence.allows() {
+            let message = "the ingester is fenced off (its liveness lease may expire); send again later".to_owned();
+            return answer(&self.metrics, AckReason::Fenced, batch.sequence, message);
+        }
+        let view = self.ownership.as_ref().and_then(|ownership| ownership.current());
+        if let Some((reason, message)) = view.and_then(|view| placement_refusal(&view, batch)) {
+            return answer(&self.metrics, reason, batch.sequence, message);
+        }
         let received_at_ms = now_ms();
         self.metrics.batches_received.inc();
         self.metrics.tiles_received.inc_by(batch.tiles.len() as u64);
@@ -288,6 +309,32 @@ impl Writer {
     }
 }
 
+/// Why a batch routed under another version of the ingesters' placement than `view`'s is
+/// refused, if it is: routed under a newer one, it waits until this ingester has caught up
+/// (`placement_ahead`); under an older one, it is refused only if it holds a series of a
+/// shard this ingester does not own in `view` (`placement_stale`), which the sender routes
+/// again. A batch without a version (a fixed list of ingesters) is not checked.
+fn placement_refusal(view: &OwnershipView, batch: &TileBatch) -> Option<(AckReason, String)> {
+    let sent_under = batch.placement_version;
+    if sent_under == 0 || sent_under == view.version {
+        return None;
+    }
+    if sent_under > view.version {
+        let message = format!("routed under placement version {sent_under}, this ingester has seen {}", view.version);
+        return Some((AckReason::PlacementAhead, message));
+    }
+    let owned = |id: &[u8]| view.owned.get(shard_of(id, view.num_shards) as usize).copied().unwrap_or(false);
+    let not_owned = batch.tiles.iter().filter(|value| !owned(&value.series_id)).count();
+    (not_owned > 0).then(|| {
+        let message = format!(
+            "routed under placement version {sent_under}; in version {} this ingester does not own the shards of \
+             {not_owned} of its series",
+            view.version
+        );
+        (AckReason::PlacementStale, message)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -315,5 +362,30 @@ mod tests {
         recent.insert(3);
         assert!(!recent.contains(1));
         assert!(recent.contains(2) && recent.contains(3));
+    }
+
+    #[test]
+    fn a_batch_routed_under_another_placement_is_refused_when_this_ingester_cannot_take_it() {
+        use tessera_proto::SeriesValue;
+        use tessera_topology::Placement;
+
+        let placement = Placement::init(&[("a", "a:1"), ("b", "b:1")], 8, 1, 0).unwrap();
+        let view = OwnershipView { version: 5, ..OwnershipView::of(&placement, "a") };
+        let (mine, theirs): (Vec<String>, Vec<String>) =
+            (0..64).map(|n| format!("s{n}")).partition(|id| view.owned[shard_of(id.as_bytes(), 8) as usize]);
+        let value = |id: &String| SeriesValue { series_id: id.clone().into_bytes(), ..SeriesValue::default() };
+        let batch = |version, ids: &[String]| TileBatch {
+            placement_version: version,
+            tiles: ids.iter().map(value).collect(),
+            ..TileBatch::default()
+        };
+        let reason = |batch: &TileBatch| placement_refusal(&view, batch).map(|(reason, _)| reason);
+        assert_eq!(reason(&batch(0, &theirs)), None, "no version: a fixed list, not checked");
+        assert_eq!(reason(&batch(5, &theirs)), None, "the same version: the converter takes what it routed");
+        assert_eq!(reason(&batch(6, &mine)), Some(AckReason::PlacementAhead), "newer: wait to catch up");
+        assert_eq!(reason(&batch(4, &mine)), None, "older, but every series still this ingester's");
+        let mixed = [mine[0].clone(), theirs[0].clone()];
+        assert_eq!(reason(&batch(4, &mixed)), Some(AckReason::PlacementStale), "older, with a series moved away");
+        assert!(AckReason::PlacementStale.is_retryable() && AckReason::PlacementAhead.is_retryable());
     }
 }

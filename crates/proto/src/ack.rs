@@ -13,6 +13,7 @@
 //! | `buffer_full`, `shutting_down` | aggregator | retryable |
 //! | `invalid_batch` | ingester | permanent |
 //! | `queue_full`, `queue_io` | ingester | retryable |
+//! | `fenced`, `placement_ahead`, `placement_stale` | ingester (of an ingesters' placement) | retryable |
 //! | `duplicate` | ingester | ok (already queued) |
 //! | `malformed_frame`, `frame_too_large`, `unexpected_frame` | ingester, before it closes the connection | permanent |
 //!
@@ -61,11 +62,20 @@ pub enum AckReason {
     /// No target of the ingester stores the batch's storage policy: acknowledged, not
     /// stored (its configuration chose one resolution per store).
     NoTarget,
+    /// The ingester cannot renew its liveness lease in time and writes nothing until it
+    /// has (its shards may be failing over): send again later, or to the new owner.
+    Fenced,
+    /// The batch was routed under a newer placement than the ingester has seen: it takes
+    /// it once it has caught up.
+    PlacementAhead,
+    /// The batch was routed under an older placement, and the ingester does not own some of
+    /// its series' shards in its own: the sender routes it again by its current placement.
+    PlacementStale,
 }
 
 impl AckReason {
     /// Every reason: what an aggregator answers, then what an ingester answers.
-    pub const ALL: [AckReason; 15] = concat(AckReason::FROM_AGGREGATOR, AckReason::FROM_INGESTER);
+    pub const ALL: [AckReason; 18] = concat(AckReason::FROM_AGGREGATOR, AckReason::FROM_INGESTER);
 
     /// What an aggregator answers a collector's partial batch with.
     pub const FROM_AGGREGATOR: [AckReason; 7] = [
@@ -79,7 +89,7 @@ impl AckReason {
     ];
 
     /// What an ingester answers an aggregator's tile batch with.
-    pub const FROM_INGESTER: [AckReason; 8] = [
+    pub const FROM_INGESTER: [AckReason; 11] = [
         AckReason::InvalidBatch,
         AckReason::QueueFull,
         AckReason::QueueIo,
@@ -88,6 +98,9 @@ impl AckReason {
         AckReason::FrameTooLarge,
         AckReason::UnexpectedFrame,
         AckReason::NoTarget,
+        AckReason::Fenced,
+        AckReason::PlacementAhead,
+        AckReason::PlacementStale,
     ];
 
     /// The label of a refusal whose reason was empty.
@@ -113,6 +126,9 @@ impl AckReason {
             AckReason::FrameTooLarge => "frame_too_large",
             AckReason::UnexpectedFrame => "unexpected_frame",
             AckReason::NoTarget => "no_target",
+            AckReason::Fenced => "fenced",
+            AckReason::PlacementAhead => "placement_ahead",
+            AckReason::PlacementStale => "placement_stale",
         }
     }
 
@@ -125,9 +141,13 @@ impl AckReason {
     pub fn status(self) -> AckStatus {
         match self {
             AckReason::Duplicate | AckReason::NoTarget => AckStatus::Ok,
-            AckReason::BufferFull | AckReason::ShuttingDown | AckReason::QueueFull | AckReason::QueueIo => {
-                AckStatus::Retryable
-            }
+            AckReason::BufferFull
+            | AckReason::ShuttingDown
+            | AckReason::QueueFull
+            | AckReason::QueueIo
+            | AckReason::Fenced
+            | AckReason::PlacementAhead
+            | AckReason::PlacementStale => AckStatus::Retryable,
             _ => AckStatus::Permanent,
         }
     }
@@ -161,16 +181,20 @@ impl AckReason {
 }
 
 /// `first` then `second`, in a constant.
-const fn concat(first: [AckReason; 7], second: [AckReason; 8]) -> [AckReason; 15] {
-    let mut all = [AckReason::NotOwner; 15];
+const fn concat<const A: usize, const B: usize, const ALL: usize>(
+    first: [AckReason; A],
+    second: [AckReason; B],
+) -> [AckReason; ALL] {
+    assert!(A + B == ALL, "ALL holds both lists");
+    let mut all = [AckReason::NotOwner; ALL];
     let mut index = 0;
-    while index < 7 {
+    while index < A {
         all[index] = first[index];
         index += 1;
     }
     let mut index = 0;
-    while index < 8 {
-        all[7 + index] = second[index];
+    while index < B {
+        all[A + index] = second[index];
         index += 1;
     }
     all

@@ -54,6 +54,7 @@ pub fn set(id: &str, members: &[&str]) -> SeriesValue {
 /// flushed 100 ms after it.
 pub fn batch(tile_end_ms: i64, tiles: Vec<SeriesValue>) -> TileBatch {
     TileBatch {
+        placement_version: 0,
         source: "agg-1".into(),
         sequence: 1,
         storage_policy: "10s:2d".into(),

@@ -30,7 +30,7 @@ pub mod store;
 pub mod watch;
 
 pub use election::{Election, FlushMarks, Leader, Observed};
-pub use liveness::{LeaseDeadline, Registration};
+pub use liveness::{FENCE_MARGIN, LeaseDeadline, Registration};
 pub use store::PlacementStore;
 pub use watch::Watcher;
 

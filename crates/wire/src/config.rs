@@ -223,6 +223,7 @@ macro_rules! sender_config {
                     rejection_label: $crate::__proto::AckReason::label,
                     heartbeat,
                     tls: $crate::__config::client_tls(self.tls.as_ref(), reload_errors)?,
+                    redirect: None,
                 })
             }
 

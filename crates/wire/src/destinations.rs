@@ -211,6 +211,7 @@ mod tests {
             rejection_label: |_| "rejected",
             heartbeat: None,
             tls: None,
+            redirect: None,
         };
         let stop = Shutdown::new();
         destinations.start_senders(&settings, &stop);

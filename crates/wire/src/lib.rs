@@ -155,8 +155,8 @@ pub use inbound::{
 };
 pub use metrics::{CloseReason, DestinationMetrics, Items, ListenerMetrics, SenderMetrics};
 pub use outbound::{
-    Batch, DropReason, Expand, GenerationEnd, Heartbeat, OutboundMetrics, OutboundQueue, Refs, SenderSettings,
-    run_sender,
+    Batch, DropReason, Expand, GenerationEnd, Heartbeat, OutboundMetrics, OutboundQueue, Redirect, Refs,
+    SenderSettings, run_sender,
 };
 pub use stream::WireStream;
 pub use tls::{

@@ -11,7 +11,8 @@
 //! - [`run_sender`] connects (with jittered backoff), performs the
 //!   handshake, then sends one batch at a time and waits for its
 //!   acknowledgement: `ok` forgets the batch, `retryable` puts it back at
-//!   the head and waits a backoff, `permanent` drops it and counts the
+//!   the head and waits a backoff (or, refused as `placement_stale`, hands it to
+//!   the daemon's [`Redirect`] to be routed again), `permanent` drops it and counts the
 //!   reason. A broken connection or a missing ack puts the batch back at
 //!   the head and reconnects. A re-sent batch keeps its sequence, and the
 //!   queue names the same stream in every connection's handshake
@@ -36,7 +37,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use tessera_proto::{AckStatus, Role};
+use tessera_proto::{AckReason, AckStatus, Role};
 
 use crate::client;
 use tokio::sync::Notify;
@@ -429,6 +430,23 @@ pub struct SenderSettings {
     pub heartbeat: Option<Heartbeat>,
     /// TLS towards the destination; plain TCP when `None`.
     pub tls: Option<Arc<crate::client::ClientTls>>,
+    /// Where a batch refused as `placement_stale` goes instead of back at the head: routed
+    /// again by the sender's current placement. `None`: it waits and goes again, as any
+    /// retryable refusal.
+    pub redirect: Option<Redirect>,
+}
+
+/// Routes again a batch its destination refused as routed under a placement it no longer
+/// owns some of ([`tessera_proto::AckReason::PlacementStale`]): `Ok` once its contents are
+/// queued for their current owners (the batch is then done with here), `Err` with the batch
+/// when they cannot be (it waits and goes again).
+#[derive(Clone)]
+pub struct Redirect(pub Arc<dyn Fn(Batch) -> Result<(), Batch> + Send + Sync>);
+
+impl std::fmt::Debug for Redirect {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Redirect")
+    }
 }
 
 /// When connected and idle for `after`, send `frame()` (a batch with nothing in it,
@@ -530,6 +548,19 @@ pub async fn run_sender<M: OutboundMetrics>(queue: Arc<OutboundQueue<M>>, settin
                     backoff.reset();
                 }
                 AckStatus::Retryable => {
+                    let batch = match &settings.redirect {
+                        Some(redirect) if ack.reason == AckReason::PlacementStale.as_str() => {
+                            match (redirect.0)(batch) {
+                                Ok(()) => {
+                                    tracing::info!(%endpoint, peer, message = %ack.message, "batch routed again: the destination no longer owns some of it");
+                                    queue.finish_in_flight();
+                                    continue;
+                                }
+                                Err(batch) => batch,
+                            }
+                        }
+                        _ => batch,
+                    };
                     tracing::debug!(%endpoint, peer, reason = %ack.reason, "batch refused for now; retrying");
                     queue.push_front(batch);
                     if !sleep_or_stop(backoff.next_delay(), &stop).await {

@@ -99,8 +99,9 @@ pub use election::{ElectionSettings, run_election};
 /// How often the election task looks at the leader key and the marks.
 pub const TICK: Duration = Duration::from_millis(200);
 
-/// A leader stops flushing this long before its lease could expire.
-pub const FENCE_MARGIN: Duration = Duration::from_secs(1);
+/// A leader stops flushing this long before its lease could expire (one margin for every
+/// fence, shared with the ingesters').
+pub use tessera_topology::FENCE_MARGIN;
 
 /// What the flusher and the election task share.
 #[derive(Clone)]

@@ -23,6 +23,8 @@ pub struct TileHead<'a> {
     pub flushed_at_ms: i64,
     /// The tile began before this process started: its copy may lack partials.
     pub incomplete: bool,
+    /// The version of the ingesters' placement the share was routed by (0: a fixed list).
+    pub placement_version: u64,
 }
 
 /// Splits some of a tile's values (one ingester's share) into framed
@@ -55,6 +57,7 @@ pub fn encode_values(
             tiles: values,
             flushed_at_ms: head.flushed_at_ms,
             incomplete: head.incomplete,
+            placement_version: head.placement_version,
         };
         match framing::encode_frame(&Frame { body: Some(Body::Tiles(batch)) }, max_frame_bytes) {
             Ok(frame) => batches.push(Batch { sequence, frame, items: series, refs: None }),

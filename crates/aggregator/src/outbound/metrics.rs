@@ -22,6 +22,10 @@ tessera_runtime::metrics! {
         pub ingester_placement_version: Gauge,
         /// Ingesters of the ingesters' placement that tiles go to
         pub ingester_destinations: Gauge,
+        /// Tile batches an ingester refused as routed under a placement that no longer gives it
+        /// some of their series (`placement_stale`), routed again by the current placement (also
+        /// counted in `rerouted`)
+        pub redirected_batches: Counter,
         /// Tile batches (and their series) queued for an ingester that left the placement, sent to the
         /// new owners of their series instead, per unit
         rerouted: Family<ByUnit, Counter> = zeroed_family(["batches", "series"].map(|unit| ByUnit { unit }));

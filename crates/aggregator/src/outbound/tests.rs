@@ -149,6 +149,7 @@ fn rerouting() -> Rerouting {
 fn a_departed_ingesters_queue_goes_to_the_new_owners_of_its_series() {
     let Rerouting { placement, handle, metrics, ingesters } = rerouting();
     let head = TileHead {
+        placement_version: 0,
         storage_policy: "10s:2d",
         resolution_ms: 10_000,
         tile_end_ms: 20_000,
@@ -202,6 +203,7 @@ fn a_tile_sent_after_a_failover_goes_behind_the_departed_ingesters_older_tile() 
     let Rerouting { placement, handle, ingesters, .. } = rerouting();
     assert_eq!(ingesters.reroute_departed(), 0, "the re-router's first tick: nobody left");
     let head = |tile_end_ms| TileHead {
+        placement_version: 0,
         storage_policy: "10s:2d",
         resolution_ms: 10_000,
         tile_end_ms,

@@ -55,6 +55,7 @@ fn harness_with_rules(readers: usize, rules: &str) -> Harness {
             rejection_label: tessera_proto::AckReason::label,
             heartbeat: None,
             tls: None,
+            redirect: None,
         },
     };
     let metrics = Metrics::default();

@@ -5,7 +5,9 @@
 //! send, report the outcome to the limit (which frees the slot). A retryable error waits
 //! `initial × 2^attempt` (capped, with jitter between half and all of it: the one
 //! `Backoff` of `tessera-runtime`) and tries
-//! again, without a slot held. On shutdown a worker finishes the request it is sending
+//! again, without a slot held. While the ingester is fenced off ([`crate::tier::fence`]) no
+//! attempt starts, and one of a target of running totals in flight when the fence falls is
+//! cancelled and tried again once it lifts. On shutdown a worker finishes the request it is sending
 //! but starts no new attempt and takes no new request; what it did not finish stays in
 //! the queue for the next start.
 
@@ -63,6 +65,9 @@ async fn send<S: Sink>(target: &Target<S>, item: &WorkItem, settings: &PoolSetti
     let mut backoff = Backoff::new(settings.retry_initial_backoff, settings.retry_max_backoff);
     loop {
         let samples = request.samples.len();
+        if !target.fence.wait_open(stop).await {
+            return;
+        }
         let permit = tokio::select! {
             biased;
             () = stop.wait() => return,
@@ -73,8 +78,25 @@ async fn send<S: Sink>(target: &Target<S>, item: &WorkItem, settings: &PoolSetti
             () = stop.wait() => return,
             () = target.pace.wait(samples) => {}
         }
+        // Fenced off (the liveness lease may expire) while it waited: nothing new goes out.
+        if !target.fence.allows() {
+            permit.finish(Outcome::Neutral);
+            continue;
+        }
+        // A request of running totals in flight when the fence falls is cancelled.
         let started = Instant::now();
-        let result = target.sink.write(&request).await;
+        let result = if target.sink.keeps_totals() {
+            tokio::select! {
+                result = target.sink.write(&request) => result,
+                () = target.fence.fallen() => Err(SinkError::Retryable {
+                    reason: "fenced",
+                    message: "cancelled in flight: the ingester was fenced off".to_owned(),
+                    overloaded: false,
+                }),
+            }
+        } else {
+            target.sink.write(&request).await
+        };
         metrics.sink.writes.request_duration.observe(started.elapsed().as_secs_f64());
         match result {
             Ok(()) => {

@@ -34,6 +34,12 @@ tessera_runtime::metrics! {
         pub tiles_of_earlier_tenure: Counter,
         /// 1 while this ingester holds its liveness lease in etcd
         pub liveness_registered: Gauge,
+        /// 1 while this ingester is fenced off: its liveness lease may expire within the fence
+        /// margin, or the placement was not read again since it could; it writes nothing to
+        /// its stores and answers batches retryable (`fenced`)
+        pub fence_closed: Gauge,
+        /// Times this ingester was fenced off (see `fence_closed`)
+        pub fenced: Counter,
     }
 }
 

@@ -134,8 +134,14 @@ impl Ownership {
 
     /// Publishes `view` (when it differs from the current one), its tenures carried on
     /// from the current one ([`OwnershipView::tenure`]).
+    ///
+    /// A view of an older placement than the current one is ignored: the tier task
+    /// publishes what it reads and the watch what it sees, and either may be behind.
     pub fn publish(&self, mut view: OwnershipView) {
         let mut current = self.view.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if current.as_deref().is_some_and(|before| before.version > view.version) {
+            return;
+        }
         if let Some(before) = current.as_deref().filter(|before| before.owned.len() == view.owned.len()) {
             for shard in 0..view.owned.len() {
                 let gained = view.owned[shard] && !before.owned[shard];

@@ -70,6 +70,10 @@ impl Drop for Registration {
     }
 }
 
+/// How long before its lease's [`LeaseDeadline`] a daemon stops what only the lease's
+/// holder may do: an aggregator leader flushing, an ingester writing to its stores.
+pub const FENCE_MARGIN: Duration = Duration::from_secs(1);
+
 /// The time before which a lease cannot have expired in etcd: the moment
 /// the last successful grant or keep-alive was *sent*, plus the TTL etcd
 /// answered with. etcd starts the TTL when it receives the request, later

@@ -20,6 +20,7 @@ fn tile_batch(n: i64) -> TileBatch {
         tiles.push(counter("rare", 7.0));
     }
     TileBatch {
+        placement_version: 0,
         source: "agg-1".into(),
         sequence: n as u64,
         storage_policy: "10s:2d".into(),

@@ -1,0 +1,251 @@
+//! The ingester's fence: an ingester of a placement writes to its stores only while
+//! its liveness lease is certainly alive in etcd, so that one it has been failed over
+//! from has stopped before the new owner of its shards starts.
+//!
+//! ```text
+//!  keep-alive confirmed ──▶ deadline (sent + TTL, monotonic clock)
+//!  now < deadline − FENCE_MARGIN, and the placement read under this lease ──▶ open
+//!  otherwise ──▶ fenced: no new storage request, in-flight ones of running totals
+//!                cancelled, batches answered `Retryable` (`fenced`), the queue kept
+//! ```
+//!
+//! **Why the margin is enough.** The deadline is when the last successful keep-alive was
+//! *sent* plus the TTL etcd answered with; etcd counts the TTL from when it *received*
+//! it, so the lease cannot expire in etcd before the deadline. The other ingesters fail
+//! this one over only once its key is gone, which is after the lease expired. A fence
+//! that falls [`FENCE_MARGIN`] before the deadline has therefore fallen before any other
+//! ingester can own its shards, whatever held it up: etcd unreachable (a partition), a
+//! slow network, or the process paused (it finds the deadline passed the moment it runs
+//! again, before it writes anything). What this assumes of clocks: that this host's
+//! monotonic clock does not run slower than etcd's by more than the margin over one TTL
+//! (etcd's own lease documentation makes the same assumption), and no more.
+//!
+//! **Back in touch.** A fence lifts only once the placement has been read from etcd
+//! under a lease that is certainly alive ([`Fence::approve`], by the tier task): a lease
+//! that lapsed in etcd is granted again under a new id, and until the placement read
+//! after that shows which shards are still this ingester's, every total it holds may be
+//! of a tenure that ended. The tier task publishes that placement before approving, so
+//! the converter gives up the totals of every shard that moved (an explicit reset each,
+//! as a move does) before anything is written again.
+//!
+//! **What is not covered.** A storage request already sent when the fence falls is
+//! cancelled on this side, but a store that received it whole may still apply it; the
+//! stores tessera writes apply a request as they read it, well within the margin. The
+//! per-tile targets (Graphite, InfluxDB) write each tile's own values, which a second
+//! writer cannot corrupt (a resent tile replaces itself), so their requests in flight
+//! are left to finish; they start no new one while fenced either.
+
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::time::Duration;
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use tessera_runtime::Shutdown;
+use tessera_topology::{FENCE_MARGIN, LeaseDeadline};
+
+/// How often a fenced worker looks again, and how often a request in flight checks that
+/// the fence still stands.
+pub const FENCE_POLL: Duration = Duration::from_millis(100);
+
+/// The failpoint that turns the fence off (`TESSERA_FAILPOINTS="ingester.no_fence=0"`),
+/// for the partition demo that shows what it prevents. Never set it in production.
+pub const NO_FENCE_FAILPOINT: &str = "ingester.no_fence";
+
+/// Whether this ingester may write now; shared by the tier task, the intake writer
+/// and the workers. See the [module docs](self).
+#[derive(Debug, Default)]
+pub struct Fence {
+    /// `None`: no placement (a fixed list, `tessera local`), or the fence turned off.
+    inner: Option<Inner>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    /// The liveness lease's deadline, once registered.
+    deadline: OnceLock<LeaseDeadline>,
+    /// The lease under which the placement was last read (0: none since the fence fell).
+    approved: AtomicI64,
+    /// Fenced at the last look (for the gauge, the count and the log).
+    fenced: AtomicBool,
+    metrics: FenceMetrics,
+}
+
+/// The fence's metrics (the tier's `fence_closed` and `fenced`).
+#[derive(Debug, Clone, Default)]
+pub struct FenceMetrics {
+    /// 1 while fenced.
+    pub fenced: Gauge,
+    /// Times the fence fell.
+    pub fenced_total: Counter,
+}
+
+impl From<&super::TierMetrics> for FenceMetrics {
+    fn from(metrics: &super::TierMetrics) -> FenceMetrics {
+        FenceMetrics { fenced: metrics.fence_closed.clone(), fenced_total: metrics.fenced.clone() }
+    }
+}
+
+impl Fence {
+    /// A fence that is always open: an ingester with no placement.
+    pub fn none() -> Fence {
+        Fence::default()
+    }
+
+    /// The fence of an ingester of a placement: closed until the lease is registered and
+    /// the placement read ([`attach`](Self::attach), [`approve`](Self::approve)). Open for
+    /// good when the [`NO_FENCE_FAILPOINT`] is set.
+    pub fn of_placement(metrics: FenceMetrics) -> Fence {
+        if tessera_runtime::failpoint::configured(NO_FENCE_FAILPOINT).is_some() {
+            tracing::warn!("failpoint: the ingester's fence is off; a partition can give a series two writers");
+            return Fence::none();
+        }
+        metrics.fenced.set(1);
+        let inner = Inner { fenced: AtomicBool::new(true), metrics, ..Inner::default() };
+        Fence { inner: Some(inner) }
+    }
+
+    /// Follows the liveness lease of `deadline` from now on (the first call counts).
+    pub fn attach(&self, deadline: LeaseDeadline) {
+        if let Some(inner) = &self.inner {
+            let _ = inner.deadline.set(deadline);
+        }
+    }
+
+    /// The lease that is certainly alive for more than [`FENCE_MARGIN`] now, if any: a
+    /// placement read that starts now may [`approve`](Self::approve) it.
+    pub fn lease_alive(&self) -> Option<i64> {
+        let inner = self.inner.as_ref()?;
+        let (lease, deadline) = inner.deadline.get()?.get()?;
+        (deadline.saturating_duration_since(std::time::Instant::now()) > FENCE_MARGIN).then_some(lease)
+    }
+
+    /// The placement was read (and published) under `lease`, which was alive when the
+    /// read started: the fence may lift while that lease stays alive.
+    pub fn approve(&self, lease: i64) {
+        if let Some(inner) = &self.inner {
+            inner.approved.store(lease, Ordering::Release);
+        }
+        self.allows();
+    }
+
+    /// Whether this ingester may write now. A fence that falls forgets its approval, so
+    /// that it lifts only after the placement is read again.
+    pub fn allows(&self) -> bool {
+        let Some(inner) = &self.inner else { return true };
+        let approved = inner.approved.load(Ordering::Acquire);
+        let open = approved != 0 && self.lease_alive() == Some(approved);
+        if !open && approved != 0 {
+            let _ = inner.approved.compare_exchange(approved, 0, Ordering::AcqRel, Ordering::Acquire);
+        }
+        if inner.fenced.swap(!open, Ordering::AcqRel) != !open {
+            inner.metrics.fenced.set(i64::from(!open));
+            if open {
+                tracing::info!("ingester fence lifted: the lease is alive and the placement read again");
+            } else {
+                inner.metrics.fenced_total.inc();
+                tracing::warn!(
+                    margin_ms = FENCE_MARGIN.as_millis() as u64,
+                    "ingester fenced off: the liveness lease may expire within the margin; writing nothing \
+                     and answering batches retryable until etcd confirms it and the placement is read again"
+                );
+            }
+        }
+        open
+    }
+
+    /// Waits until the fence allows writing; `false` if `stop` fired first.
+    pub async fn wait_open(&self, stop: &Shutdown) -> bool {
+        while !self.allows() {
+            tokio::select! {
+                biased;
+                () = stop.wait() => return false,
+                () = tokio::time::sleep(FENCE_POLL) => {}
+            }
+        }
+        true
+    }
+
+    /// Resolves once the fence has fallen (never, for an ingester with no fence).
+    pub async fn fallen(&self) {
+        if self.inner.is_none() {
+            return std::future::pending().await;
+        }
+        while self.allows() {
+            tokio::time::sleep(FENCE_POLL).await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use super::*;
+
+    fn fence() -> (Fence, LeaseDeadline) {
+        let fence = Fence::of_placement(FenceMetrics::default());
+        let deadline = LeaseDeadline::default();
+        fence.attach(deadline.clone());
+        (fence, deadline)
+    }
+
+    #[test]
+    fn no_placement_never_fences() {
+        assert!(Fence::none().allows());
+    }
+
+    #[test]
+    fn closed_until_the_lease_is_alive_and_the_placement_read_under_it() {
+        let (fence, deadline) = fence();
+        assert!(!fence.allows(), "no lease yet");
+        assert_eq!(fence.lease_alive(), None);
+        deadline.set(7, Instant::now() + FENCE_MARGIN * 5);
+        assert!(!fence.allows(), "a live lease, but the placement not read under it");
+        fence.approve(7);
+        assert!(fence.allows());
+        let metrics = &fence.inner.as_ref().unwrap().metrics;
+        assert_eq!((metrics.fenced.get(), metrics.fenced_total.get()), (0, 0), "the first opening is not a fall");
+    }
+
+    #[test]
+    fn falls_within_the_margin_and_lifts_only_after_a_new_read() {
+        let (fence, deadline) = fence();
+        deadline.set(7, Instant::now() + FENCE_MARGIN * 5);
+        fence.approve(7);
+        assert!(fence.allows());
+        deadline.set(7, Instant::now() + FENCE_MARGIN / 2);
+        assert!(!fence.allows(), "the lease may expire within the margin");
+        let metrics = &fence.inner.as_ref().unwrap().metrics;
+        assert_eq!((metrics.fenced.get(), metrics.fenced_total.get()), (1, 1));
+        deadline.set(7, Instant::now() + FENCE_MARGIN * 5);
+        assert!(!fence.allows(), "the keep-alive came back, but the placement was not read again");
+        fence.approve(7);
+        assert!(fence.allows());
+        assert_eq!(metrics.fenced.get(), 0);
+    }
+
+    #[test]
+    fn a_lease_granted_again_is_not_the_approved_one() {
+        let (fence, deadline) = fence();
+        deadline.set(7, Instant::now() + FENCE_MARGIN * 5);
+        fence.approve(7);
+        deadline.set(8, Instant::now() + FENCE_MARGIN * 5);
+        assert!(!fence.allows(), "lease 7 lapsed in etcd: the placement may have moved its shards");
+        assert_eq!(fence.lease_alive(), Some(8));
+        fence.approve(8);
+        assert!(fence.allows());
+    }
+
+    #[tokio::test]
+    async fn fallen_resolves_when_the_deadline_nears() {
+        let (fence, deadline) = fence();
+        deadline.set(3, Instant::now() + FENCE_MARGIN * 5);
+        fence.approve(3);
+        let deadline_passes = async {
+            deadline.set(3, Instant::now());
+        };
+        tokio::join!(fence.fallen(), deadline_passes);
+        assert!(!fence.allows());
+    }
+}
