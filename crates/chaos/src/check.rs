@@ -103,6 +103,10 @@ pub type Samples = HashMap<u64, Vec<(i64, f64)>>;
 /// What was read back from the store, per kind and resolution label.
 pub type Observed = HashMap<(Kind, String), Samples>;
 
+/// Who wrote each sample of the store, per kind and resolution label: per series number,
+/// `(writer, time, value)` (the ingesters' `writer` label; Graphite's samples have none).
+pub type Writers = HashMap<(Kind, String), HashMap<u64, Vec<(String, i64, f64)>>>;
+
 /// What is wrong.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Problem {
@@ -112,6 +116,8 @@ pub enum Problem {
     Doubled,
     /// A value that no run of the sent lines gives.
     Wrong,
+    /// Two ingesters wrote running totals of one series over the same moments.
+    TwoWriters,
 }
 
 impl fmt::Display for Problem {
@@ -120,6 +126,7 @@ impl fmt::Display for Problem {
             Problem::Lost => "lost",
             Problem::Doubled => "doubled",
             Problem::Wrong => "wrong",
+            Problem::TwoWriters => "two writers",
         })
     }
 }
@@ -298,6 +305,72 @@ pub fn check(
         }
     }
     report
+}
+
+/// One writer per series per moment: for every cumulative series (counters, timers), each
+/// writer's samples fall into *runs*, a run ending where its total drops (an explicit
+/// reset: its tenure of the series ended, or began again), and no two writers' runs may
+/// overlap in time. A writer failed over while it still wrote would show as its run going
+/// on across the new owner's, which starts from an explicit reset. Samples with no writer
+/// (Graphite) are not checked.
+pub fn check_writers(writers: &Writers) -> Vec<Violation> {
+    let mut violations = Vec::new();
+    let mut keys: Vec<&(Kind, String)> = writers.keys().collect();
+    keys.sort();
+    for key in keys {
+        let (kind, resolution) = key;
+        if !matches!(kind, Kind::Counter | Kind::Timer) {
+            continue;
+        }
+        let mut numbers: Vec<&u64> = writers[key].keys().collect();
+        numbers.sort();
+        for number in numbers {
+            let runs = writer_runs(&writers[key][number]);
+            let overlap = runs.iter().enumerate().find_map(|(i, a)| {
+                runs[i + 1..].iter().find(|b| a.0 != b.0 && a.1 <= b.2 && b.1 <= a.2).map(|b| (a, b))
+            });
+            if let Some((a, b)) = overlap {
+                violations.push(Violation {
+                    problem: Problem::TwoWriters,
+                    kind: *kind,
+                    resolution: resolution.clone(),
+                    series: *number,
+                    tile_end_ms: Some(a.1.max(b.1)),
+                    expected: "one writer at a time".to_owned(),
+                    observed: format!("{} over [{}, {}] and {} over [{}, {}]", a.0, a.1, a.2, b.0, b.1, b.2),
+                });
+            }
+        }
+    }
+    violations
+}
+
+/// Each writer's runs of one series: `(writer, first, last)` sample times, a run ending where
+/// the writer's total drops.
+fn writer_runs(samples: &[(String, i64, f64)]) -> Vec<(&str, i64, i64)> {
+    let mut by_writer: BTreeMap<&str, Vec<(i64, f64)>> = BTreeMap::new();
+    for (writer, time, value) in samples.iter().filter(|(writer, ..)| !writer.is_empty()) {
+        by_writer.entry(writer.as_str()).or_default().push((*time, *value));
+    }
+    let mut runs = Vec::new();
+    for (writer, mut points) in by_writer {
+        points.sort_by_key(|point| point.0);
+        let mut run: Option<(i64, i64, f64)> = None;
+        for (time, value) in points {
+            run = match run {
+                Some((first, _, last_value)) if value >= last_value - EPSILON => Some((first, time, value)),
+                Some((first, last, _)) => {
+                    runs.push((writer, first, last));
+                    Some((time, time, value))
+                }
+                None => Some((time, time, value)),
+            };
+        }
+        if let Some((first, last, _)) = run {
+            runs.push((writer, first, last));
+        }
+    }
+    runs
 }
 
 struct Found<'a> {
@@ -595,6 +668,48 @@ mod tests {
                 samples.insert(series, points);
             }
         }
+    }
+
+    #[test]
+    fn two_writers_of_one_series_at_once_are_found_and_a_handover_at_a_reset_is_not() {
+        let sample = |writer: &str, time, value| (writer.to_owned(), time, value);
+        let mut writers = Writers::new();
+        let series = writers.entry((Kind::Counter, "10s".to_owned())).or_default();
+        // Series 0: ing-1 writes to 30, ing-2 takes over from an explicit reset, and ing-1's
+        // queue, written later, holds only older tiles; then ing-1 gets it back from a reset.
+        series.insert(
+            0,
+            vec![
+                sample("ing-1", 10_000, 1.0),
+                sample("ing-1", 20_000, 2.0),
+                sample("ing-1", 30_000, 3.0),
+                sample("ing-2", 39_999, 0.0),
+                sample("ing-2", 40_000, 1.0),
+                sample("ing-2", 50_000, 2.0),
+                sample("ing-1", 59_999, 0.0),
+                sample("ing-1", 60_000, 1.0),
+            ],
+        );
+        // Series 1: ing-1 went on from its old total after ing-2 took over.
+        series.insert(
+            1,
+            vec![
+                sample("ing-1", 10_000, 1.0),
+                sample("ing-2", 19_999, 0.0),
+                sample("ing-2", 20_000, 1.0),
+                sample("ing-1", 30_000, 3.0),
+                sample("ing-2", 40_000, 2.0),
+            ],
+        );
+        // Gauges are not running totals: not checked.
+        writers.entry((Kind::Gauge, "10s".to_owned())).or_default().insert(
+            0,
+            vec![sample("ing-1", 10_000, 5.0), sample("ing-2", 10_000, 1.0), sample("ing-1", 20_000, 5.0)],
+        );
+        let violations = check_writers(&writers);
+        assert_eq!(violations.len(), 1, "{violations:?}");
+        assert_eq!((violations[0].problem, violations[0].series), (Problem::TwoWriters, 1));
+        assert!(violations[0].to_string().starts_with("two writers chaos.counter"), "{}", violations[0]);
     }
 
     #[test]

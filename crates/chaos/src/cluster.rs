@@ -8,7 +8,11 @@
 //!                                                 │
 //!                                    proxy ──▶ Prometheus (remote write)
 //!                                    proxy ──▶ carbon-cache (the Graphite policy, if any)
+//!  every daemon ──▶ its own proxy ──▶ etcd   (a partition stalls one daemon's)
 //! ```
+//!
+//! Each ingester labels what it writes `writer="ing-N"` (`external_labels`), so that the
+//! checker sees who wrote every sample.
 //!
 //! The aggregators' placement names each aggregator by its proxy's address, and so does
 //! the ingesters' placement (`advertise`), so every wire connection goes through the
@@ -354,6 +358,8 @@ pub struct Cluster {
     pub ingesters: Vec<Process>,
     /// The proxy in front of each ingester.
     pub ingester_proxies: Vec<Proxy>,
+    /// Each daemon's own proxy in front of etcd, which a partition stalls.
+    pub etcd_proxies: HashMap<Daemon, Proxy>,
     /// The settings it was started with.
     pub settings: Settings,
 }
@@ -394,16 +400,31 @@ impl Cluster {
         }
         let prometheus_policies: Vec<&String> =
             settings.policies.iter().filter(|policy| Some(*policy) != settings.graphite.as_ref()).collect();
-        let etcd_section = |table: &str| {
-            format!("[{table}]\nendpoints = [\"{}\"]\nenv = \"{ENV}\"\nrequest_timeout_ms = 1000\n", etcd.endpoint())
+        // Every daemon reaches etcd through a proxy of its own, so that a partition can cut
+        // one off while the others still reach it.
+        let etcd_address: SocketAddr = etcd
+            .endpoint()
+            .trim_start_matches("http://")
+            .parse()
+            .context("etcd's endpoint is not a socket address")?;
+        let daemons = (0..shape.ingesters)
+            .map(Daemon::Ingester)
+            .chain((0..shape.aggregators).map(Daemon::Aggregator))
+            .chain((0..shape.collectors).map(Daemon::Collector));
+        let etcd_proxies: HashMap<Daemon, Proxy> = daemons
+            .map(|daemon| Ok((daemon, Proxy::start(etcd_address)?)))
+            .collect::<std::io::Result<_>>()?;
+        let etcd_section = |table: &str, daemon: Daemon| {
+            let endpoint = etcd_proxies[&daemon].address();
+            format!("[{table}]\nendpoints = [\"http://{endpoint}\"]\nenv = \"{ENV}\"\nrequest_timeout_ms = 1000\n")
         };
         // As every documented deployment has it (deploy/config/): a daemon restarted while
         // etcd is down starts from its last placement instead of waiting for etcd.
-        let cached = |table: &str, name: &str, file: &str| {
-            let path = settings.dir.join(format!("{name}-{file}.pb"));
+        let cached = |table: &str, daemon: Daemon, file: &str| {
+            let path = settings.dir.join(format!("{daemon}-{file}.pb"));
             format!(
                 "{}cache_path = {:?}\n",
-                etcd_section(table).trim_start_matches(&format!("[{table}]\n")),
+                etcd_section(table, daemon).trim_start_matches(&format!("[{table}]\n")),
                 path.display().to_string()
             )
         };
@@ -429,11 +450,12 @@ impl Cluster {
                  sink_policies = {:?}\n\
                  [placement]\nadvertise = \"{}\"\nliveness_ttl_secs = {ttl}\n{}\
                  [sink]\nkind = \"remote_write\"\nurl = \"{remote_write}\"\nhistograms = \"summary\"\n\
+                 external_labels = {{ writer = \"{name}\" }}\n\
                  {graphite_sink}",
                 settings.dir.join(&name).display().to_string(),
                 prometheus_policies,
                 ingester_proxies[n].address(),
-                etcd_section("placement.etcd"),
+                etcd_section("placement.etcd", Daemon::Ingester(n)),
             );
             let mut process =
                 Process::new(&name, binary("tessera-ingester"), &settings.dir, &text, loopback(free_port()))?;
@@ -463,8 +485,8 @@ impl Cluster {
                 "instance_id = \"{name}\"\nlisten = \"127.0.0.1:{port}\"\npolicies = [{policies}]\n\
                  liveness_ttl_secs = {ttl}\nmerge_threads = 1\n[placement]\nkind = \"etcd\"\n{}\
                  [ingester]\nreconnect_min_ms = 20\nreconnect_max_ms = 500\n[ingester.placement]\nkind = \"etcd\"\n{}",
-                cached("placement", &name, "placement"),
-                cached("ingester.placement", &name, "ingester-placement"),
+                cached("placement", Daemon::Aggregator(n), "placement"),
+                cached("ingester.placement", Daemon::Aggregator(n), "ingester-placement"),
             );
             let mut process =
                 Process::new(&name, binary("tessera-aggregator"), &settings.dir, &text, loopback(free_port()))?;
@@ -481,7 +503,7 @@ impl Cluster {
                 "instance_id = \"{name}\"\n[udp]\nlisten = \"127.0.0.1:{port}\"\nreader_threads = 1\n\
                  recv_buffer_bytes = 16777216\n[placement]\nkind = \"etcd\"\n{}\
                  [forward]\nreconnect_min_ms = 20\nreconnect_max_ms = 500\n",
-                cached("placement", &name, "placement"),
+                cached("placement", Daemon::Collector(n), "placement"),
             );
             let mut process =
                 Process::new(&name, binary("tessera-collector"), &settings.dir, &text, loopback(free_port()))?;
@@ -501,6 +523,7 @@ impl Cluster {
             aggregator_proxies,
             ingesters,
             ingester_proxies,
+            etcd_proxies,
             settings,
         };
         for process in cluster.processes_mut() {
@@ -534,6 +557,11 @@ impl Cluster {
             Daemon::Aggregator(n) => self.aggregator_proxies.get(n),
             Daemon::Ingester(n) => self.ingester_proxies.get(n),
         }
+    }
+
+    /// The proxy between a daemon and etcd.
+    pub fn etcd_proxy(&self, daemon: Daemon) -> Option<&Proxy> {
+        self.etcd_proxies.get(&daemon)
     }
 
     /// Waits until every shard set has exactly one leader.

@@ -8,8 +8,8 @@ use anyhow::{Context, bail};
 use clap::Parser;
 use tessera_chaos::run::{Campaign, run, summary};
 use tessera_chaos::schedule::{
-    LINK_STALL_POLICIES, LINK_STALL_ROUNDS, LINK_STALL_TILES, Scheduled, Shape, double_kill, draw, link_stall,
-    replica_kill,
+    LINK_STALL_POLICIES, LINK_STALL_ROUNDS, LINK_STALL_TILES, PARTITION_TILE, PARTITION_TTL_SECS, Scheduled, Shape,
+    double_kill, draw, link_stall, partition, replica_kill,
 };
 
 /// The scripted scenarios' tile.
@@ -85,6 +85,17 @@ struct Args {
     /// repeats it.
     #[arg(long)]
     link_stall: bool,
+    /// Instead of a drawn schedule, the scripted partition scenario: the shape of
+    /// `--replica-kill` with two ingesters, 5 s tiles, a lease TTL of 3 s; one daemon at a
+    /// time is cut off from etcd for three TTLs while the others reach it: the first
+    /// ingester (failed over while alive, then back), each replica in turn, a collector.
+    /// The checker proves one writer per series at every moment. `--runs N` repeats it.
+    #[arg(long, conflicts_with_all = ["replica_kill", "double_kill", "link_stall"])]
+    partition: bool,
+    /// Draw partitions too (a daemon cut off from etcd while the others reach it). Without
+    /// it a seed draws the schedule it drew before partitions existed.
+    #[arg(long)]
+    partitions: bool,
     /// Repeat each campaign this many times.
     #[arg(long, default_value_t = 1)]
     runs: u32,
@@ -147,12 +158,18 @@ fn campaigns(args: &Args) -> anyhow::Result<bool> {
         replication_factor: args.replication_factor,
         ingesters: args.ingesters,
         shard_set_recovery: shard_set_recovery(&args.policies, args.ttl_secs)?,
+        partitions: args.partitions,
     };
     // A scripted scenario: its flag, schedule, length and policies.
     let scripted: Option<(&str, Vec<Scheduled>, Duration, &[&str])> = if args.replica_kill {
         Some(("--replica-kill", replica_kill(SCENARIO_TILE, 3), SCENARIO_TILE * 9, &["10s:1h"]))
     } else if args.double_kill {
         Some(("--double-kill", double_kill(SCENARIO_TILE), SCENARIO_TILE * 6, &["10s:1h"]))
+    } else if args.partition {
+        let ttl = Duration::from_secs(PARTITION_TTL_SECS);
+        let schedule = partition(PARTITION_TILE, ttl);
+        let length = schedule.last().map_or(Duration::ZERO, Scheduled::ends) + PARTITION_TILE * 4;
+        Some(("--partition", schedule, length, &["5s:1h"]))
     } else if args.link_stall {
         Some((
             "--link-stall",
@@ -168,8 +185,16 @@ fn campaigns(args: &Args) -> anyhow::Result<bool> {
         policies = scenario_policies.iter().map(|policy| (*policy).to_owned()).collect();
         duration = *length;
     }
-    // The scenarios run on the daemons' default lease TTL.
-    let ttl_secs = if scripted.is_some() { 10 } else { args.ttl_secs };
+    // The scenarios run on the daemons' default lease TTL; the partition scenario on a short
+    // one, with two ingesters (one to fail over to).
+    let ttl_secs = match &scripted {
+        Some(_) if args.partition => PARTITION_TTL_SECS,
+        Some(_) => 10,
+        None => args.ttl_secs,
+    };
+    if args.partition {
+        shape.ingesters = 2;
+    }
     let bin_dir = match &args.bin_dir {
         Some(dir) => dir.clone(),
         None => std::env::current_exe()?.parent().context("the binary's directory")?.to_path_buf(),

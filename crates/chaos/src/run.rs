@@ -10,7 +10,9 @@ use anyhow::Context;
 use tessera_core::clock::now_ms;
 use tessera_testkit::graphite::Carbon;
 
-use crate::check::{Excuse, Observed, Report, Resolution, Samples, check, resolutions_in, tile_end};
+use crate::check::{
+    Excuse, Observed, Report, Resolution, Samples, Writers, check, check_writers, resolutions_in, tile_end,
+};
 use crate::cluster::{Cluster, Settings, send_signal};
 use crate::proxy::Mode;
 use crate::schedule::{Daemon, Fault, LinkFault, Scheduled, Shape, StoreFault};
@@ -163,10 +165,11 @@ pub fn run(campaign: &Campaign, log: &mut dyn FnMut(&str)) -> anyhow::Result<Out
     let waited = wait_for_last_tiles(&mut cluster, &resolutions, &ledger, campaign)?;
     log(&format!("last tiles in after {:.1}s", waited.as_secs_f64()));
     watch.scrape(&mut cluster);
-    let observed = read_back(&cluster, &resolutions, &ledger, campaign.series_per_kind)?;
+    let (observed, writers) = read_back(&cluster, &resolutions, &ledger, campaign.series_per_kind)?;
     let mut excuses = excuses(&applied);
     excuses.extend(watch.kernel_drops.iter().cloned());
-    let report = check(&workload, &ledger, &resolutions, &excuses, &observed);
+    let mut report = check(&workload, &ledger, &resolutions, &excuses, &observed);
+    report.violations.extend(check_writers(&writers));
     write_evidence(&campaign.dir, &report, &observed, &ledger, &applied, &excuses)?;
     let mut counters = Vec::new();
     for followed in crate::cluster::FOLLOWED {
@@ -274,6 +277,7 @@ fn begin(cluster: &mut Cluster, fault: &Fault) -> anyhow::Result<()> {
             }
         }
         Fault::DiskFull(daemon) => cluster.process(daemon).fill_disk()?,
+        Fault::Partition(daemon) => cluster.etcd_proxy(daemon).context("no etcd proxy for that daemon")?.set(Mode::Stall),
         Fault::Link(daemon, kind) => {
             let proxy = cluster.proxy(daemon).context("no proxy in front of that daemon")?;
             proxy.set(match kind {
@@ -314,6 +318,11 @@ fn end(cluster: &mut Cluster, fault: &Fault) -> anyhow::Result<Option<i64>> {
         Fault::DiskFull(daemon) => cluster.process(daemon).free_disk(),
         Fault::Link(daemon, _) => {
             if let Some(proxy) = cluster.proxy(daemon) {
+                proxy.set(Mode::Pass);
+            }
+        }
+        Fault::Partition(daemon) => {
+            if let Some(proxy) = cluster.etcd_proxy(daemon) {
                 proxy.set(Mode::Pass);
             }
         }
@@ -464,8 +473,9 @@ fn read_back(
     resolutions: &[Resolution],
     ledger: &[Round],
     series_per_kind: u64,
-) -> anyhow::Result<Observed> {
+) -> anyhow::Result<(Observed, Writers)> {
     let mut observed = Observed::new();
+    let mut writers = Writers::new();
     let first = ledger.first().map_or(now_ms(), |round| round.before_ms);
     let now = now_ms();
     let range_secs = (now - first) / 1_000 + 120;
@@ -479,13 +489,15 @@ fn read_back(
             }
             let query = format!("{}{{{}}}[{range_secs}s]", metric_name(kind), resolution.matchers());
             let result = cluster.prometheus.query(&query, now as f64 / 1_000.0);
-            let samples = observed.entry((kind, resolution.label.clone())).or_default();
+            let key = (kind, resolution.label.clone());
+            let samples = observed.entry(key.clone()).or_default();
+            let by_writer = writers.entry(key).or_default();
             for series in result.as_array().context("a result array")? {
                 let Some(number) = series["metric"]["series"].as_str().and_then(|value| value.parse::<u64>().ok())
                 else {
                     continue;
                 };
-                let mut points: Vec<(i64, f64)> = series["values"]
+                let points: Vec<(i64, f64)> = series["values"]
                     .as_array()
                     .context("values")?
                     .iter()
@@ -494,12 +506,17 @@ fn read_back(
                         Some((time_ms, point[1].as_str()?.parse().ok()?))
                     })
                     .collect();
-                points.sort_by_key(|point| point.0);
-                samples.insert(number, points);
+                // Each ingester writes under its own `writer` label: one series of the store
+                // is every writer's samples of it, in time order.
+                let writer = series["metric"]["writer"].as_str().unwrap_or("").to_owned();
+                by_writer.entry(number).or_default().extend(points.iter().map(|&(time, value)| (writer.clone(), time, value)));
+                let merged = samples.entry(number).or_default();
+                merged.extend(points);
+                merged.sort_by_key(|point| point.0);
             }
         }
     }
-    Ok(observed)
+    Ok((observed, writers))
 }
 
 /// Writes `violations.txt` in the run's directory: the spans excused for each collector,

@@ -18,6 +18,7 @@
 //!     replication_factor: 2,
 //!     ingesters: 2,
 //!     shard_set_recovery: Duration::from_secs(72),
+//!     partitions: true,
 //! };
 //! let faults = draw(7, Duration::from_secs(300), &shape);
 //! assert_eq!(faults, draw(7, Duration::from_secs(300), &shape));
@@ -119,6 +120,9 @@ pub enum Fault {
     /// The disk under an ingester's queue is full (a tmpfs filled by a file, which is
     /// removed when the fault ends).
     DiskFull(Daemon),
+    /// The daemon's link to etcd stalls (its own proxy in front of etcd), while every
+    /// other daemon still reaches etcd: a network partition around it.
+    Partition(Daemon),
 }
 
 impl fmt::Display for Fault {
@@ -137,6 +141,7 @@ impl fmt::Display for Fault {
             Fault::Link(daemon, LinkFault::Stall) => write!(f, "stall link to {daemon}"),
             Fault::Link(daemon, LinkFault::Reset) => write!(f, "cut link to {daemon}"),
             Fault::DiskFull(daemon) => write!(f, "fill the disk of {daemon}"),
+            Fault::Partition(daemon) => write!(f, "cut {daemon} off from etcd"),
         }
     }
 }
@@ -181,6 +186,9 @@ pub struct Shape {
     /// open meanwhile has closed (the longest tile plus `max_buffer_past`, plus a lease
     /// TTL for its election). Replication factor 2 survives one fault at a time.
     pub shard_set_recovery: Duration,
+    /// Whether partitions ([`Fault::Partition`]) are drawn too. Off, a seed draws the
+    /// schedule it drew before partitions existed.
+    pub partitions: bool,
 }
 
 /// A shard set's recovery time ([`Shape::shard_set_recovery`]) with tiles up to `longest_tile`
@@ -213,7 +221,8 @@ fn groups(fault: &Fault, shape: &Shape) -> Vec<Group> {
         | Fault::Pause(daemon)
         | Fault::Starve(daemon, _)
         | Fault::Link(daemon, _)
-        | Fault::DiskFull(daemon) => vec![of(daemon)],
+        | Fault::DiskFull(daemon)
+        | Fault::Partition(daemon) => vec![of(daemon)],
         Fault::EtcdRestart | Fault::EtcdPause => std::iter::once(Group::Etcd)
             .chain((0..shape.aggregators / shape.replication_factor.max(1)).map(Group::ShardSet))
             .collect(),
@@ -270,6 +279,28 @@ pub fn double_kill(tile: Duration) -> Vec<Scheduled> {
             fault: Fault::Kill(Daemon::Aggregator(1)),
         },
     ]
+}
+
+/// The partition scenario's tile.
+pub const PARTITION_TILE: Duration = Duration::from_secs(5);
+/// The partition scenario's lease TTL: short, so that each cut outlasts a lease quickly.
+pub const PARTITION_TTL_SECS: u64 = 3;
+
+/// The scripted partition scenario (issue 50), rounds of `tile` apart from a tile boundary,
+/// each cutting one daemon off from etcd for three lease TTLs of `ttl` (long enough for
+/// etcd to expire its lease and the others to act on it) while every other daemon reaches
+/// etcd: the first ingester (failed over while alive, then back and joining again), the
+/// first shard set's replicas one after the other (whichever leads is cut once: it fences
+/// itself off and the other takes over), and the first collector (it routes on the
+/// placement it has). Each round ends two tiles before the next begins.
+pub fn partition(tile: Duration, ttl: Duration) -> Vec<Scheduled> {
+    let cut = ttl * 3;
+    let round = (cut + tile * 2).div_duration_f64(tile).ceil() as u32 * tile;
+    [Daemon::Ingester(0), Daemon::Aggregator(0), Daemon::Aggregator(1), Daemon::Collector(0)]
+        .into_iter()
+        .enumerate()
+        .map(|(n, daemon)| Scheduled { at: tile + tile / 3 + round * n as u32, lasts: cut, fault: Fault::Partition(daemon) })
+        .collect()
 }
 
 /// The scripted leader-link-stall scenario (seeds 14 and 23 of the campaign), and its long
@@ -343,6 +374,10 @@ fn any_daemon(rng: &mut Rng, shape: &Shape) -> Daemon {
 }
 
 fn draw_fault(rng: &mut Rng, shape: &Shape) -> Fault {
+    // Drawn only with partitions on, so that a seed without them draws what it always did.
+    if shape.partitions && rng.between(0, 99) < 20 {
+        return Fault::Partition(any_daemon(rng, shape));
+    }
     match rng.between(0, 99) {
         0..=24 => Fault::Kill(any_daemon(rng, shape)),
         25..=29 if shape.ingesters > 0 => {
@@ -380,6 +415,7 @@ fn draw_length(rng: &mut Rng, fault: &Fault) -> Duration {
         Fault::Store(_) => rng.millis(3_000, 20_000),
         Fault::Link(_, LinkFault::Reset) => rng.millis(200, 5_000),
         Fault::DiskFull(_) => rng.millis(2_000, 15_000),
+        Fault::Partition(_) => rng.millis(2_000, 20_000),
         Fault::Link(..) => rng.millis(2_000, 15_000),
     }
 }
@@ -394,6 +430,7 @@ mod tests {
         replication_factor: 2,
         ingesters: 2,
         shard_set_recovery: Duration::from_secs(72),
+        partitions: false,
     };
 
     #[test]
@@ -472,6 +509,44 @@ mod tests {
         assert!(faults[0].at > tile && faults[0].at < tile * 2, "mid-tile: {}", faults[0]);
         assert_eq!(faults[1].at - faults[0].at, Duration::from_secs(10), "the daemons' default TTL apart");
         assert!(faults[0].ends() < faults[1].at, "the first is back before the second dies");
+    }
+
+    #[test]
+    fn partitions_are_drawn_only_when_asked_and_leave_the_other_seeds_as_they_were() {
+        let five_minutes = Duration::from_secs(300);
+        let with = Shape { partitions: true, ..SHAPE };
+        let partitioned = |shape: &Shape| {
+            (0..50)
+                .flat_map(|seed| draw(seed, five_minutes, shape))
+                .filter(|fault| matches!(fault.fault, Fault::Partition(_)))
+                .count()
+        };
+        assert_eq!(partitioned(&SHAPE), 0);
+        assert!(partitioned(&with) > 50, "{}", partitioned(&with));
+        let kinds = |daemon: fn(usize) -> Daemon| {
+            (0..50).flat_map(|seed| draw(seed, five_minutes, &with)).any(|fault| fault.fault == Fault::Partition(daemon(0)))
+        };
+        assert!(kinds(Daemon::Ingester) && kinds(Daemon::Aggregator) && kinds(Daemon::Collector));
+        // Without partitions a seed's schedule is what it was before they existed.
+        let seed_1: Vec<String> = draw(1, five_minutes, &SHAPE).iter().map(ToString::to_string).collect();
+        assert_eq!(seed_1.first().map(String::as_str), Some("   11.0s  10.6s  kill ing-2"), "{seed_1:?}");
+    }
+
+    #[test]
+    fn the_partition_scenario_cuts_each_daemon_past_its_lease_one_at_a_time() {
+        let (tile, ttl) = (Duration::from_secs(10), Duration::from_secs(4));
+        let faults = partition(tile, ttl);
+        let cut: Vec<Fault> = faults.iter().map(|fault| fault.fault).collect();
+        assert_eq!(
+            cut,
+            [Daemon::Ingester(0), Daemon::Aggregator(0), Daemon::Aggregator(1), Daemon::Collector(0)]
+                .map(Fault::Partition)
+                .to_vec()
+        );
+        for pair in faults.windows(2) {
+            assert!(pair[0].lasts > ttl * 2, "past the lease: {}", pair[0]);
+            assert!(pair[0].ends() + tile * 2 <= pair[1].at, "{} then {}", pair[0], pair[1]);
+        }
     }
 
     #[test]

@@ -5,7 +5,10 @@
 //!   replica SIGKILLed mid-tile and restarted, each in turn; every 10 s tile exact.
 //! - The scripted leader-link-stall scenario, after it: the links into each replica in
 //!   turn stall across a tile's end past `max_buffer_past`; every 10 s tile exact.
-//! - Beside it, as its busy neighbour, short campaigns of drawn faults on two seeds: no
+//! - The scripted partition scenario, after it: one daemon at a time cut off from etcd
+//!   past its lease while the others reach it (an ingester, each replica, a collector);
+//!   every 5 s tile exact, and one ingester writing each series at every moment.
+//! - Beside them, as their busy neighbour, short campaigns of drawn faults on two seeds: no
 //!   series lost, doubled or wrong; their 20 s tiles go to a real carbon-cache through the
 //!   Graphite target (SIGKILLed for the store's refusals), checked per tile from whisper.
 //!
@@ -18,8 +21,8 @@ use std::time::Duration;
 use tessera_chaos::check::resolutions;
 use tessera_chaos::run::{Campaign, run, summary};
 use tessera_chaos::schedule::{
-    LINK_STALL_POLICIES, LINK_STALL_ROUNDS, LINK_STALL_TILES, Scheduled, Shape, draw, link_stall, replica_kill,
-    shard_set_recovery,
+    LINK_STALL_POLICIES, LINK_STALL_ROUNDS, LINK_STALL_TILES, PARTITION_TILE, PARTITION_TTL_SECS, Scheduled, Shape,
+    draw, link_stall, partition, replica_kill, shard_set_recovery,
 };
 
 /// `target/<profile>`, where the workspace's binaries are.
@@ -73,6 +76,7 @@ fn scripted_campaign(dir: PathBuf, schedule: Vec<Scheduled>, duration: Duration,
             replication_factor: 2,
             ingesters: 1,
             shard_set_recovery: Duration::ZERO,
+            partitions: false,
         },
         policies: campaign_policies.clone(),
         graphite: None,
@@ -87,6 +91,19 @@ fn scripted_campaign(dir: PathBuf, schedule: Vec<Scheduled>, duration: Duration,
     }
 }
 
+/// The partition scenario: one daemon at a time cut off from etcd for three lease TTLs
+/// (an ingester, each replica, a collector) while the others reach it, on two ingesters;
+/// every series exact and written by one ingester at every moment.
+fn partition_campaign(dir: &std::path::Path) -> Campaign {
+    let ttl = Duration::from_secs(PARTITION_TTL_SECS);
+    let schedule = partition(PARTITION_TILE, ttl);
+    let duration = schedule.last().map_or(Duration::ZERO, Scheduled::ends) + PARTITION_TILE * 4;
+    let mut campaign = scripted_campaign(dir.join("partition"), schedule, duration, &["5s:1h"]);
+    campaign.shape.ingesters = 2;
+    campaign.ttl_secs = PARTITION_TTL_SECS;
+    campaign
+}
+
 /// Short campaigns of drawn faults (the CI seeds, 60 s each, one after another) on the
 /// issue's shape: 2 collectors, 4 aggregators as 2 shard sets of RF 2, 2 ingesters.
 fn short_campaigns(dir: &std::path::Path) -> Vec<Campaign> {
@@ -99,6 +116,7 @@ fn short_campaigns(dir: &std::path::Path) -> Vec<Campaign> {
         replication_factor: 2,
         ingesters: 2,
         shard_set_recovery: shard_set_recovery(Duration::from_millis(longest as u64), Duration::from_secs(ttl_secs)),
+        partitions: false,
     };
     let duration = Duration::from_secs(60);
     CI_SEEDS
@@ -140,6 +158,7 @@ fn the_replica_kill_scenario_is_exact_beside_short_campaigns_of_drawn_faults() {
     });
     run_and_report(&replica_kill_campaign(dir.path()));
     run_and_report(&link_stall_campaign(dir.path()));
+    run_and_report(&partition_campaign(dir.path()));
     if let Err(panic) = neighbour.join() {
         std::panic::resume_unwind(panic);
     }

@@ -415,6 +415,8 @@ pub struct Converter {
     newest_tile_end_ms: i64,
     last_sweep_tile_end_ms: i64,
     tags: names::TagLabels,
+    /// The target's `external_labels`, sorted by name.
+    external_labels: Vec<(String, String)>,
     name: String,
     /// The statsd name `name` was made from (consecutive tiles often share it).
     raw_name: Vec<u8>,
@@ -667,6 +669,7 @@ impl Converter {
             evicted_any: false,
             last_sweep_tile_end_ms: i64::MIN,
             tags: names::TagLabels::default(),
+            external_labels: Vec::new(),
             name: String::new(),
             raw_name: Vec::new(),
             arena: Vec::new(),
@@ -954,6 +957,12 @@ impl Converter {
         }
     }
 
+    /// Adds `labels` to every series (a tag of the series with the same name wins).
+    pub fn with_external_labels(mut self, labels: &std::collections::BTreeMap<String, String>) -> Converter {
+        self.external_labels = labels.iter().map(|(name, value)| (name.clone(), value.clone())).collect();
+        self
+    }
+
     /// Whether samples carry the `resolution` label: only a target that stores several
     /// resolutions needs it (one resolution per store is the default, with no label).
     pub fn with_resolution_label(mut self, resolution_label: bool) -> Converter {
@@ -1050,6 +1059,9 @@ impl Converter {
                 new_name = true;
             }
             names::tag_labels(raw_tags, &mut self.tags);
+            if !self.external_labels.is_empty() {
+                names::add_external(&mut self.tags, &self.external_labels);
+            }
             let origin = xxhash_rust::xxh3::xxh3_64_with_seed(&tile.series_id, kind as u64);
             let (epoch, shard) = self.epoch_of(&tile.series_id, tile_end_ms - resolution_ms);
             let at = TileRef { end_ms: tile_end_ms, resolution_ms, origin, epoch, shard, incomplete: batch.incomplete };

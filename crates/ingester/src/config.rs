@@ -81,6 +81,7 @@
 //! request_timeout_ms = 10000
 //! connect_timeout_ms = 2000
 //! headers = { "X-Scope-OrgID" = "team-a" }  # sent with every request
+//! external_labels = { cluster = "eu-1" }  # added to every series (a tag of the same name wins)
 //! bearer_token_file = "/run/secrets/token"  # Authorization: Bearer, re-read when it changes
 //! tenant_label = "team"          # one request per value of this tag, the value in
 //! tenant_header = "X-Scope-OrgID"  # this header (the default); untagged: `headers` alone
@@ -519,6 +520,9 @@ pub struct RemoteWriteConfig {
     pub metadata: Option<bool>,
     /// How often the metadata goes out, seconds.
     pub metadata_interval_secs: u64,
+    /// Labels added to every series this target writes, as Prometheus' `external_labels`
+    /// (`{ cluster = "eu-1" }`): a tag of the series with the same name wins.
+    pub external_labels: BTreeMap<String, String>,
 }
 
 impl RemoteWriteConfig {
@@ -546,6 +550,7 @@ impl Default for RemoteWriteConfig {
             tenant_header: "X-Scope-OrgID".to_owned(),
             metadata: None,
             metadata_interval_secs: 60,
+            external_labels: BTreeMap::new(),
         }
     }
 }
@@ -1061,6 +1066,17 @@ fn validate_sink(key: &str, sink: &SinkConfig) -> Result<(), ConfigError> {
             if remote.max_buckets < MIN_MAX_BUCKETS {
                 return invalid("max_buckets", format!("must be at least {MIN_MAX_BUCKETS}"));
             }
+            for (name, value) in &remote.external_labels {
+                let mut valid = String::new();
+                let reserved = tessera_core::series::is_reserved_label(name);
+                if !crate::admit::names::label_name(name.as_bytes(), &mut valid) || valid != *name || reserved {
+                    let why = if reserved { "is tessera's or Prometheus'" } else { "is not a valid label name" };
+                    return invalid("external_labels", format!("`{name}` {why}"));
+                }
+                if value.is_empty() {
+                    return invalid("external_labels", format!("`{name}` has an empty value"));
+                }
+            }
         }
     }
     Ok(())
@@ -1087,6 +1103,25 @@ mod tests {
             let config: Config = toml::from_str(bad).unwrap();
             let error = config.validate().unwrap_err().to_string();
             assert!(error.contains("sink_policies") && error.contains(why), "{bad}: {error}");
+        }
+    }
+
+    #[test]
+    fn external_labels_must_be_valid_label_names_of_the_users_own_with_values() {
+        let with = |labels: &str| {
+            let text = format!("[sink]\nkind = \"remote_write\"\nurl = \"http://x:9090/api/v1/write\"\nexternal_labels = {labels}\n");
+            toml::from_str::<Config>(&text).unwrap().validate().map_err(|error| error.to_string())
+        };
+        with("{ cluster = \"eu-1\", writer = \"ing-1\" }").unwrap();
+        for (bad, why) in [
+            ("{ \"1st\" = \"x\" }", "`1st` is not a valid label name"),
+            ("{ \"a-b\" = \"x\" }", "`a-b` is not a valid label name"),
+            ("{ resolution = \"x\" }", "`resolution` is tessera's or Prometheus'"),
+            ("{ __name__ = \"x\" }", "`__name__` is tessera's or Prometheus'"),
+            ("{ cluster = \"\" }", "`cluster` has an empty value"),
+        ] {
+            let error = with(bad).unwrap_err();
+            assert!(error.contains("external_labels") && error.contains(why), "{bad}: {error}");
         }
     }
 

@@ -393,7 +393,9 @@ fn converter_for(
         converter = converter.with_ownership(ownership.clone(), metrics);
     }
     match &target.sink {
-        SinkConfig::RemoteWrite(remote) => converter.with_histograms(remote.histograms, remote.max_buckets),
+        SinkConfig::RemoteWrite(remote) => converter
+            .with_histograms(remote.histograms, remote.max_buckets)
+            .with_external_labels(&remote.external_labels),
         SinkConfig::File(_) | SinkConfig::Graphite(_) | SinkConfig::Influxdb(_) => converter,
     }
 }

@@ -86,6 +86,24 @@ pub struct TagLabels {
     spare: Vec<(String, String)>,
 }
 
+/// Adds each of `external` (sorted by name) that `out` has no label of, keeping `out`
+/// sorted: a target's `external_labels`, which a series' own tag overrides.
+pub fn add_external(out: &mut TagLabels, external: &[(String, String)]) {
+    let mut added = false;
+    for (name, value) in external {
+        if out.labels.binary_search_by(|(existing, _)| existing.as_str().cmp(name)).is_err() {
+            let (mut label, mut text) = out.spare.pop().unwrap_or_default();
+            label.push_str(name);
+            text.push_str(value);
+            out.labels.push((label, text));
+            added = true;
+        }
+    }
+    if added {
+        out.labels.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    }
+}
+
 /// Fills `out` with the labels of a canonical id's raw tag list (see
 /// `tessera_core::series::split_id`), sorted by name, with the rules of the
 /// [module docs](self).

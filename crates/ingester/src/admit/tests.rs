@@ -60,6 +60,25 @@ fn tags_become_sorted_sanitised_labels() {
 }
 
 #[test]
+fn external_labels_join_every_series_sorted_and_a_tag_of_the_same_name_wins() {
+    let external = std::collections::BTreeMap::from([
+        ("writer".to_owned(), "ing-1".to_owned()),
+        ("cluster".to_owned(), "eu".to_owned()),
+    ]);
+    let mut converter = Converter::new(&[0.5], 3_600_000).with_resolution_label(false).with_external_labels(&external);
+    let counter = |id, value| tile(id, MetricType::Counter, Aggregate::Counter(value));
+    let batch = batch(10_000, vec![counter("hits|#env:prod", 2.0), counter("hits|#cluster:us,env:dev", 3.0)]);
+    let samples = converted(&mut converter, &batch);
+    assert_eq!(
+        samples,
+        [
+            ("__name__=hits_total cluster=eu env=prod writer=ing-1".to_owned(), 2.0),
+            ("__name__=hits_total cluster=us env=dev writer=ing-1".to_owned(), 3.0),
+        ]
+    );
+}
+
+#[test]
 fn resolution_label_comes_from_the_policy_or_the_resolution() {
     assert_eq!(names::resolution_label("10s:2d", 10_000).as_deref(), Some("10s"));
     assert_eq!(names::resolution_label("1m:40d", 0).as_deref(), Some("1m"));
