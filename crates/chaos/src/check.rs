@@ -702,10 +702,10 @@ mod tests {
             ],
         );
         // Gauges are not running totals: not checked.
-        writers.entry((Kind::Gauge, "10s".to_owned())).or_default().insert(
-            0,
-            vec![sample("ing-1", 10_000, 5.0), sample("ing-2", 10_000, 1.0), sample("ing-1", 20_000, 5.0)],
-        );
+        writers
+            .entry((Kind::Gauge, "10s".to_owned()))
+            .or_default()
+            .insert(0, vec![sample("ing-1", 10_000, 5.0), sample("ing-2", 10_000, 1.0), sample("ing-1", 20_000, 5.0)]);
         let violations = check_writers(&writers);
         assert_eq!(violations.len(), 1, "{violations:?}");
         assert_eq!((violations[0].problem, violations[0].series), (Problem::TwoWriters, 1));

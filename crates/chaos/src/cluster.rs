@@ -402,18 +402,14 @@ impl Cluster {
             settings.policies.iter().filter(|policy| Some(*policy) != settings.graphite.as_ref()).collect();
         // Every daemon reaches etcd through a proxy of its own, so that a partition can cut
         // one off while the others still reach it.
-        let etcd_address: SocketAddr = etcd
-            .endpoint()
-            .trim_start_matches("http://")
-            .parse()
-            .context("etcd's endpoint is not a socket address")?;
+        let etcd_address: SocketAddr =
+            etcd.endpoint().trim_start_matches("http://").parse().context("etcd's endpoint is not a socket address")?;
         let daemons = (0..shape.ingesters)
             .map(Daemon::Ingester)
             .chain((0..shape.aggregators).map(Daemon::Aggregator))
             .chain((0..shape.collectors).map(Daemon::Collector));
-        let etcd_proxies: HashMap<Daemon, Proxy> = daemons
-            .map(|daemon| Ok((daemon, Proxy::start(etcd_address)?)))
-            .collect::<std::io::Result<_>>()?;
+        let etcd_proxies: HashMap<Daemon, Proxy> =
+            daemons.map(|daemon| Ok((daemon, Proxy::start(etcd_address)?))).collect::<std::io::Result<_>>()?;
         let etcd_section = |table: &str, daemon: Daemon| {
             let endpoint = etcd_proxies[&daemon].address();
             format!("[{table}]\nendpoints = [\"http://{endpoint}\"]\nenv = \"{ENV}\"\nrequest_timeout_ms = 1000\n")

@@ -277,7 +277,9 @@ fn begin(cluster: &mut Cluster, fault: &Fault) -> anyhow::Result<()> {
             }
         }
         Fault::DiskFull(daemon) => cluster.process(daemon).fill_disk()?,
-        Fault::Partition(daemon) => cluster.etcd_proxy(daemon).context("no etcd proxy for that daemon")?.set(Mode::Stall),
+        Fault::Partition(daemon) => {
+            cluster.etcd_proxy(daemon).context("no etcd proxy for that daemon")?.set(Mode::Stall)
+        }
         Fault::Link(daemon, kind) => {
             let proxy = cluster.proxy(daemon).context("no proxy in front of that daemon")?;
             proxy.set(match kind {
@@ -509,7 +511,10 @@ fn read_back(
                 // Each ingester writes under its own `writer` label: one series of the store
                 // is every writer's samples of it, in time order.
                 let writer = series["metric"]["writer"].as_str().unwrap_or("").to_owned();
-                by_writer.entry(number).or_default().extend(points.iter().map(|&(time, value)| (writer.clone(), time, value)));
+                by_writer
+                    .entry(number)
+                    .or_default()
+                    .extend(points.iter().map(|&(time, value)| (writer.clone(), time, value)));
                 let merged = samples.entry(number).or_default();
                 merged.extend(points);
                 merged.sort_by_key(|point| point.0);

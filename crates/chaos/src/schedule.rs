@@ -299,7 +299,11 @@ pub fn partition(tile: Duration, ttl: Duration) -> Vec<Scheduled> {
     [Daemon::Ingester(0), Daemon::Aggregator(0), Daemon::Aggregator(1), Daemon::Collector(0)]
         .into_iter()
         .enumerate()
-        .map(|(n, daemon)| Scheduled { at: tile + tile / 3 + round * n as u32, lasts: cut, fault: Fault::Partition(daemon) })
+        .map(|(n, daemon)| Scheduled {
+            at: tile + tile / 3 + round * n as u32,
+            lasts: cut,
+            fault: Fault::Partition(daemon),
+        })
         .collect()
 }
 
@@ -524,7 +528,9 @@ mod tests {
         assert_eq!(partitioned(&SHAPE), 0);
         assert!(partitioned(&with) > 50, "{}", partitioned(&with));
         let kinds = |daemon: fn(usize) -> Daemon| {
-            (0..50).flat_map(|seed| draw(seed, five_minutes, &with)).any(|fault| fault.fault == Fault::Partition(daemon(0)))
+            (0..50)
+                .flat_map(|seed| draw(seed, five_minutes, &with))
+                .any(|fault| fault.fault == Fault::Partition(daemon(0)))
         };
         assert!(kinds(Daemon::Ingester) && kinds(Daemon::Aggregator) && kinds(Daemon::Collector));
         // Without partitions a seed's schedule is what it was before they existed.

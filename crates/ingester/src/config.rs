@@ -1109,7 +1109,9 @@ mod tests {
     #[test]
     fn external_labels_must_be_valid_label_names_of_the_users_own_with_values() {
         let with = |labels: &str| {
-            let text = format!("[sink]\nkind = \"remote_write\"\nurl = \"http://x:9090/api/v1/write\"\nexternal_labels = {labels}\n");
+            let text = format!(
+                "[sink]\nkind = \"remote_write\"\nurl = \"http://x:9090/api/v1/write\"\nexternal_labels = {labels}\n"
+            );
             toml::from_str::<Config>(&text).unwrap().validate().map_err(|error| error.to_string())
         };
         with("{ cluster = \"eu-1\", writer = \"ing-1\" }").unwrap();

@@ -107,7 +107,13 @@ impl StaticFile {
                 shard_set_id,
                 shards: shards
                     .iter()
-                    .map(|id| Shard { id: *id, state: ShardState::Available as i32, cutover_ms: 0, cutoff_ms: 0 })
+                    .map(|id| Shard {
+                        id: *id,
+                        state: ShardState::Available as i32,
+                        cutover_ms: 0,
+                        cutoff_ms: 0,
+                        since_version: 0,
+                    })
                     .collect(),
             });
         }

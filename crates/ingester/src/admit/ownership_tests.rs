@@ -27,6 +27,7 @@ fn view(owned: &[bool], version: u64) -> OwnershipView {
         cutoff_ms: vec![0; owned.len()],
         cutover_ms: vec![0; owned.len()],
         tenure: vec![0; owned.len()],
+        since: vec![1; owned.len()],
         version,
         rejoined: false,
     }
@@ -588,4 +589,26 @@ fn b_joins_at_20s(ownership: &Ownership) -> (Placement, Placement, OwnershipView
     let view = OwnershipView::of(&joined, "a");
     let moving = (0..SHARDS as usize).find(|shard| view.cutoff_ms[*shard] > 0).expect("the join moves a shard away");
     (placement, joined, view, moving)
+}
+
+/// An ingester cut off from etcd is failed over and, back, joins again: the first view it
+/// sees after is a later version in which it owns some of its old shards again, with no
+/// view between in which it did not. Their tenure (`since`) tells: their totals start over
+/// (found by the partition scenario: it went on from its old totals, after the other had
+/// written the series from an explicit reset).
+#[test]
+fn a_shard_given_away_and_back_in_versions_never_seen_starts_over() {
+    let (mut converter, ownership, adopted, id, shard) = setup();
+    let other = series_outside(shard);
+    ownership.publish(all_owned(1));
+    one(&mut converter, 10_000, &id, 2.0);
+    one(&mut converter, 10_000, &other, 1.0);
+    assert_eq!(one(&mut converter, 20_000, &id, 3.0), (5.0, false));
+    assert_eq!(one(&mut converter, 20_000, &other, 1.0), (2.0, false));
+    let mut back = all_owned(4);
+    back.since[shard] = 3;
+    ownership.publish(back);
+    assert_eq!(one(&mut converter, 30_000, &id, 4.0), (4.0, true), "given back: starts over");
+    assert_eq!(one(&mut converter, 30_000, &other, 1.0), (3.0, false), "kept all along: goes on");
+    assert_eq!(adopted.get(), 1);
 }

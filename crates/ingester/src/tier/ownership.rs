@@ -29,6 +29,11 @@ pub struct OwnershipView {
     /// been failed over, giving it back. Kept across views, so that a reader that skipped
     /// some (a paused converter) still sees that a tenure began.
     pub tenure: Vec<u32>,
+    /// Per shard, the placement version whose change gave it to this ingester
+    /// (`since_version`, 0 when not recorded or not owned): another value than in the view
+    /// before is a new tenure, whatever versions this ingester did not see in between (cut
+    /// off from etcd, it was failed over and given the shard back).
+    pub since: Vec<u64>,
     /// Version of the placement this comes from.
     pub version: u64,
     /// This ingester was not in the placement when it started (failed over while it was
@@ -45,9 +50,11 @@ impl OwnershipView {
         let mut joining = vec![false; num_shards as usize];
         let mut cutoff_ms = vec![0; num_shards as usize];
         let mut cutover_ms = vec![0; num_shards as usize];
+        let mut since = vec![0; num_shards as usize];
         for entry in placement.shards_of(instance_id) {
             if let Some(slot) = owned.get_mut(entry.id as usize) {
                 *slot = true;
+                since[entry.id as usize] = entry.since_version;
                 joining[entry.id as usize] = entry.cutover_ms > 0;
                 cutoff_ms[entry.id as usize] = entry.cutoff_ms;
                 cutover_ms[entry.id as usize] = entry.cutover_ms;
@@ -61,6 +68,7 @@ impl OwnershipView {
             cutoff_ms,
             cutover_ms,
             tenure,
+            since,
             version: placement.version(),
             rejoined: false,
         }
@@ -149,7 +157,12 @@ impl Ownership {
                     && before.owned[shard]
                     && before.cutoff_ms[shard] != 0
                     && view.cutoff_ms[shard] != before.cutoff_ms[shard];
-                view.tenure[shard] = before.tenure[shard].wrapping_add(u32::from(gained || given_back));
+                // Given away and back in versions this ingester never saw (found by the
+                // partition scenario: cut off from etcd, failed over, back and joining again,
+                // an ingester went on from its old totals after the other had written them
+                // from an explicit reset).
+                let regiven = view.owned[shard] && before.owned[shard] && view.since[shard] != before.since[shard];
+                view.tenure[shard] = before.tenure[shard].wrapping_add(u32::from(gained || given_back || regiven));
             }
         }
         if current.as_deref() == Some(&view) {

@@ -152,6 +152,7 @@ impl Placement {
                 shards,
             });
         }
+        stamp_tenures(&mut placement);
         Placement::validated(placement)
     }
 
@@ -437,7 +438,8 @@ impl Placement {
             let mut kept = false;
             for entry in next.instances.iter_mut().flat_map(|instance| instance.shards.iter_mut()) {
                 if entry.id == shard {
-                    *entry = available(shard);
+                    // The live side goes on with its tenure, begun when the move did.
+                    *entry = Shard { since_version: entry.since_version, ..available(shard) };
                     kept = true;
                 }
             }
@@ -466,14 +468,29 @@ impl Placement {
     }
 }
 
-/// An AVAILABLE entry for `shard`.
+/// The `since_version` of an entry made by a change, until [`finish_change`] writes the
+/// change's version into it.
+const NEW_TENURE: u64 = u64::MAX;
+
+/// An AVAILABLE entry for `shard`, a tenure that begins with this change.
 fn available(shard: u32) -> Shard {
-    Shard { id: shard, state: ShardState::Available as i32, cutover_ms: 0, cutoff_ms: 0 }
+    Shard { id: shard, state: ShardState::Available as i32, cutover_ms: 0, cutoff_ms: 0, since_version: NEW_TENURE }
 }
 
-/// An INITIALIZING entry for `shard` taking effect at `cutover_ms`.
+/// An INITIALIZING entry for `shard` taking effect at `cutover_ms`, a tenure that begins with
+/// this change.
 fn initializing(shard: u32, cutover_ms: i64) -> Shard {
-    Shard { id: shard, state: ShardState::Initializing as i32, cutover_ms, cutoff_ms: 0 }
+    Shard { id: shard, state: ShardState::Initializing as i32, cutover_ms, cutoff_ms: 0, since_version: NEW_TENURE }
+}
+
+/// Writes `version` into the entries this change made ([`NEW_TENURE`]).
+fn stamp_tenures(placement: &mut proto::Placement) {
+    let version = placement.version;
+    for entry in placement.instances.iter_mut().flat_map(|instance| instance.shards.iter_mut()) {
+        if entry.since_version == NEW_TENURE {
+            entry.since_version = version;
+        }
+    }
 }
 
 /// Shard ids owned by each shard set (taken from one member: members are identical).
@@ -526,6 +543,7 @@ fn apply_moves(placement: &mut proto::Placement, moves: &[Move], cutover_ms: i64
 fn finish_change(mut placement: proto::Placement, now_ms: i64) -> Result<Placement, PlacementError> {
     placement.version += 1;
     placement.updated_at_ms = now_ms;
+    stamp_tenures(&mut placement);
     for instance in &mut placement.instances {
         instance.shards.sort_by_key(|entry| entry.id);
     }

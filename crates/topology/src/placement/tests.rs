@@ -18,7 +18,7 @@ fn instances(count: usize) -> Vec<(String, String)> {
 }
 
 fn entry(id: u32, state: ShardState, cutover_ms: i64, cutoff_ms: i64) -> Shard {
-    Shard { id, state: state as i32, cutover_ms, cutoff_ms }
+    Shard { id, state: state as i32, cutover_ms, cutoff_ms, since_version: 0 }
 }
 
 fn instance(id: &str, shard_set_id: u32, shards: Vec<Shard>) -> Instance {
@@ -467,4 +467,28 @@ fn fail_over_mid_move_keeps_the_live_side() {
     let replicated = Placement::init(&instances(4), 4, 2, 0).unwrap();
     let one = replicated.instances()[0].id.clone();
     assert!(matches!(replicated.fail_over(&[one], 1), Err(PlacementError::FailOverReplicated { .. })));
+}
+
+/// `since_version`: an entry records the version whose change gave its instance the shard,
+/// so that an instance that missed versions still sees a shard given away and back.
+#[test]
+fn every_entry_records_the_version_that_gave_its_instance_the_shard() {
+    let since = |placement: &Placement, id: &str| -> Vec<(u32, u64)> {
+        placement.shards_of(id).iter().map(|entry| (entry.id, entry.since_version)).collect()
+    };
+    let first = Placement::init(&[("a", "a:1"), ("b", "b:1")], 4, 1, 0).unwrap();
+    assert_eq!(since(&first, "a"), [(0, 1), (2, 1)]);
+    let failed = first.fail_over(&["b"], 1).unwrap();
+    assert_eq!(since(&failed, "a"), [(0, 1), (1, 2), (2, 1), (3, 2)], "b's shards are a's from version 2");
+    let joined = failed.add_instance("b", "b:1", timing()).unwrap();
+    let moved: Vec<(u32, u64)> = since(&joined, "b");
+    assert!(!moved.is_empty() && moved.iter().all(|(_, version)| *version == 3), "{moved:?}");
+    assert_eq!(since(&joined, "a"), since(&failed, "a"), "the giver's entries keep theirs");
+    let settled = joined.finalize(cutover()).unwrap();
+    assert_eq!(since(&settled, "b"), moved, "finalizing a move is not a new tenure");
+    // A receiver whose giver dies mid-move goes on with its tenure, begun with the move.
+    let giver_dead = joined.fail_over(&["a"], 1).unwrap();
+    for (shard, version) in moved {
+        assert!(since(&giver_dead, "b").contains(&(shard, version)), "shard {shard}");
+    }
 }
