@@ -86,10 +86,11 @@ struct Args {
     #[arg(long)]
     link_stall: bool,
     /// Instead of a drawn schedule, the scripted partition scenario: the shape of
-    /// `--replica-kill` with two ingesters, 5 s tiles, a lease TTL of 3 s; one daemon at a
-    /// time is cut off from etcd for three TTLs while the others reach it: the first
-    /// ingester (failed over while alive, then back), each replica in turn, a collector.
-    /// The checker proves one writer per series at every moment. `--runs N` repeats it.
+    /// `--replica-kill` with two ingesters, 5 s tiles, a lease TTL of 3 s; daemons are cut
+    /// off from etcd for three TTLs while the others reach it: the first ingester (failed
+    /// over while alive, then back), each replica in turn, the collector, then a replica and
+    /// an ingester together, twice. The checker proves one writer per series at every
+    /// moment. `--runs N` repeats it.
     #[arg(long, conflicts_with_all = ["replica_kill", "double_kill", "link_stall"])]
     partition: bool,
     /// Draw partitions too (a daemon cut off from etcd while the others reach it). Without

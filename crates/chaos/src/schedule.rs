@@ -286,23 +286,35 @@ pub const PARTITION_TILE: Duration = Duration::from_secs(5);
 /// The partition scenario's lease TTL: short, so that each cut outlasts a lease quickly.
 pub const PARTITION_TTL_SECS: u64 = 3;
 
-/// The scripted partition scenario (issue 50), rounds of `tile` apart from a tile boundary,
-/// each cutting one daemon off from etcd for three lease TTLs of `ttl` (long enough for
-/// etcd to expire its lease and the others to act on it) while every other daemon reaches
-/// etcd: the first ingester (failed over while alive, then back and joining again), the
-/// first shard set's replicas one after the other (whichever leads is cut once: it fences
-/// itself off and the other takes over), and the first collector (it routes on the
-/// placement it has). Each round ends two tiles before the next begins.
+/// The scripted partition scenario (issue 50): rounds from a tile boundary, each cutting
+/// daemons off from etcd for three lease TTLs of `ttl` (long enough for etcd to expire their
+/// leases and the others to act on it) while every other daemon reaches etcd: the first
+/// ingester (failed over while alive, then back and joining again), the shard set's
+/// replicas one after the other (whichever leads is cut once: it fences itself off and the
+/// other takes over), the collector (it routes on the placement it has), then a replica and
+/// an ingester together, twice (both ends of a link, each alive). Each round ends at least
+/// two tiles before the next begins.
 pub fn partition(tile: Duration, ttl: Duration) -> Vec<Scheduled> {
     let cut = ttl * 3;
     let round = (cut + tile * 2).div_duration_f64(tile).ceil() as u32 * tile;
-    [Daemon::Ingester(0), Daemon::Aggregator(0), Daemon::Aggregator(1), Daemon::Collector(0)]
+    let rounds: [&[Daemon]; 6] = [
+        &[Daemon::Ingester(0)],
+        &[Daemon::Aggregator(0)],
+        &[Daemon::Aggregator(1)],
+        &[Daemon::Collector(0)],
+        // Both ends of a link at once: a replica and an ingester, each alive.
+        &[Daemon::Aggregator(0), Daemon::Ingester(0)],
+        &[Daemon::Aggregator(1), Daemon::Ingester(1)],
+    ];
+    rounds
         .into_iter()
         .enumerate()
-        .map(|(n, daemon)| Scheduled {
-            at: tile + tile / 3 + round * n as u32,
-            lasts: cut,
-            fault: Fault::Partition(daemon),
+        .flat_map(|(n, daemons)| {
+            daemons.iter().map(move |daemon| Scheduled {
+                at: tile + tile / 3 + round * n as u32,
+                lasts: cut,
+                fault: Fault::Partition(*daemon),
+            })
         })
         .collect()
 }
@@ -539,19 +551,33 @@ mod tests {
     }
 
     #[test]
-    fn the_partition_scenario_cuts_each_daemon_past_its_lease_one_at_a_time() {
+    fn the_partition_scenario_cuts_each_daemon_past_its_lease_then_both_ends_of_a_link() {
         let (tile, ttl) = (Duration::from_secs(10), Duration::from_secs(4));
         let faults = partition(tile, ttl);
         let cut: Vec<Fault> = faults.iter().map(|fault| fault.fault).collect();
+        let (ingester, aggregator) = (Daemon::Ingester, Daemon::Aggregator);
         assert_eq!(
             cut,
-            [Daemon::Ingester(0), Daemon::Aggregator(0), Daemon::Aggregator(1), Daemon::Collector(0)]
-                .map(Fault::Partition)
-                .to_vec()
+            [
+                ingester(0),
+                aggregator(0),
+                aggregator(1),
+                Daemon::Collector(0),
+                aggregator(0),
+                ingester(0),
+                aggregator(1),
+                ingester(1)
+            ]
+            .map(Fault::Partition)
+            .to_vec()
         );
-        for pair in faults.windows(2) {
-            assert!(pair[0].lasts > ttl * 2, "past the lease: {}", pair[0]);
-            assert!(pair[0].ends() + tile * 2 <= pair[1].at, "{} then {}", pair[0], pair[1]);
+        for fault in &faults {
+            assert!(fault.lasts > ttl * 2, "past the lease: {fault}");
+        }
+        let rounds: Vec<&[Scheduled]> = faults.chunk_by(|a, b| a.at == b.at).collect();
+        assert_eq!(rounds.iter().map(|round| round.len()).collect::<Vec<_>>(), [1, 1, 1, 1, 2, 2]);
+        for pair in rounds.windows(2) {
+            assert!(pair[0][0].ends() + tile * 2 <= pair[1][0].at, "{} then {}", pair[0][0], pair[1][0]);
         }
     }
 
