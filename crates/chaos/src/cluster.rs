@@ -52,6 +52,8 @@ pub struct Settings {
     pub graphite: Option<String>,
     /// The liveness lease TTL of aggregators and ingesters.
     pub ttl_secs: u64,
+    /// The ingesters' lease TTL, when it differs from the aggregators' (`ttl_secs`).
+    pub ingester_ttl_secs: Option<u64>,
     /// Where the binaries are.
     pub bin_dir: PathBuf,
     /// The run's directory.
@@ -426,6 +428,7 @@ impl Cluster {
         };
         let binary = |name: &str| settings.bin_dir.join(name);
         let ttl = settings.ttl_secs;
+        let ingester_ttl = settings.ingester_ttl_secs.unwrap_or(ttl);
 
         // Ingesters and their placement.
         let ingester_ports: Vec<u16> = (0..shape.ingesters).map(|_| free_port()).collect();
@@ -444,7 +447,7 @@ impl Cluster {
             let text = format!(
                 "instance_id = \"{name}\"\nlisten = \"127.0.0.1:{port}\"\ndata_dir = {:?}\n\
                  sink_policies = {:?}\n\
-                 [placement]\nadvertise = \"{}\"\nliveness_ttl_secs = {ttl}\n{}\
+                 [placement]\nadvertise = \"{}\"\nliveness_ttl_secs = {ingester_ttl}\n{}\
                  [sink]\nkind = \"remote_write\"\nurl = \"{remote_write}\"\nhistograms = \"summary\"\n\
                  external_labels = {{ writer = \"{name}\" }}\n\
                  {graphite_sink}",

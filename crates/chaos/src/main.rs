@@ -9,11 +9,17 @@ use clap::Parser;
 use tessera_chaos::run::{Campaign, run, summary};
 use tessera_chaos::schedule::{
     LINK_STALL_POLICIES, LINK_STALL_ROUNDS, LINK_STALL_TILES, PARTITION_TILE, PARTITION_TTL_SECS, Scheduled, Shape,
-    double_kill, draw, link_stall, partition, replica_kill,
+    double_kill, draw, link_stall, partition, replica_kill, stale_leader,
 };
 
 /// The scripted scenarios' tile.
 const SCENARIO_TILE: Duration = Duration::from_secs(10);
+/// The scripted scenarios' lease TTL (the daemons' default).
+const SCENARIO_TTL: Duration = Duration::from_secs(10);
+/// How long after a 5 s tile's boundary the stale-leader scenario cuts: after the tile's flush
+/// (a collector's watermark confirms it within a second or so), and long enough before the
+/// next one that a fenced ingester refuses it.
+const STALE_LEADER_AFTER_FLUSH: Duration = Duration::from_millis(2_500);
 
 /// Fault campaigns against the real tessera binaries, a real etcd and a real Prometheus:
 /// faults drawn from a seed, every series checked. Exit 1 when a campaign finds a lost,
@@ -93,6 +99,14 @@ struct Args {
     /// moment. `--runs N` repeats it.
     #[arg(long, conflicts_with_all = ["replica_kill", "double_kill", "link_stall"])]
     partition: bool,
+    /// Instead of a drawn schedule, the scripted stale-leader scenario: the shape of
+    /// `--partition`, the aggregators on a 10 s lease and the ingesters on a 3 s one; a
+    /// replica and an ingester are cut off from etcd together just after a flush, for 13 s,
+    /// twice. A cut-off leader keeps sending to the cut-off ingester after the others failed
+    /// it over; with the ingesters' fence off (`TESSERA_FAILPOINTS=ingester.no_fence=0`) that
+    /// ingester writes those tiles beside their new owner: two writers.
+    #[arg(long, conflicts_with_all = ["replica_kill", "double_kill", "link_stall", "partition"])]
+    stale_leader: bool,
     /// Draw partitions too (a daemon cut off from etcd while the others reach it). Without
     /// it a seed draws the schedule it drew before partitions existed.
     #[arg(long)]
@@ -171,6 +185,10 @@ fn campaigns(args: &Args) -> anyhow::Result<bool> {
         let schedule = partition(PARTITION_TILE, ttl);
         let length = schedule.last().map_or(Duration::ZERO, Scheduled::ends) + PARTITION_TILE * 4;
         Some(("--partition", schedule, length, &["5s:1h"]))
+    } else if args.stale_leader {
+        let schedule = stale_leader(PARTITION_TILE, SCENARIO_TTL, STALE_LEADER_AFTER_FLUSH);
+        let length = schedule.last().map_or(Duration::ZERO, Scheduled::ends) + PARTITION_TILE * 4;
+        Some(("--stale-leader", schedule, length, &["5s:1h"]))
     } else if args.link_stall {
         Some((
             "--link-stall",
@@ -190,10 +208,11 @@ fn campaigns(args: &Args) -> anyhow::Result<bool> {
     // one, with two ingesters (one to fail over to).
     let ttl_secs = match &scripted {
         Some(_) if args.partition => PARTITION_TTL_SECS,
-        Some(_) => 10,
+        Some(_) => SCENARIO_TTL.as_secs(),
         None => args.ttl_secs,
     };
-    if args.partition {
+    let ingester_ttl_secs = args.stale_leader.then_some(PARTITION_TTL_SECS);
+    if args.partition || args.stale_leader {
         shape.ingesters = 2;
     }
     let bin_dir = match &args.bin_dir {
@@ -221,6 +240,7 @@ fn campaigns(args: &Args) -> anyhow::Result<bool> {
             policies: policies.clone(),
             graphite: args.graphite_policy.clone().filter(|_| scripted.is_none()),
             ttl_secs,
+            ingester_ttl_secs,
             series_per_kind: args.series_per_kind,
             bin_dir: bin_dir.clone(),
             dir: dir.clone(),

@@ -34,6 +34,8 @@ pub struct Campaign {
     pub graphite: Option<String>,
     /// The liveness lease TTL of aggregators and ingesters.
     pub ttl_secs: u64,
+    /// The ingesters' lease TTL, when it differs from the aggregators' (`ttl_secs`).
+    pub ingester_ttl_secs: Option<u64>,
     /// Series of each kind.
     pub series_per_kind: u64,
     /// Where the binaries are.
@@ -101,6 +103,7 @@ pub fn run(campaign: &Campaign, log: &mut dyn FnMut(&str)) -> anyhow::Result<Out
         policies: campaign.policies.clone(),
         graphite: campaign.graphite.clone(),
         ttl_secs: campaign.ttl_secs,
+        ingester_ttl_secs: campaign.ingester_ttl_secs,
         bin_dir: campaign.bin_dir.clone(),
         dir: campaign.dir.clone(),
     })?;

@@ -283,7 +283,9 @@ pub fn double_kill(tile: Duration) -> Vec<Scheduled> {
 
 /// The partition scenario's tile.
 pub const PARTITION_TILE: Duration = Duration::from_secs(5);
-/// The partition scenario's lease TTL: short, so that each cut outlasts a lease quickly.
+/// The partition scenario's lease TTL: short, so that each cut outlasts a lease quickly. The
+/// stale-leader scenario gives it to the ingesters, and the daemons' default (10 s) to the
+/// aggregators.
 pub const PARTITION_TTL_SECS: u64 = 3;
 
 /// The scripted partition scenario (issue 50): rounds from a tile boundary, each cutting
@@ -314,6 +316,33 @@ pub fn partition(tile: Duration, ttl: Duration) -> Vec<Scheduled> {
                 at: tile + tile / 3 + round * n as u32,
                 lasts: cut,
                 fault: Fault::Partition(*daemon),
+            })
+        })
+        .collect()
+}
+
+/// The scripted stale-leader scenario (issue 50): what the ingesters' fence is for. The
+/// aggregators keep a longer lease (`aggregator_ttl`) than the ingesters, as a deployment
+/// may. In each round a replica and an ingester are cut off from etcd together, just after
+/// a tile was flushed (`tile` boundaries plus `after_flush`), for the aggregators' lease
+/// and 3 s more: if that replica leads, it goes on flushing by the ingesters' placement it
+/// had, to the cut-off ingester, well after the other ingesters failed that one over; the
+/// other replica takes over when the leader's lease expires and flushes again from the last
+/// marks the leader could record, to the new owner. Unfenced, the cut-off ingester writes
+/// the tiles it gets meanwhile, and so does the new owner: two writers of every series of
+/// its shards. Round 1 cuts replica 1 and ingester 1, round 2 replica 2 and ingester 2, a
+/// shard set's recovery apart.
+pub fn stale_leader(tile: Duration, aggregator_ttl: Duration, after_flush: Duration) -> Vec<Scheduled> {
+    let cut = aggregator_ttl + Duration::from_secs(3);
+    let recovery = shard_set_recovery(tile, aggregator_ttl);
+    let rounds = (cut + recovery).div_duration_f64(tile).ceil() as u32;
+    (0..2)
+        .flat_map(|round| {
+            let at = tile * (2 + rounds * round) + after_flush;
+            [Daemon::Aggregator(round as usize), Daemon::Ingester(round as usize)].map(|daemon| Scheduled {
+                at,
+                lasts: cut,
+                fault: Fault::Partition(daemon),
             })
         })
         .collect()
@@ -579,6 +608,19 @@ mod tests {
         for pair in rounds.windows(2) {
             assert!(pair[0][0].ends() + tile * 2 <= pair[1][0].at, "{} then {}", pair[0][0], pair[1][0]);
         }
+    }
+
+    #[test]
+    fn the_stale_leader_scenario_cuts_a_replica_and_an_ingester_together_past_the_aggregators_lease() {
+        let (tile, ttl) = (Duration::from_secs(5), Duration::from_secs(10));
+        let faults = stale_leader(tile, ttl, Duration::from_millis(2_500));
+        let cut: Vec<Fault> = faults.iter().map(|fault| fault.fault).collect();
+        let (ingester, aggregator) = (Daemon::Ingester, Daemon::Aggregator);
+        assert_eq!(cut, [aggregator(0), ingester(0), aggregator(1), ingester(1)].map(Fault::Partition).to_vec());
+        assert_eq!((faults[0].at, faults[1].at), (faults[1].at, faults[0].at), "together");
+        assert!(faults[0].lasts > ttl, "past the aggregators' lease");
+        assert_eq!(faults[0].at.as_millis() % tile.as_millis(), 2_500, "just after a flush");
+        assert!(faults[2].at >= faults[0].ends() + shard_set_recovery(tile, ttl), "a shard set's recovery apart");
     }
 
     #[test]
