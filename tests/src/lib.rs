@@ -59,6 +59,39 @@ pub fn start_daemon(name: &str, binary: &str, config: &str, telemetry_port: u16)
     Daemon::start(name, binary, &format!("{config}[telemetry]\nlisten = \"{telemetry}\"\n"), telemetry)
 }
 
+/// Writes the ingesters' placement of environment `env` in the etcd at `etcd_endpoint` with
+/// `tessera placement --tier ingesters init`: `num_shards` shards, one instance per
+/// `(id, port)` on loopback.
+pub fn init_ingester_placement(etcd_endpoint: &str, env: &str, num_shards: u32, instances: &[(&str, u16)]) {
+    let mut init = std::process::Command::new(tessera_testkit::daemons::binary("tessera"));
+    init.args(["placement", "--etcd", etcd_endpoint, "--environment", env, "--tier", "ingesters", "init"]);
+    init.args(["--shards", &num_shards.to_string()]);
+    for (id, port) in instances {
+        init.args(["--instance", &format!("{id}=127.0.0.1:{port}")]);
+    }
+    assert!(init.status().unwrap().success(), "tessera placement --tier ingesters init failed");
+}
+
+/// Ingester `id` of an ingesters' placement in etcd (environment `env`, lease `ttl_secs`):
+/// it listens on `port`, queues in `data/<id>`, writes to the file sink and serves telemetry
+/// on `telemetry`; `etcd_settings` go into `[placement.etcd]`.
+pub fn tier_ingester_config(
+    id: &str,
+    port: u16,
+    (etcd_endpoint, env, ttl_secs): (&str, &str, u64),
+    data: &Path,
+    telemetry: u16,
+    etcd_settings: &str,
+) -> String {
+    format!(
+        "instance_id = \"{id}\"\nlisten = \"127.0.0.1:{port}\"\ndata_dir = {:?}\n\
+         [placement]\nadvertise = \"127.0.0.1:{port}\"\nliveness_ttl_secs = {ttl_secs}\n\
+         [placement.etcd]\nendpoints = [\"{etcd_endpoint}\"]\nenv = \"{env}\"\nrequest_timeout_ms = 500\n{etcd_settings}\
+         [sink]\nkind = \"file\"\n[telemetry]\nlisten = \"127.0.0.1:{telemetry}\"\n",
+        data.join(id).display().to_string(),
+    )
+}
+
 /// An ingester's config: it listens on `port`, queues in `data_dir` and writes
 /// to `remote_write_url`. `settings` (top-level keys, then tables) come before
 /// the `[sink]` table, `sink_settings` go into it.

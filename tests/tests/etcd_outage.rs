@@ -12,41 +12,25 @@
 use std::process::Command;
 use std::time::Duration;
 
-use tessera_testkit::daemons::{Daemon, binary};
+use tessera_testkit::daemons::Daemon;
 use tessera_testkit::free_port;
-use tessera_tests::{loopback, wait_until};
+use tessera_tests::{init_ingester_placement, loopback, tier_ingester_config, wait_until};
 use tessera_topology::testing::EtcdServer;
 
 const TTL_SECS: u64 = 2;
 const ENV: &str = "etcd-outage";
-
-fn ingester_config(id: &str, port: u16, etcd: &EtcdServer, data: &std::path::Path, telemetry: u16) -> String {
-    format!(
-        "instance_id = \"{id}\"\nlisten = \"127.0.0.1:{port}\"\ndata_dir = {:?}\n\
-         [placement]\nadvertise = \"127.0.0.1:{port}\"\nliveness_ttl_secs = {TTL_SECS}\n\
-         [placement.etcd]\nendpoints = [\"{}\"]\nenv = \"{ENV}\"\nrequest_timeout_ms = 500\nretry_max_backoff_ms = 3000\n\
-         [sink]\nkind = \"file\"\n[telemetry]\nlisten = \"127.0.0.1:{telemetry}\"\n",
-        data.join(id).display().to_string(),
-        etcd.endpoint(),
-    )
-}
 
 #[test]
 fn an_etcd_outage_longer_than_the_lease_fails_no_live_ingester_over() {
     let etcd = EtcdServer::start().expect("etcd starts");
     let data = tempfile::tempdir().unwrap();
     let ports = [free_port(), free_port()];
-    let status = Command::new(binary("tessera"))
-        .args(["placement", "--etcd", &etcd.endpoint(), "--environment", ENV, "--tier", "ingesters", "init"])
-        .args(["--shards", "16"])
-        .args(["--instance", &format!("ing-1=127.0.0.1:{}", ports[0])])
-        .args(["--instance", &format!("ing-2=127.0.0.1:{}", ports[1])])
-        .status()
-        .unwrap();
-    assert!(status.success(), "tessera placement --tier ingesters init failed");
+    init_ingester_placement(&etcd.endpoint(), ENV, 16, &[("ing-1", ports[0]), ("ing-2", ports[1])]);
     let start = |id: &str, port: u16, env: &[(&str, &str)]| {
         let telemetry = free_port();
-        let config = ingester_config(id, port, &etcd, data.path(), telemetry);
+        let etcd_settings = "retry_max_backoff_ms = 3000\n";
+        let config =
+            tier_ingester_config(id, port, (&etcd.endpoint(), ENV, TTL_SECS), data.path(), telemetry, etcd_settings);
         Daemon::start_with_env(id, "tessera-ingester", &config, loopback(telemetry), env)
     };
     let ingesters = [

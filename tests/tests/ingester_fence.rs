@@ -15,29 +15,18 @@
 //!
 //! Run alone: `cargo nextest run -p tessera-tests --test ingester_fence --no-capture`.
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use tessera_chaos::proxy::{Mode, Proxy};
 use tessera_proto::{Ack, AckReason, AckStatus, Frame, Role, TileBatch, frame::Body, framing};
-use tessera_testkit::daemons::{Daemon, binary};
+use tessera_testkit::daemons::Daemon;
 use tessera_testkit::free_port;
 use tessera_testkit::tiles::counter;
-use tessera_tests::{loopback, wait_until};
+use tessera_tests::{init_ingester_placement, loopback, tier_ingester_config, wait_until};
 use tessera_topology::testing::EtcdServer;
 
 const TTL_SECS: u64 = 3;
 const ENV: &str = "fence";
-
-fn ingester_config(id: &str, port: u16, etcd_endpoint: &str, data: &std::path::Path, telemetry: u16) -> String {
-    format!(
-        "instance_id = \"{id}\"\nlisten = \"127.0.0.1:{port}\"\ndata_dir = {:?}\n\
-         [placement]\nadvertise = \"127.0.0.1:{port}\"\nliveness_ttl_secs = {TTL_SECS}\n\
-         [placement.etcd]\nendpoints = [\"{etcd_endpoint}\"]\nenv = \"{ENV}\"\nrequest_timeout_ms = 500\n\
-         [sink]\nkind = \"file\"\n[telemetry]\nlisten = \"127.0.0.1:{telemetry}\"\n",
-        data.join(id).display().to_string(),
-    )
-}
 
 /// A connection to an ingester, as an aggregator's.
 struct Sender {
@@ -81,19 +70,12 @@ fn an_ingester_cut_off_from_etcd_stops_writing_before_it_is_failed_over_and_refu
     let etcd = EtcdServer::start().expect("etcd starts");
     let data = tempfile::tempdir().unwrap();
     let ports = [free_port(), free_port()];
-    let status = Command::new(binary("tessera"))
-        .args(["placement", "--etcd", &etcd.endpoint(), "--environment", ENV, "--tier", "ingesters", "init"])
-        .args(["--shards", "16"])
-        .args(["--instance", &format!("ing-1=127.0.0.1:{}", ports[0])])
-        .args(["--instance", &format!("ing-2=127.0.0.1:{}", ports[1])])
-        .status()
-        .unwrap();
-    assert!(status.success(), "tessera placement --tier ingesters init failed");
+    init_ingester_placement(&etcd.endpoint(), ENV, 16, &[("ing-1", ports[0]), ("ing-2", ports[1])]);
     let etcd_address = etcd.endpoint().trim_start_matches("http://").parse().unwrap();
     let link = Proxy::start(etcd_address).unwrap();
     let start = |id: &str, port: u16, etcd_endpoint: &str| {
         let telemetry = free_port();
-        let config = ingester_config(id, port, etcd_endpoint, data.path(), telemetry);
+        let config = tier_ingester_config(id, port, (etcd_endpoint, ENV, TTL_SECS), data.path(), telemetry, "");
         Daemon::start(id, "tessera-ingester", &config, loopback(telemetry))
     };
     let ing1 = start("ing-1", ports[0], &format!("http://{}", link.address()));

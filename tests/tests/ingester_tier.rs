@@ -27,16 +27,15 @@
 
 use std::collections::HashMap;
 use std::net::{SocketAddr, UdpSocket};
-use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use tessera_core::clock::now_secs;
 
-use tessera_testkit::daemons::{Daemon, binary};
+use tessera_testkit::daemons::Daemon;
 use tessera_testkit::free_port;
 use tessera_testkit::prometheus::{NO_SCRAPES, Prometheus};
-use tessera_tests::{ingester_config, loopback, start_daemon, static_placement, wait_until};
+use tessera_tests::{ingester_config, init_ingester_placement, loopback, start_daemon, static_placement, wait_until};
 use tessera_topology::testing::EtcdServer;
 
 const SERIES: usize = 10_000;
@@ -174,15 +173,8 @@ fn the_ingester_tier_scales_out_and_fails_over_with_exact_counters() {
         dir: tempfile::tempdir().unwrap(),
         ports: ["ing-1", "ing-2", "ing-3", "ing-4"].iter().map(|id| ((*id).to_owned(), free_port())).collect(),
     };
-    let status = Command::new(binary("tessera"))
-        .args(["placement", "--etcd", &etcd.endpoint(), "--environment", ENV, "--tier", "ingesters", "init"])
-        .args(["--shards", "32"])
-        .args(["--instance", &format!("ing-1=127.0.0.1:{}", ingesters.ports["ing-1"])])
-        .args(["--instance", &format!("ing-2=127.0.0.1:{}", ingesters.ports["ing-2"])])
-        .args(["--instance", &format!("ing-3=127.0.0.1:{}", ingesters.ports["ing-3"])])
-        .status()
-        .unwrap();
-    assert!(status.success(), "tessera placement --tier ingesters init failed");
+    let first: Vec<(&str, u16)> = ["ing-1", "ing-2", "ing-3"].iter().map(|id| (*id, ingesters.ports[*id])).collect();
+    init_ingester_placement(&etcd.endpoint(), ENV, 32, &first);
     let mut running: HashMap<&str, Daemon> =
         ["ing-1", "ing-2", "ing-3"].iter().map(|id| (*id, ingesters.start(id))).collect();
 
