@@ -89,7 +89,7 @@ fn an_ingester_cut_off_from_etcd_stops_writing_before_it_is_failed_over_and_refu
     // Series of ing-1's shards in the first placement (init gives set 1 the even shards).
     let series: Vec<String> = (0..400)
         .map(|n| format!("fence.hits|#n:{n}"))
-        .filter(|id| tessera_core::shard::shard_of(id.as_bytes(), 16) % 2 == 0)
+        .filter(|id| tessera_core::shard::shard_of(id.as_bytes(), 16).is_multiple_of(2))
         .take(20)
         .collect();
     let mut sender = Sender::connect(&format!("127.0.0.1:{}", ports[0]));

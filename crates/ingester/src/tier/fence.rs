@@ -138,7 +138,8 @@ impl Fence {
         if !open && approved != 0 {
             let _ = inner.approved.compare_exchange(approved, 0, Ordering::AcqRel, Ordering::Acquire);
         }
-        if inner.fenced.swap(!open, Ordering::AcqRel) != !open {
+        let was_fenced = inner.fenced.swap(!open, Ordering::AcqRel);
+        if was_fenced == open {
             inner.metrics.fenced.set(i64::from(!open));
             if open {
                 tracing::info!("ingester fence lifted: the lease is alive and the placement read again");
