@@ -5,8 +5,10 @@
 //!
 //! - Before the cut every batch is taken.
 //! - After it ing-1 fences itself off before ing-2 can fail it over: the first `fenced`
-//!   answer comes before the failover, and no batch is taken after it; nothing more is
-//!   written to its store while fenced (its written-samples count stands still).
+//!   answer comes before the failover, and no batch is taken after it but one in hand (a
+//!   tile from before the fence, under the version it holds: queued); nothing is written
+//!   to its store while fenced (its written-samples count stands still), and the batch in
+//!   hand is written once the fence lifts.
 //! - ing-2 fails it over once its lease expired in etcd.
 //! - When the link heals, ing-1 reads the placement again (it is no longer in it, and joins
 //!   again): the fence lifts, and a batch routed under the version it was failed over from,
@@ -94,6 +96,7 @@ fn an_ingester_cut_off_from_etcd_stops_writing_before_it_is_failed_over_and_refu
         .collect();
     let mut sender = Sender::connect(&format!("127.0.0.1:{}", ports[0]));
     let mut tile_end_ms = tessera_core::clock::now_ms() / 1_000 * 1_000;
+    let before_everything = tile_end_ms - 1_000;
     let mut next_tile = || {
         tile_end_ms += 1_000;
         tile_end_ms
@@ -145,6 +148,12 @@ fn an_ingester_cut_off_from_etcd_stops_writing_before_it_is_failed_over_and_refu
         assert_eq!(ack.status, AckStatus::Retryable as i32, "{ack:?}");
         assert_eq!(ack.reason, AckReason::Fenced.as_str(), "{ack:?}");
     }
+    // A batch in hand: routed under the version ing-1 still holds, for a tile that ended
+    // before its fence fell (what an aggregator sent just before a pause past the lease):
+    // queued all the same, and written only once the fence lifts.
+    let in_hand = sender.send(&series, before_everything, version);
+    assert!(is_taken(&in_hand), "a tile from before the fence, routed under ing-1's version: {in_hand:?}");
+    std::thread::sleep(Duration::from_millis(300));
     let written = written_when_fenced.expect("a fenced answer was seen");
     assert_eq!(
         ing1.metric("tessera_ingester_samples_written_total", ""),
@@ -159,6 +168,9 @@ fn an_ingester_cut_off_from_etcd_stops_writing_before_it_is_failed_over_and_refu
         fenced(&ing1) == 0.0
     });
     assert_eq!(ing1.metric("tessera_ingester_fenced_total", ""), 1.0);
+    wait_until("the batch in hand is written once the fence lifted", Duration::from_secs(10), || {
+        ing1.metric("tessera_ingester_samples_written_total", "") >= written + 20.0
+    });
     let seen = ing1.metric("tessera_ingester_tier_placement_version", "") as u64;
     assert!(seen > version, "ing-1 read the placement it was failed over in ({seen} > {version})");
     // One series of every shard: ing-1 owns fewer than all 16 in any placement after the

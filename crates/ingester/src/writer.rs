@@ -12,7 +12,7 @@
 //! |---|---|
 //! | record durable (by the fsync policy) | `Ok` |
 //! | the same batch (source, policy, tile end, sequence) was queued recently | `Ok`, reason `duplicate`, not queued twice |
-//! | the ingester is fenced off: its liveness lease may expire ([`crate::tier::fence`]) | `Retryable`, reason `fenced` |
+//! | the ingester is fenced off: its liveness lease may expire ([`crate::tier::fence`]), unless the batch was routed under the version it holds for a tile that ended before the fence fell (queued, written once it lifts) | `Retryable`, reason `fenced` |
 //! | routed under a newer placement version than the ingester has seen | `Retryable`, reason `placement_ahead` (taken once it catches up) |
 //! | routed under an older version, with a series of a shard the ingester does not own in its own | `Retryable`, reason `placement_stale` (the sender routes it again) |
 //! | the target's queue is over `max_queue_bytes` | `Retryable`, reason `queue_full` |
@@ -228,11 +228,11 @@ impl Writer {
             self.metrics.heartbeats.inc();
             return taken(&self.metrics, batch.sequence);
         }
-        if !self.fence.allows() {
+        let view = self.ownership.as_ref().and_then(|ownership| ownership.current());
+        if !self.fence.allows() && !in_hand_before_fence(&self.fence, view.as_deref(), batch) {
             let message = "the ingester is fenced off (its liveness lease may expire); send again later".to_owned();
             return answer(&self.metrics, AckReason::Fenced, batch.sequence, message);
         }
-        let view = self.ownership.as_ref().and_then(|ownership| ownership.current());
         if let Some((reason, message)) = view.and_then(|view| placement_refusal(&view, batch)) {
             return answer(&self.metrics, reason, batch.sequence, message);
         }
@@ -307,6 +307,15 @@ impl Writer {
             }
         }
     }
+}
+
+/// Whether a fenced ingester queues `batch` all the same: routed under the placement version
+/// it still holds, for a tile that ended before its fence fell (a batch sent before a pause
+/// past the lease, read from the socket after it; see [`crate::tier::fence`]). Written once
+/// the fence lifts.
+fn in_hand_before_fence(fence: &Fence, view: Option<&OwnershipView>, batch: &TileBatch) -> bool {
+    let same_version = view.is_some_and(|view| view.version == batch.placement_version);
+    same_version && fence.fell_at_ms().is_some_and(|fell| batch.tile_end_ms <= fell)
 }
 
 /// Why a batch routed under another version of the ingesters' placement than `view`'s is

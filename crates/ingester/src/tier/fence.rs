@@ -28,6 +28,12 @@
 //! the converter gives up the totals of every shard that moved (an explicit reset each,
 //! as a move does) before anything is written again.
 //!
+//! **A batch in hand.** A tile batch routed under the placement version this ingester still
+//! holds, for a tile that ended before the fence fell, is queued even while fenced (and
+//! written once the fence lifts): it is what an aggregator sent before a pause past the lease
+//! (the batch waits in the socket), which its successor takes for written, its own first tile
+//! being a later one. Anything else is answered `Retryable` (`fenced`).
+//!
 //! **What is not covered.** A storage request already sent when the fence falls is
 //! cancelled on this side, but a store that received it whole may still apply it; the
 //! stores tessera writes apply a request as they read it, well within the margin. The
@@ -155,6 +161,17 @@ impl Fence {
         open
     }
 
+    /// When the fence fell, unix milliseconds (the lease deadline less the margin, on the
+    /// wall clock now), if it has: a tile that ended by then closed while this ingester
+    /// certainly owned its shards.
+    pub fn fell_at_ms(&self) -> Option<i64> {
+        let inner = self.inner.as_ref()?;
+        let (_, deadline) = inner.deadline.get()?.get()?;
+        let fell = deadline.checked_sub(FENCE_MARGIN)?;
+        let ago = std::time::Instant::now().checked_duration_since(fell)?;
+        Some(tessera_core::clock::now_ms() - ago.as_millis() as i64)
+    }
+
     /// Waits until the fence allows writing; `false` if `stop` fired first.
     pub async fn wait_open(&self, stop: &Shutdown) -> bool {
         while !self.allows() {
@@ -236,6 +253,18 @@ mod tests {
         assert_eq!(fence.lease_alive(), Some(8));
         fence.approve(8);
         assert!(fence.allows());
+    }
+
+    #[test]
+    fn it_fell_a_margin_before_the_deadline_on_the_wall_clock() {
+        let (fence, deadline) = fence();
+        deadline.set(7, Instant::now() + FENCE_MARGIN * 5);
+        assert_eq!(fence.fell_at_ms(), None, "not fallen yet");
+        deadline.set(7, Instant::now() - Duration::from_secs(2));
+        let fell = fence.fell_at_ms().expect("fallen");
+        let expected = tessera_core::clock::now_ms() - 3_000;
+        assert!((fell - expected).abs() < 200, "{fell} vs {expected}");
+        assert_eq!(Fence::none().fell_at_ms(), None);
     }
 
     #[tokio::test]
