@@ -44,7 +44,7 @@ pub struct Placement {
 /// ```
 /// use tessera_topology::{shard_owned_at, Shard, ShardState};
 ///
-/// let leaving = Shard { id: 3, state: ShardState::Leaving as i32, cutover_ms: 0, cutoff_ms: 60_000 };
+/// let leaving = Shard { id: 3, state: ShardState::Leaving as i32, cutover_ms: 0, cutoff_ms: 60_000, since_version: 1 };
 /// assert!(shard_owned_at(&leaving, 50_000));
 /// assert!(!shard_owned_at(&leaving, 60_000));
 /// ```
