@@ -162,21 +162,22 @@ async fn publish_changes(
 /// Publishes `placement`'s view for `instance_id` and counts shards gained and lost.
 fn publish(ownership: &Ownership, metrics: &TierMetrics, placement: &Placement, instance_id: &str) {
     let view = OwnershipView { rejoined: ownership.rejoined(), ..OwnershipView::of(placement, instance_id) };
-    if ownership.current().is_some_and(|previous| previous.version > view.version) {
-        return; // the watch or the tier task saw a newer one already
-    }
-    if let Some(previous) = ownership.current().filter(|previous| previous.num_shards == view.num_shards) {
+    let (owned, version) = (view.owned_count(), view.version);
+    // Kept out: the same view, or an older one than the watch or the tier task saw already.
+    let Some(replaced) = ownership.publish(view) else { return };
+    if let (Some(previous), Some(view)) = (replaced, ownership.current())
+        && previous.num_shards == view.num_shards
+    {
         let gained = view.owned.iter().zip(&previous.owned).filter(|(now, before)| **now && !**before).count();
         let lost = view.owned.iter().zip(&previous.owned).filter(|(now, before)| !**now && **before).count();
         metrics.moved("gained", gained);
         metrics.moved("lost", lost);
         if gained + lost > 0 {
-            tracing::info!(version = view.version, gained, lost, owned = view.owned_count(), "ingester shards moved");
+            tracing::info!(version, gained, lost, owned, "ingester shards moved");
         }
     }
-    metrics.owned_shards.set(view.owned_count() as i64);
-    metrics.tier_placement_version.set(view.version as i64);
-    ownership.publish(view);
+    metrics.owned_shards.set(owned as i64);
+    metrics.tier_placement_version.set(version as i64);
 }
 
 struct Keeper {
@@ -447,5 +448,12 @@ mod tests {
         assert_eq!(ownership.changed_since(&mut seen).unwrap().owned_count(), 8);
         assert_eq!((metrics.moves("gained"), metrics.moves("lost")), (4, 0));
         assert_eq!(metrics.owned_shards.get(), 8);
+        // The watch and the tier task both publish: an older view coming second is kept out,
+        // and counts no move.
+        publish(&ownership, &metrics, &before, "a");
+        assert!(ownership.changed_since(&mut seen).is_none(), "the older view is not taken in");
+        assert_eq!(ownership.current().unwrap().version, after.version());
+        assert_eq!((metrics.moves("gained"), metrics.moves("lost")), (4, 0));
+        assert_eq!((metrics.owned_shards.get(), metrics.tier_placement_version.get()), (8, after.version() as i64));
     }
 }

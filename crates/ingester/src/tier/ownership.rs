@@ -145,10 +145,13 @@ impl Ownership {
     ///
     /// A view of an older placement than the current one is ignored: the tier task
     /// publishes what it reads and the watch what it sees, and either may be behind.
-    pub fn publish(&self, mut view: OwnershipView) {
+    ///
+    /// Returns the view it replaced (`Some(None)` for the first), or `None` when it kept the
+    /// current one: under one lock, so that two publishers count each change once.
+    pub fn publish(&self, mut view: OwnershipView) -> Option<Option<Arc<OwnershipView>>> {
         let mut current = self.view.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         if current.as_deref().is_some_and(|before| before.version > view.version) {
-            return;
+            return None;
         }
         if let Some(before) = current.as_deref().filter(|before| before.owned.len() == view.owned.len()) {
             for shard in 0..view.owned.len() {
@@ -166,12 +169,13 @@ impl Ownership {
             }
         }
         if current.as_deref() == Some(&view) {
-            return;
+            return None;
         }
         let view = Arc::new(view);
         let _ = self.first.set(Arc::clone(&view));
-        *current = Some(view);
+        let before = current.replace(view);
         self.generation.fetch_add(1, Ordering::Release);
+        Some(before)
     }
 
     /// The first view published since start, if any: a converter takes it in before the
