@@ -784,4 +784,79 @@ mod tests {
         queue.finish_in_flight();
         assert!(queue.is_idle());
     }
+
+    /// A tile batch frame of `sequence`.
+    fn tile_frame(sequence: u64) -> Batch {
+        use tessera_proto::{Frame, TileBatch, frame::Body, framing};
+        let frame = Frame { body: Some(Body::Tiles(TileBatch { sequence, ..TileBatch::default() })) };
+        let frame = framing::encode_frame(&frame, framing::DEFAULT_MAX_FRAME_BYTES).unwrap();
+        Batch { sequence, frame, items: 1, refs: None }
+    }
+
+    /// A batch refused as `placement_stale` goes to the daemon's redirect, once it takes it,
+    /// instead of going to the same destination again; while the redirect gives it back it
+    /// waits and goes again, as any retryable refusal.
+    #[tokio::test]
+    async fn a_batch_refused_as_routed_under_a_stale_placement_goes_to_the_redirect() {
+        use tessera_proto::{Ack, Frame, frame::Body, framing};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let endpoint = listener.local_addr().unwrap().to_string();
+        // Refuses batch 1 as stale every time, takes the others; returns what it was sent.
+        let receiver = tokio::spawn(async move {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            framing::server_handshake(&mut stream, "test").await.unwrap();
+            let (mut scratch, mut sent) = (Vec::new(), Vec::new());
+            while let Ok(Frame { body: Some(Body::Tiles(batch)) }) =
+                framing::read_frame(&mut stream, &mut scratch, framing::DEFAULT_MAX_FRAME_BYTES).await
+            {
+                sent.push(batch.sequence);
+                let ack = match batch.sequence {
+                    1 => AckReason::PlacementStale.ack(1, "moved".into()),
+                    other => Ack { sequence: other, status: AckStatus::Ok as i32, ..Ack::default() },
+                };
+                let answer = Frame { body: Some(Body::Ack(ack)) };
+                if framing::write_frame(&mut stream, &answer, framing::DEFAULT_MAX_FRAME_BYTES).await.is_err() {
+                    break;
+                }
+            }
+            sent
+        });
+        // Gives the batch back the first time (no newer placement seen yet), takes it then.
+        let offered = Arc::new(StdMutex::new(Vec::new()));
+        let redirect = Redirect(Arc::new({
+            let offered = offered.clone();
+            move |batch: Batch| {
+                let mut offered = offered.lock().unwrap();
+                offered.push(batch.sequence);
+                if offered.len() == 1 { Err(batch) } else { Ok(()) }
+            }
+        }));
+        let settings = SenderSettings {
+            source: "test".into(),
+            role: Role::Aggregator,
+            peer: "ingester",
+            connect_timeout: Duration::from_secs(5),
+            ack_timeout: Duration::from_secs(5),
+            reconnect_min: Duration::from_millis(10),
+            reconnect_max: Duration::from_millis(10),
+            rejection_label: AckReason::label,
+            heartbeat: None,
+            tls: None,
+            redirect: Some(redirect),
+        };
+        let queue = Arc::new(OutboundQueue::new(endpoint, 1 << 20, Arc::new(Recorded::default())));
+        queue.push_all(vec![tile_frame(1), tile_frame(2)]);
+        let stop = Shutdown::new();
+        let sender = tokio::spawn(run_sender(queue.clone(), settings, stop.clone()));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !queue.is_idle() {
+            assert!(Instant::now() < deadline, "the queue never emptied");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        stop.trigger();
+        sender.await.unwrap();
+        assert_eq!(*offered.lock().unwrap(), [1, 1], "offered, given back, offered again and taken");
+        assert_eq!(receiver.await.unwrap(), [1, 1, 2], "sent again once after the first offer, never after");
+        assert!(queue.metrics().dropped.lock().unwrap().is_empty(), "nothing dropped");
+    }
 }

@@ -248,3 +248,54 @@ fn a_tile_sent_after_a_failover_goes_behind_the_departed_ingesters_older_tile() 
     }
     assert_eq!(first_tile, 3_000, "the older tile whole, the departed ingester's share included");
 }
+
+/// A batch an ingester refused as `placement_stale` goes again by the current placement,
+/// stamped with its version, to the current owners of its series; while this aggregator
+/// has seen no newer placement than the batch's, it waits (`Err`) rather than going round
+/// to the same ingester.
+#[test]
+fn a_batch_refused_as_routed_under_a_stale_placement_goes_to_the_current_owners() {
+    let Rerouting { placement, handle, metrics, ingesters } = rerouting();
+    let head = TileHead {
+        placement_version: 0,
+        storage_policy: "10s:2d",
+        resolution_ms: 10_000,
+        tile_end_ms: 20_000,
+        flushed_at_ms: 1,
+        incomplete: false,
+    };
+    ingesters.send_tile(&head, values(3_000), 10_000, ("agg-1", 1 << 20), |_| {});
+    let third = ingesters.queues().into_iter().find(|queue| queue.endpoint() == "127.0.0.1:3").unwrap();
+    let refused = third.pop_front().expect("ing-3 has a share");
+    third.finish_in_flight();
+    let routed_under = decoded(&refused);
+    assert_eq!(routed_under.placement_version, placement.version(), "stamped with the routing's version");
+    let series = routed_under.tiles.len();
+    let refused = ingesters.redirect(refused).expect_err("no newer placement seen: it waits");
+    for queue in ingesters.queues() {
+        while queue.pop_front().is_some() {
+            queue.finish_in_flight(); // the tile's other shares, delivered
+        }
+    }
+
+    handle.replace(placement.fail_over(&["ing-3"], 5).unwrap());
+    ingesters.redirect(refused).expect("routed again");
+    assert_eq!(metrics.outbound.redirected_batches.get(), 1);
+    let routing = handle.routing();
+    let mut delivered = 0;
+    for queue in ingesters.queues() {
+        let owner =
+            &routing.destinations().iter().find(|d| d.endpoint == queue.endpoint()).map(|d| d.instance_id.clone());
+        while let Some(batch) = queue.pop_front() {
+            queue.finish_in_flight();
+            let tiles = decoded(&batch);
+            assert_eq!(tiles.placement_version, routing.version(), "stamped with the version it went by");
+            let owner = owner.as_ref().expect("only to an ingester of the current placement");
+            for value in tiles.tiles {
+                assert!(handle.current().owns(owner, shard_of(&value.series_id, 16), 10_000));
+                delivered += 1;
+            }
+        }
+    }
+    assert_eq!(delivered, series, "every series of the refused batch, once");
+}
