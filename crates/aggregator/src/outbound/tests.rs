@@ -20,6 +20,18 @@ fn values(count: usize) -> Vec<SeriesValue> {
         .collect()
 }
 
+/// The head of a 10 s tile of `10s:2d` ending at `tile_end_ms`.
+fn tile_head(tile_end_ms: i64) -> TileHead<'static> {
+    TileHead {
+        placement_version: 0,
+        storage_policy: "10s:2d",
+        resolution_ms: 10_000,
+        tile_end_ms,
+        flushed_at_ms: 1,
+        incomplete: false,
+    }
+}
+
 fn decoded(batch: &Batch) -> TileBatch {
     match framing::decode_frame(&batch.frame, usize::MAX) {
         Ok(Some((Frame { body: Some(Body::Tiles(tiles)) }, _))) => tiles,
@@ -148,14 +160,7 @@ fn rerouting() -> Rerouting {
 #[test]
 fn a_departed_ingesters_queue_goes_to_the_new_owners_of_its_series() {
     let Rerouting { placement, handle, metrics, ingesters } = rerouting();
-    let head = TileHead {
-        placement_version: 0,
-        storage_policy: "10s:2d",
-        resolution_ms: 10_000,
-        tile_end_ms: 20_000,
-        flushed_at_ms: 1,
-        incomplete: false,
-    };
+    let head = tile_head(20_000);
     let (shares, _) = ingesters.assign(values(3_000), 10_000);
     let mut dead_share = 0;
     for share in shares {
@@ -202,16 +207,8 @@ fn a_departed_ingesters_queue_goes_to_the_new_owners_of_its_series() {
 fn a_tile_sent_after_a_failover_goes_behind_the_departed_ingesters_older_tile() {
     let Rerouting { placement, handle, ingesters, .. } = rerouting();
     assert_eq!(ingesters.reroute_departed(), 0, "the re-router's first tick: nobody left");
-    let head = |tile_end_ms| TileHead {
-        placement_version: 0,
-        storage_policy: "10s:2d",
-        resolution_ms: 10_000,
-        tile_end_ms,
-        flushed_at_ms: 1,
-        incomplete: false,
-    };
     let mut sent = Vec::new();
-    let unowned = ingesters.send_tile(&head(20_000), values(3_000), 10_000, ("agg-1", 4096), |queued| {
+    let unowned = ingesters.send_tile(&tile_head(20_000), values(3_000), 10_000, ("agg-1", 4096), |queued| {
         // The flusher records the tile's batches for its flush marks here: no re-routing may
         // move them before (the re-router takes the same lock).
         assert!(ingesters.inner.routing_order.try_lock().is_err(), "told under the routing lock");
@@ -222,7 +219,7 @@ fn a_tile_sent_after_a_failover_goes_behind_the_departed_ingesters_older_tile() 
     // ing-2 fails over; its sender never took its batches (it is dead). The next tile is
     // routed before the re-router's next tick.
     handle.replace(placement.fail_over(&["ing-2"], 5).unwrap());
-    ingesters.send_tile(&head(30_000), values(3_000), 20_000, ("agg-1", 4096), |queued| sent = queued);
+    ingesters.send_tile(&tile_head(30_000), values(3_000), 20_000, ("agg-1", 4096), |queued| sent = queued);
     assert_eq!(sent.len(), 2, "the new tile goes to the two live ingesters");
 
     let queues = ingesters.queues();
@@ -256,14 +253,7 @@ fn a_tile_sent_after_a_failover_goes_behind_the_departed_ingesters_older_tile() 
 #[test]
 fn a_batch_refused_as_routed_under_a_stale_placement_goes_to_the_current_owners() {
     let Rerouting { placement, handle, metrics, ingesters } = rerouting();
-    let head = TileHead {
-        placement_version: 0,
-        storage_policy: "10s:2d",
-        resolution_ms: 10_000,
-        tile_end_ms: 20_000,
-        flushed_at_ms: 1,
-        incomplete: false,
-    };
+    let head = tile_head(20_000);
     ingesters.send_tile(&head, values(3_000), 10_000, ("agg-1", 1 << 20), |_| {});
     let third = ingesters.queues().into_iter().find(|queue| queue.endpoint() == "127.0.0.1:3").unwrap();
     let refused = third.pop_front().expect("ing-3 has a share");
