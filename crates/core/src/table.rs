@@ -195,15 +195,28 @@ impl<'a> KeyParts<'a> {
     /// ending in `|#` is all name, so that pieces and bytes map one to one).
     #[inline]
     fn of_id(kind: MetricKind, id: &'a [u8]) -> KeyParts<'a> {
+        KeyParts::split(kind_byte(kind), id)
+    }
+
+    /// The pieces of a table key (kind byte, then the canonical id): the same pieces the
+    /// key was made from, since every key's id splits as [`KeyParts::of_id`] splits it (a
+    /// name never holds a `|`: the parsers refuse one before the `:`).
+    #[inline]
+    fn of_key(key: &'a [u8]) -> KeyParts<'a> {
+        KeyParts::split(key[0], &key[1..])
+    }
+
+    #[inline]
+    fn split(kind_byte: u8, id: &'a [u8]) -> KeyParts<'a> {
         let (name, tags) = match memchr::memchr(b'|', id) {
             Some(at) if id.get(at + 1) == Some(&b'#') => (&id[..at], &id[at + 2..]),
             Some(_) => split_id(id),
             None => (id, &b""[..]),
         };
         if tags.is_empty() {
-            return KeyParts { kind_byte: kind_byte(kind), name: id, tags: b"" };
+            return KeyParts { kind_byte, name: id, tags: b"" };
         }
-        KeyParts { kind_byte: kind_byte(kind), name, tags }
+        KeyParts { kind_byte, name, tags }
     }
 
     /// The pieces of a line [`parse_simple_prefix`] took.
@@ -298,10 +311,13 @@ fn same_bytes(a: &[u8], b: &[u8]) -> bool {
 
 /// One series. Slots lie back to back in [`Table::slots`]; the hash index holds their
 /// positions.
+///
+/// A slot is one cache line, aligned to one: a lookup that misses the cache reads one
+/// line, and one prefetch starts it. The series' hash is not kept (it would take the slot
+/// to 72 bytes, two lines for most slots): growing the index and moving a slot hash its
+/// key again ([`Slots::hash_of`]), which a lookup never does.
+#[repr(align(64))]
 struct Slot {
-    /// Hash of `(kind byte, id)`, kept so that growing the index and moving a slot
-    /// rehash nothing.
-    hash: u64,
     key: KeyBytes,
     aggregate: Aggregate,
     idle_cuts: u32,
@@ -397,11 +413,11 @@ pub trait ObserverSource: Send + Sync {
 /// **Layout.** The slots lie back to back in a vector, and an index of their positions
 /// ([`Positions`]: one `u32` an entry, at most three quarters full) finds them. A hash table
 /// of the slots themselves is between 44 % and 88 % full, so a series cost up to twice its
-/// 72-byte slot: at 1 000 000 series, just past a doubling, 170 MB. Back to back they cost
-/// the slot and 5 to 11 bytes of index (81 MB at 1 000 000), and a cut walks them in order.
+/// slot: at 1 000 000 series, just past a doubling, 170 MB. Back to back they cost the
+/// 64-byte slot and 5 to 11 bytes of index (75 MB at 1 000 000), and a cut walks them in order.
 ///
 /// **Lookups in groups.** At a million series neither the index (8 MB) nor the slots
-/// (72 MB) stay in cache: a line costs a miss on its index entry and then one on its slot.
+/// (64 MB) stay in cache: a line costs a miss on its index entry and then one on its slot.
 /// [`Table::fold_datagram`] takes a datagram's simple lines [`GROUP_LINES`] at a time:
 /// parsing and hashing each prefetches its index entry; then each entry read prefetches
 /// its slot; then each line folds. A group's misses are in flight together instead of two
@@ -412,7 +428,6 @@ pub struct Table {
     /// Where new distributions find their fixed buckets (a reader's table; `None` for the
     /// tables that merge partials, which take the buckets the partials carry).
     observers: Option<Arc<dyn ObserverSource>>,
-    seed: u64,
     key: SeriesKey,
     /// Reused for a line's tags with its sender's origin tags merged in.
     merged_tags: Vec<u8>,
@@ -432,10 +447,9 @@ impl Table {
     /// An empty table.
     pub fn new(options: TableOptions) -> Table {
         Table {
-            slots: Slots::default(),
+            slots: Slots::new(foldhash::fast::RandomState::default().hash_one(0u8)),
             observers: None,
             budget: None,
-            seed: foldhash::fast::RandomState::default().hash_one(0u8),
             key: SeriesKey::default(),
             merged_tags: Vec::new(),
             options,
@@ -480,7 +494,7 @@ impl Table {
         while !rest.is_empty() {
             if let Some((line, used)) = parse_simple_prefix(rest, options.max_line_bytes) {
                 rest = &rest[used..];
-                let hash = KeyParts::of_simple(&line).hash(self.seed);
+                let hash = KeyParts::of_simple(&line).hash(self.slots.seed);
                 self.slots.index.prefetch(hash);
                 group[pending] = Pending { line, hash, candidate: None };
                 pending += 1;
@@ -625,7 +639,7 @@ impl Table {
     #[inline(always)]
     pub fn observe_simple(&mut self, line: &SimpleLine<'_>, stamp_ns: i64) -> Result<bool, TableFull> {
         let parts = KeyParts::of_simple(line);
-        self.observe_simple_hashed(line, None, &parts, parts.hash(self.seed), stamp_ns)
+        self.observe_simple_hashed(line, None, &parts, parts.hash(self.slots.seed), stamp_ns)
     }
 
     /// [`Table::observe_simple`] of a line whose key is `parts`, of hash `hash`, trying the
@@ -698,7 +712,7 @@ impl Table {
             }
         };
         let reading = Reading { gauge_deltas: self.options.gauge_deltas, timer_unit: self.options.timer_unit };
-        let hash = parts.hash(self.seed);
+        let hash = parts.hash(self.slots.seed);
         if let Some(slot) = self.slots.find_mut(hash, &parts) {
             slot.aggregate.observe(line, stamp_ns, reading);
             slot.touched = true;
@@ -723,7 +737,7 @@ impl Table {
     /// Returns whether the series is new to the table.
     pub fn merge(&mut self, kind: MetricKind, id: &[u8], aggregate: &Aggregate) -> Result<bool, MergeError> {
         let parts = KeyParts::of_id(kind, id);
-        self.merge_hashed(None, &parts, parts.hash(self.seed), kind, aggregate)
+        self.merge_hashed(None, &parts, parts.hash(self.slots.seed), kind, aggregate)
     }
 
     /// [`Table::merge`] of every series of `series`, looked up in groups as
@@ -740,7 +754,7 @@ impl Table {
         while series.peek().is_some() {
             for (pending, (kind, id, aggregate)) in group.iter_mut().zip(series.by_ref()) {
                 let parts = KeyParts::of_id(kind, id);
-                let hash = parts.hash(self.seed);
+                let hash = parts.hash(self.slots.seed);
                 self.slots.index.prefetch(hash);
                 *pending = Some(PendingMerge { kind, parts, hash, aggregate, candidate: None });
             }
@@ -834,7 +848,7 @@ impl Table {
             Some(observer) => Aggregate::Distribution(Box::new(Distribution::for_observer(observer))),
             None => Aggregate::new(kind),
         };
-        Ok(slots.push(Slot { hash, key: KeyBytes::new(parts), aggregate, idle_cuts: 0, touched: true }))
+        Ok(slots.push(hash, Slot { key: KeyBytes::new(parts), aggregate, idle_cuts: 0, touched: true }))
     }
 
     /// Hands every aggregate touched since the last cut to `each` (kind,
@@ -894,33 +908,39 @@ impl Table {
 }
 
 /// The slots back to back, and a hash index of their positions ([`Table`]'s layout).
-#[derive(Default)]
 struct Slots {
     index: Positions,
     slots: Vec<Slot>,
+    /// The key of the table's hashes.
+    seed: u64,
 }
 
 impl Slots {
+    fn new(seed: u64) -> Slots {
+        Slots { index: Positions::default(), slots: Vec::new(), seed }
+    }
+
+    /// The hash `slot` is indexed under, from its key.
+    #[inline]
+    fn hash_of(seed: u64, slot: &Slot) -> u64 {
+        KeyParts::of_key(slot.key.as_slice()).hash(seed)
+    }
+
     #[inline(always)]
     fn find_mut(&mut self, hash: u64, parts: &KeyParts<'_>) -> Option<&mut Slot> {
         let slots = &self.slots;
-        let at = self.index.find(hash, |at| {
-            let slot = &slots[at as usize];
-            slot.hash == hash && slot.key.matches(parts)
-        })?;
+        let at = self.index.find(hash, |at| slots[at as usize].key.matches(parts))?;
         Some(&mut self.slots[at as usize])
     }
 
     /// The first step of a lookup in a group, once the index entry of `hash` has been
     /// prefetched: the position the index probably holds the series at (its tag matches),
-    /// whose slot (both cache lines it may span) starts loading.
+    /// whose slot (one cache line) starts loading.
     #[inline(always)]
     fn guess(&self, hash: u64) -> Option<u32> {
         let at = self.index.find(hash, |_| true)?;
         if let Some(slot) = self.slots.get(at as usize) {
-            let start: *const Slot = slot;
-            prefetch(start);
-            prefetch(start.wrapping_byte_add(std::mem::size_of::<Slot>() - 1));
+            prefetch(slot);
         }
         Some(at)
     }
@@ -930,21 +950,20 @@ impl Slots {
     /// added since it was taken.
     #[inline(always)]
     fn find_from_mut(&mut self, candidate: Option<u32>, hash: u64, parts: &KeyParts<'_>) -> Option<&mut Slot> {
-        let guessed = candidate
-            .filter(|&at| self.slots.get(at as usize).is_some_and(|slot| slot.hash == hash && slot.key.matches(parts)));
+        let guessed = candidate.filter(|&at| self.slots.get(at as usize).is_some_and(|slot| slot.key.matches(parts)));
         match guessed {
             Some(at) => Some(&mut self.slots[at as usize]),
             None => self.find_mut(hash, parts),
         }
     }
 
-    /// Adds a slot whose key the table does not hold.
-    fn push(&mut self, slot: Slot) -> &mut Slot {
+    /// Adds a slot, of hash `hash`, whose key the table does not hold.
+    fn push(&mut self, hash: u64, slot: Slot) -> &mut Slot {
+        debug_assert_eq!(hash, Self::hash_of(self.seed, &slot), "a key hashes as the pieces it was made from");
         let at = self.slots.len();
-        let hash = slot.hash;
         self.slots.push(slot);
-        let slots = &self.slots;
-        self.index.insert(hash, at as u32, |at| slots[at as usize].hash);
+        let (slots, seed) = (&self.slots, self.seed);
+        self.index.insert(hash, at as u32, |at| Self::hash_of(seed, &slots[at as usize]));
         &mut self.slots[at]
     }
 
@@ -955,11 +974,12 @@ impl Slots {
     /// Removes the slot at `at`; the last slot takes its place.
     fn swap_remove(&mut self, at: usize) {
         let last = self.slots.len() - 1;
-        let slots = &self.slots;
-        self.index.remove(slots[at].hash, at as u32, |held| slots[held as usize].hash);
+        let (slots, seed) = (&self.slots, self.seed);
+        self.index
+            .remove(Self::hash_of(seed, &slots[at]), at as u32, |held| Self::hash_of(seed, &slots[held as usize]));
         self.slots.swap_remove(at);
         if at != last {
-            self.index.rename(self.slots[at].hash, last as u32, at as u32);
+            self.index.rename(Self::hash_of(seed, &self.slots[at]), last as u32, at as u32);
         }
     }
 
@@ -988,8 +1008,8 @@ impl Slots {
     }
 
     fn shrink_to(&mut self, room: usize) {
-        let slots = &self.slots;
-        self.index.shrink_to(room, |at| slots[at as usize].hash);
+        let (slots, seed) = (&self.slots, self.seed);
+        self.index.shrink_to(room, |at| Self::hash_of(seed, &slots[at as usize]));
         self.slots.shrink_to(room);
     }
 
@@ -1097,9 +1117,9 @@ mod tests {
     }
 
     #[test]
-    fn a_slot_is_72_bytes() {
+    fn a_slot_is_one_cache_line() {
         // The layout's arithmetic (the type's docs) and the budget's growth estimate rest on it.
-        assert_eq!(std::mem::size_of::<Slot>(), 72);
+        assert_eq!((std::mem::size_of::<Slot>(), std::mem::align_of::<Slot>()), (64, 64));
     }
 
     proptest::proptest! {
@@ -1242,9 +1262,9 @@ mod tests {
         for id in [&b"a"[..], b"b"] {
             table.merge(MetricKind::Counter, id, &Aggregate::Counter(1.0)).unwrap();
         }
-        let b_at = table.slots.index.find(KeyParts::of_id(MetricKind::Counter, b"b").hash(table.seed), |_| true);
+        let b_at = table.slots.index.find(KeyParts::of_id(MetricKind::Counter, b"b").hash(table.slots.seed), |_| true);
         let a = KeyParts::of_id(MetricKind::Counter, b"a");
-        let a_hash = a.hash(table.seed);
+        let a_hash = a.hash(table.slots.seed);
         for wrong in [b_at, Some(7)] {
             let merged = table.merge_hashed(wrong, &a, a_hash, MetricKind::Counter, &Aggregate::Counter(10.0));
             assert!(!merged.unwrap(), "a is no new series");
