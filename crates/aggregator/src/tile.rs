@@ -7,8 +7,8 @@
 //!      too_late, too_early, buffer_full, ok
 //! ```
 //!
-//! - [`admission`]: one thread admits or refuses each batch whole and
-//!   decides when tiles close, with a shadow [`Tiler`] and the collectors'
+//! - [`admission`]: one thread admits each batch whole into the tiles of its
+//!   window still open, or refuses it whole, and decides when tiles close, with a shadow [`Tiler`] and the collectors'
 //!   watermarks;
 //! - [`watermark`]: when a tile may close: every connected collector's
 //!   watermark, `max_buffer_past` after its end at the latest;

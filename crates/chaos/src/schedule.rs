@@ -355,8 +355,9 @@ pub fn stale_leader(tile: Duration, aggregator_ttl: Duration, after_flush: Durat
 /// `max_buffer_past`, 8 s, past the end for a 10 s tile), so that the replica closes that
 /// tile at its deadline without the last windows and refuses them as `too_late` once the
 /// stall ends. Whichever replica leads, one of two rounds stalls the leader. Run with
-/// [`LINK_STALL_POLICIES`]: the windows refused too late for the 10 s tile are refused
-/// whole, so the 30 s tile they fall in, still open, lacks them too (seed 23).
+/// [`LINK_STALL_POLICIES`]: the windows refused too late for the 10 s tile go into the 30 s
+/// tile they fall in, still open (seed 23 found that tile short of them when a window was
+/// admitted or refused whole; RELIABILITY.md, fixes 11 and 22).
 ///
 /// Rounds 2 and 3, four tiles apart, stall the links into each replica in turn from a tenth
 /// into a tile for 2.2 tiles: the next tile begins more than `max_buffer_past` after the

@@ -55,10 +55,10 @@
 //! tile's end, it closes the tile at its deadline without their last partials,
 //! and refuses them as `too_late` when they come. Such a tile closed
 //! *unconfirmed* (a collector seen around it had not reported a watermark past
-//! its end: [`Watermarks::confirms`](crate::Watermarks::confirms)), or still
-//! open when a batch that falls in it was refused too late for another
-//! policy's tile (a batch is admitted whole or refused whole, and its sender's
-//! watermark moves on), is flushed marked incomplete too. The leader records the ends of the incomplete tiles it
+//! its end: [`Watermarks::confirms`](crate::Watermarks::confirms)) is flushed
+//! marked incomplete too. (A window too late for a shorter policy's tile still
+//! goes into a longer policy's tile that is open, so that tile lacks nothing
+//! for it: RELIABILITY.md, fix 22.) The leader records the ends of the incomplete tiles it
 //! flushed with its flush marks (the last [`INCOMPLETE_KEPT`] per policy); a
 //! follower flushes its own copy of such a tile instead of letting it go
 //! (`tessera_aggregator_tiles_completed_total`), marked incomplete where it may

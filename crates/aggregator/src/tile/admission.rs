@@ -3,8 +3,10 @@
 //!
 //! The admission thread alone owns the clock that closes tiles and checks
 //! each batch once, against a shadow of the merge threads' tiles
-//! ([`super::merge`]): a batch is merged whole or refused whole (`too_late`,
-//! `too_early`, `buffer_full` when no ingester queue has room). It also
+//! ([`super::merge`]): a batch is merged whole into every tile of its window still open
+//! (a window too late for its 10 s tile still goes into its 1 min one), or refused whole
+//! (`too_late` for every policy's tile, `too_early`, `buffer_full` when no ingester queue
+//! has room). It also
 //! keeps every connection's watermark, and closes tiles on them
 //! ([`super::watermark`]); connections announce themselves and their end
 //! through the same channels as their frames (the decoder passes them on),
@@ -53,7 +55,6 @@ pub fn run_admission(
         metrics,
         lags_exported_ms: 0,
         lag_sources: Vec::new(),
-        tainted: Vec::new(),
         resends,
     };
     loop {
@@ -98,9 +99,6 @@ struct Admission {
     lags_exported_ms: i64,
     /// Collectors whose watermark lag was exported last time.
     lag_sources: Vec<String>,
-    /// Open tiles that lost a batch refused too late for another policy's tile (a batch
-    /// is admitted whole or refused whole): they close unconfirmed.
-    tainted: Vec<(usize, i64)>,
     /// What each collector's stream had admitted ([`super::resends`]).
     resends: Resends,
 }
@@ -110,7 +108,7 @@ impl Admission {
     fn close_due(&mut self) {
         let now = now_ms();
         let horizon = self.watermarks.horizon(now);
-        self.tier.close_through(&mut self.shadow, horizon, &self.watermarks, &mut self.tainted, &self.metrics);
+        self.tier.close_through(&mut self.shadow, horizon, &self.watermarks, &self.metrics);
         if now - self.lags_exported_ms >= LAG_EXPORT_INTERVAL_MS {
             self.lags_exported_ms = now;
             let lags = self.watermarks.lags_ms(now);
@@ -163,7 +161,10 @@ impl Admission {
         let checked = self.shadow.check(batch.window_start_ms, batch.window_ms, now_ms());
         self.advance(connection, batch.watermark_ms);
         match checked {
-            Ok(()) => {
+            Ok(admitted) => {
+                for policy in &admitted.late {
+                    self.metrics.late_for_policy(policy, partials);
+                }
                 self.resends.admitted(stream, sent, now_ms());
                 self.shadow.apply(&window, &mut |_| {});
                 self.tier.dispatch(connection, batch.window_start_ms, batch.window_ms, batch.shares);
@@ -174,13 +175,6 @@ impl Admission {
                 // from this batch must hold on the merge threads too.
                 self.tier.bind(connection, batch.window_start_ms, batch.window_ms, batch.shares);
                 let reason = refused.reason();
-                if reason == AckReason::TooLate {
-                    for tile in self.shadow.open_tiles_of(batch.window_start_ms) {
-                        if !self.tainted.contains(&tile) {
-                            self.tainted.push(tile);
-                        }
-                    }
-                }
                 self.metrics.refusals.rejected(reason, partials);
                 if REFUSAL_LOG.allow() {
                     tracing::warn!(reason = reason.as_str(), partials, error = %refused, "partial batch refused");

@@ -152,15 +152,12 @@ impl MergeTier {
 
     /// Closes every tile ending at or before `horizon_ms` in `shadow` and,
     /// if there was one, on every merge thread; counts them by `trigger`. A tile
-    /// `watermarks` do not confirm, or among `tainted` (it lost a batch refused for
-    /// good, too late for another policy's tile), closes unconfirmed; `tainted` keeps
-    /// the tiles still open.
+    /// `watermarks` do not confirm closes unconfirmed.
     pub fn close_through(
         &mut self,
         shadow: &mut Tiler,
         (horizon_ms, trigger): (i64, Trigger),
         watermarks: &Watermarks,
-        tainted: &mut Vec<(usize, i64)>,
         metrics: &TileMetrics,
     ) {
         if horizon_ms < shadow.next_tile_end_ms() {
@@ -170,12 +167,10 @@ impl MergeTier {
         let mut unconfirmed = Vec::new();
         shadow.close_through(horizon_ms, &mut |tile| {
             closed += 1;
-            let key = (tile.policy_index, tile.tile_end_ms);
-            if !watermarks.confirms(tile.tile_start_ms, tile.tile_end_ms) || tainted.contains(&key) {
-                unconfirmed.push(key);
+            if !watermarks.confirms(tile.tile_start_ms, tile.tile_end_ms) {
+                unconfirmed.push((tile.policy_index, tile.tile_end_ms));
             }
         });
-        tainted.retain(|(_, tile_end_ms)| *tile_end_ms > horizon_ms);
         metrics.tiles_closed(trigger.as_str(), closed);
         metrics.unconfirmed_tiles.inc_by(unconfirmed.len() as u64);
         let unconfirmed: Arc<[(usize, i64)]> = unconfirmed.into();

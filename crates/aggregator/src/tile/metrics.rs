@@ -16,6 +16,12 @@ struct ByTrigger {
     trigger: &'static str,
 }
 
+/// `{policy}`: a storage policy (`10s:2d`), one of the configured few.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ByPolicy {
+    policy: String,
+}
+
 /// `{source}`: a connected collector's instance id (bounded by `max_connections`,
 /// removed when it disconnects).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -45,6 +51,10 @@ tessera_runtime::metrics! {
         /// watermark (a link stalled, a collector paused or killed): flushed marked incomplete,
         /// so that a replica holding them whole completes them
         pub unconfirmed_tiles: Counter,
+        /// Partials that came after their window's tile of a policy had closed, by that policy:
+        /// missing from that tile, and merged into the other policies' tiles of the window, still
+        /// open (a window too late for its 10 s tile still counts in its 1 min tile)
+        partials_late_for_policy: Family<ByPolicy, Counter>,
         /// Per connected collector: now minus the end of the newest window it has sent in full
         watermark_lag: Family<BySource, Gauge<f64, AtomicU64>> [seconds],
         /// Collector batches that came again on a new connection (their ack was late) after their
@@ -70,6 +80,16 @@ impl TileMetrics {
     /// Tiles closed so far by `trigger`.
     pub fn tile_closes(&self, trigger: &'static str) -> u64 {
         self.tile_closes.get_or_create(&ByTrigger { trigger }).get()
+    }
+
+    /// Counts `partials` that came too late for `policy`'s tile of their window.
+    pub fn late_for_policy(&self, policy: &super::StoragePolicy, partials: u64) {
+        self.partials_late_for_policy.get_or_create(&ByPolicy { policy: policy.to_string() }).inc_by(partials);
+    }
+
+    /// Partials counted late for `policy` so far.
+    pub fn late_partials(&self, policy: &super::StoragePolicy) -> u64 {
+        self.partials_late_for_policy.get_or_create(&ByPolicy { policy: policy.to_string() }).get()
     }
 
     /// Sets the watermark lag of every connected collector, and removes the

@@ -8,7 +8,8 @@
 //! `floor(w / resolution) * resolution` of every policy. This is the
 //! simplest exact choice: no tile is derived from another, so a 1 min tile
 //! never depends on whether its 10 s tiles were complete, and the sum of a
-//! policy's tiles always equals the sum of the accepted partials.
+//! policy's tiles equals the sum of the partials accepted while its tiles were open
+//! (a window too late for a 10 s tile still counts in its 1 min tile: *Admission*).
 //!
 //! Every series gets a number from the tiler's [`series::Registry`]
 //! when first seen: its id is hashed and compared there, once per partial
@@ -26,14 +27,19 @@
 //! # Admission
 //!
 //! [`Tiler::accept`] first closes every tile that is due at `now`, then
-//! checks the batch as a whole and either merges all of it or none of it:
+//! checks the batch as a whole:
 //!
 //! - a window that crosses a tile boundary is refused ([`Refusal::Misaligned`]);
 //! - a window ending after `now + buffer_future` is refused ([`Refusal::TooEarly`]);
-//! - a window whose tile of **any** policy is already closed is refused
-//!   ([`Refusal::TooLate`]): the finest policy closes first, so every
-//!   policy sees the same partials and a 1 min tile always equals the sum
-//!   of its 10 s tiles.
+//! - a window whose tile of the coarsest policy is already closed is refused
+//!   ([`Refusal::TooLate`]): every finer tile of it has closed too;
+//! - a window whose tile of **some** policy is closed goes whole into the tiles of the
+//!   others, still open ([`Admitted::late`]): the finest policy closes first, so a window
+//!   too late for its 10 s tile still counts in its 1 min tile. A coarser tile holds at
+//!   least what its finer tiles hold; it holds more when a window came too late for one of
+//!   them. (Refusing such a window whole, as tessera did first, left the 1 min tile short
+//!   of it on this replica alone: two replicas' incomplete copies could each lack a window
+//!   the other held, and the one written lost it. RELIABILITY.md, fix 22.)
 //!
 //! Gauges are resolved when a tile is cut: a gauge that only received
 //! `+N`/`-N` deltas is added to the value the series had at the end of its
@@ -151,12 +157,12 @@ pub enum Refusal {
         /// The tiler's clock.
         now_ms: i64,
     },
-    /// The window's tile of some policy is already closed.
+    /// The window's tile of the coarsest policy is already closed (and so are its others).
     #[error("window at {window_start_ms} is too late: its `{policy}` tile ending at {tile_end_ms} is closed")]
     TooLate {
         /// Window start.
         window_start_ms: i64,
-        /// The policy whose tile is closed.
+        /// The coarsest policy, whose tile is closed.
         policy: String,
         /// End of that tile.
         tile_end_ms: i64,
@@ -238,8 +244,8 @@ pub struct Tiler {
     dictionaries: HashMap<u64, Vec<SeriesNumber>>,
     buffer_past_ms: i64,
     buffer_future_ms: i64,
-    /// Table index per policy for the batch being merged.
-    slots: Vec<usize>,
+    /// Table index per policy for the batch being merged (`None`: its tile has closed).
+    slots: Vec<Option<usize>>,
 }
 
 impl Tiler {
@@ -349,8 +355,8 @@ impl Tiler {
         }
     }
 
-    /// Closes what is due at `now_ms`, then merges the whole batch or
-    /// refuses it as a whole.
+    /// Closes what is due at `now_ms`, then merges the whole batch into every tile of its
+    /// window still open, or refuses it as a whole.
     pub fn accept(
         &mut self,
         batch: &WindowPartials,
@@ -365,12 +371,14 @@ impl Tiler {
     /// Merges a batch that was admitted elsewhere, closing nothing that is
     /// due: a merge thread's tiler, told when to close by the admission
     /// thread (`tile/merge.rs`), which checked the batch against the same
-    /// tiles.
+    /// tiles. A policy whose tile of the window has closed takes none of it (its
+    /// tile is never opened again).
     pub fn apply(&mut self, batch: &WindowPartials, emit: &mut dyn FnMut(ClosedTile)) -> Applied {
         self.slots.clear();
         for (index, policy) in self.policies.iter_mut().enumerate() {
             let start = policy.policy.tile_start_ms(batch.window_start_ms);
-            self.slots.push(policy.open_tile(start, index, &self.registry, emit));
+            let open = !policy.closed_for(start);
+            self.slots.push(open.then(|| policy.open_tile(start, index, &self.registry, emit)));
         }
         let mut applied = Applied { partials: batch.partials.len() as u64, ..Applied::default() };
         let (dictionaries, registry) = (&mut self.dictionaries, &mut self.registry);
@@ -435,16 +443,20 @@ impl Tiler {
                 }
             };
             registry.touch(number, batch.window_start_ms);
-            for (policy, &slot) in self.policies.iter_mut().zip(&self.slots) {
-                policy.tables[slot].merge(number, partial.kind, &partial.aggregate);
+            for (policy, slot) in self.policies.iter_mut().zip(&self.slots) {
+                if let Some(slot) = *slot {
+                    policy.tables[slot].merge(number, partial.kind, &partial.aggregate);
+                }
             }
         }
         if let Some(dictionary) = dictionary {
             self.dictionaries.insert(batch.connection, dictionary);
         }
-        for (policy, &slot) in self.policies.iter_mut().zip(&self.slots) {
-            applied.gauge_order_ambiguous += policy.tables[slot].take_ambiguous_merges();
-            applied.buckets_dropped += policy.tables[slot].take_buckets_dropped();
+        for (policy, slot) in self.policies.iter_mut().zip(&self.slots) {
+            if let Some(slot) = *slot {
+                applied.gauge_order_ambiguous += policy.tables[slot].take_ambiguous_merges();
+                applied.buckets_dropped += policy.tables[slot].take_buckets_dropped();
+            }
         }
         applied
     }
@@ -475,18 +487,9 @@ impl Tiler {
         }
     }
 
-    /// The tiles, `(policy index, tile end)`, that a window starting at `window_start_ms`
-    /// falls in and that have not closed: what a batch refused for good loses besides the
-    /// closed tile that refused it.
-    pub fn open_tiles_of(&self, window_start_ms: i64) -> impl Iterator<Item = (usize, i64)> + '_ {
-        self.policies.iter().enumerate().filter_map(move |(index, policy)| {
-            let start = policy.policy.tile_start_ms(window_start_ms);
-            (start >= policy.closed_through_ms).then(|| (index, start.saturating_add(policy.resolution_ms)))
-        })
-    }
-
-    /// Whether a window may be merged at `now_ms`; nothing is changed.
-    pub fn check(&self, window_start_ms: i64, window_ms: i64, now_ms: i64) -> Result<(), Refusal> {
+    /// Whether a window may be merged at `now_ms`, and which policies' tiles of it have
+    /// closed (it goes into the others'); nothing is changed.
+    pub fn check(&self, window_start_ms: i64, window_ms: i64, now_ms: i64) -> Result<Admitted, Refusal> {
         let misaligned = |policy: String| Refusal::Misaligned { window_start_ms, window_ms, policy };
         let window_end_ms = match window_start_ms.checked_add(window_ms) {
             Some(end) if window_ms > 0 => end,
@@ -500,19 +503,32 @@ impl Tiler {
         if window_end_ms > now_ms.saturating_add(self.buffer_future_ms) {
             return Err(Refusal::TooEarly { window_end_ms, buffer_future_ms: self.buffer_future_ms, now_ms });
         }
-        for policy in &self.policies {
-            let start = policy.policy.tile_start_ms(window_start_ms);
-            let held_by_newer = policy.open[policy.slot(start)].is_some_and(|held| held > start);
-            if start < policy.closed_through_ms || held_by_newer {
-                return Err(Refusal::TooLate {
-                    window_start_ms,
-                    policy: policy.policy.to_string(),
-                    tile_end_ms: start.saturating_add(policy.resolution_ms),
-                });
-            }
+        let closed = |policy: &&PolicyTiles| policy.closed_for(policy.policy.tile_start_ms(window_start_ms));
+        // The coarsest tile closes last; once it has closed, the window is refused whole, so
+        // that no finer tile holds what its coarser tile lacks (after a shutdown's flush
+        // closed every tile, a later window's finer tile may not have opened yet).
+        if let Some(coarsest) = self.policies.iter().max_by_key(|policy| policy.resolution_ms).filter(closed) {
+            return Err(Refusal::TooLate {
+                window_start_ms,
+                policy: coarsest.policy.to_string(),
+                tile_end_ms: coarsest.policy.tile_start_ms(window_start_ms).saturating_add(coarsest.resolution_ms),
+            });
         }
-        Ok(())
+        Ok(Admitted { late: self.policies.iter().filter(closed).map(|policy| policy.policy).collect() })
     }
+
+    /// The storage policies, in the order of their indices.
+    pub fn policies(&self) -> impl Iterator<Item = StoragePolicy> + '_ {
+        self.policies.iter().map(|policy| policy.policy)
+    }
+}
+
+/// A window the tiler takes ([`Tiler::check`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Admitted {
+    /// The policies whose tile of the window had closed: the window is missing from
+    /// those tiles, and goes into the others'.
+    pub late: Vec<StoragePolicy>,
 }
 
 /// Binds dictionary `slot` to series `number` (or [`CAPPED`]), pinning it there.

@@ -129,6 +129,13 @@ impl PolicyTiles {
         (tile_start_ms.div_euclid(self.resolution_ms)).rem_euclid(self.tables.len() as i64) as usize
     }
 
+    /// Whether the tile starting at `tile_start_ms` has closed (or its table holds a newer
+    /// tile): it takes nothing more.
+    pub(super) fn closed_for(&self, tile_start_ms: i64) -> bool {
+        let held_by_newer = self.open[self.slot(tile_start_ms)].is_some_and(|held| held > tile_start_ms);
+        tile_start_ms < self.closed_through_ms || held_by_newer
+    }
+
     /// The table for the tile starting at `tile_start_ms`, opening it.
     pub(super) fn open_tile(
         &mut self,

@@ -127,7 +127,7 @@ fn policies_tile_independently_and_exactly_on_epoch_boundaries() {
 }
 
 #[test]
-fn a_tile_closes_at_end_plus_buffer_past_and_late_windows_are_refused_whole() {
+fn a_tile_closes_at_end_plus_buffer_past_and_a_late_window_goes_into_the_coarser_tiles_still_open() {
     let mut tiler = Tiler::new(settings(&["1s:1h", "5s:1h"]), T0);
     let mut sink = Sink::default();
     tiler.accept(&batch(T0, 250, vec![counter("a", 1.0)]), T0 + 300, &mut sink.emit()).unwrap();
@@ -142,14 +142,24 @@ fn a_tile_closes_at_end_plus_buffer_past_and_late_windows_are_refused_whole() {
     tiler.close_due(T0 + 1500, &mut sink.emit());
     assert_eq!(sink.counter(0, T0 + 1000, "a"), Some(3.0));
 
-    // Too late for the 1 s tile, though its 5 s tile is open: refused as a whole.
+    // Too late for the 1 s tile, whose 5 s tile is open: it goes whole into the 5 s tile.
     let late = batch(T0 + 750, 250, vec![counter("a", 100.0), counter("new", 1.0)]);
-    let refusal = tiler.accept(&late, T0 + 1600, &mut sink.emit()).unwrap_err();
+    let admitted = tiler.check(late.window_start_ms, late.window_ms, T0 + 1600).unwrap();
+    assert_eq!(admitted.late, ["1s:1h".parse().unwrap()]);
+    tiler.accept(&late, T0 + 1600, &mut sink.emit()).unwrap();
+    // Too late for the 5 s tile as well: refused whole, named by the coarsest policy.
+    tiler.close_due(T0 + 5500, &mut sink.emit());
+    let refusal =
+        tiler.accept(&batch(T0 + 750, 250, vec![counter("a", 1e6)]), T0 + 5600, &mut sink.emit()).unwrap_err();
     assert_eq!(refusal.reason(), AckReason::TooLate);
-    assert!(refusal.to_string().contains("`1s:1h` tile ending at"), "{refusal}");
+    assert!(refusal.to_string().contains("`5s:1h` tile ending at"), "{refusal}");
     tiler.close_all(&mut sink.emit());
-    assert_eq!(sink.counter(1, T0 + 5000, "a"), Some(3.0), "nothing of the refused batch was merged");
-    assert_eq!(sink.counter(1, T0 + 5000, "new"), None);
+    let first_tiles = sink.tiles.iter().filter(|tile| tile.policy_index == 0 && tile.tile_end_ms == T0 + 1000).count();
+    assert_eq!(first_tiles, 1, "a closed tile is never opened again");
+    assert_eq!(sink.counter(0, T0 + 1000, "a"), Some(3.0), "the closed 1 s tile took nothing more");
+    assert_eq!(sink.counter(0, T0 + 1000, "new"), None);
+    assert_eq!(sink.counter(1, T0 + 5000, "a"), Some(103.0), "the 5 s tile holds the late window");
+    assert_eq!(sink.counter(1, T0 + 5000, "new"), Some(1.0));
 }
 
 #[test]
@@ -347,7 +357,8 @@ fn shutdown_flushes_open_tiles_and_a_clock_jump_does_not_spin() {
     assert_eq!(sink.counter(0, T0 + 2000, "a"), Some(2.0));
     assert_eq!(sink.counter(1, T0 + 60_000, "a"), Some(3.0));
 
-    // Closed by the shutdown flush: its tiles take nothing more.
+    // Closed by the shutdown flush: the 1 min tile takes nothing more, and so neither does
+    // a 1 s tile that had not opened (no finer tile may hold what its coarser one lacks).
     let refused = tiler.accept(&batch(T0 + 2000, 500, vec![counter("b", 1.0)]), T0 + 2100, &mut sink.emit());
     assert_eq!(refused.unwrap_err().reason(), AckReason::TooLate);
 
