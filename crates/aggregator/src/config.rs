@@ -71,7 +71,9 @@ tessera_wire::listener_config! {
         /// A tile closes once every connected collector's watermark (the end
         /// of the newest window it has sent in full) has passed the tile's end,
         /// and at the latest this long after its end. Partials for a closed
-        /// tile are refused as `too_late`. Each policy keeps
+        /// tile go into the tiles of the longer policies still open, and are
+        /// refused as `too_late` once the longest policy's tile has closed
+        /// (resolutions must nest: each a multiple of the shorter ones). Each policy keeps
         /// `ceil((max(buffer_past_ms, max_buffer_past_ms) + buffer_future_ms) /
         /// resolution) + 1` tables. Default: 8 s, lowered where a policy would
         /// need more tables for it than `buffer_past_ms` alone gives it (so the
@@ -198,6 +200,24 @@ impl Config {
         for (index, policy) in self.policies.iter().enumerate() {
             if self.policies[..index].iter().any(|other| other.resolution_ms() == policy.resolution_ms()) {
                 return invalid("policies", format!("two policies have the resolution of `{policy}`"));
+            }
+            // A window too late for a finer tile goes into the coarser ones still open, and
+            // is refused once its coarsest tile has closed: that needs every finer tile to
+            // lie within one coarser tile, closing before it (`tile/tiler.rs`, *Admission*).
+            if let Some(other) = self.policies[..index].iter().find(|other| {
+                let (fine, coarse) = if other.resolution_ms() < policy.resolution_ms() {
+                    (other.resolution_ms(), policy.resolution_ms())
+                } else {
+                    (policy.resolution_ms(), other.resolution_ms())
+                };
+                coarse % fine != 0
+            }) {
+                return invalid(
+                    "policies",
+                    format!(
+                        "the resolutions of `{other}` and `{policy}` do not nest: the longer must be a multiple of the shorter"
+                    ),
+                );
             }
         }
         for (key, value) in [
@@ -383,6 +403,10 @@ mod tests {
             (Config { policies: vec![], ..base.clone() }, "policies"),
             (
                 Config { policies: vec!["10s:1d".parse().unwrap(), "10s:2d".parse().unwrap()], ..base.clone() },
+                "policies",
+            ),
+            (
+                Config { policies: vec!["20s:1d".parse().unwrap(), "30s:2d".parse().unwrap()], ..base.clone() },
                 "policies",
             ),
             (Config { max_buffer_past_ms: Some(3_600_000), ..base.clone() }, "max_buffer_past_ms"),

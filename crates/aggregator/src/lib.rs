@@ -70,7 +70,9 @@ pub use config::{Config, ConfigError};
 pub use intake::{Decoded, Decoder, Partial, Via};
 pub use metrics::{Metrics, PREFIX as METRIC_PREFIX};
 pub use tessera_runtime::StartError;
-pub use tile::{DEFAULT_POLICIES, StoragePolicy, Tiler, TilerSettings, Trigger, Watermarks, WindowPartials};
+pub use tile::{
+    DEFAULT_POLICIES, StoragePolicy, TileMetrics, Tiler, TilerSettings, Trigger, Watermarks, WindowPartials,
+};
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -203,6 +205,10 @@ impl Aggregator {
         let started_ms = now_ms();
         let shadow = Tiler::new(tiler_settings.clone(), started_ms);
         let policy_metrics = config.policies.iter().map(|policy| metrics.flush.policy(&policy.to_string())).collect();
+        for policy in &config.policies {
+            // Exported at 0 from the start, as every reason of a count is.
+            metrics.tile.late_for_policy(policy, 0);
+        }
         let (frame_sender, frame_receiver) = crossbeam_channel::unbounded();
         let (batch_sender, batch_receiver) = crossbeam_channel::unbounded();
         let (part_sender, part_receiver) = crossbeam_channel::unbounded();

@@ -128,10 +128,14 @@ fn totals(receivers: &[&TileReceiver], policy: &str, id: &str) -> f64 {
         .sum()
 }
 
-/// No batch was refused as too late, malformed or naming an unknown ref, nor for any of `more`.
+/// No batch was refused as too late, malformed or naming an unknown ref, nor for any of `more`,
+/// and none came too late for any policy's tile.
 fn assert_none_refused(metrics: &tessera_aggregator::Metrics, more: &[AckReason]) {
     for &reason in [AckReason::TooLate, AckReason::Malformed, AckReason::UnknownSeriesRef].iter().chain(more) {
         assert_eq!(metrics.tile.refusals.rejected_batches(reason), 0, "{reason:?}");
+    }
+    for policy in POLICIES {
+        assert_eq!(metrics.tile.late_partials(&policy.parse().unwrap()), 0, "late for {policy}");
     }
 }
 

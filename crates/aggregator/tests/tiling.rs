@@ -87,8 +87,10 @@ async fn tiles_are_exact_across_many_series_tiles_and_senders(merge_threads: usi
 
     let first = (now_ms() / WINDOW_MS + 1) * WINDOW_MS;
     let senders = spawn_senders(3, &routed, &POLICIES, first, 25, window_values);
-    let sent = join_senders(senders, &POLICIES).await;
-    // On a loaded machine a window can miss its tile; what is refused is counted, the rest is exact.
+    let mut sent = join_senders(senders, &POLICIES).await;
+    // On a loaded machine a window can miss its tile; what is refused is counted, the rest is
+    // exact (one that missed only its finer tile is counted late for that policy).
+    sent.model.excuse_late(&aggregator.metrics().tile);
     let late = sent.refused("too_late");
     assert_eq!(sent.refused.len(), usize::from(late > 0), "unexpected refusals: {:?}", sent.refused);
     assert!(late <= 7, "{late} of 75 windows too late");

@@ -233,10 +233,6 @@ fn place(ledger: &[Round], resolution: &Resolution, excuses: &[Excuse], collecto
         .collect()
 }
 
-/// A series' units in its collector's excused rounds, and what each resolution holds of it
-/// over the run.
-type RunTotals<'a> = (f64, Vec<(&'a Resolution, f64)>);
-
 /// Checks every series of `workload` in `observed` against `ledger`.
 pub fn check(
     workload: &Workload,
@@ -250,12 +246,12 @@ pub fn check(
         return report;
     }
     let empty = Samples::new();
-    // Every batch an aggregator admits feeds every policy whose tile of it is still open: a
-    // coarser tile holds at least what its finer tiles hold, and more only by windows too late
-    // for a finer tile, which come that late from a faulted collector alone (its excused
-    // rounds). The run's totals by series (with the units of its excused rounds), per
-    // resolution.
-    let mut totals: BTreeMap<(Kind, u64), RunTotals<'_>> = BTreeMap::new();
+    // Every batch an aggregator admits feeds every policy whose tile of it is still open, so
+    // at the end of the run a coarser resolution holds at least what a finer one holds (more
+    // by windows too late for a finer tile: a finer resolution's own shortfall is judged by
+    // its run total against the rounds no fault excused, `check_cumulative`). The run's
+    // totals by series, per resolution.
+    let mut totals: BTreeMap<(Kind, u64), Vec<(&Resolution, f64)>> = BTreeMap::new();
     for kind in Kind::ALL {
         for resolution in resolutions {
             let placed = place(ledger, resolution, excuses, workload.collectors);
@@ -272,14 +268,7 @@ pub fn check(
                 match kind {
                     Kind::Counter | Kind::Timer => {
                         let total = check_cumulative(&mut found, &placed, collector, points, resolution.tile_ms);
-                        let excused: f64 = placed
-                            .iter()
-                            .filter(|round| round.excused[collector])
-                            .map(|round| units(kind, series, round.number))
-                            .sum();
-                        let entry = totals.entry((kind, series)).or_default();
-                        entry.0 = excused;
-                        entry.1.push((resolution, total));
+                        totals.entry((kind, series)).or_default().push((resolution, total));
                     }
                     Kind::Gauge => check_gauge(&mut found, &placed, points),
                     Kind::Set => check_set(&mut found, &placed, collector, points, resolution.tile_ms),
@@ -293,7 +282,7 @@ pub fn check(
         .iter()
         .map(|violation| (violation.kind, violation.series, violation.resolution.clone()))
         .collect();
-    for ((kind, series), (excused, by_resolution)) in totals {
+    for ((kind, series), by_resolution) in totals {
         // The measures are the resolutions not found wrong: one found doubled would make
         // every other look short (seed 62: one 10 s tile written twice, and the exact 1 min
         // series reported lost).
@@ -306,23 +295,14 @@ pub fn check(
             if reported.contains(&(kind, series, resolution.label.clone())) {
                 continue;
             }
-            // What this resolution must hold: as much as any resolution as fine or finer,
-            // and as much as a coarser one less the excused units.
+            // What this resolution must hold: as much as any resolution as fine or finer.
             let required = trusted
                 .iter()
-                .map(|&(other, held)| {
-                    let allowance = if other.tile_ms > resolution.tile_ms { excused } else { 0.0 };
-                    (other, held, allowance)
-                })
-                .max_by(|a, b| (a.1 - a.2).total_cmp(&(b.1 - b.2)));
-            let Some((measure, held, allowance)) = required else { continue };
-            if total < held - allowance - EPSILON {
+                .filter(|(other, _)| other.tile_ms <= resolution.tile_ms)
+                .max_by(|a, b| a.1.total_cmp(&b.1));
+            let Some(&(measure, most)) = required else { continue };
+            if total < most - EPSILON {
                 let most_label = &measure.label;
-                let most = if allowance > 0.0 {
-                    format!("at least {} ({held} less {allowance} excused units)", held - allowance)
-                } else {
-                    format!("{held}")
-                };
                 let label = resolution.label.as_str();
                 let mut found = Found { report: &mut report, kind, resolution: label, series };
                 found.violation(
@@ -867,8 +847,8 @@ mod tests {
 
     /// Fault campaign seed 15 with partitions (fix 22): a window too late for its 10 s tile
     /// goes into its 1 min tile all the same, so a coarser resolution may hold more than a
-    /// finer one over the run, by the units of the collector's excused rounds at most, and
-    /// never less.
+    /// finer one over the run (the finer one's shortfall beyond its collector's excused
+    /// rounds is a loss by its own checks), and never less.
     #[test]
     fn a_finer_resolution_may_lack_excused_rounds_a_coarser_one_holds_and_no_more() {
         let ledger = ledger(40);
@@ -892,7 +872,7 @@ mod tests {
         };
         assert_eq!(lacking(excused), [], "the 10 s tiles may lack what was excused");
         let beyond = lacking(excused + units(Kind::Counter, 0, 0));
-        assert!(beyond.contains(&(Problem::Lost, "10s".to_owned(), 0)), "{beyond:?}");
+        assert!(beyond.contains(&(Problem::Lost, "10s".to_owned(), 0)), "beyond the excused units: {beyond:?}");
         // The coarser may not lack what the finer holds, excused or not.
         let mut short = observed.clone();
         for point in short.get_mut(&(Kind::Counter, "20s".into())).unwrap().get_mut(&0).unwrap() {
@@ -901,9 +881,9 @@ mod tests {
             }
         }
         let report = check(&WORKLOAD, &ledger, &resolutions, std::slice::from_ref(&excuse), &short);
-        let found: Vec<(Problem, &str, u64)> =
-            report.violations.iter().map(|v| (v.problem, v.resolution.as_str(), v.series)).collect();
-        assert_eq!(found, [(Problem::Lost, "20s", 0)], "{:?}", report.violations);
+        let found: Vec<(Problem, &str, u64, Option<i64>)> =
+            report.violations.iter().map(|v| (v.problem, v.resolution.as_str(), v.series, v.tile_end_ms)).collect();
+        assert_eq!(found, [(Problem::Lost, "20s", 0, None)], "over the run, not a tile: {:?}", report.violations);
     }
 
     /// Fault campaign seed 62: one 10 s tile was written twice (a late correction after a

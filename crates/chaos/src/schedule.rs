@@ -353,9 +353,9 @@ pub fn stale_leader(tile: Duration, aggregator_ttl: Duration, after_flush: Durat
 /// from the collectors into replica `k % 2` of the first shard set stall from a fifth of a
 /// tile before a tile's end, for 1.2 tiles (longer than the aggregators' default
 /// `max_buffer_past`, 8 s, past the end for a 10 s tile), so that the replica closes that
-/// tile at its deadline without the last windows and refuses them as `too_late` once the
-/// stall ends. Whichever replica leads, one of two rounds stalls the leader. Run with
-/// [`LINK_STALL_POLICIES`]: the windows refused too late for the 10 s tile go into the 30 s
+/// tile at its deadline without the last windows and takes them, once the stall ends, into
+/// the longer policy's tile still open. Whichever replica leads, one of two rounds stalls the leader. Run with
+/// [`LINK_STALL_POLICIES`]: the windows too late for the 10 s tile go into the 30 s
 /// tile they fall in, still open (seed 23 found that tile short of them when a window was
 /// admitted or refused whole; RELIABILITY.md, fixes 11 and 22).
 ///

@@ -348,7 +348,8 @@ fn sum_where(samples: &Samples, name: &str, keep: impl Fn(&str) -> bool) -> f64 
 /// a batch the aggregator refuses is its refusal, not also the collector's
 /// `rejected` drop; a retryable refusal (`buffer_full`) is sent again, so it
 /// is no loss; the aggregator's dropped tiles count in series, not also in
-/// batches.
+/// batches; partials too late for one policy's tile (taken into the longer
+/// policies') are missing from that tile.
 fn drops_and_errors(samples: &Samples) -> f64 {
     let retryable =
         |labels: &str| labels.contains("reason=\"buffer_full\"") || labels.contains("reason=\"shutting_down\"");
@@ -357,6 +358,7 @@ fn drops_and_errors(samples: &Samples) -> f64 {
         + sum(samples, "tessera_collector_parse_errors_total")
         + sum_where(samples, "tessera_aggregator_drops_total", |labels| labels.contains("unit=\"series\""))
         + sum_where(samples, "tessera_aggregator_partials_rejected_total", |labels| !retryable(labels))
+        + sum(samples, "tessera_aggregator_partials_late_for_policy_total")
 }
 
 /// What the status line shows, with the previous readings for rates.

@@ -53,7 +53,8 @@
 //! A replica that saw a tile begin can still miss part of it: when the links
 //! from collectors into it stall (or a collector is paused or killed) past the
 //! tile's end, it closes the tile at its deadline without their last partials,
-//! and refuses them as `too_late` when they come. Such a tile closed
+//! and takes them into the longer policies' tiles still open when they come
+//! (`too_late` once the longest has closed). Such a tile closed
 //! *unconfirmed* (a collector seen around it had not reported a watermark past
 //! its end: [`Watermarks::confirms`](crate::Watermarks::confirms)) is flushed
 //! marked incomplete too. (A window too late for a shorter policy's tile still

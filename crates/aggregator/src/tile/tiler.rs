@@ -516,11 +516,6 @@ impl Tiler {
         }
         Ok(Admitted { late: self.policies.iter().filter(closed).map(|policy| policy.policy).collect() })
     }
-
-    /// The storage policies, in the order of their indices.
-    pub fn policies(&self) -> impl Iterator<Item = StoragePolicy> + '_ {
-        self.policies.iter().map(|policy| policy.policy)
-    }
 }
 
 /// A window the tiler takes ([`Tiler::check`]).

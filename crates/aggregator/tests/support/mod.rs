@@ -6,7 +6,7 @@
 pub mod ingester;
 pub mod sender;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::time::{Duration, Instant};
 
@@ -145,6 +145,9 @@ pub struct Model {
     policies: Vec<StoragePolicy>,
     pub tiles: HashMap<TileKey, Aggregate>,
     pub samples: HashMap<TileKey, Vec<f64>>,
+    /// Policies an aggregator took partials too late for (they went into the coarser
+    /// policies' tiles, acknowledged): their tiles may lack what the model holds.
+    late: HashSet<String>,
 }
 
 impl Model {
@@ -197,6 +200,18 @@ impl Model {
         }
     }
 
+    /// Takes the policies `metrics` counted late partials for: on a loaded machine a window
+    /// can miss its finer tile and go into its coarser one only, acknowledged as taken.
+    /// Their tiles are then checked for holding no more than the model, and flushed once;
+    /// the other policies' stay exact.
+    pub fn excuse_late(&mut self, metrics: &tessera_aggregator::TileMetrics) {
+        for policy in &self.policies {
+            if metrics.late_partials(policy) > 0 {
+                self.late.insert(policy.to_string());
+            }
+        }
+    }
+
     /// Tiles the model expects.
     pub fn len(&self) -> usize {
         self.tiles.len()
@@ -207,7 +222,7 @@ impl Model {
     pub async fn assert_received(&self, receiver: &TileReceiver) -> HashMap<TileKey, Vec<Flushed>> {
         wait_until("every expected tile", Duration::from_secs(10), || {
             let values = receiver.values();
-            self.tiles.keys().all(|key| values.contains_key(key))
+            self.tiles.keys().filter(|key| !self.late.contains(&key.0)).all(|key| values.contains_key(key))
         })
         .await;
         let received = receiver.values();
@@ -227,10 +242,21 @@ impl Model {
         let mut last_gauge: HashMap<(String, Vec<u8>), f64> = HashMap::new();
         for key in keys {
             let expected = &self.tiles[key];
-            let Some(got) = received.get(key) else { panic!("tile missing: {}", describe(key)) };
+            let late = self.late.contains(&key.0);
+            let got = match received.get(key) {
+                Some(got) => got,
+                None if late => continue,
+                None => panic!("tile missing: {}", describe(key)),
+            };
             let sources: Vec<&str> = got.iter().map(|flushed| flushed.source.as_str()).collect();
             assert_eq!(got.len(), 1, "tile flushed {} times (by {sources:?}): {}", got.len(), describe(key));
             let got = &got[0].value;
+            if late {
+                if let (Aggregate::Counter(sum), Value::Counter(got)) = (expected, got) {
+                    assert!(got <= sum, "counter {} holds {got}, more than the {sum} sent", describe(key));
+                }
+                continue;
+            }
             match (expected, got) {
                 (Aggregate::Counter(sum), Value::Counter(got)) => {
                     assert_eq!(got, sum, "counter {}", describe(key));
