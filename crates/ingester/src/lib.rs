@@ -178,7 +178,7 @@ impl Ingester {
         // Writes only while the liveness lease is certainly alive (tier::fence); always
         // without a placement.
         let fence = Arc::new(match &tier {
-            Some((_, tier_metrics)) => tier::Fence::of_placement(tier_metrics.into()),
+            Some((ownership, tier_metrics)) => tier::Fence::of_placement(tier_metrics.into(), Arc::clone(ownership)),
             None => tier::Fence::none(),
         });
         // The memory budget: a guard thread reads the resident memory, and the converters

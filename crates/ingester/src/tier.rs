@@ -123,6 +123,7 @@ pub async fn run_tier(
                 tokio::spawn(publish_changes(
                     watcher.clone(),
                     keeper.ownership.clone(),
+                    keeper.fence.clone(),
                     keeper.metrics.clone(),
                     keeper.settings.instance_id.clone(),
                     shutdown.clone(),
@@ -140,10 +141,12 @@ pub async fn run_tier(
     keeper.metrics.liveness_registered.set(0);
 }
 
-/// Publishes what this ingester owns at every placement the watch sees.
+/// Publishes what this ingester owns at every placement the watch sees, and has the fence
+/// note it as held if it is open (what a batch in hand is checked against, should it fall).
 async fn publish_changes(
     watcher: Watcher,
     ownership: Arc<Ownership>,
+    fence: Arc<Fence>,
     metrics: TierMetrics,
     instance_id: String,
     shutdown: Shutdown,
@@ -152,6 +155,7 @@ async fn publish_changes(
     loop {
         let placement = changes.borrow_and_update().clone();
         publish(&ownership, &metrics, &placement, &instance_id);
+        fence.allows();
         tokio::select! {
             () = shutdown.wait() => return,
             changed = changes.changed() => if changed.is_err() { return },

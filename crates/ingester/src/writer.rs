@@ -12,7 +12,7 @@
 //! |---|---|
 //! | record durable (by the fsync policy) | `Ok` |
 //! | the same batch (source, policy, tile end, sequence) was queued recently | `Ok`, reason `duplicate`, not queued twice |
-//! | the ingester is fenced off: its liveness lease may expire ([`crate::tier::fence`]), unless the batch was routed under the version it holds for a tile that ended before the fence fell (queued, written once it lifts) | `Retryable`, reason `fenced` |
+//! | the ingester is fenced off: its liveness lease may expire ([`crate::tier::fence`]), unless the batch was in hand when the fence fell: a tile that ended by then, routed under the view held then or an older version it does not contradict (queued whatever the fence and the placement say now, written once the fence lifts) | `Retryable`, reason `fenced` |
 //! | routed under a newer placement version than the ingester has seen | `Retryable`, reason `placement_ahead` (taken once it catches up) |
 //! | routed under an older version, with a series of a shard the ingester does not own in its own | `Retryable`, reason `placement_stale` (the sender routes it again) |
 //! | the target's queue is over `max_queue_bytes` | `Retryable`, reason `queue_full` |
@@ -41,6 +41,7 @@ use tessera_core::shard::shard_of;
 use crate::admit::Converter;
 use crate::admit::names::resolution_label;
 use crate::intake::FrameJob;
+use crate::tier::fence::Fell;
 use crate::tier::{Fence, Ownership, OwnershipView};
 use checkpoint::Checkpoints;
 use tessera_core::clock::now_ms;
@@ -228,13 +229,16 @@ impl Writer {
             self.metrics.heartbeats.inc();
             return taken(&self.metrics, batch.sequence);
         }
-        let view = self.ownership.as_ref().and_then(|ownership| ownership.current());
-        if !self.fence.allows() && !in_hand_before_fence(&self.fence, view.as_deref(), batch) {
-            let message = "the ingester is fenced off (its liveness lease may expire); send again later".to_owned();
-            return answer(&self.metrics, AckReason::Fenced, batch.sequence, message);
-        }
-        if let Some((reason, message)) = view.and_then(|view| placement_refusal(&view, batch)) {
-            return answer(&self.metrics, reason, batch.sequence, message);
+        let in_hand = self.fence.fell().is_some_and(|fell| in_hand_when_fenced(&fell, batch));
+        if !in_hand {
+            if !self.fence.allows() {
+                let message = "the ingester is fenced off (its liveness lease may expire); send again later".to_owned();
+                return answer(&self.metrics, AckReason::Fenced, batch.sequence, message);
+            }
+            let view = self.ownership.as_ref().and_then(|ownership| ownership.current());
+            if let Some((reason, message)) = view.and_then(|view| placement_refusal(&view, batch)) {
+                return answer(&self.metrics, reason, batch.sequence, message);
+            }
         }
         let received_at_ms = now_ms();
         self.metrics.batches_received.inc();
@@ -309,13 +313,17 @@ impl Writer {
     }
 }
 
-/// Whether a fenced ingester queues `batch` all the same: routed under the placement version
-/// it still holds, for a tile that ended before its fence fell (a batch sent before a pause
-/// past the lease, read from the socket after it; see [`crate::tier::fence`]). Written once
-/// the fence lifts.
-fn in_hand_before_fence(fence: &Fence, view: Option<&OwnershipView>, batch: &TileBatch) -> bool {
-    let same_version = view.is_some_and(|view| view.version == batch.placement_version);
-    same_version && fence.fell_at_ms().is_some_and(|fell| batch.tile_end_ms <= fell)
+/// Whether `batch` was in hand when the fence last `fell`, and is queued whatever the fence
+/// and the placement say now (written once the fence lifts): a tile that ended by then,
+/// routed under the view held then or an older version that view does not contradict (a
+/// batch sent before a pause past the lease, read from the socket after it; see
+/// [`crate::tier::fence`]).
+fn in_hand_when_fenced(fell: &Fell, batch: &TileBatch) -> bool {
+    let Some(view) = &fell.view else { return false };
+    batch.tile_end_ms <= fell.at_ms
+        && batch.placement_version != 0
+        && batch.placement_version <= view.version
+        && placement_refusal(view, batch).is_none()
 }
 
 /// Why a batch routed under another version of the ingesters' placement than `view`'s is
@@ -371,6 +379,72 @@ mod tests {
         recent.insert(3);
         assert!(!recent.contains(1));
         assert!(recent.contains(2) && recent.contains(3));
+    }
+
+    /// Fault campaign seed 22 with partitions (fix 23): an aggregator sent a tile to this
+    /// ingester under version 9, which then sat paused past its lease with the batch in its
+    /// socket. On waking it took in the failover's view (10: owning nothing) and a lease
+    /// granted again before it read the batch. The batch is in hand: taken while fenced and
+    /// after the fence lifted (here: it passes both checks and meets no target), never
+    /// `fenced` nor `placement_stale`; a batch of a later tile, or under the failover's
+    /// version, is not.
+    #[test]
+    fn a_batch_in_hand_when_the_fence_fell_is_taken_past_a_new_view_and_lease() {
+        use std::time::{Duration, Instant};
+        use tessera_proto::SeriesValue;
+        use tessera_topology::{LeaseDeadline, Placement};
+
+        let placement = Placement::init(&[("a", "a:1")], 8, 1, 0).unwrap();
+        let ownership = Arc::new(Ownership::default());
+        let fence = Arc::new(Fence::of_placement(Default::default(), Arc::clone(&ownership)));
+        let deadline = LeaseDeadline::default();
+        fence.attach(deadline.clone());
+        let mut writer = Writer {
+            converters: Vec::new(),
+            queues: Vec::new(),
+            routes: Routes::default(),
+            recent: RecentBatches::new(16),
+            metrics: WriterMetrics::default(),
+            checkpoints: None,
+            fence: Arc::clone(&fence),
+            ownership: Some(Arc::clone(&ownership)),
+        };
+        ownership.publish(OwnershipView { version: 9, ..OwnershipView::of(&placement, "a") });
+        deadline.set(7, Instant::now() + Duration::from_secs(5));
+        fence.approve(7);
+        assert!(fence.allows());
+        let tile_end_ms = now_ms() - 5_000;
+        let batch = |sequence, version, tile_end_ms| TileBatch {
+            sequence,
+            placement_version: version,
+            tile_end_ms,
+            resolution_ms: 10_000,
+            storage_policy: "10s:1h".into(),
+            tiles: vec![SeriesValue { series_id: b"s".to_vec(), ..SeriesValue::default() }],
+            ..TileBatch::default()
+        };
+        let reason = |writer: &mut Writer, batch: &TileBatch| match writer.batch(batch) {
+            Answer::Ack(ack) => ack.reason,
+            other => panic!("{other:?}"),
+        };
+        // Paused past the lease; on waking the failover's view comes first, then a new lease.
+        deadline.set(7, Instant::now() - Duration::from_secs(1));
+        let gone = Placement::init(&[("b", "b:1")], 8, 1, 0).unwrap();
+        ownership.publish(OwnershipView { version: 10, ..OwnershipView::of(&gone, "a") });
+        assert!(!fence.allows());
+        deadline.set(8, Instant::now() + Duration::from_secs(5));
+        let no_target = AckReason::NoTarget.as_str();
+        assert_eq!(reason(&mut writer, &batch(1, 9, tile_end_ms)), no_target, "in hand while fenced");
+        assert_eq!(reason(&mut writer, &batch(2, 9, now_ms() + 60_000)), AckReason::Fenced.as_str(), "a later tile");
+        assert_eq!(reason(&mut writer, &batch(3, 10, tile_end_ms)), AckReason::Fenced.as_str(), "not the view held");
+        // The placement read under the new lease: the fence lifts. The batch sent again is in
+        // hand still, where the current view would call it stale.
+        ownership.publish(OwnershipView { version: 11, ..OwnershipView::of(&gone, "a") });
+        fence.approve(8);
+        assert!(fence.allows());
+        assert_eq!(reason(&mut writer, &batch(4, 9, tile_end_ms)), no_target, "in hand after the lift");
+        let stale = AckReason::PlacementStale.as_str();
+        assert_eq!(reason(&mut writer, &batch(5, 9, now_ms() + 60_000)), stale, "a later tile under the old view");
     }
 
     #[test]

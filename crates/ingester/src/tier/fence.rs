@@ -28,11 +28,17 @@
 //! the converter gives up the totals of every shard that moved (an explicit reset each,
 //! as a move does) before anything is written again.
 //!
-//! **A batch in hand.** A tile batch routed under the placement version this ingester still
-//! holds, for a tile that ended before the fence fell, is queued even while fenced (and
-//! written once the fence lifts): it is what an aggregator sent before a pause past the lease
-//! (the batch waits in the socket), which its successor takes for written, its own first tile
-//! being a later one. Anything else is answered `Retryable` (`fenced`).
+//! **A batch in hand.** When the fence falls it records when ([`Fell::at_ms`]: the approved
+//! lease's deadline less the margin, on the wall clock) and the placement view it held while
+//! it was last open ([`Fell::view`]). A tile batch for a tile that ended by then, routed under
+//! that view's version or an older one that the view does not contradict, is queued even
+//! while fenced (and written once the fence lifts), and after the fence lifted too, whatever
+//! the placement says now: it is what an aggregator sent before a pause past the lease (the
+//! batch waits in the socket), which its successor takes for written, its own first tile
+//! being a later one. The record outlives the new placement and the lease granted again on
+//! waking (seed 22 with partitions: read from the current view and lease, the exception
+//! missed the batch nearly always, RELIABILITY.md fix 23). Anything else is answered
+//! `Retryable` (`fenced`).
 //!
 //! **What is not covered.** A storage request already sent when the fence falls is
 //! cancelled on this side, but a store that received it whole may still apply it; the
@@ -41,14 +47,16 @@
 //! writer cannot corrupt (a resent tile replaces itself), so their requests in flight
 //! are left to finish; they start no new one while fenced either.
 
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use tessera_runtime::Shutdown;
 use tessera_topology::{FENCE_MARGIN, LeaseDeadline};
+
+use super::{Ownership, OwnershipView};
 
 /// How often a fenced worker looks again, and how often a request in flight checks that
 /// the fence still stands.
@@ -74,7 +82,25 @@ struct Inner {
     approved: AtomicI64,
     /// Fenced at the last look (for the gauge, the count and the log).
     fenced: AtomicBool,
+    /// What this ingester owns, to record the view held while open.
+    ownership: Option<Arc<Ownership>>,
+    /// While open: until when (unix ms) the approved lease keeps it open at the least, and
+    /// the view current then. Taken into `fell` when the fence falls.
+    open_until_ms: AtomicI64,
+    held: Mutex<Option<Arc<OwnershipView>>>,
+    fell: Mutex<Option<Fell>>,
     metrics: FenceMetrics,
+}
+
+/// When the fence last fell and what this ingester held then ([module docs](self), *A batch
+/// in hand*).
+#[derive(Debug, Clone)]
+pub struct Fell {
+    /// Unix ms: a tile that ended by then closed while this ingester certainly owned what
+    /// the view gave it.
+    pub at_ms: i64,
+    /// The newest placement view current while the fence was open.
+    pub view: Option<Arc<OwnershipView>>,
 }
 
 /// The fence's metrics (the tier's `fence_closed` and `fenced`).
@@ -98,16 +124,16 @@ impl Fence {
         Fence::default()
     }
 
-    /// The fence of an ingester of a placement: closed until the lease is registered and
-    /// the placement read ([`attach`](Self::attach), [`approve`](Self::approve)). Open for
-    /// good when the [`NO_FENCE_FAILPOINT`] is set.
-    pub fn of_placement(metrics: FenceMetrics) -> Fence {
+    /// The fence of an ingester of a placement, which owns what `ownership` says: closed
+    /// until the lease is registered and the placement read ([`attach`](Self::attach),
+    /// [`approve`](Self::approve)). Open for good when the [`NO_FENCE_FAILPOINT`] is set.
+    pub fn of_placement(metrics: FenceMetrics, ownership: Arc<Ownership>) -> Fence {
         if tessera_runtime::failpoint::configured(NO_FENCE_FAILPOINT).is_some() {
             tracing::warn!("failpoint: the ingester's fence is off; a partition can give a series two writers");
             return Fence::none();
         }
         metrics.fenced.set(1);
-        let inner = Inner { fenced: AtomicBool::new(true), metrics, ..Inner::default() };
+        let inner = Inner { fenced: AtomicBool::new(true), ownership: Some(ownership), metrics, ..Inner::default() };
         Fence { inner: Some(inner) }
     }
 
@@ -144,12 +170,22 @@ impl Fence {
         if !open && approved != 0 {
             let _ = inner.approved.compare_exchange(approved, 0, Ordering::AcqRel, Ordering::Acquire);
         }
+        if open {
+            if let Some(until) = self.open_until_ms() {
+                inner.open_until_ms.store(until, Ordering::Release);
+            }
+            if let Some(ownership) = &inner.ownership {
+                *lock(&inner.held) = ownership.current();
+            }
+        }
         let was_fenced = inner.fenced.swap(!open, Ordering::AcqRel);
         if was_fenced == open {
             inner.metrics.fenced.set(i64::from(!open));
             if open {
                 tracing::info!("ingester fence lifted: the lease is alive and the placement read again");
             } else {
+                let fell = Fell { at_ms: inner.open_until_ms.load(Ordering::Acquire), view: lock(&inner.held).clone() };
+                *lock(&inner.fell) = Some(fell);
                 inner.metrics.fenced_total.inc();
                 tracing::warn!(
                     margin_ms = FENCE_MARGIN.as_millis() as u64,
@@ -161,15 +197,20 @@ impl Fence {
         open
     }
 
-    /// When the fence fell, unix milliseconds (the lease deadline less the margin, on the
-    /// wall clock now), if it has: a tile that ended by then closed while this ingester
-    /// certainly owned its shards.
-    pub fn fell_at_ms(&self) -> Option<i64> {
-        let inner = self.inner.as_ref()?;
-        let (_, deadline) = inner.deadline.get()?.get()?;
-        let fell = deadline.checked_sub(FENCE_MARGIN)?;
-        let ago = std::time::Instant::now().checked_duration_since(fell)?;
-        Some(tessera_core::clock::now_ms() - ago.as_millis() as i64)
+    /// When the fence last fell and the view it held, if it has fallen since it first
+    /// opened.
+    pub fn fell(&self) -> Option<Fell> {
+        lock(&self.inner.as_ref()?.fell).clone()
+    }
+
+    /// The current lease's deadline less the margin, on the wall clock (unix ms).
+    fn open_until_ms(&self) -> Option<i64> {
+        let (_, deadline) = self.inner.as_ref()?.deadline.get()?.get()?;
+        let until = deadline.checked_sub(FENCE_MARGIN)?;
+        let now = std::time::Instant::now();
+        let ahead = until.saturating_duration_since(now).as_millis() as i64;
+        let behind = now.saturating_duration_since(until).as_millis() as i64;
+        Some(tessera_core::clock::now_ms() + ahead - behind)
     }
 
     /// Waits until the fence allows writing; `false` if `stop` fired first.
@@ -195,6 +236,10 @@ impl Fence {
     }
 }
 
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Instant;
@@ -202,10 +247,21 @@ mod tests {
     use super::*;
 
     fn fence() -> (Fence, LeaseDeadline) {
-        let fence = Fence::of_placement(FenceMetrics::default());
+        let (fence, deadline, _) = fence_of();
+        (fence, deadline)
+    }
+
+    fn fence_of() -> (Fence, LeaseDeadline, Arc<Ownership>) {
+        let ownership = Arc::new(Ownership::default());
+        let fence = Fence::of_placement(FenceMetrics::default(), Arc::clone(&ownership));
         let deadline = LeaseDeadline::default();
         fence.attach(deadline.clone());
-        (fence, deadline)
+        (fence, deadline, ownership)
+    }
+
+    fn view(version: u64) -> OwnershipView {
+        let placement = tessera_topology::Placement::init(&[("a", "a:1")], 8, 1, 0).unwrap();
+        OwnershipView { version, ..OwnershipView::of(&placement, "a") }
     }
 
     #[test]
@@ -255,16 +311,33 @@ mod tests {
         assert!(fence.allows());
     }
 
+    /// Fault campaign seed 22 with partitions (fix 23): a pause past the lease, and on
+    /// waking the watch publishes the failover's view before anyone looks at the fence, and
+    /// the lease is granted again. What the fence held when it fell must outlive both.
     #[test]
-    fn it_fell_a_margin_before_the_deadline_on_the_wall_clock() {
-        let (fence, deadline) = fence();
+    fn it_records_when_it_fell_and_the_view_it_held_past_a_new_view_and_lease() {
+        let (fence, deadline, ownership) = fence_of();
+        ownership.publish(view(9));
         deadline.set(7, Instant::now() + FENCE_MARGIN * 5);
-        assert_eq!(fence.fell_at_ms(), None, "not fallen yet");
+        fence.approve(7);
+        assert!(fence.allows());
+        let open_until = tessera_core::clock::now_ms() + 4 * FENCE_MARGIN.as_millis() as i64;
+        assert!(fence.fell().is_none(), "not fallen yet");
+        // Paused: the deadline passed while nothing ran. On waking, the watch is first.
         deadline.set(7, Instant::now() - Duration::from_secs(2));
-        let fell = fence.fell_at_ms().expect("fallen");
-        let expected = tessera_core::clock::now_ms() - 3_000;
-        assert!((fell - expected).abs() < 200, "{fell} vs {expected}");
-        assert_eq!(Fence::none().fell_at_ms(), None);
+        ownership.publish(view(10));
+        assert!(!fence.allows());
+        let fell = fence.fell().expect("fallen");
+        assert_eq!(fell.view.as_ref().map(|view| view.version), Some(9), "the view held while open");
+        assert!((fell.at_ms - open_until).abs() < 200, "{} vs {open_until}", fell.at_ms);
+        // The lease granted again, the placement read under it: the fence lifts, the record stays.
+        deadline.set(8, Instant::now() + FENCE_MARGIN * 5);
+        ownership.publish(view(11));
+        fence.approve(8);
+        assert!(fence.allows());
+        let kept = fence.fell().expect("kept");
+        assert_eq!((kept.at_ms, kept.view.map(|view| view.version)), (fell.at_ms, Some(9)));
+        assert!(Fence::none().fell().is_none());
     }
 
     #[tokio::test]
