@@ -270,7 +270,7 @@ fn campaigns(args: &Args) -> anyhow::Result<bool> {
             }
             println!(
                 "replay: tessera-chaos --seed {seed} --duration {}s --collectors {} --aggregators {} --replication-factor {} \
-                 --ingesters {} --policies {} --ttl-secs {} --series-per-kind {}{}",
+                 --ingesters {} --policies {} --ttl-secs {} --series-per-kind {}{}{}",
                 duration.as_secs(),
                 shape.collectors,
                 shape.aggregators,
@@ -280,6 +280,8 @@ fn campaigns(args: &Args) -> anyhow::Result<bool> {
                 ttl_secs,
                 args.series_per_kind,
                 campaign.graphite.as_ref().map(|policy| format!(" --graphite-policy {policy}")).unwrap_or_default(),
+                // Without it the seed draws another schedule: the one of before partitions.
+                if args.partitions { " --partitions" } else { "" },
             );
         }
     }
