@@ -229,16 +229,19 @@ impl Writer {
             self.metrics.heartbeats.inc();
             return taken(&self.metrics, batch.sequence);
         }
-        let in_hand = self.fence.fell().is_some_and(|fell| in_hand_when_fenced(&fell, batch));
-        if !in_hand {
-            if !self.fence.allows() {
-                let message = "the ingester is fenced off (its liveness lease may expire); send again later".to_owned();
-                return answer(&self.metrics, AckReason::Fenced, batch.sequence, message);
-            }
+        let refusal = if self.fence.allows() {
             let view = self.ownership.as_ref().and_then(|ownership| ownership.current());
-            if let Some((reason, message)) = view.and_then(|view| placement_refusal(&view, batch)) {
-                return answer(&self.metrics, reason, batch.sequence, message);
-            }
+            view.and_then(|view| placement_refusal(&view, batch))
+        } else {
+            let message = "the ingester is fenced off (its liveness lease may expire); send again later".to_owned();
+            Some((AckReason::Fenced, message))
+        };
+        // A batch in hand when the fence last fell is taken whatever the fence and the view say
+        // now; asked only of a batch they would refuse.
+        if let Some((reason, message)) = refusal
+            && !self.fence.fell().is_some_and(|fell| in_hand_when_fenced(&fell, batch))
+        {
+            return answer(&self.metrics, reason, batch.sequence, message);
         }
         let received_at_ms = now_ms();
         self.metrics.batches_received.inc();

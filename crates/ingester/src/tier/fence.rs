@@ -47,7 +47,7 @@
 //! writer cannot corrupt (a resent tile replaces itself), so their requests in flight
 //! are left to finish; they start no new one while fenced either.
 
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -87,7 +87,10 @@ struct Inner {
     /// While open: until when (unix ms) the approved lease keeps it open at the least, and
     /// the view current then. Taken into `fell` when the fence falls.
     open_until_ms: AtomicI64,
+    /// The view, and the ownership generation it was taken at (looked up only when the
+    /// generation moved: a look costs two atomic loads, not a lock).
     held: Mutex<Option<Arc<OwnershipView>>>,
+    held_generation: AtomicU64,
     fell: Mutex<Option<Fell>>,
     metrics: FenceMetrics,
 }
@@ -175,7 +178,19 @@ impl Fence {
                 inner.open_until_ms.store(until, Ordering::Release);
             }
             if let Some(ownership) = &inner.ownership {
-                *lock(&inner.held) = ownership.current();
+                let mut seen = inner.held_generation.load(Ordering::Acquire);
+                let taken_at = seen;
+                if let Some(view) = ownership.changed_since(&mut seen) {
+                    let mut held = lock(&inner.held);
+                    // Two looks racing: the one that saw the newer generation wins.
+                    if inner
+                        .held_generation
+                        .compare_exchange(taken_at, seen, Ordering::AcqRel, Ordering::Acquire)
+                        .is_ok()
+                    {
+                        *held = Some(view);
+                    }
+                }
             }
         }
         let was_fenced = inner.fenced.swap(!open, Ordering::AcqRel);
