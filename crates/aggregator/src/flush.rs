@@ -124,8 +124,9 @@ impl Held {
         for tile in std::mem::take(&mut self.tiles) {
             if marks.get(tile.policy_index).is_none_or(|&mark| tile.tile_end_ms > mark) {
                 self.tiles.push_back(tile);
-            } else if !tile.values.is_empty()
-                && leadership.leader_flushed_incomplete(tile.policy_index, tile.tile_end_ms)
+            } else if let Some(routed_version) = leadership
+                .leader_flushed_incomplete(tile.policy_index, tile.tile_end_ms)
+                .filter(|_| !tile.values.is_empty())
             {
                 // Any copy goes, marked incomplete where it may lack something (unconfirmed,
                 // or begun before this process): each replica's copy sums whole batches it
@@ -138,7 +139,7 @@ impl Held {
                 // follower's, which held it, was let go because it began before the
                 // follower started: 517 series lost 32 increments at 1 min).
                 metrics.tiles_completed.inc();
-                flush_tile(tile, flusher, Copy::Completion);
+                flush_tile(tile, flusher, Copy::Completion { routed_version });
             } else {
                 discarded += 1;
             }
@@ -175,8 +176,11 @@ enum Copy {
     Leader,
     /// As a replica, after the leader flushed an incomplete copy: a whole copy replaces
     /// that one at the ingesters, an incomplete one replaces it where it holds more; it
-    /// moves no mark.
-    Completion,
+    /// moves no mark. It carries the placement version the leader routed its copy under:
+    /// an ingester that took a shard after it skips the completion of a series whose copy
+    /// went to the owner before (that owner wrote it; a second writer would begin a total
+    /// beside it: RELIABILITY.md, fix 24).
+    Completion { routed_version: u64 },
 }
 
 fn flush_tile(tile: ClosedTile, flusher: &Flusher, copy: Copy) {
@@ -203,18 +207,27 @@ fn flush_tile(tile: ClosedTile, flusher: &Flusher, copy: Copy) {
         incomplete: unconfirmed || leadership.began_before_start(tile_start_ms),
         // Stamped with the routing's version where a placement routes it (send_tile).
         placement_version: 0,
+        completes_version: match copy {
+            Copy::Leader => 0,
+            Copy::Completion { routed_version } => routed_version,
+        },
     };
     let incomplete = head.incomplete;
-    let unowned =
-        ingesters.send_tile(&head, values, tile_start_ms, (&settings.source, settings.max_frame_bytes), |sent| {
+    let unowned = ingesters.send_tile(
+        &head,
+        values,
+        tile_start_ms,
+        (&settings.source, settings.max_frame_bytes),
+        |sent, version| {
             // A leader's incomplete tile is recorded even when nothing of it was sent, and a
             // tile it had no series of is recorded incomplete whatever its watermarks said: a
             // replica holding any of it completes it, and its copy is the only one (fixes 14
             // and 16).
             if copy == Copy::Leader && (!sent.is_empty() || incomplete || series == 0) {
-                leadership.flushed(policy_index, sent, tile_end_ms, incomplete || series == 0);
+                leadership.flushed(policy_index, sent, tile_end_ms, incomplete || series == 0, version);
             }
-        });
+        },
+    );
     count_drops(drops, "no_ingester", "series", unowned);
     policy.tiles_flushed.inc();
     policy.series_flushed.inc_by(series);
@@ -250,6 +263,7 @@ mod tests {
             flushed_at_ms,
             incomplete: false,
             placement_version: 0,
+            completes_version: 0,
         };
         encode_values(&head, tile.values, source, max_frame_bytes, next_sequence)
     }

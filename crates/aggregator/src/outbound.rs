@@ -321,8 +321,9 @@ impl Ingesters {
     }
 
     /// Routes a tile's `values` (the tile `head` describes, starting at `tile_start_ms`) and
-    /// queues each share; hands `queued` each queue and its last batch's sequence, and
-    /// returns the values no ingester owns. With a placement and the re-router running, the
+    /// queues each share; hands `queued` each queue and its last batch's sequence, and the
+    /// placement version it routed by (0: a fixed list), and returns the values no ingester
+    /// owns. With a placement and the re-router running, the
     /// batches still queued for departed destinations are re-routed first, by the same
     /// routing the tile is split by (see the [module docs](self)). `queued` runs under the
     /// same lock, before any re-routing can move the tile's batches: the flusher records
@@ -333,7 +334,7 @@ impl Ingesters {
         values: Vec<SeriesValue>,
         tile_start_ms: i64,
         (source, max_frame_bytes): (&str, usize),
-        queued: impl FnOnce(Vec<(usize, u64)>),
+        queued: impl FnOnce(Vec<(usize, u64)>, u64),
     ) -> u64 {
         let _order = self.inner.routing_order.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let (shares, unowned, version) = match &self.inner.placement {
@@ -353,6 +354,7 @@ impl Ingesters {
         let head = TileHead { placement_version: version, ..*head };
         queued(
             shares.into_iter().filter_map(|share| self.queue_share(&head, share, source, max_frame_bytes)).collect(),
+            version,
         );
         unowned
     }
@@ -428,8 +430,16 @@ impl Ingesters {
 
     fn reroute_tiles(&self, routing: &Routing, tiles: TileBatch, reroute: &Reroute) {
         let metrics = &self.inner.metrics;
-        let TileBatch { storage_policy, resolution_ms, tile_end_ms, tiles: values, flushed_at_ms, incomplete, .. } =
-            tiles;
+        let TileBatch {
+            storage_policy,
+            resolution_ms,
+            tile_end_ms,
+            tiles: values,
+            flushed_at_ms,
+            incomplete,
+            completes_version,
+            ..
+        } = tiles;
         let series = values.len() as u64;
         let tile_start_ms = tile_end_ms - i64::from(resolution_ms);
         let (shares, unowned) = self.split(routing, values, tile_start_ms);
@@ -441,6 +451,7 @@ impl Ingesters {
             flushed_at_ms,
             incomplete,
             placement_version: routing.version(),
+            completes_version,
         };
         for share in shares {
             if let Some((queue, last_sequence)) =

@@ -89,6 +89,7 @@ pub const FOLLOWED: &[&str] = &[
     "tessera_ingester_tiles_skipped_total{reason=\"duplicate\"}",
     "tessera_ingester_series_adopted_total",
     "tessera_ingester_tiles_of_earlier_tenure_total",
+    "tessera_ingester_completions_of_earlier_owner_total",
     "tessera_aggregator_partials_rejected_total",
     "tessera_aggregator_partials_late_for_policy_total",
     "tessera_aggregator_incomplete_tiles_total",

@@ -78,6 +78,7 @@ fn main() {
     for (sequence, chunk) in tiles.chunks(25_000).enumerate() {
         let batch = TileBatch {
             placement_version: 0,
+            completes_version: 0,
             source: "bench".into(),
             sequence: sequence as u64,
             storage_policy: "10s:2d".into(),

@@ -51,6 +51,7 @@ fn batch(series: usize, values: usize, round: usize) -> TileBatch {
         .collect();
     TileBatch {
         placement_version: 0,
+        completes_version: 0,
         source: "bench".into(),
         sequence: round as u64,
         storage_policy: "10s:2d".into(),

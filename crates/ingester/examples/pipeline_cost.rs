@@ -99,6 +99,7 @@ fn main() {
                 sequence += 1;
                 let batch = TileBatch {
                     placement_version: 0,
+                    completes_version: 0,
                     source: "bench".into(),
                     sequence,
                     storage_policy: "10s:2d".into(),

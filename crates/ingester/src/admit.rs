@@ -303,6 +303,10 @@ struct TileRef {
     shard: u32,
     /// The copy came from an aggregator that started after the tile began.
     incomplete: bool,
+    /// A follower's completion of a tile whose leader copy was routed under a placement
+    /// version before this ingester's tenure of the series' shard: that copy went to the
+    /// owner before, who wrote it.
+    before_tenure: bool,
 }
 
 /// The result of converting one batch.
@@ -389,6 +393,13 @@ impl Total {
         }
     }
 
+    /// Whether `tile` was written on this total: its newest tile, or one of the 64 before
+    /// it marked written (or before the first tile of a total adopted from another writer).
+    fn holds(&self, tile: TileRef) -> bool {
+        tile.end_ms == self.last_tile_end_ms
+            || self.tiles_back(tile).is_some_and(|back| self.written & (1 << back) != 0)
+    }
+
     /// How many tiles before the newest written one `tile` ends, if it is within the 64
     /// remembered.
     fn tiles_back(&self, tile: TileRef) -> Option<u32> {
@@ -454,6 +465,10 @@ pub struct Converter {
     cutoffs: Vec<i64>,
     /// The placement version of the last view taken in.
     view_version: u64,
+    /// Per shard: the placement version its tenure began at ([`OwnershipView::since`](crate::tier::OwnershipView::since);
+    /// 0: not known), or that of the view that showed the tenure began, if later, or the
+    /// version after the view's for a shard gained ahead of it.
+    since: Vec<u64>,
     /// The placement the restored checkpoint recorded, until the first view is taken in and
     /// compared with it ([`checkpoint`] docs, *Placement*).
     restored_placement: Option<checkpoint::PlacementSeen>,
@@ -482,6 +497,11 @@ pub struct Converter {
     /// [`Converter::commit`] into `earlier_tenure`.
     earlier_tenure_pending: u64,
     earlier_tenure: Option<prometheus_client::metrics::counter::Counter>,
+    /// Series of the last conversion's completion skipped because the leader's copy went
+    /// to the shard's owner before this ingester, counted at [`Converter::commit`] into
+    /// `earlier_owner`.
+    earlier_owner_pending: u64,
+    earlier_owner: Option<prometheus_client::metrics::counter::Counter>,
     /// A per-tile target's rendering ([`lines`]); `None` for a cumulative one.
     lines: Option<lines::Lines>,
     /// Which copies of recent tiles came: for the gauges and sets of a whole copy
@@ -612,6 +632,12 @@ impl TileCopies {
         }
     }
 
+    /// Whether an incomplete copy converted here wrote the value of `series` (a hash of its
+    /// id) at the end of the tile `key`, as remembered (a tile no longer remembered: no).
+    fn wrote_at_end(&self, key: (i64, i64), series: u64) -> bool {
+        self.written_at_end.iter().find(|(tile, _)| *tile == key).is_some_and(|(_, written)| written.contains(&series))
+    }
+
     /// Whether an incomplete copy wrote the value of `series` (a hash of its id) at the end
     /// of the tile `key`; a tile no longer remembered counts as written.
     fn written_at_end(&self, key: (i64, i64), series: u64) -> bool {
@@ -690,6 +716,7 @@ impl Converter {
             cutovers: Vec::new(),
             cutoffs: Vec::new(),
             view_version: 0,
+            since: Vec::new(),
             restored_placement: None,
             gained_ahead_at: Vec::new(),
             first_epoch_held: Vec::new(),
@@ -702,6 +729,8 @@ impl Converter {
             adopted: None,
             earlier_tenure_pending: 0,
             earlier_tenure: None,
+            earlier_owner_pending: 0,
+            earlier_owner: None,
             lines: None,
         }
     }
@@ -751,6 +780,7 @@ impl Converter {
         self.ownership = Some(ownership);
         self.adopted = Some(metrics.series_adopted.clone());
         self.earlier_tenure = Some(metrics.tiles_of_earlier_tenure.clone());
+        self.earlier_owner = Some(metrics.completions_of_earlier_owner.clone());
         self
     }
 
@@ -802,6 +832,7 @@ impl Converter {
         if self.owned.len() != view.owned.len() {
             let first = self.owned.is_empty();
             self.owned = view.owned.clone();
+            self.since = view.since.clone();
             self.tenures = view.tenure.clone();
             self.cutovers = view.cutover_ms.clone();
             self.cutoffs = view.cutoff_ms.clone();
@@ -837,6 +868,14 @@ impl Converter {
                 self.lost[shard] = false;
                 self.stale_open[shard] = false;
             }
+            // The version the tenure began at: the placement's word, or the view that showed
+            // it began, if later: a shard given back by a failover during a move keeps the
+            // `since` of the tenure the move was ending (RELIABILITY.md, fix 24).
+            self.since[shard] = if (now && !owned) || new_tenure {
+                view.since[shard].max(view.version)
+            } else {
+                self.since[shard].max(view.since[shard])
+            };
             self.owned[shard] = now;
             self.tenures[shard] = view.tenure[shard];
             self.cutovers[shard] = view.cutover_ms[shard];
@@ -908,6 +947,7 @@ impl Converter {
             self.owned[shard] = true;
             self.epochs[shard] += 1;
             self.tenures[shard] = GAINED_AHEAD;
+            self.since[shard] = self.view_version.saturating_add(1);
             self.gained_ahead_at[shard] = tile_start_ms;
             self.cutovers[shard] = 0;
             self.cutoffs[shard] = 0;
@@ -922,6 +962,17 @@ impl Converter {
             return (self.epochs[shard] - 1, shard as u32 + 1);
         }
         (self.epochs[shard], shard as u32 + 1)
+    }
+
+    /// Whether a completion of a leader's copy routed under `completes_version` (0: not a
+    /// completion, or not known) reached this ingester's shard `shard` (plus one; 0: no
+    /// placement) after the shard's tenure here began at a later version: the leader's copy
+    /// went to the owner before (RELIABILITY.md, fix 24).
+    fn completes_before_tenure(&self, completes_version: u64, shard: u32) -> bool {
+        let Some(shard) = (shard as usize).checked_sub(1) else { return false };
+        completes_version > 0
+            && self.owned.get(shard).is_some_and(|owned| *owned)
+            && self.since.get(shard).is_some_and(|since| *since > completes_version)
     }
 
     /// Whether this converter has taken in an ownership view that says `rejoined`: every
@@ -1024,6 +1075,7 @@ impl Converter {
         self.discard_pending();
         self.adopted_pending = 0;
         self.earlier_tenure_pending = 0;
+        self.earlier_owner_pending = 0;
         self.refresh_ownership();
         self.arena.clear();
         self.arena.reserve(batch.tiles.len() * self.arena_bytes_per_tile);
@@ -1064,7 +1116,15 @@ impl Converter {
             }
             let origin = xxhash_rust::xxh3::xxh3_64_with_seed(&tile.series_id, kind as u64);
             let (epoch, shard) = self.epoch_of(&tile.series_id, tile_end_ms - resolution_ms);
-            let at = TileRef { end_ms: tile_end_ms, resolution_ms, origin, epoch, shard, incomplete: batch.incomplete };
+            let at = TileRef {
+                end_ms: tile_end_ms,
+                resolution_ms,
+                origin,
+                epoch,
+                shard,
+                incomplete: batch.incomplete,
+                before_tenure: self.completes_before_tenure(batch.completes_version, shard),
+            };
             let spans_before = self.spans.len();
             let verdict = match (kind, &aggregate) {
                 (MetricKind::Counter, Aggregate::Counter(delta)) => self.counter(*delta, &resolution, at),
@@ -1165,6 +1225,9 @@ impl Converter {
         if let Some(earlier_tenure) = &self.earlier_tenure {
             earlier_tenure.inc_by(std::mem::take(&mut self.earlier_tenure_pending));
         }
+        if let Some(earlier_owner) = &self.earlier_owner {
+            earlier_owner.inc_by(std::mem::take(&mut self.earlier_owner_pending));
+        }
         for (key, histogram) in self.pending.drain(..) {
             if let Some(previous) = self.histograms.insert(key, histogram) {
                 self.spare.push(previous);
@@ -1193,6 +1256,7 @@ impl Converter {
         self.rollback_lines();
         self.adopted_pending = 0;
         self.earlier_tenure_pending = 0;
+        self.earlier_owner_pending = 0;
         while let Some((key, previous)) = self.undo.pop() {
             match previous {
                 Some(total) => self.totals.insert(key, total),
@@ -1523,6 +1587,12 @@ impl Converter {
     fn add_to_total(&mut self, key: u128, delta: f64, at: TileRef, follow: Option<Verdict>) -> Verdict {
         let previous = self.totals.get(&key).copied();
         let current = previous.filter(|total| total.epoch == at.epoch);
+        if at.before_tenure && follow.is_none() && !current.is_some_and(|total| total.holds(at)) {
+            // The leader's copy of this tile went to the series' owner before this one,
+            // which wrote it: the completion would begin a second writer's total beside it.
+            self.earlier_owner_pending += 1;
+            return Verdict::Duplicate;
+        }
         let Some(mut total) = current else {
             if matches!(follow, Some(Verdict::Duplicate | Verdict::Conflict | Verdict::Collision | Verdict::Incomplete))
             {
@@ -1629,6 +1699,11 @@ impl Converter {
             PerTile::UnlessWritten(verdict) if self.copies.written_at_end(key, at.origin) => return verdict,
             PerTile::UnlessWritten(_) => 0,
         };
+        if at.before_tenure && !self.copies.wrote_at_end(key, at.origin) {
+            // As for a running total (add_to_total): the owner before wrote this tile.
+            self.earlier_owner_pending += 1;
+            return Verdict::Duplicate;
+        }
         if at.incomplete && timestamp_ms == 0 {
             self.written_at_end_pending.push(at.origin);
         }

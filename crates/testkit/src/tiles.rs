@@ -55,6 +55,7 @@ pub fn set(id: &str, members: &[&str]) -> SeriesValue {
 pub fn batch(tile_end_ms: i64, tiles: Vec<SeriesValue>) -> TileBatch {
     TileBatch {
         placement_version: 0,
+        completes_version: 0,
         source: "agg-1".into(),
         sequence: 1,
         storage_policy: "10s:2d".into(),

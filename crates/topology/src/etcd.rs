@@ -29,7 +29,7 @@ pub mod liveness;
 pub mod store;
 pub mod watch;
 
-pub use election::{Election, FlushMarks, Leader, Observed};
+pub use election::{Election, FlushMarks, IncompleteTile, Leader, Observed};
 pub use liveness::{FENCE_MARGIN, LeaseDeadline, Registration};
 pub use store::PlacementStore;
 pub use watch::Watcher;

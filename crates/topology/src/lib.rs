@@ -69,8 +69,8 @@ pub mod testing;
 pub use cache::{read_cache, write_cache};
 pub use error::{CacheError, PlacementError, SourceError, StaticFileError, StoreError, WatchError};
 pub use etcd::{
-    Election, EtcdConfig, FENCE_MARGIN, FlushMarks, Leader, LeaseDeadline, Observed, PlacementStore, Registration,
-    Tier, Watcher,
+    Election, EtcdConfig, FENCE_MARGIN, FlushMarks, IncompleteTile, Leader, LeaseDeadline, Observed, PlacementStore,
+    Registration, Tier, Watcher,
 };
 pub use etcd_client;
 pub use handle::PlacementHandle;

@@ -87,7 +87,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
-use tessera_topology::{FlushMarks, LeaseDeadline};
+use tessera_topology::{FlushMarks, IncompleteTile, LeaseDeadline};
 
 use crate::outbound::Ingesters;
 use crate::tile::StoragePolicy;
@@ -136,10 +136,10 @@ struct State {
     ledger: Vec<VecDeque<Flushed>>,
     /// Per policy: the end of the last tile acknowledged with all before it.
     acknowledged: Vec<i64>,
-    /// Per policy: ends of the latest tiles acknowledged that were flushed incomplete,
-    /// oldest first (at most [`INCOMPLETE_KEPT`]): recorded with the marks, as the
-    /// leader; read from them, as a follower.
-    incomplete: Vec<VecDeque<i64>>,
+    /// Per policy: the latest tiles acknowledged that were flushed incomplete, oldest
+    /// first (at most [`INCOMPLETE_KEPT`]), with the version they were routed under:
+    /// recorded with the marks, as the leader; read from them, as a follower.
+    incomplete: Vec<VecDeque<IncompleteTile>>,
     /// Oldest tile start held unflushed (the flusher says), if any.
     oldest_held_start_ms: Option<i64>,
 }
@@ -152,6 +152,10 @@ struct Flushed {
     tile_end_ms: i64,
     /// Flushed marked incomplete.
     incomplete: bool,
+    /// The ingesters' placement version it was routed under (0: a fixed list). A share
+    /// re-routed later keeps the first: the completion's rule at the ingesters looks for
+    /// the copy itself where the owner changed since ([`IncompleteTile::routed_version`]).
+    routed_version: u64,
 }
 
 /// Incomplete tile ends kept per policy with the flush marks: enough for a follower
@@ -236,21 +240,31 @@ impl Leadership {
     }
 
     /// The flusher flushed a tile of policy `index` ending at `tile_end_ms`
-    /// (marked `incomplete` or not), whose last batch on each ingester queue it
-    /// went to is `sent` (queue, sequence).
-    pub fn flushed(&self, index: usize, sent: Vec<(usize, u64)>, tile_end_ms: i64, incomplete: bool) {
+    /// (marked `incomplete` or not), routed under placement version `routed_version`,
+    /// whose last batch on each ingester queue it went to is `sent` (queue, sequence).
+    pub fn flushed(
+        &self,
+        index: usize,
+        sent: Vec<(usize, u64)>,
+        tile_end_ms: i64,
+        incomplete: bool,
+        routed_version: u64,
+    ) {
         if !self.replicated() {
             return;
         }
         if let Some(ledger) = self.state().ledger.get_mut(index) {
-            ledger.push_back(Flushed { sent, tile_end_ms, incomplete });
+            ledger.push_back(Flushed { sent, tile_end_ms, incomplete, routed_version });
         }
     }
 
     /// Whether the shard set's leader flushed the tile of policy `index` ending at
-    /// `tile_end_ms` marked incomplete: a replica holding it whole flushes its copy too.
-    pub fn leader_flushed_incomplete(&self, index: usize, tile_end_ms: i64) -> bool {
-        self.state().incomplete.get(index).is_some_and(|ends| ends.contains(&tile_end_ms))
+    /// `tile_end_ms` marked incomplete (a replica holding it whole flushes its copy too):
+    /// the placement version the leader routed its copy under, if so.
+    pub fn leader_flushed_incomplete(&self, index: usize, tile_end_ms: i64) -> Option<u64> {
+        let state = self.state();
+        let tiles = state.incomplete.get(index)?;
+        tiles.iter().find(|tile| tile.end_ms == tile_end_ms).map(|tile| tile.routed_version)
     }
 
     /// Batches of the tile of `storage_policy` ending at `tile_end_ms` were
@@ -312,7 +326,10 @@ impl Leadership {
                 }
                 *mark = (*mark).max(oldest.tile_end_ms);
                 if oldest.incomplete {
-                    incomplete.push_back(oldest.tile_end_ms);
+                    incomplete.push_back(IncompleteTile {
+                        end_ms: oldest.tile_end_ms,
+                        routed_version: oldest.routed_version,
+                    });
                     if incomplete.len() > INCOMPLETE_KEPT {
                         incomplete.pop_front();
                     }
@@ -340,7 +357,7 @@ impl Leadership {
             }
             // The leader's list is the whole truth: it replaces what an earlier read said.
             state.incomplete[index] =
-                marks.incomplete.get(&name).map(|ends| ends.iter().copied().collect()).unwrap_or_default();
+                marks.incomplete.get(&name).map(|tiles| tiles.iter().copied().collect()).unwrap_or_default();
         }
     }
 
@@ -412,7 +429,7 @@ mod tests {
         let push = |end: i64| {
             let sequence = queue.next_sequence();
             queue.push(tessera_wire::Batch { sequence, frame: vec![0; 8], items: 1, refs: None });
-            leadership.flushed(0, vec![(0, sequence)], end, false);
+            leadership.flushed(0, vec![(0, sequence)], end, false, 1);
         };
         push(10_000);
         push(20_000);
@@ -438,7 +455,7 @@ mod tests {
         for (end, incomplete) in [(10_000, false), (20_000, true), (30_000, false)] {
             let sequence = queue.next_sequence();
             queue.push(tessera_wire::Batch { sequence, frame: vec![0; 8], items: 1, refs: None });
-            leader.flushed(0, vec![(0, sequence)], end, incomplete);
+            leader.flushed(0, vec![(0, sequence)], end, incomplete, 7);
         }
         for _ in 0..2 {
             queue.pop_front().unwrap();
@@ -446,14 +463,19 @@ mod tests {
         }
         let acknowledged = leader.acknowledge(&ingesters);
         let marks = leader.marks_text(&acknowledged);
-        assert_eq!(marks.encode(), "10s:2d 20000\nincomplete 10s:2d 20000\n", "only once acknowledged");
+        assert_eq!(
+            marks.encode(),
+            "10s:2d 20000\nincomplete 10s:2d 20000\nincomplete-routed 10s:2d 7\n",
+            "only once acknowledged, with the version it was routed under"
+        );
         let follower = Leadership::new(policies(), 0);
         follower.set_marks(&tessera_topology::FlushMarks::decode(&marks.encode()));
-        assert!(follower.leader_flushed_incomplete(0, 20_000));
-        assert!(!follower.leader_flushed_incomplete(0, 10_000) && !follower.leader_flushed_incomplete(1, 20_000));
+        assert_eq!(follower.leader_flushed_incomplete(0, 20_000), Some(7));
+        assert_eq!(follower.leader_flushed_incomplete(0, 10_000), None);
+        assert_eq!(follower.leader_flushed_incomplete(1, 20_000), None);
         // The leader's list is the whole truth: what it no longer lists is forgotten.
         follower.set_marks(&FlushMarks::flushed([("10s:2d".to_owned(), 30_000)].into()));
-        assert!(!follower.leader_flushed_incomplete(0, 20_000));
+        assert_eq!(follower.leader_flushed_incomplete(0, 20_000), None);
     }
 
     /// A closed 10 s tile ending `end` of `series` counters of `value` each.
@@ -527,20 +549,46 @@ mod tests {
         (metrics, following)
     }
 
-    /// The one tile batch queued to the ingester: its end, whether incomplete, and its values.
-    fn queued_tiles(flusher: &super::super::Flusher) -> (i64, bool, Vec<tessera_core::aggregate::Aggregate>) {
+    /// The one tile batch queued to the ingester.
+    fn queued_batch(flusher: &super::super::Flusher) -> tessera_proto::TileBatch {
         use tessera_proto::{Frame, frame::Body, framing};
         let batch = flusher.ingesters.queue(0).unwrap().pop_front().expect("a batch is queued");
         let Ok(Some((Frame { body: Some(Body::Tiles(tiles)) }, _))) = framing::decode_frame(&batch.frame, 1 << 20)
         else {
             panic!("not a tile batch")
         };
+        tiles
+    }
+
+    /// The one tile batch queued to the ingester: its end, whether incomplete, and its values.
+    fn queued_tiles(flusher: &super::super::Flusher) -> (i64, bool, Vec<tessera_core::aggregate::Aggregate>) {
+        let tiles = queued_batch(flusher);
         let values = tiles
             .tiles
             .iter()
             .map(|tile| tessera_core::aggregate::Aggregate::from_proto(tile.aggregate.as_ref().unwrap()).unwrap())
             .collect();
         (tiles.tile_end_ms, tiles.incomplete, values)
+    }
+
+    /// A follower's completion says which placement version the leader's incomplete copy
+    /// was routed under (the marks say): an ingester that took the shard after it knows the
+    /// copy went to the owner before (fix 24). A leader's own copy says 0.
+    #[test]
+    fn a_completion_carries_the_version_its_leader_copy_was_routed_under() {
+        let mut marks = FlushMarks::flushed([("10s:2d".to_owned(), 20_000)].into());
+        marks.incomplete.insert("10s:2d".to_owned(), vec![IncompleteTile { end_ms: 20_000, routed_version: 7 }]);
+        let (metrics, following) = follower_after(&marks, vec![closed_tile(20_000, 3, false, 40.0)]);
+        assert_eq!(metrics.flush.tiles_completed.get(), 1);
+        let completion = queued_batch(&following);
+        assert_eq!((completion.tile_end_ms, completion.completes_version), (20_000, 7));
+
+        let (leader_metrics, leader) = (Metrics::default(), live_leader());
+        let leading = test_flusher(&leader_metrics, &leader);
+        let mut held = super::super::Held::default();
+        held.push(closed_tile(20_000, 3, true, 40.0), &leading);
+        held.release(&leading, false);
+        assert_eq!(queued_batch(&leading).completes_version, 0, "the leader's copy completes nothing");
     }
 
     /// Found by the fault campaign (seed 34 at 5 minutes, c35fec0): both collectors' links
@@ -709,7 +757,7 @@ mod tests {
             queues[index].finish_in_flight();
         };
         let (first, second) = (push(0), push(1));
-        leadership.flushed(0, vec![(0, first), (1, second)], 10_000, false);
+        leadership.flushed(0, vec![(0, first), (1, second)], 10_000, false, 1);
         deliver(0);
         assert_eq!(leadership.acknowledge(&ingesters), vec![i64::MIN, i64::MIN], "one share is still queued");
         // Re-routed: the second share's batch moved to queue 0.

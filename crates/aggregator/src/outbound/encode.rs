@@ -25,6 +25,9 @@ pub struct TileHead<'a> {
     pub incomplete: bool,
     /// The version of the ingesters' placement the share was routed by (0: a fixed list).
     pub placement_version: u64,
+    /// A completion's: the version the shard set's leader routed its incomplete copy under
+    /// (0: not a completion, or not known).
+    pub completes_version: u64,
 }
 
 /// Splits some of a tile's values (one ingester's share) into framed
@@ -58,6 +61,7 @@ pub fn encode_values(
             flushed_at_ms: head.flushed_at_ms,
             incomplete: head.incomplete,
             placement_version: head.placement_version,
+            completes_version: head.completes_version,
         };
         match framing::encode_frame(&Frame { body: Some(Body::Tiles(batch)) }, max_frame_bytes) {
             Ok(frame) => batches.push(Batch { sequence, frame, items: series, refs: None }),

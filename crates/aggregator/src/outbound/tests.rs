@@ -24,6 +24,7 @@ fn values(count: usize) -> Vec<SeriesValue> {
 fn tile_head(tile_end_ms: i64) -> TileHead<'static> {
     TileHead {
         placement_version: 0,
+        completes_version: 0,
         storage_policy: "10s:2d",
         resolution_ms: 10_000,
         tile_end_ms,
@@ -208,7 +209,7 @@ fn a_tile_sent_after_a_failover_goes_behind_the_departed_ingesters_older_tile() 
     let Rerouting { placement, handle, ingesters, .. } = rerouting();
     assert_eq!(ingesters.reroute_departed(), 0, "the re-router's first tick: nobody left");
     let mut sent = Vec::new();
-    let unowned = ingesters.send_tile(&tile_head(20_000), values(3_000), 10_000, ("agg-1", 4096), |queued| {
+    let unowned = ingesters.send_tile(&tile_head(20_000), values(3_000), 10_000, ("agg-1", 4096), |queued, _| {
         // The flusher records the tile's batches for its flush marks here: no re-routing may
         // move them before (the re-router takes the same lock).
         assert!(ingesters.inner.routing_order.try_lock().is_err(), "told under the routing lock");
@@ -219,7 +220,7 @@ fn a_tile_sent_after_a_failover_goes_behind_the_departed_ingesters_older_tile() 
     // ing-2 fails over; its sender never took its batches (it is dead). The next tile is
     // routed before the re-router's next tick.
     handle.replace(placement.fail_over(&["ing-2"], 5).unwrap());
-    ingesters.send_tile(&tile_head(30_000), values(3_000), 20_000, ("agg-1", 4096), |queued| sent = queued);
+    ingesters.send_tile(&tile_head(30_000), values(3_000), 20_000, ("agg-1", 4096), |queued, _| sent = queued);
     assert_eq!(sent.len(), 2, "the new tile goes to the two live ingesters");
 
     let queues = ingesters.queues();
@@ -253,8 +254,11 @@ fn a_tile_sent_after_a_failover_goes_behind_the_departed_ingesters_older_tile() 
 #[test]
 fn a_batch_refused_as_routed_under_a_stale_placement_goes_to_the_current_owners() {
     let Rerouting { placement, handle, metrics, ingesters } = rerouting();
-    let head = tile_head(20_000);
-    ingesters.send_tile(&head, values(3_000), 10_000, ("agg-1", 1 << 20), |_| {});
+    // A follower's completion of a tile whose leader copy went under version 3.
+    let head = TileHead { completes_version: 3, ..tile_head(20_000) };
+    ingesters.send_tile(&head, values(3_000), 10_000, ("agg-1", 1 << 20), |_, version| {
+        assert_eq!(version, placement.version(), "told the version it routed by");
+    });
     let third = ingesters.queues().into_iter().find(|queue| queue.endpoint() == "127.0.0.1:3").unwrap();
     let refused = third.pop_front().expect("ing-3 has a share");
     third.finish_in_flight();
@@ -280,6 +284,7 @@ fn a_batch_refused_as_routed_under_a_stale_placement_goes_to_the_current_owners(
             queue.finish_in_flight();
             let tiles = decoded(&batch);
             assert_eq!(tiles.placement_version, routing.version(), "stamped with the version it went by");
+            assert_eq!(tiles.completes_version, 3, "a completion keeps the version its leader copy went by");
             let owner = owner.as_ref().expect("only to an ingester of the current placement");
             for value in tiles.tiles {
                 assert!(handle.current().owns(owner, shard_of(&value.series_id, 16), 10_000));

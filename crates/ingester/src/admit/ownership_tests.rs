@@ -612,3 +612,132 @@ fn a_shard_given_away_and_back_in_versions_never_seen_starts_over() {
     assert_eq!(one(&mut converter, 30_000, &other, 1.0), (3.0, false), "kept all along: goes on");
     assert_eq!(adopted.get(), 1);
 }
+
+/// A converter with every shard owned but `shard` (owned by another ingester) at version 1;
+/// that ingester then fails over and this one owns `shard` from version 2. Returns the
+/// converter, the count of completions skipped as the owner before's, and a series in `shard`.
+fn failed_over_to_us() -> (Converter, Counter, String) {
+    let (converter, skipped, id, _) = failed_over_to_us_with_gauge();
+    (converter, skipped, id)
+}
+
+/// [`failed_over_to_us`], and a gauge series in the same shard.
+fn failed_over_to_us_with_gauge() -> (Converter, Counter, String, String) {
+    let ownership = Arc::new(Ownership::default());
+    let metrics = crate::tier::TierMetrics::default();
+    let skipped = metrics.completions_of_earlier_owner.clone();
+    let mut converter = Converter::new(&[0.5], 3_600_000).with_ownership(ownership.clone(), &metrics);
+    let id = "hits|#series:a".to_owned();
+    let shard = tessera_core::shard::shard_of(id.as_bytes(), SHARDS) as usize;
+    ownership.publish(all_owned_but(shard, 1));
+    let other = series_outside(shard);
+    assert_eq!(one(&mut converter, 50_000, &other, 1.0), (1.0, true), "this ingester writes its own shards");
+    let mut failed_over = all_owned(2);
+    failed_over.since[shard] = 2;
+    ownership.publish(failed_over);
+    let gauge_id = (0..100)
+        .map(|n| format!("level|#series:{n}"))
+        .find(|gauge| tessera_core::shard::shard_of(gauge.as_bytes(), SHARDS) as usize == shard)
+        .expect("a gauge in the same shard");
+    (converter, skipped, id, gauge_id)
+}
+
+/// A follower's completion of the tile ending `end_ms` for a leader copy routed under
+/// `version`: the counter `ids.0` at `delta` and the gauge `ids.1` at `gauge`.
+fn completion(end_ms: i64, version: u64, ids: (&str, &str), delta: f64, gauge: f64) -> TileBatch {
+    let mut completion = batch(end_ms, vec![counter(ids.0, delta), tessera_testkit::tiles::gauge(ids.1, gauge)]);
+    completion.completes_version = version;
+    completion
+}
+
+/// Found by the fault campaign, seeds 24 and 25 at 5 minutes with partitions (two writers on
+/// 1 000 counters and timers at 1 min). The leader flushed an incomplete tile to the shard's
+/// owner, which acknowledged it and was then killed and failed over. The follower's
+/// completion reached the new owner before any newer tile of those series: it began the new
+/// owner's total from a reset while the old owner wrote the short copy it had acknowledged.
+/// The completion says its leader copy went under version 1, before this ingester's tenure
+/// (from version 2): it is skipped, the counter and the gauge, and the next tile begins the
+/// total. The same tile as a leader's batch (not a completion) is still written from a
+/// reset: fix 18's rule for a copy nobody acknowledged.
+#[test]
+fn a_completion_of_a_copy_routed_to_the_owner_before_is_skipped_though_it_comes_first() {
+    let (mut converter, skipped, id, gauge) = failed_over_to_us_with_gauge();
+    let conversion = converter.convert(&completion(60_000, 1, (&id, &gauge), 6.0, 3.0), 0).unwrap();
+    converter.commit();
+    assert!(conversion.record.samples.is_empty(), "no sample: {:?}", conversion.record.samples);
+    assert_eq!(conversion.skipped[SkipReason::Duplicate], 2, "the counter and the gauge");
+    assert_eq!(skipped.get(), 2);
+    assert_eq!(one(&mut converter, 70_000, &id, 1.0), (1.0, true), "the next tile begins the total");
+
+    // Routed under this tenure's version, the completion is the tile's only copy here.
+    let (mut converter, skipped, id, gauge) = failed_over_to_us_with_gauge();
+    let conversion = converter.convert(&completion(60_000, 2, (&id, &gauge), 6.0, 3.0), 0).unwrap();
+    converter.commit();
+    let samples: Vec<_> = conversion.record.samples.iter().map(|sample| (sample.value, sample.reset_before)).collect();
+    assert_eq!(samples, [(6.0, true), (3.0, false)]);
+    assert_eq!(skipped.get(), 0);
+
+    // Not a completion: a leader's copy nobody acknowledged, re-routed from the dead owner.
+    let (mut converter, skipped, id) = failed_over_to_us();
+    assert_eq!(one(&mut converter, 60_000, &id, 4.0), (4.0, true));
+    assert_eq!(skipped.get(), 0);
+}
+
+/// The leader's incomplete copy went under version 1 to the owner before, was not delivered
+/// before it was failed over, and was re-routed here: this ingester wrote it. The completion
+/// routed under version 1 replaces it here as anywhere (its counter's corrected total, its
+/// gauge's correction), and a completion of a tile before this tenure's first is still a
+/// duplicate (fix 18).
+#[test]
+fn a_completion_of_a_copy_re_routed_here_replaces_it() {
+    let (mut converter, skipped, id, gauge) = failed_over_to_us_with_gauge();
+    let mut short = batch(60_000, vec![counter(&id, 4.0), tessera_testkit::tiles::gauge(&gauge, 2.0)]);
+    short.incomplete = true;
+    let conversion = converter.convert(&short, 0).unwrap();
+    converter.commit();
+    assert_eq!(conversion.record.samples[0].value, 4.0);
+    let conversion = converter.convert(&completion(60_000, 1, (&id, &gauge), 6.0, 3.0), 0).unwrap();
+    converter.commit();
+    assert_eq!(conversion.skipped[SkipReason::Replaced], 1, "{:?}", conversion.skipped);
+    let samples: Vec<_> = conversion.record.samples.iter().map(|sample| (sample.value, sample.timestamp_ms)).collect();
+    assert_eq!(samples, [(6.0, 60_001), (3.0, 60_001)], "corrections after the short copy's samples");
+    assert_eq!(skipped.get(), 0);
+    assert_eq!(one(&mut converter, 70_000, &id, 1.0), (7.0, false), "the total goes on from the whole copy");
+
+    let conversion = converter.convert(&completion(50_000, 1, (&id, &gauge), 6.0, 3.0), 0).unwrap();
+    converter.commit();
+    assert!(conversion.record.samples.is_empty(), "{:?}", conversion.record.samples);
+    assert_eq!(
+        conversion.skipped[SkipReason::Duplicate],
+        2,
+        "before the adopted total's first tile: the owner before's"
+    );
+    assert_eq!(skipped.get(), 1, "the gauge; the counter's total holds the tile as written before it began");
+}
+
+/// The same gap through a move: `a` gives a shard to `b` at a cutoff; the leader's
+/// incomplete copy of a tile after it goes to `b` (version 2), which writes it and is failed
+/// over. The shard comes back to `a` with the `since` of its tenure before the move, but the
+/// tenure is new (given back): the completion of that tile is `b`'s, skipped, and the next
+/// tile starts over after a reset.
+#[test]
+fn a_completion_of_a_copy_the_receiver_of_a_move_wrote_is_skipped_when_the_shard_comes_back() {
+    let ownership = Arc::new(Ownership::default());
+    let metrics = crate::tier::TierMetrics::default();
+    let mut converter = Converter::new(&[0.5], 3_600_000).with_ownership(ownership.clone(), &metrics);
+    let (_, joined, view, moving) = b_joins_at_20s(&ownership);
+    let id = series_in(moving);
+    assert_eq!(one(&mut converter, 10_000, &id, 2.0), (2.0, true));
+    ownership.publish(view);
+    assert_eq!(one(&mut converter, 20_000, &id, 3.0), (5.0, false), "before the cutoff the total goes on");
+    let back = OwnershipView::of(&joined.fail_over(&["b"], 45_000).unwrap(), "a");
+    assert!(back.since[moving] < joined.version(), "the shard keeps the since of the tenure the move ended");
+    ownership.publish(back);
+    let mut completion = batch(30_000, vec![counter(&id, 6.0)]);
+    completion.completes_version = joined.version();
+    let conversion = converter.convert(&completion, 0).unwrap();
+    converter.commit();
+    assert!(conversion.record.samples.is_empty(), "{:?}", conversion.record.samples);
+    assert_eq!(metrics.completions_of_earlier_owner.get(), 1);
+    assert_eq!(one(&mut converter, 50_000, &id, 1.0), (1.0, true), "the next tile starts over");
+}

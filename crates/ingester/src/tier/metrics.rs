@@ -32,6 +32,10 @@ tessera_runtime::metrics! {
         /// the tenure before (a batch taken in before a failover, converted after the shard came
         /// back)
         pub tiles_of_earlier_tenure: Counter,
+        /// Series of a follower's completion skipped because the shard set's leader routed its
+        /// incomplete copy of the tile to the shard's owner before this ingester, which wrote
+        /// it (the completion's extra units are not written)
+        pub completions_of_earlier_owner: Counter,
         /// 1 while this ingester holds its liveness lease in etcd
         pub liveness_registered: Gauge,
         /// 1 while this ingester is fenced off: its liveness lease may expire within the fence

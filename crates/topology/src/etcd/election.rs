@@ -45,16 +45,28 @@ pub enum Leader {
 }
 
 /// The leader's flush marks: per storage policy, the end of the last tile
-/// flushed and acknowledged (unix milliseconds), and the ends of the latest tiles
-/// among them that the leader flushed *incomplete* (its copy may lack partials: a
-/// replica holding the tile whole flushes its copy too, which the ingesters let
-/// replace the incomplete one).
+/// flushed and acknowledged (unix milliseconds), and the latest tiles among them
+/// that the leader flushed *incomplete* (its copy may lack partials: a replica
+/// holding the tile whole flushes its copy too, which the ingesters let replace
+/// the incomplete one).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct FlushMarks {
     /// Policy → end of the last tile flushed and acknowledged.
     pub flushed: BTreeMap<String, i64>,
-    /// Policy → ends of recent tiles among those that were flushed incomplete, oldest first.
-    pub incomplete: BTreeMap<String, Vec<i64>>,
+    /// Policy → recent tiles among those that were flushed incomplete, oldest first.
+    pub incomplete: BTreeMap<String, Vec<IncompleteTile>>,
+}
+
+/// A tile the leader flushed incomplete.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct IncompleteTile {
+    /// The tile's end, unix milliseconds.
+    pub end_ms: i64,
+    /// The ingesters' placement version the leader routed its copy under (0: not known, a
+    /// leader of the version before these were recorded, or a fixed list of ingesters). A
+    /// replica's completion carries it, so that an ingester that took the shard later
+    /// knows the copy went to an earlier owner.
+    pub routed_version: u64,
 }
 
 /// The first word of a line of incomplete tile ends. A decoder from before these
@@ -62,35 +74,61 @@ pub struct FlushMarks {
 /// share the marks.
 const INCOMPLETE: &str = "incomplete";
 
+/// The first word of a line of the versions the incomplete tiles of a policy were routed
+/// under, one per end of its `incomplete` line. A decoder from before these lines skips
+/// them too; one that finds none (marks of a leader from before them) reads versions of 0.
+const ROUTED: &str = "incomplete-routed";
+
 impl FlushMarks {
     /// Marks with no incomplete tiles.
     pub fn flushed(flushed: BTreeMap<String, i64>) -> FlushMarks {
         FlushMarks { flushed, incomplete: BTreeMap::new() }
     }
 
-    /// `<policy> <tile end ms>` lines, then `incomplete <policy> <end>,<end>…` lines.
+    /// `<policy> <tile end ms>` lines, then `incomplete <policy> <end>,<end>…` lines, each
+    /// followed by `incomplete-routed <policy> <version>,<version>…` unless every version
+    /// is 0 (a fixed list of ingesters).
     pub fn encode(&self) -> String {
         let mut text: String = self.flushed.iter().map(|(policy, end)| format!("{policy} {end}\n")).collect();
-        for (policy, ends) in self.incomplete.iter().filter(|(_, ends)| !ends.is_empty()) {
-            let ends: Vec<String> = ends.iter().map(i64::to_string).collect();
+        for (policy, tiles) in self.incomplete.iter().filter(|(_, tiles)| !tiles.is_empty()) {
+            let ends: Vec<String> = tiles.iter().map(|tile| tile.end_ms.to_string()).collect();
+            let versions: Vec<String> = tiles.iter().map(|tile| tile.routed_version.to_string()).collect();
             text.push_str(&format!("{INCOMPLETE} {policy} {}\n", ends.join(",")));
+            if tiles.iter().any(|tile| tile.routed_version != 0) {
+                text.push_str(&format!("{ROUTED} {policy} {}\n", versions.join(",")));
+            }
         }
         text
     }
 
-    /// Parses what [`encode`](Self::encode) wrote; lines that do not parse are skipped.
+    /// Parses what [`encode`](Self::encode) wrote; lines that do not parse are skipped, and
+    /// versions that do not match their ends one for one are read as 0.
     pub fn decode(text: &str) -> FlushMarks {
         let mut marks = FlushMarks::default();
+        let mut routed: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
         for line in text.lines() {
             let Some((first, rest)) = line.split_once(' ') else { continue };
-            if first == INCOMPLETE {
-                let Some((policy, ends)) = rest.split_once(' ') else { continue };
-                let ends: Option<Vec<i64>> = ends.trim().split(',').map(|end| end.parse().ok()).collect();
-                if let Some(ends) = ends {
-                    marks.incomplete.insert(policy.to_owned(), ends);
+            if first == INCOMPLETE || first == ROUTED {
+                let Some((policy, list)) = rest.split_once(' ') else { continue };
+                let list = list.trim().split(',');
+                if first == INCOMPLETE {
+                    let ends: Option<Vec<i64>> = list.map(|end| end.parse().ok()).collect();
+                    if let Some(ends) = ends {
+                        let tiles = ends.into_iter().map(|end_ms| IncompleteTile { end_ms, routed_version: 0 });
+                        marks.incomplete.insert(policy.to_owned(), tiles.collect());
+                    }
+                } else if let Some(versions) = list.map(|version| version.parse().ok()).collect() {
+                    routed.insert(policy, versions);
                 }
             } else if let Ok(end) = rest.trim().parse() {
                 marks.flushed.insert(first.to_owned(), end);
+            }
+        }
+        for (policy, tiles) in &mut marks.incomplete {
+            if let Some(versions) = routed.get(policy.as_str()).filter(|versions| versions.len() == tiles.len()) {
+                for (tile, version) in tiles.iter_mut().zip(versions) {
+                    tile.routed_version = *version;
+                }
             }
         }
         marks
@@ -266,12 +304,20 @@ mod tests {
         assert_eq!(marks.encode(), "10s:2d 1700000010000\n1m:40d 1700000040000\n");
         assert_eq!(FlushMarks::decode(&marks.encode()), marks);
         assert_eq!(FlushMarks::decode("garbage\n10s:2d x\n1m:40d 5\n").flushed, [("1m:40d".to_owned(), 5)].into());
-        marks.incomplete.insert("10s:2d".to_owned(), vec![1_700_000_000_000, 1_700_000_010_000]);
+        let tile = |end_ms, routed_version| IncompleteTile { end_ms, routed_version };
+        marks.incomplete.insert("10s:2d".to_owned(), vec![tile(1_700_000_000_000, 7), tile(1_700_000_010_000, 9)]);
         assert_eq!(
             marks.encode(),
-            "10s:2d 1700000010000\n1m:40d 1700000040000\nincomplete 10s:2d 1700000000000,1700000010000\n"
+            "10s:2d 1700000010000\n1m:40d 1700000040000\nincomplete 10s:2d 1700000000000,1700000010000\n\
+             incomplete-routed 10s:2d 7,9\n"
         );
         assert_eq!(FlushMarks::decode(&marks.encode()), marks);
+        // A leader from before the routed versions: the ends, with versions of 0; and a
+        // versions line that does not match its ends one for one is not believed.
+        let without: FlushMarks = FlushMarks::decode("10s:2d 5\nincomplete 10s:2d 3,4\n");
+        assert_eq!(without.incomplete["10s:2d"], [tile(3, 0), tile(4, 0)]);
+        let mismatched = FlushMarks::decode("10s:2d 5\nincomplete 10s:2d 3,4\nincomplete-routed 10s:2d 7\n");
+        assert_eq!(mismatched.incomplete["10s:2d"], [tile(3, 0), tile(4, 0)]);
         // What a replica of the version before incomplete lines made of them: the marks alone.
         let before: BTreeMap<String, i64> = marks
             .encode()

@@ -21,6 +21,7 @@ fn tile_batch(n: i64) -> TileBatch {
     }
     TileBatch {
         placement_version: 0,
+        completes_version: 0,
         source: "agg-1".into(),
         sequence: n as u64,
         storage_policy: "10s:2d".into(),
