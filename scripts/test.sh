@@ -2,7 +2,7 @@
 # Runs every tessera test: unit, property, integration (against real etcd,
 # Prometheus and VictoriaMetrics, installed here when absent), end to end
 # (the real binaries), doc tests, the docker compose stack, and checks that
-# the fuzz targets and benchmarks build, and a 2-minute soak.
+# the fuzz targets and benchmarks build, and a 90-second soak.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -32,7 +32,7 @@ TESSERA_PROFILE=debug deploy/test-compose.sh --no-cargo
 # --check-config, and the placement Job's script against a real etcd.
 BIN_DIR=target/debug deploy/kubernetes/test.sh
 
-# A 2-minute soak of the debug binaries with churning series (a tenth of the
-# series new each minute): no loss, and no daemon's RSS above the bound.
+# A 90-second soak of the debug binaries with churning series (a tenth of the
+# series new at the minute): no loss, and no daemon's RSS above the bound.
 # The 30-minute version and its figures: BENCHMARKS.md, "Soak".
-BIN_DIR=target/debug RSS_LIMIT_MB=150 benches/load/soak.sh 120 20000 5000
+BIN_DIR=target/debug RSS_LIMIT_MB=150 benches/load/soak.sh 90 20000 5000

@@ -20,7 +20,7 @@
 #   defaults: 1800 s, 1 500 000 lines/s (half the whole pipeline's lossless
 #   3 M lines/s at 1 M series, BENCHMARKS.md), 100 000 series
 #   The short version scripts/test.sh runs:
-#   BIN_DIR=target/debug RSS_LIMIT_MB=150 benches/load/soak.sh 120 20000 5000
+#   BIN_DIR=target/debug RSS_LIMIT_MB=150 benches/load/soak.sh 90 20000 5000
 #
 # Prints the RSS samples to $SOAK_CSV (default: a temporary file, removed).
 # Needs `sysctl -w net.core.rmem_max=33554432` for the 32 MiB receive buffer

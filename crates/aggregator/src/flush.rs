@@ -224,7 +224,10 @@ fn flush_tile(tile: ClosedTile, flusher: &Flusher, copy: Copy) {
             // replica holding any of it completes it, and its copy is the only one (fixes 14
             // and 16).
             if copy == Copy::Leader && (!sent.is_empty() || incomplete || series == 0) {
-                leadership.flushed(policy_index, sent, tile_end_ms, incomplete || series == 0, version);
+                // A copy that reached no ingester went to no owner: a completion of it is the
+                // tile's only copy wherever it goes, and asks no version (fix 24).
+                let routed_version = if sent.is_empty() { 0 } else { version };
+                leadership.flushed(policy_index, sent, tile_end_ms, incomplete || series == 0, routed_version);
             }
         },
     );

@@ -58,6 +58,7 @@
 //! | older, and that tile was written | duplicate | unchanged | `reason="duplicate"` |
 //! | older, never written (**late**: its tile was written nowhere; a tile before the first of a total adopted from another writer counts as written, the earlier writer's) | late | adds; the new total is written at once as a **correction**, one millisecond after the series' newest sample (at its own timestamp, [`StoredSample::timestamp_ms`]: the tile's own end would be out of order), so a series that then goes idle shows it too; more than `resolution − 2` corrections between two tiles leave the rest to the next sample | `reason="late"` |
 //! | another statsd series with the same Prometheus name (`a.b` and `a_b` both become `a_b`) | name collision | unchanged: the first series keeps the name | `reason="name_collision"`, logged |
+//! | a follower's completion (`completes_version`) of a leader copy routed to the shard's owner before this ingester's tenure (at an earlier version, or a tile before the tenure's cutover), of a tile the series' total does not hold (a gauge or set: no incomplete copy converted here wrote it) | duplicate: the owner before wrote the short copy, and a second writer would begin a total beside it (RELIABILITY.md, fix 24) | unchanged; gauges and sets not written | `reason="duplicate"` and `completions_of_earlier_owner` |
 //!
 //! Whoever sends a tile, it is never added twice to a total: what the converter remembers is
 //! checkpointed with the totals (the roll-forward rebuilds it from the records' tile ends),
@@ -466,9 +467,12 @@ pub struct Converter {
     /// The placement version of the last view taken in.
     view_version: u64,
     /// Per shard: the placement version its tenure began at ([`OwnershipView::since`](crate::tier::OwnershipView::since);
-    /// 0: not known), or that of the view that showed the tenure began, if later, or the
-    /// version after the view's for a shard gained ahead of it.
+    /// 0: not known), or that of the view that showed a tenure began that the placement did
+    /// not stamp, or the version after the view's for a shard gained ahead of it.
     since: Vec<u64>,
+    /// Per shard: the cutover its tenure began at (0: none), kept after a finalize or a
+    /// failover sets the view's to 0.
+    tenure_from_ms: Vec<i64>,
     /// The placement the restored checkpoint recorded, until the first view is taken in and
     /// compared with it ([`checkpoint`] docs, *Placement*).
     restored_placement: Option<checkpoint::PlacementSeen>,
@@ -717,6 +721,7 @@ impl Converter {
             cutoffs: Vec::new(),
             view_version: 0,
             since: Vec::new(),
+            tenure_from_ms: Vec::new(),
             restored_placement: None,
             gained_ahead_at: Vec::new(),
             first_epoch_held: Vec::new(),
@@ -833,6 +838,7 @@ impl Converter {
             let first = self.owned.is_empty();
             self.owned = view.owned.clone();
             self.since = view.since.clone();
+            self.tenure_from_ms = view.cutover_ms.clone();
             self.tenures = view.tenure.clone();
             self.cutovers = view.cutover_ms.clone();
             self.cutoffs = view.cutoff_ms.clone();
@@ -868,14 +874,21 @@ impl Converter {
                 self.lost[shard] = false;
                 self.stale_open[shard] = false;
             }
-            // The version the tenure began at: the placement's word, or the view that showed
-            // it began, if later: a shard given back by a failover during a move keeps the
-            // `since` of the tenure the move was ending (RELIABILITY.md, fix 24).
-            self.since[shard] = if (now && !owned) || new_tenure {
+            // Where the tenure began (RELIABILITY.md, fix 24): the placement's `since`, exact
+            // for a gain however late this view is read; for a new tenure the placement did
+            // not stamp (a cutoff taken back otherwise than by a failover), the version of
+            // the view that showed it. And the cutover it began at, kept after a finalize or
+            // a failover sets it to 0: the tiles before it were the giver's.
+            let begins = (now && !owned) || new_tenure;
+            self.since[shard] = if begins && view.since[shard] == self.since[shard] && owned {
                 view.since[shard].max(view.version)
+            } else if begins {
+                view.since[shard]
             } else {
                 self.since[shard].max(view.since[shard])
             };
+            self.tenure_from_ms[shard] =
+                if begins { view.cutover_ms[shard] } else { self.tenure_from_ms[shard].max(view.cutover_ms[shard]) };
             self.owned[shard] = now;
             self.tenures[shard] = view.tenure[shard];
             self.cutovers[shard] = view.cutover_ms[shard];
@@ -948,6 +961,7 @@ impl Converter {
             self.epochs[shard] += 1;
             self.tenures[shard] = GAINED_AHEAD;
             self.since[shard] = self.view_version.saturating_add(1);
+            self.tenure_from_ms[shard] = 0;
             self.gained_ahead_at[shard] = tile_start_ms;
             self.cutovers[shard] = 0;
             self.cutoffs[shard] = 0;
@@ -965,14 +979,16 @@ impl Converter {
     }
 
     /// Whether a completion of a leader's copy routed under `completes_version` (0: not a
-    /// completion, or not known) reached this ingester's shard `shard` (plus one; 0: no
-    /// placement) after the shard's tenure here began at a later version: the leader's copy
-    /// went to the owner before (RELIABILITY.md, fix 24).
-    fn completes_before_tenure(&self, completes_version: u64, shard: u32) -> bool {
+    /// completion, or not known), of a tile starting at `tile_start_ms`, reached this
+    /// ingester's shard `shard` (plus one; 0: no placement) from before the shard's tenure
+    /// here: the tenure began at a later version, or at a cutover after the tile started.
+    /// The leader's copy went to the owner before (RELIABILITY.md, fix 24).
+    fn completes_before_tenure(&self, completes_version: u64, shard: u32, tile_start_ms: i64) -> bool {
         let Some(shard) = (shard as usize).checked_sub(1) else { return false };
         completes_version > 0
             && self.owned.get(shard).is_some_and(|owned| *owned)
-            && self.since.get(shard).is_some_and(|since| *since > completes_version)
+            && (self.since.get(shard).is_some_and(|since| *since > completes_version)
+                || self.tenure_from_ms.get(shard).is_some_and(|from| tile_start_ms < *from))
     }
 
     /// Whether this converter has taken in an ownership view that says `rejoined`: every
@@ -1123,7 +1139,11 @@ impl Converter {
                 epoch,
                 shard,
                 incomplete: batch.incomplete,
-                before_tenure: self.completes_before_tenure(batch.completes_version, shard),
+                before_tenure: self.completes_before_tenure(
+                    batch.completes_version,
+                    shard,
+                    tile_end_ms - resolution_ms,
+                ),
             };
             let spans_before = self.spans.len();
             let verdict = match (kind, &aggregate) {

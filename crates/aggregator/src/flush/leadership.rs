@@ -591,6 +591,29 @@ mod tests {
         assert_eq!(queued_batch(&leading).completes_version, 0, "the leader's copy completes nothing");
     }
 
+    /// The leader records the placement version it routed each incomplete tile under, and
+    /// 0 for one it sent nothing of (a completion of that is the only copy anywhere).
+    #[test]
+    fn the_leader_records_the_version_it_routed_an_incomplete_tile_under() {
+        let placement = tessera_topology::Placement::init(&[("ing-1", "i:1")], 4, 1, 0).unwrap();
+        let (metrics, leader) = (Metrics::default(), live_leader());
+        let mut leading = test_flusher(&metrics, &leader);
+        leading.ingesters = Ingesters::placed(
+            tessera_topology::PlacementHandle::fixed(placement.clone()),
+            1 << 20,
+            &metrics.outbound,
+            &metrics.drops,
+        );
+        let mut held = super::super::Held::default();
+        held.push(closed_tile(10_000, 3, true, 40.0), &leading);
+        held.push(closed_tile(20_000, 0, true, 40.0), &leading);
+        held.release(&leading, false);
+        deliver(&leading);
+        let marks = leader.marks_text(&leader.acknowledge(&leading.ingesters));
+        let tile = |end_ms, routed_version| IncompleteTile { end_ms, routed_version };
+        assert_eq!(marks.incomplete["10s:2d"], [tile(10_000, placement.version()), tile(20_000, 0)]);
+    }
+
     /// Found by the fault campaign (seed 34 at 5 minutes, c35fec0): both collectors' links
     /// into the leader stalled from before a 10 s tile began until after it closed, so the
     /// leader closed that tile with no series, unconfirmed. Held by nobody (a tile without

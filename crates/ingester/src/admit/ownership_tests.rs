@@ -717,27 +717,101 @@ fn a_completion_of_a_copy_re_routed_here_replaces_it() {
 
 /// The same gap through a move: `a` gives a shard to `b` at a cutoff; the leader's
 /// incomplete copy of a tile after it goes to `b` (version 2), which writes it and is failed
-/// over. The shard comes back to `a` with the `since` of its tenure before the move, but the
-/// tenure is new (given back): the completion of that tile is `b`'s, skipped, and the next
-/// tile starts over after a reset.
+/// over. The shard comes back to `a` in a new tenure: the completion of that tile is `b`'s,
+/// skipped, and the next tile starts over after a reset. The placement stamps the new
+/// tenure (a restart reads it there); a cutoff taken back that it did not stamp is read as a
+/// tenure begun at the view that showed it.
 #[test]
 fn a_completion_of_a_copy_the_receiver_of_a_move_wrote_is_skipped_when_the_shard_comes_back() {
+    for stamped in [true, false] {
+        let ownership = Arc::new(Ownership::default());
+        let metrics = crate::tier::TierMetrics::default();
+        let mut converter = Converter::new(&[0.5], 3_600_000).with_ownership(ownership.clone(), &metrics);
+        let (_, joined, view, moving) = b_joins_at_20s(&ownership);
+        let id = series_in(moving);
+        assert_eq!(one(&mut converter, 10_000, &id, 2.0), (2.0, true));
+        ownership.publish(view.clone());
+        assert_eq!(one(&mut converter, 20_000, &id, 3.0), (5.0, false), "before the cutoff the total goes on");
+        let back = if stamped {
+            let back = OwnershipView::of(&joined.fail_over(&["b"], 45_000).unwrap(), "a");
+            assert_eq!(back.since[moving], back.version, "a cutoff taken back by a failover is a new tenure");
+            back
+        } else {
+            let mut back = view;
+            back.cutoff_ms[moving] = 0;
+            back.version += 1;
+            back
+        };
+        ownership.publish(back);
+        let mut completion = batch(30_000, vec![counter(&id, 6.0)]);
+        completion.completes_version = joined.version();
+        let conversion = converter.convert(&completion, 0).unwrap();
+        converter.commit();
+        assert!(conversion.record.samples.is_empty(), "stamped {stamped}: {:?}", conversion.record.samples);
+        assert_eq!(metrics.completions_of_earlier_owner.get(), 1);
+        assert_eq!(one(&mut converter, 50_000, &id, 1.0), (1.0, true), "the next tile starts over");
+    }
+}
+
+/// The receiver's side of a move whose giver dies (found by review): `b` takes a shard at a
+/// cutover, `a` writes the leader's incomplete copy of the tile before it and is failed
+/// over, and `b` owns the shard whole from then (cutover 0, its tenure's `since` kept). The
+/// completion of that tile reaches `b`, routed under a version of its own tenure: the tile
+/// is from before its cutover, so the copy went to `a`, which wrote it. Skipped; the tile
+/// after the cutover is `b`'s as before.
+#[test]
+fn a_completion_of_a_tile_before_the_receivers_cutover_is_the_givers() {
     let ownership = Arc::new(Ownership::default());
     let metrics = crate::tier::TierMetrics::default();
     let mut converter = Converter::new(&[0.5], 3_600_000).with_ownership(ownership.clone(), &metrics);
-    let (_, joined, view, moving) = b_joins_at_20s(&ownership);
-    let id = series_in(moving);
-    assert_eq!(one(&mut converter, 10_000, &id, 2.0), (2.0, true));
+    let placement = Placement::init(&[("a", "a:1")], SHARDS, 1, 0).unwrap();
+    let timing = tessera_topology::MoveTiming::new(0).with_delay_ms(1).with_boundary_ms(20_000);
+    let joined = placement.add_instance("b", "b:1", timing).unwrap();
+    let view = OwnershipView::of(&joined, "b");
+    let moving = (0..SHARDS as usize).find(|shard| view.cutover_ms[*shard] > 0).expect("b takes a shard");
     ownership.publish(view);
-    assert_eq!(one(&mut converter, 20_000, &id, 3.0), (5.0, false), "before the cutoff the total goes on");
-    let back = OwnershipView::of(&joined.fail_over(&["b"], 45_000).unwrap(), "a");
-    assert!(back.since[moving] < joined.version(), "the shard keeps the since of the tenure the move ended");
-    ownership.publish(back);
-    let mut completion = batch(30_000, vec![counter(&id, 6.0)]);
+    let id = series_in(moving);
+    let giver_dead = joined.fail_over(&["a"], 25_000).unwrap();
+    ownership.publish(OwnershipView::of(&giver_dead, "b"));
+    let mut completion = batch(20_000, vec![counter(&id, 6.0)]);
     completion.completes_version = joined.version();
     let conversion = converter.convert(&completion, 0).unwrap();
     converter.commit();
     assert!(conversion.record.samples.is_empty(), "{:?}", conversion.record.samples);
     assert_eq!(metrics.completions_of_earlier_owner.get(), 1);
-    assert_eq!(one(&mut converter, 50_000, &id, 1.0), (1.0, true), "the next tile starts over");
+    let mut after = batch(30_000, vec![counter(&id, 4.0)]);
+    after.completes_version = joined.version();
+    let conversion = converter.convert(&after, 0).unwrap();
+    converter.commit();
+    assert_eq!(conversion.record.samples[0].value, 4.0, "a completion of a tile of b's tenure is written");
+    assert_eq!(metrics.completions_of_earlier_owner.get(), 1);
+}
+
+/// A converter that reads a gain's view late (it converted nothing meanwhile) still knows
+/// the tenure began at the version that gave the shard, not at the view it read: a
+/// completion of a copy routed to it under that version is its own (found by review).
+#[test]
+fn a_gain_read_late_begins_its_tenure_at_the_version_that_gave_it() {
+    let (mut converter, skipped, id) = {
+        let ownership = Arc::new(Ownership::default());
+        let metrics = crate::tier::TierMetrics::default();
+        let skipped = metrics.completions_of_earlier_owner.clone();
+        let converter = Converter::new(&[0.5], 3_600_000).with_ownership(ownership.clone(), &metrics);
+        let id = "hits|#series:a".to_owned();
+        let shard = tessera_core::shard::shard_of(id.as_bytes(), SHARDS) as usize;
+        ownership.publish(all_owned_but(shard, 1));
+        let mut converter = converter;
+        one(&mut converter, 10_000, &series_outside(shard), 1.0);
+        let mut gained = all_owned(2);
+        gained.since[shard] = 2;
+        ownership.publish(gained.clone());
+        let mut later = gained;
+        later.version = 5;
+        ownership.publish(later);
+        (converter, skipped, id)
+    };
+    let conversion = converter.convert(&completion(60_000, 2, (&id, "level|#series:x"), 6.0, 3.0), 0).unwrap();
+    converter.commit();
+    assert_eq!(conversion.record.samples[0].value, 6.0, "{:?}", conversion.record.samples);
+    assert_eq!(skipped.get(), 0);
 }

@@ -438,8 +438,13 @@ impl Placement {
             let mut kept = false;
             for entry in next.instances.iter_mut().flat_map(|instance| instance.shards.iter_mut()) {
                 if entry.id == shard {
-                    // The live side goes on with its tenure, begun when the move did.
-                    *entry = Shard { since_version: entry.since_version, ..available(shard) };
+                    // A live receiver goes on with its tenure, begun when the move did. A
+                    // live giver's tenure of the shard was ending at its cutoff, after which
+                    // the receiver may have written it: it begins again now, as its
+                    // ingester reads it (a cutoff taken back is a new tenure there), and as
+                    // a restart must read it too, from the placement alone.
+                    let since_version = if entry.cutoff_ms > 0 { NEW_TENURE } else { entry.since_version };
+                    *entry = Shard { since_version, ..available(shard) };
                     kept = true;
                 }
             }

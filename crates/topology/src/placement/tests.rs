@@ -488,7 +488,16 @@ fn every_entry_records_the_version_that_gave_its_instance_the_shard() {
     assert_eq!(since(&settled, "b"), moved, "finalizing a move is not a new tenure");
     // A receiver whose giver dies mid-move goes on with its tenure, begun with the move.
     let giver_dead = joined.fail_over(&["a"], 1).unwrap();
-    for (shard, version) in moved {
+    for &(shard, version) in &moved {
         assert!(since(&giver_dead, "b").contains(&(shard, version)), "shard {shard}");
+    }
+    // A giver whose receiver dies mid-move begins a new tenure of the shards it was giving
+    // away (the receiver may have written them after the cutoff); it keeps the others'.
+    let receiver_dead = joined.fail_over(&["b"], 1).unwrap();
+    let given_back = receiver_dead.version();
+    for (shard, version) in since(&receiver_dead, "a") {
+        let was_moving = moved.iter().any(|(moving, _)| *moving == shard);
+        let kept = since(&joined, "a").into_iter().find(|(id, _)| *id == shard).map(|(_, version)| version);
+        assert_eq!(version, if was_moving { given_back } else { kept.unwrap() }, "shard {shard}");
     }
 }
