@@ -451,7 +451,9 @@ async fn near_its_memory_limit_the_collector_sheds_new_series_and_known_ones_go_
     wait_until("the shed datagram", Duration::from_secs(10), || datagrams() >= 21.0).await;
     let shed = || metric_value(&telemetry, "tessera_collector_drops_total", "reason=\"memory_limit\",unit=\"lines\"");
     assert_eq!(shed(), 10.0, "the lines of the ten new series");
-    assert!(metric_value(&telemetry, "tessera_collector_memory_used_bytes", "") >= limit as f64 * 0.9);
+    // Shedding began at 90 % and lasts until under 80 %: what the process frees meanwhile
+    // (seen once under a busy machine) may take it below 90 %, never below 80 % while it sheds.
+    assert!(metric_value(&telemetry, "tessera_collector_memory_used_bytes", "") >= limit as f64 * 0.8);
 
     // Back under the limit: new series are taken again.
     drop(ballast);
