@@ -199,7 +199,13 @@ impl Fence {
             if open {
                 tracing::info!("ingester fence lifted: the lease is alive and the placement read again");
             } else {
-                let fell = Fell { at_ms: inner.open_until_ms.load(Ordering::Acquire), view: lock(&inner.held).clone() };
+                // The approved lease's last deadline, which keep-alives may have moved since
+                // the last look recorded it (found by the fault campaign, seed 16 with
+                // partitions: a tile ending 150 ms after the recorded time, inside the
+                // lease, was refused on waking and lost).
+                let last = self.until_ms(|deadline| deadline.last_of(approved)).unwrap_or(i64::MIN);
+                let at_ms = inner.open_until_ms.load(Ordering::Acquire).max(last);
+                let fell = Fell { at_ms, view: lock(&inner.held).clone() };
                 *lock(&inner.fell) = Some(fell);
                 inner.metrics.fenced_total.inc();
                 tracing::warn!(
@@ -220,7 +226,12 @@ impl Fence {
 
     /// The current lease's deadline less the margin, on the wall clock (unix ms).
     fn open_until_ms(&self) -> Option<i64> {
-        let (_, deadline) = self.inner.as_ref()?.deadline.get()?.get()?;
+        self.until_ms(|deadline| deadline.get().map(|(_, at)| at))
+    }
+
+    /// A deadline `of` the lease's, less the margin, on the wall clock (unix ms).
+    fn until_ms(&self, of: impl FnOnce(&LeaseDeadline) -> Option<std::time::Instant>) -> Option<i64> {
+        let deadline = of(self.inner.as_ref()?.deadline.get()?)?;
         let until = deadline.checked_sub(FENCE_MARGIN)?;
         let now = std::time::Instant::now();
         let ahead = until.saturating_duration_since(now).as_millis() as i64;
@@ -353,6 +364,38 @@ mod tests {
         let kept = fence.fell().expect("kept");
         assert_eq!((kept.at_ms, kept.view.map(|view| view.version)), (fell.at_ms, Some(9)));
         assert!(Fence::none().fell().is_none());
+    }
+
+    /// Found by the fault campaign, seed 16 with partitions: keep-alives moved the lease's
+    /// deadline on after the last look recorded it; paused, the ingester fell and refused a
+    /// batch of a tile that ended inside the lease. The fall takes the approved lease's last
+    /// deadline: when it nears (`sleep` past the margin), and when a new lease was granted
+    /// before the fence looked (seed 22's order).
+    #[test]
+    fn it_falls_at_the_approved_leases_last_deadline_not_the_last_look() {
+        for granted_again_first in [false, true] {
+            let (fence, deadline, ownership) = fence_of();
+            ownership.publish(view(9));
+            let start = tessera_core::clock::now_ms();
+            deadline.set(7, Instant::now() + FENCE_MARGIN + Duration::from_millis(50));
+            fence.approve(7);
+            assert!(fence.allows(), "open until 50 ms from now");
+            // A keep-alive with no look after it: the lease lives 750 ms longer.
+            deadline.set(7, Instant::now() + FENCE_MARGIN + Duration::from_millis(800));
+            if granted_again_first {
+                deadline.set(8, Instant::now() + FENCE_MARGIN * 5);
+            } else {
+                std::thread::sleep(Duration::from_millis(900));
+            }
+            assert!(!fence.allows());
+            let fell = fence.fell().expect("fallen");
+            let expected = start + 800;
+            assert!(
+                (fell.at_ms - expected).abs() < 150,
+                "granted again first {granted_again_first}: fell at {} ms, expected 800",
+                fell.at_ms - start
+            );
+        }
     }
 
     #[tokio::test]

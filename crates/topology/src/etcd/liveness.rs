@@ -85,12 +85,31 @@ pub const FENCE_MARGIN: Duration = Duration::from_secs(1);
 /// was granted, whatever was held on the old one (a leader key) is gone,
 /// and [`remaining`](Self::remaining) for the old id is zero.
 #[derive(Debug, Clone, Default)]
-pub struct LeaseDeadline(Arc<Mutex<Option<(i64, Instant)>>>);
+pub struct LeaseDeadline(Arc<Mutex<Deadlines>>);
+
+/// The current lease's deadline, and the last one of the lease before it.
+#[derive(Debug, Clone, Copy, Default)]
+struct Deadlines {
+    current: Option<(i64, Instant)>,
+    previous: Option<(i64, Instant)>,
+}
 
 impl LeaseDeadline {
     /// The current lease and when it may expire; `None` before the first grant.
     pub fn get(&self) -> Option<(i64, Instant)> {
-        *self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).current
+    }
+
+    /// The last deadline known of lease `lease_id`: the current lease's, or that of the lease
+    /// granted before it (etcd could not expire it sooner). A process paused past its lease
+    /// may be granted a new one before it looks at the old one's end.
+    pub fn last_of(&self, lease_id: i64) -> Option<Instant> {
+        let deadlines = *self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        [deadlines.current, deadlines.previous]
+            .into_iter()
+            .flatten()
+            .find(|(lease, _)| *lease == lease_id)
+            .map(|(_, at)| at)
     }
 
     /// How long lease `lease_id` is certainly still alive from now: zero if
@@ -105,7 +124,11 @@ impl LeaseDeadline {
     /// Test support: lease `lease_id` certainly lives until `deadline`.
     #[doc(hidden)]
     pub fn set(&self, lease_id: i64, deadline: Instant) {
-        *self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some((lease_id, deadline));
+        let mut deadlines = self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(current) = deadlines.current.filter(|(current, _)| *current != lease_id) {
+            deadlines.previous = Some(current);
+        }
+        deadlines.current = Some((lease_id, deadline));
     }
 }
 
