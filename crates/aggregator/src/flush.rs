@@ -211,6 +211,7 @@ fn flush_tile(tile: ClosedTile, flusher: &Flusher, copy: Copy) {
             Copy::Leader => 0,
             Copy::Completion { routed_version } => routed_version,
         },
+        owner_refused: false,
     };
     let incomplete = head.incomplete;
     let unowned = ingesters.send_tile(
@@ -267,6 +268,7 @@ mod tests {
             incomplete: false,
             placement_version: 0,
             completes_version: 0,
+            owner_refused: false,
         };
         encode_values(&head, tile.values, source, max_frame_bytes, next_sequence)
     }

@@ -390,7 +390,8 @@ impl Ingesters {
     }
 
     fn reroute_batch(&self, routing: &Routing, batch: Batch, reroute: &Reroute) {
-        if let Some(tiles) = self.decode_queued(&batch) {
+        if let Some(mut tiles) = self.decode_queued(&batch) {
+            tiles.owner_refused |= batch.owner_refused;
             self.reroute_tiles(routing, tiles, reroute);
         }
     }
@@ -419,10 +420,11 @@ impl Ingesters {
         };
         let _order = self.inner.routing_order.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let routing = self.current_routing(placement);
-        let Some(tiles) = self.decode_queued(&batch) else { return Ok(()) };
+        let Some(mut tiles) = self.decode_queued(&batch) else { return Ok(()) };
         if tiles.placement_version >= routing.version() {
             return Err(batch);
         }
+        tiles.owner_refused |= batch.owner_refused;
         self.inner.metrics.redirected_batches.inc();
         self.reroute_tiles(&routing, tiles, reroute);
         Ok(())
@@ -438,6 +440,7 @@ impl Ingesters {
             flushed_at_ms,
             incomplete,
             completes_version,
+            owner_refused,
             ..
         } = tiles;
         let series = values.len() as u64;
@@ -452,6 +455,7 @@ impl Ingesters {
             incomplete,
             placement_version: routing.version(),
             completes_version,
+            owner_refused,
         };
         for share in shares {
             if let Some((queue, last_sequence)) =

@@ -61,7 +61,7 @@ mod tests {
     use crate::metrics::Metrics;
 
     fn batch(sequence: u64, bytes: usize, partials: u64) -> Batch {
-        Batch { sequence, frame: vec![0; bytes], items: partials, refs: None }
+        Batch { sequence, frame: vec![0; bytes], items: partials, refs: None, owner_refused: false }
     }
 
     #[test]

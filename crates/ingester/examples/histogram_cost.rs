@@ -52,6 +52,7 @@ fn batch(series: usize, values: usize, round: usize) -> TileBatch {
     TileBatch {
         placement_version: 0,
         completes_version: 0,
+        owner_refused: false,
         source: "bench".into(),
         sequence: round as u64,
         storage_policy: "10s:2d".into(),

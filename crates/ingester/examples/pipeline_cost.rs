@@ -100,6 +100,7 @@ fn main() {
                 let batch = TileBatch {
                     placement_version: 0,
                     completes_version: 0,
+                    owner_refused: false,
                     source: "bench".into(),
                     sequence,
                     storage_policy: "10s:2d".into(),

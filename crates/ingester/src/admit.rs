@@ -56,7 +56,7 @@
 //! | same end, another value, this copy incomplete | incomplete | unchanged | `reason="incomplete"` |
 //! | same end, another value, both whole | conflict: two whole copies disagree, which no fault the design survives explains | unchanged (the first one stays) | `reason="conflict"` |
 //! | older, and that tile was written | duplicate | unchanged | `reason="duplicate"` |
-//! | older, never written (**late**: its tile was written nowhere; a tile before the first of a total adopted from another writer counts as written, the earlier writer's) | late | adds; the new total is written at once as a **correction**, one millisecond after the series' newest sample (at its own timestamp, [`StoredSample::timestamp_ms`]: the tile's own end would be out of order), so a series that then goes idle shows it too; more than `resolution − 2` corrections between two tiles leave the rest to the next sample | `reason="late"` |
+//! | older, never written (**late**: its tile was written nowhere; a tile before the first of a total adopted from another writer counts as written, the earlier writer's, unless its batch says the ingester it was routed to refused it for good, `owner_refused`: that one never wrote it) | late | adds; the new total is written at once as a **correction**, one millisecond after the series' newest sample (at its own timestamp, [`StoredSample::timestamp_ms`]: the tile's own end would be out of order), so a series that then goes idle shows it too; more than `resolution − 2` corrections between two tiles leave the rest to the next sample | `reason="late"` |
 //! | another statsd series with the same Prometheus name (`a.b` and `a_b` both become `a_b`) | name collision | unchanged: the first series keeps the name | `reason="name_collision"`, logged |
 //! | a follower's completion (`completes_version`) of a leader copy routed to the shard's owner before this ingester's tenure (at an earlier version, or a tile before the tenure's cutover), of a tile the series' total does not hold (a gauge or set: no incomplete copy converted here wrote it) | duplicate: the owner before wrote the short copy, and a second writer would begin a total beside it (RELIABILITY.md, fix 24) | unchanged; gauges and sets not written | `reason="duplicate"` and `completions_of_earlier_owner` |
 //!
@@ -304,6 +304,8 @@ struct TileRef {
     shard: u32,
     /// The copy came from an aggregator that started after the tile began.
     incomplete: bool,
+    /// The ingester the batch was routed to first refused it for good: it never wrote it.
+    owner_refused: bool,
     /// A follower's completion of a tile whose leader copy was routed under a placement
     /// version before this ingester's tenure of the series' shard: that copy went to the
     /// owner before, who wrote it.
@@ -347,6 +349,10 @@ struct Total {
     last_sample_ms: i64,
     /// The newest written tile came from an incomplete copy: a complete one replaces it.
     last_incomplete: bool,
+    /// Adopted from another writer (begun with an explicit reset, a new epoch of its shard),
+    /// and its first tile is still among the 64 `written` remembers: the tiles before the
+    /// highest bit of `written` are the earlier writer's (see [`Total::written_at`]).
+    adopted: bool,
 }
 
 impl Total {
@@ -390,6 +396,9 @@ impl Total {
         }
         match self.tiles_back(tile) {
             Some(back) if self.written & (1 << back) != 0 => Verdict::Duplicate,
+            // Before an adopted total's first tile: the earlier writer's, unless the ingester
+            // it was routed to refused it (it never wrote it) and it came here re-routed.
+            Some(back) if self.written_at(back) && !tile.owner_refused => Verdict::Duplicate,
             _ => Verdict::Late,
         }
     }
@@ -397,8 +406,15 @@ impl Total {
     /// Whether `tile` was written on this total: its newest tile, or one of the 64 before
     /// it marked written (or before the first tile of a total adopted from another writer).
     fn holds(&self, tile: TileRef) -> bool {
-        tile.end_ms == self.last_tile_end_ms
-            || self.tiles_back(tile).is_some_and(|back| self.written & (1 << back) != 0)
+        tile.end_ms == self.last_tile_end_ms || self.tiles_back(tile).is_some_and(|back| self.written_at(back))
+    }
+
+    /// Whether the tile `back` tiles before the newest written one counts as written: this
+    /// total wrote it, or the total was adopted and the tile is before its first (the
+    /// earlier writer's).
+    fn written_at(&self, back: u32) -> bool {
+        let own = self.written & (1 << back) != 0;
+        own || (self.adopted && back > 63 - self.written.leading_zeros())
     }
 
     /// How many tiles before the newest written one `tile` ends, if it is within the 64
@@ -1139,6 +1155,7 @@ impl Converter {
                 epoch,
                 shard,
                 incomplete: batch.incomplete,
+                owner_refused: batch.owner_refused,
                 before_tenure: self.completes_before_tenure(
                     batch.completes_version,
                     shard,
@@ -1647,7 +1664,8 @@ impl Converter {
                 // at 5 minutes: the follower's completion of a tile whose leader copy a
                 // paused, failed-over ingester had written reached the new owner after its
                 // next tile and was added again: 989 series counted a tile twice).
-                written: if at.epoch > 0 { u64::MAX } else { 1 },
+                written: 1,
+                adopted: at.epoch > 0,
                 origin: at.origin,
                 epoch: at.epoch,
                 shard: at.shard,
@@ -1676,6 +1694,10 @@ impl Converter {
         match verdict {
             Verdict::Write(value) => {
                 let shift = (at.end_ms - total.last_tile_end_ms) / at.resolution_ms.max(1);
+                // An adopted total's first tile sliding out of the 64 remembered: every tile
+                // before the ones remembered is late from then on, as for any total.
+                let first_back = 63 - total.written.leading_zeros() as i64;
+                total.adopted &= first_back + shift <= 63;
                 total.written = if (0..64).contains(&shift) { total.written << shift } else { 0 } | 1;
                 total.value = value;
                 total.last_tile_end_ms = at.end_ms;
@@ -1694,7 +1716,14 @@ impl Converter {
             }
             Verdict::Late => {
                 if let Some(back) = total.tiles_back(at) {
-                    total.written |= 1 << back;
+                    let first_back = 63 - total.written.leading_zeros();
+                    total.written |= if total.adopted && back > first_back {
+                        // A refused tile from before an adopted total's first: the tiles
+                        // between stay the earlier writer's, now by their own bits.
+                        (u64::MAX >> (63 - back)) & !(u64::MAX >> (63 - first_back))
+                    } else {
+                        1 << back
+                    };
                 }
                 total.value += delta;
                 self.correction = total.correction_at(at.resolution_ms).map(|timestamp_ms| {

@@ -11,7 +11,7 @@
 //! | situation | answer |
 //! |---|---|
 //! | record durable (by the fsync policy) | `Ok` |
-//! | the same batch (source, policy, tile end, sequence) was queued recently | `Ok`, reason `duplicate`, not queued twice |
+//! | the same batch (source, policy, tile end, sequence) was queued recently (asked first, fenced or not: every refusal below means the batch was not taken) | `Ok`, reason `duplicate`, not queued twice |
 //! | the ingester is fenced off: its liveness lease may expire ([`crate::tier::fence`]), unless the batch was in hand when the fence fell: a tile that ended by then, routed under the view held then or an older version it does not contradict (queued whatever the fence and the placement say now, written once the fence lifts) | `Retryable`, reason `fenced` |
 //! | routed under a newer placement version than the ingester has seen | `Retryable`, reason `placement_ahead` (taken once it catches up) |
 //! | routed under an older version, with a series of a shard the ingester does not own in its own | `Retryable`, reason `placement_stale` (the sender routes it again) |
@@ -229,6 +229,14 @@ impl Writer {
             self.metrics.heartbeats.inc();
             return taken(&self.metrics, batch.sequence);
         }
+        // A batch queued already is answered so before any refusal: a refusal then always
+        // means this ingester did not take the batch, which the next owner relies on when
+        // the batch is routed to it again (`owner_refused`).
+        let key = batch_key(&batch.source, &batch.storage_policy, batch.tile_end_ms, batch.sequence);
+        if self.recent.contains(key) {
+            self.metrics.batches_received.inc();
+            return answer(&self.metrics, AckReason::Duplicate, batch.sequence, "batch already queued".to_owned());
+        }
         let refusal = if self.fence.allows() {
             let view = self.ownership.as_ref().and_then(|ownership| ownership.current());
             view.and_then(|view| placement_refusal(&view, batch))
@@ -247,10 +255,6 @@ impl Writer {
         self.metrics.batches_received.inc();
         self.metrics.tiles_received.inc_by(batch.tiles.len() as u64);
         let sequence = batch.sequence;
-        let key = batch_key(&batch.source, &batch.storage_policy, batch.tile_end_ms, sequence);
-        if self.recent.contains(key) {
-            return answer(&self.metrics, AckReason::Duplicate, sequence, "batch already queued".to_owned());
-        }
         let Some(resolution) = resolution_label(&batch.storage_policy, batch.resolution_ms) else {
             let message = format!("batch from `{}` has no storage policy and no resolution", batch.source);
             return answer(&self.metrics, AckReason::InvalidBatch, sequence, message);
@@ -448,6 +452,13 @@ mod tests {
         assert_eq!(reason(&mut writer, &batch(4, 9, tile_end_ms)), no_target, "in hand after the lift");
         let stale = AckReason::PlacementStale.as_str();
         assert_eq!(reason(&mut writer, &batch(5, 9, now_ms() + 60_000)), stale, "a later tile under the old view");
+        // A batch queued already (its ack lost, sent again) is answered so, fenced or not: a
+        // `fenced` answer always means not taken, which the next owner relies on.
+        deadline.set(8, Instant::now() - Duration::from_secs(1));
+        assert!(!fence.allows());
+        let resent = batch(6, 9, now_ms() + 60_000);
+        writer.recent.insert(batch_key(&resent.source, &resent.storage_policy, resent.tile_end_ms, resent.sequence));
+        assert_eq!(reason(&mut writer, &resent), AckReason::Duplicate.as_str(), "queued already");
     }
 
     #[test]

@@ -56,6 +56,7 @@ pub fn batch(tile_end_ms: i64, tiles: Vec<SeriesValue>) -> TileBatch {
     TileBatch {
         placement_version: 0,
         completes_version: 0,
+        owner_refused: false,
         source: "agg-1".into(),
         sequence: 1,
         storage_policy: "10s:2d".into(),

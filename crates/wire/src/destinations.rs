@@ -217,7 +217,7 @@ mod tests {
         destinations.start_senders(&settings, &stop);
         // The racing add's own call, after start_senders saw its entry.
         destinations.spawn_sender(&queue);
-        queue.push(Batch { sequence: 1, frame: vec![0; 10], items: 1, refs: None });
+        queue.push(Batch { sequence: 1, frame: vec![0; 10], items: 1, refs: None, owner_refused: false });
         let mut connections = Vec::new();
         let accepting = async {
             loop {
@@ -234,7 +234,7 @@ mod tests {
         let destinations = destinations();
         let queue = destinations.queue_of(&"a".to_owned(), "a:1", "a");
         assert!(destinations.all_idle());
-        queue.push(Batch { sequence: 1, frame: vec![0; 10], items: 3, refs: None });
+        queue.push(Batch { sequence: 1, frame: vec![0; 10], items: 3, refs: None, owner_refused: false });
         assert!(!destinations.all_idle());
         assert_eq!(destinations.abandon_all(), (1, 3));
         assert!(destinations.all_idle());

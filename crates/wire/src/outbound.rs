@@ -57,6 +57,10 @@ pub struct Batch {
     pub items: u64,
     /// The dictionary whose refs the frame uses, if any.
     pub refs: Option<Refs>,
+    /// The destination's last answer refused it as one it will not take (`fenced`,
+    /// `placement_stale`), so it did not write it: whoever it goes to next is told so when it
+    /// is routed again. Cleared when it is sent again and not answered.
+    pub owner_refused: bool,
 }
 
 /// Turns a frame that names series by refs into frames that name them in
@@ -536,7 +540,8 @@ pub async fn run_sender<M: OutboundMetrics>(queue: Arc<OutboundQueue<M>>, settin
                 Err(error) => {
                     queue.metrics.send_error(error.reason());
                     tracing::warn!(%endpoint, peer, error = %error_chain(&error), "connection lost; reconnecting");
-                    queue.push_front(batch);
+                    // Sent, unanswered: the destination may have taken it.
+                    queue.push_front(Batch { owner_refused: false, ..batch });
                     queue.set_connected(false);
                     break;
                 }
@@ -548,6 +553,14 @@ pub async fn run_sender<M: OutboundMetrics>(queue: Arc<OutboundQueue<M>>, settin
                     backoff.reset();
                 }
                 AckStatus::Retryable => {
+                    // Refused as one it will not take while things stay as they are: if the
+                    // destination leaves and the batch is routed again, the next owner is
+                    // told that this one did not write it.
+                    let refused_for_good = [AckReason::Fenced, AckReason::PlacementStale]
+                        .iter()
+                        .any(|reason| ack.reason == reason.as_str());
+                    let mut batch = batch;
+                    batch.owner_refused = refused_for_good;
                     let batch = match &settings.redirect {
                         Some(redirect) if ack.reason == AckReason::PlacementStale.as_str() => {
                             match (redirect.0)(batch) {
@@ -690,7 +703,15 @@ mod tests {
                 return Err("no ids for this generation".into());
             }
             let half = frame.len() / 2;
-            Ok((0..2).map(|_| Batch { sequence: sequences(), frame: vec![1; half], items: 1, refs: None }).collect())
+            Ok((0..2)
+                .map(|_| Batch {
+                    sequence: sequences(),
+                    frame: vec![1; half],
+                    items: 1,
+                    refs: None,
+                    owner_refused: false,
+                })
+                .collect())
         }
     }
 
@@ -763,7 +784,7 @@ mod tests {
     }
 
     fn batch(sequence: u64, bytes: usize, items: u64) -> Batch {
-        Batch { sequence, frame: vec![0; bytes], items, refs: None }
+        Batch { sequence, frame: vec![0; bytes], items, refs: None, owner_refused: false }
     }
 
     #[test]
@@ -790,7 +811,7 @@ mod tests {
         use tessera_proto::{Frame, TileBatch, frame::Body, framing};
         let frame = Frame { body: Some(Body::Tiles(TileBatch { sequence, ..TileBatch::default() })) };
         let frame = framing::encode_frame(&frame, framing::DEFAULT_MAX_FRAME_BYTES).unwrap();
-        Batch { sequence, frame, items: 1, refs: None }
+        Batch { sequence, frame, items: 1, refs: None, owner_refused: false }
     }
 
     /// A batch refused as `placement_stale` goes to the daemon's redirect, once it takes it,
@@ -827,6 +848,8 @@ mod tests {
             let offered = offered.clone();
             move |batch: Batch| {
                 let mut offered = offered.lock().unwrap();
+                // Refused for good by the destination: the next owner is told (owner_refused).
+                assert!(batch.owner_refused, "marked refused by its owner");
                 offered.push(batch.sequence);
                 if offered.len() == 1 { Err(batch) } else { Ok(()) }
             }

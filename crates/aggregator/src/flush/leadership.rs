@@ -428,7 +428,7 @@ mod tests {
         leadership.inner.replicated.store(true, Ordering::Release);
         let push = |end: i64| {
             let sequence = queue.next_sequence();
-            queue.push(tessera_wire::Batch { sequence, frame: vec![0; 8], items: 1, refs: None });
+            queue.push(tessera_wire::Batch { sequence, frame: vec![0; 8], items: 1, refs: None, owner_refused: false });
             leadership.flushed(0, vec![(0, sequence)], end, false, 1);
         };
         push(10_000);
@@ -454,7 +454,7 @@ mod tests {
         leader.inner.replicated.store(true, Ordering::Release);
         for (end, incomplete) in [(10_000, false), (20_000, true), (30_000, false)] {
             let sequence = queue.next_sequence();
-            queue.push(tessera_wire::Batch { sequence, frame: vec![0; 8], items: 1, refs: None });
+            queue.push(tessera_wire::Batch { sequence, frame: vec![0; 8], items: 1, refs: None, owner_refused: false });
             leader.flushed(0, vec![(0, sequence)], end, incomplete, 7);
         }
         for _ in 0..2 {
@@ -772,7 +772,13 @@ mod tests {
         leadership.inner.replicated.store(true, Ordering::Release);
         let push = |index: usize| {
             let sequence = queues[index].next_sequence();
-            queues[index].push(tessera_wire::Batch { sequence, frame: vec![0; 8], items: 1, refs: None });
+            queues[index].push(tessera_wire::Batch {
+                sequence,
+                frame: vec![0; 8],
+                items: 1,
+                refs: None,
+                owner_refused: false,
+            });
             sequence
         };
         let deliver = |index: usize| {

@@ -28,6 +28,8 @@ pub struct TileHead<'a> {
     /// A completion's: the version the shard set's leader routed its incomplete copy under
     /// (0: not a completion, or not known).
     pub completes_version: u64,
+    /// Routed again after the ingester it went to refused it for good (it did not write it).
+    pub owner_refused: bool,
 }
 
 /// Splits some of a tile's values (one ingester's share) into framed
@@ -62,9 +64,10 @@ pub fn encode_values(
             incomplete: head.incomplete,
             placement_version: head.placement_version,
             completes_version: head.completes_version,
+            owner_refused: head.owner_refused,
         };
         match framing::encode_frame(&Frame { body: Some(Body::Tiles(batch)) }, max_frame_bytes) {
-            Ok(frame) => batches.push(Batch { sequence, frame, items: series, refs: None }),
+            Ok(frame) => batches.push(Batch { sequence, frame, items: series, refs: None, owner_refused: false }),
             Err(error) => {
                 tracing::warn!(%error, series, "a tile batch exceeds the frame bound; dropped");
                 *too_large += series;

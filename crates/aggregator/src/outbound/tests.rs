@@ -6,7 +6,7 @@ use super::*;
 use crate::metrics::Metrics;
 
 fn batch(sequence: u64, bytes: usize, series: u64) -> Batch {
-    Batch { sequence, frame: vec![0; bytes], items: series, refs: None }
+    Batch { sequence, frame: vec![0; bytes], items: series, refs: None, owner_refused: false }
 }
 
 fn values(count: usize) -> Vec<SeriesValue> {
@@ -25,6 +25,7 @@ fn tile_head(tile_end_ms: i64) -> TileHead<'static> {
     TileHead {
         placement_version: 0,
         completes_version: 0,
+        owner_refused: false,
         storage_policy: "10s:2d",
         resolution_ms: 10_000,
         tile_end_ms,
@@ -293,4 +294,33 @@ fn a_batch_refused_as_routed_under_a_stale_placement_goes_to_the_current_owners(
         }
     }
     assert_eq!(delivered, series, "every series of the refused batch, once");
+}
+
+/// A batch its ingester refused for good (`fenced`: paused past its lease, it will not write
+/// it) tells the owner it is routed to next, which then does not take a tile from before its
+/// adopted totals for the earlier owner's (found tracing the fault campaign's seed 16 with
+/// partitions); a batch nobody refused does not say so.
+#[test]
+fn a_batch_its_ingester_refused_says_so_to_the_next_owner() {
+    let Rerouting { placement, handle, ingesters, .. } = rerouting();
+    let head = tile_head(20_000);
+    let (shares, _) = ingesters.assign(values(3_000), 10_000);
+    for share in shares {
+        let queue = ingesters.queue(share.queue).unwrap();
+        let refused = queue.endpoint() == "127.0.0.1:2";
+        let (batches, _) = encode_values(&head, share.values, "agg-1", 1 << 20, &mut || queue.next_sequence());
+        queue.push_all(batches.into_iter().map(|batch| Batch { owner_refused: refused, ..batch }).collect());
+    }
+    handle.replace(placement.fail_over(&["ing-2"], 5).unwrap());
+    assert!(ingesters.reroute_departed() > 0);
+    let (mut told, mut untold) = (0, 0);
+    for queue in ingesters.queues() {
+        while let Some(batch) = queue.pop_front() {
+            queue.finish_in_flight();
+            let tiles = decoded(&batch);
+            if tiles.owner_refused { told += tiles.tiles.len() } else { untold += tiles.tiles.len() }
+        }
+    }
+    assert!(told > 0 && untold > 0, "told {told}, untold {untold}");
+    assert_eq!(told + untold, 3_000);
 }

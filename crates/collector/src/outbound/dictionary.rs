@@ -72,7 +72,10 @@ impl Expand for GenerationIds {
         let lookup = |series_ref: u32| by_ref.get(series_ref as usize).copied().flatten();
         let frames = expand_refs(frame, self.max_frame_bytes, self.max_frame_bytes / 2, sequences, lookup)
             .map_err(|error| error.to_string())?;
-        Ok(frames.into_iter().map(|(sequence, frame, items)| Batch { sequence, frame, items, refs: None }).collect())
+        Ok(frames
+            .into_iter()
+            .map(|(sequence, frame, items)| Batch { sequence, frame, items, refs: None, owner_refused: false })
+            .collect())
     }
 }
 

@@ -303,7 +303,7 @@ fn enqueue_batches(
         settings.max_frame_bytes / 2,
         &mut || queue.next_sequence(),
         |sequence, frame, items| {
-            batches.push(Batch { sequence, frame, items, refs: refs.clone() });
+            batches.push(Batch { sequence, frame, items, refs: refs.clone(), owner_refused: false });
         },
     );
     queue.push_all(batches);

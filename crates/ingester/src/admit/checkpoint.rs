@@ -109,7 +109,7 @@ pub const FILE_NAME: &str = "checkpoint";
 pub const MAGIC: [u8; 8] = *b"TSCKPT\x00\x00";
 
 /// The format version this build writes; it reads every version up to it.
-pub const VERSION: u32 = 4;
+pub const VERSION: u32 = 5;
 
 /// Magic, version and CRC.
 const HEADER_BYTES: usize = MAGIC.len() + 8;
@@ -141,6 +141,11 @@ fn total_fields(total: &mut Total, fields: &mut impl Fields) {
     let mut last_incomplete = u8::from(total.last_incomplete);
     fields.field(&mut last_incomplete);
     total.last_incomplete = last_incomplete != 0;
+    // Version 5: adopted from another writer (1), its first tile still remembered; 0 before,
+    // when an adopted total marked the tiles before its first in `written` instead.
+    let mut adopted = u8::from(total.adopted);
+    fields.field(&mut adopted);
+    total.adopted = adopted != 0;
 }
 
 /// The ingesters' placement as a checkpoint records it (see the [module docs](self)).

@@ -444,6 +444,40 @@ fn a_copy_of_a_tile_from_before_an_adopted_total_is_a_duplicate_not_late() {
     assert_eq!(one(&mut converter, 70_000, &id, 1.0), (5.0, false), "the total goes on without it");
 }
 
+/// A tile from before an adopted total's first, re-routed after the ingester it was routed
+/// to refused it for good (`owner_refused`: fenced, paused past its lease; found tracing the
+/// fault campaign's seed 16 with partitions): nobody wrote it, so it is late, added with a
+/// correction, where a copy nobody refused is the earlier owner's (above).
+#[test]
+fn a_tile_from_before_an_adopted_total_that_its_owner_refused_is_late() {
+    let (mut converter, ownership, _, _, _) = setup();
+    let (_, joined, view, moving) = b_joins_at_20s(&ownership);
+    let id = series_in(moving);
+    assert_eq!(one(&mut converter, 10_000, &id, 2.0), (2.0, true));
+    ownership.publish(view);
+    ownership.publish(OwnershipView::of(&joined.fail_over(&["b"], 55_000).unwrap(), "a"));
+    assert_eq!(one(&mut converter, 60_000, &id, 4.0), (4.0, true), "adopted from the tile ending 60 000");
+    let mut refused = batch(50_000, vec![counter(&id, 6.0)]);
+    refused.owner_refused = true;
+    let conversion = converter.convert(&refused, 0).unwrap();
+    converter.commit();
+    assert_eq!(conversion.skipped[SkipReason::Late], 1);
+    let samples: Vec<_> = conversion.record.samples.iter().map(|sample| (sample.value, sample.timestamp_ms)).collect();
+    assert_eq!(samples, [(10.0, 60_001)], "added, as a correction after the newest sample");
+    let again = converter.convert(&refused, 0).unwrap();
+    converter.commit();
+    assert_eq!(again.skipped[SkipReason::Duplicate], 1, "once written, a copy of it is a duplicate");
+    // A refused tile further back leaves the ones between the earlier writer's.
+    let mut further = batch(30_000, vec![counter(&id, 1.0)]);
+    further.owner_refused = true;
+    assert_eq!(converter.convert(&further, 0).unwrap().skipped[SkipReason::Late], 1);
+    converter.commit();
+    let between = converter.convert(&batch(40_000, vec![counter(&id, 5.0)]), 0).unwrap();
+    converter.commit();
+    assert_eq!(between.skipped[SkipReason::Duplicate], 1, "the earlier owner's still");
+    assert_eq!(one(&mut converter, 70_000, &id, 1.0), (12.0, false));
+}
+
 /// Found by the fault campaign, seed 65 at 5 minutes (989 counters and timers doubled in one
 /// 10 s tile). `a` gave a shard to `b` at a cutoff and checkpointed after it, with its totals
 /// of the shard (the shard stays listed until the move is finalized). `b` wrote the shard from

@@ -22,6 +22,7 @@ fn tile_batch(n: i64) -> TileBatch {
     TileBatch {
         placement_version: 0,
         completes_version: 0,
+        owner_refused: false,
         source: "agg-1".into(),
         sequence: n as u64,
         storage_policy: "10s:2d".into(),
