@@ -414,6 +414,22 @@ fn a_stale_tile_of_a_lost_shard_is_not_a_gain_that_a_later_failover_goes_on_from
     }
 }
 
+/// `a` gives a shard to `b` at 20 000 (writing a series of it before), `b` writes the tiles
+/// after the cutoff, is paused with the tile ending 50 000 in flight, and `a` fails it over:
+/// owned anew, the tile ending 60 000 starts the series over after a reset. Returns `a`'s
+/// converter and the series.
+fn adopted_at_60s() -> (Converter, String) {
+    let (mut converter, ownership, _, _, _) = setup();
+    let (_, joined, view, moving) = b_joins_at_20s(&ownership);
+    let id = series_in(moving);
+    assert_eq!(one(&mut converter, 10_000, &id, 2.0), (2.0, true));
+    ownership.publish(view);
+    assert_eq!(one(&mut converter, 20_000, &id, 3.0), (5.0, false), "before the cutoff the total goes on");
+    ownership.publish(OwnershipView::of(&joined.fail_over(&["b"], 55_000).unwrap(), "a"));
+    assert_eq!(one(&mut converter, 60_000, &id, 4.0), (4.0, true), "adopted from the tile ending 60 000");
+    (converter, id)
+}
+
 /// Found by the fault campaign, seed 62 at 5 minutes (989 counters and timers counted one
 /// 10 s tile twice). `b` took a shard from `a` at a cutover and was paused past its lease
 /// with the leader's incomplete copy of a tile in flight to it; `a` failed it over and wrote
@@ -423,16 +439,7 @@ fn a_stale_tile_of_a_lost_shard_is_not_a_gain_that_a_later_failover_goes_on_from
 /// late tile: storage counted the tile twice.
 #[test]
 fn a_copy_of_a_tile_from_before_an_adopted_total_is_a_duplicate_not_late() {
-    let (mut converter, ownership, _, _, _) = setup();
-    let (_, joined, view, moving) = b_joins_at_20s(&ownership);
-    let id = series_in(moving);
-    assert_eq!(one(&mut converter, 10_000, &id, 2.0), (2.0, true));
-    ownership.publish(view);
-    assert_eq!(one(&mut converter, 20_000, &id, 3.0), (5.0, false), "before the cutoff the total goes on");
-    // `b` writes the tiles after the cutoff, is paused with the tile ending 50 000 in
-    // flight, and `a` fails it over: owned anew, the next tile starts over after a reset.
-    ownership.publish(OwnershipView::of(&joined.fail_over(&["b"], 55_000).unwrap(), "a"));
-    assert_eq!(one(&mut converter, 60_000, &id, 4.0), (4.0, true));
+    let (mut converter, id) = adopted_at_60s();
     // The follower's completion of the tile ending 50 000 (`b` wrote the leader's copy).
     let mut completion = batch(50_000, vec![counter(&id, 6.0)]);
     completion.incomplete = true;
@@ -450,13 +457,7 @@ fn a_copy_of_a_tile_from_before_an_adopted_total_is_a_duplicate_not_late() {
 /// correction, where a copy nobody refused is the earlier owner's (above).
 #[test]
 fn a_tile_from_before_an_adopted_total_that_its_owner_refused_is_late() {
-    let (mut converter, ownership, _, _, _) = setup();
-    let (_, joined, view, moving) = b_joins_at_20s(&ownership);
-    let id = series_in(moving);
-    assert_eq!(one(&mut converter, 10_000, &id, 2.0), (2.0, true));
-    ownership.publish(view);
-    ownership.publish(OwnershipView::of(&joined.fail_over(&["b"], 55_000).unwrap(), "a"));
-    assert_eq!(one(&mut converter, 60_000, &id, 4.0), (4.0, true), "adopted from the tile ending 60 000");
+    let (mut converter, id) = adopted_at_60s();
     let mut refused = batch(50_000, vec![counter(&id, 6.0)]);
     refused.owner_refused = true;
     let conversion = converter.convert(&refused, 0).unwrap();
