@@ -414,7 +414,13 @@ impl Total {
     /// earlier writer's).
     fn written_at(&self, back: u32) -> bool {
         let own = self.written & (1 << back) != 0;
-        own || (self.adopted && back > 63 - self.written.leading_zeros())
+        own || (self.adopted && back > self.oldest_written_back())
+    }
+
+    /// How many tiles back the oldest tile `written` remembers lies (its highest bit): an
+    /// adopted total's first, while [`adopted`](Self::adopted) holds.
+    fn oldest_written_back(&self) -> u32 {
+        63 - self.written.leading_zeros()
     }
 
     /// How many tiles before the newest written one `tile` ends, if it is within the 64
@@ -1696,8 +1702,7 @@ impl Converter {
                 let shift = (at.end_ms - total.last_tile_end_ms) / at.resolution_ms.max(1);
                 // An adopted total's first tile sliding out of the 64 remembered: every tile
                 // before the ones remembered is late from then on, as for any total.
-                let first_back = 63 - total.written.leading_zeros() as i64;
-                total.adopted &= first_back + shift <= 63;
+                total.adopted &= i64::from(total.oldest_written_back()) + shift <= 63;
                 total.written = if (0..64).contains(&shift) { total.written << shift } else { 0 } | 1;
                 total.value = value;
                 total.last_tile_end_ms = at.end_ms;
@@ -1716,7 +1721,7 @@ impl Converter {
             }
             Verdict::Late => {
                 if let Some(back) = total.tiles_back(at) {
-                    let first_back = 63 - total.written.leading_zeros();
+                    let first_back = total.oldest_written_back();
                     total.written |= if total.adopted && back > first_back {
                         // A refused tile from before an adopted total's first: the tiles
                         // between stay the earlier writer's, now by their own bits.
