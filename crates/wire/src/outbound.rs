@@ -814,6 +814,66 @@ mod tests {
         Batch { sequence, frame, items: 1, refs: None, owner_refused: false }
     }
 
+    /// An aggregator's sender to an ingester, retrying after `retry`.
+    fn ingester_sender(retry: Duration, redirect: Option<Redirect>) -> SenderSettings {
+        SenderSettings {
+            source: "test".into(),
+            role: Role::Aggregator,
+            peer: "ingester",
+            connect_timeout: Duration::from_secs(5),
+            ack_timeout: Duration::from_secs(5),
+            reconnect_min: retry,
+            reconnect_max: retry,
+            rejection_label: AckReason::label,
+            heartbeat: None,
+            tls: None,
+            redirect,
+        }
+    }
+
+    /// A batch refused `fenced` is marked refused by its owner (routed again, it says so);
+    /// sent again and left unanswered (the connection lost), the mark is cleared: the
+    /// destination may have taken it. Each is read from the queue while the sender waits to
+    /// send it again.
+    #[tokio::test]
+    async fn a_refusal_for_good_marks_the_batch_and_an_unanswered_send_clears_it() {
+        use tessera_proto::{Frame, frame::Body, framing};
+        for answered in [true, false] {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let endpoint = listener.local_addr().unwrap().to_string();
+            let (seen, seen_here) = tokio::sync::oneshot::channel();
+            tokio::spawn(async move {
+                let (mut stream, _) = listener.accept().await.unwrap();
+                framing::server_handshake(&mut stream, "test").await.unwrap();
+                let mut scratch = Vec::new();
+                let Ok(Frame { body: Some(Body::Tiles(batch)) }) =
+                    framing::read_frame(&mut stream, &mut scratch, framing::DEFAULT_MAX_FRAME_BYTES).await
+                else {
+                    panic!("a tile batch")
+                };
+                if answered {
+                    let answer =
+                        Frame { body: Some(Body::Ack(AckReason::Fenced.ack(batch.sequence, "fenced".into()))) };
+                    framing::write_frame(&mut stream, &answer, framing::DEFAULT_MAX_FRAME_BYTES).await.unwrap();
+                }
+                drop(stream);
+                let _ = seen.send(());
+            });
+            let queue = Arc::new(OutboundQueue::new(endpoint, 1 << 20, Arc::new(Recorded::default())));
+            // Marked refused before, by an earlier answer: only a refusal keeps it so.
+            queue.push(Batch { owner_refused: !answered, ..tile_frame(1) });
+            let stop = Shutdown::new();
+            let sender =
+                tokio::spawn(run_sender(queue.clone(), ingester_sender(Duration::from_secs(30), None), stop.clone()));
+            seen_here.await.unwrap();
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            stop.trigger();
+            sender.await.unwrap();
+            let batch = queue.pop_front().expect("the batch is queued again");
+            assert_eq!(batch.owner_refused, answered, "answered `fenced`: {answered}");
+        }
+    }
+
     /// A batch refused as `placement_stale` goes to the daemon's redirect, once it takes it,
     /// instead of going to the same destination again; while the redirect gives it back it
     /// waits and goes again, as any retryable refusal.
@@ -854,19 +914,7 @@ mod tests {
                 if offered.len() == 1 { Err(batch) } else { Ok(()) }
             }
         }));
-        let settings = SenderSettings {
-            source: "test".into(),
-            role: Role::Aggregator,
-            peer: "ingester",
-            connect_timeout: Duration::from_secs(5),
-            ack_timeout: Duration::from_secs(5),
-            reconnect_min: Duration::from_millis(10),
-            reconnect_max: Duration::from_millis(10),
-            rejection_label: AckReason::label,
-            heartbeat: None,
-            tls: None,
-            redirect: Some(redirect),
-        };
+        let settings = ingester_sender(Duration::from_millis(10), Some(redirect));
         let queue = Arc::new(OutboundQueue::new(endpoint, 1 << 20, Arc::new(Recorded::default())));
         queue.push_all(vec![tile_frame(1), tile_frame(2)]);
         let stop = Shutdown::new();
